@@ -1,0 +1,235 @@
+"""Rollout with transformers' own ``generate`` (the default engine where vLLM is absent).
+
+The engine owns an inference copy of the policy built from the HF config; :meth:`HFRolloutEngine.load_weights`
+copies the trainer's weights into it in place. On CUDA it uses transformers' static KV cache with compilation of
+the decoding step (measured 13x the dynamic cache for SmolLM2-135M on an H200, ``shared/models/README.md``); the
+compiled graph is only reused when shapes repeat, so every call is cut into FIXED shapes:
+
+* batch buckets: the rows (prompts x n) are split into chunks of ``max_batch_size`` and the last chunk is padded
+  up to the next power of two (copies of its last row, dropped afterwards);
+* length buckets: prompts are left-padded to a multiple of ``prompt_len_multiple`` and the static cache length to
+  a multiple of ``cache_len_multiple`` (transformers keeps the largest length seen, so it settles).
+
+On CPU the dynamic cache is used and nothing is compiled.
+
+Log-probs. ``generate(output_logits=True)`` returns the RAW logits of each step (before temperature, top-k,
+top-p). The engine reports ``log_softmax(logits / T)`` at the sampled token, i.e. the same quantity the trainer
+recomputes from ``model(input_ids).logits / T`` (verl/OpenRLHF do not apply top-k/top-p there either). They are
+therefore NOT the log-probs of the truncated sampling distribution when top-k/top-p are active. Greedy decoding
+reports ``log_softmax(logits)`` (T taken as 1).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags, finalize_responses
+
+
+def _as_list(x: int | Sequence[int] | None) -> list[int]:
+    if x is None:
+        return []
+    if isinstance(x, int):
+        return [x]
+    return [int(t) for t in x]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+class HFRolloutEngine(RolloutEngine):
+    """Generation engine on ``transformers.GenerationMixin.generate``.
+
+    Args:
+        model_config: a ``transformers.PretrainedConfig`` of a causal LM (the actor's config).
+        eos_token_id: EOS id or ids (stop tokens of every call); defaults to ``model_config.eos_token_id``.
+        pad_token_id: filler id for left-padded prompts and right-padded responses; falls back to the first EOS id
+            when None (SmolLM2 has no pad token).
+        device: where the inference copy lives when awake (default: ``cuda`` when available, else ``cpu``).
+        dtype: inference dtype (default bf16 on CUDA, fp32 on CPU).
+        use_static_cache: static cache + compiled decoding (default: True on CUDA, False on CPU).
+        compile_mode: ``torch.compile`` mode of the decoding step (transformers' default "reduce-overhead").
+        max_batch_size: rows per ``generate`` call (a batch bucket; chunks are padded to powers of two).
+        prompt_len_multiple: prompts are left-padded to a multiple of this (length bucket).
+        cache_len_multiple: static cache length is rounded up to a multiple of this.
+        logits_budget_bytes: cap on the fp32 logits kept by ``output_logits`` per call
+            (rows * max_new_tokens * vocab * 4 bytes); lowers the rows per call when exceeded.
+        attn_implementation: attention backend of the inference copy ("sdpa").
+
+    Raises:
+        ValueError: when neither ``eos_token_id`` nor ``model_config.eos_token_id`` gives an EOS id.
+    """
+
+    def __init__(self, model_config, eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 use_static_cache: bool | None = None, compile_mode: str = "reduce-overhead",
+                 max_batch_size: int = 256, prompt_len_multiple: int = 64, cache_len_multiple: int = 256,
+                 logits_budget_bytes: int = 16 * 2**30, attn_implementation: str = "sdpa") -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        on_cuda = self.device.type == "cuda"
+        self.dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
+        self.use_static_cache = on_cuda if use_static_cache is None else bool(use_static_cache)
+        self.compile_mode = compile_mode
+        if max_batch_size < 1 or prompt_len_multiple < 1 or cache_len_multiple < 1:
+            raise ValueError(f"bucket sizes must be >= 1, got max_batch_size={max_batch_size}, "
+                             f"prompt_len_multiple={prompt_len_multiple}, cache_len_multiple={cache_len_multiple}")
+        self.max_batch_size = int(max_batch_size)
+        self.prompt_len_multiple = int(prompt_len_multiple)
+        self.cache_len_multiple = int(cache_len_multiple)
+        self.logits_budget_bytes = int(logits_budget_bytes)
+
+        self.eos_ids = _as_list(eos_token_id if eos_token_id is not None else getattr(model_config, "eos_token_id", None))
+        if not self.eos_ids:
+            raise ValueError("no EOS token id: pass eos_token_id or set model_config.eos_token_id")
+        self.pad_id = int(pad_token_id) if pad_token_id is not None else self.eos_ids[0]
+
+        self.model = AutoModelForCausalLM.from_config(model_config, dtype=self.dtype,
+                                                      attn_implementation=attn_implementation)
+        self.model.eval().requires_grad_(False)
+        self.model.to(self.device)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self._awake = True
+
+    @classmethod
+    def from_tokenizer(cls, model_config, tokenizer, **kwargs) -> "HFRolloutEngine":
+        """Build with EOS/pad ids read from a HF tokenizer (pad falls back to EOS when the tokenizer has none)."""
+        return cls(model_config, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
+
+    # ---- weights / memory ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy ``(name, tensor)`` pairs into the inference copy, in place (keeps compiled graphs' buffers).
+
+        Names are those of the HF ``state_dict``. With tied embeddings, ``lm_head.weight`` and
+        ``model.embed_tokens.weight`` are one tensor, so either name updates both.
+
+        Raises:
+            KeyError: unknown name (the message lists a few expected ones).
+            ValueError: shape mismatch (both shapes named).
+        """
+        targets = self.model.state_dict(keep_vars=True)
+        for name, tensor in named_tensors:
+            target = targets.get(name)
+            if target is None:
+                raise KeyError(f"load_weights: unknown parameter {name!r}; expected HF state_dict names such as "
+                               f"{list(targets)[:3]}")
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, engine expects "
+                                 f"{tuple(target.shape)}")
+            target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype), non_blocking=True)
+
+    def sleep(self, level: int = 1) -> None:
+        """Move the inference copy to CPU (both levels; the weights are kept, the next sync overwrites them).
+
+        No ``empty_cache`` here: :func:`rollout.context.rollout_mode` does it after ``sleep``.
+
+        Raises:
+            ValueError: level not 1 or 2.
+        """
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+        self._awake = False
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """``"weights"`` moves the inference copy back to its device; ``"kv_cache"`` is a no-op (transformers
+        allocates the KV cache inside each ``generate`` call).
+
+        Raises:
+            ValueError: unknown tag.
+        """
+        tags = check_tags(tags)
+        if "weights" in tags and self.device.type != "cpu":
+            self.model.to(self.device)
+        if "weights" in tags:
+            self._awake = True
+
+    # ---- generation ----------------------------------------------------------------------------------------
+    def _generation_config(self, sampling: SamplingConfig, stop_ids: list[int], cache_len: int):
+        from transformers import GenerationConfig
+        from transformers.generation.configuration_utils import CompileConfig
+
+        kw = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, eos_token_id=stop_ids,
+                  pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
+                  num_return_sequences=1, num_beams=1, use_cache=True, repetition_penalty=1.0)
+        if sampling.greedy:
+            kw.update(do_sample=False)
+        else:
+            kw.update(do_sample=True, temperature=float(sampling.temperature),
+                      top_p=float(sampling.top_p) if sampling.top_p < 1.0 else None,
+                      top_k=int(sampling.top_k) if sampling.top_k > 0 else 0)
+        if self.use_static_cache:
+            kw.update(cache_implementation="static", max_cache_len=cache_len,
+                      compile_config=CompileConfig(fullgraph=False, dynamic=False, mode=self.compile_mode))
+        return GenerationConfig(**kw)
+
+    def _rows_per_call(self, max_new_tokens: int) -> int:
+        per_row = max_new_tokens * self.vocab_size * 4
+        rows = max(1, min(self.max_batch_size, self.logits_budget_bytes // max(1, per_row)))
+        return 1 << int(math.floor(math.log2(rows))) if self.use_static_cache else rows
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
+        """Sample ``n`` responses per prompt with ``model.generate``.
+
+        Args:
+            prompt_ids: B prompts, lists of token ids without padding.
+            sampling: :class:`SamplingConfig`.
+
+        Returns:
+            :class:`RolloutOutput` of (B*n, R) tensors on CPU, prompt-major, R = ``sampling.max_new_tokens``.
+
+        Raises:
+            RuntimeError: when the engine is asleep; ValueError: empty prompts.
+        """
+        if not self._awake:
+            raise RuntimeError("HFRolloutEngine.generate called while asleep; call wake_up() first")
+        prompts = check_prompts(prompt_ids)
+        rows = [p for p in prompts for _ in range(sampling.n)]  # prompt-major: n copies of prompt i contiguous
+        stop_ids = list(dict.fromkeys(self.eos_ids + sampling.stop_token_ids))
+        width = max(len(p) for p in prompts)
+        if self.use_static_cache:
+            width = -(-width // self.prompt_len_multiple) * self.prompt_len_multiple
+        cache_len = -(-(width + sampling.max_new_tokens) // self.cache_len_multiple) * self.cache_len_multiple
+        gen_cfg = self._generation_config(sampling, stop_ids, cache_len)
+        temp = 1.0 if sampling.greedy else float(sampling.temperature)
+        chunk = self._rows_per_call(sampling.max_new_tokens)
+
+        devices = [self.device] if self.device.type == "cuda" else []
+        outs = []
+        with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
+            if sampling.seed is not None:
+                torch.manual_seed(int(sampling.seed))
+            for start in range(0, len(rows), chunk):
+                part = rows[start:start + chunk]
+                outs.append(self._generate_chunk(part, width, gen_cfg, temp, stop_ids, sampling.max_new_tokens))
+        return RolloutOutput(*(torch.cat([getattr(o, k) for o in outs]) for k in
+                               ("responses", "response_mask", "rollout_log_probs")))
+
+    def _generate_chunk(self, rows: list[list[int]], width: int, gen_cfg, temp: float, stop_ids: list[int],
+                        max_new_tokens: int) -> RolloutOutput:
+        real = len(rows)
+        if self.use_static_cache:  # batch bucket: pad with copies of the last row
+            rows = rows + [rows[-1]] * (min(_next_pow2(real), self._rows_per_call(max_new_tokens)) - real)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, p in enumerate(rows):  # left padding
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                  generation_config=gen_cfg)
+        tokens = out.sequences[:real, width:]
+        log_probs = torch.empty(tokens.shape, dtype=torch.float32, device=tokens.device)
+        for t, step_logits in enumerate(out.logits):  # raw (rows, V) logits of step t, one step at a time
+            lp = F.log_softmax(step_logits[:real].float() / temp, dim=-1)
+            log_probs[:, t] = lp.gather(-1, tokens[:, t:t + 1]).squeeze(-1)
+        del out
+        return finalize_responses(tokens, log_probs, stop_ids, self.pad_id, max_new_tokens)

@@ -1,0 +1,184 @@
+"""Move the actor's weights into a sleeping rollout engine and back to sleep, with the empty_cache discipline.
+
+Order (verl #987/#575, reference/verl-features.md section 4.3; peer case P19):
+enter: [offload_fn] -> empty_cache -> wake_up(["weights"]) -> load_weights per bucket -> free temporaries
+       -> empty_cache -> wake_up(["kv_cache"])
+exit:  sleep(level) -> empty_cache -> [reload_fn]
+The KV cache is woken only after the weight-transfer temporaries are freed (this fixed OOM for 72B on 8xH800).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from rollout import memory
+from rollout.base import RolloutEngine
+
+NamedTensor = tuple[str, torch.Tensor]
+
+
+def _nbytes(p: torch.Tensor) -> int:
+    numel = getattr(p, "ds_numel", None)  # ZeRO-3 partitioned parameters keep their full size here
+    return int(numel if numel is not None else p.numel()) * p.element_size()
+
+
+def _is_bucket(item) -> bool:
+    return isinstance(item, list)
+
+
+def _group(pairs: Iterable, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
+    """Group ``(name, tensor)`` pairs greedily into lists of at most ``bucket_bytes`` (a bigger tensor stands
+    alone); items that are already lists (buckets from :func:`iter_actor_params`) are passed through."""
+    bucket: list[NamedTensor] = []
+    size = 0
+    for item in pairs:
+        if _is_bucket(item):
+            if bucket:
+                yield bucket
+                bucket, size = [], 0
+            yield item
+            continue
+        name, tensor = item
+        nb = _nbytes(tensor)
+        if bucket and size + nb > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nb
+    if bucket:
+        yield bucket
+
+
+def sync_weights(engine: RolloutEngine, named_params: Iterable, bucket_bytes: int) -> int:
+    """Stream weights into ``engine`` with one ``load_weights`` call per bucket; returns the number of calls.
+
+    Args:
+        engine: the rollout engine (awake for "weights").
+        named_params: ``(hf_name, full_tensor)`` pairs, or buckets (lists of pairs) as yielded by
+            :func:`iter_actor_params` - a bucket is loaded while its gather context is still open.
+        bucket_bytes: max bytes per ``load_weights`` call (> 0) when pairs are grouped here.
+
+    Raises:
+        ValueError: ``bucket_bytes`` <= 0.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    calls = 0
+    for bucket in _group(named_params, bucket_bytes):
+        engine.load_weights(bucket)
+        calls += 1
+        del bucket
+    return calls
+
+
+@contextlib.contextmanager
+def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable], bucket_bytes: int,
+                 offload_fn: Callable[[], None] | None = None, reload_fn: Callable[[], None] | None = None,
+                 sleep_level: int = 1):
+    """Context in which ``engine`` holds the actor's current weights and may generate.
+
+    Args:
+        engine: a sleeping :class:`~rollout.base.RolloutEngine`.
+        named_params_fn: called once on entry; returns ``(hf_name, full_tensor)`` pairs or buckets of them
+            (e.g. ``lambda: iter_actor_params(ds_engine.module, zero_stage, bucket_bytes)``).
+        bucket_bytes: max bytes per ``load_weights`` call.
+        offload_fn: optional, called first on entry (e.g. ``lambda: offload_optimizer_states(ds_engine)``).
+        reload_fn: optional, called last on exit (e.g. ``lambda: reload_optimizer_states(ds_engine)``).
+        sleep_level: 1 keeps weights in CPU memory, 2 discards them (they are overwritten by the next sync).
+
+    Yields:
+        the engine. On exit (also on error) the engine is put to sleep and the cache emptied.
+    """
+    if offload_fn is not None:
+        offload_fn()
+    memory.empty_cache()
+    engine.wake_up(tags=["weights"])
+    try:
+        params = named_params_fn()
+        sync_weights(engine, params, bucket_bytes)
+        del params
+        memory.empty_cache()
+        engine.wake_up(tags=["kv_cache"])
+        yield engine
+    finally:
+        engine.sleep(level=sleep_level)
+        memory.empty_cache()
+        if reload_fn is not None:
+            reload_fn()
+
+
+def iter_actor_params(module: torch.nn.Module, zero_stage: int = 0, bucket_bytes: int = 512 * 2**20,
+                      ) -> Iterator[list[NamedTensor]]:
+    """Yield the actor's full parameters as buckets: lists of ``(hf_name, full_tensor)`` of at most
+    ``bucket_bytes`` each (a larger tensor forms its own bucket).
+
+    With ZeRO-3, each bucket is gathered by ONE ``deepspeed.zero.GatheredParameters(list_of_params)`` (not one
+    gather per tensor) and the tensors are valid only until the next bucket is requested, so consume (copy) each
+    bucket before asking for the next - :func:`sync_weights` does. ZeRO-0/1/2 keep full parameters on every rank.
+    Names come from ``module.named_parameters()`` (pass the DeepSpeed engine's ``.module``, the HF model);
+    tied weights are yielded once.
+
+    Args:
+        module: the HF model (``ds_engine.module``).
+        zero_stage: 0-3.
+        bucket_bytes: max bytes per bucket (> 0).
+
+    Raises:
+        ValueError: zero_stage not in 0..3 or ``bucket_bytes`` <= 0.
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    gather = None
+    if zero_stage == 3:
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters
+    for bucket in _group(module.named_parameters(), bucket_bytes):
+        if gather is None:
+            yield [(n, p.detach()) for n, p in bucket]
+        else:
+            with gather([p for _, p in bucket]):
+                yield [(n, p.data) for n, p in bucket]
+
+
+# ---- DeepSpeed optimizer-state offload while generating ------------------------------------------------------
+def _offload_include():
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+    # lp_params (the bf16 weights) stay resident: the sync reads them and generation is short.
+    return [S.optim_states, S.hp_params, S.contiguous_grad_buffer, S.lp_grads]
+
+
+def _check_offloadable(ds_engine) -> None:
+    stage = int(ds_engine.zero_optimization_stage())
+    if stage not in (1, 2, 3):
+        raise ValueError(f"optimizer-state offload needs ZeRO stage 1, 2 or 3 (DeepSpeed's offload_states API); "
+                         f"this engine uses stage {stage}. Set rollout offload off or use ZeRO >= 1.")
+
+
+def offload_optimizer_states(ds_engine, non_blocking: bool = True) -> None:
+    """Move a DeepSpeed engine's optimizer states, fp32 master weights and grad buffers to pinned CPU memory.
+
+    Uses ``DeepSpeedEngine.offload_states(include, device=cpu, pin_memory=True, non_blocking)``, which DeepSpeed 0.19
+    implements for ZeRO-3 (``stage3.py``) and ZeRO-1/2 (``stage_1_and_2.py``, DeepSpeed PR #7421). No-op when the
+    engine is on CPU. Raises ValueError for ZeRO-0 (no such API there).
+    """
+    _check_offloadable(ds_engine)
+    if torch.device(ds_engine.device).type == "cpu":
+        return
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+
+    ds_engine.offload_states(include=_offload_include(), device=OffloadDeviceEnum.cpu, pin_memory=True,
+                             non_blocking=non_blocking)
+
+
+def reload_optimizer_states(ds_engine, non_blocking: bool = False) -> None:
+    """Inverse of :func:`offload_optimizer_states` (``DeepSpeedEngine.reload_states``); no-op on CPU."""
+    _check_offloadable(ds_engine)
+    if torch.device(ds_engine.device).type == "cpu":
+        return
+    ds_engine.reload_states(non_blocking=non_blocking)

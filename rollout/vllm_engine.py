@@ -1,0 +1,148 @@
+"""vLLM rollout engine, colocated with the trainer and put to sleep while it trains.
+
+Written against vLLM's documented offline API (``vllm.LLM``, ``SamplingParams``, sleep mode); no machine of this
+project has vLLM, so it is tested with a fake ``LLM`` that records the call protocol
+(``tests/test_rollout_vllm_protocol.py``). Install with ``pip install -e .[vllm]``.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags, finalize_responses
+
+
+def import_vllm():
+    """Import vllm lazily. Raises ImportError naming the install command when it is absent."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise ImportError("rollout.name=vllm needs vLLM: install it with `pip install -e .[vllm]` "
+                          "(or use rollout.name=hf, the transformers engine)") from err
+    return vllm
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """vLLM ``LLM`` with ``enable_sleep_mode=True``, asleep (level 1) right after creation.
+
+    Args:
+        model_path: HF folder of the actor (config + tokenizer; weights may be dummy, they are synced).
+        eos_token_id: EOS id(s) used as stop tokens besides ``SamplingConfig.stop_token_ids``.
+        pad_token_id: response filler (falls back to the first EOS id).
+        tensor_model_parallel_size: vLLM TP size (``rollout.tensor_model_parallel_size``).
+        gpu_memory_utilization, dtype, max_model_len, seed, enforce_eager, load_format: passed to ``vllm.LLM``.
+        llm_cls: the ``LLM`` class (tests pass a fake); default ``vllm.LLM``.
+        sampling_params_cls: the ``SamplingParams`` class; default ``vllm.SamplingParams``.
+        **llm_kwargs: extra ``vllm.LLM`` arguments.
+
+    Raises:
+        ImportError: vLLM absent and no ``llm_cls`` given.
+    """
+
+    def __init__(self, model_path: str, eos_token_id: int | list[int], pad_token_id: int | None = None,
+                 tensor_model_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16",
+                 max_model_len: int | None = None, seed: int = 0, enforce_eager: bool = False,
+                 load_format: str = "dummy", llm_cls: Any = None, sampling_params_cls: Any = None,
+                 **llm_kwargs) -> None:
+        if llm_cls is None or sampling_params_cls is None:
+            vllm = import_vllm()
+            llm_cls = llm_cls or vllm.LLM
+            sampling_params_cls = sampling_params_cls or vllm.SamplingParams
+        self._sampling_params_cls = sampling_params_cls
+        self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+        if not self.eos_ids:
+            raise ValueError("eos_token_id is empty; expected at least one EOS id")
+        self.pad_id = int(pad_token_id) if pad_token_id is not None else self.eos_ids[0]
+        self.llm = llm_cls(model=model_path, tensor_parallel_size=int(tensor_model_parallel_size),
+                           gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, max_model_len=max_model_len,
+                           seed=seed, enforce_eager=enforce_eager, load_format=load_format,
+                           enable_sleep_mode=True, **llm_kwargs)
+        self.llm.sleep(level=1)
+
+    # ---- memory ---------------------------------------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """``LLM.sleep(level)``: 1 offloads weights to CPU and drops the KV cache, 2 drops both.
+
+        Raises: ValueError for another level."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """``LLM.wake_up(tags=...)``; one tag per call (as OpenRLHF does) so weights come before the KV cache."""
+        for tag in check_tags(tags):
+            self.llm.wake_up(tags=[tag])
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Pass one bucket of ``(hf_name, tensor)`` to the vLLM model's ``load_weights`` (vLLM maps HF names,
+        fuses qkv/gate_up and handles tied embeddings itself).
+
+        Uses ``llm.collective_rpc`` when the engine offers it (vLLM >= 0.7, every TP worker), else the driver
+        worker's ``model_runner.model.load_weights`` (older single-process engines).
+        """
+        weights = list(named_tensors)
+        if hasattr(self.llm, "collective_rpc"):
+            self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        else:
+            model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+            model.load_weights(weights=weights)
+
+    # ---- generation -----------------------------------------------------------------------------------------
+    def _sampling_params(self, sampling: SamplingConfig):
+        greedy = sampling.greedy
+        return self._sampling_params_cls(
+            n=sampling.n, temperature=0.0 if greedy else float(sampling.temperature),
+            top_p=1.0 if greedy else float(sampling.top_p),
+            top_k=-1 if greedy or sampling.top_k <= 0 else int(sampling.top_k),
+            max_tokens=sampling.max_new_tokens, logprobs=0, stop_token_ids=list(sampling.stop_token_ids),
+            seed=sampling.seed)
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
+        """Generate with ``LLM.generate``; outputs map to (B*n, R) tensors, prompt-major.
+
+        ``logprobs=0`` makes vLLM return the log-prob of each sampled token (of the raw, temperature-scaled
+        distribution in recent vLLM; see ``logprobs_mode``).
+
+        Raises: ValueError on empty prompts, RuntimeError if vLLM returns a wrong number of outputs."""
+        prompts = check_prompts(prompt_ids)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self._sampling_params(sampling),
+                                    use_tqdm=False)
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        rows, lps = [], []
+        for req in outputs:
+            if len(req.outputs) != sampling.n:
+                raise RuntimeError(f"vLLM returned {len(req.outputs)} samples, expected n={sampling.n}")
+            for comp in req.outputs:
+                ids = list(comp.token_ids)[: sampling.max_new_tokens]
+                rows.append(ids)
+                lps.append([_token_logprob(step, tok) for step, tok in zip(comp.logprobs or [], ids)]
+                           if comp.logprobs else [0.0] * len(ids))
+        width = sampling.max_new_tokens
+        tok = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        lp = torch.zeros((len(rows), width), dtype=torch.float32)
+        lengths = torch.zeros(len(rows), dtype=torch.long)
+        for i, (ids, l) in enumerate(zip(rows, lps)):
+            tok[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            lp[i, :len(l)] = torch.tensor(l, dtype=torch.float32)
+            lengths[i] = len(ids)
+        out = finalize_responses(tok, lp, list(dict.fromkeys(self.eos_ids + sampling.stop_token_ids)),
+                                 self.pad_id, width)
+        # vLLM already stopped each row; rows that hit max_tokens have no stop token, trim by length instead
+        within = torch.arange(width)[None, :] < lengths[:, None]
+        out.response_mask = out.response_mask * within.long()
+        out.responses[~within] = self.pad_id
+        out.rollout_log_probs[~within] = 0.0
+        return out
+
+
+def _token_logprob(step: dict, token_id: int) -> float:
+    """vLLM's per-step logprobs are ``{token_id: Logprob(logprob=...)}`` (or a float in fakes)."""
+    entry = step[token_id]
+    return float(getattr(entry, "logprob", entry))
+
+
+def _load_weights_on_worker(worker, weights):
+    """Run inside each vLLM worker through ``collective_rpc``: load a bucket into its model."""
+    worker.model_runner.model.load_weights(weights=weights)

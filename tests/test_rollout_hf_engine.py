@@ -1,0 +1,130 @@
+"""The transformers rollout engine on a tiny Llama (2 layers, hidden 64) with a tokenizer built by `tokenizers`."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rollout.base import SamplingConfig, finalize_responses
+from rollout.hf_engine import HFRolloutEngine
+
+WORDS = ["<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "big", "red", "hat", "sun", "up"]
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="the"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")  # no pad token
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tk = _tokenizer()
+    cfg = LlamaConfig(vocab_size=len(WORDS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=1,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    actor = LlamaForCausalLM(cfg).eval()
+    engine = HFRolloutEngine.from_tokenizer(cfg, tk, device="cpu")
+    engine.load_weights(actor.state_dict().items())
+    prompts = [tk("<s> the cat sat on")["input_ids"], tk("<s> a dog")["input_ids"]]
+    return tk, actor, engine, prompts
+
+
+def _ref_log_probs(actor, prompt, resp, temperature):
+    ids = torch.tensor([prompt + resp])
+    with torch.no_grad():
+        logits = actor(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
+    return F.log_softmax(logits, -1).gather(-1, torch.tensor(resp)[:, None]).squeeze(-1)
+
+
+def test_pad_falls_back_to_eos_and_weights_loaded(setup):
+    tk, actor, engine, prompts = setup
+    assert tk.pad_token_id is None and engine.pad_id == 1 == tk.eos_token_id
+    assert prompts == [[0, 2, 3, 4, 5], [0, 7, 8]]
+    # tied embeddings: one tensor behind both names, equal to the actor's
+    emb = engine.model.get_input_embeddings().weight
+    assert engine.model.get_output_embeddings().weight.data_ptr() == emb.data_ptr()
+    assert torch.equal(emb, actor.get_input_embeddings().weight)
+
+
+def test_log_probs_match_trainer_recompute(setup):
+    tk, actor, engine, prompts = setup
+    T = 0.7
+    out = engine.generate(prompts, SamplingConfig(n=3, temperature=T, top_k=8, top_p=0.95, max_new_tokens=6, seed=1))
+    assert out.responses.shape == (6, 6) and out.rollout_log_probs.dtype == torch.float32
+    for row in range(6):
+        n_valid = int(out.response_mask[row].sum())
+        resp = out.responses[row, :n_valid].tolist()
+        ref = _ref_log_probs(actor, prompts[row // 3], resp, T)
+        torch.testing.assert_close(out.rollout_log_probs[row, :n_valid], ref, atol=1e-4, rtol=0)
+        assert torch.all(out.rollout_log_probs[row, n_valid:] == 0)
+
+
+def test_same_seed_same_samples(setup):
+    _, _, engine, prompts = setup
+    s = dict(n=4, temperature=1.0, max_new_tokens=8)
+    a = engine.generate(prompts, SamplingConfig(seed=123, **s))
+    b = engine.generate(prompts, SamplingConfig(seed=123, **s))
+    c = engine.generate(prompts, SamplingConfig(seed=124, **s))
+    assert torch.equal(a.responses, b.responses) and torch.equal(a.rollout_log_probs, b.rollout_log_probs)
+    assert not torch.equal(a.responses, c.responses)
+
+
+def test_n_contiguous_and_left_padding(setup):
+    _, _, engine, prompts = setup
+    g = SamplingConfig(n=3, do_sample=False, max_new_tokens=5)
+    both = engine.generate(prompts, g)
+    alone0 = engine.generate(prompts[:1], SamplingConfig(n=1, do_sample=False, max_new_tokens=5))
+    alone1 = engine.generate(prompts[1:], SamplingConfig(n=1, do_sample=False, max_new_tokens=5))
+    # rows 0-2 are prompt 0, rows 3-5 prompt 1; the short prompt (left-padded in the batch) matches its solo run
+    for r in range(3):
+        assert torch.equal(both.responses[r], alone0.responses[0])
+        assert torch.equal(both.responses[3 + r], alone1.responses[0])
+    # sampled: each group of n shares its prompt; seeded sampling of [p0, p1] vs rows grouped the same way
+    s = engine.generate(prompts, SamplingConfig(n=2, temperature=1.0, max_new_tokens=4, seed=5))
+    assert s.responses.shape == (4, 4)
+
+
+def test_stop_tokens_and_response_mask(setup):
+    _, _, engine, prompts = setup
+    greedy = engine.generate(prompts[:1], SamplingConfig(do_sample=False, max_new_tokens=6))
+    toks = greedy.responses[0].tolist()
+    assert greedy.response_mask[0].tolist() == [1] * (toks.index(1) + 1 if 1 in toks else 6) + \
+        [0] * (6 - (toks.index(1) + 1 if 1 in toks else 6))
+    stop = toks[2]  # the third greedy token becomes a stop token
+    cut = toks.index(stop)
+    out = engine.generate(prompts[:1], SamplingConfig(do_sample=False, max_new_tokens=6, stop_token_ids=[stop]))
+    assert out.responses[0, :cut + 1].tolist() == toks[:cut + 1]
+    assert out.response_mask[0].tolist() == [1] * (cut + 1) + [0] * (5 - cut)
+    assert out.responses[0, cut + 1:].tolist() == [engine.pad_id] * (5 - cut)
+
+
+def test_finalize_responses_hand_example():
+    out = finalize_responses(torch.tensor([[5, 7, 2, 9], [3, 4, 6, 8]]), torch.full((2, 4), -1.0), [2], 0, 6)
+    assert out.responses.tolist() == [[5, 7, 2, 0, 0, 0], [3, 4, 6, 8, 0, 0]]
+    assert out.response_mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    assert out.rollout_log_probs.tolist() == [[-1, -1, -1, 0, 0, 0], [-1, -1, -1, -1, 0, 0]]
+
+
+def test_bad_inputs(setup):
+    _, _, engine, prompts = setup
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0.0)
+    with pytest.raises(ValueError, match="n must be"):
+        SamplingConfig(n=0)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\] is empty"):
+        engine.generate([[1], []], SamplingConfig())
+    with pytest.raises(KeyError, match="nope"):
+        engine.load_weights([("nope", torch.zeros(1))])
+    with pytest.raises(ValueError, match="shape"):
+        engine.load_weights([("lm_head.weight", torch.zeros(3, 3))])
+    engine.sleep(1)
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(prompts, SamplingConfig())
+    engine.wake_up()

@@ -21,13 +21,13 @@ def _function_span(path: pathlib.Path, name: str) -> tuple[int, int]:
     raise AssertionError(f"{path} has no function {name}")
 
 
-def scan() -> list[tuple[str, int, str]]:
+def scan(root: pathlib.Path = ROOT) -> list[tuple[str, int, str]]:
     hits = []
     for folder in FOLDERS:
-        for path in sorted((ROOT / folder).rglob("*.py")):
+        for path in sorted((root / folder).rglob("*.py")):
             for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                 for m in PATTERN.finditer(line):
-                    hits.append((path.relative_to(ROOT).as_posix(), lineno, m.group(0)))
+                    hits.append((path.relative_to(root).as_posix(), lineno, m.group(0)))
     return hits
 
 
@@ -47,10 +47,7 @@ def test_empty_cache_only_in_rollout_memory():
     assert real_calls == ["torch.cuda.empty_cache("], real_calls
 
 
-def test_scanner_finds_a_planted_call(tmp_path, monkeypatch):
-    planted = ROOT / "tools" / "_planted_empty_cache_probe.py"
-    planted.write_text("import torch\ntorch.cuda.empty_cache()\n")
-    try:
-        assert ("tools/_planted_empty_cache_probe.py", 2, "torch.cuda.empty_cache(") in scan()
-    finally:
-        planted.unlink()
+def test_scanner_finds_a_planted_call(tmp_path):
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "probe.py").write_text("import torch\n\ntorch.cuda.empty_cache()\n")
+    assert scan(tmp_path) == [("tools/probe.py", 3, "torch.cuda.empty_cache(")]

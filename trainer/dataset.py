@@ -1,0 +1,221 @@
+"""Prompt datasets (verl's parquet column layout) and a resumable prompt loader.
+
+A row has ``prompt`` (a list of chat messages, or a plain string), ``data_source``, ``reward_model``
+(a dict with ``ground_truth``) and optionally ``extra_info`` and ``ability``; verl's GSM8K parquet files load
+as they are. Files may be parquet or JSON-lines; they are read with the ``datasets`` library.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from trainer.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("reward_model",)
+
+
+class DataError(ValueError):
+    """A data file is missing, empty, lacks a column or holds no usable rows."""
+
+
+def _load_rows(files: Sequence[str]) -> list[dict]:
+    import datasets
+
+    rows: list[dict] = []
+    for path in files:
+        if not os.path.exists(path):
+            raise DataError(f"data file {path!r} does not exist (expected a .parquet or .jsonl file)")
+        if os.path.getsize(path) == 0:
+            raise DataError(f"data file {path!r} is empty")
+        ext = os.path.splitext(path)[1].lower()
+        if ext == ".parquet":
+            kind = "parquet"
+        elif ext in (".jsonl", ".json"):
+            kind = "json"
+        else:
+            raise DataError(f"data file {path!r} has extension {ext!r}; expected .parquet, .jsonl or .json")
+        try:
+            ds = datasets.load_dataset(kind, data_files=path, split="train")
+        except Exception as exc:  # datasets raises many kinds; name the file
+            raise DataError(f"could not read data file {path!r}: {type(exc).__name__}: {exc}") from exc
+        rows.extend(ds.to_list())
+    return rows
+
+
+@dataclass
+class PromptDataset:
+    """Tokenised prompts with their reward metadata.
+
+    Args:
+        files: parquet / jsonl paths.
+        tokenizer: a Hugging Face tokenizer; chat prompts go through ``apply_chat_template``.
+        max_prompt_length: the longest prompt in tokens.
+        prompt_key: the column holding the prompt.
+        filter_overlong_prompts: drop rows longer than ``max_prompt_length`` (counted and logged); otherwise
+            ``truncation`` decides: ``error`` raises, ``left``/``right`` cut the prompt.
+
+    Raises:
+        DataError: missing/empty files, missing columns, or no usable rows.
+    """
+
+    files: Sequence[str]
+    tokenizer: Any
+    max_prompt_length: int
+    prompt_key: str = "prompt"
+    filter_overlong_prompts: bool = True
+    truncation: str = "error"
+    max_rows: int | None = None
+    rows: list[dict] = field(default_factory=list, init=False)
+    num_filtered: int = field(default=0, init=False)
+    num_invalid: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.files, str):
+            self.files = [self.files]
+        if self.max_prompt_length <= 0:
+            raise DataError(f"data.max_prompt_length={self.max_prompt_length}; expected a positive number of tokens")
+        if self.truncation not in ("error", "left", "right"):
+            raise DataError(f"data.truncation={self.truncation!r}; expected one of error, left, right")
+        raw = _load_rows(self.files)
+        if not raw:
+            raise DataError(f"data files {list(self.files)} contain no rows")
+        missing = [c for c in (self.prompt_key, *REQUIRED_COLUMNS) if c not in raw[0]]
+        if missing:
+            raise DataError(f"data files {list(self.files)} lack column(s) {missing}; have {sorted(raw[0])}. "
+                            "Expected verl's layout: prompt, data_source, reward_model.ground_truth")
+        for row in raw:
+            if self.max_rows is not None and len(self.rows) >= self.max_rows:
+                break
+            ids = self._tokenize(row)
+            if ids is None:
+                self.num_invalid += 1
+                continue
+            if len(ids) > self.max_prompt_length:
+                if self.filter_overlong_prompts:
+                    self.num_filtered += 1
+                    continue
+                if self.truncation == "error":
+                    raise DataError(f"a prompt has {len(ids)} tokens > data.max_prompt_length="
+                                    f"{self.max_prompt_length}; set data.filter_overlong_prompts=True or "
+                                    "data.truncation=left|right")
+                ids = ids[-self.max_prompt_length:] if self.truncation == "left" else ids[:self.max_prompt_length]
+            self.rows.append({**row, "input_ids": ids})
+        if self.num_filtered:
+            logger.warning("filtered %d prompts longer than %d tokens from %s", self.num_filtered,
+                           self.max_prompt_length, list(self.files))
+        if self.num_invalid:
+            logger.warning("skipped %d rows without a prompt or ground truth in %s", self.num_invalid,
+                           list(self.files))
+        if not self.rows:
+            raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
+                            f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
+                            "prompt or ground truth")
+
+    def _tokenize(self, row: dict) -> list[int] | None:
+        prompt = row.get(self.prompt_key)
+        rm = row.get("reward_model")
+        if not prompt or not isinstance(rm, dict) or rm.get("ground_truth") in (None, ""):
+            return None
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+        if hasattr(out, "keys") and "input_ids" in out:
+            out = out["input_ids"]
+        return list(out)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.rows[i]
+
+
+def collate_prompts(rows: Sequence[dict], pad_token_id: int) -> DataProto:
+    """Left-pad prompts into a DataProto with ``input_ids``, ``attention_mask``, ``position_ids`` (B, P) int64.
+
+    Non-tensor columns: ``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt`` and ``ability``
+    (when present), one entry per row.
+    """
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, width - n:] = torch.tensor(r["input_ids"], dtype=torch.long)
+        mask[i, width - n:] = 1
+    pos = torch.clamp(torch.cumsum(mask, dim=1) - 1, min=0)
+    non_tensor: dict[str, list] = {
+        "data_source": [r.get("data_source", "unknown") for r in rows],
+        "reward_model": [r["reward_model"] for r in rows],
+        "extra_info": [r.get("extra_info") or {} for r in rows],
+        "raw_prompt": [r.get("prompt") for r in rows],
+    }
+    for key in rows[0]:
+        if key not in non_tensor and key not in ("input_ids", "prompt") and all(key in r for r in rows):
+            non_tensor[key] = [r[key] for r in rows]
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos}, non_tensor)
+
+
+class PromptLoader:
+    """Yields batches of ``batch_size`` prompts; its position is saved and restored for exact resumption.
+
+    The order of epoch ``e`` is a permutation drawn from ``torch.Generator().manual_seed(seed + e)`` (or the
+    natural order when ``shuffle`` is false); the last incomplete batch is dropped.
+
+    Raises:
+        DataError: when the dataset holds fewer rows than one batch.
+    """
+
+    def __init__(self, dataset: PromptDataset, batch_size: int, pad_token_id: int, shuffle: bool = True,
+                 seed: int = 0):
+        if batch_size <= 0:
+            raise DataError(f"batch size {batch_size} must be positive")
+        if len(dataset) < batch_size:
+            raise DataError(f"dataset has {len(dataset)} usable rows, fewer than one batch "
+                            f"(data.train_batch_size={batch_size})")
+        self.dataset, self.batch_size, self.pad_token_id = dataset, batch_size, pad_token_id
+        self.shuffle, self.seed = shuffle, seed
+        self.epoch, self.position = 0, 0
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self.dataset) // self.batch_size
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.dataset), generator=g).tolist()
+
+    def next_batch(self) -> tuple[DataProto, int]:
+        """The next batch and the epoch it belongs to (epochs roll over automatically)."""
+        if self.position >= len(self):
+            self.epoch, self.position = self.epoch + 1, 0
+        order = self._order(self.epoch)
+        idx = order[self.position * self.batch_size:(self.position + 1) * self.batch_size]
+        self.position += 1
+        batch = collate_prompts([self.dataset[i] for i in idx], self.pad_token_id)
+        batch.meta["epoch"] = self.epoch
+        return batch, self.epoch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def pad_rows_to_multiple(data: DataProto, multiple: int) -> tuple[DataProto, int]:
+    """Repeat the last rows so that ``len(data)`` divides by ``multiple``; returns the batch and pad count."""
+    pad = (-len(data)) % multiple
+    if pad == 0:
+        return data, 0
+    idx = np.concatenate([np.arange(len(data)), np.arange(pad) % len(data)])
+    return data.index(idx), pad

@@ -1,0 +1,166 @@
+"""Ray placement: one placement group for the run, worker groups pinned to its bundles, and dispatch.
+
+One bundle per worker slot: ``{"GPU": 1, "CPU": k}`` on GPU machines, ``{"CPU": k}`` with
+``trainer.device=cpu``. Roles that share the slots (actor+rollout+ref in one worker; the critic beside it)
+take a fraction of each bundle. Rank 0 of a group picks the rendezvous address; the others join it.
+
+Dispatch modes (how a method's batch is split over ranks and gathered back):
+
+* ``run_all``: the same arguments to every rank (init, save, load); returns the list of results.
+* ``dispatch_dp``: split rows into ``dp`` equal chunks; SP peers of a data-parallel rank (``rank // sp``)
+  receive the same chunk; results are concatenated from the first SP rank of each data-parallel rank.
+* ``dispatch_all``: split rows over every rank (generation is not sequence-parallel).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trainer.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class WorkerFailure(RuntimeError):
+    """A worker process died or raised; the message names the role and rank."""
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot place the requested world size."""
+
+
+def init_ray(device: str, world_size: int, cpus_per_worker: int) -> None:
+    """Join ``RAY_ADDRESS`` when set, else start a local Ray sized for the run (logical CPUs)."""
+    if ray.is_initialized():
+        return
+    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
+        p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    for key in ("TORCH_CUDA_ARCH_LIST", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
+                              "logging_level": logging.WARNING, "log_to_driver": True}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
+    else:
+        ray.init(num_cpus=max(os.cpu_count() or 1, world_size * cpus_per_worker + 1), **kwargs)
+
+
+def create_placement_group(device: str, nnodes: int, n_gpus_per_node: int, cpus_per_worker: int,
+                           timeout_s: float = 60.0):
+    """One PACK placement group with ``nnodes * n_gpus_per_node`` bundles.
+
+    Raises:
+        PlacementError: when the cluster lacks the GPUs/CPUs, naming what was asked and what exists.
+    """
+    world = nnodes * n_gpus_per_node
+    if world < 1:
+        raise PlacementError(f"trainer.nnodes*trainer.n_gpus_per_node = {nnodes}*{n_gpus_per_node} = {world}; "
+                             "expected at least 1 worker")
+    have = ray.cluster_resources()
+    if device == "cuda":
+        bundle = {"GPU": 1, "CPU": cpus_per_worker}
+        if have.get("GPU", 0) < world:
+            raise PlacementError(f"trainer.nnodes*trainer.n_gpus_per_node = {world} GPUs requested but the Ray "
+                                 f"cluster has {int(have.get('GPU', 0))} GPU(s); lower trainer.n_gpus_per_node or "
+                                 "add nodes (ray start --address ...)")
+    else:
+        bundle = {"CPU": cpus_per_worker}
+    if have.get("CPU", 0) < world * cpus_per_worker:
+        raise PlacementError(f"{world} workers x {cpus_per_worker} CPUs requested but the Ray cluster has "
+                             f"{have.get('CPU', 0)} CPUs; lower trainer.n_gpus_per_node or trainer.cpus_per_worker")
+    pg = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        raise PlacementError(f"could not place {world} bundles of {bundle} within {timeout_s:.0f} s "
+                             f"(cluster: {have})")
+    return pg
+
+
+class WorkerGroup:
+    """``world_size`` Ray actors of ``cls`` (one per bundle) forming one DeepSpeed process group.
+
+    Args:
+        cls: a :class:`trainer.workers.base.DistributedWorker` subclass.
+        role: name used in errors and logs (actor, critic, ...).
+        share: fraction of each bundle this role takes (roles colocated on a bundle share it).
+    """
+
+    def __init__(self, cls, role: str, pg, world_size: int, config: dict, device: str, cpus_per_worker: int,
+                 share: float = 1.0, sp_size: int = 1):
+        self.role, self.world_size, self.sp_size = role, world_size, sp_size
+        if world_size % sp_size:
+            raise ValueError(f"{role}: ulysses_sequence_parallel_size={sp_size} does not divide {world_size} workers")
+        self.dp_size = world_size // sp_size
+        opts: dict[str, Any] = {"num_cpus": cpus_per_worker * share}
+        if device == "cuda":
+            opts["num_gpus"] = share
+        remote = ray.remote(cls)
+        self.workers = []
+        addr = port = None
+        for rank in range(world_size):
+            w = remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=rank), name=None, **opts).remote(
+                config, rank, world_size, addr, port, device, role)
+            if rank == 0:
+                addr, port = self._get([w.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
+            self.workers.append(w)
+
+    # ---- calls --------------------------------------------------------------------------------------------
+    def _get(self, futures: list, method: str, ranks: list[int], timeout_s: float | None = None) -> list:
+        """Wait for ``futures``; the first failure raises :class:`WorkerFailure` naming role, rank and method."""
+        pending = dict(zip(futures, ranks))
+        results: dict[Any, Any] = {}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+            if not done:
+                raise WorkerFailure(f"{self.role}.{method} did not finish within {timeout_s:.0f} s on ranks "
+                                    f"{sorted(pending.values())}")
+            ref = done[0]
+            rank = pending.pop(ref)
+            try:
+                results[ref] = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerFailure(f"{self.role} rank {rank} died during {method}: {exc}") from exc
+            except ray.exceptions.RayTaskError as exc:
+                raise WorkerFailure(f"{self.role} rank {rank} raised in {method}: {exc}") from exc
+        return [results[f] for f in futures]
+
+    def run_all(self, method: str, *args, **kwargs) -> list:
+        futures = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return self._get(futures, method, list(range(self.world_size)))
+
+    def dispatch_dp(self, method: str, data: DataProto) -> DataProto:
+        chunks = data.chunk(self.dp_size)
+        futures = [getattr(w, method).remote(chunks[r // self.sp_size]) for r, w in enumerate(self.workers)]
+        outs = self._get(futures, method, list(range(self.world_size)))
+        return DataProto.concat([outs[d * self.sp_size] for d in range(self.dp_size)])
+
+    def dispatch_dp_metrics(self, method: str, data: DataProto) -> list[dict]:
+        chunks = data.chunk(self.dp_size)
+        futures = [getattr(w, method).remote(chunks[r // self.sp_size]) for r, w in enumerate(self.workers)]
+        return self._get(futures, method, list(range(self.world_size)))
+
+    def dispatch_all(self, method: str, data: DataProto) -> DataProto:
+        chunks = data.chunk(self.world_size)
+        futures = [getattr(w, method).remote(c) for w, c in zip(self.workers, chunks)]
+        return DataProto.concat(self._get(futures, method, list(range(self.world_size))))
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            try:
+                ray.kill(w)
+            except Exception:  # already dead
+                pass

@@ -1,0 +1,307 @@
+"""The single controller: the PPO/GRPO loop as a plain Python dataflow over Ray worker groups.
+
+One step: prompts -> rollout (actor workers) -> rewards -> old log-probs (actor) -> ref log-probs (ref)
+-> values (critic, GAE only) -> KL in reward (optional) -> advantages -> critic update -> actor update
+-> metrics -> checkpoint every ``save_freq`` steps -> validation every ``test_freq`` steps.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from trainer.dataset import PromptLoader, collate_prompts, pad_rows_to_multiple
+from trainer.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def _timer(name: str, timing: dict):
+    t0 = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
+
+
+class RayPPOTrainer:
+    """Drives the worker groups through ``fit()``.
+
+    Args:
+        config: the resolved config as a plain dict.
+        tokenizer: the actor's tokenizer (decoding for rewards).
+        train_loader: a :class:`trainer.dataset.PromptLoader`.
+        val_dataset: a :class:`trainer.dataset.PromptDataset` or None.
+        reward_fn / val_reward_fn: :class:`rewards.manager.RewardManager` instances.
+    """
+
+    def __init__(self, config: dict, tokenizer, train_loader: PromptLoader, val_dataset, reward_fn, val_reward_fn):
+        self.cfg, self.tokenizer, self.loader = config, tokenizer, train_loader
+        self.val_dataset, self.reward_fn, self.val_reward_fn = val_dataset, reward_fn, val_reward_fn
+        t = config["trainer"]
+        self.device = t["device"]
+        self.world = int(t["nnodes"]) * int(t["n_gpus_per_node"])
+        self.algo = config["algorithm"]
+        self.use_critic = bool(config["critic"]["enable"])
+        self.need_ref = bool(config["actor_rollout_ref"]["actor"]["use_kl_loss"] or self.algo["use_kl_in_reward"])
+        self.n = int(config["actor_rollout_ref"]["rollout"]["n"])
+        self.global_step = 0
+        self._stop_requested = False
+        from trainer import core_algos
+
+        self.kl_ctrl = core_algos.get_kl_controller(self.algo["kl_ctrl"]) if self.algo["use_kl_in_reward"] else None
+
+    # ---- workers --------------------------------------------------------------------------------------------
+    def init_workers(self) -> None:
+        from trainer.placement import WorkerGroup, create_placement_group, init_ray
+        from trainer.workers.actor import ActorRolloutRefWorker
+        from trainer.workers.critic import CriticWorker
+
+        t = self.cfg["trainer"]
+        cpus = int(t.get("cpus_per_worker", 1))
+        init_ray(self.device, self.world, cpus)
+        self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus)
+        share = 0.5 if self.use_critic else 1.0
+        sp = int(self.cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
+        self.actor_wg = WorkerGroup(ActorRolloutRefWorker, "actor", self.pg, self.world, self.cfg, self.device,
+                                    cpus, share=share, sp_size=sp)
+        self.critic_wg = None
+        if self.use_critic:
+            self.critic_wg = WorkerGroup(CriticWorker, "critic", self.pg, self.world, self.cfg, self.device, cpus,
+                                         share=share, sp_size=int(self.cfg["critic"]["ulysses_sequence_parallel_size"]))
+        info = self.actor_wg.run_all("init_model")[0]
+        if self.critic_wg is not None:
+            self.critic_wg.run_all("init_model")
+        logger.info("workers ready: %d actor ranks (%s params)", self.world, info["num_params"])
+
+    # ---- checkpoints ------------------------------------------------------------------------------------------
+    def _ckpt_root(self) -> str:
+        return self.cfg["trainer"]["default_local_dir"]
+
+    def save_checkpoint(self) -> str:
+        from trainer.checkpoint.base import apply_retention, save_trainer_state, write_tracker
+
+        t = self.cfg["trainer"]
+        step_dir = os.path.join(self._ckpt_root(), f"global_step_{self.global_step}")
+        self.actor_wg.run_all("save_checkpoint", os.path.join(step_dir, "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.run_all("save_checkpoint", os.path.join(step_dir, "critic"))
+        extra = {"kl_coef": self.kl_ctrl.value} if self.kl_ctrl is not None else {}
+        save_trainer_state(step_dir, {**self.loader.state_dict(), **extra}, self.global_step, self.cfg)
+        write_tracker(self._ckpt_root(), self.global_step)
+        apply_retention(self._ckpt_root(), t.get("max_actor_ckpt_to_keep"))
+        return step_dir
+
+    def load_checkpoint(self) -> int:
+        from trainer.checkpoint.base import load_trainer_state, resolve_resume_path
+
+        path, step = resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
+        if path is None:
+            return 0
+        self.actor_wg.run_all("load_checkpoint", os.path.join(path, "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.run_all("load_checkpoint", os.path.join(path, "critic"))
+        state = load_trainer_state(path)
+        loader_state = state["dataloader_state"]
+        self.loader.load_state_dict(loader_state)
+        if self.kl_ctrl is not None and "kl_coef" in loader_state:
+            self.kl_ctrl.value = float(loader_state["kl_coef"])
+        logger.warning("resumed from %s (step %d)", path, step)
+        return int(state.get("global_step", step))
+
+    # ---- one step -------------------------------------------------------------------------------------------
+    def _balance(self, batch: DataProto) -> DataProto:
+        """Reorder rows so that every data-parallel rank gets a similar number of tokens."""
+        from trainer.seqlen_balancing import get_seqlen_balanced_partitions
+
+        dp = self.actor_wg.dp_size
+        if dp == 1:
+            return batch
+        seqlens = batch["attention_mask"].sum(-1).tolist()
+        parts = get_seqlen_balanced_partitions(seqlens, k=dp, equal_size=True)
+        return batch.index(np.concatenate([np.asarray(sorted(p)) for p in parts]))
+
+    def train_step(self, batch: DataProto, timing: dict) -> dict:
+        from trainer import core_algos
+
+        metrics: dict = {}
+        batch.meta.update(seed=self.global_step + int(self.cfg["trainer"]["seed"]) * 100003)
+        batch["uid"] = [f"{self.global_step}-{i}" for i in range(len(batch))]
+        with _timer("gen", timing):
+            batch = self.actor_wg.dispatch_all("generate_sequences", batch)
+        with _timer("reward", timing):
+            rew = self.reward_fn(batch)
+            batch["token_level_scores"] = rew.token_level_scores
+            metrics.update(rew.metrics)
+            for k, v in rew.reward_extra_info.items():
+                vals = np.asarray(v, dtype=np.float64)
+                if vals.size:
+                    metrics[f"reward/{k}/mean"] = float(np.mean(vals))
+        if self.cfg["trainer"].get("balance_batch", True):
+            batch = self._balance(batch)
+        with _timer("old_log_prob", timing):
+            batch.union(self.actor_wg.dispatch_dp("compute_log_prob", batch))
+            ent = batch["entropys"]
+            metrics["actor/entropy"] = float(core_algos.masked_mean(ent, batch["response_mask"]))
+            self._rollout_gap(batch, metrics)
+        if self.need_ref:
+            with _timer("ref", timing):
+                batch.union(self.actor_wg.dispatch_dp("compute_ref_log_prob", batch))
+        if self.use_critic:
+            with _timer("values", timing):
+                batch.union(self.critic_wg.dispatch_dp("compute_values", batch))
+        with _timer("adv", timing):
+            if self.algo["use_kl_in_reward"]:
+                rewards, kl_m = core_algos.apply_kl_penalty(batch["token_level_scores"], batch["old_log_probs"],
+                                                            batch["ref_log_prob"], batch["response_mask"],
+                                                            self.kl_ctrl, self.algo["kl_penalty"])
+                batch["token_level_rewards"] = rewards
+                metrics.update(kl_m)
+            else:
+                batch["token_level_rewards"] = batch["token_level_scores"]
+            core_algos.compute_advantage(batch, self.algo["adv_estimator"], gamma=float(self.algo["gamma"]),
+                                         lam=float(self.algo["lam"]), **self._adv_kwargs())
+        if self.use_critic:
+            with _timer("update_critic", timing):
+                metrics.update(_reduce(self.critic_wg.dispatch_dp_metrics("update_critic", batch)))
+        if self.global_step > int(self.cfg["trainer"].get("critic_warmup", 0)):
+            with _timer("update_actor", timing):
+                metrics.update(_reduce(self.actor_wg.dispatch_dp_metrics("update_actor", batch)))
+        self._last_batch = batch
+        return metrics
+
+    def _adv_kwargs(self) -> dict:
+        if self.algo["adv_estimator"] in ("grpo", "dr_grpo"):
+            return {"norm_adv_by_std_in_grpo": bool(self.algo.get("norm_adv_by_std_in_grpo", True))}
+        return {}
+
+    def _rollout_gap(self, batch: DataProto, metrics: dict) -> None:
+        """Gap between the engine's log-probs and the trainer's recomputed ones; optional truncated IS."""
+        m = batch["response_mask"].bool()
+        if not m.any():
+            return
+        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[m]
+        metrics["rollout/log_prob_diff_mean"] = float(diff.mean())
+        metrics["rollout/log_prob_diff_max"] = float(diff.max())
+        tis = (self.algo.get("rollout_correction") or {}).get("tis_threshold")
+        if tis:
+            w = torch.exp(batch["old_log_probs"] - batch["rollout_log_probs"]).clamp(max=float(tis))
+            batch["rollout_is_weights"] = torch.where(m, w, torch.zeros_like(w))
+            metrics["rollout/is_weight_mean"] = float(w[m].mean())
+
+    # ---- validation -------------------------------------------------------------------------------------------
+    def validate(self) -> dict:
+        """Generate on the held-out set (val_kwargs sampling) and score it; ``val/<data_source>/<metric>``."""
+        from trainer.metric_utils import process_validation_metrics
+
+        ds = self.val_dataset
+        if ds is None:
+            return {}
+        bs = int(self.cfg["data"].get("val_batch_size") or len(ds))
+        outs, infos = [], {}
+        for start in range(0, len(ds), bs):
+            rows = [ds[i] for i in range(start, min(start + bs, len(ds)))]
+            batch = collate_prompts(rows, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
+                                    else self.tokenizer.eos_token_id)
+            batch["uid"] = [f"val-{start + i}" for i in range(len(batch))]
+            batch.meta.update(validate=True, seed=int(self.cfg["trainer"]["seed"]))
+            padded, pad = pad_rows_to_multiple(batch, self.world)
+            out = self.actor_wg.dispatch_all("generate_sequences", padded)
+            n_val = len(out) // len(padded)
+            out = out.index(slice(0, len(batch) * n_val))
+            rew = self.val_reward_fn(out)
+            outs.append(out)
+            scores = rew.token_level_scores.sum(-1).tolist()
+            infos.setdefault("score", []).extend(scores)
+            for k, v in rew.reward_extra_info.items():
+                if k != "score":
+                    infos.setdefault(k, []).extend(list(v))
+        allb = DataProto.concat(outs)
+        infos = {k: v for k, v in infos.items() if len(v) == len(allb)}
+        if "acc" not in infos:
+            infos["acc"] = infos["score"]
+        metrics: dict = {}
+        sources = allb["data_source"]
+        for src in sorted(set(sources.tolist())):
+            sel = sources == src
+            for k, v in infos.items():
+                try:
+                    metrics[f"val/{src}/{k}"] = float(np.mean(np.asarray(v, dtype=np.float64)[sel]))
+                except (TypeError, ValueError):
+                    continue
+        if n_val > 1:
+            for k, v in process_validation_metrics(list(sources), list(allb["uid"]), infos).items():
+                metrics[f"val-core/{k}" if "acc" in k else f"val-aux/{k}"] = v
+        return metrics
+
+    # ---- loop -----------------------------------------------------------------------------------------------
+    def fit(self) -> dict:
+        from trainer.metric_utils import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+        from trainer.tracking import Tracking
+
+        t = self.cfg["trainer"]
+        total = int(t["total_training_steps"])
+        self.global_step = self.load_checkpoint()
+        tracker = Tracking(t["project_name"], t["experiment_name"], t["logger"], t["output_dir"], self.cfg,
+                           total_steps=total, start_step=self.global_step)
+        old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        last: dict = {}
+        try:
+            if t.get("val_before_train") and self.val_dataset is not None and self.global_step == 0:
+                val = self.validate()
+                tracker.log({**val, "_no_advance": True}, step=0)
+                last.update(val)
+            save_freq, test_freq = int(t.get("save_freq", -1)), int(t.get("test_freq", -1))
+            while self.global_step < total and not self._stop_requested:
+                self.global_step += 1
+                timing: dict = {}
+                with _timer("step", timing):
+                    batch, epoch = self.loader.next_batch()
+                    metrics = self.train_step(batch, timing)
+                    is_last = self.global_step == total
+                    if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
+                        with _timer("save_checkpoint", timing):
+                            self.save_checkpoint()
+                    if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
+                        with _timer("testing", timing):
+                            metrics.update(self.validate())
+                b = self._last_batch
+                metrics.update(compute_data_metrics(b, use_critic=self.use_critic,
+                                                    max_response_length=int(self.cfg["data"]["max_response_length"]),
+                                                    max_prompt_length=int(self.cfg["data"]["max_prompt_length"])))
+                metrics.update(compute_timing_metrics(b, timing))
+                metrics.update(compute_throughput_metrics(b, timing, n_gpus=self.world))
+                metrics.update({"training/global_step": self.global_step, "training/epoch": epoch})
+                tracker.log(metrics, step=self.global_step)
+                last = metrics
+            if self._stop_requested and int(t.get("save_freq", -1)) > 0:
+                logger.warning("SIGTERM: saving step %d before exiting", self.global_step)
+                self.save_checkpoint()
+            if t.get("export_hf_on_end") and not self._stop_requested:
+                out = os.path.join(t["output_dir"], "hf_actor")
+                self.actor_wg.run_all("export_hf", out)
+                last["hf_export_dir"] = out
+        finally:
+            signal.signal(signal.SIGTERM, old_handler)
+            tracker.close()
+        return last
+
+    def _on_sigterm(self, signum, frame) -> None:
+        logger.warning("SIGTERM received: the run stops after the current step")
+        self._stop_requested = True
+
+
+def _reduce(per_rank: list[dict]) -> dict:
+    """Mean over ranks and micro-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks)."""
+    from trainer.metric_utils import reduce_metrics
+
+    merged: dict[str, list[float]] = {}
+    for m in per_rank:
+        for k, v in m.items():
+            merged.setdefault(k, []).extend(v)
+    agg = {k: ("max" if k.endswith("skipped_steps") else "mean") for k in merged}
+    return reduce_metrics(merged, agg)

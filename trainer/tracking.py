@@ -1,0 +1,86 @@
+"""Metric logging: console (with a tqdm progress bar), a JSON-lines file per run, and wandb.
+
+Every run writes ``<output_dir>/metrics.jsonl`` (one JSON object per step: ``{"step": N, "<metric>": value}``),
+which ``tools/plot_run.py`` reads. wandb is used when ``trainer.logger`` includes it; without an API key it
+runs in offline mode (``WANDB_MODE=offline``), so no network is needed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "response_length/mean", "actor/pg_loss", "actor/entropy",
+                "actor/kl_loss", "actor/grad_norm", "timing_s/step", "perf/throughput")
+
+
+class Tracking:
+    """Fan metrics out to the configured backends.
+
+    Args:
+        project, experiment: names (wandb project / run name).
+        backends: subset of {"console", "wandb"}; the JSON-lines file is always written.
+        output_dir: where ``metrics.jsonl`` goes.
+        total_steps: length of the progress bar.
+
+    Raises:
+        ValueError: an unknown backend name.
+    """
+
+    def __init__(self, project: str, experiment: str, backends, output_dir: str, config: dict | None = None,
+                 total_steps: int | None = None, start_step: int = 0):
+        backends = [backends] if isinstance(backends, str) else list(backends or [])
+        unknown = set(backends) - {"console", "wandb"}
+        if unknown:
+            raise ValueError(f"trainer.logger has unknown backend(s) {sorted(unknown)}; expected console and/or wandb")
+        os.makedirs(output_dir, exist_ok=True)
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")
+        self.console = "console" in backends
+        self._bar = None
+        if self.console:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        self._wandb = None
+        if "wandb" in backends:
+            import wandb
+
+            if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
+                os.environ["WANDB_MODE"] = "offline"
+            self._wandb = wandb.init(project=project, name=experiment, config=config, dir=output_dir)
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        clean = {k: _plain(v) for k, v in data.items()}
+        self._file.write(json.dumps({"step": step, **clean}, allow_nan=True) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+        if self.console:
+            shown = {k.split("/")[-2] + "/" + k.split("/")[-1] if k.count("/") > 1 else k: clean[k]
+                     for k in CONSOLE_KEYS if k in clean}
+            shown.update({k: v for k, v in clean.items() if k.startswith("val/") and k.endswith("/acc")})
+            line = " ".join(f"{k}={_fmt(v)}" for k, v in shown.items())
+            if self._bar is not None:
+                self._bar.write(f"step {step}: {line}")
+                self._bar.update(1) if not data.get("_no_advance") else None
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _plain(v):
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,167 @@
+"""The actor + rollout + reference worker (one Ray actor per rank, DeepSpeed ZeRO inside).
+
+Methods called by the single controller (how each splits its batch is declared in ``trainer/placement.py``):
+``init_model``, ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``, ``update_actor``,
+``save_checkpoint``, ``load_checkpoint``, ``export_hf``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from trainer.protocol import DataProto
+from trainer.workers.base import DistributedWorker
+from trainer.workers.model_utils import ModelRole, forward_batch_log_probs, sp_config_of
+
+logger = logging.getLogger(__name__)
+
+
+class ActorRolloutRefWorker(DistributedWorker):
+    """Holds the trainable actor (DeepSpeed engine), the rollout engine and the frozen reference model."""
+
+    def init_model(self) -> dict:
+        import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
+
+        self.init_distributed()
+        cfg = self.config
+        arr = cfg["actor_rollout_ref"]
+        self.actor_cfg, self.rollout_cfg = arr["actor"], arr["rollout"]
+        algo = cfg["algorithm"]
+        self.need_ref = bool(self.actor_cfg["use_kl_loss"] or algo["use_kl_in_reward"])
+        total = int(cfg["trainer"]["total_training_steps"]) * int(self.actor_cfg["ppo_epochs"])
+        self.actor = ModelRole.build(self, arr["model"], sp=int(self.actor_cfg["ulysses_sequence_parallel_size"]),
+                                     train=True, optim_cfg=self.actor_cfg["optim"],
+                                     grad_clip=float(self.actor_cfg["grad_clip"]), total_steps=total)
+        self.tokenizer = self.actor.tokenizer
+        self.ref = None
+        if self.need_ref:
+            self.ref = ModelRole.build(self, arr["model"], sp=int(arr["ref"]["ulysses_sequence_parallel_size"]),
+                                       train=False)
+        self._build_rollout()
+        from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager
+
+        self.ckpt = DeepSpeedCheckpointManager(self.actor.engine, tokenizer=self.tokenizer,
+                                               hf_config=self.actor.hf_config, rank=self.rank,
+                                               world_size=self.world_size)
+        return {"num_params": sum(p.numel() for p in self.actor.engine.module.parameters()),
+                "pad_token_id": self.pad_token_id}
+
+    # ---- rollout -------------------------------------------------------------------------------------------
+    def _build_rollout(self) -> None:
+        rc = self.rollout_cfg
+        tok = self.tokenizer
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if rc["name"] == "hf":
+            from rollout.hf_engine import HFRolloutEngine
+
+            static = rc.get("static_cache", "auto")
+            static = (self.device_type == "cuda") if static == "auto" else bool(static)
+            self.engine = HFRolloutEngine.from_tokenizer(self.actor.hf_config, tok, device=self.device,
+                                                         dtype=self.param_dtype(), use_static_cache=static,
+                                                         max_batch_size=int(rc.get("max_batch_size", 256)))
+        elif rc["name"] == "vllm":
+            from rollout.vllm_engine import VLLMRolloutEngine
+
+            self.engine = VLLMRolloutEngine.from_config(self.actor.model_path, rc, tokenizer=tok)
+        else:
+            raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
+        self.engine.sleep(level=int(rc.get("sleep_level", 1)))
+
+    def _sampling(self, validate: bool, seed: int | None):
+        from rollout.base import SamplingConfig
+
+        rc = self.rollout_cfg
+        src = rc["val_kwargs"] if validate else rc
+        return SamplingConfig(n=int(src["n"]), temperature=float(src["temperature"]), top_p=float(src["top_p"]),
+                              top_k=int(src["top_k"]), max_new_tokens=int(rc["response_length"]),
+                              do_sample=bool(src["do_sample"]), seed=seed)
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate ``n`` responses per prompt; returns prompt-major rows with the standard columns.
+
+        ``prompts`` holds left-padded ``input_ids``/``attention_mask`` (B, P); the result has B*n rows with
+        ``prompts`` (B*n, P), ``responses``/``response_mask``/``rollout_log_probs`` (B*n, R), ``input_ids``,
+        ``attention_mask``, ``position_ids`` (B*n, P+R) and the prompt's non-tensor columns repeated.
+        """
+        from rollout.context import iter_actor_params, offload_optimizer_states, reload_optimizer_states, rollout_mode
+
+        t0 = time.perf_counter()
+        validate = bool(prompts.meta.get("validate", False))
+        seed = prompts.meta.get("seed")
+        sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank)
+        ids, mask = prompts["input_ids"], prompts["attention_mask"]
+        prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        rc = self.rollout_cfg
+        stage = int(self.config["deepspeed"]["zero_stage"])
+        bucket = int(rc["update_weights_bucket_megabytes"]) * 2 ** 20
+        offload = bool(rc.get("offload_optimizer_during_rollout")) and not validate
+        module = self.actor.engine.module
+        with rollout_mode(self.engine, lambda: iter_actor_params(module, stage, bucket), bucket,
+                          offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
+                          reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
+                          sleep_level=int(rc.get("sleep_level", 1))):
+            out = self.engine.generate(prompt_lists, sampling)
+        n = sampling.n
+        rep = prompts.repeat(n, interleave=True)
+        responses = out.responses.to(torch.long)
+        resp_mask = out.response_mask.to(torch.long)
+        p_ids, p_mask = rep["input_ids"], rep["attention_mask"]
+        attn = torch.cat([p_mask, resp_mask], dim=1)
+        result = DataProto.from_dict({
+            "prompts": p_ids,
+            "responses": responses,
+            "response_mask": resp_mask.float(),
+            "rollout_log_probs": out.rollout_log_probs.float(),
+            "input_ids": torch.cat([p_ids, responses], dim=1),
+            "attention_mask": attn,
+            "position_ids": torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0),
+        }, {k: v for k, v in rep.non_tensor.items()}, meta=dict(prompts.meta))
+        result.meta["timing_gen_s"] = time.perf_counter() - t0
+        return result
+
+    # ---- log-probs ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` (B, R) f32 and ``entropys`` (B, R) f32 of the current actor."""
+        mbs = int(self.rollout_cfg["log_prob_micro_batch_size_per_gpu"])
+        temp = float(self.rollout_cfg["temperature"]) or 1.0
+        lp, ent = forward_batch_log_probs(self.actor, data, mbs, temp, calculate_entropy=True,
+                                          use_dynamic_bsz=bool(self.actor_cfg["use_dynamic_bsz"]),
+                                          max_token_len=int(self.actor_cfg["ppo_max_token_len_per_gpu"]))
+        return DataProto.from_dict({"old_log_probs": lp, "entropys": ent})
+
+    @torch.no_grad()
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` (B, R) f32 of the frozen reference model."""
+        if self.ref is None:
+            raise RuntimeError("the reference model was not built: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
+        mbs = int(self.config["actor_rollout_ref"]["ref"]["log_prob_micro_batch_size_per_gpu"])
+        temp = float(self.rollout_cfg["temperature"]) or 1.0
+        lp, _ = forward_batch_log_probs(self.ref, data, mbs, temp, calculate_entropy=False,
+                                        use_dynamic_bsz=bool(self.actor_cfg["use_dynamic_bsz"]),
+                                        max_token_len=int(self.actor_cfg["ppo_max_token_len_per_gpu"]))
+        return DataProto.from_dict({"ref_log_prob": lp})
+
+    # ---- update ---------------------------------------------------------------------------------------------
+    def update_actor(self, data: DataProto) -> dict:
+        """PPO-family actor update over mini-batches / micro-batches / epochs; returns metric lists."""
+        from trainer.workers.update import ppo_update
+
+        return ppo_update(self, self.actor, data, self.actor_cfg, n=int(self.rollout_cfg["n"]),
+                          temperature=float(self.rollout_cfg["temperature"]) or 1.0, kind="actor")
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+    def save_checkpoint(self, role_dir: str) -> None:
+        self.ckpt.save(role_dir)
+
+    def load_checkpoint(self, role_dir: str) -> None:
+        self.ckpt.load(role_dir)
+
+    def export_hf(self, out_dir: str) -> None:
+        from trainer.checkpoint.hf_export import export_hf
+
+        export_hf(self.actor.engine, out_dir, tokenizer=self.tokenizer, dtype=self.param_dtype(),
+                  zero_stage=int(self.config["deepspeed"]["zero_stage"]))

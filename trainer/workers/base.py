@@ -1,0 +1,159 @@
+"""What every DeepSpeed worker does: join the process group, build a DeepSpeed config, wrap a model.
+
+A worker is a Ray actor pinned to one placement-group bundle. Rank 0 of a worker group picks
+``MASTER_ADDR``/``MASTER_PORT``; the others receive them; each calls ``deepspeed.init_distributed`` (gloo
+with ``DS_ACCELERATOR=cpu``, nccl on GPU) and ``deepspeed.initialize``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # not inside Ray
+        return "127.0.0.1"
+
+
+class DistributedWorker:
+    """Sets up the environment of one rank; subclasses build models in ``init_model``.
+
+    Args:
+        config: the whole resolved trainer config as a plain dict.
+        rank, world_size: this worker's place in its group.
+        master_addr, master_port: rank 0's rendezvous address (None on rank 0: it picks them).
+        device: ``cpu`` or ``cuda``.
+    """
+
+    def __init__(self, config: dict, rank: int, world_size: int, master_addr: str | None = None,
+                 master_port: int | None = None, device: str = "cpu", role: str = "worker"):
+        self.config, self.rank, self.world_size, self.device_type, self.role = config, rank, world_size, device, role
+        if master_addr is None:
+            master_addr, master_port = node_ip(), free_port()
+        self.master_addr, self.master_port = master_addr, master_port
+        os.environ.update({"MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port), "RANK": str(rank),
+                           "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"})
+        if device == "cpu":
+            os.environ["DS_ACCELERATOR"] = "cpu"
+            torch.set_num_threads(max(1, int(config["trainer"].get("cpus_per_worker", 1))))
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self._dist_ready = False
+
+    def get_master_addr_port(self) -> tuple[str, int]:
+        return self.master_addr, self.master_port
+
+    def ping(self) -> int:
+        return self.rank
+
+    # ---- distributed -------------------------------------------------------------------------------------
+    def init_distributed(self) -> None:
+        if self._dist_ready:
+            return
+        import deepspeed
+
+        if self.device_type == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            self.device = torch.device("cuda", local)
+            backend = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            backend = "gloo"
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        self._dist_ready = True
+
+    # ---- DeepSpeed config --------------------------------------------------------------------------------
+    def ds_config(self, train: bool, grad_clip: float = 1.0) -> dict[str, Any]:
+        """The DeepSpeed config of a training (``train``) or a frozen (reference) model.
+
+        Gradient accumulation is owned by the trainer (``managed_gradient_accumulation: false``): every
+        ``backward`` accumulates, every ``step`` is an optimizer step; losses arrive already normalised
+        (see ``trainer.core_algos.agg_loss``).
+        """
+        ds = self.config["deepspeed"]
+        stage = int(ds["zero_stage"])
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"deepspeed.zero_stage={stage}; expected 0, 1, 2 or 3")
+        bf16 = ds.get("bf16", "auto")
+        bf16 = (self.device_type == "cuda") if bf16 == "auto" else bool(bf16)
+        if not train:
+            stage = 3 if stage == 3 else 0
+        zero: dict[str, Any] = {"stage": stage}
+        if train and ds.get("offload_optimizer"):
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": self.device_type == "cuda"}
+        if stage == 3:
+            zero.update({"stage3_param_persistence_threshold": 1e4,
+                         "stage3_gather_16bit_weights_on_model_save": True})
+            if ds.get("offload_param"):
+                zero["offload_param"] = {"device": "cpu", "pin_memory": self.device_type == "cuda"}
+        cfg: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "managed_gradient_accumulation": False,
+            "zero_optimization": zero,
+            "bf16": {"enabled": bf16},
+            "zero_allow_untested_optimizer": True,
+            "wall_clock_breakdown": False,
+            "steps_per_print": 10 ** 9,
+        }
+        if train:
+            cfg["gradient_clipping"] = float(grad_clip)
+        if ds.get("ds_config"):
+            cfg = _deep_merge(cfg, dict(ds["ds_config"]))
+        return cfg
+
+    def param_dtype(self) -> torch.dtype:
+        bf16 = self.config["deepspeed"].get("bf16", "auto")
+        bf16 = (self.device_type == "cuda") if bf16 == "auto" else bool(bf16)
+        return torch.bfloat16 if bf16 else torch.float32
+
+    def build_optimizer(self, model: torch.nn.Module, optim_cfg: dict, total_steps: int):
+        """AdamW and a warmup-then-``lr_scheduler_type`` LR schedule (transformers.get_scheduler)."""
+        from transformers import get_scheduler
+
+        kind = self.config["deepspeed"].get("optimizer", "torch_adamw")
+        params = [p for p in model.parameters() if p.requires_grad]
+        kw = dict(lr=float(optim_cfg["lr"]), betas=tuple(optim_cfg.get("betas", (0.9, 0.999))),
+                  weight_decay=float(optim_cfg.get("weight_decay", 0.0)))
+        if kind == "torch_adamw":
+            opt = torch.optim.AdamW(params, **kw)
+        elif kind == "deepspeed_adamw":
+            if self.config["deepspeed"].get("offload_optimizer"):
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+                opt = DeepSpeedCPUAdam(params, adamw_mode=True, **kw)
+            else:
+                from deepspeed.ops.adam import FusedAdam
+
+                opt = FusedAdam(params, adam_w_mode=True, **kw)
+        else:
+            raise ValueError(f"deepspeed.optimizer={kind!r}; expected torch_adamw or deepspeed_adamw")
+        name = optim_cfg.get("lr_scheduler_type", "constant")
+        warmup = int(optim_cfg.get("lr_warmup_steps", 0) or 0)
+        name = "constant_with_warmup" if name == "constant" else name
+        sched = get_scheduler(name, optimizer=opt, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1))
+        return opt, sched
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -1,0 +1,69 @@
+"""The critic worker (GAE): a value head on the same backbone family as the actor, trained with DeepSpeed."""
+from __future__ import annotations
+
+import torch
+
+from trainer.protocol import DataProto
+from trainer.workers.base import DistributedWorker
+from trainer.workers.batching import micro_batches
+from trainer.workers.model_utils import ModelRole
+
+
+def forward_values_micro(role: ModelRole, mb: DataProto) -> torch.Tensor:
+    """Values of the response positions of one micro-batch: (b, R) f32."""
+    from trainer.forward import forward_values
+
+    dev = role.device
+    return forward_values(role.engine, mb["input_ids"].to(dev), mb["attention_mask"].to(dev),
+                          mb["position_ids"].to(dev), response_length=mb["responses"].shape[1],
+                          use_remove_padding=role.use_remove_padding, sp=role.sp)
+
+
+class CriticWorker(DistributedWorker):
+    """Holds the critic (``trainer.forward.load_value_model``) as a DeepSpeed engine."""
+
+    def init_model(self) -> dict:
+        import deepspeed  # noqa: F401
+
+        self.init_distributed()
+        cfg = self.config
+        self.critic_cfg = cfg["critic"]
+        model_cfg = dict(cfg["actor_rollout_ref"]["model"])
+        total = int(cfg["trainer"]["total_training_steps"]) * int(self.critic_cfg["ppo_epochs"])
+        self.critic = ModelRole.build(self, model_cfg, sp=int(self.critic_cfg["ulysses_sequence_parallel_size"]),
+                                      train=True, optim_cfg=self.critic_cfg["optim"],
+                                      grad_clip=float(self.critic_cfg["grad_clip"]), total_steps=total,
+                                      value_head=True, path_override=self.critic_cfg["model"].get("path"))
+        from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager
+
+        self.ckpt = DeepSpeedCheckpointManager(self.critic.engine, tokenizer=self.critic.tokenizer,
+                                               hf_config=self.critic.hf_config, rank=self.rank,
+                                               world_size=self.world_size)
+        return {"num_params": sum(p.numel() for p in self.critic.engine.module.parameters())}
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` (B, R) f32 for every row, in order."""
+        self.critic.engine.eval()
+        mbs = int(self.critic_cfg["ppo_micro_batch_size_per_gpu"])
+        data = data.select(["input_ids", "attention_mask", "position_ids", "responses"])
+        vals = [forward_values_micro(self.critic, mb).float().cpu() for mb in micro_batches(data, mbs)]
+        return DataProto.from_dict({"values": torch.cat(vals)})
+
+    def update_critic(self, data: DataProto) -> dict:
+        from trainer.workers.update import ppo_update
+
+        n = int(self.config["actor_rollout_ref"]["rollout"]["n"])
+        return ppo_update(self, self.critic, data, self.critic_cfg, n=n, temperature=1.0, kind="critic")
+
+    def save_checkpoint(self, role_dir: str) -> None:
+        self.ckpt.save(role_dir)
+
+    def load_checkpoint(self, role_dir: str) -> None:
+        self.ckpt.load(role_dir)
+
+    def export_hf(self, out_dir: str) -> None:
+        from trainer.checkpoint.hf_export import export_hf
+
+        export_hf(self.critic.engine, out_dir, tokenizer=self.critic.tokenizer, dtype=self.param_dtype(),
+                  zero_stage=int(self.config["deepspeed"]["zero_stage"]), value_head=True)

@@ -1,0 +1,145 @@
+"""Building one model role (actor, reference, critic, PRM) on a worker and running batched forwards."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer.protocol import DataProto
+from trainer.workers.batching import micro_batches
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelRole:
+    """One DeepSpeed-wrapped model with its tokenizer, HF config and sequence-parallel group.
+
+    Attributes:
+        engine: the ``deepspeed.DeepSpeedEngine`` (call it like the HF model).
+        sp: the Ulysses group object (None when sequence parallel size is 1).
+        dp_group: the data-parallel process group (ranks with the same SP rank); None means the world.
+        dp_size, dp_rank: this rank's data-parallel coordinates.
+        use_remove_padding: packed forwards (batch 1, no padding).
+    """
+
+    engine: Any
+    tokenizer: Any
+    hf_config: Any
+    model_path: str
+    sp: Any
+    sp_size: int
+    dp_group: Any
+    dp_size: int
+    dp_rank: int
+    use_remove_padding: bool
+    device: torch.device
+    value_head: bool = False
+
+    @classmethod
+    def build(cls, worker, model_cfg: dict, sp: int, train: bool, optim_cfg: dict | None = None,
+              grad_clip: float = 1.0, total_steps: int = 1, value_head: bool = False,
+              path_override: str | None = None) -> "ModelRole":
+        """Load the HF model at ``model_cfg['path']`` and wrap it with ``deepspeed.initialize``.
+
+        With ZeRO-3, ``transformers.integrations.HfDeepSpeedConfig`` is alive during ``from_pretrained`` so the
+        weights are partitioned as they load. Master weights are fp32; DeepSpeed keeps bf16 copies when bf16 is on.
+        """
+        import deepspeed
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        path = path_override or model_cfg["path"]
+        tok = AutoTokenizer.from_pretrained(model_cfg.get("tokenizer_path") or path,
+                                            trust_remote_code=bool(model_cfg.get("trust_remote_code")))
+        hf_config = AutoConfig.from_pretrained(path, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
+        ds_cfg = worker.ds_config(train=train, grad_clip=grad_clip)
+        keep = None
+        if ds_cfg["zero_optimization"]["stage"] == 3:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            keep = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 (must stay alive while loading)
+        sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
+        use_rmpad = bool(model_cfg.get("use_remove_padding", True)) or sp > 1
+        if value_head:
+            from trainer.forward import load_value_model
+
+            model = load_value_model(path, dtype=torch.float32)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                         trust_remote_code=bool(model_cfg.get("trust_remote_code")))
+        if use_rmpad:
+            from patches.ulysses import apply_ulysses_patch
+
+            apply_ulysses_patch(model, sp_obj)
+        if train and model_cfg.get("enable_gradient_checkpointing"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if train:
+            opt, sched = worker.build_optimizer(model, optim_cfg, total_steps)
+            engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
+        else:
+            model.requires_grad_(False)
+            engine, *_ = deepspeed.initialize(model=model, config=ds_cfg)
+            engine.eval()
+        del keep
+        return cls(engine=engine, tokenizer=tok, hf_config=hf_config, model_path=path, sp=sp_obj, sp_size=sp,
+                   dp_group=dp_group, dp_size=dp_size, dp_rank=dp_rank, use_remove_padding=use_rmpad,
+                   device=worker.device, value_head=value_head)
+
+
+def make_sp_groups(world_size: int, sp: int, rank: int, hf_config) -> tuple[Any, Any, int, int]:
+    """Data-parallel x sequence-parallel groups; returns (sp_object|None, dp_group|None, dp_size, dp_rank).
+
+    SP groups are contiguous ranks (rank r is in SP group r // sp); with sp == 1 the DP group is the world.
+
+    Raises:
+        ValueError: when ``sp`` does not divide the world size or the model's head counts.
+    """
+    if sp < 1 or world_size % sp:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp} must divide the number of workers {world_size}")
+    if sp == 1:
+        return None, None, world_size, rank
+    from patches.ulysses import build_dp_sp_groups, validate_ulysses_config
+
+    validate_ulysses_config(hf_config.num_attention_heads,
+                            getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads, sp)
+    sp_obj, dp_group = build_dp_sp_groups(world_size, sp, rank)
+    return sp_obj, dp_group, world_size // sp, rank // sp
+
+
+def sp_config_of(role: ModelRole) -> dict:
+    return {"sp_size": role.sp_size, "dp_size": role.dp_size}
+
+
+def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_entropy: bool):
+    """Per-token response log-probs (and entropy) of one micro-batch: (b, R) f32 each (entropy may be None)."""
+    from trainer.forward import forward_log_probs
+
+    dev = role.device
+    return forward_log_probs(role.engine, mb["input_ids"].to(dev), mb["attention_mask"].to(dev),
+                             mb["position_ids"].to(dev), response_length=mb["responses"].shape[1],
+                             temperature=temperature, calculate_entropy=calculate_entropy,
+                             use_remove_padding=role.use_remove_padding, sp=role.sp)
+
+
+def forward_batch_log_probs(role: ModelRole, data: DataProto, micro_batch_size: int, temperature: float,
+                            calculate_entropy: bool, use_dynamic_bsz: bool = False, max_token_len: int = 16384):
+    """Log-probs (and entropy) of every row of ``data`` in micro-batches, in the original row order.
+
+    Returns:
+        (log_probs (B, R) f32 on CPU, entropy (B, R) f32 on CPU or None).
+    """
+    order = torch.arange(len(data))
+    data = data.select(["input_ids", "attention_mask", "position_ids", "responses"])
+    data["_row"] = order
+    lps, ents, rows = [], [], []
+    for mb in micro_batches(data, micro_batch_size, use_dynamic_bsz, max_token_len * role.sp_size, role.dp_group):
+        lp, ent = forward_micro(role, mb, temperature, calculate_entropy)
+        lps.append(lp.float().cpu())
+        ents.append(ent.float().cpu() if ent is not None else None)
+        rows.append(mb["_row"])
+    inv = torch.argsort(torch.cat(rows))
+    lp = torch.cat(lps)[inv]
+    ent = torch.cat(ents)[inv] if calculate_entropy else None
+    return lp, ent

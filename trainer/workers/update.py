@@ -1,0 +1,132 @@
+"""The PPO-family update loop of the actor and critic workers (epochs x mini-batches x micro-batches).
+
+Loss normalisation: every micro-batch loss is aggregated with the mini-batch's GLOBAL counts (valid tokens and
+sequences summed over its micro-batches and over data-parallel ranks; ``trainer.core_algos.agg_loss``), and
+multiplied by the data-parallel size because DeepSpeed averages gradients over data-parallel ranks. DeepSpeed
+runs with ``managed_gradient_accumulation: false``: each ``backward`` accumulates, and ``step`` is one
+optimizer step. The result equals one backward over the whole mini-batch (tested in tests/test_core_algos*).
+With Ulysses SP the SP peers of a data-parallel rank hold the same rows; DeepSpeed averages over all
+dp*sp ranks and the gathered log-probs scale their gradient by sp (patches/ulysses.py), which nets out.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from trainer.protocol import DataProto
+from trainer.workers.batching import global_count, micro_batches, mini_batch_rows
+
+
+def _shuffle(data: DataProto, seed: int) -> DataProto:
+    g = torch.Generator().manual_seed(seed)
+    return data.index(torch.randperm(len(data), generator=g))
+
+
+def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: float, kind: str) -> dict:
+    """Run ``cfg['ppo_epochs']`` passes over ``data`` (this rank's rows); returns ``{metric: [values]}``.
+
+    Args:
+        worker: the DistributedWorker (device, config).
+        role: the :class:`trainer.workers.model_utils.ModelRole` being trained.
+        data: rows with ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``, ``response_mask``
+            and, for the actor, ``old_log_probs``, ``advantages`` (+ ``ref_log_prob`` with a KL loss); for the
+            critic ``values``, ``returns``.
+        cfg: the actor or critic config section.
+        kind: ``actor`` or ``critic``.
+    """
+    from trainer import core_algos
+
+    engine = role.engine
+    engine.train()
+    metrics: dict[str, list[float]] = defaultdict(list)
+    mb_rows = mini_batch_rows(int(cfg["ppo_mini_batch_size"]), n, role.dp_size, len(data))
+    dyn = bool(cfg.get("use_dynamic_bsz", False))
+    max_tok = int(cfg.get("ppo_max_token_len_per_gpu", 16384)) * role.sp_size
+    agg_mode = cfg["loss_agg_mode"]
+    skipped = 0
+    for epoch in range(int(cfg["ppo_epochs"])):
+        epoch_data = _shuffle(data, seed=epoch) if cfg.get("shuffle") else data
+        for mini in epoch_data.split(mb_rows):
+            mask = mini["response_mask"]
+            n_tok = global_count(mask.sum().item(), worker.device, role.dp_group)
+            n_seq = global_count((mask.sum(-1) > 0).sum().item(), worker.device, role.dp_group)
+            agg = dict(global_num_tokens=max(n_tok, 1.0), global_num_seqs=max(n_seq, 1.0), dp_size=role.dp_size,
+                       loss_scale_factor=float(mask.shape[-1]))
+            finite = True
+            for mb in micro_batches(mini, int(cfg["ppo_micro_batch_size_per_gpu"]), dyn, max_tok, role.dp_group):
+                if kind == "actor":
+                    loss, m = _actor_loss(role, mb, cfg, temperature, agg_mode, agg)
+                else:
+                    loss, m = _critic_loss(role, mb, cfg, agg_mode, agg)
+                # a non-finite loss still runs backward (every rank must join the same collectives);
+                # the optimizer step of this mini-batch is then skipped on all ranks and counted
+                finite = finite and bool(torch.isfinite(loss.detach()).all())
+                engine.backward(loss, scale_wrt_gas=False)
+                for k, v in m.items():
+                    metrics[f"{kind}/{k}"].append(float(v))
+            finite = _all_ranks_finite(finite, worker.device)
+            if finite:
+                engine.step()
+                gn = engine.get_global_grad_norm()
+                gn = float(gn) if gn is not None else float("nan")
+                if not math.isfinite(gn):
+                    skipped += 1
+                metrics[f"{kind}/grad_norm"].append(gn)
+            else:
+                skipped += 1
+                engine.optimizer.zero_grad()
+                engine.zero_grad()
+            metrics[f"{kind}/lr"].append(float(engine.get_lr()[0]))
+    metrics[f"{kind}/skipped_steps"].append(float(skipped))
+    return dict(metrics)
+
+
+def _all_ranks_finite(finite: bool, device) -> bool:
+    return global_count(0.0 if finite else 1.0, device) == 0.0
+
+
+def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: str, agg: dict):
+    from trainer import core_algos
+    from trainer.workers.model_utils import forward_micro
+
+    dev = role.device
+    mask = mb["response_mask"].to(dev)
+    entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
+    log_prob, entropy = forward_micro(role, mb, temperature, calculate_entropy=entropy_coeff != 0)
+    old = mb["old_log_probs"].to(dev)
+    adv = mb["advantages"].to(dev)
+    loss_fn = core_algos.get_policy_loss_fn(cfg.get("policy_loss", {}).get("loss_mode", "vanilla"))
+    is_w = mb["rollout_is_weights"].to(dev) if "rollout_is_weights" in mb else None
+    pg_loss, pg_m = loss_fn(old, log_prob, adv, mask, loss_agg_mode=agg_mode, config=cfg,
+                            rollout_is_weights=is_w, **agg)
+    loss = pg_loss
+    metrics = {"pg_loss": pg_loss.item(), **pg_m}
+    if entropy is not None:
+        ent = core_algos.agg_loss(entropy, mask, agg_mode, **agg)
+        metrics["entropy"] = ent.item()
+        if entropy_coeff:
+            loss = loss - entropy_coeff * ent
+    if cfg.get("use_kl_loss"):
+        ref = mb["ref_log_prob"].to(dev)
+        kld = core_algos.kl_penalty(log_prob, ref, cfg["kl_loss_type"])
+        kl_loss = core_algos.agg_loss(kld, mask, agg_mode, **agg)
+        loss = loss + float(cfg["kl_loss_coef"]) * kl_loss
+        metrics["kl_loss"] = kl_loss.item()
+        metrics["kl_coef"] = float(cfg["kl_loss_coef"])
+    return loss, metrics
+
+
+def _critic_loss(role, mb: DataProto, cfg: dict, agg_mode: str, agg: dict):
+    from trainer import core_algos
+    from trainer.workers.critic import forward_values_micro
+
+    dev = role.device
+    mask = mb["response_mask"].to(dev)
+    vpreds = forward_values_micro(role, mb)
+    vf_loss, clipfrac = core_algos.compute_value_loss(vpreds, mb["returns"].to(dev), mb["values"].to(dev), mask,
+                                                      cliprange_value=float(cfg["cliprange_value"]),
+                                                      loss_agg_mode=agg_mode, **agg)
+    vmean = core_algos.masked_mean(vpreds.detach(), mask)
+    return vf_loss, {"vf_loss": vf_loss.item(), "vf_clipfrac": clipfrac, "vpred_mean": float(vmean)}

@@ -1,0 +1,165 @@
+"""Sequence packing ("remove padding"): turn a padded ``(batch, seqlen)`` batch into one packed row and back.
+
+Packed layout (the one flash-attention's varlen kernels and :mod:`patches.ulysses` expect):
+
+* ``input_ids_rmpad``  ``(1, nnz)`` int64 -- the valid tokens of every row, concatenated row by row;
+* ``position_ids_rmpad`` ``(1, nnz)`` int64 -- positions that restart at 0 at the first token of every row,
+  so that the attention kernel can find every sequence boundary (``cu_seqlens``) from them alone;
+* ``indices`` ``(nnz,)`` int64 -- flat indices into ``(batch * seqlen)`` of the valid tokens, used to unpack.
+
+``nnz`` is the number of valid tokens (``attention_mask.sum()``). Works for left padding, right padding, both,
+and rows with no valid token at all. Nothing here communicates; all functions are differentiable where they
+move float tensors (``pack_tensor`` / ``unpack_tensor`` are index ops).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "unpad_input", "pack_tensor", "unpack_tensor", "cu_seqlens_from_position_ids",
+    "position_ids_from_cu_seqlens", "pack_loss_spans",
+]
+
+
+def _check_2d(name: str, x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a 2-D (batch, seqlen) tensor, got {shape}")
+
+
+def unpad_input(input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """Remove the padding of a batch and pack its rows into one row.
+
+    Args:
+        input_ids: ``(batch, seqlen)`` int64 token ids (left-, right- or both-padded).
+        attention_mask: ``(batch, seqlen)`` 0/1 (any int/bool dtype); 1 marks a valid token.
+
+    Returns:
+        ``(input_ids_rmpad, position_ids_rmpad, indices, cu_seqlens, max_seqlen)`` with
+        ``input_ids_rmpad`` ``(1, nnz)`` int64, ``position_ids_rmpad`` ``(1, nnz)`` int64 restarting at 0 per row,
+        ``indices`` ``(nnz,)`` int64 flat indices into ``batch * seqlen``, ``cu_seqlens`` ``(batch + 1,)`` int32
+        cumulative valid lengths (rows with no token give an empty segment), ``max_seqlen`` python int.
+
+    Raises:
+        ValueError: if the shapes are not 2-D or disagree.
+    """
+    _check_2d("input_ids", input_ids)
+    _check_2d("attention_mask", attention_mask)
+    if input_ids.shape != attention_mask.shape:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
+                         "must have the same (batch, seqlen) shape")
+    mask = attention_mask.bool()
+    seqlens = mask.sum(dim=1, dtype=torch.int32)
+    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    max_seqlen = int(seqlens.max().item()) if seqlens.numel() else 0
+    ids = input_ids.flatten()[indices].unsqueeze(0)
+    pos = position_ids_from_cu_seqlens(cu_seqlens, total=indices.numel()).unsqueeze(0)
+    return ids, pos, indices, cu_seqlens, max_seqlen
+
+
+def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """Positions ``(total,)`` int64 that count 0, 1, ... inside each segment ``[cu[i], cu[i+1])``.
+
+    Raises:
+        ValueError: if ``cu_seqlens`` is not 1-D, does not start at 0, or decreases.
+    """
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or int(cu_seqlens[0]) != 0:
+        raise ValueError(f"cu_seqlens must be 1-D and start at 0, got {cu_seqlens.tolist()}")
+    lens = cu_seqlens.diff().long()
+    if (lens < 0).any():
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {cu_seqlens.tolist()}")
+    total = int(cu_seqlens[-1]) if total is None else total
+    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lens, output_size=total)
+    return torch.arange(total, device=cu_seqlens.device) - starts
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Sequence boundaries of a packed row: a new sequence starts wherever ``position_ids == 0``.
+
+    Args:
+        position_ids: ``(total,)`` or ``(1, total)`` int; must start with 0 (the first token opens a sequence).
+
+    Returns:
+        ``(cu_seqlens (num_seqs + 1,) int32, max_seqlen int)``.
+
+    Raises:
+        ValueError: if the first position is not 0 or the tensor has more than one row.
+    """
+    if position_ids.dim() == 2:
+        if position_ids.shape[0] != 1:
+            raise ValueError(f"packed position_ids must have batch 1, got shape {tuple(position_ids.shape)}")
+        position_ids = position_ids[0]
+    if position_ids.numel() == 0:
+        return torch.zeros(1, dtype=torch.int32, device=position_ids.device), 0
+    starts = torch.nonzero(position_ids == 0, as_tuple=False).flatten()
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        raise ValueError("packed position_ids must start with 0 (each packed sequence restarts at 0); "
+                         f"got first value {int(position_ids[0])}")
+    total = torch.tensor([position_ids.numel()], device=position_ids.device)
+    cu = torch.cat([starts, total]).to(torch.int32)
+    return cu, int(cu.diff().max().item())
+
+
+def pack_tensor(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Gather the valid positions of a padded tensor.
+
+    Args:
+        x: ``(batch, seqlen, *rest)`` any dtype.
+        indices: ``(nnz,)`` from :func:`unpad_input`.
+
+    Returns:
+        ``(nnz, *rest)`` (differentiable w.r.t. ``x``).
+    """
+    if x.dim() < 2:
+        raise ValueError(f"pack_tensor expects (batch, seqlen, ...), got shape {tuple(x.shape)}")
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])[indices]
+
+
+def unpack_tensor(x: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int, fill: float = 0.0) -> torch.Tensor:
+    """Inverse of :func:`pack_tensor`: scatter ``(nnz, *rest)`` back to ``(batch, seqlen, *rest)``.
+
+    Padding positions get ``fill``. Differentiable w.r.t. ``x`` (``index_put`` on a fresh tensor).
+
+    Raises:
+        ValueError: if ``x.shape[0] != indices.numel()``.
+    """
+    if x.shape[0] != indices.numel():
+        raise ValueError(f"unpack_tensor: x has {x.shape[0]} rows but indices has {indices.numel()} entries")
+    out = torch.full((batch * seqlen, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+    out = out.index_put((indices,), x)
+    return out.view(batch, seqlen, *x.shape[1:])
+
+
+def pack_loss_spans(sample_lengths: Sequence[int], local_spans: Sequence[tuple[int, int]],
+                    device: torch.device | str = "cpu") -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """Offset per-sample loss spans into a packed stream, and build the packed loss mask.
+
+    Sample ``i`` occupies ``[offset_i, offset_i + len_i)`` with ``offset_i = sum(len_0 .. len_{i-1})`` (the
+    cumulative length of the preceding samples -- not the end of the previous sample's last span, which is the
+    bug of peer case P14). A local span ``(start, end)`` is half-open, ``0 <= start <= end <= len_i``.
+
+    Example (case P14): lengths ``[6, 5, 7]``, spans ``(3,5), (2,4), (4,6)`` -> ``(3,5), (8,10), (15,17)``, mask sum 6.
+
+    Returns:
+        ``(packed_spans, loss_mask)`` with ``loss_mask`` ``(sum(lengths),)`` float32, 1 inside the spans.
+
+    Raises:
+        ValueError: on a length/span count mismatch, a negative length, or a span outside its sample.
+    """
+    if len(sample_lengths) != len(local_spans):
+        raise ValueError(f"got {len(sample_lengths)} sample lengths but {len(local_spans)} spans")
+    packed, offset = [], 0
+    for i, (n, (s, e)) in enumerate(zip(sample_lengths, local_spans)):
+        if n < 0:
+            raise ValueError(f"sample {i} has negative length {n}")
+        if not 0 <= s <= e <= n:
+            raise ValueError(f"span {(s, e)} of sample {i} is outside [0, {n}] or reversed")
+        packed.append((offset + s, offset + e))
+        offset += n
+    mask = torch.zeros(offset, dtype=torch.float32, device=device)
+    for s, e in packed:
+        mask[s:e] = 1.0
+    return packed, mask

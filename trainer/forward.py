@@ -1,0 +1,201 @@
+"""The packed (remove-padding, optionally Ulysses-SP) forward used by the actor, ref, critic and PRM workers.
+
+Batch layout (see ``trainer/protocol.py``): ``input_ids = cat(prompts, responses)`` of shape ``(B, L)``, prompts
+left-padded, responses right-padded, the response occupying the last ``R`` columns; ``position_ids =
+clamp(cumsum(attention_mask) - 1, min=0)``. The log-prob of response token ``j`` (column ``L-R+j``) comes from the
+logits at column ``L-R+j-1``, so results are the ``[:, -R-1:-1]`` columns of the per-position "next-token" values.
+
+Packed path (``use_remove_padding=True``), per micro-batch (verl ``dp_actor._forward_micro_batch``):
+unpad -> labels = packed ids rolled by -1 (taken on the WHOLE packed row, before SP slicing) -> pad to a multiple
+of sp and slice this rank's chunk -> model forward on ``(1, L/sp)`` -> log-probs/entropy on the local chunk (logits
+are never gathered) -> all-gather over the SP group (backward scales by sp, see ``patches.ulysses``) -> unpad to
+``(B, L)`` -> response columns.
+
+Value head (critic / PRM value): ``AutoModelForTokenClassification`` with ``num_labels=1`` (and
+``classifier_dropout=0.0``): a stock transformers class (Llama/Qwen2/Qwen3/Mistral ``...ForTokenClassification``),
+so ``save_pretrained`` / ``from_pretrained`` round-trip it and the ``score`` Linear(hidden, 1) is exported as is.
+"""
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint
+
+from patches.packing import pack_tensor, unpack_tensor, unpad_input
+from patches.ulysses import (ULYSSES_ATTN_IMPL, UlyssesGroup, current_ulysses_group, gather_outputs_and_unpad,
+                             pad_and_slice, pad_and_slice_inputs)
+
+__all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits"]
+
+
+def _chunk_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, want_entropy: bool):
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    lp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    if not want_entropy:
+        return lp, lp.new_zeros(())
+    ent = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+    return lp, ent
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                          calculate_entropy: bool = False, chunk_size: int = 1024):
+    """Per-token log-probs (and entropy) of ``labels`` under ``softmax(logits / temperature)``, memory-aware.
+
+    ``log_prob = z[label] - logsumexp(z)`` and ``entropy = logsumexp(z) - sum(softmax(z) * z)`` with
+    ``z = logits / temperature``, computed in float32 one chunk of ``chunk_size`` tokens at a time. Under grad each
+    chunk is recomputed in backward (activation checkpointing), so no float32 copy of the ``(N, V)`` logits is kept.
+
+    Args:
+        logits: ``(N, V)`` any float dtype. labels: ``(N,)`` int64 in ``[0, V)``.
+
+    Returns:
+        ``(log_probs (N,) float32, entropy (N,) float32 or None)``.
+
+    Raises:
+        ValueError: on shape mismatch or a non-positive temperature / chunk size.
+    """
+    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"expected logits (N, V) and labels (N,), got {tuple(logits.shape)} and {tuple(labels.shape)}")
+    if temperature <= 0 or chunk_size <= 0:
+        raise ValueError(f"temperature ({temperature}) and chunk_size ({chunk_size}) must be > 0")
+    lps, ents = [], []
+    use_ckpt = torch.is_grad_enabled() and logits.requires_grad
+    for s in range(0, logits.shape[0], chunk_size):
+        args = (logits[s:s + chunk_size], labels[s:s + chunk_size], temperature, calculate_entropy)
+        if use_ckpt:
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_log_probs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_log_probs(*args)
+        lps.append(lp)
+        ents.append(ent)
+    if not lps:
+        empty = logits.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if calculate_entropy else None)
+    return torch.cat(lps), (torch.cat(ents) if calculate_entropy else None)
+
+
+def _check_batch(input_ids, attention_mask, position_ids, response_length):
+    for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask), ("position_ids", position_ids)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a (batch, seqlen) tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if t.shape != input_ids.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(input_ids.shape)} like input_ids")
+    if not 0 < response_length < input_ids.shape[1]:
+        raise ValueError(f"response_length must be in [1, seqlen={input_ids.shape[1]}), got {response_length}")
+
+
+def _resolve_sp(model, sp: UlyssesGroup | None, use_remove_padding: bool) -> UlyssesGroup:
+    state = getattr(model, "_ulysses_state", None)
+    bound = state.group if state is not None else None
+    if sp is None:
+        sp = bound if bound is not None else current_ulysses_group()
+    elif bound is not None and (bound.group is not sp.group or bound.size != sp.size):
+        raise ValueError(f"sp group (size {sp.size}) differs from the group the model was patched with "
+                         f"(size {bound.size})")
+    if sp.size > 1:
+        if not use_remove_padding:
+            raise ValueError("ulysses sequence parallelism (sp > 1) needs use_remove_padding=True")
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl != ULYSSES_ATTN_IMPL:
+            raise ValueError(f"sp={sp.size} needs a model patched by patches.ulysses.apply_ulysses_patch "
+                             f"(attn implementation {ULYSSES_ATTN_IMPL!r}), got {impl!r}")
+    return sp
+
+
+def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesGroup):
+    """Model forward on this rank's slice of the packed batch.
+
+    Returns ``(output, labels_local (L/sp,), pad, indices (nnz,))``."""
+    ids, _, indices, cu_seqlens, _ = unpad_input(input_ids, attention_mask)
+    pos = pack_tensor(position_ids, indices).unsqueeze(0)
+    starts = cu_seqlens[:-1][cu_seqlens.diff() > 0].long()
+    if starts.numel() and bool((pos[0, starts] != 0).any()):
+        raise ValueError("position_ids must be 0 at the first valid token of every row (expected "
+                         "clamp(cumsum(attention_mask) - 1, min=0)); packed sequences are split where positions are 0")
+    labels = torch.roll(ids, shifts=-1, dims=1)  # next token in the whole packed row, before SP slicing
+    ids_local, pos_local, pad = pad_and_slice_inputs(ids, pos, sp.size, sp.rank)
+    labels_local, _ = pad_and_slice(labels, sp.size, sp.rank)
+    with sp.activate():
+        out = model(input_ids=ids_local, position_ids=pos_local, attention_mask=None, use_cache=False)
+    return out, labels_local[0], pad, indices
+
+
+def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                      response_length: int, temperature: float = 1.0, calculate_entropy: bool = False,
+                      use_remove_padding: bool = True, sp: UlyssesGroup | None = None, chunk_size: int = 1024):
+    """Per-token log-probs (and entropy) of the response tokens under a causal LM.
+
+    Args:
+        model: a transformers causal LM (patched by ``patches.ulysses.apply_ulysses_patch`` for sp > 1).
+        input_ids: ``(B, L)`` int64 ``cat(prompts, responses)``. attention_mask: ``(B, L)`` 0/1.
+        position_ids: ``(B, L)`` int64, 0 at the first valid token of every row.
+        response_length: ``R``, the response occupies the last R columns.
+        temperature: logits are divided by it (as in the rollout sampler).
+        calculate_entropy: also return the entropy of ``softmax(logits / temperature)``.
+        use_remove_padding: packed forward (True) or plain padded forward (False, only without SP).
+        sp: the SP group; default the group bound to the model or the active one (size 1 if none). All SP peers
+            must pass the same batch.
+        chunk_size: tokens per float32 log-softmax chunk.
+
+    Returns:
+        ``(log_probs (B, R) float32, entropy (B, R) float32 or None)``. Entries of padded response tokens are
+        meaningless (mask them with ``response_mask``). Differentiable (use under grad in the actor update).
+
+    Raises:
+        ValueError: bad shapes, response_length out of range, position_ids not restarting at 0, or SP misuse.
+    """
+    _check_batch(input_ids, attention_mask, position_ids, response_length)
+    sp = _resolve_sp(model, sp, use_remove_padding)
+    B, L = input_ids.shape
+    R = response_length
+    if not use_remove_padding:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        logits = out.logits[:, -R - 1:-1]
+        lp, ent = log_probs_from_logits(logits.reshape(B * R, -1), input_ids[:, -R:].reshape(-1), temperature,
+                                        calculate_entropy, chunk_size)
+        return lp.view(B, R), (ent.view(B, R) if ent is not None else None)
+    out, labels_local, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp)
+    lp, ent = log_probs_from_logits(out.logits[0], labels_local, temperature, calculate_entropy, chunk_size)
+    del out
+    lp = gather_outputs_and_unpad(lp, 0, pad, sp)
+    lp = unpack_tensor(lp, indices, B, L)[:, -R - 1:-1]
+    if ent is not None:
+        ent = unpack_tensor(gather_outputs_and_unpad(ent, 0, pad, sp), indices, B, L)[:, -R - 1:-1]
+    return lp, ent
+
+
+def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                   response_length: int, use_remove_padding: bool = True, sp: UlyssesGroup | None = None):
+    """Critic values ``V(s_t)`` for the response tokens from a model with a scalar head per token.
+
+    Args:
+        model: ``AutoModelForTokenClassification`` with ``num_labels == 1`` (output ``logits (.., 1)``).
+        input_ids, attention_mask, position_ids, response_length, use_remove_padding, sp: as
+            :func:`forward_log_probs`.
+
+    Returns:
+        ``values (B, R)`` float32: the head output at the position *before* each response token
+        (``[:, -R-1:-1]``, the state from which that token is generated; verl's convention). Differentiable.
+
+    Raises:
+        ValueError: bad shapes, a head with more than one output, or SP misuse.
+    """
+    _check_batch(input_ids, attention_mask, position_ids, response_length)
+    sp = _resolve_sp(model, sp, use_remove_padding)
+    B, L = input_ids.shape
+    R = response_length
+    if not use_remove_padding:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        head = out.logits
+    else:
+        out, _, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp)
+        head = out.logits
+    if head.shape[-1] != 1:
+        raise ValueError(f"value model must have one output per token (num_labels=1), got {head.shape[-1]}")
+    if not use_remove_padding:
+        return head[:, -R - 1:-1, 0].float()
+    v = gather_outputs_and_unpad(head[0, :, 0].float(), 0, pad, sp)
+    return unpack_tensor(v, indices, B, L)[:, -R - 1:-1]

@@ -1,0 +1,170 @@
+"""Benchmark rollout generation (plain ``generate`` with the dynamic cache vs :class:`HFRolloutEngine`) and the
+trainer -> engine weight sync.
+
+Usage (GPU machine):
+    python tools/bench/rollout.py --model /path/to/SmolLM2-135M-Instruct --out bench_rollout.json
+    python tools/bench/rollout.py --random smollm2 --prompts 256 --n 4 --new-tokens 256 --out r.json
+Prompts are random token ids (lengths uniform in [--min-prompt, --max-prompt]); tokens/s counts the generated
+tokens inside ``response_mask`` (EOS ends a row early). The engine is called twice: the first call includes
+``torch.compile`` (reported as compile seconds), the second is the timed one. The sync timing builds a
+random-weight Qwen2-1.5B (hidden 1536, 28 layers, 12 heads, 2 KV heads, intermediate 8960, vocab 151936) in bf16
+and streams its parameters into an engine in buckets (``rollout.context.sync_weights``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+import torch  # noqa: E402
+
+from rollout.base import SamplingConfig, finalize_responses  # noqa: E402
+from rollout.context import iter_actor_params, sync_weights  # noqa: E402
+from rollout.hf_engine import HFRolloutEngine  # noqa: E402
+
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+               num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+QWEN2_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                  num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                  tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643)
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def load_model(args, device, dtype):
+    """Return (config, model with weights, eos id)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+    if args.model:
+        cfg = AutoConfig.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device)
+    else:
+        cfg = LlamaConfig(**SMOLLM2)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else cfg.eos_token_id[0]
+    return cfg, model.eval(), eos
+
+
+def bench_generation(args, device, dtype) -> list[dict]:
+    cfg, model, eos = load_model(args, device, dtype)
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(args.min_prompt, args.max_prompt + 1, (args.prompts,), generator=g).tolist()
+    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in lens]
+    sampling = SamplingConfig(n=args.n, temperature=args.temperature, max_new_tokens=args.new_tokens, seed=0)
+    rows = []
+    if not args.skip_plain:
+        rows.append(plain_generate(model, prompts, sampling, eos, device))
+        print(rows[-1], flush=True)
+    engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch)
+    engine.load_weights(model.state_dict().items())
+    del model
+    times = []
+    for _ in range(args.engine_calls):
+        _sync(); t0 = time.perf_counter()
+        out = engine.generate(prompts, sampling)
+        _sync(); times.append(time.perf_counter() - t0)
+    tokens = int(out.response_mask.sum())
+    rows.append(dict(name="HFRolloutEngine (static cache + compile)" if engine.use_static_cache else
+                     "HFRolloutEngine (dynamic)", seconds=times[-1], tokens=tokens, tok_per_s=tokens / times[-1],
+                     first_call_s=times[0], compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times))
+    print(rows[-1], flush=True)
+    if args.sleep_wake and torch.cuda.is_available():  # does a sleep/wake cycle (new addresses) cost a recompile?
+        engine.sleep(1); engine.wake_up()
+        _sync(); t0 = time.perf_counter()
+        out = engine.generate(prompts, sampling)
+        _sync(); dt = time.perf_counter() - t0
+        rows.append(dict(name="HFRolloutEngine after sleep/wake", seconds=dt, tokens=int(out.response_mask.sum()),
+                         tok_per_s=int(out.response_mask.sum()) / dt))
+        print(rows[-1], flush=True)
+    return rows
+
+
+@torch.no_grad()
+def plain_generate(model, prompts, sampling, eos, device) -> dict:
+    """``model.generate`` with the dynamic cache, one batch of all rows (prompt-major), left padding."""
+    from transformers import GenerationConfig
+
+    rows = [p for p in prompts for _ in range(sampling.n)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), eos, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(rows):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    gc = GenerationConfig(do_sample=True, temperature=sampling.temperature, top_k=0, max_new_tokens=sampling.max_new_tokens,
+                          eos_token_id=eos, pad_token_id=eos)
+    torch.manual_seed(0)
+    _sync(); t0 = time.perf_counter()
+    seq = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gc)
+    _sync(); dt = time.perf_counter() - t0
+    gen = seq[:, width:].cpu()
+    out = finalize_responses(gen, torch.zeros(gen.shape), [eos], eos, sampling.max_new_tokens)
+    tokens = int(out.response_mask.sum())
+    return dict(name="plain generate (dynamic cache)", seconds=dt, tokens=tokens, tok_per_s=tokens / dt)
+
+
+def bench_sync(args, device) -> dict:
+    """Stream a random-weight Qwen2-1.5B (bf16) from a module into an engine; seconds per full sync."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(**QWEN2_1_5B)
+    with torch.device(device):
+        actor = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    engine = HFRolloutEngine(cfg, device=device, dtype=torch.bfloat16)
+    nbytes = sum(p.numel() * p.element_size() for p in actor.parameters())
+    times, calls = [], 0
+    for _ in range(3):
+        _sync(); t0 = time.perf_counter()
+        calls = sync_weights(engine, iter_actor_params(actor, 0, args.bucket_mb * 2**20), args.bucket_mb * 2**20)
+        _sync(); times.append(time.perf_counter() - t0)
+    ok = all(torch.equal(a, b) for a, b in zip(actor.state_dict().values(), engine.model.state_dict().values()))
+    return dict(name="weight sync Qwen2-1.5B bf16", seconds=min(times), all_s=times, load_weights_calls=calls,
+                gib=nbytes / 2**30, gib_per_s=nbytes / 2**30 / min(times), bucket_mb=args.bucket_mb, equal=ok)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="HF model folder (e.g. SmolLM2-135M-Instruct); default random SmolLM2 shape")
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--min-prompt", type=int, default=32)
+    ap.add_argument("--max-prompt", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--engine-calls", type=int, default=2)
+    ap.add_argument("--bucket-mb", type=int, default=512)
+    ap.add_argument("--skip-plain", action="store_true")
+    ap.add_argument("--skip-gen", action="store_true")
+    ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--sleep-wake", action="store_true", help="also time a call after a sleep/wake cycle")
+    ap.add_argument("--out", default="bench_rollout.json")
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    results = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", args=vars(args), rows=[])
+    if not args.skip_gen:
+        results["rows"] += bench_generation(args, device, dtype)
+    if not args.skip_sync:
+        results["rows"].append(bench_sync(args, device))
+        print(results["rows"][-1], flush=True)
+    print(f"\n{'what':48s} {'tok/s':>10s} {'seconds':>9s} {'compile s':>10s}")
+    for r in results["rows"]:
+        tps = f"{r['tok_per_s']:.0f}" if "tok_per_s" in r else "-"
+        print(f"{r['name']:48s} {tps:>10s} {r['seconds']:9.3f} {r.get('compile_s', 0):10.1f}")
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

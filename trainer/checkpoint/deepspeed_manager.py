@@ -1,0 +1,193 @@
+"""Checkpoint manager for one role (actor or critic) trained by a DeepSpeed engine (ZeRO 0/1/2/3).
+
+Folder written by :meth:`DeepSpeedCheckpointManager.save` (``path`` = ``.../global_step_<N>/<role>``)::
+
+    <role>/
+        latest                                  # DeepSpeed's tag file (holds "global_step_<N>")
+        global_step_<N>/                        # DeepSpeed's own files, per its save_checkpoint:
+            mp_rank_00_model_states.pt          #   module (ZeRO 0-2), LR scheduler, client state
+            zero_pp_rank_<r>_mp_rank_00_model_states.pt / ..._optim_states.pt   # ZeRO partitions
+        rng_rank_<r>.pt                         # per-rank python/numpy/torch(/cuda) RNG states
+        huggingface/                            # rank 0: config.json, generation_config.json, tokenizer
+        zero_to_fp32.py                         # DeepSpeed's offline merge script (ZeRO >= 1)
+
+Model, optimizer and LR scheduler go through DeepSpeed's own ``engine.save_checkpoint`` /
+``engine.load_checkpoint`` (deepspeed 0.19: ``save_checkpoint(save_dir, tag=None, client_state={},
+save_latest=True, exclude_frozen_parameters=False)``; the scheduler given to ``deepspeed.initialize`` is
+stored as ``lr_scheduler`` in the model-states file). ``load`` passes ``load_optimizer_states=True`` and
+``load_lr_scheduler_states=True`` explicitly, so a resumed run never repeats warmup (peer case P17).
+
+Atomicity (peer case P16): everything is written into ``<role>.tmp`` and renamed to ``<role>`` only after
+every rank finished; a save that raises leaves an older ``<role>`` folder untouched. The folder must be on a
+file system shared by all ranks (as in verl).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, capture_rng_state, parse_step,
+                                     restore_rng_state)
+
+logger = logging.getLogger(__name__)
+
+HF_SUBDIR = "huggingface"
+CLIENT_STATE_KEY = "rlhf_client_state"
+
+
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def engine_dtype(engine: Any) -> torch.dtype:
+    """Training dtype of a DeepSpeed engine: bfloat16, float16 or float32."""
+    if getattr(engine, "bfloat16_enabled", lambda: False)():
+        return torch.bfloat16
+    if getattr(engine, "fp16_enabled", lambda: False)():
+        return torch.float16
+    return torch.float32
+
+
+def save_hf_metadata(out_dir: str, hf_config: Any = None, tokenizer: Any = None, dtype: torch.dtype | None = None,
+                     generation_config: Any = None) -> None:
+    """Write ``config.json`` (with ``dtype`` = training dtype), ``generation_config.json`` and the tokenizer
+    (incl. its chat template) into ``out_dir``. Call on rank 0 only. Any argument may be None (skipped)."""
+    os.makedirs(out_dir, exist_ok=True)
+    if hf_config is not None:
+        cfg = hf_config.__class__.from_dict(hf_config.to_dict())
+        if dtype is not None:
+            cfg.dtype = dtype
+        cfg.save_pretrained(out_dir)
+        if generation_config is None:
+            from transformers import GenerationConfig
+            try:
+                generation_config = GenerationConfig.from_model_config(cfg)
+            except Exception as e:  # configs of non-generative models
+                logger.info("no generation config derived from %s: %s", type(cfg).__name__, e)
+    if generation_config is not None:
+        generation_config.save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+
+
+class DeepSpeedCheckpointManager(CheckpointManager):
+    """Saves/restores a DeepSpeed engine (model, optimizer, LR scheduler) plus per-rank RNG states.
+
+    Args:
+        engine: the ``deepspeed.DeepSpeedEngine`` returned by ``deepspeed.initialize`` (with the optimizer
+            and the ``lr_scheduler`` passed to it).
+        tokenizer: HF tokenizer saved under ``huggingface/`` on rank 0 (None: skipped).
+        hf_config: HF ``PretrainedConfig`` saved under ``huggingface/``; default ``engine.module.config``.
+        rank, world_size: this process's rank and the engine's world size (default: torch.distributed's).
+        save_hf_metadata: write ``huggingface/`` on save (needed by ``tools/export_hf.py``).
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any = None, hf_config: Any = None, rank: int | None = None,
+                 world_size: int | None = None, save_hf_metadata: bool = True):
+        dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.hf_config = hf_config if hf_config is not None else getattr(getattr(engine, "module", None),
+                                                                         "config", None)
+        self.rank = int(rank if rank is not None else (torch.distributed.get_rank() if dist_on else 0))
+        self.world_size = int(world_size if world_size is not None else
+                              (torch.distributed.get_world_size() if dist_on else 1))
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank={self.rank} is outside world_size={self.world_size}")
+        self.save_hf_metadata = save_hf_metadata
+
+    # ------------------------------------------------------------------------------------------------ save
+    def save(self, path: str, step: int | None = None) -> None:
+        """Save into ``path`` (``.../global_step_<N>/<role>``) atomically; every rank must call it.
+
+        Also accepts ``save(step, path)``. ``step`` defaults to the ``global_step_<N>`` in ``path``.
+        On return the folder is complete on every rank (barriers). An exception leaves ``<path>.tmp``
+        behind (removed by the next save) and any older ``path`` intact.
+
+        Raises:
+            ValueError: no step given and none in ``path``.
+        """
+        if isinstance(path, int) and isinstance(step, str):  # save(step, path) order
+            path, step = step, path
+        path = os.path.abspath(path)
+        step = parse_step(path) if step is None else int(step)
+        tmp = path + ".tmp"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        _barrier()
+        client_state = {CLIENT_STATE_KEY: {"global_step": step, "world_size": self.world_size,
+                                           "zero_stage": int(self.engine.zero_optimization_stage())}}
+        self.engine.save_checkpoint(tmp, tag=f"global_step_{step}", client_state=client_state)
+        atomic_torch_save(capture_rng_state(), os.path.join(tmp, f"rng_rank_{self.rank}.pt"))
+        if self.rank == 0 and self.save_hf_metadata:
+            gen = getattr(getattr(self.engine, "module", None), "generation_config", None)
+            save_hf_metadata(os.path.join(tmp, HF_SUBDIR), self.hf_config, self.tokenizer,
+                             engine_dtype(self.engine), gen)
+        _barrier()  # every rank's files are in tmp
+        if self.rank == 0:
+            old = path + ".old"
+            shutil.rmtree(old, ignore_errors=True)
+            if os.path.exists(path):
+                os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        _barrier()
+        logger.info("saved DeepSpeed checkpoint (step %d) to %s", step, path)
+
+    # ------------------------------------------------------------------------------------------------ load
+    def load(self, path: str, load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+             load_rng: bool = True) -> dict:
+        """Restore model, optimizer, LR scheduler and this rank's RNG from ``path``.
+
+        Under ZeRO-3 the engine must be fresh (DeepSpeed cannot load into an engine that just saved).
+
+        Returns:
+            ``{"global_step": int, "world_size": int, "zero_stage": int}`` as saved.
+        Raises:
+            FileNotFoundError: ``path`` or this rank's RNG file is missing, or DeepSpeed found nothing.
+            ValueError: the checkpoint was written with another world size or ZeRO stage.
+        """
+        path = os.path.abspath(path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"checkpoint folder {path!r} does not exist")
+        meta = self._read_meta(path)
+        if meta.get("world_size", self.world_size) != self.world_size:
+            raise ValueError(f"checkpoint {path!r} was saved with world_size={meta['world_size']} but this run "
+                             f"has world_size={self.world_size}; resume with the same number of ranks")
+        stage = int(self.engine.zero_optimization_stage())
+        if meta.get("zero_stage", stage) != stage:
+            raise ValueError(f"checkpoint {path!r} was saved with ZeRO stage {meta['zero_stage']} but the "
+                             f"engine uses stage {stage}; use tools/export_hf.py to convert weights instead")
+        load_path, client = self.engine.load_checkpoint(path, tag=None, load_module_strict=True,
+                                                        load_optimizer_states=load_optimizer_states,
+                                                        load_lr_scheduler_states=load_lr_scheduler_states)
+        if load_path is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint in {path!r} (missing 'latest' file?)")
+        if load_rng:
+            rng_file = os.path.join(path, f"rng_rank_{self.rank}.pt")
+            if not os.path.isfile(rng_file):
+                raise FileNotFoundError(f"RNG file {rng_file!r} is missing")
+            restore_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
+        _barrier()
+        return dict((client or {}).get(CLIENT_STATE_KEY, meta))
+
+    def _read_meta(self, path: str) -> dict:
+        """Client state from the rank-independent model-states file (cheap: no optimizer states)."""
+        latest = os.path.join(path, "latest")
+        if not os.path.isfile(latest):
+            raise FileNotFoundError(f"{latest!r} is missing: {path!r} is not a complete DeepSpeed checkpoint")
+        with open(latest) as f:
+            tag = f.read().strip()
+        folder = os.path.join(path, tag)
+        names = sorted(n for n in os.listdir(folder) if n.endswith("model_states.pt")) if os.path.isdir(folder) else []
+        if not names:
+            raise FileNotFoundError(f"no *model_states.pt in {folder!r}")
+        sd = torch.load(os.path.join(folder, names[0]), map_location="cpu", weights_only=False, mmap=True)
+        return dict(sd.get(CLIENT_STATE_KEY, {}))

@@ -83,7 +83,7 @@ class RayPPOTrainer:
         return self.cfg["trainer"]["default_local_dir"]
 
     def save_checkpoint(self) -> str:
-        from trainer.checkpoint.base import apply_retention, save_trainer_state, write_tracker
+        from trainer.checkpoint.base import commit_checkpoint, save_trainer_state
 
         t = self.cfg["trainer"]
         step_dir = os.path.join(self._ckpt_root(), f"global_step_{self.global_step}")
@@ -92,8 +92,7 @@ class RayPPOTrainer:
             self.critic_wg.run_all("save_checkpoint", os.path.join(step_dir, "critic"))
         extra = {"kl_coef": self.kl_ctrl.value} if self.kl_ctrl is not None else {}
         save_trainer_state(step_dir, {**self.loader.state_dict(), **extra}, self.global_step, self.cfg)
-        write_tracker(self._ckpt_root(), self.global_step)
-        apply_retention(self._ckpt_root(), t.get("max_actor_ckpt_to_keep"))
+        commit_checkpoint(self._ckpt_root(), self.global_step, t.get("max_actor_ckpt_to_keep"))
         return step_dir
 
     def load_checkpoint(self) -> int:
@@ -106,7 +105,7 @@ class RayPPOTrainer:
         if self.critic_wg is not None:
             self.critic_wg.run_all("load_checkpoint", os.path.join(path, "critic"))
         state = load_trainer_state(path)
-        loader_state = state["dataloader_state"]
+        loader_state = state["dataloader"]
         self.loader.load_state_dict(loader_state)
         if self.kl_ctrl is not None and "kl_coef" in loader_state:
             self.kl_ctrl.value = float(loader_state["kl_coef"])

@@ -45,7 +45,7 @@ class ActorRolloutRefWorker(DistributedWorker):
         self.ckpt = DeepSpeedCheckpointManager(self.actor.engine, tokenizer=self.tokenizer,
                                                hf_config=self.actor.hf_config, rank=self.rank,
                                                world_size=self.world_size)
-        return {"num_params": sum(p.numel() for p in self.actor.engine.module.parameters()),
+        return {"num_params": sum(getattr(p, "ds_numel", p.numel()) for p in self.actor.engine.module.parameters()),
                 "pad_token_id": self.pad_token_id}
 
     # ---- rollout -------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ class CriticWorker(DistributedWorker):
         self.ckpt = DeepSpeedCheckpointManager(self.critic.engine, tokenizer=self.critic.tokenizer,
                                                hf_config=self.critic.hf_config, rank=self.rank,
                                                world_size=self.world_size)
-        return {"num_params": sum(p.numel() for p in self.critic.engine.module.parameters())}
+        return {"num_params": sum(getattr(p, "ds_numel", p.numel()) for p in self.critic.engine.module.parameters())}
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> DataProto:

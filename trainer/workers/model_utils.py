@@ -62,10 +62,11 @@ class ModelRole:
             keep = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 (must stay alive while loading)
         sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
         use_rmpad = bool(model_cfg.get("use_remove_padding", True)) or sp > 1
-        if value_head:
-            from trainer.forward import load_value_model
+        if value_head:  # critic: the backbone with a one-output token head (exports as an HF model)
+            from transformers import AutoModelForTokenClassification
 
-            model = load_value_model(path, dtype=torch.float32)
+            model = AutoModelForTokenClassification.from_pretrained(
+                path, num_labels=1, dtype=torch.float32, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                          trust_remote_code=bool(model_cfg.get("trust_remote_code")))
@@ -104,8 +105,8 @@ def make_sp_groups(world_size: int, sp: int, rank: int, hf_config) -> tuple[Any,
 
     validate_ulysses_config(hf_config.num_attention_heads,
                             getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads, sp)
-    sp_obj, dp_group = build_dp_sp_groups(world_size, sp, rank)
-    return sp_obj, dp_group, world_size // sp, rank // sp
+    mesh = build_dp_sp_groups(world_size, sp, rank)
+    return mesh.sp, mesh.dp_group, mesh.dp_size, mesh.dp_rank
 
 
 def sp_config_of(role: ModelRole) -> dict:

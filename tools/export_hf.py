@@ -1,0 +1,110 @@
+"""Offline export: a saved ``global_step_<N>/<role>`` DeepSpeed checkpoint -> Hugging Face model folder.
+
+Usage::
+
+    python tools/export_hf.py --local_dir ckpts/global_step_40/actor --target_dir hf_actor_step40 [--dtype bfloat16]
+
+Weights come from DeepSpeed's ``deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint``
+(ZeRO 1/2/3: merges the fp32 master partitions of every rank; runs on CPU, no process group needed) or,
+for a ZeRO-0 checkpoint, from the ``module`` entry of ``mp_rank_00_model_states.pt``. Config, tokenizer,
+chat template and generation config come from ``<local_dir>/huggingface/`` written at save time. The
+output dtype defaults to the training dtype recorded in that config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from trainer.checkpoint.hf_export import to_dtype  # noqa: E402
+
+logger = logging.getLogger("export_hf")
+
+
+def load_consolidated_state_dict(local_dir: str, tag: str | None = None) -> dict:
+    """Full fp32 state dict (CPU) of a DeepSpeed checkpoint folder holding a ``latest`` tag file.
+
+    Raises FileNotFoundError when the folder has no DeepSpeed checkpoint.
+    """
+    if tag is None:
+        latest = os.path.join(local_dir, "latest")
+        if not os.path.isfile(latest):
+            raise FileNotFoundError(f"{latest!r} not found: {local_dir!r} is not a saved role folder "
+                                    f"(expected .../global_step_<N>/actor)")
+        with open(latest) as f:
+            tag = f.read().strip()
+    folder = os.path.join(local_dir, tag)
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    if any(n.endswith("optim_states.pt") for n in names):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        return dict(get_fp32_state_dict_from_zero_checkpoint(local_dir, tag=tag))
+    states = os.path.join(folder, "mp_rank_00_model_states.pt")
+    if not os.path.isfile(states):
+        raise FileNotFoundError(f"no ZeRO optimizer states and no {states!r}")
+    sd = torch.load(states, map_location="cpu", weights_only=False)["module"]
+    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+
+
+def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype | None = None,
+                      tag: str | None = None) -> str:
+    """Write an HF folder from ``local_dir`` (a saved role folder); returns ``target_dir``.
+
+    Raises:
+        FileNotFoundError: no ``huggingface/config.json`` or no DeepSpeed checkpoint in ``local_dir``.
+        RuntimeError: the checkpoint's weight names do not match the model built from the config.
+    """
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    hf_dir = os.path.join(local_dir, "huggingface")
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        raise FileNotFoundError(f"{hf_dir}/config.json not found; the checkpoint was saved without HF metadata")
+    config = AutoConfig.from_pretrained(hf_dir)
+    out_dtype = to_dtype(dtype if dtype is not None else (getattr(config, "dtype", None) or torch.float32))
+    config.dtype = out_dtype
+    arch = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
+    cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        model = cls.from_config(config) if cls.__name__.startswith("Auto") else cls(config)
+    sd = load_consolidated_state_dict(local_dir, tag)
+    expected = set(model.state_dict().keys())
+    tied = {k for k in expected - set(sd) if getattr(config, "tie_word_embeddings", False) and "lm_head" in k}
+    missing, unexpected = expected - set(sd) - tied, set(sd) - expected
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {local_dir!r} does not match {arch}: missing {sorted(missing)[:5]}, "
+                           f"unexpected {sorted(unexpected)[:5]}")
+    sd = {k: v.to(out_dtype) if v.is_floating_point() else v for k, v in sd.items()}
+    os.makedirs(target_dir, exist_ok=True)
+    model.save_pretrained(target_dir, state_dict=sd, safe_serialization=True)
+    try:
+        GenerationConfig.from_pretrained(hf_dir).save_pretrained(target_dir)
+    except OSError:
+        logger.info("no generation_config.json in %s", hf_dir)
+    try:
+        AutoTokenizer.from_pretrained(hf_dir).save_pretrained(target_dir)
+    except (OSError, ValueError) as e:
+        logger.warning("no tokenizer exported from %s: %s", hf_dir, e)
+    return target_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--local_dir", required=True, help="saved role folder: <default_local_dir>/global_step_<N>/actor")
+    p.add_argument("--target_dir", required=True, help="output Hugging Face folder")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: training dtype)")
+    p.add_argument("--tag", default=None, help="DeepSpeed tag inside local_dir (default: its 'latest' file)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    out = export_checkpoint(args.local_dir, args.target_dir, args.dtype, args.tag)
+    print(f"exported {args.local_dir} -> {out}")
+
+
+if __name__ == "__main__":
+    main()

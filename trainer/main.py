@@ -1,0 +1,69 @@
+"""Entry point: ``python trainer/main.py [overrides]`` or ``deepspeed --launcher ray trainer/main.py [overrides]``.
+
+Run directly, this process is the Ray driver. Under DeepSpeed's launcher on one node (which ignores
+``--launcher`` and starts one process per GPU), local rank 0 becomes the driver and the other ranks exit 0 at
+once, before importing torch; the ``--local_rank=N`` argument the launcher appends is removed before Hydra
+parses. ``RAY_ADDRESS`` joins an existing Ray cluster (multi-node runs use a Ray cluster).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _strip_launcher_args(argv: list[str]) -> list[str]:
+    """Remove ``--local_rank=N`` / ``--local_rank N`` (DeepSpeed's launcher) and record it in LOCAL_RANK."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a.startswith("--local_rank="):
+            os.environ.setdefault("LOCAL_RANK", a.split("=", 1)[1])
+            continue
+        if a == "--local_rank" and i + 1 < len(argv):
+            os.environ.setdefault("LOCAL_RANK", argv[i + 1])
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
+sys.argv = _strip_launcher_args(sys.argv)
+if os.environ.get("LOCAL_RANK", "0") != "0" and os.environ.get("DSRL_WORKER") is None:
+    # a secondary process of `deepspeed` on one node: the Ray driver on local rank 0 does the work
+    sys.exit(0)
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+
+USER_ERRORS = ("ConfigError", "DataError", "PlacementError", "FileNotFoundError")
+
+
+@hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from trainer.launch import run
+
+    try:
+        run(cfg)
+    except Exception as exc:  # a user error ends the run with one line naming the bad value
+        if type(exc).__name__ in USER_ERRORS:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    from trainer.launch import ConfigError, check_renamed
+
+    try:
+        check_renamed(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    main()

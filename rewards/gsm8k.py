@@ -1,0 +1,176 @@
+"""Rule scorer for GSM8K-style answers (``... #### 42``), also used for SVAMP and the synthetic digits task.
+
+Answer format (GSM8K, Cobbe et al. 2021, "Training Verifiers to Solve Math Word Problems"): the reference
+solution ends with a line ``#### <number>``; numbers may carry thousands separators (``#### 1,000``).
+
+Two extraction methods, with the same names as verl's ``gsm8k.compute_score``:
+
+* ``strict``: the number right after the LAST well-formed ``#### N`` marker anywhere in the text (the whole
+  text is searched: a model that keeps writing after its marker still gets credit, case P03).
+* ``flexible``: the last number anywhere in the text.
+
+All scans are linear in the text length: markers are found with ``str.rfind`` and numbers with regexes
+that have no nested or overlapping quantifiers, so there is no catastrophic backtracking; a 1 MB response
+scores in milliseconds. Answers are compared as exact decimals (``fractions.Fraction``), so ``42.0 == 42``.
+"""
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from typing import Any
+
+__all__ = ["extract_solution", "normalize_number", "numbers_equal", "compute_score"]
+
+_MARKER = "####"
+# Longest number we accept (characters, commas included). Longer digit runs are junk, and Python refuses
+# int() on more than 4300 digits anyway.
+_MAX_NUMBER_CHARS = 200
+
+# A marker, then optional spaces, sign and currency in either order (``-$3``, ``$-3``), then the number.
+# Every quantifier is possessive or separated by a required character, so a run of spaces or '#' is never
+# re-scanned (linear time; needs Python >= 3.11 for possessive quantifiers).
+# The number is digits/commas with an optional fraction, or a bare fraction (``.5``). A trailing period with
+# no digits after it (end of sentence, ``42.``) is not part of the number.
+_STRICT_RE = re.compile(
+    r"(?<!#)#{4,}+"  # a run of 4+ '#', taken whole (possessive, no backtracking into the run)
+    r"[ \t]*+(?:(?P<sign1>[-+\u2212])[ \t]*+)?(?:\$[ \t]*+)?(?P<sign2>[-+\u2212])?"
+    r"(?P<num>[0-9][0-9,]*+(?:\.[0-9]+)?|\.[0-9]+)"
+)
+# Any number in free text (flexible mode): commas only as thousands separators (``1,000``) so that a list
+# ``1, 2, 3`` is read as separate numbers. It is matched on the REVERSED text, so that ``search`` finds the
+# last number first (one left-to-right scan in C, no Python loop over all numbers). Reversed number:
+# optional ``fraction.``, then ``ddd,`` groups, then digits, then optional ``$`` and minus sign.
+_REV_NUMBER_RE = re.compile(
+    r"(?:[0-9]++\.(?![0-9])"  # a bare fraction ``.5``
+    r"|(?:[0-9]+\.(?=[0-9]))?+(?:[0-9]{3},(?=[0-9]))*+[0-9]++)"  # ``1,234.5``
+    r"\$?(?P<sign>[-\u2212])?"
+)
+_DIGIT_RE = re.compile(r"[0-9]")  # a plain char class: ``search`` skips non-digits at C speed
+# How far back from the last marker we look for the start of its '#' run on the fast path.
+_FAST_RUN_LOOKBACK = 64
+
+
+def _clean(sign: str | None, num: str) -> str | None:
+    num = num.replace(",", "")
+    if not num or len(num) > _MAX_NUMBER_CHARS:
+        return None
+    if sign in ("-", "\u2212"):
+        num = "-" + num
+    return num
+
+
+def extract_solution(text: str, method: str = "strict") -> str | None:
+    """Extract the final numeric answer from a model response.
+
+    Args:
+        text: the decoded response (any length; non-str input gives None).
+        method: ``"strict"`` (number after the last ``#### `` marker followed by a number) or ``"flexible"``
+            (last number anywhere in the text).
+
+    Returns:
+        The answer as a plain decimal string without commas or ``$`` (``"-3"``, ``"1000"``, ``"42"``,
+        ``"0.5"``), or None when no answer is found.
+
+    Raises:
+        ValueError: if ``method`` is not ``"strict"`` or ``"flexible"``.
+    """
+    if method not in ("strict", "flexible"):
+        raise ValueError(f"method must be 'strict' or 'flexible', got {method!r}")
+    if not isinstance(text, str) or not text:
+        return None
+    if method == "strict":
+        return _extract_strict(text)
+    rev = text[::-1]
+    d = _DIGIT_RE.search(rev)
+    if d is None:
+        return None
+    m = _REV_NUMBER_RE.match(rev, d.start())  # every digit starts a (reversed) number, so this matches
+    return _clean(m.group("sign"), m.group(0)[::-1].lstrip("-\u2212$"))
+
+
+def _extract_strict(text: str) -> str | None:
+    pos = text.rfind(_MARKER)
+    if pos < 0:
+        return None
+    # Fast path: the last marker's '#' run starts within a short look-back and is followed by a number.
+    start = pos
+    while start > 0 and pos - start < _FAST_RUN_LOOKBACK and text[start - 1] == "#":
+        start -= 1
+    if start == 0 or text[start - 1] != "#":
+        m = _STRICT_RE.match(text, start)
+        if m is not None:
+            return _clean(m.group("sign1") or m.group("sign2"), m.group("num"))
+    # General path (last marker not followed by a number, or a very long '#' run): one linear scan.
+    last = None
+    for m in _STRICT_RE.finditer(text):  # matches never overlap, so the last one belongs to the last marker
+        last = m
+    if last is None:
+        return None
+    return _clean(last.group("sign1") or last.group("sign2"), last.group("num"))
+
+
+def normalize_number(value: Any) -> Fraction | None:
+    """Parse a number written as GSM8K/SVAMP writes answers into an exact ``Fraction``.
+
+    Accepts ints, floats (``12.0`` from SVAMP; via their shortest ``repr``), and strings such as
+    ``"1,000"``, ``"-3"``, ``"$42."``, ``"42.0"`` or a full reference solution ending in ``#### N``.
+    Returns None for anything else (never raises).
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        value = repr(value)
+    if not isinstance(value, str):
+        try:  # numpy scalars and the like
+            return normalize_number(value.item())
+        except Exception:
+            return None
+    s = value.strip()
+    if _MARKER in s:
+        s = extract_solution(s, "strict") or ""
+    s = s.replace(",", "").replace("$", "").replace("\u2212", "-").strip().rstrip(".")
+    if not s or len(s) > _MAX_NUMBER_CHARS:
+        return None
+    try:
+        if "e" in s.lower():  # scientific notation, e.g. "1e3"; bounded to avoid huge integers
+            f = float(s)
+            if f != f or abs(f) == float("inf") or abs(f) > 1e30:
+                return None
+            return Fraction(repr(f))
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def numbers_equal(a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` are the same number (``"42.0"`` == ``42`` == ``"42."``); False otherwise."""
+    x, y = normalize_number(a), normalize_number(b)
+    return x is not None and y is not None and x == y
+
+
+def compute_score(solution_str: str, ground_truth: Any, method: str = "strict", format_score: float = 0.0,
+                  score: float = 1.0) -> float:
+    """Score a GSM8K response: ``score`` if the extracted answer equals the ground truth, ``format_score`` if an
+    answer was extracted but is wrong, 0.0 if there is no answer.
+
+    Args:
+        solution_str: the decoded model response.
+        ground_truth: the reference answer (``"18"``, ``"1,000"``, ``12.0`` or a full ``... #### 18`` solution).
+        method: ``"strict"`` or ``"flexible"``, see :func:`extract_solution`.
+        format_score: reward for a well-formed but wrong answer.
+        score: reward for a correct answer.
+
+    Returns:
+        A Python float. Never raises on any ``solution_str``.
+
+    Raises:
+        ValueError: for an unknown ``method`` (a configuration error, not a property of the response).
+    """
+    answer = extract_solution(solution_str, method=method)
+    if answer is None:
+        return 0.0
+    return float(score) if numbers_equal(answer, ground_truth) else float(format_score)

@@ -59,7 +59,7 @@ def tiny_model_config(vocab_size: int, hidden_size: int = 64, num_hidden_layers:
                        **extra)
 
 
-def make_rows(num_rows: int, seed: int, min_digits: int = 2, max_digits: int = 4) -> list[dict]:
+def make_rows(num_rows: int, seed: int, min_digits: int = 1, max_digits: int = 1) -> list[dict]:
     """Rows in verl's column layout: ``prompt`` (chat messages), ``data_source``, ``reward_model``, ``extra_info``."""
     rng = random.Random(seed)
     rows = []

@@ -195,7 +195,7 @@ class RayPPOTrainer:
     # ---- validation -------------------------------------------------------------------------------------------
     def validate(self) -> dict:
         """Generate on the held-out set (val_kwargs sampling) and score it; ``val/<data_source>/<metric>``."""
-        from trainer.metric_utils import process_validation_metrics
+        from trainer.metric_utils import flatten_validation_metrics, process_validation_metrics
 
         ds = self.val_dataset
         if ds is None:
@@ -233,8 +233,8 @@ class RayPPOTrainer:
                 except (TypeError, ValueError):
                     continue
         if n_val > 1:
-            for k, v in process_validation_metrics(list(sources), list(allb["uid"]), infos).items():
-                metrics[f"val-core/{k}" if "acc" in k else f"val-aux/{k}"] = v
+            metrics.update(flatten_validation_metrics(
+                process_validation_metrics(list(sources), list(allb["uid"]), infos)))
         return metrics
 
     # ---- loop -----------------------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ def micro_batches(data: DataProto, micro_batch_size: int, use_dynamic_bsz: bool 
     from trainer.seqlen_balancing import rearrange_micro_batches
 
     seqlens = data["attention_mask"].sum(-1).tolist()
+    if dp_group is None and dist.is_available() and dist.is_initialized():
+        dp_group = dist.group.WORLD  # every rank must run the same number of backward passes
     groups = rearrange_micro_batches(seqlens, max_token_len, dp_group=dp_group)
     return [data.index(idx) for idx in groups if len(idx)]
 

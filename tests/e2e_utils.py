@@ -1,0 +1,32 @@
+"""Helpers for end-to-end tests that run the real entry point in a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(out_dir: str, *overrides: str, timeout: int = 600, launcher: list[str] | None = None,
+             check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``trainer/main.py`` with ``overrides`` writing into ``out_dir``; returns the completed process."""
+    cmd = (launcher or [sys.executable]) + [os.path.join(ROOT, "trainer", "main.py"),
+                                            f"trainer.output_dir={out_dir}", *overrides]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"main.py exited {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\n"
+                             f"STDERR:\n{proc.stderr[-8000:]}")
+    return proc
+
+
+def read_metrics(out_dir: str) -> list[dict]:
+    with open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# a short embedded run: 2 steps, small batches (2 CPU workers)
+SHORT = ["trainer.total_training_steps=2", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]

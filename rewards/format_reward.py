@@ -1,0 +1,61 @@
+"""Format-aware (shaped) outcome reward: full reward for a correct final answer, a small reward for a
+well-formed but wrong one, nothing otherwise.
+
+This is the shaping used in verl's GSM8K example (``format_score``) and in many "RL works" demos: early in
+training a small model rarely answers correctly, so a small bonus for emitting the expected answer format
+(``#### N`` or ``\\boxed{...}``) gives a learning signal; the strict 0/1 correctness is reported separately
+(``acc``) so that curves of real accuracy are not inflated by the shaping.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rewards import gsm8k
+from rewards import math as math_reward
+
+__all__ = ["compute_score", "ANSWER_FORMATS"]
+
+ANSWER_FORMATS = ("gsm8k", "boxed")
+
+
+def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1.0, format_score: float = 0.1,
+                  answer_format: str = "gsm8k", extra_info: dict | None = None, **kwargs: Any) -> dict[str, float]:
+    """Shaped reward for one response.
+
+    Args:
+        solution_str: the decoded model response.
+        ground_truth: the reference answer (GSM8K number such as ``"18"`` / ``12.0``, or MATH LaTeX).
+        correct_score: reward for a correct final answer.
+        format_score: reward for a well-formed but wrong final answer (``0 <= format_score <= correct_score``
+            is the usual choice, not enforced).
+        answer_format: ``"gsm8k"`` (the last ``#### N`` marker with a number, strict GSM8K extraction) or
+            ``"boxed"`` (the last closed, non-empty ``\\boxed{...}``/``\\fbox{...}``, compared with
+            :func:`rewards.math.is_equiv`).
+        extra_info: unused; accepted so this is a registry scorer.
+        **kwargs: ignored.
+
+    Returns:
+        ``{"score": shaped reward, "acc": 1.0 if correct else 0.0, "format": 1.0 if well-formed else 0.0}``
+        (Python floats). Never raises on any ``solution_str``.
+
+    Raises:
+        ValueError: if ``answer_format`` is not one of ``ANSWER_FORMATS``.
+    """
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+    acc = False
+    if answer_format == "gsm8k":
+        answer = gsm8k.extract_solution(solution_str, method="strict")
+        well_formed = answer is not None
+        acc = well_formed and gsm8k.numbers_equal(answer, ground_truth)
+    else:
+        answer = math_reward.remove_boxed(math_reward.last_boxed_only_string(solution_str))
+        well_formed = answer is not None and bool(answer.strip())
+        acc = well_formed and math_reward.compute_score(solution_str, ground_truth) == 1.0
+    if acc:
+        score = correct_score
+    elif well_formed:
+        score = format_score
+    else:
+        score = 0.0
+    return {"score": float(score), "acc": 1.0 if acc else 0.0, "format": 1.0 if well_formed else 0.0}

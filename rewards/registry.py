@@ -1,0 +1,190 @@
+"""Scorer registry: names (and ``data_source`` values) -> scorer functions, plus user scorers from a file.
+
+A scorer is ``score(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; a dict must hold
+``"score"`` (other keys, e.g. ``acc``/``format``, are reported by the reward manager). Built-ins:
+
+* ``gsm8k_strict``: :mod:`rewards.gsm8k` strict (last ``#### N``); also ``openai/gsm8k``, ``gsm8k``, ``svamp``
+  (SVAMP ground truths are floats such as ``12.0``; the comparison is numeric).
+* ``gsm8k_flexible``: :mod:`rewards.gsm8k` flexible (last number); also ``synthetic/digits``.
+* ``math``: :mod:`rewards.math` (last ``\\boxed{}``, math-verify); also ``math500``, ``lighteval/MATH``,
+  ``HuggingFaceH4/MATH-500``.
+* ``format_gsm8k`` / ``format_boxed``: :mod:`rewards.format_reward` (dict with ``score``, ``acc``, ``format``).
+
+User scorers from a file follow verl's ``custom_reward_function.{path,name}``: :func:`load_custom_scorer`.
+verl-style functions ``f(data_source, solution_str, ground_truth, extra_info=None)`` are adapted.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Any, Callable
+
+from rewards import format_reward, gsm8k
+from rewards import math as math_reward
+
+__all__ = ["Scorer", "register_scorer", "get_scorer", "list_scorers", "registry_version", "load_custom_scorer",
+           "wants_data_source", "DEFAULT_DATA_SOURCES"]
+
+Scorer = Callable[..., Any]  # score(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict
+
+_REGISTRY: dict[str, Scorer] = {}
+_VERSION = [0]  # bumped on every registration, so that process pools forked earlier can be refreshed
+
+
+def registry_version() -> int:
+    """A counter that changes whenever a scorer is registered (the reward manager re-forks its workers)."""
+    return _VERSION[0]
+
+
+def register_scorer(name: str, *aliases: str, overwrite: bool = False) -> Callable[[Scorer], Scorer]:
+    """Decorator registering a scorer under ``name`` (and optional ``aliases``, e.g. data_source values).
+
+    Example::
+
+        @register_scorer("my_task", "my_org/my_dataset")
+        def score(solution_str, ground_truth, extra_info=None, **kwargs):
+            return float(solution_str.strip() == ground_truth)
+
+    Raises:
+        TypeError: if a name is not a non-empty str, or the decorated object is not callable.
+        ValueError: if a name is already registered and ``overwrite`` is False.
+    """
+    names = (name, *aliases)
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise TypeError(f"scorer names must be non-empty strings, got {n!r}")
+        if n in _REGISTRY and not overwrite:
+            raise ValueError(f"a scorer is already registered as {n!r}; pass overwrite=True to replace it")
+
+    def deco(fn: Scorer) -> Scorer:
+        if not callable(fn):
+            raise TypeError(f"register_scorer({name!r}) expects a callable, got {type(fn).__name__}")
+        for n in names:
+            _REGISTRY[n] = fn
+        _VERSION[0] += 1
+        return fn
+
+    return deco
+
+
+def get_scorer(name: str) -> Scorer:
+    """The scorer registered as ``name`` (a scorer name or a data_source value such as ``"openai/gsm8k"``).
+
+    Raises:
+        KeyError: naming the unknown value and listing the registered names.
+    """
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise KeyError(f"no reward scorer registered for {name!r}; registered: {sorted(_REGISTRY)}. "
+                       "Register one with rewards.registry.register_scorer, pass reward.scorer=<name>, or "
+                       "load one with custom_reward_function.path") from None
+
+
+def list_scorers() -> list[str]:
+    """All registered names (scorer names and data_source aliases), sorted."""
+    return sorted(_REGISTRY)
+
+
+# ---- built-ins -------------------------------------------------------------------------------------------
+
+DEFAULT_DATA_SOURCES = {
+    "openai/gsm8k": "gsm8k_strict", "gsm8k": "gsm8k_strict", "svamp": "gsm8k_strict",
+    "math500": "math", "lighteval/MATH": "math", "HuggingFaceH4/MATH-500": "math",
+    "synthetic/digits": "gsm8k_flexible",
+}
+
+
+def _aliases(scorer_name: str) -> tuple[str, ...]:
+    return tuple(k for k, v in DEFAULT_DATA_SOURCES.items() if v == scorer_name)
+
+
+@register_scorer("gsm8k_strict", *_aliases("gsm8k_strict"))
+def gsm8k_strict(solution_str: str, ground_truth: Any, extra_info: dict | None = None, format_score: float = 0.0,
+                 score: float = 1.0, **kwargs: Any) -> float:
+    """GSM8K strict: the number after the last ``#### `` marker (see :mod:`rewards.gsm8k`)."""
+    return gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=format_score, score=score)
+
+
+@register_scorer("gsm8k_flexible", *_aliases("gsm8k_flexible"))
+def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None = None, format_score: float = 0.0,
+                   score: float = 1.0, **kwargs: Any) -> float:
+    """GSM8K flexible: the last number in the response (see :mod:`rewards.gsm8k`)."""
+    return gsm8k.compute_score(solution_str, ground_truth, method="flexible", format_score=format_score,
+                               score=score)
+
+
+@register_scorer("math", *_aliases("math"))
+def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any) -> float:
+    """MATH: the last ``\\boxed{}`` answer, math-verify equivalence (see :mod:`rewards.math`)."""
+    return math_reward.compute_score(solution_str, ground_truth)
+
+
+@register_scorer("format_gsm8k")
+def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any) -> dict:
+    """Shaped GSM8K reward, dict with score/acc/format (see :mod:`rewards.format_reward`)."""
+    kwargs.pop("answer_format", None)
+    return format_reward.compute_score(solution_str, ground_truth, answer_format="gsm8k", **kwargs)
+
+
+@register_scorer("format_boxed")
+def format_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any) -> dict:
+    """Shaped boxed-answer reward, dict with score/acc/format (see :mod:`rewards.format_reward`)."""
+    kwargs.pop("answer_format", None)
+    return format_reward.compute_score(solution_str, ground_truth, answer_format="boxed", **kwargs)
+
+
+# ---- user scorers from a file -----------------------------------------------------------------------------
+
+def wants_data_source(fn: Scorer) -> bool:
+    """True if ``fn`` takes a parameter named ``data_source`` (verl's custom reward signature); the reward
+    manager then passes the row's ``reward_fn_key`` value as ``data_source=``."""
+    if getattr(fn, "wants_data_source", False):
+        return True
+    try:
+        return "data_source" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> Scorer:
+    """Load the function ``name`` from the Python file ``path`` (verl's ``custom_reward_function.path/name``).
+
+    The file is imported as a fresh module (registered in ``sys.modules`` under a name derived from the
+    absolute path, so loading the same file twice returns the same module). The function is called by the
+    reward manager as ``fn(solution_str, ground_truth, extra_info=..., **reward_kwargs)``; if it has a
+    ``data_source`` parameter (verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``)
+    it is also given ``data_source=`` (the row's ``reward_fn_key`` value) by keyword.
+
+    Raises:
+        FileNotFoundError: if ``path`` is not a file.
+        ImportError: if the file fails to import (the original error is chained).
+        AttributeError: if the module has no attribute ``name``.
+        TypeError: if that attribute is not callable.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"custom reward function file not found: {path!r}")
+    mod_name = "rewards_custom_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    module = sys.modules.get(mod_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path!r} as a Python module (expected a .py file)")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[mod_name]
+            raise ImportError(f"importing custom reward file {path!r} failed: {e!r}") from e
+    if not hasattr(module, name):
+        funcs = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise AttributeError(f"custom reward file {path!r} has no function {name!r}; it defines {funcs}")
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise TypeError(f"{name!r} in {path!r} is a {type(fn).__name__}, expected a function")
+    return fn

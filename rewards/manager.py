@@ -1,0 +1,303 @@
+"""Reward manager: decode responses, score each one with a rule scorer, place the score on the last token.
+
+Contract (the trainer calls it once per step, PRIME also calls :meth:`RewardManager.verify`):
+
+* inputs read from the :class:`trainer.protocol.DataProto`: ``responses`` (B, R) int64, ``response_mask``
+  (B, R) (any dtype; > 0 means a valid token), the non-tensor column named by ``reward_fn_key`` (any name,
+  not only ``data_source``; case P20), ``reward_model`` (dicts with ``"ground_truth"``) and optionally
+  ``extra_info`` (passed to the scorer as ``extra_info=``).
+* output :class:`RewardOutput`: ``token_level_scores`` (B, R) float32, the score at the LAST valid response
+  token (verl's convention; rows with no valid token get nothing and are counted), ``reward_extra_info``
+  (``"score"`` plus every key that dict-returning scorers gave, one entry per row), ``metrics``.
+
+Robustness: a scorer that raises, returns NaN/inf, or runs past ``timeout_s`` gives 0.0 for that row and is
+counted in ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``. With ``num_workers >= 1`` the
+scorers run in a persistent pool of forked processes (:class:`rewards.pool.ScoringPool`), so a hung scorer
+is killed; with ``num_workers=0`` they run in this process and the limit is a ``SIGALRM`` timer (main
+thread only; it cannot interrupt C code such as huge integer arithmetic).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from rewards.pool import Outcome, ScoringPool, run_scorer
+from rewards.registry import get_scorer, registry_version, wants_data_source
+
+__all__ = ["RewardOutput", "RewardManager"]
+
+logger = logging.getLogger(__name__)
+
+_CALLABLE_KEY = "__scorer__"
+
+
+@dataclass
+class RewardOutput:
+    """What :meth:`RewardManager.__call__` returns.
+
+    Attributes:
+        token_level_scores: (batch, response_len) float32 on the device of ``responses``; row i holds its
+            score at its last valid response token and 0 elsewhere.
+        reward_extra_info: ``{"score": [B floats], <key>: [B values]}`` for every key returned by a
+            dict-returning scorer (e.g. ``acc``, ``format``); None where a row's result lacks that key
+            (float result, error, timeout).
+        metrics: ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``, ``reward/num_dicts``,
+            ``reward/num_empty_responses`` (counts), ``reward/score_mean``, ``reward/time_s`` (seconds).
+    """
+
+    token_level_scores: torch.Tensor
+    reward_extra_info: dict[str, list] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class _AlarmTimeout(Exception):
+    pass
+
+
+def _in_process(fn: Callable, args: tuple, kwargs: dict, timeout_s: float) -> Outcome:
+    """Run one scorer here; a SIGALRM timer bounds it when we are the main thread (else no limit)."""
+    use_alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    if not use_alarm:
+        return run_scorer(fn, args, kwargs)
+
+    def on_alarm(signum, frame):
+        raise _AlarmTimeout()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    t0 = time.perf_counter()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            return run_scorer(fn, args, kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _AlarmTimeout:
+        return "timeout", None, time.perf_counter() - t0
+    finally:
+        signal.signal(signal.SIGALRM, old)
+
+
+class RewardManager:
+    """Rule-reward manager (verl's naive/PRIME reward managers in one).
+
+    Args:
+        tokenizer: anything with ``batch_decode(list[list[int]], skip_special_tokens=True) -> list[str]``
+            (a Hugging Face tokenizer).
+        reward_fn_key: the non-tensor column that selects the scorer per row (``data_source`` by default; verl's
+            ``data.reward_fn_key``). Only read when ``scorer`` is None or the scorer has a ``data_source``
+            parameter.
+        scorer: None (look up each row's ``reward_fn_key`` value in :mod:`rewards.registry`), a registry name
+            (``"gsm8k_strict"``, ``"format_boxed"``, ...) or a callable
+            ``score(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``.
+        scorer_kwargs: extra keyword arguments for every scorer call (verl's ``reward_kwargs``).
+        timeout_s: per-sample time limit in seconds.
+        num_workers: scorer processes; 0 scores in this process (no hard limit, see module doc); None picks
+            ``min(4, os.cpu_count())``.
+        start_method: multiprocessing start method of the pool (``"fork"`` lets any callable be used).
+
+    Raises:
+        KeyError: if ``scorer`` is a name that is not registered.
+        TypeError: if ``scorer`` is neither None, a str nor callable.
+        ValueError: for a non-positive ``timeout_s`` or a negative ``num_workers``.
+    """
+
+    def __init__(self, tokenizer: Any, reward_fn_key: str = "data_source", scorer: str | Callable | None = None,
+                 scorer_kwargs: dict | None = None, timeout_s: float = 10.0, num_workers: int | None = None,
+                 start_method: str = "fork"):
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if num_workers is None:
+            num_workers = min(4, os.cpu_count() or 1)
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        if scorer is not None and not isinstance(scorer, str) and not callable(scorer):
+            raise TypeError(f"scorer must be None, a registered name or a callable, got {type(scorer).__name__}")
+        self.tokenizer = tokenizer
+        self.reward_fn_key = reward_fn_key
+        self.scorer_name = scorer if isinstance(scorer, str) else None
+        self.scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
+        self.scorer_kwargs = dict(scorer_kwargs or {})
+        self.timeout_s = float(timeout_s)
+        self.num_workers = num_workers
+        self.start_method = start_method
+        self._pool: ScoringPool | None = None
+        self._pool_version = -1
+
+    # ---- pool ------------------------------------------------------------------------------------------
+    def _get_pool(self) -> ScoringPool:
+        if self._pool is not None and self._pool_version != registry_version():
+            self._pool.close()  # a scorer was registered after the fork: the workers do not know it
+            self._pool = None
+        if self._pool is None:
+            from rewards import math as math_reward
+            math_reward._math_verify()  # import once here, so forked workers inherit it (~1 s otherwise)
+            table = {_CALLABLE_KEY: self.scorer} if self.scorer is not None else {}
+            self._pool = ScoringPool(self.num_workers, table=table, resolve=get_scorer,
+                                     start_method=self.start_method)
+            self._pool_version = registry_version()
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes (they also stop when this process exits)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> "RewardManager":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- inputs ----------------------------------------------------------------------------------------
+    def _decode(self, data) -> tuple[list[str], torch.Tensor]:
+        responses, mask = data["responses"], data["response_mask"]
+        if responses.dim() != 2 or tuple(mask.shape) != tuple(responses.shape):
+            raise ValueError(f"responses {tuple(responses.shape)} and response_mask {tuple(mask.shape)} must both "
+                             "be (batch, response_len)")
+        valid = (mask > 0).cpu()
+        ids = responses.cpu()
+        rows = [ids[i][valid[i]].tolist() for i in range(ids.shape[0])]
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True) if rows else []
+        return list(texts), valid
+
+    def _tasks(self, data, texts: list[str]) -> tuple[list[tuple], list[Callable]]:
+        n = len(texts)
+        need_key = self.scorer is None or wants_data_source(self.scorer)
+        keys = None
+        if need_key:
+            if self.reward_fn_key not in data:
+                raise KeyError(f"reward_fn_key column {self.reward_fn_key!r} is not in the batch (non-tensor "
+                               f"columns: {sorted(data.non_tensor)}); set reward.reward_fn_key or pass a scorer")
+            keys = data[self.reward_fn_key]
+        if "reward_model" not in data:
+            raise KeyError(f"column 'reward_model' (dicts with 'ground_truth') is not in the batch; non-tensor "
+                           f"columns: {sorted(data.non_tensor)}")
+        rm = data["reward_model"]
+        extra = data["extra_info"] if "extra_info" in data else [None] * n
+        tasks, fns = [], []
+        wants: dict[int, bool] = {}
+        for i in range(n):
+            if not isinstance(rm[i], dict) or "ground_truth" not in rm[i]:
+                raise ValueError(f"row {i}: reward_model must be a dict with 'ground_truth', got {rm[i]!r:.200}")
+            if self.scorer is not None:
+                key, fn = _CALLABLE_KEY, self.scorer
+            else:
+                key = keys[i]
+                fn = get_scorer(key)  # KeyError naming the unknown value: a config error, raised here
+            kwargs = dict(self.scorer_kwargs)
+            kwargs["extra_info"] = extra[i]
+            if id(fn) not in wants:
+                wants[id(fn)] = wants_data_source(fn)
+            if wants[id(fn)]:
+                kwargs["data_source"] = None if keys is None else keys[i]
+            tasks.append((key, (texts[i], rm[i]["ground_truth"]), kwargs))
+            fns.append(fn)
+        return tasks, fns
+
+    # ---- scoring ---------------------------------------------------------------------------------------
+    def _score(self, data) -> tuple[list[float], list[dict | None], dict[str, float], torch.Tensor]:
+        t0 = time.perf_counter()
+        texts, valid = self._decode(data)
+        tasks, fns = self._tasks(data, texts)
+        if self.num_workers == 0:
+            outcomes = [_in_process(fn, args, kw, self.timeout_s) for fn, (_, args, kw) in zip(fns, tasks)]
+        else:
+            outcomes = self._get_pool().run(tasks, self.timeout_s)
+        scores: list[float] = []
+        dicts: list[dict | None] = []
+        counts = {"errors": 0, "nan": 0, "timeouts": 0, "dicts": 0}
+        first_error = None
+        for status, payload, _ in outcomes:
+            d = None
+            score = 0.0
+            if status == "timeout":
+                counts["timeouts"] += 1
+            elif status == "error":
+                counts["errors"] += 1
+                first_error = first_error or payload
+            else:
+                if isinstance(payload, dict):
+                    counts["dicts"] += 1
+                    d = payload
+                    score = payload["score"]
+                else:
+                    score = payload
+                if not math.isfinite(score):
+                    counts["nan"] += 1
+                    score = 0.0
+            scores.append(float(score))
+            dicts.append(d)
+        if first_error is not None:
+            logger.warning("reward: %d scorer error(s) in a batch of %d; first: %s", counts["errors"],
+                           len(outcomes), first_error)
+        if counts["timeouts"]:
+            logger.warning("reward: %d sample(s) ran past timeout_s=%.1f s and scored 0", counts["timeouts"],
+                           self.timeout_s)
+        metrics = {f"reward/num_{k}": float(v) for k, v in counts.items()}
+        metrics["reward/time_s"] = time.perf_counter() - t0
+        return scores, dicts, metrics, valid
+
+    def __call__(self, data) -> RewardOutput:
+        """Score a batch; see the module docstring for the columns read.
+
+        Returns:
+            :class:`RewardOutput` with ``token_level_scores`` (batch, response_len) float32.
+
+        Raises:
+            KeyError: a needed column is missing, or a ``reward_fn_key`` value has no registered scorer.
+            ValueError: ``responses``/``response_mask`` shapes disagree, or a ``reward_model`` entry has no
+                ``ground_truth``.
+        """
+        scores, dicts, metrics, valid = self._score(data)
+        responses = data["responses"]
+        b, r = responses.shape
+        out = torch.zeros(b, r, dtype=torch.float32)
+        positions = torch.arange(r).expand(b, r)
+        last = torch.where(valid, positions, torch.full_like(positions, -1)).max(dim=1).values  # (B,)
+        has_token = last >= 0
+        rows = torch.nonzero(has_token).flatten()
+        if b:
+            out[rows, last[rows]] = torch.tensor(scores, dtype=torch.float32)[rows]
+        metrics["reward/num_empty_responses"] = float((~has_token).sum().item())
+        metrics["reward/score_mean"] = float(sum(scores) / len(scores)) if scores else 0.0
+        extra: dict[str, list] = {"score": list(scores)}
+        for d in dicts:
+            for k in d or ():
+                extra.setdefault(k, [None] * b)
+        for i, d in enumerate(dicts):
+            for k, v in (d or {}).items():
+                if k != "score":
+                    extra[k][i] = v
+        return RewardOutput(token_level_scores=out.to(responses.device), reward_extra_info=extra, metrics=metrics)
+
+    def verify(self, data) -> list[float]:
+        """Per-row accuracy (PRIME's ``verify``): the ``"acc"`` of a dict result, else the score; 0.0 for rows
+        whose scorer failed, timed out or gave a non-finite value.
+
+        Returns:
+            list of B Python floats.
+
+        Raises:
+            Same as :meth:`__call__`.
+        """
+        scores, dicts, _, _ = self._score(data)
+        accs = []
+        for s, d in zip(scores, dicts):
+            if d is not None and "acc" in d:
+                try:
+                    a = float(d["acc"])
+                except (TypeError, ValueError):
+                    a = 0.0
+                accs.append(a if math.isfinite(a) else 0.0)
+            else:
+                accs.append(s)
+        return accs

@@ -1,0 +1,248 @@
+"""Run scorers with a hard per-sample time limit: a persistent pool of forked worker processes.
+
+Why processes: a scorer can hang in C code that no signal interrupts (sympy evaluating ``9**9**9**9``,
+a regex with catastrophic backtracking), so the only reliable limit is killing the process that runs it.
+The pool is persistent (forked once, reused across steps) so that the usual case costs one pipe round
+trip per sample (about 0.1 ms); a worker is killed and re-forked only when its sample runs past the limit
+or it dies. Each sample has its own deadline, counted from when a worker starts it (not from submission).
+A worker that outlives its parent (parent SIGKILLed) notices within a second and exits.
+
+verl's PRIME manager uses a ``ProcessPoolExecutor`` with a 300 s timeout and had to terminate the pool's
+children in a ``finally`` to avoid a hang (verl #1466, see reference/verl-features.md 5.8); this pool kills
+exactly the worker that overran and keeps the others.
+
+Start method: ``fork`` (default) hands the scorer table to the children without pickling (lambdas, closures,
+functions loaded from files all work); ``forkserver``/``spawn`` need picklable scorers.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections import deque
+from multiprocessing.connection import wait as _wait_conns
+from typing import Any, Callable, Sequence
+
+__all__ = ["to_plain_result", "run_scorer", "ScoringPool", "Outcome"]
+
+# One task: (scorer key, positional args, keyword args). One outcome: (status, payload, seconds) with status
+# "ok" (payload: float or dict from to_plain_result), "error" (payload: message) or "timeout" (payload None).
+Task = tuple[Any, tuple, dict]
+Outcome = tuple[str, Any, float]
+
+
+def _plain_value(v: Any) -> Any:
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return v
+    try:
+        return float(v)  # numpy / torch scalars
+    except Exception:
+        return repr(v)[:200]
+
+
+def to_plain_result(res: Any) -> float | dict:
+    """Normalise a scorer's return value: a float, or a dict of plain values whose ``"score"`` is a float.
+
+    Accepts numbers (bool, int, float, numpy/torch scalars), dicts with a ``"score"`` key, and tuples/lists
+    (the first element is the score, as verl's PRIME manager does). Non-finite scores are returned as they
+    are (the manager counts and zeroes them).
+
+    Raises:
+        TypeError: for a dict without ``"score"`` or any other type.
+        ValueError: when the score is not convertible to float.
+    """
+    if isinstance(res, dict):
+        if "score" not in res:
+            raise TypeError(f"a dict-returning scorer must include 'score'; got keys {sorted(map(str, res))}")
+        out = {str(k): _plain_value(v) for k, v in res.items()}
+        out["score"] = float(res["score"])
+        return out
+    if isinstance(res, (tuple, list)) and res:
+        return float(res[0])
+    if isinstance(res, (str, bytes)) or res is None:
+        raise TypeError(f"a scorer must return a float or a dict with 'score', got {type(res).__name__}")
+    return float(res)
+
+
+def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
+    """Call ``fn(*args, **kwargs)`` and normalise the result; exceptions become ``("error", message, s)``."""
+    t0 = time.perf_counter()
+    try:
+        return "ok", to_plain_result(fn(*args, **kwargs)), time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - a scorer failure must never stop training
+        return "error", f"{type(e).__name__}: {e}"[:500], time.perf_counter() - t0
+
+
+def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, close_fds: Sequence) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    for c in close_fds:  # other workers' pipe ends inherited through fork
+        try:
+            c.close()
+        except Exception:
+            pass
+    parent = os.getppid()
+    while True:
+        try:
+            if not conn.poll(1.0):
+                if os.getppid() != parent:
+                    return
+                continue
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        idx, key, args, kwargs = msg
+        try:
+            fn = table[key] if key in table else resolve(key)
+        except Exception as e:  # noqa: BLE001
+            out = (idx, ("error", f"cannot resolve scorer {key!r}: {e}"[:500], 0.0))
+        else:
+            out = (idx, run_scorer(fn, args, kwargs))
+        try:
+            conn.send(out)
+        except Exception as e:  # an unpicklable dict value, say
+            conn.send((idx, ("error", f"scorer result could not be sent back: {e!r}"[:500], out[1][2])))
+
+
+class _Worker:
+    __slots__ = ("proc", "conn")
+
+    def __init__(self, proc, conn):
+        self.proc, self.conn = proc, conn
+
+
+class ScoringPool:
+    """``num_workers`` persistent worker processes that run scorer tasks with a per-task time limit.
+
+    Args:
+        num_workers: number of processes (>= 1).
+        table: scorer functions by key, handed to the workers when they start (inherited through fork).
+        resolve: called in the worker for keys not in ``table`` (e.g. ``rewards.registry.get_scorer``).
+        start_method: multiprocessing start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
+
+    Raises:
+        ValueError: for ``num_workers < 1`` or an unknown start method.
+    """
+
+    def __init__(self, num_workers: int, table: dict | None = None, resolve: Callable | None = None,
+                 start_method: str = "fork"):
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
+        if start_method not in mp.get_all_start_methods():
+            raise ValueError(f"start_method {start_method!r} not available here; have {mp.get_all_start_methods()}")
+        self.num_workers = num_workers
+        self._table = dict(table or {})
+        self._resolve = resolve
+        self._ctx = mp.get_context(start_method)
+        self._workers: list[_Worker] = []
+        self.num_restarts = 0  # workers killed (timeouts) or found dead, and replaced
+
+    # ---- process management ---------------------------------------------------------------------------
+    def _spawn(self) -> _Worker:
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        others = [w.conn for w in self._workers] if self._ctx.get_start_method() == "fork" else []
+        proc = self._ctx.Process(target=_worker_main, args=(child_conn, self._table, self._resolve, others),
+                                 daemon=True, name="reward-scorer")
+        proc.start()
+        child_conn.close()
+        return _Worker(proc, parent_conn)
+
+    def start(self) -> None:
+        """Start the workers (done lazily by :meth:`run`)."""
+        while len(self._workers) < self.num_workers:
+            self._workers.append(self._spawn())
+
+    def _kill(self, w: _Worker) -> None:
+        try:
+            w.conn.close()
+        except Exception:
+            pass
+        if w.proc.is_alive():
+            w.proc.kill()
+        w.proc.join(timeout=5.0)
+
+    def _replace(self, w: _Worker) -> _Worker:
+        self._kill(w)
+        self._workers.remove(w)
+        self.num_restarts += 1
+        new = self._spawn()
+        self._workers.append(new)
+        return new
+
+    def close(self) -> None:
+        """Stop all workers (ask politely, then kill). Safe to call twice."""
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except Exception:
+                pass
+        deadline = time.monotonic() + 1.0
+        for w in self._workers:
+            w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            self._kill(w)
+        self._workers = []
+
+    # ---- running ----------------------------------------------------------------------------------------
+    def run(self, tasks: Sequence[Task], timeout_s: float) -> list[Outcome]:
+        """Run every task; returns one ``(status, payload, seconds)`` per task, in order.
+
+        A task still running ``timeout_s`` seconds after its worker started it gets ``("timeout", None, t)``
+        and its worker is killed and replaced; a worker that dies gives ``("error", ..., t)``.
+
+        Raises:
+            ValueError: if ``timeout_s`` is not a positive finite number.
+        """
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.start()
+        n = len(tasks)
+        results: list[Outcome | None] = [None] * n
+        pending = deque(range(n))
+        idle = list(self._workers)
+        busy: dict[_Worker, tuple[int, float]] = {}
+        while pending or busy:
+            while idle and pending:
+                w, i = idle.pop(), pending.popleft()
+                key, args, kwargs = tasks[i]
+                try:
+                    w.conn.send((i, key, args, kwargs))
+                except (BrokenPipeError, ConnectionError, EOFError):  # the worker died while idle
+                    idle.append(self._replace(w))
+                    pending.appendleft(i)
+                    continue
+                except Exception as e:  # the task itself cannot be pickled
+                    results[i] = ("error", f"task could not be sent to a worker: {e!r}"[:500], 0.0)
+                    idle.append(w)
+                    continue
+                busy[w] = (i, time.monotonic())
+            if not busy:
+                continue
+            next_deadline = min(t0 for _, t0 in busy.values()) + timeout_s
+            by_conn = {w.conn: w for w in busy}
+            for conn in _wait_conns(list(by_conn), timeout=max(0.0, next_deadline - time.monotonic())):
+                w = by_conn[conn]
+                i, t0 = busy.pop(w)
+                try:
+                    idx, outcome = conn.recv()
+                    results[idx] = outcome
+                    idle.append(w)
+                except (EOFError, OSError, ConnectionError):
+                    code = w.proc.exitcode
+                    results[i] = ("error", f"scorer worker died (exit code {code})", time.monotonic() - t0)
+                    idle.append(self._replace(w))
+            now = time.monotonic()
+            for w, (i, t0) in list(busy.items()):
+                if now - t0 >= timeout_s:
+                    del busy[w]
+                    results[i] = ("timeout", None, now - t0)
+                    idle.append(self._replace(w))
+        return results  # type: ignore[return-value]
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -7,7 +7,9 @@ importable, with a string-normalising fallback otherwise.
 
 Safety: the model text never reaches ``eval``/``exec``/``sympy.sympify``. math-verify's plain-expression
 extractor (``ExprExtractionConfig``) calls ``sympy.parse_expr``, which uses ``eval``; it is never used here:
-only ``LatexExtractionConfig`` parses the prediction. math-verify builds expressions unevaluated, but
+only ``LatexExtractionConfig`` parses the prediction. (latex2sympy itself turns lexer NUMBER tokens into
+``sympy.Number(text)``, which goes through ``parse_expr``: only numerals validated by the ANTLR lexer get
+there; a test checks it.) math-verify builds expressions unevaluated, but
 ``verify`` then simplifies/evaluates them, which never finishes for ``\\boxed{9^{9^{9^{9}}}}`` (and cannot be
 interrupted: big-integer arithmetic holds the GIL in C). So the parsed expressions pass a guard first
 (:func:`is_tame`): bounded node count, exponents, result digits and factorial arguments; anything bigger

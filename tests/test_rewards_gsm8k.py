@@ -1,0 +1,113 @@
+"""GSM8K rule scorer: case P03 (answer after a long tail) and the added extraction cases, linear time."""
+import json
+import os
+import time
+
+import pytest
+
+from rewards.gsm8k import compute_score, extract_solution, normalize_number, numbers_equal
+
+FILLER = "Let me double check this once more. " * 12  # 432 characters of tail after the marker
+
+
+def test_p03_gsm8k_answer_after_long_tail():
+    text = "2+40=42\n#### 42\n" + FILLER[:400]
+    assert len(text) - text.index("#### 42") > 300
+    assert compute_score(text, "42") == 1.0
+
+
+@pytest.mark.parametrize("text,gt,expected", [
+    ("#### 1,000", "1000", 1.0),
+    ("#### 1000", "1,000", 1.0),
+    ("#### -3", "-3", 1.0),
+    ("#### 42.", "42", 1.0),  # trailing sentence period is not part of the number
+    ("#### 42.0", "42", 1.0),  # numeric, not string, comparison
+    ("#### $18", "18", 1.0),
+    ("#### -$3.50", "-3.5", 1.0),
+    ("#### $-3.50", "-3.5", 1.0),
+    ("#### 12", 12.0, 1.0),  # SVAMP ground truth is a float
+    ("#### 1\n#### 2", "2", 1.0),  # the last marker wins
+    ("#### 1\n#### 2", "1", 0.0),
+    ("#### 7 and then #### nothing", "7", 1.0),  # last WELL-FORMED marker
+    ("the answer is 42", "42", 0.0),  # no marker -> 0 in strict mode
+    ("", "42", 0.0),
+    ("#### 41", "42", 0.0),
+])
+def test_p03_strict_cases(text, gt, expected):
+    assert compute_score(text, gt) == expected
+
+
+def test_p03_format_score_and_score_values():
+    assert compute_score("#### 41", "42", format_score=0.1) == 0.1
+    assert compute_score("no marker", "42", format_score=0.1) == 0.0
+    assert compute_score("#### 42", "42", score=2.0) == 2.0
+
+
+def test_extract_solution_values():
+    assert extract_solution("#### 1,000") == "1000"
+    assert extract_solution("#### -3") == "-3"
+    assert extract_solution("#### 42.") == "42"
+    assert extract_solution("#####7") == "7"
+    assert extract_solution("no marker") is None
+    assert extract_solution(None) is None
+    assert extract_solution("answer: 1, 2, 3", "flexible") == "3"
+    assert extract_solution("cost is $1,234.50 total.", "flexible") == "1234.50"
+    assert extract_solution("it was -17 degrees", "flexible") == "-17"
+    assert extract_solution("value .5", "flexible") == ".5"
+    assert extract_solution("no digits", "flexible") is None
+    with pytest.raises(ValueError, match="method"):
+        extract_solution("#### 1", "fuzzy")
+
+
+def test_flexible_scores_last_number():
+    assert compute_score("3 + 4 = 7, so 7", "7", method="flexible") == 1.0
+    assert compute_score("I think 7 or maybe 8", "7", method="flexible") == 0.0
+
+
+def test_normalize_number():
+    assert normalize_number("1,000") == 1000
+    assert normalize_number(12.0) == 12
+    assert normalize_number("Janet makes 9 * 2 = 18\n#### 18") == 18
+    assert normalize_number("abc") is None
+    assert normalize_number(float("nan")) is None
+    assert numbers_equal("0.50", ".5")
+    assert not numbers_equal("1e400000", "1")
+
+
+def test_p03_10k_response_under_50ms():
+    text = ("Step: 3 * 4 = 12, then 12 + 30 = 42. " * 300)[:10_000] + "\n#### 42\n"
+    for method in ("strict", "flexible"):
+        compute_score(text, "42", method=method)  # warm
+        t0 = time.perf_counter()
+        assert compute_score(text, "42", method=method) == 1.0
+        assert time.perf_counter() - t0 < 0.05
+
+
+@pytest.mark.parametrize("text", [
+    "#" * 1_000_000,
+    "#### " + " " * 1_000_000,  # a run of spaces after the marker used to be cubic
+    "#### - $ " * 100_000,
+    "#### ," * 160_000,
+    "1," * 500_000,
+    "-$" * 500_000,
+    "9" * 1_000_000,
+])
+def test_1mb_adversarial_inputs_are_fast(text):
+    t0 = time.perf_counter()
+    for method in ("strict", "flexible"):
+        assert compute_score(text, "1", method=method) in (0.0, 1.0)
+    assert time.perf_counter() - t0 < 1.5  # measured 0.01-0.1 s on 2 cores
+
+
+GSM8K_DIR = os.environ.get("GSM8K_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k"))
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(GSM8K_DIR, "test.jsonl")),
+                    reason=f"GSM8K not found at {GSM8K_DIR} (set GSM8K_DIR)")
+def test_reference_solutions_score_one_against_their_own_answer():
+    with open(os.path.join(GSM8K_DIR, "test.jsonl")) as f:
+        rows = [json.loads(line) for line in f][:300]
+    for row in rows:
+        gt = row["answer"].split("####")[-1].strip()
+        assert compute_score(row["answer"], gt) == 1.0, row["answer"]
+        assert compute_score(row["answer"] + "\n" + FILLER, gt) == 1.0

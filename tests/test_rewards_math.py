@@ -1,0 +1,173 @@
+"""MATH boxed scorer: case P04 (``\\fbox``, nested braces, unclosed box), math-verify equivalence,
+adversarial inputs (huge powers, factorials, 1 MB responses) and no eval of model text."""
+import json
+import os
+import re
+import time
+
+import pytest
+
+from rewards import math as M
+from rewards.math import compute_score, is_tame, last_boxed_only_string, normalize_answer, remove_boxed
+
+HAS_MV = M._math_verify() is not None
+needs_mv = pytest.mark.skipif(not HAS_MV, reason="math-verify is not installed")
+
+
+def test_p04_fbox_is_unwrapped():
+    assert last_boxed_only_string("so the answer is \\fbox{42}.") == "\\fbox{42}"
+    assert remove_boxed("\\fbox{42}") == "42"
+    assert compute_score("so the answer is \\fbox{42}.", "42") == 1.0
+
+
+def test_p04_nested_braces_kept():
+    s = "We get \\boxed{\\frac{1}{2}} in the end"
+    assert last_boxed_only_string(s) == "\\boxed{\\frac{1}{2}}"
+    assert remove_boxed(last_boxed_only_string(s)) == "\\frac{1}{2}"
+
+
+def test_p04_last_box_wins():
+    s = "first \\boxed{1} then \\boxed{2}"
+    assert remove_boxed(last_boxed_only_string(s)) == "2"
+    assert compute_score(s, "2") == 1.0
+    assert compute_score(s, "1") == 0.0
+
+
+def test_p04_unclosed_box_is_none():
+    assert last_boxed_only_string("\\boxed{3") is None
+    assert remove_boxed(None) is None
+    assert compute_score("\\boxed{3", "3") == 0.0
+
+
+@pytest.mark.parametrize("text,box,inner", [
+    ("\\boxed 5$ done", "\\boxed 5", "5"),
+    ("\\boxed{\\{1,2\\}}", "\\boxed{\\{1,2\\}}", "\\{1,2\\}"),  # escaped braces do not nest
+    ("\\boxed {7}", "\\boxed {7}", "7"),
+    ("\\boxed{}", "\\boxed{}", ""),
+    ("\\boxedx", None, None),  # another command, not a box
+    ("no box", None, None),
+    ("", None, None),
+])
+def test_box_forms(text, box, inner):
+    assert last_boxed_only_string(text) == box
+    assert remove_boxed(box) == inner
+
+
+def test_remove_boxed_rejects_other_strings():
+    assert remove_boxed("42") is None
+    assert remove_boxed("\\boxed{1") is None
+    assert remove_boxed(123) is None
+
+
+def test_no_box_scores_zero():
+    assert compute_score("The answer is 42.", "42") == 0.0
+    assert compute_score("\\boxed{}", "42") == 0.0
+
+
+def test_normalize_answer():
+    assert normalize_answer("\\left( 3, \\dfrac{\\pi}{2} \\right)") == "(3,\\frac{\\pi}{2})"
+    assert normalize_answer("$1,000$.") == "1000"
+    assert normalize_answer("90^\\circ") == "90"
+    assert normalize_answer("\\text{Evelyn}") == "Evelyn"
+
+
+@pytest.mark.parametrize("pred,gold", [
+    ("\\frac{1}{2}", "0.5"),
+    ("0.5", "\\frac{1}{2}"),
+    ("\\dfrac{1}{2}", "\\frac12"),
+    ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("2^{10}", "1024"),
+    ("x^2+2x+1", "(x+1)^2"),
+    ("\\sqrt{8}", "2\\sqrt{2}"),
+])
+def test_equivalent_answers_score_one(pred, gold):
+    if not HAS_MV and pred not in ("0.5", "\\frac{1}{2}", "\\dfrac{1}{2}", "(3, \\frac{\\pi}{2})"):
+        pytest.skip("needs math-verify")
+    assert compute_score(f"so \\boxed{{{pred}}}", gold) == 1.0
+
+
+@pytest.mark.parametrize("pred,gold", [("\\frac{1}{3}", "0.5"), ("2^{11}", "1024"), ("(3, \\pi)", "(3, \\frac{\\pi}{2})")])
+def test_different_answers_score_zero(pred, gold):
+    assert compute_score(f"\\boxed{{{pred}}}", gold) == 0.0
+
+
+def test_fallback_without_math_verify(monkeypatch):
+    monkeypatch.setattr(M, "_MV", False)
+    assert compute_score("\\boxed{\\frac{1}{2}}", "0.5") == 1.0  # exact fraction fallback
+    assert compute_score("\\boxed{\\left(1,2\\right)}", "(1, 2)") == 1.0
+    assert compute_score("\\boxed{x^2+2x+1}", "(x+1)^2") == 0.0  # needs algebra: not claimed without it
+
+
+@needs_mv
+@pytest.mark.parametrize("text", [
+    "\\boxed{9^{9^{9^{9}}}}",
+    "\\boxed{9**9**9**9}",
+    "9**9**9**9",
+    "\\boxed{10^{10^{10}}}",
+    "\\boxed{99999999!}",
+    "\\boxed{(10^{1000})^{1000}}",
+    "\\boxed{\\sqrt{2}^{10^{10}}}",
+    "\\boxed{\\binom{10^{9}}{5}}",
+    "\\boxed{x^{10^{10}}}",
+    "\\boxed{" + "9" * 5000 + "}",
+    "\\boxed{" + "x+" * 2000 + "x}",
+    "\\boxed{" + "{" * 50_000 + "}" * 50_000 + "}",
+    "a" * 1_000_000 + "\\boxed{5}",
+    "\\boxed{" * 100_000,
+])
+def test_adversarial_inputs_score_fast_and_safely(text):
+    t0 = time.perf_counter()
+    assert compute_score(text, "5") in (0.0, 1.0)
+    assert time.perf_counter() - t0 < 2.0  # measured < 0.1 s each on 2 cores
+
+
+@needs_mv
+def test_is_tame_guard():
+    parse = lambda s: M._parse_latex(s)[0]  # noqa: E731
+    assert is_tame(parse("\\frac{1}{2}"))
+    assert is_tame(parse("2^{100}"))
+    assert not is_tame(parse("9^{9^{9}}"))
+    assert not is_tame(parse("(10^{1000})^{1000}"))
+    assert not is_tame(parse("100000!"))
+    assert is_tame("a string")
+    assert not is_tame(object())
+
+
+@needs_mv
+def test_model_text_never_reaches_eval_or_sympify(monkeypatch):
+    import sympy
+    import sympy.parsing.sympy_parser as sp_parser
+    import math_verify.parser as mv_parser
+    calls = []
+
+    def spy(name, real):
+        def f(*a, **k):
+            calls.append((name, a[:1]))
+            return real(*a, **k)
+        return f
+
+    monkeypatch.setattr(sp_parser, "parse_expr", spy("parse_expr", sp_parser.parse_expr))
+    monkeypatch.setattr(mv_parser, "parse_expr", spy("mv.parse_expr", mv_parser.parse_expr))
+    real_sympify = sympy.sympify
+    monkeypatch.setattr(sympy, "sympify", lambda a, *r, **k: (calls.append(("sympify", a)) if isinstance(a, str)
+                                                               else None) or real_sympify(a, *r, **k))
+    texts = ["\\boxed{__import__('os').system('echo pwned')}", "\\boxed{1+1}", "9**9**9**9 \\boxed{2}",
+             "\\boxed{\\frac{4}{2}}"]
+    scores = [compute_score(t, "2") for t in texts]
+    assert scores == [0.0, 1.0, 1.0, 1.0]
+    # latex2sympy turns lexer NUMBER tokens into sympy.Number(text), which goes through parse_expr: only
+    # numerals may get there; the model's text itself (the ``__import__`` box) must not.
+    assert not [c for c in calls if c[0] == "mv.parse_expr"]
+    seen = [c[1][0] if isinstance(c[1], tuple) else c[1] for c in calls]
+    assert all(isinstance(x, str) and re.fullmatch(r"[0-9.,]+", x) for x in seen), seen
+
+
+MATH500 = os.environ.get("MATH500_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "math500"))
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(MATH500, "test.jsonl")), reason=f"MATH-500 not found at {MATH500}")
+def test_math500_reference_solutions_score_one():
+    with open(os.path.join(MATH500, "test.jsonl")) as f:
+        rows = [json.loads(line) for line in f][:60]
+    scores = [compute_score(r["solution"], r["answer"]) for r in rows]
+    assert sum(scores) >= 0.95 * len(rows), [r["answer"] for r, s in zip(rows, scores) if s == 0]

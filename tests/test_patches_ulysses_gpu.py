@@ -1,0 +1,67 @@
+"""CUDA kernels of patches/varlen.py against the SDPA reference, and a patched model on CUDA (bf16)."""
+import copy
+
+import pytest
+import torch
+
+from patches.packing import cu_seqlens_from_position_ids
+from patches.ulysses import apply_ulysses_patch
+from patches.varlen import _flash_attn_fn, _torch_varlen, pick_kernel, varlen_attention
+
+pytestmark = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _inputs():
+    torch.manual_seed(0)
+    pos = torch.cat([torch.arange(n) for n in (37, 5, 64, 1, 21)]).cuda()
+    cu, mx = cu_seqlens_from_position_ids(pos)
+    t = pos.numel()
+    q = torch.randn(t, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(t, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v, cu, mx
+
+
+@needs_cuda
+@pytest.mark.parametrize("kernel", ["torch_varlen", "flash_attn"])
+@pytest.mark.parametrize("window", [None, 7])
+def test_cuda_kernel_matches_sdpa_reference(kernel, window):
+    if kernel == "flash_attn" and _flash_attn_fn() is None:
+        pytest.skip("flash_attn not installed")
+    if kernel == "torch_varlen" and _torch_varlen()[0] is None:
+        pytest.skip("torch.nn.attention.varlen not available")
+    q, k, v, cu, mx = _inputs()
+    ref = varlen_attention(q.float(), k.float(), v.float(), cu, mx, kernel="sdpa", sliding_window=window)
+    out = varlen_attention(q, k, v, cu, mx, kernel=kernel, sliding_window=window)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=0)
+    # backward runs and agrees with the reference
+    qg = q.detach().requires_grad_()
+    varlen_attention(qg, k, v, cu, mx, kernel=kernel, sliding_window=window).float().sum().backward()
+    qr = q.detach().float().requires_grad_()
+    varlen_attention(qr, k.float(), v.float(), cu, mx, kernel="sdpa", sliding_window=window).sum().backward()
+    torch.testing.assert_close(qg.grad.float(), qr.grad, atol=5e-2, rtol=0)
+
+
+@needs_cuda
+def test_patched_model_on_cuda_matches_padded_forward():
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from trainer.forward import forward_log_probs
+    cfg = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=16)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16).cuda()
+    ids = torch.randint(1, 256, (4, 48), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :10] = 0
+    mask[1, 40:] = 0
+    mask[2, :3] = 0
+    mask[2, 30:] = 0
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    ref, _ = forward_log_probs(base, ids, mask, pos, 16, use_remove_padding=False)
+    patched = apply_ulysses_patch(copy.deepcopy(base))
+    assert pick_kernel(torch.zeros(1, device="cuda", dtype=torch.bfloat16)) in ("flash_attn", "torch_varlen")
+    lp, _ = forward_log_probs(patched, ids, mask, pos, 16)
+    ok = mask[:, -16:].bool()
+    torch.testing.assert_close(lp[ok], ref[ok], atol=5e-2, rtol=0)

@@ -58,7 +58,7 @@ class RewardOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class _AlarmTimeout(Exception):
+class _AlarmTimeout(BaseException):  # not an Exception: run_scorer must not swallow it
     pass
 
 
@@ -197,9 +197,12 @@ class RewardManager:
             kwargs["extra_info"] = extra[i]
             if id(fn) not in wants:
                 wants[id(fn)] = wants_data_source(fn)
-            if wants[id(fn)]:
-                kwargs["data_source"] = None if keys is None else keys[i]
-            tasks.append((key, (texts[i], rm[i]["ground_truth"]), kwargs))
+            if wants[id(fn)]:  # verl's signature f(data_source, solution_str, ground_truth, extra_info): by name
+                kwargs.update(data_source=None if keys is None else keys[i], solution_str=texts[i],
+                              ground_truth=rm[i]["ground_truth"])
+                tasks.append((key, (), kwargs))
+            else:
+                tasks.append((key, (texts[i], rm[i]["ground_truth"]), kwargs))
             fns.append(fn)
         return tasks, fns
 

@@ -157,7 +157,8 @@ def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> 
     absolute path, so loading the same file twice returns the same module). The function is called by the
     reward manager as ``fn(solution_str, ground_truth, extra_info=..., **reward_kwargs)``; if it has a
     ``data_source`` parameter (verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``)
-    it is also given ``data_source=`` (the row's ``reward_fn_key`` value) by keyword.
+    it is called with keywords only: ``fn(data_source=<row's reward_fn_key value>, solution_str=...,
+    ground_truth=..., extra_info=..., **reward_kwargs)``.
 
     Raises:
         FileNotFoundError: if ``path`` is not a file.

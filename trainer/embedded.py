@@ -20,10 +20,10 @@ TASK_NAME = "synthetic/digits"
 DIGITS = [str(i) for i in range(10)]
 WORDS = ["last", "of", "?", "the", "answer", "is", "####", "=>", "user", "assistant"]
 SPECIAL = ["<pad>", "<eos>", "<unk>"]
-# ChatML-like but tiny: user content, then "=>" opens the assistant turn.
+# Tiny: the user's content, then "=>" opens the answer.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }} {{ message['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}assistant =>{% endif %}"
+    "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}=>{% endif %}"
 )
 
 

@@ -136,10 +136,7 @@ class RayPPOTrainer:
             rew = self.reward_fn(batch)
             batch["token_level_scores"] = rew.token_level_scores
             metrics.update(rew.metrics)
-            for k, v in rew.reward_extra_info.items():
-                vals = np.asarray(v, dtype=np.float64)
-                if vals.size:
-                    metrics[f"reward/{k}/mean"] = float(np.mean(vals))
+            metrics.update(_extra_info_means(rew.reward_extra_info))
         if self.cfg["trainer"].get("balance_batch", True):
             batch = self._balance(batch)
         with _timer("old_log_prob", timing):
@@ -292,6 +289,17 @@ class RayPPOTrainer:
     def _on_sigterm(self, signum, frame) -> None:
         logger.warning("SIGTERM received: the run stops after the current step")
         self._stop_requested = True
+
+
+def _extra_info_means(info: dict) -> dict:
+    """``reward/<key>/mean`` for every numeric per-sample key (None entries and non-numeric keys skipped)."""
+    out = {}
+    for k, values in info.items():
+        nums = [float(v) for v in values if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+                or isinstance(v, bool)]
+        if nums and len(nums) == sum(v is not None for v in values):
+            out[f"reward/{k}/mean"] = float(np.mean(nums))
+    return out
 
 
 def _reduce(per_rank: list[dict]) -> dict:

@@ -153,6 +153,19 @@ class ActorRolloutRefWorker(DistributedWorker):
         return ppo_update(self, self.actor, data, self.actor_cfg, n=int(self.rollout_cfg["n"]),
                           temperature=float(self.rollout_cfg["temperature"]) or 1.0, kind="actor")
 
+    @torch.no_grad()
+    def weights_fingerprint(self) -> dict:
+        """Sums of the actor's parameters (gathered under ZeRO-3) and of the rollout engine's copy; for checks
+        that every data-parallel rank holds the same weights and that the engine received them."""
+        from rollout.context import iter_actor_params
+
+        stage = int(self.config["deepspeed"]["zero_stage"])
+        actor = {n: float(t.double().sum()) for bucket in iter_actor_params(self.actor.engine.module, stage)
+                 for n, t in bucket}
+        engine_model = getattr(self.engine, "model", None)
+        eng = {n: float(p.double().sum()) for n, p in engine_model.named_parameters()} if engine_model is not None else {}
+        return {"actor": actor, "engine": eng}
+
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def save_checkpoint(self, role_dir: str) -> None:
         self.ckpt.save(role_dir)

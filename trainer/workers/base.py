@@ -76,6 +76,9 @@ class DistributedWorker:
         else:
             self.device = torch.device("cpu")
             backend = "gloo"
+            # DeepSpeed's CPU accelerator JIT-compiles a shared-memory comm op on first use (about a minute on
+            # 2 cores); gloo alone is enough for our collectives
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         self._dist_ready = True
 

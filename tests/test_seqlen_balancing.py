@@ -96,7 +96,7 @@ def test_rearrange_micro_batches_dp_ranks_agree_on_count():
     lens = [[3, 2, 2, 1], [10, 10, 10, 1]]
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(_worker, args=(_free_port(), lens, 10, out), nprocs=2, join=True, start_method="fork")
+        mp.start_processes(_worker, args=(_free_port(), lens, 10, out), nprocs=2, join=True, start_method="forkserver")
         res = dict(out)
     assert len(res[0]) == len(res[1]) == 4
     assert res[0] == [[0], [1], [2], [3]]

@@ -60,7 +60,8 @@ class ActorRolloutRefWorker(DistributedWorker):
             static = (self.device_type == "cuda") if static == "auto" else bool(static)
             self.engine = HFRolloutEngine.from_tokenizer(self.actor.hf_config, tok, device=self.device,
                                                          dtype=self.param_dtype(), use_static_cache=static,
-                                                         max_batch_size=int(rc.get("max_batch_size", 256)))
+                                                         max_batch_size=int(rc.get("max_batch_size", 256)),
+                                                         prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)))
         elif rc["name"] == "vllm":
             from rollout.vllm_engine import VLLMRolloutEngine
 

@@ -198,40 +198,38 @@ class RayPPOTrainer:
         if ds is None:
             return {}
         bs = int(self.cfg["data"].get("val_batch_size") or len(ds))
-        outs, infos = [], {}
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        sources: list = []
+        uids: list = []
+        infos: dict[str, list] = {}
+        n_val = 1
         for start in range(0, len(ds), bs):
             rows = [ds[i] for i in range(start, min(start + bs, len(ds)))]
-            batch = collate_prompts(rows, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
-                                    else self.tokenizer.eos_token_id)
+            batch = collate_prompts(rows, pad_id)
             batch["uid"] = [f"val-{start + i}" for i in range(len(batch))]
             batch.meta.update(validate=True, seed=int(self.cfg["trainer"]["seed"]))
-            padded, pad = pad_rows_to_multiple(batch, self.world)
+            padded, _ = pad_rows_to_multiple(batch, self.world)
             out = self.actor_wg.dispatch_all("generate_sequences", padded)
             n_val = len(out) // len(padded)
-            out = out.index(slice(0, len(batch) * n_val))
+            out = out.index(slice(0, len(batch) * n_val))  # drop the rows that only padded the batch
             rew = self.val_reward_fn(out)
-            outs.append(out)
-            scores = rew.token_level_scores.sum(-1).tolist()
-            infos.setdefault("score", []).extend(scores)
-            for k, v in rew.reward_extra_info.items():
-                if k != "score":
-                    infos.setdefault(k, []).extend(list(v))
-        allb = DataProto.concat(outs)
-        infos = {k: v for k, v in infos.items() if len(v) == len(allb)}
+            sources.extend(out["data_source"].tolist())
+            uids.extend(out["uid"].tolist())
+            chunk = {"score": rew.token_level_scores.sum(-1).tolist()}
+            chunk.update({k: list(v) for k, v in rew.reward_extra_info.items() if k != "score"})
+            for k in set(infos) | set(chunk):
+                infos.setdefault(k, [None] * (len(uids) - len(out))).extend(chunk.get(k, [None] * len(out)))
         if "acc" not in infos:
             infos["acc"] = infos["score"]
         metrics: dict = {}
-        sources = allb["data_source"]
-        for src in sorted(set(sources.tolist())):
-            sel = sources == src
-            for k, v in infos.items():
-                try:
-                    metrics[f"val/{src}/{k}"] = float(np.mean(np.asarray(v, dtype=np.float64)[sel]))
-                except (TypeError, ValueError):
-                    continue
+        src_arr = np.asarray(sources, dtype=object)
+        for src in sorted(set(sources)):
+            sel = np.nonzero(src_arr == src)[0]
+            for k, v in _extra_info_means({k: [v[i] for i in sel] for k, v in infos.items()}).items():
+                metrics[f"val/{src}/{k.split('/')[1]}"] = v
         if n_val > 1:
-            metrics.update(flatten_validation_metrics(
-                process_validation_metrics(list(sources), list(allb["uid"]), infos)))
+            numeric = {k: v for k, v in infos.items() if all(isinstance(x, (int, float)) for x in v)}
+            metrics.update(flatten_validation_metrics(process_validation_metrics(sources, uids, numeric)))
         return metrics
 
     # ---- loop -----------------------------------------------------------------------------------------------
@@ -244,6 +242,7 @@ class RayPPOTrainer:
         self.global_step = self.load_checkpoint()
         tracker = Tracking(t["project_name"], t["experiment_name"], t["logger"], t["output_dir"], self.cfg,
                            total_steps=total, start_step=self.global_step)
+        self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}
         try:
@@ -287,6 +286,11 @@ class RayPPOTrainer:
         return last
 
     def _on_sigterm(self, signum, frame) -> None:
+        if os.getpid() != self._driver_pid:
+            # a process forked from the driver (e.g. a reward-scoring worker) inherits this handler: it must die
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         logger.warning("SIGTERM received: the run stops after the current step")
         self._stop_requested = True
 
@@ -295,8 +299,7 @@ def _extra_info_means(info: dict) -> dict:
     """``reward/<key>/mean`` for every numeric per-sample key (None entries and non-numeric keys skipped)."""
     out = {}
     for k, values in info.items():
-        nums = [float(v) for v in values if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
-                or isinstance(v, bool)]
+        nums = [float(v) for v in values if isinstance(v, (int, float, np.number))]  # bools count as 0/1
         if nums and len(nums) == sum(v is not None for v in values):
             out[f"reward/{k}/mean"] = float(np.mean(nums))
     return out

@@ -1,0 +1,135 @@
+"""Plot one or more runs from their ``metrics.jsonl`` files (matplotlib, PNG).
+
+    python tools/plot_run.py RUN_DIR [RUN_DIR ...] [--out docs/plots] [--name gsm8k]
+
+A RUN_DIR is a run's ``trainer.output_dir`` (or a ``metrics.jsonl`` file itself). Several runs overlay in the
+same axes for comparison. Writes ``<name>_reward.png`` (training score, strict accuracy, format rate and
+held-out accuracy per step), ``<name>_length.png`` (response length and its clip ratio), ``<name>_kl_entropy.png``
+and ``<name>_timing.png`` (step time by stage, stacked, for the first run). Returns the written paths.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Iterable
+
+STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "testing",
+          "save_checkpoint")
+
+
+def load_metrics(path: str) -> list[dict]:
+    """Rows of a run's metrics.jsonl (``path`` is the run folder or the file). Raises FileNotFoundError."""
+    f = path if path.endswith(".jsonl") else os.path.join(path, "metrics.jsonl")
+    if not os.path.isfile(f):
+        raise FileNotFoundError(f"no metrics.jsonl at {f!r}")
+    with open(f, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def series(rows: Iterable[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key`` over the rows that have a numeric value for it."""
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            xs.append(int(r["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _label(path: str) -> str:
+    if path.endswith(".jsonl"):
+        return os.path.basename(path)[: -len(".jsonl")]
+    return os.path.basename(os.path.normpath(path))
+
+
+def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(_label(p), load_metrics(p)) for p in run_dirs]
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+
+    def save(fig, suffix):
+        path = os.path.join(out_dir, f"{name}_{suffix}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, rows in runs:
+        for key, style in (("critic/score/mean", "-"), ("reward/acc/mean", "--"), ("reward/format/mean", ":")):
+            x, y = series(rows, key)
+            if x:
+                axes[0].plot(x, y, style, label=f"{label} {key.split('/')[1]}")
+        val_keys = sorted({k for r in rows for k in r if k.startswith("val/") and k.split("/")[-1] in ("acc", "format")})
+        for key in val_keys:
+            x, y = series(rows, key)
+            axes[1].plot(x, y, "o-", label=f"{label} {'/'.join(key.split('/')[1:])}")
+    axes[0].set(title="training reward (score), strict accuracy, format", xlabel="step")
+    axes[1].set(title="held-out", xlabel="step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    save(fig, "reward")
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, rows in runs:
+        axes[0].plot(*series(rows, "response_length/mean"), label=label)
+        axes[1].plot(*series(rows, "response_length/clip_ratio"), label=label)
+    axes[0].set(title="response length (tokens)", xlabel="step")
+    axes[1].set(title="response clip ratio (hit max length)", xlabel="step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save(fig, "length")
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, rows in runs:
+        for key in ("actor/kl_loss", "actor/reward_kl_penalty"):
+            x, y = series(rows, key)
+            if x:
+                axes[0].plot(x, y, label=f"{label} {key}")
+        axes[1].plot(*series(rows, "actor/entropy"), label=label)
+    axes[0].set(title="KL to the reference", xlabel="step")
+    axes[1].set(title="entropy of the policy (nats/token)", xlabel="step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    save(fig, "kl_entropy")
+
+    label, rows = runs[0]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [int(r["step"]) for r in rows if "timing_s/step" in r]
+    bottom = [0.0] * len(steps)
+    for stage in STAGES:
+        vals = [float(r.get(f"timing_s/{stage}", 0.0)) for r in rows if "timing_s/step" in r]
+        if any(vals):
+            ax.bar(steps, vals, bottom=bottom, label=stage)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set(title=f"step time by stage (s): {label}", xlabel="step")
+    ax.legend(fontsize=7)
+    save(fig, "timing")
+    return written
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--out", default="plots")
+    p.add_argument("--name", default="run")
+    a = p.parse_args(argv)
+    for path in plot(a.runs, a.out, a.name):
+        print(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Tracking: metrics.jsonl always written; wandb works offline without network or API key."""
+import json
+import os
+
+import pytest
+
+from trainer.tracking import Tracking
+
+
+def test_jsonl_and_console(tmp_path, capsys):
+    t = Tracking("p", "e", ["console"], str(tmp_path), total_steps=2)
+    t.log({"critic/score/mean": 0.5, "val/x/acc": 0.25, "nan_metric": float("nan")}, step=1)
+    t.log({"critic/score/mean": 0.75}, step=2)
+    t.close()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2] and rows[1]["critic/score/mean"] == 0.75
+    assert rows[0]["nan_metric"] == "nan"
+
+
+def test_unknown_backend_is_named(tmp_path):
+    with pytest.raises(ValueError, match="tensorboard"):
+        Tracking("p", "e", ["console", "tensorboard"], str(tmp_path))
+
+
+def test_wandb_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    t = Tracking("proj", "exp", ["wandb"], str(tmp_path), config={"a": 1})
+    t.log({"critic/score/mean": 1.0}, step=1)
+    t.close()
+    assert os.environ.get("WANDB_MODE") == "offline"
+    assert any(name.startswith("offline-run") for name in os.listdir(tmp_path / "wandb"))

@@ -1,0 +1,218 @@
+"""Where does a GRPO/PPO step spend its time? Stage split from a run's metrics.jsonl, plus an optional
+torch.profiler trace of the actor update's micro-batch loop.
+
+Part 1 (``--metrics``): reads ``<output_dir>/metrics.jsonl`` written by ``trainer/main.py`` (one JSON object per
+step) and reports, per stage (``timing_s/{gen, reward, old_log_prob, ref, values, adv, update_critic,
+update_actor}``), the mean seconds per step, the share of ``timing_s/step``, the remainder ("other": data
+loading, balancing, metrics, checkpoint), tokens/s per GPU (``perf/throughput``) and any logged peak-memory key
+(a key containing ``memory``, e.g. ``perf/max_memory_allocated_gb``; the trainer may not log one).
+The first ``--skip-first`` steps (default 1: start-up and compilation) are left out of the means.
+
+Part 2 (``--profile``): builds a random-weight model (``--model``), runs ``--micro-batches`` micro-batches of the
+actor update (packed ``forward_log_probs``, PPO clip loss, backward) and one AdamW step under
+``torch.profiler``, after one un-profiled warm-up loop; exports a chrome trace (``--trace``, open it in
+chrome://tracing or https://ui.perfetto.dev) and prints the top-15 ops by self device time (CPU time on CPU).
+
+Usage:
+    python tools/bench/step_profile.py --metrics outputs/run/metrics.jsonl --out step.json
+    python tools/bench/step_profile.py --profile --model qwen2-1.5b --tokens 4096 --trace actor.json --out p.json
+    python tools/bench/step_profile.py --tiny --out /tmp/step.json      # CPU smoke test (both parts)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+import torch  # noqa: E402
+
+from tools.bench.common import (actor_micro_step, build_model, packed_batch, pick_device, print_table,  # noqa: E402
+                                run_meta, write_json)
+
+STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
+
+
+def read_metrics(path: str) -> list[dict]:
+    """Rows of a metrics.jsonl file (blank lines skipped).
+
+    Raises:
+        FileNotFoundError: no file at ``path``. ValueError: a line that is not a JSON object (line number given).
+    """
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{i} is not valid JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{i} is a {type(row).__name__}, expected a JSON object")
+            rows.append(row)
+    return rows
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize_steps(rows: list[dict], skip_first: int = 1) -> dict:
+    """Per-stage timing summary of training-step rows (rows without ``timing_s/step`` are ignored).
+
+    Returns:
+        ``{"steps_used": [...], "stages": [{"stage", "mean_s", "share", "per_token_ms"}...] (incl. "other" and
+        "step"), "tokens_per_s_per_gpu", "tokens_per_step", "memory": {key: {"mean", "max"}}}``. ``share`` is
+        the stage's mean seconds over the mean step seconds. If ``skip_first`` would leave no step, none is skipped.
+
+    Raises:
+        ValueError: no row has ``timing_s/step``.
+    """
+    steps = [r for r in rows if _num(r.get("timing_s/step")) is not None]
+    if not steps:
+        raise ValueError("no row with 'timing_s/step' in the metrics: is this a trainer/main.py metrics.jsonl?")
+    used = steps[skip_first:] if len(steps) > skip_first else steps
+    step_s = _mean([_num(r["timing_s/step"]) for r in used])
+    out_stages, covered = [], 0.0
+    for name in STAGES:
+        vals = [_num(r.get(f"timing_s/{name}")) for r in used]
+        if all(v is None for v in vals):
+            continue
+        m = _mean([v if v is not None else 0.0 for v in vals])
+        covered += m
+        out_stages.append(dict(stage=name, mean_s=m, share=m / step_s if step_s else None,
+                               per_token_ms=_mean([_num(r.get(f"timing_per_token_ms/{name}")) for r in used])))
+    other = step_s - covered
+    out_stages.append(dict(stage="other", mean_s=other, share=other / step_s if step_s else None, per_token_ms=None))
+    out_stages.append(dict(stage="step", mean_s=step_s, share=1.0, per_token_ms=None))
+    mem = {}
+    for k in sorted({k for r in used for k in r if "memory" in k.lower()}):
+        vals = [_num(r.get(k)) for r in used]
+        vals = [v for v in vals if v is not None]
+        if vals:
+            mem[k] = dict(mean=sum(vals) / len(vals), max=max(vals))
+    return dict(steps_used=[r.get("step") for r in used], num_steps_in_file=len(steps), stages=out_stages,
+                tokens_per_s_per_gpu=_mean([_num(r.get("perf/throughput")) for r in used]),
+                tokens_per_step=_mean([_num(r.get("perf/total_num_tokens")) for r in used]), memory=mem)
+
+
+def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_len: int, micro_batches: int,
+                         device: torch.device, trace: str | None, row_limit: int = 15) -> dict:
+    """Profile one actor-update loop (``micro_batches`` x forward+backward, then one AdamW step).
+
+    Returns:
+        ``{"seconds", "tokens", "top_ops": [{"name", "self_time_ms", "total_time_ms", "calls"}...],
+        "table": str, "trace": path|None}``; times are the profiler's (device time on CUDA, CPU time on CPU).
+    """
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build_model(model_name, device, dtype)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    batches = [packed_batch(tokens, seq_len, response_len, model.config.vocab_size, device, seed=i)
+               for i in range(micro_batches)]
+
+    def loop():
+        for b in batches:
+            actor_micro_step(model, b)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    loop()  # warm-up: allocator, kernels, lazy optimizer state
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    from tools.bench.common import Timer
+
+    with profile(activities=acts, record_shapes=False) as prof, Timer(device) as t:
+        loop()
+    if trace:
+        os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
+        prof.export_chrome_trace(trace)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=row_limit)
+    ev = list(prof.key_averages())
+    self_attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    tot_attr = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    ev.sort(key=lambda e: getattr(e, self_attr, 0.0), reverse=True)
+    top = [dict(name=e.key, self_time_ms=getattr(e, self_attr, 0.0) / 1e3, total_time_ms=getattr(e, tot_attr, 0.0) / 1e3,
+                calls=e.count) for e in ev[:row_limit]]
+    return dict(model=model_name, device=str(device), dtype=str(dtype), seconds=t.s, tokens=tokens * micro_batches,
+                tokens_per_s=tokens * micro_batches / t.s, micro_batches=micro_batches, top_ops=top, table=table,
+                trace=os.path.abspath(trace) if trace else None)
+
+
+def _tiny_metrics(path: str) -> str:
+    """A 3-step metrics.jsonl in the trainer's format with made-up timings, for --tiny without --metrics."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for s in (1, 2, 3):
+            t = {"gen": 2.0 / s, "reward": 0.1, "old_log_prob": 0.2, "ref": 0.2, "adv": 0.01, "update_actor": 0.5}
+            row = {"step": s, **{f"timing_s/{k}": v for k, v in t.items()}, "timing_s/step": sum(t.values()) + 0.09,
+                   "perf/total_num_tokens": 1000.0, "perf/throughput": 1000.0 / (sum(t.values()) + 0.09) / 2}
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("Usage:")[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--metrics", help="a run's metrics.jsonl (trainer.output_dir/metrics.jsonl)")
+    ap.add_argument("--skip-first", type=int, default=1, help="warm-up steps left out of the means (default 1)")
+    ap.add_argument("--profile", action="store_true", help="also profile one actor-update micro-batch loop")
+    ap.add_argument("--model", default="qwen2-1.5b", help="qwen2-1.5b | smollm2-135m | tiny (random weights)")
+    ap.add_argument("--tokens", type=int, default=4096, help="tokens per packed micro-batch")
+    ap.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (rows = tokens / seq-len)")
+    ap.add_argument("--response-len", type=int, default=768)
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--trace", help="chrome trace output (json); default next to --out")
+    ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256-token micro-batches")
+    ap.add_argument("--out", default="bench_step_profile.json", help="JSON output path")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.model, args.tokens, args.seq_len, args.response_len, args.micro_batches = "tiny", 256, 64, 32, 2
+        args.profile = True
+        if not args.metrics:
+            args.metrics = _tiny_metrics(os.path.splitext(os.path.abspath(args.out))[0] + ".tiny_metrics.jsonl")
+    if not args.metrics and not args.profile:
+        ap.error("give --metrics PATH and/or --profile (or --tiny)")
+    doc: dict = dict(meta=run_meta(args))
+    if args.metrics:
+        summary = summarize_steps(read_metrics(args.metrics), args.skip_first)
+        doc["steps"] = dict(metrics=os.path.abspath(args.metrics), **summary)
+        print_table(summary["stages"], ["stage", "mean_s", "share", "per_token_ms"],
+                    title=f"stage split over {len(summary['steps_used'])} steps (from step {summary['steps_used'][0]}) "
+                          f"of {args.metrics}")
+        print(f"tokens/s per GPU: {summary['tokens_per_s_per_gpu']}; tokens per step: {summary['tokens_per_step']}")
+        if summary["memory"]:
+            print_table([dict(key=k, **v) for k, v in summary["memory"].items()], ["key", "mean", "max"],
+                        title="logged memory")
+        else:
+            print("no memory keys in the metrics (the trainer did not log peak memory)")
+    if args.profile:
+        trace = args.trace or os.path.splitext(os.path.abspath(args.out))[0] + ".trace.json"
+        prof = profile_actor_update(args.model, args.tokens, args.seq_len, args.response_len, args.micro_batches,
+                                    pick_device(args.device), trace)
+        print(prof["table"])
+        print(f"actor update loop: {prof['seconds']:.3f} s for {prof['tokens']} tokens "
+              f"({prof['tokens_per_s']:.1f} tok/s, profiler on); trace: {prof['trace']}")
+        doc["profile"] = prof
+    write_json(args.out, doc)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -54,6 +54,12 @@ class RayPPOTrainer:
         from trainer import core_algos
 
         self.kl_ctrl = core_algos.get_kl_controller(self.algo["kl_ctrl"]) if self.algo["use_kl_in_reward"] else None
+        self.prime = None  # [PRIME] algorithm=prime: step logic in trainer/prime.py
+        from trainer.prime import PrimeController, prime_enabled
+
+        if prime_enabled(config):
+            self.prime = PrimeController(config, self.world, eos_token_id=tokenizer.eos_token_id)
+            self.loader = self.prime.oversampled_loader(self.loader)
 
     # ---- workers --------------------------------------------------------------------------------------------
     def init_workers(self) -> None:
@@ -65,7 +71,7 @@ class RayPPOTrainer:
         cpus = int(t.get("cpus_per_worker", 1))
         init_ray(self.device, self.world, cpus)
         self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus)
-        share = 0.5 if self.use_critic else 1.0
+        share = 1.0 / (1 + int(self.use_critic) + int(self.prime is not None))  # [PRIME] PRM shares the bundles
         sp = int(self.cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
         self.actor_wg = WorkerGroup(ActorRolloutRefWorker, "actor", self.pg, self.world, self.cfg, self.device,
                                     cpus, share=share, sp_size=sp)
@@ -76,6 +82,8 @@ class RayPPOTrainer:
         info = self.actor_wg.run_all("init_model")[0]
         if self.critic_wg is not None:
             self.critic_wg.run_all("init_model")
+        if self.prime is not None:  # [PRIME]
+            self.prime.init_workers(self.pg, self.device, cpus, share)
         logger.info("workers ready: %d actor ranks (%s params)", self.world, info["num_params"])
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
@@ -90,6 +98,8 @@ class RayPPOTrainer:
         self.actor_wg.run_all("save_checkpoint", os.path.join(step_dir, "actor"))
         if self.critic_wg is not None:
             self.critic_wg.run_all("save_checkpoint", os.path.join(step_dir, "critic"))
+        if self.prime is not None:  # [PRIME]
+            self.prime.save_checkpoint(step_dir)
         extra = {"kl_coef": self.kl_ctrl.value} if self.kl_ctrl is not None else {}
         save_trainer_state(step_dir, {**self.loader.state_dict(), **extra}, self.global_step, self.cfg)
         commit_checkpoint(self._ckpt_root(), self.global_step, t.get("max_actor_ckpt_to_keep"))
@@ -104,6 +114,8 @@ class RayPPOTrainer:
         self.actor_wg.run_all("load_checkpoint", os.path.join(path, "actor"))
         if self.critic_wg is not None:
             self.critic_wg.run_all("load_checkpoint", os.path.join(path, "critic"))
+        if self.prime is not None:  # [PRIME]
+            self.prime.load_checkpoint(path)
         state = load_trainer_state(path)
         loader_state = state["dataloader"]
         self.loader.load_state_dict(loader_state)
@@ -137,6 +149,9 @@ class RayPPOTrainer:
             batch["token_level_scores"] = rew.token_level_scores
             metrics.update(rew.metrics)
             metrics.update(_extra_info_means(rew.reward_extra_info))
+        if self.prime is not None:  # [PRIME] accuracy-band filter + downsampling of the oversampled groups
+            with _timer("prime_filter", timing):
+                batch = self.prime.filter_batch(batch, rew, metrics)
         if self.cfg["trainer"].get("balance_batch", True):
             batch = self._balance(batch)
         with _timer("old_log_prob", timing):
@@ -159,8 +174,11 @@ class RayPPOTrainer:
                 metrics.update(kl_m)
             else:
                 batch["token_level_rewards"] = batch["token_level_scores"]
-            core_algos.compute_advantage(batch, self.algo["adv_estimator"], gamma=float(self.algo["gamma"]),
-                                         lam=float(self.algo["lam"]), **self._adv_kwargs())
+            if self.prime is not None:  # [PRIME] PRM update/scores + per-source RLOO advantages
+                self.prime.compute_advantage(batch, metrics, timing)
+            else:
+                core_algos.compute_advantage(batch, self.algo["adv_estimator"], gamma=float(self.algo["gamma"]),
+                                             lam=float(self.algo["lam"]), **self._adv_kwargs())
         if self.use_critic:
             with _timer("update_critic", timing):
                 metrics.update(_reduce(self.critic_wg.dispatch_dp_metrics("update_critic", batch)))

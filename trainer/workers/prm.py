@@ -1,0 +1,158 @@
+"""The PRIME implicit process reward model worker (one Ray actor per rank, DeepSpeed ZeRO inside).
+
+Holds a trainable causal LM ``pi_phi`` (the implicit PRM) and a frozen reference copy ``pi_ref``, both loaded
+from a model path (``reward_model.model.path`` / ``ref_path``; default: the actor's initial weights). Both run
+the packed, ``use_cache=False`` forward of :func:`trainer.forward.forward_log_probs` at temperature 1 (the PRM
+models the data, not the sampler).
+
+Methods called by the controller (``trainer/prime.py``) with ``dispatch_dp`` / ``dispatch_dp_metrics``:
+
+* ``compute_rm_scores(data)`` -> ``rm_scores`` (B, R) f32 = ``beta * (log pi_phi - log pi_ref)`` per token;
+* ``update_rm(data)`` -> one pass over mini-batches of ``reward_model.mini_batch_size`` prompts with the PRM
+  cross-entropy (:func:`rewards.prime.prm_ce_loss`); returns ``rm_scores`` from the training forward (PRIME's
+  ``update: after``, in the original row order even with dynamic micro-batches) and ``meta["metrics"]``;
+* ``save_checkpoint`` / ``load_checkpoint`` (a :class:`DeepSpeedCheckpointManager`, like the actor's).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+
+import torch
+
+from trainer.protocol import DataProto
+from trainer.workers.base import DistributedWorker
+from trainer.workers.batching import global_count, micro_batches, mini_batch_rows
+from trainer.workers.model_utils import ModelRole, forward_batch_log_probs, forward_micro
+
+logger = logging.getLogger(__name__)
+
+_MODEL_KEYS = ("tokenizer_path", "trust_remote_code", "use_remove_padding", "enable_gradient_checkpointing")
+_INPUTS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+
+
+class PRMWorker(DistributedWorker):
+    """Trainable implicit PRM + frozen reference; config under ``reward_model`` (see configs/algorithm/prime.yaml)."""
+
+    def init_model(self) -> dict:
+        import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
+
+        from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager
+
+        self.init_distributed()
+        cfg = self.config
+        self.rm_cfg = rm = cfg["reward_model"]
+        mc = rm["model"]
+        base = dict(cfg["actor_rollout_ref"]["model"])
+        base.update({k: mc[k] for k in _MODEL_KEYS if mc.get(k) is not None})
+        path = mc.get("path") or base["path"]
+        ref_path = mc.get("ref_path") or path
+        self.beta = float(mc["beta_train"])
+        if not self.beta > 0:
+            raise ValueError(f"reward_model.model.beta_train={self.beta}; expected > 0")
+        sp = int(rm.get("ulysses_sequence_parallel_size", 1))
+        optim = dict(mc["optim"])
+        minis = max(1, int(cfg["data"]["train_batch_size"]) // max(1, int(rm["mini_batch_size"])))
+        total = max(1, int(cfg["trainer"]["total_training_steps"]) * minis)  # optimizer steps of the run
+        self.prm = ModelRole.build(self, base, sp=sp, train=True, optim_cfg=optim,
+                                   grad_clip=float(optim.get("grad_clip", 10.0)),
+                                   total_steps=total, path_override=path)
+        self.prm_ref = ModelRole.build(self, base, sp=sp, train=False, path_override=ref_path)
+        self.ckpt = DeepSpeedCheckpointManager(self.prm.engine, tokenizer=self.prm.tokenizer,
+                                               hf_config=self.prm.hf_config, rank=self.rank,
+                                               world_size=self.world_size)
+        return {"num_params": sum(getattr(p, "ds_numel", p.numel()) for p in self.prm.engine.module.parameters()),
+                "path": path, "ref_path": ref_path}
+
+    # ---- helpers ----------------------------------------------------------------------------------------------
+    def _micro(self) -> tuple[int, bool, int]:
+        rm = self.rm_cfg
+        return (int(rm["micro_batch_size_per_gpu"]), bool(rm.get("use_dynamic_bsz", False)),
+                int(rm.get("max_token_len_per_gpu", 16384)))
+
+    # ---- scoring ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_rm_scores(self, data: DataProto) -> DataProto:
+        """``rm_scores`` (B, R) f32: ``beta * (log pi_phi - log pi_ref)`` at valid response tokens, 0 elsewhere."""
+        from rewards.prime import implicit_token_rewards
+
+        mbs, dyn, max_tok = self._micro()
+        lp, _ = forward_batch_log_probs(self.prm, data, mbs, 1.0, False, dyn, max_tok)
+        ref, _ = forward_batch_log_probs(self.prm_ref, data, mbs, 1.0, False, dyn, max_tok)
+        return DataProto.from_dict({"rm_scores": implicit_token_rewards(lp, ref, data["response_mask"].cpu(),
+                                                                        self.beta)})
+
+    # ---- update -----------------------------------------------------------------------------------------------
+    def update_rm(self, data: DataProto) -> DataProto:
+        """One pass of the PRM cross-entropy over this rank's rows (needs ``acc`` (B,) f32 in [0, 1]).
+
+        Every mini-batch of ``reward_model.mini_batch_size * rollout.n / dp`` rows is one optimizer step; the loss
+        of a micro-batch is ``sum of per-sequence BCE / (rows of the mini-batch over all DP ranks) * dp`` (DeepSpeed
+        averages gradients over DP ranks), so the step equals one backward over the mini-batch mean. A non-finite
+        loss skips the step on every rank (counted in ``reward_model/skipped_steps``).
+
+        Returns:
+            DataProto with ``rm_scores`` (B, R) f32 from the training forwards (original row order) and
+            ``meta["metrics"]``: ``{reward_model/ce_loss, reward_model/grad_norm, reward_model/lr, ...: [floats]}``.
+        """
+        from rewards.prime import implicit_token_rewards, prm_ce_loss
+
+        if "acc" not in data:
+            raise KeyError("update_rm needs the column 'acc' (batch,) float32 of verified accuracies")
+        role, engine = self.prm, self.prm.engine
+        mbs, dyn, max_tok = self._micro()
+        n = int(self.config["actor_rollout_ref"]["rollout"]["n"])
+        rows_per_mini = mini_batch_rows(int(self.rm_cfg["mini_batch_size"]), n, role.dp_size, len(data))
+        data = data.select(_INPUTS + ["acc"])
+        data["_row"] = torch.arange(len(data))
+        dev = role.device
+        metrics: dict[str, list[float]] = defaultdict(list)
+        scores, rows = [], []
+        skipped = 0
+        engine.train()
+        for mini in data.split(rows_per_mini):
+            n_seq = global_count(float(len(mini)), dev, role.dp_group)
+            finite = True
+            for mb in micro_batches(mini, mbs, dyn, max_tok * role.sp_size, role.dp_group):
+                mask = mb["response_mask"].to(dev)
+                with torch.no_grad():
+                    ref, _ = forward_micro(self.prm_ref, mb, 1.0, False)
+                lp, _ = forward_micro(role, mb, 1.0, False)
+                per_seq = prm_ce_loss(lp, ref, mask, mb["acc"].to(dev).float(), self.beta, reduction="none")
+                loss = per_seq.sum() / max(n_seq, 1.0) * role.dp_size
+                finite = finite and bool(torch.isfinite(loss.detach()))
+                engine.backward(loss, scale_wrt_gas=False)
+                scores.append(implicit_token_rewards(lp.detach(), ref, mask, self.beta).float().cpu())
+                rows.append(mb["_row"])
+                metrics["reward_model/ce_loss"].append(float(per_seq.detach().mean()))
+            finite = global_count(0.0 if finite else 1.0, dev) == 0.0
+            if finite:
+                engine.step()
+                gn = engine.get_global_grad_norm()
+                gn = float(gn) if gn is not None else float("nan")
+                skipped += 0 if math.isfinite(gn) else 1
+                metrics["reward_model/grad_norm"].append(gn)
+            else:
+                skipped += 1
+                engine.optimizer.zero_grad()
+                engine.zero_grad()
+            metrics["reward_model/lr"].append(float(engine.get_lr()[0]))
+        metrics["reward_model/skipped_steps"].append(float(skipped))
+        inv = torch.argsort(torch.cat(rows))
+        out = DataProto.from_dict({"rm_scores": torch.cat(scores)[inv]})
+        out.meta["metrics"] = dict(metrics)
+        return out
+
+    # ---- checkpoints ------------------------------------------------------------------------------------------
+    def save_checkpoint(self, role_dir: str) -> None:
+        self.ckpt.save(role_dir)
+
+    def load_checkpoint(self, role_dir: str) -> None:
+        self.ckpt.load(role_dir)
+
+    def export_hf(self, out_dir: str) -> None:
+        from trainer.checkpoint.hf_export import export_hf
+
+        export_hf(self.prm.engine, out_dir, tokenizer=self.prm.tokenizer, dtype=self.param_dtype(),
+                  zero_stage=int(self.config["deepspeed"]["zero_stage"]))

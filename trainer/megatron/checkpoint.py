@@ -1,0 +1,225 @@
+"""MegatronCheckpointManager: the ``trainer.checkpoint.CheckpointManager`` interface for megatron-core models.
+
+Folder written by :meth:`MegatronCheckpointManager.save` (``path`` = ``.../global_step_<N>/<role>``)::
+
+    <role>/
+        meta.pt                                    # rank 0: step, tp/pp/dp sizes, layer split (weights_only)
+        model/mp_rank_{tp:02d}_{pp:03d}/model.pt   # DP rank 0 of each (tp, pp): list of state_dicts, one per
+                                                   #   model chunk (stage-local layer names + layer_offset)
+        optim/optim_tp{tp}_pp{pp}_dp{dp}.pt        # every rank: optimizer.state_dict() (its own shard)
+        optim/param_state_tp{tp}_pp{pp}.pt         # Megatron DistributedOptimizer.save_parameter_state (if any)
+        extra/extra_tp{tp}_pp{pp}_dp{dp}.pt        # every rank: LR scheduler + RNG (python, numpy, torch CPU,
+                                                   #   CUDA, Megatron's tensor-parallel RNG tracker states)
+        huggingface/                               # rank 0: config.json, generation_config.json, tokenizer
+
+Per-rank file names avoid verl's #1046 (every rank wrote one RNG file). Resume needs the same tp/pp/dp
+sizes (checked). Atomicity as the DeepSpeed manager: everything goes to ``<role>.tmp``, renamed after a
+barrier; the trainer writes ``data.pt`` and the tracker after, and retention runs last (verl #4873).
+HF export of the weights: :meth:`export_hf` (TP/PP gathered through ``trainer.megatron.sync``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.base import CheckpointManager, atomic_torch_save, capture_rng_state, parse_step, restore_rng_state
+
+logger = logging.getLogger(__name__)
+HF_SUBDIR = "huggingface"
+
+
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def megatron_ranks() -> dict[str, int]:
+    """``{tp, pp, dp, tp_size, pp_size, dp_size, rank}`` from megatron's parallel state."""
+    from megatron.core import parallel_state as ps
+
+    return dict(tp=ps.get_tensor_model_parallel_rank(), pp=ps.get_pipeline_model_parallel_rank(),
+                dp=ps.get_data_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
+                pp_size=ps.get_pipeline_model_parallel_world_size(), dp_size=ps.get_data_parallel_world_size(),
+                rank=torch.distributed.get_rank() if torch.distributed.is_initialized() else 0)
+
+
+def _tracker_states() -> dict | None:
+    try:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+    except ImportError:
+        return None
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in get_cuda_rng_tracker().get_states().items()}
+
+
+def _set_tracker_states(states: dict | None) -> None:
+    if not states:
+        return
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    get_cuda_rng_tracker().set_states(dict(states))
+
+
+class MegatronCheckpointManager(CheckpointManager):
+    """Saves/restores megatron-core model chunks, optimizer, LR scheduler and per-rank RNG.
+
+    Args:
+        model: a module or a list of model chunks (virtual pipeline stages), unwrapped or DDP-wrapped.
+        optimizer: any object with ``state_dict``/``load_state_dict`` (a torch optimizer or Megatron's
+            ``DistributedOptimizer``, whose ``save_parameter_state``/``load_parameter_state`` are used too);
+            None skips it.
+        lr_scheduler: ``state_dict``/``load_state_dict`` object (Megatron's ``OptimizerParamScheduler`` or a
+            torch scheduler); None skips it.
+        ranks: ``{tp, pp, dp, tp_size, pp_size, dp_size, rank}``; default from megatron's parallel state.
+        layer_offset: first global layer index of this pipeline stage (stored with the model file).
+        hf_config, tokenizer: saved under ``huggingface/`` by rank 0 (None: skipped).
+    """
+
+    def __init__(self, model: Any, optimizer: Any = None, lr_scheduler: Any = None, ranks: dict | None = None,
+                 layer_offset: int = 0, hf_config: Any = None, tokenizer: Any = None):
+        self.chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.r = dict(ranks) if ranks is not None else megatron_ranks()
+        for k in ("tp", "pp", "dp", "tp_size", "pp_size", "dp_size", "rank"):
+            if k not in self.r:
+                raise ValueError(f"ranks lacks {k!r}; got {sorted(self.r)}")
+        self.layer_offset, self.hf_config, self.tokenizer = int(layer_offset), hf_config, tokenizer
+
+    # ------------------------------------------------------------------------------------------ file names
+    def _model_file(self, root: str) -> str:
+        return os.path.join(root, "model", f"mp_rank_{self.r['tp']:02d}_{self.r['pp']:03d}", "model.pt")
+
+    def _suffix(self, with_dp: bool = True) -> str:
+        s = f"tp{self.r['tp']}_pp{self.r['pp']}"
+        return s + (f"_dp{self.r['dp']}" if with_dp else "")
+
+    def _sizes(self) -> dict:
+        return {k: int(self.r[k]) for k in ("tp_size", "pp_size", "dp_size")}
+
+    # ------------------------------------------------------------------------------------------------ save
+    def save(self, path: str, step: int | None = None) -> None:
+        """Save into ``path`` atomically (every rank of the role calls it; also accepts ``save(step, path)``).
+
+        Raises: ValueError when no step is given and ``path`` has no ``global_step_<N>``.
+        """
+        if isinstance(path, int) and isinstance(step, str):
+            path, step = step, path
+        path = os.path.abspath(path)
+        step = parse_step(path) if step is None else int(step)
+        tmp = path + ".tmp"
+        if self.r["rank"] == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        _barrier()
+        if self.r["dp"] == 0:
+            sds = [{k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                    for k, v in _unwrap(c).state_dict().items() if not k.endswith("_extra_state")}
+                   for c in self.chunks]
+            atomic_torch_save({"chunks": sds, "layer_offset": self.layer_offset}, self._model_file(tmp))
+        if self.optimizer is not None:
+            atomic_torch_save(self.optimizer.state_dict(), os.path.join(tmp, "optim", f"optim_{self._suffix()}.pt"))
+            if hasattr(self.optimizer, "save_parameter_state"):  # Megatron DistributedOptimizer (collective)
+                self.optimizer.save_parameter_state(
+                    os.path.join(tmp, "optim", f"param_state_{self._suffix(with_dp=False)}.pt"))
+        extra = {"lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+                 "rng": capture_rng_state(), "rng_tracker": _tracker_states()}
+        atomic_torch_save(extra, os.path.join(tmp, "extra", f"extra_{self._suffix()}.pt"))
+        if self.r["rank"] == 0:
+            atomic_torch_save({"global_step": step, **self._sizes()}, os.path.join(tmp, "meta.pt"))
+            if self.hf_config is not None or self.tokenizer is not None:
+                from trainer.checkpoint.deepspeed_manager import save_hf_metadata
+
+                save_hf_metadata(os.path.join(tmp, HF_SUBDIR), self.hf_config, self.tokenizer)
+        _barrier()
+        if self.r["rank"] == 0:
+            old = path + ".old"
+            shutil.rmtree(old, ignore_errors=True)
+            if os.path.exists(path):
+                os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        _barrier()
+        logger.info("saved Megatron checkpoint (step %d) to %s", step, path)
+
+    # ------------------------------------------------------------------------------------------------ load
+    def load(self, path: str, load_optimizer: bool = True, load_lr_scheduler: bool = True,
+             load_rng: bool = True) -> dict:
+        """Restore model chunks, optimizer, LR scheduler and RNG (incl. the TP RNG tracker) from ``path``.
+
+        Returns: ``{"global_step", "tp_size", "pp_size", "dp_size"}`` as saved.
+        Raises:
+            FileNotFoundError: ``path``, ``meta.pt`` or one of this rank's files is missing (names it).
+            ValueError: saved with other tp/pp/dp sizes, or another number of model chunks.
+        """
+        path = os.path.abspath(path)
+        meta_file = os.path.join(path, "meta.pt")
+        if not os.path.isfile(meta_file):
+            raise FileNotFoundError(f"{meta_file!r} is missing: {path!r} is not a complete Megatron checkpoint")
+        meta = torch.load(meta_file, map_location="cpu", weights_only=True)
+        saved = {k: meta[k] for k in ("tp_size", "pp_size", "dp_size")}
+        if saved != self._sizes():
+            raise ValueError(f"checkpoint {path!r} was saved with {saved} but this run has {self._sizes()}; "
+                             f"resume with the same parallel sizes or convert through the HF export")
+        blob = torch.load(_need(self._model_file(path)), map_location="cpu", weights_only=True)
+        if len(blob["chunks"]) != len(self.chunks):
+            raise ValueError(f"checkpoint has {len(blob['chunks'])} model chunks, the model has {len(self.chunks)}")
+        for c, sd in zip(self.chunks, blob["chunks"]):
+            res = _unwrap(c).load_state_dict(sd, strict=False)
+            bad = [k for k in res.missing_keys if not k.endswith("_extra_state")] + list(res.unexpected_keys)
+            if bad:
+                raise RuntimeError(f"model state mismatch loading {path!r}: {bad}")
+        if load_optimizer and self.optimizer is not None:
+            self.optimizer.load_state_dict(torch.load(_need(os.path.join(path, "optim", f"optim_{self._suffix()}.pt")),
+                                                      map_location="cpu", weights_only=False))
+            if hasattr(self.optimizer, "load_parameter_state"):
+                self.optimizer.load_parameter_state(
+                    _need(os.path.join(path, "optim", f"param_state_{self._suffix(with_dp=False)}.pt")))
+        extra = torch.load(_need(os.path.join(path, "extra", f"extra_{self._suffix()}.pt")), map_location="cpu",
+                           weights_only=False)
+        if load_lr_scheduler and self.lr_scheduler is not None:
+            if extra["lr_scheduler"] is None:
+                raise KeyError(f"checkpoint {path!r} has no LR scheduler state")
+            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        if load_rng:
+            restore_rng_state(extra["rng"])
+            _set_tracker_states(extra.get("rng_tracker"))
+        _barrier()
+        return dict(meta)
+
+    # ------------------------------------------------------------------------------------------- HF export
+    def export_hf(self, out_dir: str, shape, dtype: torch.dtype | None = None) -> None:
+        """Write ``model.safetensors`` + config + tokenizer loadable by ``from_pretrained`` (rank 0 writes;
+        every rank must call: TP/PP shards are gathered). Single model chunk only.
+
+        Raises: NotImplementedError with virtual pipeline chunks; ValueError without ``hf_config``.
+        """
+        from safetensors.torch import save_file
+
+        from trainer.megatron.sync import iter_hf_weights
+
+        if len(self.chunks) != 1:
+            raise NotImplementedError("HF export of virtual-pipeline models (several chunks) is not implemented")
+        if self.hf_config is None:
+            raise ValueError("export_hf needs hf_config")
+        tensors = {n: t.to(dtype or t.dtype).cpu().contiguous() for n, t in iter_hf_weights(_unwrap(self.chunks[0]), shape)}
+        if self.r["rank"] == 0:
+            from trainer.checkpoint.deepspeed_manager import save_hf_metadata
+
+            save_hf_metadata(out_dir, self.hf_config, self.tokenizer, dtype)
+            save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+        _barrier()
+
+
+def _unwrap(module: Any) -> torch.nn.Module:
+    while hasattr(module, "module") and isinstance(module.module, torch.nn.Module):
+        module = module.module
+    return module
+
+
+def _need(path: str) -> str:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint file {path!r} is missing")
+    return path

@@ -31,7 +31,8 @@ setup(
     ],
     extras_require={
         "vllm": ["vllm>=0.8.5"],
-        "megatron": ["megatron-core==0.19.*"],
+        # megatron-core 0.17+ needs Python >= 3.12; 0.16 is the newest that installs on 3.11
+        "megatron": ["megatron-core>=0.16,<0.20"],
         "test": ["pytest", "hypothesis"],
     },
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 
@@ -37,6 +38,109 @@ def check_renamed(overrides: list[str]) -> None:
         for old, new in RENAMED_KEYS.items():
             if key == old or key.startswith(old + "."):
                 raise ConfigError(f"config key {key!r} was renamed: use {new!r}")
+
+
+def check_overrides(overrides: list[str], config_dir: str | None = None,
+                    config_name: str = "ppo_trainer") -> None:
+    """Renamed keys, unknown keys and unknown group options in the command-line overrides, before Hydra runs.
+
+    Composes the overrides with ``hydra.compose`` (as ``trainer/main.py`` will); Hydra's multi-line
+    composition error becomes one :class:`ConfigError` line naming the key or option. Arguments that are not
+    ``key=value`` overrides (``--cfg job``, ``-m``) and ``hydra.*`` keys are left to Hydra.
+
+    Raises:
+        ConfigError: a renamed key (naming the new one), an unknown key, or a group option that does not exist.
+    """
+    check_renamed(overrides)
+    plain = [o for o in overrides if "=" in o and not o.startswith("-") and not o.lstrip("+~").startswith("hydra.")]
+    if not plain:
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+            compose(config_name=config_name, overrides=plain)
+    except HydraException as exc:
+        text = " ".join(str(exc).split()).split(" Config search path:")[0]
+        key = _offending_key(text, plain)
+        if key and text.startswith("Could not override"):
+            raise ConfigError(f"unknown config key {key!r}: it is not in configs/{config_name}.yaml or its groups "
+                              f"(check the spelling; '+{key}=...' adds a new key)") from None
+        where = f" (override {key!r})" if key else ""
+        raise ConfigError(f"{text}{where}") from None
+
+
+def _offending_key(text: str, overrides: list[str]) -> str | None:
+    for ov in overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        if f"'{key}'" in text or key in text.split():
+            return key
+    return None
+
+
+def _model_config_dict(cfg: dict, path: str | None) -> dict:
+    """The HF config of a model folder (read as JSON, no import), or the embedded tiny model's sizes."""
+    if path is None:
+        return dict(cfg["actor_rollout_ref"]["model"].get("tiny") or {})
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _as_list(files) -> list[str]:
+    return [files] if isinstance(files, str) else list(files or [])
+
+
+def preflight(cfg: dict) -> None:
+    """Fast checks of paths and model limits before anything heavy is imported or any worker starts.
+
+    Model folders must hold ``config.json``; data files must exist; the Ulysses size must divide the model's
+    attention heads (``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads == 0``, case P01); prompt +
+    response must fit ``max_position_embeddings``.
+
+    Raises:
+        ConfigError: naming the key and the bad value.
+    """
+    arr = cfg["actor_rollout_ref"]
+    paths = [("actor_rollout_ref.model.path", arr["model"].get("path"))]
+    if cfg["critic"].get("enable"):
+        paths.append(("critic.model.path", cfg["critic"]["model"].get("path")))
+    for key, path in paths:
+        if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+            what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
+            raise ConfigError(f"{key}={path!r} {what}")
+    for key in ("train_files", "val_files"):
+        for f in _as_list(cfg["data"].get(key)):
+            if not os.path.isfile(f):
+                raise ConfigError(f"data.{key}: file {f!r} does not exist (expected a .parquet or .jsonl file)")
+    hf = _model_config_dict(cfg, arr["model"].get("path"))
+    heads = hf.get("num_attention_heads")
+    kv = hf.get("num_key_value_heads") or heads
+    for key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                     arr["actor"]["ulysses_sequence_parallel_size"]),
+                    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"]),
+                    ("critic.ulysses_sequence_parallel_size", cfg["critic"]["ulysses_sequence_parallel_size"])):
+        sp = int(sp)
+        if sp > 1 and heads and (heads % sp or (kv % sp and sp % kv)):
+            raise ConfigError(f"{key}={sp} does not fit the model's heads (num_attention_heads={heads}, "
+                              f"num_key_value_heads={kv}): need heads % sp == 0 and (kv_heads % sp == 0 or "
+                              "sp % kv_heads == 0)")
+    ctx = hf.get("max_position_embeddings")
+    need = int(cfg["data"]["max_prompt_length"]) + int(cfg["data"]["max_response_length"])
+    if ctx is not None and need > int(ctx):
+        raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
+                          f"max_position_embeddings={ctx}")
+
+
+def _finite(key: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r}; expected a number") from None
+    if not math.isfinite(v):
+        raise ConfigError(f"{key}={value!r}; expected a finite number")
+    return v
 
 
 def validate(cfg: dict) -> None:
@@ -71,9 +175,25 @@ def validate(cfg: dict) -> None:
     micro = int(actor["ppo_micro_batch_size_per_gpu"])
     if micro <= 0:
         raise ConfigError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}; expected >= 1")
-    if not actor.get("use_dynamic_bsz") and (mini * n // dp) % micro:
+    # a micro-batch larger than the rank's mini-batch is clamped to it (one micro-batch); smaller must divide it
+    if not actor.get("use_dynamic_bsz") and micro < mini * n // dp and (mini * n // dp) % micro:
         raise ConfigError(f"a mini-batch holds {mini * n // dp} rows per data-parallel rank, not divisible by "
                           f"actor.ppo_micro_batch_size_per_gpu={micro}")
+    for sp_key, sp_val in (("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"]),
+                           ("critic.ulysses_sequence_parallel_size", cfg["critic"]["ulysses_sequence_parallel_size"])):
+        if int(sp_val) < 1 or world % int(sp_val):
+            raise ConfigError(f"{sp_key}={sp_val} must divide the {world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
+    for key, section in (("actor_rollout_ref.actor", actor), ("critic", cfg["critic"])):
+        for name in ("grad_clip", "entropy_coeff", "kl_loss_coef"):
+            if name in section:
+                _finite(f"{key}.{name}", section[name])
+        if float(_finite(f"{key}.optim.lr", section["optim"]["lr"])) < 0:
+            raise ConfigError(f"{key}.optim.lr={section['optim']['lr']}; expected >= 0")
+    max_skip = int(t.get("max_consecutive_skipped_steps", 5))
+    if max_skip < 1:
+        raise ConfigError(f"trainer.max_consecutive_skipped_steps={max_skip}; expected >= 1")
+    if int(t["total_training_steps"]) < 1:
+        raise ConfigError(f"trainer.total_training_steps={t['total_training_steps']}; expected >= 1")
     if float(actor["clip_ratio_c"]) <= 1.0:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={actor['clip_ratio_c']}; expected > 1")
     from trainer import core_algos
@@ -129,17 +249,26 @@ def prepare_embedded(cfg: dict) -> None:
             data["val_files"] = val
 
 
+def resolve_config(hydra_cfg: DictConfig) -> dict:
+    """The composed config as a plain dict with derived defaults filled in: ``critic.enable`` (on exactly for
+    GAE when null) and each ``optim.total_training_steps`` (from ``trainer.total_training_steps`` when -1)."""
+    cfg = OmegaConf.to_container(hydra_cfg, resolve=True)
+    if cfg["critic"].get("enable") is None:
+        cfg["critic"]["enable"] = cfg["algorithm"]["adv_estimator"] == "gae"
+    for optim in (cfg["actor_rollout_ref"]["actor"]["optim"], cfg["critic"]["optim"]):
+        if int(optim.get("total_training_steps", -1)) < 0:
+            optim["total_training_steps"] = int(cfg["trainer"]["total_training_steps"])
+    return cfg
+
+
 def run(hydra_cfg: DictConfig) -> dict:
     """Check the config, prepare data and model, start the workers and train. Returns the last metrics."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "datasets", "filelock", "urllib3", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    cfg = OmegaConf.to_container(hydra_cfg, resolve=True)
-    if cfg["critic"].get("enable") is None:
-        cfg["critic"]["enable"] = cfg["algorithm"]["adv_estimator"] == "gae"
-    if int(cfg["actor_rollout_ref"]["actor"]["optim"].get("total_training_steps", -1)) < 0:
-        cfg["actor_rollout_ref"]["actor"]["optim"]["total_training_steps"] = int(cfg["trainer"]["total_training_steps"])
+    cfg = resolve_config(hydra_cfg)
     validate(cfg)
+    preflight(cfg)
     prepare_embedded(cfg)
     from transformers import AutoConfig, AutoTokenizer
 

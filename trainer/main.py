@@ -59,10 +59,10 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from trainer.launch import ConfigError, check_renamed
+    from trainer.launch import ConfigError, check_overrides
 
     try:
-        check_renamed(sys.argv[1:])
+        check_overrides(sys.argv[1:])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -115,6 +115,8 @@ class WorkerGroup:
             if rank == 0:
                 addr, port = self._get([w.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
             self.workers.append(w)
+        self.pids = self._get([w.getpid.remote() for w in self.workers], "getpid", list(range(world_size)))
+        logger.info("%s workers: %s", role, ", ".join(f"rank {r} pid {p}" for r, p in enumerate(self.pids)))
 
     # ---- calls --------------------------------------------------------------------------------------------
     def _get(self, futures: list, method: str, ranks: list[int], timeout_s: float | None = None) -> list:

@@ -275,6 +275,7 @@ class RayPPOTrainer:
                 with _timer("step", timing):
                     batch, epoch = self.loader.next_batch()
                     metrics = self.train_step(batch, timing)
+                    self._check_skipped(metrics)
                     is_last = self.global_step == total
                     if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
                         with _timer("save_checkpoint", timing):
@@ -303,6 +304,24 @@ class RayPPOTrainer:
             tracker.close()
         return last
 
+    def _check_skipped(self, metrics: dict) -> None:
+        """Stop the run when a role's optimizer steps were skipped (non-finite loss or gradient) too many times in
+        a row: ``<role>/consecutive_skipped_steps`` (max over ranks) >= ``trainer.max_consecutive_skipped_steps``.
+
+        Raises:
+            TrainingDiverged: naming the role, the streak and the last checkpoint (which stays intact).
+        """
+        limit = int(self.cfg["trainer"].get("max_consecutive_skipped_steps", 5))
+        for role in ("actor", "critic"):
+            streak = metrics.get(f"{role}/consecutive_skipped_steps", 0.0)
+            if streak >= limit:
+                from trainer.checkpoint.base import find_latest_checkpoint
+
+                raise TrainingDiverged(
+                    f"{role}: {int(streak)} optimizer steps in a row had a non-finite loss or gradient norm and were "
+                    f"skipped (trainer.max_consecutive_skipped_steps={limit}); stopping at step {self.global_step}. "
+                    f"Last checkpoint: {find_latest_checkpoint(self._ckpt_root())}")
+
     def _on_sigterm(self, signum, frame) -> None:
         if os.getpid() != self._driver_pid:
             # a process forked from the driver (e.g. a reward-scoring worker) inherits this handler: it must die
@@ -311,6 +330,10 @@ class RayPPOTrainer:
             return
         logger.warning("SIGTERM received: the run stops after the current step")
         self._stop_requested = True
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many optimizer steps in a row were skipped because of a non-finite loss or gradient."""
 
 
 def _extra_info_means(info: dict) -> dict:

@@ -12,8 +12,8 @@ import time
 import torch
 
 from trainer.protocol import DataProto
-from trainer.workers.base import DistributedWorker
-from trainer.workers.model_utils import ModelRole, forward_batch_log_probs, sp_config_of
+from trainer.workers.base import DistributedWorker, scheduler_total_steps
+from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class ActorRolloutRefWorker(DistributedWorker):
         self.actor_cfg, self.rollout_cfg = arr["actor"], arr["rollout"]
         algo = cfg["algorithm"]
         self.need_ref = bool(self.actor_cfg["use_kl_loss"] or algo["use_kl_in_reward"])
-        total = int(cfg["trainer"]["total_training_steps"]) * int(self.actor_cfg["ppo_epochs"])
+        total = scheduler_total_steps(cfg, self.actor_cfg)
         self.actor = ModelRole.build(self, arr["model"], sp=int(self.actor_cfg["ulysses_sequence_parallel_size"]),
                                      train=True, optim_cfg=self.actor_cfg["optim"],
                                      grad_clip=float(self.actor_cfg["grad_clip"]), total_steps=total)

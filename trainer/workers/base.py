@@ -62,6 +62,10 @@ class DistributedWorker:
     def ping(self) -> int:
         return self.rank
 
+    def getpid(self) -> int:
+        """This worker's process id (logged by the driver, so that a stuck or dead rank can be found)."""
+        return os.getpid()
+
     # ---- distributed -------------------------------------------------------------------------------------
     def init_distributed(self) -> None:
         if self._dist_ready:
@@ -153,6 +157,22 @@ class DistributedWorker:
         name = "constant_with_warmup" if name == "constant" else name
         sched = get_scheduler(name, optimizer=opt, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1))
         return opt, sched
+
+
+def scheduler_total_steps(config: dict, role_cfg: dict) -> int:
+    """Optimizer steps of a whole run for the LR schedule of one trained role (actor or critic).
+
+    ``role_cfg['optim']['total_training_steps']`` (filled from ``trainer.total_training_steps`` when -1) counts
+    TRAINING steps; DeepSpeed steps the scheduler once per optimizer step, and one training step makes
+    ``ppo_epochs * train_batch_size / ppo_mini_batch_size`` of them. Setting the key explicitly lets a run
+    stopped early (``trainer.total_training_steps`` smaller) keep the schedule of the full run, so that
+    resuming it is exact.
+    """
+    steps = int(role_cfg["optim"].get("total_training_steps", -1))
+    if steps < 0:
+        steps = int(config["trainer"]["total_training_steps"])
+    minis = max(1, int(config["data"]["train_batch_size"]) // max(1, int(role_cfg["ppo_mini_batch_size"])))
+    return max(1, steps * int(role_cfg["ppo_epochs"]) * minis)
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from trainer.protocol import DataProto
-from trainer.workers.base import DistributedWorker
+from trainer.workers.base import DistributedWorker, scheduler_total_steps
 from trainer.workers.batching import micro_batches
 from trainer.workers.model_utils import ModelRole
 
@@ -29,7 +29,7 @@ class CriticWorker(DistributedWorker):
         cfg = self.config
         self.critic_cfg = cfg["critic"]
         model_cfg = dict(cfg["actor_rollout_ref"]["model"])
-        total = int(cfg["trainer"]["total_training_steps"]) * int(self.critic_cfg["ppo_epochs"])
+        total = scheduler_total_steps(cfg, self.critic_cfg)
         self.critic = ModelRole.build(self, model_cfg, sp=int(self.critic_cfg["ulysses_sequence_parallel_size"]),
                                       train=True, optim_cfg=self.critic_cfg["optim"],
                                       grad_clip=float(self.critic_cfg["grad_clip"]), total_steps=total,

@@ -84,9 +84,39 @@ class ModelRole:
             engine, *_ = deepspeed.initialize(model=model, config=ds_cfg)
             engine.eval()
         del keep
+        use_weights_only_loads(engine)
         return cls(engine=engine, tokenizer=tok, hf_config=hf_config, model_path=path, sp=sp_obj, sp_size=sp,
                    dp_group=dp_group, dp_size=dp_size, dp_rank=dp_rank, use_remove_padding=use_rmpad,
                    device=worker.device, value_head=value_head)
+
+
+def deepspeed_safe_globals() -> list:
+    """The DeepSpeed classes that its checkpoint files pickle (ZeRO stage enum, fragment addresses, loss
+    scalers); allow-listed so that ``torch.load(weights_only=True)`` can read DeepSpeed checkpoints."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, fragment_address, LossScaler, DynamicLossScaler]
+
+
+def use_weights_only_loads(engine) -> None:
+    """Make ``engine.load_checkpoint`` read every file with ``torch.load(weights_only=True)``.
+
+    DeepSpeed 0.19's ``TorchCheckpointEngine.load`` passes ``weights_only=False`` (arbitrary code can run from a
+    tampered checkpoint); this replaces that one method on the engine's own checkpoint engine. A file holding
+    any other Python object fails to load with torch's error naming the object, instead of executing it.
+    """
+    ce = getattr(engine, "checkpoint_engine", None)
+    if ce is None or type(ce).__name__ != "TorchCheckpointEngine":
+        return
+    allowed = deepspeed_safe_globals()
+
+    def load(path: str, map_location=None):
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+    ce.load = load
 
 
 def make_sp_groups(world_size: int, sp: int, rank: int, hf_config) -> tuple[Any, Any, int, int]:
@@ -107,10 +137,6 @@ def make_sp_groups(world_size: int, sp: int, rank: int, hf_config) -> tuple[Any,
                             getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads, sp)
     mesh = build_dp_sp_groups(world_size, sp, rank)
     return mesh.sp, mesh.dp_group, mesh.dp_size, mesh.dp_rank
-
-
-def sp_config_of(role: ModelRole) -> dict:
-    return {"sp_size": role.sp_size, "dp_size": role.dp_size}
 
 
 def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_entropy: bool):

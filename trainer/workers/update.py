@@ -71,15 +71,19 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                 engine.step()
                 gn = engine.get_global_grad_norm()
                 gn = float(gn) if gn is not None else float("nan")
-                if not math.isfinite(gn):
-                    skipped += 1
+                ok = math.isfinite(gn)
                 metrics[f"{kind}/grad_norm"].append(gn)
             else:
-                skipped += 1
+                ok = False
                 engine.optimizer.zero_grad()
                 engine.zero_grad()
+            skipped += 0 if ok else 1
+            # the streak survives across training steps (kept on the role); the trainer stops the run when it
+            # reaches trainer.max_consecutive_skipped_steps
+            role.consecutive_skipped = 0 if ok else getattr(role, "consecutive_skipped", 0) + 1
             metrics[f"{kind}/lr"].append(float(engine.get_lr()[0]))
     metrics[f"{kind}/skipped_steps"].append(float(skipped))
+    metrics[f"{kind}/consecutive_skipped_steps"].append(float(getattr(role, "consecutive_skipped", 0)))
     return dict(metrics)
 
 

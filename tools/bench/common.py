@@ -22,7 +22,8 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 __all__ = ["MODEL_CONFIGS", "hf_config", "build_model", "packed_batch", "sync", "Timer", "peak_memory_gib",
-           "reset_peak_memory", "run_meta", "actor_micro_step", "write_json", "print_table", "pick_device", "ROOT"]
+           "reset_peak_memory", "run_meta", "actor_micro_step", "apply_tiny", "write_json", "print_table",
+           "pick_device", "ROOT"]
 
 # Architectures of the real models, random weights (hidden, layers, heads, kv heads, intermediate, vocab).
 MODEL_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -121,6 +122,13 @@ def actor_micro_step(model, batch: dict, sp=None, backward: bool = True, tempera
     if backward:
         (backward_fn or torch.Tensor.backward)(loss)
     return loss.detach()
+
+
+def apply_tiny(args, parser, **values) -> None:
+    """Set the ``--tiny`` sizes on ``args``, except options the user gave explicitly (value != parser default)."""
+    for k, v in values.items():
+        if getattr(args, k) == parser.get_default(k):
+            setattr(args, k, v)
 
 
 def pick_device(requested: str | None = None) -> torch.device:

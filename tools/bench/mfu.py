@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import torch  # noqa: E402
 
-from tools.bench.common import (Timer, actor_micro_step, build_model, packed_batch, peak_memory_gib,  # noqa: E402
-                                pick_device, print_table, reset_peak_memory, run_meta, write_json)
+from tools.bench.common import (Timer, actor_micro_step, apply_tiny, build_model, packed_batch,  # noqa: E402
+                                peak_memory_gib, pick_device, print_table, reset_peak_memory, run_meta, write_json)
 
 H200_BF16_DENSE = 989e12
 
@@ -137,9 +137,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="bench_mfu.json")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.models, args.tokens, args.seq_len, args.response_len = "tiny", 256, 64, 32
-        args.iters, args.warmup, args.accum = 4, 1, 2
-        args.device = args.device or "cpu"
+        apply_tiny(args, ap, models="tiny", tokens=256, seq_len=64, response_len=32, iters=4, warmup=1, accum=2,
+                   device="cpu")
     device = pick_device(args.device)
     rows = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import torch  # noqa: E402
 
-from tools.bench.common import (actor_micro_step, build_model, packed_batch, pick_device, print_table,  # noqa: E402
-                                run_meta, write_json)
+from tools.bench.common import (actor_micro_step, apply_tiny, build_model, packed_batch, pick_device,  # noqa: E402
+                                print_table, run_meta, write_json)
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 
@@ -147,7 +147,8 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
     self_attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     tot_attr = "device_time_total" if device.type == "cuda" else "cpu_time_total"
     ev.sort(key=lambda e: getattr(e, self_attr, 0.0), reverse=True)
-    top = [dict(name=e.key, self_time_ms=getattr(e, self_attr, 0.0) / 1e3, total_time_ms=getattr(e, tot_attr, 0.0) / 1e3,
+    top = [dict(name=e.key, self_time_ms=getattr(e, self_attr, 0.0) / 1e3,
+                total_time_ms=getattr(e, tot_attr, 0.0) / 1e3,
                 calls=e.count) for e in ev[:row_limit]]
     return dict(model=model_name, device=str(device), dtype=str(dtype), seconds=t.s, tokens=tokens * micro_batches,
                 tokens_per_s=tokens * micro_batches / t.s, micro_batches=micro_batches, top_ops=top, table=table,
@@ -183,8 +184,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="bench_step_profile.json", help="JSON output path")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.model, args.tokens, args.seq_len, args.response_len, args.micro_batches = "tiny", 256, 64, 32, 2
-        args.profile = True
+        apply_tiny(args, ap, model="tiny", tokens=256, seq_len=64, response_len=32, micro_batches=2, profile=True)
         if not args.metrics:
             args.metrics = _tiny_metrics(os.path.splitext(os.path.abspath(args.out))[0] + ".tiny_metrics.jsonl")
     if not args.metrics and not args.profile:

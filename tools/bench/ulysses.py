@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from tools.bench.common import (actor_micro_step, build_model, hf_config, packed_batch, print_table,  # noqa: E402
-                                run_meta, write_json)
+from tools.bench.common import (actor_micro_step, apply_tiny, build_model, hf_config, packed_batch,  # noqa: E402
+                                print_table, run_meta, write_json)
 
 
 # ----------------------------------------------------------------------------------------------- worker side
@@ -274,9 +274,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="bench_ulysses.json")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.models, args.tokens, args.iters, args.warmup = "tiny", "256,512", 2, 1
-        args.search_start, args.search_max, args.equiv_tokens = 512, 1024, 256
-        args.device = args.device or "cpu"
+        apply_tiny(args, ap, models="tiny", tokens="256,512", iters=2, warmup=1, search_start=512, search_max=1024,
+                   equiv_tokens=256, device="cpu")
     device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     res = run_benchmark([m.strip() for m in args.models.split(",") if m.strip()],
                         [int(s) for s in args.sp_sizes.split(",")], [int(t) for t in args.tokens.split(",")],

@@ -82,7 +82,8 @@ def run_trl(job: dict) -> dict:
     rows = job["batch"] * job["n"]
     ga = rows // job["micro"]
     cfg = GRPOConfig(output_dir=job["out_dir"], max_steps=job["steps"], per_device_train_batch_size=job["micro"],
-                     gradient_accumulation_steps=ga, num_generations=job["n"], max_completion_length=job["response_len"],
+                     gradient_accumulation_steps=ga, num_generations=job["n"],
+                     max_completion_length=job["response_len"],
                      learning_rate=job["lr"], lr_scheduler_type="constant", warmup_steps=0, temperature=1.0,
                      top_p=1.0, top_k=0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
                      bf16=cuda, use_cpu=not cuda, report_to="none", save_strategy="no", logging_steps=1,
@@ -209,9 +210,12 @@ def main(argv=None) -> dict:
     work = os.path.abspath(args.work_dir or os.path.splitext(os.path.abspath(args.out))[0] + "_work")
     os.makedirs(work, exist_ok=True)
     if args.tiny:
-        args.model, args.data = tiny_assets(work)
-        args.batch, args.n, args.micro, args.response_len, args.max_prompt_len = 4, 4, 8, 4, 16
-        args.steps, args.lr, device = 3, 1e-3, args.device or "cpu"
+        from tools.bench.common import apply_tiny
+
+        model, data = tiny_assets(work)
+        apply_tiny(args, ap, model=model, data=data, batch=4, n=4, micro=8, response_len=4, max_prompt_len=16,
+                   steps=3, lr=1e-3)
+        device = args.device or "cpu"
     for name, p in (("--model", os.path.join(args.model, "config.json")), ("--data", args.data)):
         if not os.path.exists(p):
             raise SystemExit(f"error: {name}: {p} not found")

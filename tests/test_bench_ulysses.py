@@ -1,0 +1,56 @@
+"""tools/bench/ulysses.py on CPU (gloo): SP=2 pool, equivalence to SP=1, skipped head counts, failure handling."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tools.bench import ulysses
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_sp2_tiny_json(tmp_path):
+    out = tmp_path / "u.json"
+    ulysses.main(["--tiny", "--models", "tiny,smollm2-135m", "--sp-sizes", "2", "--tokens", "256", "--no-search",
+                  "--out", str(out)])
+    doc = json.loads(out.read_text())
+    rows = {r["model"]: r for r in doc["throughput"]}
+    assert rows["tiny"]["status"] == "ok" and rows["tiny"]["sp"] == 2 and rows["tiny"]["tokens"] == 256
+    assert rows["tiny"]["tokens_per_s_per_gpu"] == pytest.approx(256 * 2 / rows["tiny"]["seconds"] / 2)
+    # SmolLM2 has 9 attention heads: SP=2 cannot split them
+    assert rows["smollm2-135m"]["status"].startswith("skipped") and "(9)" in rows["smollm2-135m"]["status"]
+    [eq] = doc["equivalence"]
+    assert eq["model"] == "tiny" and eq["dtype"] == "torch.float32" and eq["tokens"] == 256
+    assert 0.0 <= eq["max_abs_diff"] < 1e-4
+    assert doc["search"] == []
+
+
+def test_failed_trial_closes_pool():
+    pool = ulysses.Pool(1, "cpu", timeout_s=120)
+    res = pool.run(dict(kind="train", model="no-such-model", tokens=64, iters=1, warmup=0,
+                        gradient_checkpointing=False))
+    assert "unknown model config 'no-such-model'" in res["error"] and res["oom"] is False
+    assert not pool.alive and all(not p.is_alive() for p in pool.procs)
+
+
+def test_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as e:
+        ulysses.main(["--help"])
+    assert e.value.code == 0 and "--search-max" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_full_tiny_run(tmp_path):
+    out = tmp_path / "u.json"
+    proc = subprocess.run([sys.executable, "tools/bench/ulysses.py", "--tiny", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert [(r["sp"], r["tokens"], r["status"]) for r in doc["throughput"]] == [
+        (1, 256, "ok"), (1, 512, "ok"), (2, 256, "ok"), (2, 512, "ok")]
+    # CPU never runs out of memory at this size: the doubling stops at --search-max (1024)
+    assert [(r["sp"], r["longest_tokens"], r["stopped_by"]) for r in doc["search"]] == [(1, 1024, "cap"),
+                                                                                       (2, 1024, "cap")]
+    assert doc["equivalence"][0]["max_abs_diff"] < 1e-4

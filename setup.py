@@ -34,5 +34,6 @@ setup(
         # megatron-core 0.17+ needs Python >= 3.12; 0.16 is the newest that installs on 3.11
         "megatron": ["megatron-core>=0.16,<0.20"],
         "test": ["pytest", "hypothesis"],
+        "bench": ["trl"],
     },
 )

@@ -98,7 +98,8 @@ def _resolve_sp(model, sp: UlyssesGroup | None, use_remove_padding: bool) -> Uly
     if sp.size > 1:
         if not use_remove_padding:
             raise ValueError("ulysses sequence parallelism (sp > 1) needs use_remove_padding=True")
-        impl = getattr(model.config, "_attn_implementation", None)
+        inner = getattr(model, "module", model)  # a DeepSpeed engine's own .config is DeepSpeed's, not the model's
+        impl = getattr(inner.config, "_attn_implementation", None)
         if impl != ULYSSES_ATTN_IMPL:
             raise ValueError(f"sp={sp.size} needs a model patched by patches.ulysses.apply_ulysses_patch "
                              f"(attn implementation {ULYSSES_ATTN_IMPL!r}), got {impl!r}")

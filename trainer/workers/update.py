@@ -60,10 +60,12 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                     loss, m = _actor_loss(role, mb, cfg, temperature, agg_mode, agg)
                 else:
                     loss, m = _critic_loss(role, mb, cfg, agg_mode, agg)
-                # a non-finite loss still runs backward (every rank must join the same collectives);
-                # the optimizer step of this mini-batch is then skipped on all ranks and counted
-                finite = finite and bool(torch.isfinite(loss.detach()).all())
-                engine.backward(loss, scale_wrt_gas=False)
+                # a non-finite loss still runs backward (every rank must join the same collectives), as loss*NaN
+                # so that every gradient it touches is NaN (nan*0 is nan): the step below is then skipped by
+                # DeepSpeed's overflow check on all ranks, which also clears its gradient buffers
+                ok_mb = bool(torch.isfinite(loss.detach()).all())
+                finite = finite and ok_mb
+                engine.backward(loss if ok_mb else loss * float("nan"), scale_wrt_gas=False)
                 for k, v in m.items():
                     metrics[f"{kind}/{k}"].append(float(v))
             finite = _all_ranks_finite(finite, worker.device)
@@ -75,8 +77,16 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                 metrics[f"{kind}/grad_norm"].append(gn)
             else:
                 ok = False
-                engine.optimizer.zero_grad()
-                engine.zero_grad()
+                if engine.zero_optimization_stage() >= 1:
+                    # ZeRO keeps reduced gradients in its own buffers, which zero_grad() does not clear (the next
+                    # step would see the NaN); its overflow path skips the step and clears them
+                    skipped_before = engine.skipped_steps
+                    engine.step()
+                    if engine.skipped_steps == skipped_before:
+                        raise RuntimeError(f"{kind}: DeepSpeed applied an optimizer step although the loss was "
+                                           "not finite")
+                else:
+                    engine.zero_grad()
             skipped += 0 if ok else 1
             # the streak survives across training steps (kept on the role); the trainer stops the run when it
             # reaches trainer.max_consecutive_skipped_steps

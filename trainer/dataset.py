@@ -43,9 +43,11 @@ def _load_rows(files: Sequence[str]) -> list[dict]:
             raise DataError(f"data file {path!r} has extension {ext!r}; expected .parquet, .jsonl or .json")
         try:
             ds = datasets.load_dataset(kind, data_files=path, split="train")
+            rows.extend(ds.to_list())  # strings are decoded here: a non-UTF-8 byte raises now
         except Exception as exc:  # datasets raises many kinds; name the file
+            if isinstance(exc, UnicodeDecodeError) or "utf-8" in str(exc).lower():
+                raise DataError(f"data file {path!r} is not valid UTF-8 text ({exc}); re-encode it as UTF-8") from exc
             raise DataError(f"could not read data file {path!r}: {type(exc).__name__}: {exc}") from exc
-        rows.extend(ds.to_list())
     return rows
 
 

@@ -80,7 +80,7 @@ def test_resume_exact_zero2_grpo_auto_with_retention(tmp_path):
 
 def _optim_states(out_dir, role):
     """Every tensor in the ZeRO optimizer-state files of ``role`` at step 4 (fp32 master weights + Adam moments)."""
-    from trainer.workers.model_utils import deepspeed_safe_globals
+    from trainer.checkpoint.deepspeed_manager import deepspeed_safe_globals
 
     files = sorted(glob.glob(os.path.join(out_dir, "checkpoints", "global_step_4", role, "global_step_4",
                                           "*optim_states.pt")))

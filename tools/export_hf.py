@@ -48,7 +48,9 @@ def load_consolidated_state_dict(local_dir: str, tag: str | None = None) -> dict
     states = os.path.join(folder, "mp_rank_00_model_states.pt")
     if not os.path.isfile(states):
         raise FileNotFoundError(f"no ZeRO optimizer states and no {states!r}")
-    sd = torch.load(states, map_location="cpu", weights_only=False)["module"]
+    from trainer.checkpoint.deepspeed_manager import load_deepspeed_file
+
+    sd = load_deepspeed_file(states)["module"]
     return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 

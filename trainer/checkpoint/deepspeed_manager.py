@@ -76,6 +76,22 @@ def save_hf_metadata(out_dir: str, hf_config: Any = None, tokenizer: Any = None,
         tokenizer.save_pretrained(out_dir)
 
 
+def deepspeed_safe_globals() -> list:
+    """The DeepSpeed classes that its checkpoint files pickle (ZeRO stage enum, fragment addresses, loss
+    scalers); allow-listed so that ``torch.load(weights_only=True)`` can read DeepSpeed checkpoints."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, fragment_address, LossScaler, DynamicLossScaler]
+
+
+def load_deepspeed_file(path: str, **kwargs):
+    """``torch.load(path, weights_only=True)`` for DeepSpeed's own checkpoint files (its few classes allow-listed)."""
+    with torch.serialization.safe_globals(deepspeed_safe_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
+
+
 class DeepSpeedCheckpointManager(CheckpointManager):
     """Saves/restores a DeepSpeed engine (model, optimizer, LR scheduler) plus per-rank RNG states.
 
@@ -189,5 +205,5 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         names = sorted(n for n in os.listdir(folder) if n.endswith("model_states.pt")) if os.path.isdir(folder) else []
         if not names:
             raise FileNotFoundError(f"no *model_states.pt in {folder!r}")
-        sd = torch.load(os.path.join(folder, names[0]), map_location="cpu", weights_only=False, mmap=True)
+        sd = load_deepspeed_file(os.path.join(folder, names[0]), mmap=True)
         return dict(sd.get(CLIENT_STATE_KEY, {}))

@@ -90,16 +90,6 @@ class ModelRole:
                    device=worker.device, value_head=value_head)
 
 
-def deepspeed_safe_globals() -> list:
-    """The DeepSpeed classes that its checkpoint files pickle (ZeRO stage enum, fragment addresses, loss
-    scalers); allow-listed so that ``torch.load(weights_only=True)`` can read DeepSpeed checkpoints."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [ZeroStageEnum, fragment_address, LossScaler, DynamicLossScaler]
-
-
 def use_weights_only_loads(engine) -> None:
     """Make ``engine.load_checkpoint`` read every file with ``torch.load(weights_only=True)``.
 
@@ -110,6 +100,8 @@ def use_weights_only_loads(engine) -> None:
     ce = getattr(engine, "checkpoint_engine", None)
     if ce is None or type(ce).__name__ != "TorchCheckpointEngine":
         return
+    from trainer.checkpoint.deepspeed_manager import deepspeed_safe_globals
+
     allowed = deepspeed_safe_globals()
 
     def load(path: str, map_location=None):

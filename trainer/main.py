@@ -30,7 +30,7 @@ def _strip_launcher_args(argv: list[str]) -> list[str]:
 
 
 sys.argv = _strip_launcher_args(sys.argv)
-if os.environ.get("LOCAL_RANK", "0") != "0" and os.environ.get("DSRL_WORKER") is None:
+if os.environ.get("LOCAL_RANK", "0") != "0":
     # a secondary process of `deepspeed` on one node: the Ray driver on local rank 0 does the work
     sys.exit(0)
 

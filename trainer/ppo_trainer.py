@@ -347,12 +347,13 @@ def _extra_info_means(info: dict) -> dict:
 
 
 def _reduce(per_rank: list[dict]) -> dict:
-    """Mean over ranks and micro-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks)."""
+    """Mean over ranks and micro-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks);
+    skipped-step counts and peak memory take the maximum over ranks."""
     from trainer.metric_utils import reduce_metrics
 
     merged: dict[str, list[float]] = {}
     for m in per_rank:
         for k, v in m.items():
             merged.setdefault(k, []).extend(v)
-    agg = {k: ("max" if k.endswith("skipped_steps") else "mean") for k in merged}
+    agg = {k: ("max" if k.endswith("skipped_steps") or k.startswith("perf/max_memory") else "mean") for k in merged}
     return reduce_metrics(merged, agg)

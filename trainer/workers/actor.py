@@ -40,13 +40,7 @@ class ActorRolloutRefWorker(DistributedWorker):
             self.ref = ModelRole.build(self, arr["model"], sp=int(arr["ref"]["ulysses_sequence_parallel_size"]),
                                        train=False)
         self._build_rollout()
-        from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager
-
-        self.ckpt = DeepSpeedCheckpointManager(self.actor.engine, tokenizer=self.tokenizer,
-                                               hf_config=self.actor.hf_config, rank=self.rank,
-                                               world_size=self.world_size)
-        return {"num_params": sum(getattr(p, "ds_numel", p.numel()) for p in self.actor.engine.module.parameters()),
-                "pad_token_id": self.pad_token_id}
+        return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id}
 
     # ---- rollout -------------------------------------------------------------------------------------------
     def _build_rollout(self) -> None:
@@ -167,15 +161,3 @@ class ActorRolloutRefWorker(DistributedWorker):
         eng = {n: float(p.double().sum()) for n, p in engine_model.named_parameters()} if engine_model is not None else {}
         return {"actor": actor, "engine": eng}
 
-    # ---- checkpoints ----------------------------------------------------------------------------------------
-    def save_checkpoint(self, role_dir: str) -> None:
-        self.ckpt.save(role_dir)
-
-    def load_checkpoint(self, role_dir: str) -> None:
-        self.ckpt.load(role_dir)
-
-    def export_hf(self, out_dir: str) -> None:
-        from trainer.checkpoint.hf_export import export_hf
-
-        export_hf(self.actor.engine, out_dir, tokenizer=self.tokenizer, dtype=self.param_dtype(),
-                  zero_stage=int(self.config["deepspeed"]["zero_stage"]))

@@ -86,6 +86,32 @@ class DistributedWorker:
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         self._dist_ready = True
 
+    # ---- checkpoints and HF export of the role this worker trains ----------------------------------------
+    def attach_checkpointing(self, role, value_head: bool = False) -> dict:
+        """Checkpoint manager for ``role`` (a ``ModelRole``); returns ``{"num_params": ...}`` for ``init_model``.
+
+        Every trained role (actor, critic, PRM) saves, loads and exports through the methods below.
+        """
+        from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager
+
+        self._trained, self._value_head = role, value_head
+        self.ckpt = DeepSpeedCheckpointManager(role.engine, tokenizer=role.tokenizer, hf_config=role.hf_config,
+                                               rank=self.rank, world_size=self.world_size)
+        return {"num_params": sum(getattr(p, "ds_numel", p.numel()) for p in role.engine.module.parameters())}
+
+    def save_checkpoint(self, role_dir: str) -> None:
+        self.ckpt.save(role_dir)
+
+    def load_checkpoint(self, role_dir: str) -> None:
+        self.ckpt.load(role_dir)
+
+    def export_hf(self, out_dir: str) -> None:
+        """The trained role as a Hugging Face folder (ZeRO-3 parameters gathered; all ranks must call it)."""
+        from trainer.checkpoint.hf_export import export_hf
+
+        export_hf(self._trained.engine, out_dir, tokenizer=self._trained.tokenizer, dtype=self.param_dtype(),
+                  zero_stage=int(self.config["deepspeed"]["zero_stage"]), value_head=self._value_head)
+
     # ---- DeepSpeed config --------------------------------------------------------------------------------
     def ds_config(self, train: bool, grad_clip: float = 1.0) -> dict[str, Any]:
         """The DeepSpeed config of a training (``train``) or a frozen (reference) model.

@@ -34,12 +34,7 @@ class CriticWorker(DistributedWorker):
                                       train=True, optim_cfg=self.critic_cfg["optim"],
                                       grad_clip=float(self.critic_cfg["grad_clip"]), total_steps=total,
                                       value_head=True, path_override=self.critic_cfg["model"].get("path"))
-        from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager
-
-        self.ckpt = DeepSpeedCheckpointManager(self.critic.engine, tokenizer=self.critic.tokenizer,
-                                               hf_config=self.critic.hf_config, rank=self.rank,
-                                               world_size=self.world_size)
-        return {"num_params": sum(getattr(p, "ds_numel", p.numel()) for p in self.critic.engine.module.parameters())}
+        return self.attach_checkpointing(self.critic, value_head=True)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> DataProto:
@@ -55,15 +50,3 @@ class CriticWorker(DistributedWorker):
 
         n = int(self.config["actor_rollout_ref"]["rollout"]["n"])
         return ppo_update(self, self.critic, data, self.critic_cfg, n=n, temperature=1.0, kind="critic")
-
-    def save_checkpoint(self, role_dir: str) -> None:
-        self.ckpt.save(role_dir)
-
-    def load_checkpoint(self, role_dir: str) -> None:
-        self.ckpt.load(role_dir)
-
-    def export_hf(self, out_dir: str) -> None:
-        from trainer.checkpoint.hf_export import export_hf
-
-        export_hf(self.critic.engine, out_dir, tokenizer=self.critic.tokenizer, dtype=self.param_dtype(),
-                  zero_stage=int(self.config["deepspeed"]["zero_stage"]), value_head=True)

@@ -38,8 +38,6 @@ class PRMWorker(DistributedWorker):
     def init_model(self) -> dict:
         import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
 
-        from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager
-
         self.init_distributed()
         cfg = self.config
         self.rm_cfg = rm = cfg["reward_model"]
@@ -59,11 +57,7 @@ class PRMWorker(DistributedWorker):
                                    grad_clip=float(optim.get("grad_clip", 10.0)),
                                    total_steps=total, path_override=path)
         self.prm_ref = ModelRole.build(self, base, sp=sp, train=False, path_override=ref_path)
-        self.ckpt = DeepSpeedCheckpointManager(self.prm.engine, tokenizer=self.prm.tokenizer,
-                                               hf_config=self.prm.hf_config, rank=self.rank,
-                                               world_size=self.world_size)
-        return {"num_params": sum(getattr(p, "ds_numel", p.numel()) for p in self.prm.engine.module.parameters()),
-                "path": path, "ref_path": ref_path}
+        return {**self.attach_checkpointing(self.prm), "path": path, "ref_path": ref_path}
 
     # ---- helpers ----------------------------------------------------------------------------------------------
     def _micro(self) -> tuple[int, bool, int]:
@@ -143,16 +137,3 @@ class PRMWorker(DistributedWorker):
         out = DataProto.from_dict({"rm_scores": torch.cat(scores)[inv]})
         out.meta["metrics"] = dict(metrics)
         return out
-
-    # ---- checkpoints ------------------------------------------------------------------------------------------
-    def save_checkpoint(self, role_dir: str) -> None:
-        self.ckpt.save(role_dir)
-
-    def load_checkpoint(self, role_dir: str) -> None:
-        self.ckpt.load(role_dir)
-
-    def export_hf(self, out_dir: str) -> None:
-        from trainer.checkpoint.hf_export import export_hf
-
-        export_hf(self.prm.engine, out_dir, tokenizer=self.prm.tokenizer, dtype=self.param_dtype(),
-                  zero_stage=int(self.config["deepspeed"]["zero_stage"]))

@@ -94,6 +94,9 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
             metrics[f"{kind}/lr"].append(float(engine.get_lr()[0]))
     metrics[f"{kind}/skipped_steps"].append(float(skipped))
     metrics[f"{kind}/consecutive_skipped_steps"].append(float(getattr(role, "consecutive_skipped", 0)))
+    if worker.device.type == "cuda":  # peak GPU memory of this process so far (all roles it holds), GiB
+        metrics[f"perf/max_memory_allocated_gb/{kind}"].append(torch.cuda.max_memory_allocated() / 2**30)
+        metrics[f"perf/max_memory_reserved_gb/{kind}"].append(torch.cuda.max_memory_reserved() / 2**30)
     return dict(metrics)
 
 

@@ -194,14 +194,14 @@ class MegatronCheckpointManager(CheckpointManager):
         """Write ``model.safetensors`` + config + tokenizer loadable by ``from_pretrained`` (rank 0 writes;
         every rank must call: TP/PP shards are gathered). Single model chunk only.
 
-        Raises: NotImplementedError with virtual pipeline chunks; ValueError without ``hf_config``.
+        Raises: ValueError with virtual pipeline chunks; ValueError without ``hf_config``.
         """
         from safetensors.torch import save_file
 
         from trainer.megatron.sync import iter_hf_weights
 
         if len(self.chunks) != 1:
-            raise NotImplementedError("HF export of virtual-pipeline models (several chunks) is not implemented")
+            raise ValueError("HF export of virtual-pipeline models (several chunks) is not supported; export with one chunk per stage")
         if self.hf_config is None:
             raise ValueError("export_hf needs hf_config")
         tensors = {n: t.to(dtype or t.dtype).cpu().contiguous() for n, t in iter_hf_weights(_unwrap(self.chunks[0]), shape)}

@@ -21,7 +21,7 @@ Qwen2 (q/k/v bias, no o bias)           add_qkv_bias=True, add_bias_linear=False
 vocab_size                              GPTModel(vocab_size=padded to a multiple of tp * divisible_by)
 =====================================  =========================================================
 
-Not supported (raise ``NotImplementedError`` naming the field): RoPE scaling, sliding-window attention,
+Not supported (raise ``ValueError`` naming the field): RoPE scaling, sliding-window attention,
 a bias on ``o_proj`` or the MLP, activations other than silu.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def rope_theta_of(hf_config: Any) -> float:
     """The RoPE base: ``rope_parameters['rope_theta']`` (transformers 5) or ``rope_theta`` (older configs).
 
     Raises:
-        NotImplementedError: the config asks for RoPE scaling (``rope_type`` other than ``default``).
+        ValueError: the config asks for RoPE scaling (``rope_type`` other than ``default``).
     """
     params = _get(hf_config, "rope_parameters") or {}
     scaling = _get(hf_config, "rope_scaling")
@@ -75,7 +75,7 @@ def rope_theta_of(hf_config: Any) -> float:
     if scaling and (scaling.get("rope_type") or scaling.get("type") or "default") != "default":
         rope_type = scaling.get("rope_type") or scaling.get("type")
     if rope_type != "default":
-        raise NotImplementedError(f"rope_type={rope_type!r}: the Megatron path supports only plain RoPE "
+        raise ValueError(f"rope_type={rope_type!r}: the Megatron path supports only plain RoPE "
                                   f"(rope_type 'default')")
     theta = params.get("rope_theta") if params else None
     if theta is None:
@@ -100,7 +100,7 @@ def model_shape(hf_config: Any, tp_size: int = 1, pp_size: int = 1, vocab_divisi
     Raises:
         ValueError: unknown ``model_type``; heads not divisible by KV heads; KV heads, heads or
             intermediate size not divisible by ``tp_size``; layers not divisible by ``pp_size``.
-        NotImplementedError: features the local megatron-core spec cannot express (see module doc).
+        ValueError: features the local megatron-core spec cannot express (see module doc).
     """
     mt = _get(hf_config, "model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
@@ -109,17 +109,17 @@ def model_shape(hf_config: Any, tp_size: int = 1, pp_size: int = 1, vocab_divisi
         raise ValueError(f"tensor/pipeline parallel sizes must be >= 1, got tp={tp_size}, pp={pp_size}")
     act = _get(hf_config, "hidden_act", "silu")
     if act != "silu":
-        raise NotImplementedError(f"hidden_act={act!r}; only silu (SwiGLU) is supported")
+        raise ValueError(f"hidden_act={act!r}; only silu (SwiGLU) is supported")
     if _get(hf_config, "mlp_bias", False):
-        raise NotImplementedError("mlp_bias=True is not supported (megatron add_bias_linear would add o_proj bias)")
+        raise ValueError("mlp_bias=True is not supported (megatron add_bias_linear would add o_proj bias)")
     if _get(hf_config, "use_sliding_window", False) or (mt == "mistral" and _get(hf_config, "sliding_window")):
-        raise NotImplementedError(f"sliding-window attention ({mt}) is not supported on the Megatron path")
+        raise ValueError(f"sliding-window attention ({mt}) is not supported on the Megatron path")
     if mt == "qwen2":
         qkv_bias = True
     else:
         qkv_bias = bool(_get(hf_config, "attention_bias", False))
         if qkv_bias:
-            raise NotImplementedError(f"{mt} with attention_bias=True has an o_proj bias; not supported")
+            raise ValueError(f"{mt} with attention_bias=True has an o_proj bias; not supported")
     rope_theta_of(hf_config)  # raises on RoPE scaling
     layers = int(_get(hf_config, "num_hidden_layers"))
     hidden = int(_get(hf_config, "hidden_size"))

@@ -112,7 +112,7 @@ def build_gpt_model(hf_config: Any, params_dtype: torch.dtype = torch.float32, p
     Returns:
         ``(model, transformer_config, shape)``.
     Raises:
-        ValueError / NotImplementedError: unsupported config (see ``trainer.megatron.config``).
+        ValueError: unsupported config (see ``trainer.megatron.config``).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel

@@ -142,6 +142,20 @@ def atomic_torch_save(obj: Any, path: str) -> None:
 # --------------------------------------------------------------------------------------------- tracker
 
 
+def replace_dir(tmp: str, path: str) -> None:
+    """Move a completely written folder ``tmp`` to ``path``, replacing an older ``path`` (one rank calls it).
+
+    The old folder is moved aside first and deleted only after the new one is in place, so a crash leaves
+    either the old or the new checkpoint under ``path`` (or the old one under ``path + ".old"``).
+    """
+    old = path + ".old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(path):
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def write_tracker(root: str, step: int) -> None:
     """Atomically write ``step`` into ``<root>/latest_checkpointed_iteration.txt``.
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, capture_rng_state, parse_step,
+from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, capture_rng_state, parse_step, replace_dir,
                                      restore_rng_state)
 
 logger = logging.getLogger(__name__)
@@ -148,12 +148,7 @@ class DeepSpeedCheckpointManager(CheckpointManager):
                              engine_dtype(self.engine), gen)
         _barrier()  # every rank's files are in tmp
         if self.rank == 0:
-            old = path + ".old"
-            shutil.rmtree(old, ignore_errors=True)
-            if os.path.exists(path):
-                os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            replace_dir(tmp, path)
         _barrier()
         logger.info("saved DeepSpeed checkpoint (step %d) to %s", step, path)
 

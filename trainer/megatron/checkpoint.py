@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.base import CheckpointManager, atomic_torch_save, capture_rng_state, parse_step, restore_rng_state
+from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, capture_rng_state, parse_step, replace_dir,
+                                     restore_rng_state)
 
 logger = logging.getLogger(__name__)
 HF_SUBDIR = "huggingface"
@@ -135,12 +136,7 @@ class MegatronCheckpointManager(CheckpointManager):
                 save_hf_metadata(os.path.join(tmp, HF_SUBDIR), self.hf_config, self.tokenizer)
         _barrier()
         if self.r["rank"] == 0:
-            old = path + ".old"
-            shutil.rmtree(old, ignore_errors=True)
-            if os.path.exists(path):
-                os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            replace_dir(tmp, path)
         _barrier()
         logger.info("saved Megatron checkpoint (step %d) to %s", step, path)
 

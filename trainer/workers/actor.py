@@ -59,7 +59,13 @@ class ActorRolloutRefWorker(DistributedWorker):
         elif rc["name"] == "vllm":
             from rollout.vllm_engine import VLLMRolloutEngine
 
-            self.engine = VLLMRolloutEngine.from_config(self.actor.model_path, rc, tokenizer=tok)
+            self.engine = VLLMRolloutEngine(
+                self.actor.model_path, eos_token_id=tok.eos_token_id, pad_token_id=self.pad_token_id,
+                tensor_model_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
+                gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
+                dtype="bfloat16" if self.param_dtype() == torch.bfloat16 else "float32",
+                max_model_len=int(rc["prompt_length"]) + int(rc["response_length"]),
+                seed=int(self.config["trainer"]["seed"]) + self.rank)
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
         self.engine.sleep(level=int(rc.get("sleep_level", 1)))

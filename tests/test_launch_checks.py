@@ -28,3 +28,14 @@ def test_vllm_needs_cuda_and_the_package():
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ConfigError, match=r"pip install -e \.\[vllm\]"):
             validate(_cfg("rollout=vllm", "trainer.device=cuda"))
+
+
+def test_resume_path_is_checked_before_start(tmp_path):
+    from trainer.launch import preflight
+
+    cfg = _cfg(f"trainer.resume_mode={tmp_path}/global_step_3")
+    with pytest.raises(ConfigError, match="does not exist"):
+        preflight(cfg)
+    cfg = _cfg(f"trainer.resume_mode={tmp_path}")
+    with pytest.raises(ConfigError, match="global_step"):
+        preflight(cfg)

@@ -114,6 +114,14 @@ def preflight(cfg: dict) -> None:
         if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
             what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
             raise ConfigError(f"{key}={path!r} {what}")
+    mode = cfg["trainer"]["resume_mode"]
+    if mode not in ("auto", "disable"):
+        from trainer.checkpoint.base import resolve_resume_path
+
+        try:
+            resolve_resume_path(mode, cfg["trainer"]["default_local_dir"])
+        except (ValueError, FileNotFoundError) as exc:
+            raise ConfigError(f"trainer.resume_mode: {exc}") from exc
     for key in ("train_files", "val_files"):
         for f in _as_list(cfg["data"].get(key)):
             if not os.path.isfile(f):

@@ -53,7 +53,8 @@ class Tracking:
             self._wandb = wandb.init(project=project, name=experiment, config=config, dir=output_dir)
 
     def log(self, data: dict[str, Any], step: int) -> None:
-        clean = {k: _plain(v) for k, v in data.items()}
+        advance = not data.get("_no_advance")  # keys starting with "_" steer logging and are not written
+        clean = {k: _plain(v) for k, v in data.items() if not k.startswith("_")}
         self._file.write(json.dumps({"step": step, **clean}, allow_nan=True) + "\n")
         self._file.flush()
         if self._wandb is not None:
@@ -65,7 +66,8 @@ class Tracking:
             line = " ".join(f"{k}={_fmt(v)}" for k, v in shown.items())
             if self._bar is not None:
                 self._bar.write(f"step {step}: {line}")
-                self._bar.update(1) if not data.get("_no_advance") else None
+                if advance:
+                    self._bar.update(1)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -28,7 +28,7 @@ def _is_bucket(item) -> bool:
     return isinstance(item, list)
 
 
-def _group(pairs: Iterable, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
+def bucket_named_tensors(pairs: Iterable, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
     """Group ``(name, tensor)`` pairs greedily into lists of at most ``bucket_bytes`` (a bigger tensor stands
     alone); items that are already lists (buckets from :func:`iter_actor_params`) are passed through."""
     bucket: list[NamedTensor] = []
@@ -66,7 +66,7 @@ def sync_weights(engine: RolloutEngine, named_params: Iterable, bucket_bytes: in
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     calls = 0
-    for bucket in _group(named_params, bucket_bytes):
+    for bucket in bucket_named_tensors(named_params, bucket_bytes):
         engine.load_weights(bucket)
         calls += 1
         del bucket
@@ -137,7 +137,7 @@ def iter_actor_params(module: torch.nn.Module, zero_stage: int = 0, bucket_bytes
         import deepspeed
 
         gather = deepspeed.zero.GatheredParameters
-    for bucket in _group(module.named_parameters(), bucket_bytes):
+    for bucket in bucket_named_tensors(module.named_parameters(), bucket_bytes):
         if gather is None:
             yield [(n, p.detach()) for n, p in bucket]
         else:

@@ -69,13 +69,6 @@ def iter_hf_buckets(model: torch.nn.Module, shape, bucket_bytes: int = 512 * 2 *
     """:func:`iter_hf_weights` grouped in lists of at most ``bucket_bytes`` (one tensor may exceed it)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes={bucket_bytes} must be > 0")
-    bucket, size = [], 0
-    for name, t in iter_hf_weights(model, shape):
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += nbytes
-    if bucket:
-        yield bucket
+    from rollout.context import bucket_named_tensors
+
+    yield from bucket_named_tensors(iter_hf_weights(model, shape), bucket_bytes)

@@ -73,7 +73,11 @@ class RayPPOTrainer:
         self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus)
         share = 1.0 / (1 + int(self.use_critic) + int(self.prime is not None))  # [PRIME] PRM shares the bundles
         sp = int(self.cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
-        self.actor_wg = WorkerGroup(ActorRolloutRefWorker, "actor", self.pg, self.world, self.cfg, self.device,
+        actor_cls = ActorRolloutRefWorker
+        if t.get("strategy", "deepspeed") == "megatron":  # TP peers of a data-parallel rank get the same rows
+            from trainer.workers.megatron_actor import MegatronActorRefWorker as actor_cls
+            sp = int(self.cfg["actor_rollout_ref"]["actor"]["megatron"]["tensor_model_parallel_size"])
+        self.actor_wg = WorkerGroup(actor_cls, "actor", self.pg, self.world, self.cfg, self.device,
                                     cpus, share=share, sp_size=sp)
         self.critic_wg = None
         if self.use_critic:
@@ -111,6 +115,7 @@ class RayPPOTrainer:
         path, step = resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
         if path is None:
             return 0
+        t0 = time.perf_counter()
         self.actor_wg.run_all("load_checkpoint", os.path.join(path, "actor"))
         if self.critic_wg is not None:
             self.critic_wg.run_all("load_checkpoint", os.path.join(path, "critic"))
@@ -121,7 +126,7 @@ class RayPPOTrainer:
         self.loader.load_state_dict(loader_state)
         if self.kl_ctrl is not None and "kl_coef" in loader_state:
             self.kl_ctrl.value = float(loader_state["kl_coef"])
-        logger.warning("resumed from %s (step %d)", path, step)
+        logger.warning("resumed from %s (step %d); checkpoint loaded in %.2f s", path, step, time.perf_counter() - t0)
         return int(state.get("global_step", step))
 
     # ---- one step -------------------------------------------------------------------------------------------

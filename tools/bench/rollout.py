@@ -112,23 +112,66 @@ def plain_generate(model, prompts, sampling, eos, device) -> dict:
     return dict(name="plain generate (dynamic cache)", seconds=dt, tokens=tokens, tok_per_s=tokens / dt)
 
 
+def _zero3_actor(cfg, device: str):
+    """A random-weight model wrapped by DeepSpeed ZeRO-3 (bf16 on CUDA) with the trainer's own ds_config.
+
+    World size and rank come from the environment (``torchrun --nproc_per_node K``); without it, one process.
+    Returns the engine's ``.module`` (parameters are empty placeholders until gathered)."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    from trainer.workers.base import free_port
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    ds_cfg = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": device == "cuda"},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+              "zero_allow_untested_optimizer": True}
+    torch.manual_seed(0)  # same weights on every rank; deepspeed.initialize partitions them
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_cfg)
+    return engine.module
+
+
 def bench_sync(args, device) -> dict:
-    """Stream a random-weight Qwen2-1.5B (bf16) from a module into an engine; seconds per full sync."""
+    """Stream a random-weight Qwen2-1.5B from the actor into a bf16 engine; seconds per full sync.
+
+    ``--zero3``: the actor is a DeepSpeed ZeRO-3 engine (fp32 master partitions, bf16 compute copies), so every
+    bucket is gathered with one ``GatheredParameters`` call over all ranks before ``load_weights``; otherwise a
+    plain bf16 module on the same device (the ZeRO-0/1/2 path, no gather)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     cfg = Qwen2Config(**QWEN2_1_5B)
-    with torch.device(device):
-        actor = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    stage = 3 if args.zero3 else 0
+    if args.zero3:
+        actor = _zero3_actor(cfg, device)
+    else:
+        with torch.device(device):
+            actor = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     engine = HFRolloutEngine(cfg, device=device, dtype=torch.bfloat16)
-    nbytes = sum(p.numel() * p.element_size() for p in actor.parameters())
+    nbytes = sum(p.numel() for p in engine.model.parameters()) * 2  # bytes landed in the bf16 engine
     times, calls = [], 0
-    for _ in range(3):
+    for _ in range(args.sync_repeats):
         _sync(); t0 = time.perf_counter()
-        calls = sync_weights(engine, iter_actor_params(actor, 0, args.bucket_mb * 2**20), args.bucket_mb * 2**20)
+        calls = sync_weights(engine, iter_actor_params(actor, stage, args.bucket_mb * 2**20), args.bucket_mb * 2**20)
         _sync(); times.append(time.perf_counter() - t0)
-    ok = all(torch.equal(a, b) for a, b in zip(actor.state_dict().values(), engine.model.state_dict().values()))
-    return dict(name="weight sync Qwen2-1.5B bf16", seconds=min(times), all_s=times, load_weights_calls=calls,
-                gib=nbytes / 2**30, gib_per_s=nbytes / 2**30 / min(times), bucket_mb=args.bucket_mb, equal=ok)
+    got = engine.model.state_dict()
+    ok = True
+    for bucket in iter_actor_params(actor, stage, args.bucket_mb * 2**20):
+        ok = ok and all(torch.equal(t.to(torch.bfloat16), got[n]) for n, t in bucket)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    name = f"weight sync Qwen2-1.5B ZeRO-{stage}" + (f" ({world} ranks)" if args.zero3 else " bf16")
+    return dict(name=name, seconds=min(times), all_s=times, load_weights_calls=calls, zero_stage=stage,
+                world_size=world, gib=nbytes / 2**30, gib_per_s=nbytes / 2**30 / min(times),
+                bucket_mb=args.bucket_mb, equal=ok)
 
 
 def main(argv=None) -> None:
@@ -146,6 +189,9 @@ def main(argv=None) -> None:
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--skip-gen", action="store_true")
     ap.add_argument("--skip-sync", action="store_true")
+    ap.add_argument("--zero3", action="store_true",
+                    help="sync from a DeepSpeed ZeRO-3 actor (run under torchrun for several ranks)")
+    ap.add_argument("--sync-repeats", type=int, default=3)
     ap.add_argument("--sleep-wake", action="store_true", help="also time a call after a sleep/wake cycle")
     ap.add_argument("--out", default="bench_rollout.json")
     args = ap.parse_args(argv)
@@ -161,9 +207,10 @@ def main(argv=None) -> None:
     for r in results["rows"]:
         tps = f"{r['tok_per_s']:.0f}" if "tok_per_s" in r else "-"
         print(f"{r['name']:48s} {tps:>10s} {r['seconds']:9.3f} {r.get('compile_s', 0):10.1f}")
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.out}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -138,11 +138,82 @@ def preflight(cfg: dict) -> None:
             raise ConfigError(f"{key}={sp} does not fit the model's heads (num_attention_heads={heads}, "
                               f"num_key_value_heads={kv}): need heads % sp == 0 and (kv_heads % sp == 0 or "
                               "sp % kv_heads == 0)")
+    if cfg["trainer"].get("strategy", "deepspeed") == "megatron":
+        check_megatron_model(cfg, hf)
     ctx = hf.get("max_position_embeddings")
     need = int(cfg["data"]["max_prompt_length"]) + int(cfg["data"]["max_response_length"])
     if ctx is not None and need > int(ctx):
         raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
                           f"max_position_embeddings={ctx}")
+
+
+def check_megatron(cfg: dict, world: int) -> None:
+    """``trainer.strategy=megatron``: megatron-core importable, TP/PP sizes against the world, unsupported pairings.
+
+    Raises:
+        ConfigError: naming the key and the bad value (PP > 1, CP > 1, a critic, PRIME, Ulysses SP > 1,
+            optimizer offload during rollout and a missing megatron-core are refused).
+    """
+    import importlib.util
+
+    arr = cfg["actor_rollout_ref"]
+    m = arr["actor"].get("megatron") or {}
+    key = "actor_rollout_ref.actor.megatron"
+    try:
+        found = importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError("trainer.strategy=megatron but megatron-core is not importable: pip install -e .[megatron]")
+    tp, pp, cp = (int(m.get(k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                             "context_parallel_size"))
+    if tp < 1 or pp < 1 or world % (tp * pp):
+        raise ConfigError(f"{key}.tensor_model_parallel_size*pipeline_model_parallel_size={tp}*{pp} must divide the "
+                          f"{world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
+    if pp != 1:
+        raise ConfigError(f"{key}.pipeline_model_parallel_size={pp}: pipeline parallelism is not supported yet on "
+                          "the Megatron path; use pipeline_model_parallel_size=1 with tensor parallelism")
+    if cp != 1:
+        raise ConfigError(f"{key}.context_parallel_size={cp}: context parallelism is not wired yet (it needs "
+                          "Transformer Engine's attention); use 1")
+    for sp_key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", arr["actor"]["ulysses_sequence_parallel_size"]),
+                       ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"])):
+        if int(sp) != 1:
+            raise ConfigError(f"{sp_key}={sp}: Ulysses sequence parallelism is a DeepSpeed-path feature; with "
+                              f"trainer.strategy=megatron long sequences use Megatron's own context parallelism "
+                              f"({key}.context_parallel_size), so set it to 1")
+    if cfg["critic"].get("enable"):
+        raise ConfigError(f"trainer.strategy=megatron has no critic worker yet, but critic.enable is on "
+                          f"(algorithm.adv_estimator={cfg['algorithm']['adv_estimator']}); use a critic-free "
+                          "estimator (grpo, rloo, ...) or trainer.strategy=deepspeed")
+    if cfg["algorithm"].get("use_prime"):
+        raise ConfigError("algorithm=prime is not supported with trainer.strategy=megatron (its PRM worker is "
+                          "DeepSpeed-only)")
+    if arr["rollout"].get("offload_optimizer_during_rollout"):
+        raise ConfigError("actor_rollout_ref.rollout.offload_optimizer_during_rollout=true is a DeepSpeed-path "
+                          "feature; set it to false with trainer.strategy=megatron")
+
+
+def check_megatron_model(cfg: dict, hf: dict) -> None:
+    """The model's head counts (and, given a full HF config, its architecture) fit the TP size.
+
+    Raises: ConfigError naming ``tensor_model_parallel_size`` and the model field that does not divide.
+    """
+    tp = int((cfg["actor_rollout_ref"]["actor"].get("megatron") or {}).get("tensor_model_parallel_size", 1))
+    key = f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}"
+    heads = hf.get("num_attention_heads")
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        val = hf.get(name) or heads
+        if val and int(val) % tp:
+            raise ConfigError(f"{key} does not divide the model's {name}={val}; pick a TP size that divides "
+                              "both head counts")
+    if hf.get("model_type"):
+        from trainer.megatron.config import model_shape
+
+        try:
+            model_shape(hf, tp, 1)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.strategy=megatron: {exc}") from None
 
 
 def _finite(key: str, value) -> float:
@@ -229,6 +300,11 @@ def validate(cfg: dict) -> None:
         raise ConfigError(str(exc)) from exc
     if int(cfg["deepspeed"]["zero_stage"]) not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.zero_stage={cfg['deepspeed']['zero_stage']}; expected 0, 1, 2 or 3")
+    strategy = t.get("strategy", "deepspeed")
+    if strategy not in ("deepspeed", "megatron"):
+        raise ConfigError(f"trainer.strategy={strategy!r}; expected deepspeed or megatron")
+    if strategy == "megatron":
+        check_megatron(cfg, world)
 
 
 def check_model_context(cfg: dict, hf_config, tokenizer) -> None:

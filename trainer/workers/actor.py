@@ -79,6 +79,21 @@ class ActorRolloutRefWorker(DistributedWorker):
                               top_k=int(src["top_k"]), max_new_tokens=int(rc["response_length"]),
                               do_sample=bool(src["do_sample"]), seed=seed)
 
+    def _rollout_context(self, validate: bool):
+        """``rollout.context.rollout_mode`` with this worker's weight source (ZeRO-gathered actor parameters);
+        the Megatron worker overrides it with TP-gathered HF tensors."""
+        from rollout.context import iter_actor_params, offload_optimizer_states, reload_optimizer_states, rollout_mode
+
+        rc = self.rollout_cfg
+        stage = int(self.config["deepspeed"]["zero_stage"])
+        bucket = int(rc["update_weights_bucket_megabytes"]) * 2 ** 20
+        offload = bool(rc.get("offload_optimizer_during_rollout")) and not validate
+        module = self.actor.engine.module
+        return rollout_mode(self.engine, lambda: iter_actor_params(module, stage, bucket), bucket,
+                            offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
+                            reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
+                            sleep_level=int(rc.get("sleep_level", 1)))
+
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Generate ``n`` responses per prompt; returns prompt-major rows with the standard columns.
@@ -87,23 +102,13 @@ class ActorRolloutRefWorker(DistributedWorker):
         ``prompts`` (B*n, P), ``responses``/``response_mask``/``rollout_log_probs`` (B*n, R), ``input_ids``,
         ``attention_mask``, ``position_ids`` (B*n, P+R) and the prompt's non-tensor columns repeated.
         """
-        from rollout.context import iter_actor_params, offload_optimizer_states, reload_optimizer_states, rollout_mode
-
         t0 = time.perf_counter()
         validate = bool(prompts.meta.get("validate", False))
         seed = prompts.meta.get("seed")
         sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank)
         ids, mask = prompts["input_ids"], prompts["attention_mask"]
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        rc = self.rollout_cfg
-        stage = int(self.config["deepspeed"]["zero_stage"])
-        bucket = int(rc["update_weights_bucket_megabytes"]) * 2 ** 20
-        offload = bool(rc.get("offload_optimizer_during_rollout")) and not validate
-        module = self.actor.engine.module
-        with rollout_mode(self.engine, lambda: iter_actor_params(module, stage, bucket), bucket,
-                          offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
-                          reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
-                          sleep_level=int(rc.get("sleep_level", 1))):
+        with self._rollout_context(validate):
             out = self.engine.generate(prompt_lists, sampling)
         n = sampling.n
         rep = prompts.repeat(n, interleave=True)

@@ -190,6 +190,8 @@ class RayPPOTrainer:
         if self.global_step > int(self.cfg["trainer"].get("critic_warmup", 0)):
             with _timer("update_actor", timing):
                 metrics.update(_reduce(self.actor_wg.dispatch_dp_metrics("update_actor", batch)))
+        # per-stage peak GPU memory reported by the workers (max over ranks; trainer/workers/base.stage_peak_memory)
+        metrics.update({k: batch.meta.pop(k) for k in list(batch.meta) if k.startswith("perf/")})
         self._last_batch = batch
         return metrics
 

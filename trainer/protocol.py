@@ -174,7 +174,8 @@ class DataProto:
 
     @staticmethod
     def concat(parts: Sequence["DataProto"]) -> "DataProto":
-        """Concatenate batches row-wise; meta comes from the first part."""
+        """Concatenate batches row-wise; meta comes from the first part, except keys starting with ``perf/max_``
+        (per-rank peaks such as GPU memory), which take the maximum over the parts that hold them."""
         parts = [p for p in parts if p is not None]
         if not parts:
             raise ValueError("concat needs at least one batch")
@@ -182,4 +183,7 @@ class DataProto:
         if parts[0].batch is not None:
             batch = torch.cat([p.batch for p in parts], dim=0)
         non_tensor = {k: np.concatenate([p.non_tensor[k] for p in parts]) for k in parts[0].non_tensor}
-        return DataProto(batch=batch, non_tensor=non_tensor, meta=dict(parts[0].meta))
+        meta = dict(parts[0].meta)
+        for k in {k for p in parts for k in p.meta if k.startswith("perf/max_")}:
+            meta[k] = max(p.meta[k] for p in parts if k in p.meta)
+        return DataProto(batch=batch, non_tensor=non_tensor, meta=meta)

@@ -12,7 +12,7 @@ import time
 import torch
 
 from trainer.protocol import DataProto
-from trainer.workers.base import DistributedWorker, scheduler_total_steps
+from trainer.workers.base import DistributedWorker, scheduler_total_steps, stage_peak_memory
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
 
 logger = logging.getLogger(__name__)
@@ -108,8 +108,13 @@ class ActorRolloutRefWorker(DistributedWorker):
         sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank)
         ids, mask = prompts["input_ids"], prompts["attention_mask"]
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        self._reset_peak_memory()
         with self._rollout_context(validate):
+            perf = {}
+            if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
+                perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
             out = self.engine.generate(prompt_lists, sampling)
+        perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
         n = sampling.n
         rep = prompts.repeat(n, interleave=True)
         responses = out.responses.to(torch.long)
@@ -126,7 +131,12 @@ class ActorRolloutRefWorker(DistributedWorker):
             "position_ids": torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0),
         }, {k: v for k, v in rep.non_tensor.items()}, meta=dict(prompts.meta))
         result.meta["timing_gen_s"] = time.perf_counter() - t0
+        result.meta.update(perf)
         return result
+
+    def _reset_peak_memory(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     # ---- log-probs ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -134,10 +144,12 @@ class ActorRolloutRefWorker(DistributedWorker):
         """``old_log_probs`` (B, R) f32 and ``entropys`` (B, R) f32 of the current actor."""
         mbs = int(self.rollout_cfg["log_prob_micro_batch_size_per_gpu"])
         temp = float(self.rollout_cfg["temperature"]) or 1.0
+        self._reset_peak_memory()
         lp, ent = forward_batch_log_probs(self.actor, data, mbs, temp, calculate_entropy=True,
                                           use_dynamic_bsz=bool(self.actor_cfg["use_dynamic_bsz"]),
                                           max_token_len=int(self.actor_cfg["ppo_max_token_len_per_gpu"]))
-        return DataProto.from_dict({"old_log_probs": lp, "entropys": ent})
+        return DataProto.from_dict({"old_log_probs": lp, "entropys": ent},
+                                   meta=stage_peak_memory(self.device, "old_log_prob"))
 
     @torch.no_grad()
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -146,10 +158,11 @@ class ActorRolloutRefWorker(DistributedWorker):
             raise RuntimeError("the reference model was not built: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
         mbs = int(self.config["actor_rollout_ref"]["ref"]["log_prob_micro_batch_size_per_gpu"])
         temp = float(self.rollout_cfg["temperature"]) or 1.0
+        self._reset_peak_memory()
         lp, _ = forward_batch_log_probs(self.ref, data, mbs, temp, calculate_entropy=False,
                                         use_dynamic_bsz=bool(self.actor_cfg["use_dynamic_bsz"]),
                                         max_token_len=int(self.actor_cfg["ppo_max_token_len_per_gpu"]))
-        return DataProto.from_dict({"ref_log_prob": lp})
+        return DataProto.from_dict({"ref_log_prob": lp}, meta=stage_peak_memory(self.device, "ref"))
 
     # ---- update ---------------------------------------------------------------------------------------------
     def update_actor(self, data: DataProto) -> dict:

@@ -1,0 +1,23 @@
+"""DataProto.concat's meta rule and the per-stage peak-memory helper."""
+import torch
+
+from trainer.protocol import DataProto
+from trainer.workers.base import stage_peak_memory
+
+
+def test_concat_takes_max_of_perf_max_keys_and_first_part_otherwise():
+    a = DataProto.from_dict({"x": torch.zeros(2, 1)}, meta={"perf/max_memory_allocated_gb/gen": 3.0, "seed": 1,
+                                                            "perf/memory_allocated_gb/rollout_start": 1.0})
+    b = DataProto.from_dict({"x": torch.ones(1, 1)}, meta={"perf/max_memory_allocated_gb/gen": 5.5, "seed": 2,
+                                                           "perf/max_memory_reserved_gb/ref": 7.0,
+                                                           "perf/memory_allocated_gb/rollout_start": 9.0})
+    out = DataProto.concat([a, b])
+    assert out["x"].shape == (3, 1)
+    assert out.meta["perf/max_memory_allocated_gb/gen"] == 5.5     # max over ranks
+    assert out.meta["perf/max_memory_reserved_gb/ref"] == 7.0      # held by one part only
+    assert out.meta["seed"] == 1                                   # other keys: the first part's
+    assert out.meta["perf/memory_allocated_gb/rollout_start"] == 1.0
+
+
+def test_stage_peak_memory_is_empty_off_cuda():
+    assert stage_peak_memory(torch.device("cpu"), "gen") == {}

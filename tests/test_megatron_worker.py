@@ -18,17 +18,17 @@ from trainer.protocol import DataProto  # noqa: E402
 P, R = 6, 5
 
 
-def _config(out_dir, strategy):
+def _config(out_dir, strategy, world=1, extra=()):
     from hydra import compose, initialize_config_dir
 
     from trainer.launch import prepare_embedded, resolve_config, validate
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
         c = compose("ppo_trainer", overrides=[
-            f"trainer.strategy={strategy}", "trainer.n_gpus_per_node=1", f"trainer.output_dir={out_dir}",
+            f"trainer.strategy={strategy}", f"trainer.n_gpus_per_node={world}", f"trainer.output_dir={out_dir}",
             "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-            "data.train_batch_size=4", "deepspeed=zero1"])
+            "data.train_batch_size=4", "deepspeed=zero1", *extra])
     cfg = resolve_config(c)
     validate(cfg)
     prepare_embedded(cfg)

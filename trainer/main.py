@@ -35,6 +35,8 @@ if os.environ.get("LOCAL_RANK", "0") != "0":
     sys.exit(0)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# `python trainer/main.py` puts trainer/ first on sys.path, where trainer/megatron would shadow megatron-core
+sys.path[:] = [p for p in sys.path if not p or os.path.abspath(p) != os.path.join(_ROOT, "trainer")]
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 

@@ -36,6 +36,34 @@ import torch.distributed as dist
 from trainer.megatron.model import forward_logits
 
 
+_CPU_TP_COMPAT = False
+
+
+def install_cpu_tp_compat() -> None:
+    """CPU only (tests): megatron-core's tensor-parallel gathers/scatters (``tensor_parallel.mappings``) allocate
+    their output on ``torch.cuda.current_device()``; run them with the current device mapped to ``cpu``.
+    Idempotent; a no-op when CUDA is available. Complements ``trainer.megatron.model.install_cpu_compat``.
+    """
+    global _CPU_TP_COMPAT
+    if _CPU_TP_COMPAT or torch.cuda.is_available():
+        return
+    from unittest import mock
+
+    import megatron.core.tensor_parallel.mappings as mappings
+
+    def on_cpu(fn):
+        def wrapped(*args, **kwargs):
+            with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+                return fn(*args, **kwargs)
+        return wrapped
+
+    for name in ("_gather_along_last_dim", "_gather_along_first_dim", "_reduce_scatter_along_first_dim",
+                 "_reduce_scatter_along_last_dim"):
+        if hasattr(mappings, name):
+            setattr(mappings, name, on_cpu(getattr(mappings, name)))
+    _CPU_TP_COMPAT = True
+
+
 def unwrap(module: Any) -> torch.nn.Module:
     """The innermost module under megatron's ``DistributedDataParallel`` / ``Float16Module`` wrappers."""
     while hasattr(module, "module") and isinstance(module.module, torch.nn.Module):

@@ -103,6 +103,10 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
                              f"context_parallel_size={cp}; only 1 is supported (tensor parallelism only)")
         self.init_distributed()  # torch.distributed (gloo on CPU, nccl on GPU), as the DeepSpeed worker
         init_megatron_parallel(tp, pp, seed=int(cfg["trainer"]["seed"]))
+        if self.device.type == "cpu":
+            from trainer.megatron.engine import install_cpu_tp_compat
+
+            install_cpu_tp_compat()
         mc = arr["model"]
         path = mc["path"]
         trust = bool(mc.get("trust_remote_code"))

@@ -20,7 +20,9 @@ SCRIPT = os.path.join(ROOT, "tools", "device", "megatron_gpu_check.py")
 
 
 def _run(cmd, tmp_path, timeout):
-    env = {**os.environ, "MEGATRON_CHECK_DIR": str(tmp_path / "work"), "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items()  # rendezvous variables left by in-process tests would collide
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env.update({"MEGATRON_CHECK_DIR": str(tmp_path / "work"), "PYTHONUNBUFFERED": "1"})
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"STDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
     with open(tmp_path / "out.json") as f:

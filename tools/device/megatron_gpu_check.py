@@ -185,9 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29555))
+    if "LOCAL_WORLD_SIZE" in os.environ:  # started by torchrun
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    else:  # one process on a free port
+        from trainer.workers.base import free_port
+
+        rank, world, local_rank, addr, port = 0, 1, 0, "127.0.0.1", free_port()
     if device == "cuda":
         torch.cuda.set_device(local_rank)
     work = os.environ.get("MEGATRON_CHECK_DIR") or os.path.join(tempfile.gettempdir(), "megatron_gpu_check")

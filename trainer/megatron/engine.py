@@ -189,7 +189,10 @@ class MegatronEngine:
 
             finalize_model_grads([self.module])
             ok, grad_norm, _ = self.optimizer.step()
-            self._grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            if grad_norm is None:  # megatron computes the norm only when it clips (clip_grad > 0)
+                get = getattr(self.optimizer, "get_grad_norm", None)
+                grad_norm = get() if callable(get) and ok else (0.0 if ok else float("nan"))
+            self._grad_norm = float(grad_norm)
         else:
             params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
             if self.dp_size > 1:

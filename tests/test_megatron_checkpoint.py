@@ -118,3 +118,22 @@ def test_export_hf_loads_with_from_pretrained(tmp_path):
     assert len(buckets) > 1 and set(flat) == set(hf.state_dict())
     assert all(torch.equal(sd[k], flat[k]) for k in flat)
     assert not torch.equal(sd["model.norm.weight"], hf.state_dict()["model.norm.weight"])
+
+
+def test_step_state_is_hidden_only_while_megatron_loads_parameter_state():
+    """megatron-core 0.19.2 + torch Adam: load_parameter_state raised KeyError 'step' on 2 x H200."""
+    from types import SimpleNamespace
+
+    from trainer.megatron.checkpoint import _step_state_set_aside
+
+    p, q = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))
+    step = torch.tensor(7.0)
+    inner = SimpleNamespace(state={p: {"step": step, "exp_avg": torch.ones(2)}, q: {"exp_avg": torch.ones(3)}})
+    chained = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=inner)])
+    with _step_state_set_aside(chained):
+        assert "step" not in inner.state[p] and "exp_avg" in inner.state[p]
+    assert inner.state[p]["step"] is step and "step" not in inner.state[q]
+    with pytest.raises(RuntimeError), _step_state_set_aside(SimpleNamespace(optimizer=inner)):
+        assert "step" not in inner.state[p]
+        raise RuntimeError("load failed")
+    assert inner.state[p]["step"] is step          # restored even when the load raises

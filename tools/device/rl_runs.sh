@@ -6,7 +6,7 @@
 #   GPU 0: gsm8k_grpo, gsm8k_gae, svamp_a          GPU 1: gsm8k_prime, svamp_b, save/resume pair
 # Every run writes metrics.jsonl + console.log to $OUT/<name>/ when it ends (or is stopped by its timeout:
 # SIGTERM makes the trainer finish the current step and exit).
-# Use: OUT=/some/dir T_LONG=480 bash tools/device/rl_runs.sh
+# Use: OUT=/some/dir T_LONG=480 [RUNS="svamp_b:0 gsm8k_gae:1"] [EXTRA="hydra overrides"] bash tools/device/rl_runs.sh
 set -u
 OUT=${OUT:?set OUT}
 T_LONG=${T_LONG:-480}
@@ -15,7 +15,7 @@ COMMON="trainer.device=cuda trainer.n_gpus_per_node=1 model=smollm2 actor_rollou
  reward=format data.train_batch_size=32 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=16
  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128
  data.max_prompt_length=256 data.max_response_length=256 actor_rollout_ref.rollout.prompt_length_bucket=256
- actor_rollout_ref.actor.use_kl_loss=true trainer.export_hf_on_end=false"
+ actor_rollout_ref.actor.use_kl_loss=true trainer.export_hf_on_end=false ${EXTRA:-}"
 GSM="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.total_training_steps=30 trainer.val_before_train=true
  trainer.test_freq=15 data.val_max_rows=300 data.val_batch_size=150"
 # SVAMP: held-out validation sampled at T=0.7 with 2 samples per question (the baseline in ../shared/models/README.md
@@ -30,28 +30,36 @@ launch() {  # name gpu timeout_s overrides...
   ( cd "$PWD" && CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 40 "$t" python3 trainer/main.py $COMMON "$@" \
       trainer.output_dir=/tmp/runs/$name > "$OUT/$name/console.log" 2>&1
     echo "exit $?" >> "$OUT/$name/console.log"
-    cp /tmp/runs/$name/metrics.jsonl "$OUT/$name/" 2>/dev/null ) &
+    cp /tmp/runs/$name/metrics.jsonl "$OUT/$name/" 2>/dev/null
+    tar czf "$OUT/$name.tgz" -C "$OUT" "$name" 2>/dev/null && rm -rf "${OUT:?}/$name" ) &
 }
 
-launch gsm8k_grpo 0 "$T_LONG" $GSM
-launch gsm8k_gae 0 "$T_LONG" $GSM algorithm=gae
-launch svamp_a 0 "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=2e-5
-launch gsm8k_prime 1 "$T_LONG" $GSM algorithm=prime data.oversample_factor=2.0
-launch svamp_b 1 "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5
-
-# #5: save at step 2 of a 4-step run, then resume from step 2 and run steps 3-4 (compare with the first run)
-(
-  SR="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.total_training_steps=4 trainer.save_freq=2"
+# RUNS: which runs and on which GPU, as name:gpu (default: the first batch of 2026-11-30)
+RUNS=${RUNS:-"gsm8k_grpo:0 gsm8k_gae:0 svamp_a:0 gsm8k_prime:1 svamp_b:1 save_resume:1"}
+save_resume() {  # #5: save at step 2 of a 4-step run, resume from step 2, run steps 3-4 (compare with the first)
+  local gpu=$1 SR="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.total_training_steps=4 trainer.save_freq=2"
   mkdir -p "$OUT/save_resume"
-  CUDA_VISIBLE_DEVICES=1 timeout -k 20 300 python3 trainer/main.py $COMMON $SR trainer.output_dir=/tmp/runs/sr1 \
+  CUDA_VISIBLE_DEVICES=$gpu timeout -k 20 300 python3 trainer/main.py $COMMON $SR trainer.output_dir=/tmp/runs/sr1 \
       > "$OUT/save_resume/first.log" 2>&1
-  CUDA_VISIBLE_DEVICES=1 timeout -k 20 200 python3 trainer/main.py $COMMON $SR trainer.output_dir=/tmp/runs/sr2 \
+  CUDA_VISIBLE_DEVICES=$gpu timeout -k 20 200 python3 trainer/main.py $COMMON $SR trainer.output_dir=/tmp/runs/sr2 \
       trainer.resume_mode=/tmp/runs/sr1/checkpoints/global_step_2 > "$OUT/save_resume/resumed.log" 2>&1
   cp /tmp/runs/sr1/metrics.jsonl "$OUT/save_resume/first.jsonl" 2>/dev/null
   cp /tmp/runs/sr2/metrics.jsonl "$OUT/save_resume/resumed.jsonl" 2>/dev/null
   { du -sb /tmp/runs/sr1/checkpoints/global_step_2 /tmp/runs/sr1/checkpoints/global_step_2/*;
     find /tmp/runs/sr1/checkpoints/global_step_2 -type f -printf '%s %p\n'; } > "$OUT/save_resume/sizes.txt" 2>&1
-) &
+}
+for spec in $RUNS; do
+  name=${spec%%:*} gpu=${spec##*:}
+  case $name in
+    gsm8k_grpo) launch gsm8k_grpo "$gpu" "$T_LONG" $GSM ;;
+    gsm8k_gae) launch gsm8k_gae "$gpu" "$T_LONG" $GSM algorithm=gae ;;
+    gsm8k_prime) launch gsm8k_prime "$gpu" "$T_LONG" $GSM algorithm=prime data.oversample_factor=${PRIME_OVERSAMPLE:-2.0} ;;
+    svamp_a) launch svamp_a "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=2e-5 ;;
+    svamp_b) launch svamp_b "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 ;;
+    save_resume) save_resume "$gpu" & ;;
+    *) echo "unknown run $name" >&2; exit 2 ;;
+  esac
+done
 wait
 nvidia-smi --query-gpu=name,memory.used --format=csv > "$OUT/nvidia_smi.txt" 2>&1
 echo "all runs done"

@@ -20,6 +20,7 @@ HF export of the weights: :meth:`export_hf` (TP/PP gathered through ``trainer.me
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 import os
 import shutil
 from typing import Any
@@ -62,6 +63,29 @@ def _set_tracker_states(states: dict | None) -> None:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     get_cuda_rng_tracker().set_states(dict(states))
+
+
+@contextmanager
+def _step_state_set_aside(optimizer):
+    """Hide torch Adam's per-parameter ``step`` tensors while Megatron's ``load_parameter_state`` runs.
+
+    With torch's Adam (no Transformer Engine / apex), ``DistributedOptimizer.load_state_dict`` puts a ``step``
+    tensor in every parameter's state, and ``load_parameter_state`` (dp-zero format) then looks for a ``step``
+    entry in the saved per-parameter tensors, which its own save path stores separately: KeyError 'step'
+    (measured with megatron-core 0.19.2 on 2 x H200). The steps were already restored by ``load_state_dict``;
+    they are put back unchanged afterwards.
+    """
+    inner = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    saved = []
+    for opt in inner:
+        for state in (getattr(opt, "state", None) or {}).values():
+            if isinstance(state, dict) and "step" in state:
+                saved.append((state, state.pop("step")))
+    try:
+        yield
+    finally:
+        for state, step in saved:
+            state["step"] = step
 
 
 class MegatronCheckpointManager(CheckpointManager):
@@ -171,8 +195,9 @@ class MegatronCheckpointManager(CheckpointManager):
             self.optimizer.load_state_dict(torch.load(_need(os.path.join(path, "optim", f"optim_{self._suffix()}.pt")),
                                                       map_location="cpu", weights_only=False))
             if hasattr(self.optimizer, "load_parameter_state"):
-                self.optimizer.load_parameter_state(
-                    _need(os.path.join(path, "optim", f"param_state_{self._suffix(with_dp=False)}.pt")))
+                with _step_state_set_aside(self.optimizer):
+                    self.optimizer.load_parameter_state(
+                        _need(os.path.join(path, "optim", f"param_state_{self._suffix(with_dp=False)}.pt")))
         extra = torch.load(_need(os.path.join(path, "extra", f"extra_{self._suffix()}.pt")), map_location="cpu",
                            weights_only=False)
         if load_lr_scheduler and self.lr_scheduler is not None:

@@ -195,7 +195,9 @@ class MegatronCheckpointManager(CheckpointManager):
             self.optimizer.load_state_dict(torch.load(_need(os.path.join(path, "optim", f"optim_{self._suffix()}.pt")),
                                                       map_location="cpu", weights_only=False))
             if hasattr(self.optimizer, "load_parameter_state"):
-                with _step_state_set_aside(self.optimizer):
+                # no_grad: megatron copies into the fp32 main params (leaves that require grad) in place, which
+                # autograd refuses outside no_grad (RuntimeError on 2 x H200, megatron-core 0.19.2)
+                with _step_state_set_aside(self.optimizer), torch.no_grad():
                     self.optimizer.load_parameter_state(
                         _need(os.path.join(path, "optim", f"param_state_{self._suffix(with_dp=False)}.pt")))
         extra = torch.load(_need(os.path.join(path, "extra", f"extra_{self._suffix()}.pt")), map_location="cpu",

@@ -5,7 +5,8 @@
 A RUN_DIR is a run's ``trainer.output_dir`` (or a ``metrics.jsonl`` file itself). Several runs overlay in the
 same axes for comparison. Writes ``<name>_reward.png`` (training score, strict accuracy, format rate and
 held-out accuracy per step), ``<name>_length.png`` (response length and its clip ratio), ``<name>_kl_entropy.png``
-and ``<name>_timing.png`` (step time by stage, stacked, for the first run). Returns the written paths.
+and ``<name>_timing.png`` (step time by stage, stacked, for the first run). When a run trained a PRIME PRM, also writes ``<name>_prm.png``
+(PRM accuracy on the verified label, PRM cross-entropy, share of groups inside the accuracy band). Returns the written paths.
 """
 from __future__ import annotations
 
@@ -105,6 +106,19 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     save(fig, "kl_entropy")
+
+    prm_runs = [(label, rows) for label, rows in runs if any("reward_model/ce_loss" in r for r in rows)]
+    if prm_runs:
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+        for label, rows in prm_runs:
+            for ax, key in zip(axes, ("reward_model/dpo_acc_abs", "reward_model/ce_loss", "prime/pass_ratio")):
+                ax.plot(*series(rows, key), label=label)
+        for ax, title in zip(axes, ("PRM accuracy on the verified label", "PRM cross-entropy (nats)",
+                                    "groups inside the accuracy band")):
+            ax.set(title=title, xlabel="step")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        save(fig, "prm")
 
     label, rows = runs[0]
     fig, ax = plt.subplots(figsize=(7, 4))

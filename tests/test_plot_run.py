@@ -1,0 +1,48 @@
+"""tools/plot_run.py draws the run plots from metrics.jsonl files."""
+import json
+import os
+
+import pytest
+
+from tools.plot_run import load_metrics, plot, series
+
+
+def _write(path, rows):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def _rows(prm: bool):
+    rows = [{"step": 0, "val/svamp/acc": 0.01, "val/svamp/format": 0.1}]
+    for s in range(1, 4):
+        r = {"step": s, "critic/score/mean": 0.1 * s, "reward/acc/mean": 0.05 * s, "reward/format/mean": 0.3 * s,
+             "response_length/mean": 100 + s, "response_length/clip_ratio": 0.0, "actor/kl_loss": 1e-3 * s,
+             "actor/entropy": 2.0, "timing_s/step": 5.0, "timing_s/gen": 3.0, "timing_s/update_actor": 1.5}
+        if prm:
+            r.update({"reward_model/ce_loss": 0.69, "reward_model/dpo_acc_abs": 0.5, "prime/pass_ratio": 0.0})
+        rows.append(r)
+    return rows
+
+
+def test_series_skips_rows_without_a_number():
+    assert series([{"step": 0, "a": 1}, {"step": 1}, {"step": 2, "a": True}, {"step": 3, "a": 2.5}], "a") == \
+        ([0, 3], [1.0, 2.5])
+
+
+def test_plots_overlay_runs_and_add_prm_plot_only_for_prime_runs(tmp_path):
+    _write(tmp_path / "grpo", _rows(prm=False))
+    _write(tmp_path / "prime", _rows(prm=True))
+    out = tmp_path / "plots"
+    only_grpo = plot([str(tmp_path / "grpo")], str(out), "a")
+    assert sorted(os.path.basename(p) for p in only_grpo) == ["a_kl_entropy.png", "a_length.png", "a_reward.png",
+                                                              "a_timing.png"]
+    both = plot([str(tmp_path / "grpo"), str(tmp_path / "prime" / "metrics.jsonl")], str(out), "b")
+    assert "b_prm.png" in [os.path.basename(p) for p in both]
+    assert all(os.path.getsize(p) > 1000 for p in both)
+
+
+def test_missing_metrics_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        load_metrics(str(tmp_path / "nope"))

@@ -54,3 +54,23 @@ def test_full_tiny_run(tmp_path):
     assert [(r["sp"], r["longest_tokens"], r["stopped_by"]) for r in doc["search"]] == [(1, 1024, "cap"),
                                                                                        (2, 1024, "cap")]
     assert doc["equivalence"][0]["max_abs_diff"] < 1e-4
+
+
+def test_longest_sequence_doubles_then_bisects_between_last_fit_and_first_oom():
+    from tools.bench.ulysses import longest_sequence
+
+    tried = []
+
+    def fits(T, limit=59_000):
+        tried.append(T)
+        return {"error": "CUDA out of memory", "oom": True} if T > limit else {"peak_mem_gib": T / 1000, "seconds": 1.0}
+
+    last, stop, nxt = longest_sequence(fits, 8192, 1 << 20, refine=0)
+    assert (last["tokens"], stop, nxt) == (32768, "OOM", 65536) and tried == [8192, 16384, 32768, 65536]
+    tried.clear()
+    last, stop, nxt = longest_sequence(fits, 8192, 1 << 20, refine=3)
+    # 65536 fails; bisect: 49152 fits, 57344 fits, 61440 fails
+    assert tried[4:] == [49152, 57344, 61440]
+    assert (last["tokens"], last["peak_mem_gib"], stop, nxt) == (57344, 57.344, "OOM", 61440)
+    assert longest_sequence(fits, 8192, 20000, refine=3)[1:] == ("cap", 32768)      # cap: no bisection
+    assert longest_sequence(lambda T: {"error": "boom", "oom": False}, 8192, 1 << 20, 2) == (None, "error: boom", 8192)

@@ -10,8 +10,9 @@ per parameter). ``--warmup`` steps, then ``--iters`` timed steps; tokens/s per G
 peak memory = ``torch.cuda.max_memory_allocated`` (max over ranks). A failure in any rank (e.g. CUDA OOM) kills
 the whole pool (its peers may be blocked in a collective) and a new pool serves the next trial.
 
-Search: from ``--search-start`` tokens, double ``T`` until a trial fails (OOM) or exceeds ``--search-max``; the
-last ``T`` that fitted is reported. On CUDA each search trial gets a fresh pool (no allocator state carried over).
+Search: from ``--search-start`` tokens, double ``T`` until a trial fails (OOM) or exceeds ``--search-max``, then
+``--search-refine`` bisection steps between the last fit and the first OOM (``longest_sequence``); the longest ``T``
+that fitted is reported. On CUDA each search trial gets a fresh pool (no allocator state carried over).
 
 Equivalence: with SP=2, the log-probs of a packed batch of 4 sequences (``--equiv-tokens`` in all) computed with
 the SP group and with SP=1 on the same rank and weights; max and mean absolute difference over response tokens
@@ -194,8 +195,41 @@ def _sp_ok(model: str, sp: int) -> str | None:
     return None
 
 
+def longest_sequence(fits, start: int, cap: int, refine: int = 0, granule: int = 1024):
+    """Longest sequence (tokens) that one training step fits, by doubling from ``start`` then bisecting.
+
+    ``fits(T)`` runs one trial and returns its result dict (``"error"``/``"oom"`` keys on failure, else
+    ``"peak_mem_gib"`` and ``"seconds"``). Doubling stops at the first failure or above ``cap``; then ``refine``
+    bisection steps between the last fit and the first failure, midpoints rounded down to a multiple of
+    ``granule`` tokens (stops early when the interval is one granule). Returns ``(last, stop, next_tried)``:
+    ``last`` is ``{"tokens", "peak_mem_gib", "seconds_per_step"}`` of the longest fit (None if none fitted),
+    ``stop`` is ``"cap"``, ``"OOM"`` or ``"error: ..."`` from the doubling, ``next_tried`` the first failing length.
+    """
+    T, last, stop = start, None, "cap"
+    while T <= cap:
+        r = fits(T)
+        if "error" in r:
+            stop = "OOM" if r.get("oom") else f"error: {r['error']}"
+            break
+        last = dict(tokens=T, peak_mem_gib=r["peak_mem_gib"], seconds_per_step=r["seconds"])
+        T *= 2
+    if last is None or stop != "OOM":
+        return last, stop, T
+    lo, hi = last["tokens"], T
+    for _ in range(refine):
+        mid = (lo + hi) // 2 // granule * granule
+        if mid <= lo:
+            break
+        r = fits(mid)
+        if "error" in r:
+            hi = mid
+        else:
+            lo, last = mid, dict(tokens=mid, peak_mem_gib=r["peak_mem_gib"], seconds_per_step=r["seconds"])
+    return last, stop, hi
+
+
 def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, search, search_start, search_max,
-                  equiv_tokens, gradient_checkpointing=False, timeout_s=900.0) -> dict:
+                  equiv_tokens, gradient_checkpointing=False, timeout_s=900.0, search_refine: int = 0) -> dict:
     """Run the throughput table, the longest-sequence search and the equivalence check.
 
     Returns:
@@ -230,15 +264,11 @@ def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, sea
                 out["throughput"].append(row)
                 print(row, flush=True)
             if search:
-                T, last, stop = search_start, None, "cap"
-                while T <= search_max:
-                    r = trial(dict(kind="train", model=model, tokens=T, **dict(base, iters=1, warmup=1)),
-                              fresh=device_type == "cuda")
-                    if "error" in r:
-                        stop = "OOM" if r["oom"] else f"error: {r['error']}"
-                        break
-                    last = dict(tokens=T, peak_mem_gib=r["peak_mem_gib"], seconds_per_step=r["seconds"])
-                    T *= 2
+                def fits(T, model=model):
+                    return trial(dict(kind="train", model=model, tokens=T, **dict(base, iters=1, warmup=1)),
+                                 fresh=device_type == "cuda")
+
+                last, stop, T = longest_sequence(fits, search_start, search_max, search_refine)
                 row = dict(model=model, sp=sp, longest_tokens=last and last["tokens"],
                            peak_mem_gib=last and last["peak_mem_gib"], stopped_by=stop, next_tried=T)
                 out["search"].append(row)
@@ -266,6 +296,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-search", action="store_true", help="skip the longest-sequence search")
     ap.add_argument("--search-start", type=int, default=8192)
     ap.add_argument("--search-max", type=int, default=1 << 20)
+    ap.add_argument("--search-refine", type=int, default=0,
+                    help="bisection steps after doubling (between the last fit and the first OOM), 1,024-token grain")
     ap.add_argument("--equiv-tokens", type=int, default=8192, help="0: skip the SP=2 vs SP=1 log-prob check")
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per trial before the pool is killed")
@@ -280,7 +312,8 @@ def main(argv=None) -> dict:
     res = run_benchmark([m.strip() for m in args.models.split(",") if m.strip()],
                         [int(s) for s in args.sp_sizes.split(",")], [int(t) for t in args.tokens.split(",")],
                         args.iters, args.warmup, device_type, not args.no_search, args.search_start,
-                        args.search_max, args.equiv_tokens, args.gradient_checkpointing, args.timeout)
+                        args.search_max, args.equiv_tokens, args.gradient_checkpointing, args.timeout,
+                        args.search_refine)
     print_table(res["throughput"], ["model", "sp", "tokens", "status", "tokens_per_s_per_gpu", "peak_mem_gib"],
                 title=f"Ulysses actor step ({device_type})")
     if res["search"]:

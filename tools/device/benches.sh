@@ -21,5 +21,5 @@ wait
 timeout -k 10 70 torchrun --nproc_per_node 2 tools/bench/rollout.py --skip-gen --zero3 \
   --out "$OUT/sync_zero3_2gpu.json" > "$OUT/sync2.log" 2>&1
 timeout -k 10 190 python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384,32768 --iters 3 --warmup 1 \
-  --search-start 32768 --search-max 131072 --timeout 60 --out "$OUT/ulysses.json" > "$OUT/ulysses.log" 2>&1
+  --search-start 32768 --search-max 131072 --search-refine 3 --timeout 60 --out "$OUT/ulysses.json" > "$OUT/ulysses.log" 2>&1
 echo "benches done"

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.megatron.model import forward_logits
+from trainer.megatron.model import forward_logits, run_with_cpu_as_current_device
 
 
 _CPU_TP_COMPAT = False
@@ -47,16 +47,9 @@ def install_cpu_tp_compat() -> None:
     global _CPU_TP_COMPAT
     if _CPU_TP_COMPAT or torch.cuda.is_available():
         return
-    from unittest import mock
-
     import megatron.core.tensor_parallel.mappings as mappings
 
-    def on_cpu(fn):
-        def wrapped(*args, **kwargs):
-            with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
-                return fn(*args, **kwargs)
-        return wrapped
-
+    on_cpu = run_with_cpu_as_current_device
     for name in ("_gather_along_last_dim", "_gather_along_first_dim", "_reduce_scatter_along_first_dim",
                  "_reduce_scatter_along_last_dim"):
         if hasattr(mappings, name):

@@ -40,6 +40,16 @@ def megatron_available() -> tuple[bool, str]:
         return False, f"megatron-core is not importable: {type(e).__name__}: {e}"
 
 
+def run_with_cpu_as_current_device(fn):
+    """Wrap ``fn`` so that ``torch.cuda.current_device()`` returns ``"cpu"`` while it runs (CPU tests only)."""
+    from unittest import mock
+
+    def wrapped(*args, **kwargs):
+        with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
 def install_cpu_compat() -> None:
     """Let megatron-core's local-spec GPT forward run without CUDA (idempotent; no-op when CUDA exists).
 
@@ -49,19 +59,12 @@ def install_cpu_compat() -> None:
     global _CPU_COMPAT
     if _CPU_COMPAT or torch.cuda.is_available():
         return
-    from unittest import mock
-
     import megatron.core.tensor_parallel.random as mrand
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     from megatron.core.utils import GlobalMemoryBuffer
 
-    def on_cpu(fn):
-        def wrapped(*args, **kwargs):
-            with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):
-                return fn(*args, **kwargs)
-        return wrapped
-
+    on_cpu = run_with_cpu_as_current_device
     RotaryEmbedding.get_emb = on_cpu(RotaryEmbedding.get_emb)
     GlobalMemoryBuffer.get_tensor = on_cpu(GlobalMemoryBuffer.get_tensor)
     mrand._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()

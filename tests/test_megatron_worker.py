@@ -70,7 +70,11 @@ def workers(tmp_path_factory):
     yield {"ds": ds, "mg": mg, "info": info, "out": out}
     ps.destroy_model_parallel()
     if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        # through DeepSpeed, which then drops its cached groups (a later test's deepspeed.initialize would
+        # otherwise use the destroyed world group)
+        import deepspeed.comm
+
+        deepspeed.comm.destroy_process_group()
 
 
 def _params(worker):

@@ -145,3 +145,33 @@ def test_trainer_stops_after_max_consecutive_skips(tmp_path):
     with pytest.raises(TrainingDiverged, match=r"critic: 3 optimizer steps in a row.*max_consecutive_skipped_steps=3"
                                                r".*step 7"):
         tr._check_skipped({"actor/consecutive_skipped_steps": 0.0, "critic/consecutive_skipped_steps": 3.0})
+
+
+def _loss_share_stub(role, mb, cfg, temperature, agg_mode, agg):
+    """A token-mean loss aggregated like the real one (share of the mini-batch's global token count)."""
+    per_row = role.engine(mb["x"]).pow(2).squeeze(-1)                       # (rows,)
+    tok = mb["response_mask"]                                               # (rows, 3)
+    loss = (per_row[:, None] * tok).sum() / agg["global_num_tokens"] * agg["dp_size"]
+    return loss, {"pg_loss": loss.item(), "pg_clipfrac": 0.25}
+
+
+def test_stage0_fp32_steps_are_not_counted_as_skipped_and_loss_metric_ignores_micro_size(monkeypatch):
+    """ZeRO-0 without bf16 reports no gradient norm; that is not a skipped step. pg_loss is the mini-batch loss
+    (micro-batch shares summed), the same for 1 or 2 micro-batches; non-additive metrics stay per micro-batch."""
+    _init_dist()
+    monkeypatch.setattr(update, "_actor_loss", _loss_share_stub)
+    data = _data([False] * 4)
+    out = {}
+    for micro in (2, 1):
+        monkeypatch.setitem(CFG, "ppo_micro_batch_size_per_gpu", micro)
+        engine = _engine(0)
+        m = _run(engine, data)
+        assert m["actor/skipped_steps"] == [0.0] and m["actor/consecutive_skipped_steps"] == [0.0]
+        assert "actor/grad_norm" not in m
+        assert len(m["actor/pg_loss"]) == 2                        # one per mini-batch (2 rows each)
+        assert len(m["actor/pg_clipfrac"]) == 4 // micro
+        out[micro] = m["actor/pg_loss"][0]
+    x = data["x"][:2]
+    torch.manual_seed(0)
+    expected = torch.nn.Linear(4, 1)(x).pow(2).mean().item()      # first mini-batch, weights before any step
+    assert out[1] == pytest.approx(out[2], rel=1e-6) and out[2] == pytest.approx(expected, rel=1e-6)

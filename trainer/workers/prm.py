@@ -124,9 +124,9 @@ class PRMWorker(DistributedWorker):
             if finite:
                 engine.step()
                 gn = engine.get_global_grad_norm()
-                gn = float(gn) if gn is not None else float("nan")
-                skipped += 0 if math.isfinite(gn) else 1
-                metrics["reward_model/grad_norm"].append(gn)
+                if gn is not None:  # None: DeepSpeed keeps no norm for ZeRO-0 without bf16; the step was taken
+                    skipped += 0 if math.isfinite(float(gn)) else 1
+                    metrics["reward_model/grad_norm"].append(float(gn))
             else:
                 skipped += 1
                 engine.optimizer.zero_grad()

@@ -24,6 +24,14 @@ def _shuffle(data: DataProto, seed: int) -> DataProto:
     return data.index(torch.randperm(len(data), generator=g))
 
 
+# Loss metrics whose micro-batch values are SHARES of the mini-batch loss (each micro-batch is aggregated with the
+# mini-batch's global counts and scaled by dp_size, see the module docstring): summed over the micro-batches of a
+# mini-batch they give this rank's share x dp_size, and the controller's mean over data-parallel ranks then gives
+# the mini-batch loss, independent of the micro-batch size. Other metrics (clip fractions, ppo_kl) are per
+# micro-batch means and are averaged.
+ADDITIVE_LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
+
+
 def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: float, kind: str) -> dict:
     """Run ``cfg['ppo_epochs']`` passes over ``data`` (this rank's rows); returns ``{metric: [values]}``.
 
@@ -57,6 +65,7 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
             agg = dict(global_num_tokens=max(n_tok, 1.0), global_num_seqs=max(n_seq, 1.0), dp_size=role.dp_size,
                        loss_scale_factor=float(mask.shape[-1]))
             finite = True
+            summed: dict[str, float] = defaultdict(float)
             for mb in micro_batches(mini, int(cfg["ppo_micro_batch_size_per_gpu"]), dyn, max_tok, role.dp_group):
                 if kind == "actor":
                     loss, m = _actor_loss(role, mb, cfg, temperature, agg_mode, agg)
@@ -69,14 +78,21 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                 finite = finite and ok_mb
                 engine.backward(loss if ok_mb else loss * float("nan"), scale_wrt_gas=False)
                 for k, v in m.items():
-                    metrics[f"{kind}/{k}"].append(float(v))
+                    if k in ADDITIVE_LOSS_METRICS:
+                        summed[k] += float(v)
+                    else:
+                        metrics[f"{kind}/{k}"].append(float(v))
+            for k, v in summed.items():  # one value per mini-batch (see ADDITIVE_LOSS_METRICS)
+                metrics[f"{kind}/{k}"].append(v)
             finite = _all_ranks_finite(finite, worker.device)
             if finite:
                 engine.step()
                 gn = engine.get_global_grad_norm()
-                gn = float(gn) if gn is not None else float("nan")
-                ok = math.isfinite(gn)
-                metrics[f"{kind}/grad_norm"].append(gn)
+                if gn is None:  # DeepSpeed keeps no norm for ZeRO-0 without bf16/fp16: the step was taken
+                    ok = True
+                else:
+                    ok = math.isfinite(float(gn))
+                    metrics[f"{kind}/grad_norm"].append(float(gn))
             else:
                 ok = False
                 if engine.zero_optimization_stage() >= 1:

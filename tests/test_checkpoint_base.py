@@ -50,6 +50,21 @@ def test_find_latest_missing_folder_warns(tmp_path, caplog):
     assert find_latest_checkpoint(str(tmp_path)) == str(tmp_path / "global_step_3")
 
 
+def test_find_latest_falls_back_to_newest_complete_folder(tmp_path, caplog):
+    """A tracker naming a deleted folder, or a lost tracker, must not make resume_mode=auto train from scratch
+    over existing checkpoints (found by a fresh-user test: global_step_2 was then overwritten)."""
+    for step in (2, 10):
+        _fake_save(tmp_path, step)
+    os.makedirs(tmp_path / "global_step_11")                 # incomplete: no data.pt
+    write_tracker(str(tmp_path), 12)                          # names a folder that is gone
+    with caplog.at_level(logging.WARNING):
+        assert find_latest_checkpoint(str(tmp_path)) == str(tmp_path / "global_step_10")
+    assert "global_step_12" in caplog.text and "global_step_10" in caplog.text
+    os.remove(tmp_path / TRACKER_FILE)                        # no tracker at all
+    assert find_latest_checkpoint(str(tmp_path)) == str(tmp_path / "global_step_10")
+    assert resolve_resume_path("auto", str(tmp_path)) == (str(tmp_path / "global_step_10"), 10)
+
+
 def test_p16_numeric_order(tmp_path):
     for s in (10, 9, 2, 100, 1):
         _fake_save(tmp_path, s)

@@ -180,22 +180,29 @@ def read_tracker(root: str) -> int | None:
 
 
 def find_latest_checkpoint(root: str | None) -> str | None:
-    """``<root>/global_step_<N>`` named by the tracker, or None.
+    """``<root>/global_step_<N>`` named by the tracker; else the newest complete step folder; else None.
 
-    None (with a warning) when the tracker names a folder that does not exist; None without a warning
-    when ``root`` or the tracker does not exist.
+    The tracker is written last, so it normally names the newest complete checkpoint. When it names a folder that
+    no longer exists (deleted by hand), or is missing while complete step folders exist (its write was lost), the
+    newest complete folder (``data.pt`` present, :func:`is_complete_checkpoint`) is returned with a warning, so
+    that ``resume_mode=auto`` never trains from scratch over existing checkpoints. None when ``root`` does not
+    exist or holds no complete checkpoint.
     """
     if not root or not os.path.isdir(root):
         return None
     step = read_tracker(root)
-    if step is None:
-        return None
-    path = step_dir(root, step)
-    if not os.path.isdir(path):
-        logger.warning("checkpoint tracker in %s names step %d but %s does not exist; ignoring it",
-                       root, step, path)
-        return None
-    return path
+    if step is not None:
+        path = step_dir(root, step)
+        if os.path.isdir(path):
+            return path
+    complete = [p for _, p in list_checkpoints(root) if is_complete_checkpoint(p)]
+    if step is not None:
+        logger.warning("checkpoint tracker in %s names step %d but %s does not exist; %s", root, step,
+                       step_dir(root, step), f"using the newest complete checkpoint {complete[-1]}" if complete
+                       else "no complete checkpoint exists")
+    elif complete:
+        logger.warning("no checkpoint tracker in %s; using the newest complete checkpoint %s", root, complete[-1])
+    return complete[-1] if complete else None
 
 
 def list_checkpoints(root: str) -> list[tuple[int, str]]:

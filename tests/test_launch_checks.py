@@ -39,3 +39,43 @@ def test_resume_path_is_checked_before_start(tmp_path):
     cfg = _cfg(f"trainer.resume_mode={tmp_path}")
     with pytest.raises(ConfigError, match="global_step"):
         preflight(cfg)
+
+
+def _resume_cfg(strategy="deepspeed", tp=1, n_gpus=2):
+    return {"trainer": {"strategy": strategy, "nnodes": 1, "n_gpus_per_node": n_gpus},
+            "actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": tp,
+                                                         "pipeline_model_parallel_size": 1}}}}
+
+
+def _fake_ckpt(root, kind, sizes=None):
+    import torch
+
+    actor = os.path.join(str(root), "global_step_2", "actor")
+    os.makedirs(actor)
+    if kind == "deepspeed":
+        with open(os.path.join(actor, "latest"), "w") as f:
+            f.write("global_step_2")
+    else:
+        torch.save({"global_step": 2, **sizes}, os.path.join(actor, "meta.pt"))
+    return os.path.dirname(actor)
+
+
+def test_resume_refuses_a_checkpoint_of_the_other_strategy_before_start(tmp_path):
+    from trainer.launch import check_resume_checkpoint
+
+    ds = _fake_ckpt(tmp_path / "ds", "deepspeed")
+    mg = _fake_ckpt(tmp_path / "mg", "megatron", {"tp_size": 1, "pp_size": 1, "dp_size": 2})
+    check_resume_checkpoint(_resume_cfg("deepspeed"), ds)
+    check_resume_checkpoint(_resume_cfg("megatron"), mg)
+    with pytest.raises(ConfigError, match="is a megatron checkpoint but trainer.strategy=deepspeed"):
+        check_resume_checkpoint(_resume_cfg("deepspeed"), mg)
+    with pytest.raises(ConfigError, match="is a deepspeed checkpoint but trainer.strategy=megatron"):
+        check_resume_checkpoint(_resume_cfg("megatron"), ds)
+    with pytest.raises(ConfigError, match=r"saved with \{'tp_size': 1, 'pp_size': 1, 'dp_size': 2\} but this run "
+                                          r"has \{'tp_size': 2, 'pp_size': 1, 'dp_size': 1\}"):
+        check_resume_checkpoint(_resume_cfg("megatron", tp=2), mg)
+    with pytest.raises(ConfigError, match="dp_size': 4"):
+        check_resume_checkpoint(_resume_cfg("megatron", n_gpus=4), mg)
+    os.remove(os.path.join(ds, "actor", "latest"))
+    with pytest.raises(ConfigError, match="neither a DeepSpeed"):
+        check_resume_checkpoint(_resume_cfg("deepspeed"), ds)

@@ -44,9 +44,10 @@ def test_missing_megatron_core_is_refused(monkeypatch):
 @pytest.mark.parametrize("overrides,match", [
     (["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"], "pipeline parallelism is not supported"),
     (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"], r"3\*1 must divide the 2 workers"),
-    (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=0"], "must divide the 2 workers"),
+    (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=0"], r"tensor_model_parallel_size=0; expected an integer >= 1"),
+    (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=two"], r"tensor_model_parallel_size='two'; expected an integer"),
     (["actor_rollout_ref.actor.megatron.context_parallel_size=2"], "context_parallel_size=2"),
-    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], "Megatron's own context parallelism"),
+    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], "DeepSpeed-path feature.*set it to 1"),
     (["algorithm=gae"], "no critic worker yet.*adv_estimator=gae"),
     (["algorithm=prime"], "algorithm=prime is not supported"),
     (["actor_rollout_ref.rollout.offload_optimizer_during_rollout=true"], "offload_optimizer_during_rollout"),

@@ -115,13 +115,15 @@ def preflight(cfg: dict) -> None:
             what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
             raise ConfigError(f"{key}={path!r} {what}")
     mode = cfg["trainer"]["resume_mode"]
-    if mode not in ("auto", "disable"):
+    if mode != "disable":
         from trainer.checkpoint.base import resolve_resume_path
 
         try:
-            resolve_resume_path(mode, cfg["trainer"]["default_local_dir"])
+            resume_path, _ = resolve_resume_path(mode, cfg["trainer"]["default_local_dir"])
         except (ValueError, FileNotFoundError) as exc:
             raise ConfigError(f"trainer.resume_mode: {exc}") from exc
+        if resume_path is not None:
+            check_resume_checkpoint(cfg, resume_path)
     for key in ("train_files", "val_files"):
         for f in _as_list(cfg["data"].get(key)):
             if not os.path.isfile(f):
@@ -147,6 +149,57 @@ def preflight(cfg: dict) -> None:
                           f"max_position_embeddings={ctx}")
 
 
+def _as_int(value, key: str, minimum: int | None = None) -> int:
+    """``int(value)`` for a config key, or a ConfigError naming the key, the value and what was expected."""
+    try:
+        out = int(value)
+        if isinstance(value, float) and value != out:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r}; expected an integer") from None
+    if minimum is not None and out < minimum:
+        raise ConfigError(f"{key}={out}; expected an integer >= {minimum}")
+    return out
+
+
+def check_resume_checkpoint(cfg: dict, path: str) -> None:
+    """The checkpoint at ``path`` (``.../global_step_<N>``) was written by this run's strategy and, for Megatron,
+    with this run's tensor/pipeline/data-parallel sizes (read from ``actor/meta.pt``).
+
+    A DeepSpeed role folder holds DeepSpeed's ``latest`` tag file; a Megatron one holds ``meta.pt``.
+
+    Raises:
+        ConfigError: naming the checkpoint, what wrote it and what this run would need.
+    """
+    actor = os.path.join(path, "actor")
+    if os.path.isfile(os.path.join(actor, "meta.pt")):
+        written = "megatron"
+    elif os.path.isfile(os.path.join(actor, "latest")):
+        written = "deepspeed"
+    else:
+        raise ConfigError(f"trainer.resume_mode: {actor!r} holds neither a DeepSpeed (latest) nor a Megatron "
+                          "(meta.pt) actor checkpoint")
+    strategy = cfg["trainer"].get("strategy", "deepspeed")
+    if written != strategy:
+        raise ConfigError(f"trainer.resume_mode: {path!r} is a {written} checkpoint but trainer.strategy={strategy}; "
+                          f"resume with trainer.strategy={written}, or start from its HF export "
+                          "(tools/export_hf.py) as actor_rollout_ref.model.path")
+    if written == "megatron":
+        import torch
+
+        meta = torch.load(os.path.join(actor, "meta.pt"), map_location="cpu", weights_only=True)
+        m = cfg["actor_rollout_ref"]["actor"].get("megatron") or {}
+        tp = _as_int(m.get("tensor_model_parallel_size", 1), "tensor_model_parallel_size", 1)
+        pp = _as_int(m.get("pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", 1)
+        world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
+        want = {"tp_size": tp, "pp_size": pp, "dp_size": world // (tp * pp)}
+        saved = {k: int(meta[k]) for k in want}
+        if saved != want:
+            raise ConfigError(f"trainer.resume_mode: {path!r} was saved with {saved} but this run has {want}; "
+                              "resume with the same tensor/pipeline sizes and worker count, or start from its HF "
+                              "export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
 def check_megatron(cfg: dict, world: int) -> None:
     """``trainer.strategy=megatron``: megatron-core importable, TP/PP sizes against the world, unsupported pairings.
 
@@ -165,9 +218,9 @@ def check_megatron(cfg: dict, world: int) -> None:
         found = False
     if not found:
         raise ConfigError("trainer.strategy=megatron but megatron-core is not importable: pip install -e .[megatron]")
-    tp, pp, cp = (int(m.get(k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                             "context_parallel_size"))
-    if tp < 1 or pp < 1 or world % (tp * pp):
+    tp, pp, cp = (_as_int(m.get(k, 1), f"{key}.{k}", minimum=1)
+                  for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
+    if world % (tp * pp):
         raise ConfigError(f"{key}.tensor_model_parallel_size*pipeline_model_parallel_size={tp}*{pp} must divide the "
                           f"{world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
     if pp != 1:
@@ -179,9 +232,9 @@ def check_megatron(cfg: dict, world: int) -> None:
     for sp_key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", arr["actor"]["ulysses_sequence_parallel_size"]),
                        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"])):
         if int(sp) != 1:
-            raise ConfigError(f"{sp_key}={sp}: Ulysses sequence parallelism is a DeepSpeed-path feature; with "
-                              f"trainer.strategy=megatron long sequences use Megatron's own context parallelism "
-                              f"({key}.context_parallel_size), so set it to 1")
+            raise ConfigError(f"{sp_key}={sp}: Ulysses sequence parallelism is a DeepSpeed-path feature and the "
+                              "Megatron path has no sequence splitting for long inputs yet (Megatron's context "
+                              "parallelism is not wired); set it to 1 or use trainer.strategy=deepspeed")
     if cfg["critic"].get("enable"):
         raise ConfigError(f"trainer.strategy=megatron has no critic worker yet, but critic.enable is on "
                           f"(algorithm.adv_estimator={cfg['algorithm']['adv_estimator']}); use a critic-free "
@@ -409,6 +462,8 @@ def run(hydra_cfg: DictConfig) -> dict:
     os.makedirs(cfg["trainer"]["output_dir"], exist_ok=True)
     with open(os.path.join(cfg["trainer"]["output_dir"], "final_metrics.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
-    print(f"done: {cfg['trainer']['total_training_steps']} steps; output in {cfg['trainer']['output_dir']}",
+    total = int(cfg["trainer"]["total_training_steps"])
+    stopped = "" if trainer.global_step >= total else " (stopped early by SIGTERM)"
+    print(f"done: step {trainer.global_step} of {total}{stopped}; output in {cfg['trainer']['output_dir']}",
           file=sys.stderr)
     return summary

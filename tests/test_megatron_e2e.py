@@ -40,3 +40,11 @@ def test_megatron_two_steps(tmp_path, tp):
     final = load_file(os.path.join(hf, "model.safetensors"))
     assert set(final) <= set(init)
     assert any(not torch.equal(init[k].float(), final[k].float()) for k in final), "the actor did not change"
+    # tools/export_hf.py turns the Megatron step folder into the same weights offline (no megatron-core needed)
+    from tools.export_hf import export_checkpoint
+
+    offline = export_checkpoint(ckpt, os.path.join(out, "hf_offline"), dtype="float32")
+    again = load_file(os.path.join(offline, "model.safetensors"))
+    assert set(again) == set(final)
+    for k in final:
+        assert torch.equal(again[k].float(), final[k].float()), k

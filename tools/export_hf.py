@@ -1,4 +1,4 @@
-"""Offline export: a saved ``global_step_<N>/<role>`` DeepSpeed checkpoint -> Hugging Face model folder.
+"""Offline export: a saved ``global_step_<N>/<role>`` checkpoint (DeepSpeed or Megatron) -> Hugging Face model folder.
 
 Usage::
 
@@ -6,7 +6,10 @@ Usage::
 
 Weights come from DeepSpeed's ``deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint``
 (ZeRO 1/2/3: merges the fp32 master partitions of every rank; runs on CPU, no process group needed) or,
-for a ZeRO-0 checkpoint, from the ``module`` entry of ``mp_rank_00_model_states.pt``. Config, tokenizer,
+for a ZeRO-0 checkpoint, from the ``module`` entry of ``mp_rank_00_model_states.pt``. A Megatron role folder
+(``trainer.strategy=megatron``; it holds ``meta.pt``) is read without megatron-core: the model shards
+``model/mp_rank_<tp>_<pp>/model.pt`` are merged over tensor/pipeline ranks and renamed to HF names
+(``trainer.megatron.weights.mcore_to_hf``); its optimizer state is not needed. Config, tokenizer,
 chat template and generation config come from ``<local_dir>/huggingface/`` written at save time. The
 output dtype defaults to the training dtype recorded in that config.
 """
@@ -36,8 +39,8 @@ def load_consolidated_state_dict(local_dir: str, tag: str | None = None) -> dict
     if tag is None:
         latest = os.path.join(local_dir, "latest")
         if not os.path.isfile(latest):
-            raise FileNotFoundError(f"{latest!r} not found: {local_dir!r} is not a saved role folder "
-                                    f"(expected .../global_step_<N>/actor)")
+            raise FileNotFoundError(f"{local_dir!r} holds neither a DeepSpeed checkpoint ({latest!r} not found) nor "
+                                    "a Megatron one (meta.pt); expected a saved role folder .../global_step_<N>/actor")
         with open(latest) as f:
             tag = f.read().strip()
     folder = os.path.join(local_dir, tag)
@@ -54,12 +57,39 @@ def load_consolidated_state_dict(local_dir: str, tag: str | None = None) -> dict
     return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
+def load_megatron_state_dict(local_dir: str, hf_config) -> dict:
+    """Full HF-named fp32 state dict (CPU) of a Megatron role folder written by ``MegatronCheckpointManager``.
+
+    Raises:
+        FileNotFoundError: ``meta.pt`` or a ``model/mp_rank_<tp>_<pp>/model.pt`` shard is missing (named).
+        ValueError: a shard holds several model chunks (virtual pipeline), or the config cannot be converted.
+    """
+    from trainer.megatron.config import model_shape
+    from trainer.megatron.weights import mcore_to_hf
+
+    meta = torch.load(os.path.join(local_dir, "meta.pt"), map_location="cpu", weights_only=True)
+    tp, pp = int(meta["tp_size"]), int(meta["pp_size"])
+    shards = {}
+    for t in range(tp):
+        for p in range(pp):
+            f = os.path.join(local_dir, "model", f"mp_rank_{t:02d}_{p:03d}", "model.pt")
+            if not os.path.isfile(f):
+                raise FileNotFoundError(f"Megatron shard {f!r} is missing (checkpoint saved with tp={tp}, pp={pp})")
+            chunks = torch.load(f, map_location="cpu", weights_only=True)["chunks"]
+            if len(chunks) != 1:
+                raise ValueError(f"{f!r} holds {len(chunks)} model chunks; only one chunk per stage is supported")
+            shards[(t, p)] = chunks[0]
+    sd = mcore_to_hf(shards, model_shape(hf_config, tp, pp), tp, pp)
+    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+
+
 def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype | None = None,
                       tag: str | None = None) -> str:
     """Write an HF folder from ``local_dir`` (a saved role folder); returns ``target_dir``.
 
     Raises:
-        FileNotFoundError: no ``huggingface/config.json`` or no DeepSpeed checkpoint in ``local_dir``.
+        FileNotFoundError: no ``huggingface/config.json``, or neither a DeepSpeed (``latest``) nor a Megatron
+            (``meta.pt``) checkpoint in ``local_dir``.
         RuntimeError: the checkpoint's weight names do not match the model built from the config.
     """
     import transformers
@@ -81,7 +111,10 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
     cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
     with torch.device("meta"):
         model = cls.from_config(config) if cls.__name__.startswith("Auto") else cls(config)
-    sd = load_consolidated_state_dict(local_dir, tag)
+    if os.path.isfile(os.path.join(local_dir, "meta.pt")):
+        sd = load_megatron_state_dict(local_dir, config)
+    else:
+        sd = load_consolidated_state_dict(local_dir, tag)
     expected = set(model.state_dict().keys())
     tied = {k for k in expected - set(sd) if getattr(config, "tie_word_embeddings", False) and "lm_head" in k}
     missing, unexpected = expected - set(sd) - tied, set(sd) - expected

@@ -201,7 +201,7 @@ class MegatronCheckpointManager(CheckpointManager):
                     self.optimizer.load_parameter_state(
                         _need(os.path.join(path, "optim", f"param_state_{self._suffix(with_dp=False)}.pt")))
         extra = torch.load(_need(os.path.join(path, "extra", f"extra_{self._suffix()}.pt")), map_location="cpu",
-                           weights_only=False)
+                           weights_only=True)
         if load_lr_scheduler and self.lr_scheduler is not None:
             if extra["lr_scheduler"] is None:
                 raise KeyError(f"checkpoint {path!r} has no LR scheduler state")

@@ -10,6 +10,11 @@ Contract (the trainer calls it once per step, PRIME also calls :meth:`RewardMana
   token (verl's convention; rows with no valid token get nothing and are counted), ``reward_extra_info``
   (``"score"`` plus every key that dict-returning scorers gave, one entry per row), ``metrics``.
 
+Soft overlong punishment (DAPO, Yu et al. 2025, arXiv:2503.14476, eq. 13; verl's ``reward_model.overlong_buffer``):
+with ``overlong_buffer_len = B > 0`` and ``max_response_length = L``, a response of ``n`` valid tokens gets
+``min(0, -(n - (L - B)) / B) * overlong_penalty_factor`` added to its score: 0 up to ``L - B`` tokens, falling
+linearly to ``-overlong_penalty_factor`` at ``L``. Strict accuracy (a scorer's ``acc``) is not changed.
+
 Robustness: a scorer that raises, returns NaN/inf, or runs past ``timeout_s`` gives 0.0 for that row and is
 counted in ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``. With ``num_workers >= 1`` the
 scorers run in a persistent pool of forked processes (:class:`rewards.pool.ScoringPool`), so a hung scorer
@@ -85,6 +90,23 @@ def _in_process(fn: Callable, args: tuple, kwargs: dict, timeout_s: float) -> Ou
         signal.signal(signal.SIGALRM, old)
 
 
+def overlong_penalty(lengths: torch.Tensor, max_response_length: int, buffer_len: int,
+                     penalty_factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13) per response.
+
+    Args:
+        lengths: (B,) valid response lengths in tokens.
+        max_response_length: ``L``, the response limit in tokens.
+        buffer_len: ``B``, the punishment interval (``0 < B < L``).
+        penalty_factor: the penalty at ``L`` tokens.
+
+    Returns:
+        (B,) float32: ``min(0, -(n - (L - B)) / B) * penalty_factor``; 0 for ``n <= L - B``.
+    """
+    exceed = lengths.float() - float(max_response_length - buffer_len)
+    return torch.clamp(-exceed / float(buffer_len), max=0.0) * float(penalty_factor)
+
+
 class RewardManager:
     """Rule-reward manager (verl's naive/PRIME reward managers in one).
 
@@ -102,16 +124,21 @@ class RewardManager:
         num_workers: scorer processes; 0 scores in this process (no hard limit, see module doc); None picks
             ``min(4, os.cpu_count())``.
         start_method: multiprocessing start method of the pool (``"fork"`` lets any callable be used).
+        overlong_buffer_len: DAPO's soft overlong punishment buffer in tokens (0: off); see the module doc.
+        overlong_penalty_factor: the penalty at ``max_response_length`` tokens (>= 0).
+        max_response_length: the rollout's response limit in tokens; required when ``overlong_buffer_len > 0``.
 
     Raises:
         KeyError: if ``scorer`` is a name that is not registered.
         TypeError: if ``scorer`` is neither None, a str nor callable.
-        ValueError: for a non-positive ``timeout_s`` or a negative ``num_workers``.
+        ValueError: for a non-positive ``timeout_s``, a negative ``num_workers``, or an overlong buffer that is
+            negative, not smaller than ``max_response_length``, or given without it, or a negative penalty factor.
     """
 
     def __init__(self, tokenizer: Any, reward_fn_key: str = "data_source", scorer: str | Callable | None = None,
                  scorer_kwargs: dict | None = None, timeout_s: float = 10.0, num_workers: int | None = None,
-                 start_method: str = "fork"):
+                 start_method: str = "fork", overlong_buffer_len: int = 0, overlong_penalty_factor: float = 1.0,
+                 max_response_length: int | None = None):
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if num_workers is None:
@@ -120,6 +147,14 @@ class RewardManager:
             raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
         if scorer is not None and not isinstance(scorer, str) and not callable(scorer):
             raise TypeError(f"scorer must be None, a registered name or a callable, got {type(scorer).__name__}")
+        buf = int(overlong_buffer_len)
+        if buf < 0 or (buf > 0 and (max_response_length is None or not 0 < buf < int(max_response_length))):
+            raise ValueError(f"overlong_buffer_len={overlong_buffer_len!r} with max_response_length="
+                             f"{max_response_length!r}; expected 0 (off) or 0 < len < max_response_length")
+        if not float(overlong_penalty_factor) >= 0:
+            raise ValueError(f"overlong_penalty_factor={overlong_penalty_factor!r}; expected >= 0")
+        self.overlong_buffer_len, self.overlong_penalty_factor = buf, float(overlong_penalty_factor)
+        self.max_response_length = None if max_response_length is None else int(max_response_length)
         self.tokenizer = tokenizer
         self.reward_fn_key = reward_fn_key
         self.scorer_name = scorer if isinstance(scorer, str) else None
@@ -263,6 +298,13 @@ class RewardManager:
         scores, dicts, metrics, valid = self._score(data)
         responses = data["responses"]
         b, r = responses.shape
+        overlong = None
+        if self.overlong_buffer_len:
+            overlong = overlong_penalty(valid.sum(-1), self.max_response_length, self.overlong_buffer_len,
+                                        self.overlong_penalty_factor).tolist()
+            scores = [sc + pen for sc, pen in zip(scores, overlong)]
+            metrics["reward/overlong_penalty_mean"] = float(sum(overlong) / b) if b else 0.0
+            metrics["reward/overlong_frac"] = float(sum(p < 0 for p in overlong) / b) if b else 0.0
         out = torch.zeros(b, r, dtype=torch.float32)
         positions = torch.arange(r).expand(b, r)
         last = torch.where(valid, positions, torch.full_like(positions, -1)).max(dim=1).values  # (B,)
@@ -280,6 +322,8 @@ class RewardManager:
             for k, v in (d or {}).items():
                 if k != "score":
                     extra[k][i] = v
+        if overlong is not None:
+            extra["overlong_reward"] = overlong
         return RewardOutput(token_level_scores=out.to(responses.device), reward_extra_info=extra, metrics=metrics)
 
     def verify(self, data) -> list[float]:

@@ -200,6 +200,26 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
                               "export (tools/export_hf.py) as actor_rollout_ref.model.path")
 
 
+def overlong_kwargs(cfg: dict) -> dict:
+    """RewardManager arguments of ``reward_model.overlong_buffer`` (verl's keys), checked.
+
+    Raises:
+        ConfigError: ``enable`` with ``len`` not in (0, data.max_response_length), or a negative penalty factor.
+    """
+    ob = cfg.get("reward_model", {}).get("overlong_buffer") or {}
+    if not ob.get("enable"):
+        return {}
+    max_len = int(cfg["data"]["max_response_length"])
+    buf = _as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")
+    if not 0 < buf < max_len:
+        raise ConfigError(f"reward_model.overlong_buffer.len={buf}; with enable=true expected "
+                          f"0 < len < data.max_response_length={max_len}")
+    factor = float(ob.get("penalty_factor", 1.0))
+    if not factor >= 0:
+        raise ConfigError(f"reward_model.overlong_buffer.penalty_factor={factor}; expected >= 0")
+    return dict(overlong_buffer_len=buf, overlong_penalty_factor=factor, max_response_length=max_len)
+
+
 def check_megatron(cfg: dict, world: int) -> None:
     """``trainer.strategy=megatron``: megatron-core importable, TP/PP sizes against the world, unsupported pairings.
 
@@ -354,6 +374,7 @@ def validate(cfg: dict) -> None:
     if int(cfg["deepspeed"]["zero_stage"]) not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.zero_stage={cfg['deepspeed']['zero_stage']}; expected 0, 1, 2 or 3")
     strategy = t.get("strategy", "deepspeed")
+    overlong_kwargs(cfg)
     if strategy not in ("deepspeed", "megatron"):
         raise ConfigError(f"trainer.strategy={strategy!r}; expected deepspeed or megatron")
     if strategy == "megatron":
@@ -452,7 +473,7 @@ def run(hydra_cfg: DictConfig) -> dict:
         scorer = load_custom_scorer(custom["path"], custom.get("name") or "compute_score")
     make_rm = lambda: RewardManager(tok, reward_fn_key=d["reward_fn_key"], scorer=scorer,  # noqa: E731
                                     scorer_kwargs=dict(rm.get("scorer_kwargs") or {}),
-                                    timeout_s=float(rm.get("timeout_s", 10.0)))
+                                    timeout_s=float(rm.get("timeout_s", 10.0)), **overlong_kwargs(cfg))
     from trainer.ppo_trainer import RayPPOTrainer
 
     trainer = RayPPOTrainer(cfg, tok, loader, val_ds, make_rm(), make_rm())

@@ -56,6 +56,9 @@ for spec in $RUNS; do
     gsm8k_prime) launch gsm8k_prime "$gpu" "$T_LONG" $GSM algorithm=prime data.oversample_factor=${PRIME_OVERSAMPLE:-2.0} ;;
     svamp_a) launch svamp_a "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=2e-5 ;;
     svamp_b) launch svamp_b "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 ;;
+    svamp_c) launch svamp_c "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 \
+               reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=64 \
+               reward_model.overlong_buffer.penalty_factor=0.5 ;;
     save_resume) save_resume "$gpu" & ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

@@ -22,6 +22,16 @@ def run_main(out_dir: str, *overrides: str, timeout: int = 600, launcher: list[s
     return proc
 
 
+def run_tool(script: str, *args: str, out: str, timeout: int = 600) -> dict:
+    """Run ``python <script> *args --out <out>`` from the repository root; assert it exits 0 (the message holds
+    the output's tail) and return the JSON it wrote to ``out``."""
+    proc = subprocess.run([sys.executable, script, *args, "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def read_metrics(out_dir: str) -> list[dict]:
     with open(os.path.join(out_dir, "metrics.jsonl"), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

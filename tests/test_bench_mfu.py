@@ -1,14 +1,11 @@
 """tools/bench/mfu.py: --tiny on CPU writes valid JSON whose MFU follows the hand-computed FLOPs of the tiny config."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from tests.e2e_utils import run_tool
 from tools.bench import mfu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tiny config: hidden 64, 2 layers, 4 heads (d=16), 2 kv heads, intermediate 128, vocab 512 (tied, lm head counted)
 # N = 2 * (3*64*128 + 64*16*(4+2*2) + 4*16*64) + 512*64 = 2 * 36864 + 32768 = 106496
 # flops/token at 64-token sequences = 6 * 106496 + 12 * 2 * 4 * 16 * 64 = 638976 + 98304 = 737280
@@ -44,8 +41,5 @@ def test_help_exits_zero(capsys):
 @pytest.mark.slow
 def test_tiny_deepspeed_path(tmp_path):
     out = tmp_path / "mfu_ds.json"
-    proc = subprocess.run([sys.executable, "tools/bench/mfu.py", "--tiny", "--deepspeed", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    [row] = json.loads(out.read_text())["results"]
+    [row] = run_tool("tools/bench/mfu.py", "--tiny", "--deepspeed", out=str(out), timeout=300)["results"]
     assert row["path"] == "deepspeed-zero2" and row["flops_per_token"] == TINY_FLOPS_PER_TOKEN and row["mfu"] > 0

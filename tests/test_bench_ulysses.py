@@ -1,14 +1,11 @@
 """tools/bench/ulysses.py on CPU (gloo): SP=2 pool, equivalence to SP=1, skipped head counts, failure handling."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from tests.e2e_utils import run_tool
 from tools.bench import ulysses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_sp2_tiny_json(tmp_path):
@@ -44,10 +41,7 @@ def test_help_exits_zero(capsys):
 @pytest.mark.slow
 def test_full_tiny_run(tmp_path):
     out = tmp_path / "u.json"
-    proc = subprocess.run([sys.executable, "tools/bench/ulysses.py", "--tiny", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    doc = run_tool("tools/bench/ulysses.py", "--tiny", out=str(out), timeout=600)
     assert [(r["sp"], r["tokens"], r["status"]) for r in doc["throughput"]] == [
         (1, 256, "ok"), (1, 512, "ok"), (2, 256, "ok"), (2, 512, "ok")]
     # CPU never runs out of memory at this size: the doubling stops at --search-max (1024)

@@ -1,14 +1,9 @@
 """tools/bench/vs_trl.py: matching overrides, the TRL reward adapter, samples/s, and the --tiny run (slow)."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
+from tests.e2e_utils import run_tool
 from tools.bench import vs_trl
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = dict(model="m", data="d/train.parquet", batch=16, n=8, micro=32, response_len=256, max_prompt_len=200, lr=2e-6,
            steps=5, seed=3, device="cuda", out_dir="/tmp/w")
 
@@ -49,10 +44,7 @@ def test_help_exits_zero(capsys):
 def test_tiny_both_frameworks(tmp_path):
     pytest.importorskip("trl")
     out = tmp_path / "vt.json"
-    proc = subprocess.run([sys.executable, "tools/bench/vs_trl.py", "--tiny", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    doc = run_tool("tools/bench/vs_trl.py", "--tiny", out=str(out), timeout=900)
     trl, ours = doc["results"]
     assert trl["framework"] == "trl" and ours["framework"] == "ours" and trl["steps"] == ours["steps"] == 3
     assert doc["ratio_ours_over_trl"] == pytest.approx(ours["samples_per_s"] / trl["samples_per_s"])

@@ -56,7 +56,13 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     written = []
 
-    def save(fig, suffix):
+    def save(fig, suffix, axes=(), titles=()):
+        """Title, grid and legend (when something is labelled) on each axis, then write the PNG."""
+        for ax, title in zip(axes, titles):
+            ax.set(title=title, xlabel="step")
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
         path = os.path.join(out_dir, f"{name}_{suffix}.png")
         fig.tight_layout()
         fig.savefig(path, dpi=90)
@@ -73,24 +79,13 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
         for key in val_keys:
             x, y = series(rows, key)
             axes[1].plot(x, y, "o-", label=f"{label} {'/'.join(key.split('/')[1:])}")
-    axes[0].set(title="training reward (score), strict accuracy, format", xlabel="step")
-    axes[1].set(title="held-out", xlabel="step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    save(fig, "reward")
+    save(fig, "reward", axes, ("training reward (score), strict accuracy, format", "held-out"))
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, rows in runs:
         axes[0].plot(*series(rows, "response_length/mean"), label=label)
         axes[1].plot(*series(rows, "response_length/clip_ratio"), label=label)
-    axes[0].set(title="response length (tokens)", xlabel="step")
-    axes[1].set(title="response clip ratio (hit max length)", xlabel="step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    save(fig, "length")
+    save(fig, "length", axes, ("response length (tokens)", "response clip ratio (hit max length)"))
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, rows in runs:
@@ -99,13 +94,7 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
             if x:
                 axes[0].plot(x, y, label=f"{label} {key}")
         axes[1].plot(*series(rows, "actor/entropy"), label=label)
-    axes[0].set(title="KL to the reference", xlabel="step")
-    axes[1].set(title="entropy of the policy (nats/token)", xlabel="step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    save(fig, "kl_entropy")
+    save(fig, "kl_entropy", axes, ("KL to the reference", "entropy of the policy (nats/token)"))
 
     prm_runs = [(label, rows) for label, rows in runs if any("reward_model/ce_loss" in r for r in rows)]
     if prm_runs:
@@ -113,12 +102,8 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
         for label, rows in prm_runs:
             for ax, key in zip(axes, ("reward_model/dpo_acc_abs", "reward_model/ce_loss", "prime/pass_ratio")):
                 ax.plot(*series(rows, key), label=label)
-        for ax, title in zip(axes, ("PRM accuracy on the verified label", "PRM cross-entropy (nats)",
-                                    "groups inside the accuracy band")):
-            ax.set(title=title, xlabel="step")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-        save(fig, "prm")
+        save(fig, "prm", axes, ("PRM accuracy on the verified label", "PRM cross-entropy (nats)",
+                                "groups inside the accuracy band"))
 
     label, rows = runs[0]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -129,9 +114,7 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
         if any(vals):
             ax.bar(steps, vals, bottom=bottom, label=stage)
             bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set(title=f"step time by stage (s): {label}", xlabel="step")
-    ax.legend(fontsize=7)
-    save(fig, "timing")
+    save(fig, "timing", [ax], [f"step time by stage (s): {label}"])
     return written
 
 

@@ -4,7 +4,6 @@ Drives :func:`trainer.workers.update.ppo_update` with real DeepSpeed engines (Ze
 a loss stub (``_actor_loss``) that returns NaN for poisoned rows.
 """
 import os
-import socket
 from types import SimpleNamespace
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -16,20 +15,15 @@ deepspeed = pytest.importorskip("deepspeed")
 
 from trainer.protocol import DataProto  # noqa: E402
 from trainer.workers import update  # noqa: E402
+from trainer.workers.base import free_port  # noqa: E402
 
 CFG = {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 1, "loss_agg_mode": "token-mean"}
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _init_dist(rank=0, world=1, port=None):
     if torch.distributed.is_initialized():
         return
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or _free_port()), RANK=str(rank),
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or free_port()), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK="0")
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
@@ -123,7 +117,7 @@ def test_nan_on_one_rank_skips_on_all_ranks():
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
     for p in procs:
         p.start()

@@ -1,16 +1,11 @@
 """Weight sync from a real DeepSpeed ZeRO-3 engine (2 gloo ranks) into the transformers rollout engine."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from trainer.workers.base import free_port
 
 
 def _rank(rank, port, bucket_bytes, out):
@@ -51,7 +46,7 @@ def test_zero3_sync_gathers_in_buckets_and_engine_holds_full_weights():
     bucket = 40 * 32 * 4 + 1  # just over one embedding matrix: several buckets, not one call per tensor
     with mp.Manager() as m:
         out = m.dict()
-        mp.start_processes(_rank, args=(_free_port(), bucket, out), nprocs=2, join=True, start_method="forkserver")
+        mp.start_processes(_rank, args=(free_port(), bucket, out), nprocs=2, join=True, start_method="forkserver")
         res = dict(out)
     for r in (0, 1):
         assert res[r]["partitioned"], "ZeRO-3 should leave empty local parameter placeholders"

@@ -1,7 +1,6 @@
 """Sequence-length balancing across DP ranks and token-budget micro-batches."""
 import os
 import random
-import socket
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch.multiprocessing as mp
 
 from trainer.seqlen_balancing import (get_reverse_idx, get_seqlen_balanced_partitions, log_seqlen_unbalance,
                                       rearrange_micro_batches)
+from trainer.workers.base import free_port
 
 
 def _flat(parts):
@@ -76,12 +76,6 @@ def test_rearrange_micro_batches_budget_and_oversized():
         rearrange_micro_batches([1], 0)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank, port, lens_per_rank, budget, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -96,7 +90,7 @@ def test_rearrange_micro_batches_dp_ranks_agree_on_count():
     lens = [[3, 2, 2, 1], [10, 10, 10, 1]]
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(_worker, args=(_free_port(), lens, 10, out), nprocs=2, join=True, start_method="forkserver")
+        mp.start_processes(_worker, args=(free_port(), lens, 10, out), nprocs=2, join=True, start_method="forkserver")
         res = dict(out)
     assert len(res[0]) == len(res[1]) == 4
     assert res[0] == [[0], [1], [2], [3]]

@@ -142,6 +142,12 @@ def atomic_torch_save(obj: Any, path: str) -> None:
 # --------------------------------------------------------------------------------------------- tracker
 
 
+def barrier() -> None:
+    """``torch.distributed.barrier()`` when a process group exists; a no-op in a single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
 def replace_dir(tmp: str, path: str) -> None:
     """Move a completely written folder ``tmp`` to ``path``, replacing an older ``path`` (one rank calls it).
 

@@ -31,18 +31,13 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, capture_rng_state, parse_step, replace_dir,
-                                     restore_rng_state)
+from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, barrier, capture_rng_state, parse_step,
+                                     replace_dir, restore_rng_state)
 
 logger = logging.getLogger(__name__)
 
 HF_SUBDIR = "huggingface"
 CLIENT_STATE_KEY = "rlhf_client_state"
-
-
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
 
 
 def engine_dtype(engine: Any) -> torch.dtype:
@@ -137,7 +132,7 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
-        _barrier()
+        barrier()
         client_state = {CLIENT_STATE_KEY: {"global_step": step, "world_size": self.world_size,
                                            "zero_stage": int(self.engine.zero_optimization_stage())}}
         self.engine.save_checkpoint(tmp, tag=f"global_step_{step}", client_state=client_state)
@@ -146,10 +141,10 @@ class DeepSpeedCheckpointManager(CheckpointManager):
             gen = getattr(getattr(self.engine, "module", None), "generation_config", None)
             save_hf_metadata(os.path.join(tmp, HF_SUBDIR), self.hf_config, self.tokenizer,
                              engine_dtype(self.engine), gen)
-        _barrier()  # every rank's files are in tmp
+        barrier()  # every rank's files are in tmp
         if self.rank == 0:
             replace_dir(tmp, path)
-        _barrier()
+        barrier()
         logger.info("saved DeepSpeed checkpoint (step %d) to %s", step, path)
 
     # ------------------------------------------------------------------------------------------------ load
@@ -186,7 +181,7 @@ class DeepSpeedCheckpointManager(CheckpointManager):
             if not os.path.isfile(rng_file):
                 raise FileNotFoundError(f"RNG file {rng_file!r} is missing")
             restore_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))
-        _barrier()
+        barrier()
         return dict((client or {}).get(CLIENT_STATE_KEY, meta))
 
     def _read_meta(self, path: str) -> dict:

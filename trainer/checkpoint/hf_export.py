@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint.base import barrier
 from trainer.checkpoint.deepspeed_manager import save_hf_metadata
 
 logger = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ def export_hf(module_or_engine: Any, out_dir: str, tokenizer: Any = None, dtype:
         raise TypeError(f"{type(module).__name__} is not a transformers PreTrainedModel; cannot export to HF")
     sd = gather_full_state_dict(module, zero_stage, dtype)
     if _rank() != 0:
-        _barrier()
+        barrier()
         return None
     config = module.config.__class__.from_dict(module.config.to_dict())
     config.dtype = dtype
@@ -144,10 +145,5 @@ def export_hf(module_or_engine: Any, out_dir: str, tokenizer: Any = None, dtype:
     gen = getattr(module, "generation_config", None) if not value_head else None
     save_hf_metadata(out_dir, None, tokenizer, None, gen)
     logger.info("exported HF model (%s) to %s", dtype, out_dir)
-    _barrier()
+    barrier()
     return out_dir
-
-
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()

@@ -27,16 +27,12 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, capture_rng_state, parse_step, replace_dir,
-                                     restore_rng_state)
+from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, barrier, capture_rng_state, parse_step,
+                                     replace_dir, restore_rng_state)
+from trainer.megatron.engine import unwrap
 
 logger = logging.getLogger(__name__)
 HF_SUBDIR = "huggingface"
-
-
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
 
 
 def megatron_ranks() -> dict[str, int]:
@@ -138,10 +134,10 @@ class MegatronCheckpointManager(CheckpointManager):
         if self.r["rank"] == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
-        _barrier()
+        barrier()
         if self.r["dp"] == 0:
             sds = [{k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                    for k, v in _unwrap(c).state_dict().items() if not k.endswith("_extra_state")}
+                    for k, v in unwrap(c).state_dict().items() if not k.endswith("_extra_state")}
                    for c in self.chunks]
             atomic_torch_save({"chunks": sds, "layer_offset": self.layer_offset}, self._model_file(tmp))
         if self.optimizer is not None:
@@ -158,10 +154,10 @@ class MegatronCheckpointManager(CheckpointManager):
                 from trainer.checkpoint.deepspeed_manager import save_hf_metadata
 
                 save_hf_metadata(os.path.join(tmp, HF_SUBDIR), self.hf_config, self.tokenizer)
-        _barrier()
+        barrier()
         if self.r["rank"] == 0:
             replace_dir(tmp, path)
-        _barrier()
+        barrier()
         logger.info("saved Megatron checkpoint (step %d) to %s", step, path)
 
     # ------------------------------------------------------------------------------------------------ load
@@ -187,7 +183,7 @@ class MegatronCheckpointManager(CheckpointManager):
         if len(blob["chunks"]) != len(self.chunks):
             raise ValueError(f"checkpoint has {len(blob['chunks'])} model chunks, the model has {len(self.chunks)}")
         for c, sd in zip(self.chunks, blob["chunks"]):
-            res = _unwrap(c).load_state_dict(sd, strict=False)
+            res = unwrap(c).load_state_dict(sd, strict=False)
             bad = [k for k in res.missing_keys if not k.endswith("_extra_state")] + list(res.unexpected_keys)
             if bad:
                 raise RuntimeError(f"model state mismatch loading {path!r}: {bad}")
@@ -209,7 +205,7 @@ class MegatronCheckpointManager(CheckpointManager):
         if load_rng:
             restore_rng_state(extra["rng"])
             _set_tracker_states(extra.get("rng_tracker"))
-        _barrier()
+        barrier()
         return dict(meta)
 
     # ------------------------------------------------------------------------------------------- HF export
@@ -227,19 +223,13 @@ class MegatronCheckpointManager(CheckpointManager):
             raise ValueError("HF export of virtual-pipeline models (several chunks) is not supported; export with one chunk per stage")
         if self.hf_config is None:
             raise ValueError("export_hf needs hf_config")
-        tensors = {n: t.to(dtype or t.dtype).cpu().contiguous() for n, t in iter_hf_weights(_unwrap(self.chunks[0]), shape)}
+        tensors = {n: t.to(dtype or t.dtype).cpu().contiguous() for n, t in iter_hf_weights(unwrap(self.chunks[0]), shape)}
         if self.r["rank"] == 0:
             from trainer.checkpoint.deepspeed_manager import save_hf_metadata
 
             save_hf_metadata(out_dir, self.hf_config, self.tokenizer, dtype)
             save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-        _barrier()
-
-
-def _unwrap(module: Any) -> torch.nn.Module:
-    while hasattr(module, "module") and isinstance(module.module, torch.nn.Module):
-        module = module.module
-    return module
+        barrier()
 
 
 def _need(path: str) -> str:

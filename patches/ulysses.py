@@ -386,7 +386,9 @@ def _ulysses_mask(*args, attention_mask=None, **kwargs):
 def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
-    AttentionInterface.register(ULYSSES_ATTN_IMPL, ulysses_attention_forward)
+    # run eagerly under torch.compile (a graph break): its collectives, Python-side boundary cache and varlen
+    # kernels stay as they are, while the layer around it (norms, RoPE, MLP) can be compiled
+    AttentionInterface.register(ULYSSES_ATTN_IMPL, torch.compiler.disable(ulysses_attention_forward))
     AttentionMaskInterface.register(ULYSSES_ATTN_IMPL, _ulysses_mask)
 
 

@@ -18,25 +18,98 @@ so ``save_pretrained`` / ``from_pretrained`` round-trip it and the ``score`` Lin
 from __future__ import annotations
 
 import torch
-import torch.utils.checkpoint
 
 from patches.packing import pack_tensor, unpack_tensor, unpad_input
 from patches.ulysses import (ULYSSES_ATTN_IMPL, UlyssesGroup, current_ulysses_group, gather_outputs_and_unpad,
                              pad_and_slice, pad_and_slice_inputs)
 
-__all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits"]
+__all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits", "use_compiled_log_probs"]
 
 
-def _chunk_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, want_entropy: bool):
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
+def _lp_forward_chunk(x: torch.Tensor, labels: torch.Tensor, inv_t: float, want_entropy: bool):
+    """Float32 ``(log_prob, entropy or empty, lse)`` of one ``(n, V)`` chunk (no autograd)."""
+    z = x.float() * inv_t
     lse = torch.logsumexp(z, dim=-1)
     lp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
     if not want_entropy:
-        return lp, lp.new_zeros(())
-    ent = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
-    return lp, ent
+        return lp, lse.new_zeros(0), lse
+    ent = lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1)
+    return lp, ent, lse
+
+
+def _lp_backward_chunk(x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, ent: torch.Tensor,
+                       g_lp: torch.Tensor, g_ent: torch.Tensor, inv_t: float, want_entropy: bool) -> torch.Tensor:
+    """Gradient w.r.t. one ``(n, V)`` chunk of logits, in the logits' dtype (no autograd).
+
+    With ``z = x / T``, ``p = softmax(z)``, ``E = sum(p z) = lse - H``:
+    ``d lp / d z = onehot(label) - p`` and ``d H / d z = p (E - z)``; ``d / d x = (d / d z) / T``.
+    """
+    z = x.float() * inv_t
+    p = torch.exp(z - lse.unsqueeze(-1))
+    grad = -p * g_lp.unsqueeze(-1)
+    if want_entropy:
+        e = (lse - ent).unsqueeze(-1)
+        grad = grad + g_ent.unsqueeze(-1) * p * (e - z)
+    grad = grad.scatter_add(-1, labels.unsqueeze(-1), g_lp.unsqueeze(-1))
+    return (grad * inv_t).to(x.dtype)
+
+
+_KERNELS = {"forward": _lp_forward_chunk, "backward": _lp_backward_chunk}
+
+
+def use_compiled_log_probs(enable: bool = True) -> None:
+    """Run the per-chunk log-prob math of :func:`log_probs_from_logits` through ``torch.compile`` (one fused kernel
+    per pass instead of several elementwise passes over the ``(chunk, V)`` logits), or back to eager.
+
+    Process-wide; the compiled functions have no autograd (the backward is written by hand), so compiling them is
+    safe under DeepSpeed and Ulysses. Shapes are dynamic (``dynamic=True``) so every chunk length reuses one graph.
+    """
+    if enable:
+        _KERNELS["forward"] = torch.compile(_lp_forward_chunk, dynamic=True)
+        _KERNELS["backward"] = torch.compile(_lp_backward_chunk, dynamic=True)
+    else:
+        _KERNELS["forward"], _KERNELS["backward"] = _lp_forward_chunk, _lp_backward_chunk
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """Log-probs and entropy of ``(N, V)`` logits in float32 chunks, with a hand-written backward.
+
+    Forward saves only the per-token ``logsumexp`` and entropy ``(N,)`` besides the logits the graph already holds;
+    backward recomputes ``softmax`` chunk by chunk. No float32 copy of the whole ``(N, V)`` logits is ever alive,
+    and each pass reads the logits once (verl's fused log-prob kernels follow the same idea).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature: float, want_entropy: bool, chunk_size: int):
+        inv_t = 1.0 / temperature
+        lps, ents, lses = [], [], []
+        for s in range(0, logits.shape[0], chunk_size):
+            lp, ent, lse = _KERNELS["forward"](logits[s:s + chunk_size], labels[s:s + chunk_size], inv_t,
+                                               want_entropy)
+            lps.append(lp)
+            ents.append(ent)
+            lses.append(lse)
+        lp, lse = torch.cat(lps), torch.cat(lses)
+        ent = torch.cat(ents) if want_entropy else lp.new_zeros(0)
+        ctx.save_for_backward(logits, labels, lse, ent)
+        ctx.inv_t, ctx.want_entropy, ctx.chunk_size = inv_t, want_entropy, chunk_size
+        ctx.mark_non_differentiable(lse)
+        return lp, ent, lse
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent, _g_lse):
+        logits, labels, lse, ent = ctx.saved_tensors
+        n = logits.shape[0]
+        g_lp = torch.zeros(n, device=logits.device) if g_lp is None else g_lp.float()
+        want_ent = ctx.want_entropy and g_ent is not None
+        g_ent = g_ent.float() if want_ent else g_lp
+        grad = torch.empty_like(logits)
+        c = ctx.chunk_size
+        for s in range(0, n, c):
+            grad[s:s + c] = _KERNELS["backward"](logits[s:s + c], labels[s:s + c], lse[s:s + c],
+                                                 ent[s:s + c] if want_ent else lse[s:s + c], g_lp[s:s + c],
+                                                 g_ent[s:s + c], ctx.inv_t, want_ent)
+        return grad, None, None, None, None
 
 
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
@@ -44,14 +117,15 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperatur
     """Per-token log-probs (and entropy) of ``labels`` under ``softmax(logits / temperature)``, memory-aware.
 
     ``log_prob = z[label] - logsumexp(z)`` and ``entropy = logsumexp(z) - sum(softmax(z) * z)`` with
-    ``z = logits / temperature``, computed in float32 one chunk of ``chunk_size`` tokens at a time. Under grad each
-    chunk is recomputed in backward (activation checkpointing), so no float32 copy of the ``(N, V)`` logits is kept.
+    ``z = logits / temperature``, computed in float32 one chunk of ``chunk_size`` tokens at a time, forward and
+    backward (a hand-written backward: ``d lp/dz = onehot - p``, ``d H/dz = p (E[z] - z)``), so no float32 copy
+    of the ``(N, V)`` logits is kept. ``use_compiled_log_probs`` fuses each chunk's math with ``torch.compile``.
 
     Args:
         logits: ``(N, V)`` any float dtype. labels: ``(N,)`` int64 in ``[0, V)``.
 
     Returns:
-        ``(log_probs (N,) float32, entropy (N,) float32 or None)``.
+        ``(log_probs (N,) float32, entropy (N,) float32 or None)``; differentiable w.r.t. ``logits``.
 
     Raises:
         ValueError: on shape mismatch or a non-positive temperature / chunk size.
@@ -60,20 +134,11 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperatur
         raise ValueError(f"expected logits (N, V) and labels (N,), got {tuple(logits.shape)} and {tuple(labels.shape)}")
     if temperature <= 0 or chunk_size <= 0:
         raise ValueError(f"temperature ({temperature}) and chunk_size ({chunk_size}) must be > 0")
-    lps, ents = [], []
-    use_ckpt = torch.is_grad_enabled() and logits.requires_grad
-    for s in range(0, logits.shape[0], chunk_size):
-        args = (logits[s:s + chunk_size], labels[s:s + chunk_size], temperature, calculate_entropy)
-        if use_ckpt:
-            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_log_probs, *args, use_reentrant=False)
-        else:
-            lp, ent = _chunk_log_probs(*args)
-        lps.append(lp)
-        ents.append(ent)
-    if not lps:
+    if logits.shape[0] == 0:
         empty = logits.new_zeros(0, dtype=torch.float32)
         return empty, (empty if calculate_entropy else None)
-    return torch.cat(lps), (torch.cat(ents) if calculate_entropy else None)
+    lp, ent, _ = _ChunkedLogProbs.apply(logits, labels, float(temperature), bool(calculate_entropy), int(chunk_size))
+    return lp, (ent if calculate_entropy else None)
 
 
 def _check_batch(input_ids, attention_mask, position_ids, response_length):

@@ -265,6 +265,10 @@ def check_megatron(cfg: dict, world: int) -> None:
     if arr["rollout"].get("offload_optimizer_during_rollout"):
         raise ConfigError("actor_rollout_ref.rollout.offload_optimizer_during_rollout=true is a DeepSpeed-path "
                           "feature; set it to false with trainer.strategy=megatron")
+    for k in ("use_liger", "use_torch_compile"):
+        if arr["model"].get(k):
+            raise ConfigError(f"actor_rollout_ref.model.{k}=true applies to Hugging Face models (DeepSpeed path); "
+                              "set it to false with trainer.strategy=megatron")
 
 
 def check_megatron_model(cfg: dict, hf: dict) -> None:
@@ -379,6 +383,12 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"trainer.strategy={strategy!r}; expected deepspeed or megatron")
     if strategy == "megatron":
         check_megatron(cfg, world)
+    from trainer.workers.kernels import check_kernel_options
+
+    try:
+        check_kernel_options(arr["model"], t["device"], int(cfg["deepspeed"]["zero_stage"]))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def check_model_context(cfg: dict, hf_config, tokenizer) -> None:

@@ -12,6 +12,10 @@ with ``N`` the matmul parameters, ``T`` the tokens processed, ``s_i`` the sequen
 dense bf16 FLOP/s (``--peak-flops``, default 989e12 = H100/H200 SXM dense bf16). The chunked log-softmax
 recomputation and the optimizer step are overheads that MFU does not count as useful FLOPs.
 
+``--liger`` / ``--compile``: the trainer's optional fused kernels (``trainer.workers.kernels``: Liger's RoPE, RMSNorm
+and SwiGLU; ``torch.compile`` of the decoder layers and the log-prob math), applied before DeepSpeed wraps the model.
+Liger patches transformers' modules process-wide, so compare variants in separate processes.
+
 Default path: the model in bf16 (fp32 on CPU) with ``torch.optim.AdamW``. ``--deepspeed``: the model in fp32
 wrapped by DeepSpeed ZeRO-2 with bf16 on CUDA, using the trainer's own config and optimizer builder
 (``trainer.workers.base.DistributedWorker``), single process (MASTER_ADDR/PORT set here), ``engine.backward``
@@ -20,6 +24,7 @@ and ``engine.step`` as in ``trainer/workers/update.py``; this is the real update
 Usage:
     python tools/bench/mfu.py --out mfu.json                     # both models, 4096-token micro-batches
     python tools/bench/mfu.py --deepspeed --models qwen2-1.5b --out mfu_ds.json
+    python tools/bench/mfu.py --deepspeed --compile --models qwen2-1.5b --out mfu_ds_compile.json
     python tools/bench/mfu.py --tiny --out /tmp/mfu.json         # CPU smoke test (tiny model, MFU vs --peak-flops)
 """
 from __future__ import annotations
@@ -59,7 +64,7 @@ def _deepspeed_engine(model, device: torch.device, zero_stage: int, lr: float):
 
 def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, response_len: int, iters: int,
                 warmup: int, accum: int, peak_flops: float, use_deepspeed: bool = False, zero_stage: int = 2,
-                gradient_checkpointing: bool = False) -> dict:
+                gradient_checkpointing: bool = False, kernels: dict | None = None) -> dict:
     """Time the actor update on one model config and compute its MFU.
 
     Returns:
@@ -77,6 +82,9 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
     dtype = torch.float32 if (use_deepspeed or not half) else torch.bfloat16
     model = build_model(name, device, dtype, gradient_checkpointing=gradient_checkpointing)
     model.train()
+    from trainer.workers.kernels import apply_kernel_options
+
+    applied = apply_kernel_options(model, kernels or {})  # as trainer.workers.model_utils.ModelRole.build does
     cfg = model.config
     if use_deepspeed:
         engine = _deepspeed_engine(model, device, zero_stage, lr=1e-6)
@@ -110,7 +118,7 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
                tokens_per_s=n_tok / t.s, flops_per_token=flops_per_token(cfg, seq_len),
                tflops_per_s=mfu * peak_flops / 1e12, mfu=mfu, peak_flops=peak_flops,
                peak_mem_gib=peak_memory_gib(device), params=sum(p.numel() for p in model.parameters()),
-               gradient_checkpointing=gradient_checkpointing)
+               gradient_checkpointing=gradient_checkpointing, kernels=", ".join(applied) or "none")
     del model, fwd, batches
     if use_deepspeed:
         del engine
@@ -132,6 +140,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--deepspeed", action="store_true", help="wrap with DeepSpeed (trainer's config) instead")
     ap.add_argument("--zero-stage", type=int, default=2, choices=[0, 1, 2, 3])
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--liger", action="store_true", help="actor_rollout_ref.model.use_liger (CUDA, liger-kernel)")
+    ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256-token micro-batches")
     ap.add_argument("--out", default="bench_mfu.json")
@@ -144,9 +154,10 @@ def main(argv=None) -> dict:
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         rows.append(bench_model(name, device, args.tokens, args.seq_len, args.response_len, args.iters, args.warmup,
                                 args.accum, args.peak_flops, args.deepspeed, args.zero_stage,
-                                args.gradient_checkpointing))
+                                args.gradient_checkpointing,
+                                dict(use_liger=args.liger, use_torch_compile=args.compile)))
         print(rows[-1], flush=True)
-    print_table(rows, ["model", "path", "dtype", "tokens_per_microbatch", "tokens_per_s", "tflops_per_s", "mfu",
+    print_table(rows, ["model", "path", "kernels", "dtype", "tokens_per_microbatch", "tokens_per_s", "tflops_per_s", "mfu",
                        "peak_mem_gib"], title=f"actor update MFU (peak {args.peak_flops:.3g} FLOP/s, {device})")
     doc = dict(meta=run_meta(args), results=rows)
     write_json(args.out, doc)

@@ -4,10 +4,14 @@ trainable sequence per SP size, and a log-prob equivalence check SP=2 vs SP=1.
 No torchrun: for each SP size the script starts ``sp`` worker processes (``torch.multiprocessing``, spawn; nccl on
 CUDA with one GPU per rank, gloo on CPU) that receive trials over queues. A trial is one actor-update step on ONE
 packed sequence of ``T`` tokens (response = last ``T/2`` tokens): ``forward_log_probs`` with the Ulysses group
-(each rank holds ``T/sp`` tokens), the PPO clip loss, backward, ``torch.optim.AdamW`` step (bf16 weights and
+(each rank holds ``T/sp`` tokens), the PPO clip loss, backward, and a ``torch.optim.AdamW`` step after every
+``--accum`` such micro-batches (1: every step; the trainer steps once per mini-batch of several micro-batches, so
+``--accum 4`` is closer to its update; bf16 weights and
 states on CUDA; the trainer's DeepSpeed path keeps fp32 master weights, so its memory is higher by about 12 bytes
 per parameter). ``--warmup`` steps, then ``--iters`` timed steps; tokens/s per GPU = ``T * iters / seconds / sp``;
-peak memory = ``torch.cuda.max_memory_allocated`` (max over ranks). A failure in any rank (e.g. CUDA OOM) kills
+peak memory = ``torch.cuda.max_memory_allocated`` (max over ranks). Gradients are not all-reduced across
+ranks in either SP size (the trainer all-reduces them over the dp x sp group, which SP=1 on the same GPUs at
+data-parallel size 2 pays as well). A failure in any rank (e.g. CUDA OOM) kills
 the whole pool (its peers may be blocked in a collective) and a new pool serves the next trial.
 
 Search: from ``--search-start`` tokens, double ``T`` until a trial fails (OOM) or exceeds ``--search-max``, then
@@ -58,13 +62,18 @@ def _train_trial(task: dict, group, device, cache: dict) -> dict:
     T = task["tokens"]
     batch = packed_batch(T, T, T // 2, model.config.vocab_size, device, seed=task.get("seed", 0))
 
+    accum = max(1, int(task.get("accum", 1)))
+    done = [0]
+
     def step():
         with group.activate():  # kept open across backward (recomputed layers look the group up)
             actor_micro_step(model, batch, sp=group)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        done[0] += 1
+        if done[0] % accum == 0:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
-    for _ in range(task["warmup"]):
+    for _ in range(max(task["warmup"], accum)):  # warm-up includes one optimizer step (lazy AdamW state)
         step()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -229,14 +238,17 @@ def longest_sequence(fits, start: int, cap: int, refine: int = 0, granule: int =
 
 
 def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, search, search_start, search_max,
-                  equiv_tokens, gradient_checkpointing=False, timeout_s=900.0, search_refine: int = 0) -> dict:
+                  equiv_tokens, gradient_checkpointing=False, timeout_s=900.0, search_refine: int = 0,
+                  accum: int = 1) -> dict:
     """Run the throughput table, the longest-sequence search and the equivalence check.
 
     Returns:
         ``{"throughput": [rows], "search": [rows], "equivalence": [rows]}``; a row's ``status`` is ``ok``, ``OOM``,
         ``skipped: <reason>`` or ``error: <message>``.
     """
-    base = dict(iters=iters, warmup=warmup, gradient_checkpointing=gradient_checkpointing)
+    if accum < 1:
+        raise ValueError(f"accum must be >= 1, got {accum}")
+    base = dict(iters=iters, warmup=warmup, gradient_checkpointing=gradient_checkpointing, accum=accum)
     out: dict = dict(throughput=[], search=[], equivalence=[])
     for sp in sp_sizes:
         pool = None
@@ -256,7 +268,7 @@ def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, sea
                 continue
             for T in tokens_list:
                 r = trial(dict(kind="train", model=model, tokens=T, **base))
-                row = dict(model=model, sp=sp, tokens=T, status="ok" if "error" not in r else
+                row = dict(model=model, sp=sp, tokens=T, accum=accum, status="ok" if "error" not in r else
                            ("OOM" if r["oom"] else f"error: {r['error']}"))
                 if "error" not in r:
                     row.update(seconds=r["seconds"], tokens_per_s_per_gpu=T * iters / r["seconds"] / sp,
@@ -265,7 +277,8 @@ def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, sea
                 print(row, flush=True)
             if search:
                 def fits(T, model=model):
-                    return trial(dict(kind="train", model=model, tokens=T, **dict(base, iters=1, warmup=1)),
+                    return trial(dict(kind="train", model=model, tokens=T,
+                                      **dict(base, iters=1, warmup=1, accum=1)),
                                  fresh=device_type == "cuda")
 
                 last, stop, T = longest_sequence(fits, search_start, search_max, search_refine)
@@ -300,6 +313,8 @@ def main(argv=None) -> dict:
                     help="bisection steps after doubling (between the last fit and the first OOM), 1,024-token grain")
     ap.add_argument("--equiv-tokens", type=int, default=8192, help="0: skip the SP=2 vs SP=1 log-prob check")
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-batches (steps) per optimizer step in the throughput table (search trials use 1)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per trial before the pool is killed")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256/512 tokens, gloo")
@@ -313,8 +328,8 @@ def main(argv=None) -> dict:
                         [int(s) for s in args.sp_sizes.split(",")], [int(t) for t in args.tokens.split(",")],
                         args.iters, args.warmup, device_type, not args.no_search, args.search_start,
                         args.search_max, args.equiv_tokens, args.gradient_checkpointing, args.timeout,
-                        args.search_refine)
-    print_table(res["throughput"], ["model", "sp", "tokens", "status", "tokens_per_s_per_gpu", "peak_mem_gib"],
+                        args.search_refine, args.accum)
+    print_table(res["throughput"], ["model", "sp", "tokens", "accum", "status", "tokens_per_s_per_gpu", "peak_mem_gib"],
                 title=f"Ulysses actor step ({device_type})")
     if res["search"]:
         print_table(res["search"], ["model", "sp", "longest_tokens", "peak_mem_gib", "stopped_by"],

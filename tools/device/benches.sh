@@ -2,10 +2,29 @@
 # On a 2-GPU machine (after tools/device/prepare.sh): the GPU benchmarks of issues #4, #6 and #9, writing JSON
 # and logs to $OUT. Phase 1 runs TRL-vs-ours on GPU 0 while GPU 1 runs the MFU, profile and 1-GPU sync benches
 # (separate GPUs, so they do not share a device); phase 2 uses both GPUs (Ulysses SP=2, ZeRO-3 sync over 2 ranks).
-# Use: OUT=/some/dir bash tools/device/benches.sh
+# Use: OUT=/some/dir bash tools/device/benches.sh            (the first set, 2026-11-30 session 2)
+#      OUT=/some/dir GPU=1 SET=kernels bash tools/device/benches.sh   (#9: MFU with and without the fused kernels)
+#      OUT=/some/dir SET=ulysses bash tools/device/benches.sh         (#4: SP=1 vs SP=2 with --accum 4, bisection)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
+case ${SET:-first} in
+  kernels)  # each variant in its own process (Liger patches transformers process-wide)
+    export CUDA_VISIBLE_DEVICES=${GPU:-0}
+    for v in "base:" "compile:--compile" "liger:--liger" "liger_compile:--liger --compile"; do
+      timeout -k 10 150 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 ${v#*:} \
+        --out "$OUT/mfu_${v%%:*}.json" > "$OUT/mfu_${v%%:*}.log" 2>&1
+    done
+    timeout -k 10 120 python3 tools/bench/mfu.py --deepspeed --models smollm2-135m --iters 12 --warmup 3 --compile \
+      --out "$OUT/mfu_smol_compile.json" > "$OUT/mfu_smol_compile.log" 2>&1
+    tar czf "$OUT/mfu.tgz" -C "$OUT" $(cd "$OUT" && ls mfu_*) && rm -f "$OUT"/mfu_*
+    exit 0 ;;
+  ulysses)
+    timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384,32768 \
+      --iters 8 --warmup 2 --accum 4 --search-start 32768 --search-max 131072 --search-refine 4 --timeout 60 \
+      --out "$OUT/ulysses_accum4.json" > "$OUT/ulysses_accum4.log" 2>&1
+    exit 0 ;;
+esac
 (CUDA_VISIBLE_DEVICES=0 timeout -k 10 295 python3 tools/bench/vs_trl.py --model /tmp/smol_hf \
    --data data/gsm8k/train.parquet --batch 16 --n 8 --micro 16 --response-len 256 --lr 1e-6 --steps 3 \
    --timeout 140 --work-dir /tmp/vs_trl --out "$OUT/vs_trl.json" > "$OUT/vs_trl.log" 2>&1;

@@ -7,6 +7,7 @@
 # Every run writes metrics.jsonl + console.log to $OUT/<name>/ when it ends (or is stopped by its timeout:
 # SIGTERM makes the trainer finish the current step and exit).
 # Use: OUT=/some/dir T_LONG=480 [RUNS="svamp_b:0 gsm8k_gae:1"] [EXTRA="hydra overrides"] bash tools/device/rl_runs.sh
+# (megatron:- uses both GPUs; offload:N is a 3-step run with optimizer offload during rollout)
 set -u
 OUT=${OUT:?set OUT}
 T_LONG=${T_LONG:-480}
@@ -47,6 +48,29 @@ save_resume() {  # #5: save at step 2 of a 4-step run, resume from step 2, run s
   cp /tmp/runs/sr2/metrics.jsonl "$OUT/save_resume/resumed.jsonl" 2>/dev/null
   { du -sb /tmp/runs/sr1/checkpoints/global_step_2 /tmp/runs/sr1/checkpoints/global_step_2/*;
     find /tmp/runs/sr1/checkpoints/global_step_2 -type f -printf '%s %p\n'; } > "$OUT/save_resume/sizes.txt" 2>&1
+  grep -h "checkpoint loaded in\|saved checkpoint\|Traceback\|Error" "$OUT"/save_resume/*.log > "$OUT/save_resume/summary.txt"
+  tar czf "$OUT/save_resume.tgz" -C "$OUT" save_resume && rm -rf "${OUT:?}/save_resume"
+}
+megatron() {  # #8 on both GPUs: the GPU check (TP=1/TP=2 log-probs, update, sync, checkpoint), then a GSM8K GRPO
+  # run of SmolLM2 on the Megatron path (TP=1 x DP=2: SmolLM2's 9 heads do not split over TP=2) for 10 steps saving
+  # at steps 5 and 10, and a resumed run from step 5 to step 7 (compare its steps 6-7 with the first run's)
+  local d="$OUT/megatron" MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
+   trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 trainer.save_freq=5"
+  mkdir -p "$d"
+  CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 150 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
+      --model /tmp/smol_hf --out "$d/check.json" > "$d/check.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 200 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
+      trainer.output_dir=/tmp/runs/mg1 > "$d/first.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 140 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
+      trainer.output_dir=/tmp/runs/mg2 trainer.resume_mode=/tmp/runs/mg1/checkpoints/global_step_5 > "$d/resumed.log" 2>&1
+  cp /tmp/runs/mg1/metrics.jsonl "$d/first.jsonl" 2>/dev/null
+  cp /tmp/runs/mg2/metrics.jsonl "$d/resumed.jsonl" 2>/dev/null
+  du -sb /tmp/runs/mg1/checkpoints/global_step_5/* > "$d/sizes.txt" 2>&1
+  tar czf "$OUT/megatron.tgz" -C "$OUT" megatron && rm -rf "${OUT:?}/megatron"
+}
+offload() {  # #9: 3 GRPO steps with the optimizer state offloaded during rollout (compare rollout_start memory)
+  launch offload "$1" 240 data=gsm8k trainer.total_training_steps=3 \
+    actor_rollout_ref.rollout.offload_optimizer_during_rollout=true
 }
 for spec in $RUNS; do
   name=${spec%%:*} gpu=${spec##*:}
@@ -60,6 +84,8 @@ for spec in $RUNS; do
                reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=64 \
                reward_model.overlong_buffer.penalty_factor=0.5 ;;
     save_resume) save_resume "$gpu" & ;;
+    megatron) megatron & ;;
+    offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
 done

@@ -124,7 +124,8 @@ def compute_policy_loss_vanilla(old_log_probs: torch.Tensor, log_probs: torch.Te
     Returns:
         ``(pg_loss scalar, metrics)``, metrics = ``pg_clipfrac`` (fraction of valid tokens where the clipped term
         binds, i.e. ``L2 > L1``: it depends on the sign of A), ``ppo_kl`` (mean ``old - logp``),
-        ``pg_clipfrac_lower`` (fraction where the dual clip binds, ``A < 0`` and ``Lc > -A*c``); python floats.
+        ``pg_clipfrac_lower`` (fraction where the dual clip binds, ``A < 0`` and ``Lc > -A*c``): detached 0-d float32 tensors
+        (no host sync inside the micro-batch loop; the update loop reads them once per mini-batch).
     Raises:
         ValueError: ``clip_ratio_c <= 1``; mis-shaped ``rollout_is_weights``.
     """
@@ -150,9 +151,9 @@ def compute_policy_loss_vanilla(old_log_probs: torch.Tensor, log_probs: torch.Te
     pg_loss = agg_loss(loss, m, loss_agg_mode, **_agg_kwargs(agg_kwargs))
     with torch.no_grad():
         metrics = {
-            "pg_clipfrac": float(masked_mean((l2 > l1).float(), m)),
-            "ppo_kl": float(masked_mean(-log_ratio.float(), m)),
-            "pg_clipfrac_lower": float(masked_mean(((lc > l3) & (adv < 0)).float(), m)),
+            "pg_clipfrac": masked_mean((l2 > l1).float(), m),
+            "ppo_kl": masked_mean(-log_ratio.float(), m),
+            "pg_clipfrac_lower": masked_mean(((lc > l3) & (adv < 0)).float(), m),
         }
     return pg_loss, metrics
 
@@ -187,8 +188,8 @@ def compute_policy_loss_gspo(old_log_probs, log_probs, advantages, response_mask
         loss = loss * rollout_is_weights.detach()
     pg_loss = agg_loss(loss, m, loss_agg_mode, **_agg_kwargs(agg_kwargs))
     with torch.no_grad():
-        metrics = {"pg_clipfrac": float(masked_mean((l2 > l1).float(), m)),
-                   "ppo_kl": float(masked_mean(-neg_kl.float(), m)), "pg_clipfrac_lower": 0.0}
+        metrics = {"pg_clipfrac": masked_mean((l2 > l1).float(), m),
+                   "ppo_kl": masked_mean(-neg_kl.float(), m), "pg_clipfrac_lower": 0.0}
     return pg_loss, metrics
 
 
@@ -208,7 +209,7 @@ def compute_policy_loss_gpg(old_log_probs, log_probs, advantages, response_mask,
     pg_loss = agg_loss(loss, m, loss_agg_mode, **_agg_kwargs(agg_kwargs))
     with torch.no_grad():
         kl = masked_mean(torch.where(m, old_log_probs - log_probs, zero).float(), m)
-    return pg_loss, {"pg_clipfrac": 0.0, "ppo_kl": float(kl), "pg_clipfrac_lower": 0.0}
+    return pg_loss, {"pg_clipfrac": 0.0, "ppo_kl": kl, "pg_clipfrac_lower": 0.0}
 
 
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
@@ -221,7 +222,7 @@ def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torc
     ``vf_clipfrac = mean_m[(v_clip - R)^2 > (vpreds - R)^2]``. All tensors ``(batch, response_len)``.
 
     Returns:
-        ``(vf_loss scalar, vf_clipfrac python float)``.
+        ``(vf_loss scalar, vf_clipfrac detached 0-d float32 tensor)``.
     Raises:
         ValueError: ``cliprange_value < 0``.
     """
@@ -237,7 +238,7 @@ def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torc
     l2 = (v_clip - R).square()
     vf_loss = 0.5 * agg_loss(torch.maximum(l1, l2), m, loss_agg_mode, **_agg_kwargs(agg_kwargs))
     with torch.no_grad():
-        clipfrac = float(masked_mean((l2 > l1).float(), m))
+        clipfrac = masked_mean((l2 > l1).float(), m)
     return vf_loss, clipfrac
 
 

@@ -76,6 +76,9 @@ class ModelRole:
             apply_ulysses_patch(model, sp_obj)
         if train and model_cfg.get("enable_gradient_checkpointing"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from trainer.workers.kernels import apply_kernel_options
+
+        apply_kernel_options(model, model_cfg)
         if train:
             opt, sched = worker.build_optimizer(model, optim_cfg, total_steps)
             engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)

@@ -64,8 +64,8 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
             n_seq = global_count((mask.sum(-1) > 0).sum().item(), worker.device, role.dp_group)
             agg = dict(global_num_tokens=max(n_tok, 1.0), global_num_seqs=max(n_seq, 1.0), dp_size=role.dp_size,
                        loss_scale_factor=float(mask.shape[-1]))
-            finite = True
-            summed: dict[str, float] = defaultdict(float)
+            finite = torch.ones((), dtype=torch.bool, device=worker.device)
+            pending: dict[str, list] = defaultdict(list)  # this mini-batch's metric values, read once at its end
             for mb in micro_batches(mini, int(cfg["ppo_micro_batch_size_per_gpu"]), dyn, max_tok, role.dp_group):
                 if kind == "actor":
                     loss, m = _actor_loss(role, mb, cfg, temperature, agg_mode, agg)
@@ -73,17 +73,20 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                     loss, m = _critic_loss(role, mb, cfg, agg_mode, agg)
                 # a non-finite loss still runs backward (every rank must join the same collectives), as loss*NaN
                 # so that every gradient it touches is NaN (nan*0 is nan): the step below is then skipped by
-                # DeepSpeed's overflow check on all ranks, which also clears its gradient buffers
-                ok_mb = bool(torch.isfinite(loss.detach()).all())
-                finite = finite and ok_mb
-                engine.backward(loss if ok_mb else loss * float("nan"), scale_wrt_gas=False)
+                # DeepSpeed's overflow check on all ranks, which also clears its gradient buffers. The factor (1 or
+                # NaN) is decided on the device, so there is no host sync per micro-batch (not torch.where: its
+                # unselected NaN branch would still send 0*NaN into the gradient).
+                ok_mb = torch.isfinite(loss.detach()).all()
+                finite = finite & ok_mb
+                factor = torch.where(ok_mb, 1.0, float("nan")).to(loss.dtype)
+                engine.backward(loss * factor, scale_wrt_gas=False)
                 for k, v in m.items():
-                    if k in ADDITIVE_LOSS_METRICS:
-                        summed[k] += float(v)
-                    else:
-                        metrics[f"{kind}/{k}"].append(float(v))
-            for k, v in summed.items():  # one value per mini-batch (see ADDITIVE_LOSS_METRICS)
-                metrics[f"{kind}/{k}"].append(v)
+                    pending[k].append(v)
+            for k, vals in _read_metrics(pending).items():
+                if k in ADDITIVE_LOSS_METRICS:  # one value per mini-batch (see ADDITIVE_LOSS_METRICS)
+                    metrics[f"{kind}/{k}"].append(sum(vals))
+                else:
+                    metrics[f"{kind}/{k}"].extend(vals)
             finite = _all_ranks_finite(finite, worker.device)
             if finite:
                 engine.step()
@@ -118,8 +121,15 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
     return dict(metrics)
 
 
-def _all_ranks_finite(finite: bool, device) -> bool:
-    return global_count(0.0 if finite else 1.0, device) == 0.0
+def _all_ranks_finite(finite: torch.Tensor | bool, device) -> bool:
+    return global_count(0.0 if bool(finite) else 1.0, device) == 0.0
+
+
+def _read_metrics(pending: dict[str, list]) -> dict[str, list[float]]:
+    """``{name: [0-d tensors or floats]}`` -> ``{name: [floats]}`` with ONE device->host copy for all tensors."""
+    tensors = [v.detach().float().reshape(()) for vals in pending.values() for v in vals if torch.is_tensor(v)]
+    host = iter(torch.stack(tensors).tolist()) if tensors else iter(())
+    return {k: [next(host) if torch.is_tensor(v) else float(v) for v in vals] for k, vals in pending.items()}
 
 
 def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: str, agg: dict):
@@ -137,10 +147,10 @@ def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: st
     pg_loss, pg_m = loss_fn(old, log_prob, adv, mask, loss_agg_mode=agg_mode, config=cfg,
                             rollout_is_weights=is_w, **agg)
     loss = pg_loss
-    metrics = {"pg_loss": pg_loss.item(), **pg_m}
+    metrics = {"pg_loss": pg_loss.detach(), **pg_m}  # 0-d tensors: read once per mini-batch (_read_metrics)
     if entropy is not None:
         ent = core_algos.agg_loss(entropy, mask, agg_mode, **agg)
-        metrics["entropy"] = ent.item()
+        metrics["entropy"] = ent.detach()
         if entropy_coeff:
             loss = loss - entropy_coeff * ent
     if cfg.get("use_kl_loss"):
@@ -148,7 +158,7 @@ def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: st
         kld = core_algos.kl_penalty(log_prob, ref, cfg["kl_loss_type"])
         kl_loss = core_algos.agg_loss(kld, mask, agg_mode, **agg)
         loss = loss + float(cfg["kl_loss_coef"]) * kl_loss
-        metrics["kl_loss"] = kl_loss.item()
+        metrics["kl_loss"] = kl_loss.detach()
         metrics["kl_coef"] = float(cfg["kl_loss_coef"])
     return loss, metrics
 
@@ -164,4 +174,4 @@ def _critic_loss(role, mb: DataProto, cfg: dict, agg_mode: str, agg: dict):
                                                       cliprange_value=float(cfg["cliprange_value"]),
                                                       loss_agg_mode=agg_mode, **agg)
     vmean = core_algos.masked_mean(vpreds.detach(), mask)
-    return vf_loss, {"vf_loss": vf_loss.item(), "vf_clipfrac": clipfrac, "vpred_mean": float(vmean)}
+    return vf_loss, {"vf_loss": vf_loss.detach(), "vf_clipfrac": clipfrac, "vpred_mean": vmean}

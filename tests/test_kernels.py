@@ -1,0 +1,103 @@
+"""Optional fused kernels (trainer/workers/kernels.py): option checks, Liger's call protocol (with a fake
+liger_kernel module; the real one needs CUDA/Triton) and torch.compile equivalence on CPU."""
+from __future__ import annotations
+
+import copy
+import sys
+import types
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from patches.ulysses import apply_ulysses_patch
+from trainer.forward import forward_log_probs, use_compiled_log_probs
+from trainer.workers import kernels
+from trainer.workers.kernels import LIGER_KWARGS, apply_kernel_options, check_kernel_options, decoder_layers
+
+
+def _tiny():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+
+
+def test_check_kernel_options_refuses_what_cannot_run(monkeypatch):
+    check_kernel_options({}, "cpu", 3)  # both off: anything goes
+    with pytest.raises(ValueError, match=r"use_liger=true needs trainer.device=cuda.*'cpu'"):
+        check_kernel_options({"use_liger": True}, "cpu", 2)
+    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="liger-kernel is not installed"):
+        check_kernel_options({"use_liger": True}, "cuda", 2)
+    with pytest.raises(ValueError, match="use_torch_compile=true does not work with deepspeed.zero_stage=3"):
+        check_kernel_options({"use_torch_compile": True}, "cuda", 3)
+    with pytest.raises(ValueError, match=r"use_torch_compile='yes'; expected true or false"):
+        check_kernel_options({"use_torch_compile": "yes"}, "cpu", 2)
+    check_kernel_options({"use_torch_compile": True}, "cpu", 2)
+
+
+def test_launch_validate_refuses_liger_on_cpu_and_kernels_on_megatron():
+    from tests.test_launch_checks import _cfg
+    from trainer.launch import ConfigError, check_megatron, validate
+
+    with pytest.raises(ConfigError, match="use_liger=true needs trainer.device=cuda"):
+        validate(_cfg("actor_rollout_ref.model.use_liger=true"))
+    validate(_cfg("actor_rollout_ref.model.use_torch_compile=true"))
+    pytest.importorskip("megatron.core")
+    with pytest.raises(ConfigError, match="model.use_torch_compile=true applies to Hugging Face models"):
+        check_megatron(_cfg("actor_rollout_ref.model.use_torch_compile=true"), 2)
+
+
+def test_liger_protocol_with_fake_module(monkeypatch):
+    calls = []
+
+    def apply_to_llama(model=None, rope=False, rms_norm=False, swiglu=False, cross_entropy=True,
+                       fused_linear_cross_entropy=True):
+        calls.append(dict(model=model, rope=rope, rms_norm=rms_norm, swiglu=swiglu, cross_entropy=cross_entropy,
+                          fused_linear_cross_entropy=fused_linear_cross_entropy))
+
+    mp = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    mp.MODEL_TYPE_TO_APPLY_LIGER_FN = {"llama": apply_to_llama}
+    for name, mod in (("liger_kernel", types.ModuleType("liger_kernel")),
+                      ("liger_kernel.transformers", types.ModuleType("liger_kernel.transformers")),
+                      ("liger_kernel.transformers.monkey_patch", mp)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    model = _tiny()
+    assert apply_kernel_options(model, {"use_liger": True}) == ["liger(llama)"]
+    assert calls == [dict(model=model, **LIGER_KWARGS)]
+    assert calls[0]["cross_entropy"] is False and calls[0]["fused_linear_cross_entropy"] is False
+    model.config.model_type = "gpt2"
+    with pytest.raises(ValueError, match=r"no kernels for model_type 'gpt2'; supported: \['llama'\]"):
+        apply_kernel_options(model, {"use_liger": True})
+
+
+def test_torch_compile_layers_match_eager_logprobs_and_grads():
+    """Compiled decoder layers (Ulysses attention left eager) + compiled log-prob math give the eager values and
+    parameter gradients (fp32, atol 1e-5) on packed batches of two different lengths (dynamic shapes)."""
+    base = _tiny()
+    apply_ulysses_patch(base)
+    eager, compiled = copy.deepcopy(base), copy.deepcopy(base)
+    assert len(decoder_layers(compiled)) == 2
+    try:
+        applied = apply_kernel_options(compiled, {"use_torch_compile": True})
+        assert applied[0].startswith("torch.compile(2 layers")
+        for L in (12, 17):
+            g = torch.Generator().manual_seed(L)
+            ids = torch.randint(1, 96, (3, L), generator=g)
+            mask = torch.ones_like(ids)
+            mask[0, :3] = 0
+            pos = (mask.cumsum(1) - 1).clamp(min=0)
+            out = []
+            for m in (eager, compiled):
+                m.zero_grad()
+                use_compiled_log_probs(m is compiled)
+                lp, ent = forward_log_probs(m, ids, mask, pos, 5, temperature=0.8, calculate_entropy=True)
+                (lp.sum() + 0.3 * ent.sum()).backward()
+                out.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+            torch.testing.assert_close(out[1][0], out[0][0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(out[1][1], out[0][1], atol=1e-5, rtol=0)
+            for n, grad in out[0][2].items():
+                torch.testing.assert_close(out[1][2][n], grad, atol=1e-5, rtol=1e-5, msg=n)
+    finally:
+        use_compiled_log_probs(False)

@@ -1,0 +1,89 @@
+"""Optional fused kernels for every model role (actor, reference, critic, PRM): Liger's Triton kernels and
+``torch.compile`` of the decoder layers. Both are off by default and change no math, only how it is run.
+
+Config (``actor_rollout_ref.model``, shared by all roles, as in verl):
+
+* ``use_liger``: Liger-Kernel's RoPE, RMSNorm and SwiGLU for the model's architecture
+  (``liger_kernel.transformers.monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN``; its cross-entropy kernels stay off:
+  log-probs come from :func:`trainer.forward.log_probs_from_logits`). Needs CUDA (Triton) and
+  ``pip install liger-kernel``.
+* ``use_torch_compile``: ``torch.compile(dynamic=True)`` of each decoder layer (the Ulysses attention call inside
+  it stays eager: a graph break, see ``patches.ulysses``) and of the per-chunk log-prob math
+  (:func:`trainer.forward.use_compiled_log_probs`). Not with ZeRO-3, whose parameter hooks run inside the layers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+logger = logging.getLogger(__name__)
+
+# Liger's kernels used here; its (fused linear) cross-entropy is left off because the trainer needs per-token
+# log-probs and entropy at a temperature, not a loss
+LIGER_KWARGS = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False)
+
+
+def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str = "actor_rollout_ref.model") -> None:
+    """Refuse option combinations that cannot run, before any worker starts.
+
+    Raises:
+        ValueError: ``use_liger`` without CUDA or without liger-kernel installed; ``use_torch_compile`` with
+            ZeRO stage 3; a non-boolean value.
+    """
+    for name in ("use_liger", "use_torch_compile"):
+        v = model_cfg.get(name, False)
+        if not isinstance(v, bool):
+            raise ValueError(f"{key}.{name}={v!r}; expected true or false")
+    if model_cfg.get("use_liger"):
+        if device != "cuda":
+            raise ValueError(f"{key}.use_liger=true needs trainer.device=cuda (Liger's kernels are Triton), got "
+                             f"{device!r}")
+        if importlib.util.find_spec("liger_kernel") is None:
+            raise ValueError(f"{key}.use_liger=true but liger-kernel is not installed: pip install liger-kernel")
+    if model_cfg.get("use_torch_compile") and int(zero_stage) == 3:
+        raise ValueError(f"{key}.use_torch_compile=true does not work with deepspeed.zero_stage=3 (ZeRO-3 gathers "
+                         "parameters in hooks inside the compiled layers); use ZeRO stage <= 2 or turn it off")
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a transformers model: the modules whose class name ends in ``DecoderLayer``."""
+    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+
+
+def apply_kernel_options(model, model_cfg: dict) -> list[str]:
+    """Apply ``use_liger`` / ``use_torch_compile`` from ``model_cfg`` to ``model`` (in place, before DeepSpeed
+    wraps it). Returns the names of what was applied (for the log).
+
+    Raises:
+        ValueError: ``use_liger`` for a model type Liger has no kernels for; ``use_torch_compile`` on a model
+            without ``*DecoderLayer`` modules.
+    """
+    applied = []
+    if model_cfg.get("use_liger"):
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+        model_type = getattr(model.config, "model_type", None)
+        fn = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+        if fn is None:
+            raise ValueError(f"use_liger=true: Liger has no kernels for model_type {model_type!r}; supported: "
+                             f"{sorted(MODEL_TYPE_TO_APPLY_LIGER_FN)}")
+        import inspect
+
+        params = inspect.signature(fn).parameters
+        fn(model=model, **{k: v for k, v in LIGER_KWARGS.items() if k in params})
+        applied.append(f"liger({model_type})")
+    if model_cfg.get("use_torch_compile"):
+        import torch
+
+        from trainer.forward import use_compiled_log_probs
+
+        layers = decoder_layers(model)
+        if not layers:
+            raise ValueError(f"use_torch_compile=true: no *DecoderLayer modules in {type(model).__name__}")
+        for layer in layers:
+            layer.compile(dynamic=True)
+        use_compiled_log_probs(True)
+        applied.append(f"torch.compile({len(layers)} layers, log-probs, torch {torch.__version__})")
+    if applied:
+        logger.info("fused kernels: %s", ", ".join(applied))
+    return applied

@@ -12,10 +12,10 @@ case ${SET:-first} in
   kernels)  # each variant in its own process (Liger patches transformers process-wide)
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
     for v in "base:" "compile:--compile" "liger:--liger" "liger_compile:--liger --compile"; do
-      timeout -k 10 150 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 ${v#*:} \
+      timeout -k 10 110 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 ${v#*:} \
         --out "$OUT/mfu_${v%%:*}.json" > "$OUT/mfu_${v%%:*}.log" 2>&1
     done
-    timeout -k 10 120 python3 tools/bench/mfu.py --deepspeed --models smollm2-135m --iters 12 --warmup 3 --compile \
+    timeout -k 10 80 python3 tools/bench/mfu.py --deepspeed --models smollm2-135m --iters 12 --warmup 3 --compile \
       --out "$OUT/mfu_smol_compile.json" > "$OUT/mfu_smol_compile.log" 2>&1
     tar czf "$OUT/mfu.tgz" -C "$OUT" $(cd "$OUT" && ls mfu_*) && rm -f "$OUT"/mfu_*
     exit 0 ;;

@@ -57,11 +57,11 @@ megatron() {  # #8 on both GPUs: the GPU check (TP=1/TP=2 log-probs, update, syn
   local d="$OUT/megatron" MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
    trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 trainer.save_freq=5"
   mkdir -p "$d"
-  CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 150 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
+  CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 120 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
       --model /tmp/smol_hf --out "$d/check.json" > "$d/check.log" 2>&1
-  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 200 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
+  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 230 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
       trainer.output_dir=/tmp/runs/mg1 > "$d/first.log" 2>&1
-  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 140 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
+  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 150 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
       trainer.output_dir=/tmp/runs/mg2 trainer.resume_mode=/tmp/runs/mg1/checkpoints/global_step_5 > "$d/resumed.log" 2>&1
   cp /tmp/runs/mg1/metrics.jsonl "$d/first.jsonl" 2>/dev/null
   cp /tmp/runs/mg2/metrics.jsonl "$d/resumed.jsonl" 2>/dev/null

@@ -20,8 +20,8 @@ case ${SET:-first} in
     tar czf "$OUT/mfu.tgz" -C "$OUT" $(cd "$OUT" && ls mfu_*) && rm -f "$OUT"/mfu_*
     exit 0 ;;
   ulysses)
-    timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384,32768 \
-      --iters 8 --warmup 2 --accum 4 --search-start 32768 --search-max 131072 --search-refine 4 --timeout 60 \
+    timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
+      --iters 8 --warmup 2 --accum 4 --search-start 32768 --search-max 131072 --search-refine 3 --timeout 60 \
       --out "$OUT/ulysses_accum4.json" > "$OUT/ulysses_accum4.log" 2>&1
     exit 0 ;;
 esac

@@ -109,17 +109,42 @@ def summarize_steps(rows: list[dict], skip_first: int = 1) -> dict:
                 tokens_per_step=_mean([_num(r.get("perf/total_num_tokens")) for r in used]), memory=mem)
 
 
+GEMM_KERNEL_MARKERS = ("gemm", "nvjet", "cutlass", "xmma", "matmul")
+
+
+def kernel_summary(events, wall_s: float) -> dict:
+    """Device-kernel totals of a profile: ``kernels`` (launch count), ``kernel_ms`` (sum of kernel times),
+    ``gemm_ms`` (kernels whose name contains one of :data:`GEMM_KERNEL_MARKERS`), ``busy_fraction``
+    (``kernel_ms / wall``: well under 1 means the GPU waits for the CPU, i.e. launch- or sync-bound)."""
+    from torch.autograd import DeviceType
+
+    ks = [e for e in events if getattr(e, "device_type", None) == DeviceType.CUDA]
+    total = sum(e.device_time for e in ks) / 1e3
+    gemm = sum(e.device_time for e in ks if any(m in e.name.lower() for m in GEMM_KERNEL_MARKERS)) / 1e3
+    return dict(kernels=len(ks), kernel_ms=total, gemm_ms=gemm,
+                busy_fraction=total / (wall_s * 1e3) if wall_s > 0 else None)
+
+
 def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_len: int, micro_batches: int,
-                         device: torch.device, trace: str | None, row_limit: int = 15) -> dict:
+                         device: torch.device, trace: str | None, row_limit: int = 15,
+                         kernels: dict | None = None) -> dict:
     """Profile one actor-update loop (``micro_batches`` x forward+backward, then one AdamW step).
+
+    Args:
+        kernels: the trainer's fused-kernel options (``use_liger``, ``use_torch_compile``; see
+            ``trainer.workers.kernels``), applied to the model before the loop.
 
     Returns:
         ``{"seconds", "tokens", "top_ops": [{"name", "self_time_ms", "total_time_ms", "calls"}...],
-        "table": str, "trace": path|None}``; times are the profiler's (device time on CUDA, CPU time on CPU).
+        "kernel_summary": {...} (CUDA only, see :func:`kernel_summary`), "table": str, "trace": path|None}``;
+        times are the profiler's (device time on CUDA, CPU time on CPU).
     """
+    from trainer.workers.kernels import apply_kernel_options
+
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(model_name, device, dtype)
     model.train()
+    applied = apply_kernel_options(model, kernels or {})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     batches = [packed_batch(tokens, seq_len, response_len, model.config.vocab_size, device, seed=i)
                for i in range(micro_batches)]
@@ -150,8 +175,10 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
     top = [dict(name=e.key, self_time_ms=getattr(e, self_attr, 0.0) / 1e3,
                 total_time_ms=getattr(e, tot_attr, 0.0) / 1e3,
                 calls=e.count) for e in ev[:row_limit]]
+    ksum = kernel_summary(prof.events(), t.s) if device.type == "cuda" else None
     return dict(model=model_name, device=str(device), dtype=str(dtype), seconds=t.s, tokens=tokens * micro_batches,
                 tokens_per_s=tokens * micro_batches / t.s, micro_batches=micro_batches, top_ops=top, table=table,
+                kernels=", ".join(applied) or "none", kernel_summary=ksum,
                 trace=os.path.abspath(trace) if trace else None)
 
 
@@ -179,6 +206,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--response-len", type=int, default=768)
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--trace", help="chrome trace output (json); default next to --out")
+    ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile")
+    ap.add_argument("--liger", action="store_true", help="actor_rollout_ref.model.use_liger (CUDA)")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256-token micro-batches")
     ap.add_argument("--out", default="bench_step_profile.json", help="JSON output path")
@@ -205,10 +234,13 @@ def main(argv=None) -> dict:
     if args.profile:
         trace = args.trace or os.path.splitext(os.path.abspath(args.out))[0] + ".trace.json"
         prof = profile_actor_update(args.model, args.tokens, args.seq_len, args.response_len, args.micro_batches,
-                                    pick_device(args.device), trace)
+                                    pick_device(args.device), trace,
+                                    kernels=dict(use_liger=args.liger, use_torch_compile=args.compile))
         print(prof["table"])
-        print(f"actor update loop: {prof['seconds']:.3f} s for {prof['tokens']} tokens "
+        print(f"actor update loop ({prof['kernels']}): {prof['seconds']:.3f} s for {prof['tokens']} tokens "
               f"({prof['tokens_per_s']:.1f} tok/s, profiler on); trace: {prof['trace']}")
+        if prof["kernel_summary"]:
+            print("device kernels: " + ", ".join(f"{k}={v:.4g}" for k, v in prof["kernel_summary"].items()))
         doc["profile"] = prof
     write_json(args.out, doc)
     return doc

@@ -83,6 +83,12 @@ for spec in $RUNS; do
     svamp_c) launch svamp_c "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 \
                reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=64 \
                reward_model.overlong_buffer.penalty_factor=0.5 ;;
+    svamp_d) launch svamp_d "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 \
+               reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=64 \
+               reward_model.overlong_buffer.penalty_factor=0.5 actor_rollout_ref.rollout.val_kwargs.n=1 \
+               actor_rollout_ref.rollout.val_kwargs.do_sample=false ;;
+    repeat_sr1) launch repeat_sr1 "$gpu" 300 data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 \
+               trainer.total_training_steps=4 trainer.save_freq=2 ;;  # run-to-run noise of the save_resume pair
     save_resume) save_resume "$gpu" & ;;
     megatron) megatron & ;;
     offload) offload "$gpu" ;;

@@ -137,3 +137,29 @@ def test_step_state_is_hidden_only_while_megatron_loads_parameter_state():
         assert "step" not in inner.state[p]
         raise RuntimeError("load failed")
     assert inner.state[p]["step"] is step          # restored even when the load raises
+
+
+def test_shared_adam_step_tensor_is_unshared_after_load():
+    """Megatron's DistributedOptimizer.load_state_dict (no TE/apex) gives every parameter state ONE step tensor;
+    torch Adam then advances it once per parameter per step (measured: 4 params, one step -> step 1 + 4 = 5), so
+    the bias corrections after a resume were wrong. After unshare_step_tensors each state advances by one."""
+    from types import SimpleNamespace
+
+    from trainer.megatron.checkpoint import unshare_step_tensors
+
+    ps = [torch.nn.Parameter(torch.ones(3)) for _ in range(4)]
+    opt = torch.optim.Adam(ps, lr=0.1)
+    for p in ps:
+        p.grad = torch.ones(3)
+    opt.step()
+    sd = opt.state_dict()
+    shared = torch.tensor(1.0)
+    for s in sd["state"].values():
+        s["step"] = shared                         # what megatron-core 0.19.2's load_state_dict builds
+    opt.load_state_dict(sd)
+    assert len({id(opt.state[p]["step"]) for p in ps}) == 1
+    chained = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=opt)])
+    assert unshare_step_tensors(chained) == 3
+    assert len({id(opt.state[p]["step"]) for p in ps}) == 4 and unshare_step_tensors(opt) == 0
+    opt.step()
+    assert [float(opt.state[p]["step"]) for p in ps] == [2.0] * 4

@@ -84,6 +84,30 @@ def _step_state_set_aside(optimizer):
             state["step"] = step
 
 
+def unshare_step_tensors(optimizer) -> int:
+    """Give every parameter state of torch Adam(W) its own ``step`` tensor; returns how many were replaced.
+
+    Megatron's ``DistributedOptimizer.load_state_dict`` without Transformer Engine / apex puts ONE ``step`` tensor
+    object into every parameter's state (megatron-core 0.19.2), and torch's Adam increments each state's step in
+    place, so after a resume the shared counter advances by the number of parameters per optimizer step: the bias
+    corrections ``1 - beta^step`` jump to 1 and the updates become several times larger than in the uninterrupted
+    run (seen on 2 x H200 as a KL jump right after a resume). Accepts a torch optimizer, a Megatron optimizer
+    (``.optimizer``) or a chained one (``.chained_optimizers``).
+    """
+    outer = getattr(optimizer, "chained_optimizers", [optimizer])
+    inner = [getattr(o, "optimizer", o) for o in outer]
+    seen, replaced = set(), 0
+    for opt in inner:
+        for state in (getattr(opt, "state", None) or {}).values():
+            step = state.get("step") if isinstance(state, dict) else None
+            if isinstance(step, torch.Tensor):
+                if id(step) in seen:
+                    state["step"] = step.detach().clone()
+                    replaced += 1
+                seen.add(id(state["step"]))
+    return replaced
+
+
 class MegatronCheckpointManager(CheckpointManager):
     """Saves/restores megatron-core model chunks, optimizer, LR scheduler and per-rank RNG.
 
@@ -196,6 +220,7 @@ class MegatronCheckpointManager(CheckpointManager):
                 with _step_state_set_aside(self.optimizer), torch.no_grad():
                     self.optimizer.load_parameter_state(
                         _need(os.path.join(path, "optim", f"param_state_{self._suffix(with_dp=False)}.pt")))
+            unshare_step_tensors(self.optimizer)
         extra = torch.load(_need(os.path.join(path, "extra", f"extra_{self._suffix()}.pt")), map_location="cpu",
                            weights_only=True)
         if load_lr_scheduler and self.lr_scheduler is not None:

@@ -30,6 +30,10 @@ def test_check_kernel_options_refuses_what_cannot_run(monkeypatch):
     monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="liger-kernel is not installed"):
         check_kernel_options({"use_liger": True}, "cuda", 2)
+    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: object())
+    with pytest.raises(ValueError, match="use_liger=true and .*use_torch_compile=true together fail"):
+        check_kernel_options({"use_liger": True, "use_torch_compile": True}, "cuda", 2)
+    check_kernel_options({"use_liger": True}, "cuda", 2)
     with pytest.raises(ValueError, match="use_torch_compile=true does not work with deepspeed.zero_stage=3"):
         check_kernel_options({"use_torch_compile": True}, "cuda", 3)
     with pytest.raises(ValueError, match=r"use_torch_compile='yes'; expected true or false"):

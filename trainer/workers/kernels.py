@@ -27,8 +27,8 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
     """Refuse option combinations that cannot run, before any worker starts.
 
     Raises:
-        ValueError: ``use_liger`` without CUDA or without liger-kernel installed; ``use_torch_compile`` with
-            ZeRO stage 3; a non-boolean value.
+        ValueError: ``use_liger`` without CUDA or without liger-kernel installed; both options at once;
+            ``use_torch_compile`` with ZeRO stage 3; a non-boolean value.
     """
     for name in ("use_liger", "use_torch_compile"):
         v = model_cfg.get(name, False)
@@ -40,6 +40,10 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
                              f"{device!r}")
         if importlib.util.find_spec("liger_kernel") is None:
             raise ValueError(f"{key}.use_liger=true but liger-kernel is not installed: pip install liger-kernel")
+    if model_cfg.get("use_liger") and model_cfg.get("use_torch_compile"):
+        raise ValueError(f"{key}.use_liger=true and {key}.use_torch_compile=true together fail (torch 2.11 + "
+                         "liger-kernel 0.8.5 on an H200: dynamo's AssertionError tracing LigerRMSNormFunction); "
+                         "turn one of them off")
     if model_cfg.get("use_torch_compile") and int(zero_stage) == 3:
         raise ValueError(f"{key}.use_torch_compile=true does not work with deepspeed.zero_stage=3 (ZeRO-3 gathers "
                          "parameters in hooks inside the compiled layers); use ZeRO stage <= 2 or turn it off")

@@ -315,6 +315,13 @@ class _PatchState:
                              f"{g.size}; activate a matching UlyssesGroup")
         return g
 
+    def prime(self, pos_local: torch.Tensor, g: UlyssesGroup, cu_seqlens: torch.Tensor, max_seqlen: int) -> None:
+        """Hand over the boundaries of the coming forward, computed by the caller without a device sync (e.g. on
+        the CPU before copying the packed row): ``cu_seqlens`` ``(num_seqs + 1,)`` int32 on the model's device and
+        ``max_seqlen`` of the WHOLE (all SP ranks', padded) row; valid while ``pos_local`` is the position tensor
+        the layers receive. Every SP peer must prime alike (or none), since a miss all-gathers."""
+        self._cache = (pos_local, pos_local._version, g, cu_seqlens, int(max_seqlen))
+
     def boundaries(self, pos_local: torch.Tensor, g: UlyssesGroup):
         """cu_seqlens of the gathered sequence, cached per forward (all layers get the same position_ids
         tensor; all SP ranks hit/miss the cache together, so the all-gather stays collective)."""

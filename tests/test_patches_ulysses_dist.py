@@ -25,6 +25,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForTokenClassification,
                           Qwen2Config, Qwen3Config)
 
 from patches.ulysses import UlyssesGroup, apply_ulysses_patch, build_dp_sp_groups
+import patches.ulysses as ulysses_mod
 from trainer.forward import forward_log_probs, forward_values
 
 ATOL = 1e-5
@@ -37,6 +38,7 @@ MODELS = {
     "mistral": lambda: MistralConfig(num_key_value_heads=2, sliding_window=5, **COMMON),
 }
 P, R = 6, 5
+HOST_PACKED = ("qwen2", "mistral")
 
 
 def make_batch(seed):
@@ -72,7 +74,19 @@ def check_lm(name, mesh, world, errors, grad_scale=None):
     sp = mesh.sp if grad_scale is None else UlyssesGroup(mesh.sp.group, mesh.sp.size, mesh.sp.rank, grad_scale)
     model = apply_ulysses_patch(copy.deepcopy(base), sp)
     ids, mask, pos, rm, w = make_batch(mesh.dp_rank)
-    lp, ent = forward_log_probs(model, ids, mask, pos, R, temperature=0.7, calculate_entropy=True)
+    # qwen2 and mistral take the trainer's path (device given: packing and sequence boundaries computed on the host
+    # and primed into the patch, so the attention never all-gathers positions); llama and qwen3 the device path
+    host = name in HOST_PACKED
+    gathers = []
+    real = ulysses_mod._all_gather_nograd
+    # count the all-gathers of integer tensors (positions); the log-prob/entropy gathers are float
+    ulysses_mod._all_gather_nograd = lambda x, *a, **k: gathers.extend([1] if not x.is_floating_point() else []) \
+        or real(x, *a, **k)
+    try:
+        lp, ent = forward_log_probs(model, ids, mask, pos, R, temperature=0.7, calculate_entropy=True,
+                                    device="cpu" if host else None)
+    finally:
+        ulysses_mod._all_gather_nograd = real
     loss_fn(lp, ent, rm, w).backward()
     for p in model.parameters():  # DeepSpeed's average over its DP group = the whole world (dp * sp ranks)
         dist.all_reduce(p.grad)
@@ -80,6 +94,7 @@ def check_lm(name, mesh, world, errors, grad_scale=None):
     tag = f"{name} sp={sp.size} scale={sp.scale}"
     ok = rm.bool()
     try:
+        assert len(gathers) == (0 if host else 1), f"position all-gathers: {len(gathers)} (host-packed: {host})"
         torch.testing.assert_close(lp[ok], refs[mesh.dp_rank][0][ok], atol=ATOL, rtol=0)
         torch.testing.assert_close(ent[ok], refs[mesh.dp_rank][1][ok], atol=ATOL, rtol=0)
         factor = sp.scale / sp.size  # 1 with the right scale; 1/sp for the negative control
@@ -100,7 +115,7 @@ def check_values(mesh, errors, int_patch=False):
     ref = forward_values(copy.deepcopy(base), ids, mask, pos, R, use_remove_padding=False)
     model = apply_ulysses_patch(copy.deepcopy(base), mesh.sp.size if int_patch else mesh.sp)
     with mesh.sp.activate():
-        v = forward_values(model, ids, mask, pos, R)
+        v = forward_values(model, ids, mask, pos, R, device="cpu" if int_patch else None)
     try:
         torch.testing.assert_close(v[rm.bool()], ref[rm.bool()], atol=ATOL, rtol=0)
     except AssertionError as e:

@@ -65,3 +65,31 @@ def test_patched_model_on_cuda_matches_padded_forward():
     lp, _ = forward_log_probs(patched, ids, mask, pos, 16)
     ok = mask[:, -16:].bool()
     torch.testing.assert_close(lp[ok], ref[ok], atol=5e-2, rtol=0)
+
+
+@needs_cuda
+def test_host_packed_forward_and_backward_make_no_host_sync():
+    """Issue #9: the actor's micro-batch (inputs on the CPU, device given) packs on the host, primes the patch's
+    sequence boundaries and copies through pinned memory, so the forward + log-prob + backward never waits for the
+    GPU (torch's sync debug mode raises on any synchronising call). Not yet run on a GPU when written."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from trainer.forward import forward_log_probs
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = apply_ulysses_patch(AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda())
+    ids = torch.randint(1, 96, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    forward_log_probs(model, ids, mask, pos, 5, device="cuda")[0].sum().backward()  # warm-up (lazy inits)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lp, _ = forward_log_probs(model, ids, mask, pos, 5, temperature=0.7, device="cuda")
+        lp.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert lp.shape == (3, 5) and lp.device.type == "cuda"

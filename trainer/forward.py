@@ -19,11 +19,26 @@ from __future__ import annotations
 
 import torch
 
-from patches.packing import pack_tensor, unpack_tensor, unpad_input
+from patches.packing import cu_seqlens_from_position_ids, pack_tensor, unpack_tensor, unpad_input
 from patches.ulysses import (ULYSSES_ATTN_IMPL, UlyssesGroup, current_ulysses_group, gather_outputs_and_unpad,
                              pad_and_slice, pad_and_slice_inputs)
 
-__all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits", "use_compiled_log_probs"]
+__all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits", "use_compiled_log_probs", "to_device"]
+
+
+def to_device(x: torch.Tensor, device) -> torch.Tensor:
+    """Copy ``x`` to ``device`` without waiting for the GPU's queue.
+
+    A host tensor goes through pinned memory with ``non_blocking=True`` (torch's plain ``.to("cuda")`` from pageable
+    memory synchronises the stream, which stalls the GPU at every micro-batch); anything else is ``x.to(device)``.
+    ``device=None`` returns ``x``.
+    """
+    if device is None:
+        return x
+    device = torch.device(device)
+    if x.device.type == "cpu" and device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def _lp_forward_chunk(x: torch.Tensor, labels: torch.Tensor, inv_t: float, want_entropy: bool):
@@ -171,10 +186,14 @@ def _resolve_sp(model, sp: UlyssesGroup | None, use_remove_padding: bool) -> Uly
     return sp
 
 
-def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesGroup):
+def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesGroup, device=None):
     """Model forward on this rank's slice of the packed batch.
 
-    Returns ``(output, labels_local (L/sp,), pad, indices (nnz,))``."""
+    With ``device`` set and the inputs on the CPU, the packing (indices, the position check, labels, SP slicing and
+    the sequence boundaries the patched attention needs) runs on the CPU and only the packed rows are copied, so the
+    forward makes no host sync. Returns ``(output, labels_local (L/sp,), pad, indices (nnz,))`` on the model's
+    device."""
+    dev = input_ids.device if device is None else torch.device(device)
     ids, _, indices, cu_seqlens, _ = unpad_input(input_ids, attention_mask)
     pos = pack_tensor(position_ids, indices).unsqueeze(0)
     starts = cu_seqlens[:-1][cu_seqlens.diff() > 0].long()
@@ -184,14 +203,26 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
     labels = torch.roll(ids, shifts=-1, dims=1)  # next token in the whole packed row, before SP slicing
     ids_local, pos_local, pad = pad_and_slice_inputs(ids, pos, sp.size, sp.rank)
     labels_local, _ = pad_and_slice(labels, sp.size, sp.rank)
+    bounds = None
+    if input_ids.device.type == "cpu" and device is not None:
+        # the boundaries of the whole padded row (what the attention would all-gather and scan on the device)
+        full = torch.cat([pos[0], torch.arange(pad, dtype=pos.dtype)]) if pad else pos[0]
+        cu_full, max_full = cu_seqlens_from_position_ids(full)
+        ids_local, pos_local, labels_local, indices, cu_full = (
+            to_device(t, dev) for t in (ids_local, pos_local, labels_local, indices, cu_full))
+        bounds = (cu_full, max_full)
+    state = getattr(model, "_ulysses_state", None)
     with sp.activate():
+        if bounds is not None and state is not None:
+            state.prime(pos_local, state.resolve(), *bounds)
         out = model(input_ids=ids_local, position_ids=pos_local, attention_mask=None, use_cache=False)
     return out, labels_local[0], pad, indices
 
 
 def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                       response_length: int, temperature: float = 1.0, calculate_entropy: bool = False,
-                      use_remove_padding: bool = True, sp: UlyssesGroup | None = None, chunk_size: int = 1024):
+                      use_remove_padding: bool = True, sp: UlyssesGroup | None = None, chunk_size: int = 1024,
+                      device=None):
     """Per-token log-probs (and entropy) of the response tokens under a causal LM.
 
     Args:
@@ -205,9 +236,11 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         sp: the SP group; default the group bound to the model or the active one (size 1 if none). All SP peers
             must pass the same batch.
         chunk_size: tokens per float32 log-softmax chunk.
+        device: the model's device when the inputs stay on the CPU (the trainer's workers pass it): packing happens
+            on the CPU and no host sync is made. None: the inputs' device.
 
     Returns:
-        ``(log_probs (B, R) float32, entropy (B, R) float32 or None)``. Entries of padded response tokens are
+        ``(log_probs (B, R) float32, entropy (B, R) float32 or None)`` on the model's device. Entries of padded response tokens are
         meaningless (mask them with ``response_mask``). Differentiable (use under grad in the actor update).
 
     Raises:
@@ -218,12 +251,14 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     B, L = input_ids.shape
     R = response_length
     if not use_remove_padding:
+        input_ids, attention_mask, position_ids = (to_device(t, device) for t in (input_ids, attention_mask,
+                                                                                   position_ids))
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         logits = out.logits[:, -R - 1:-1]
         lp, ent = log_probs_from_logits(logits.reshape(B * R, -1), input_ids[:, -R:].reshape(-1), temperature,
                                         calculate_entropy, chunk_size)
         return lp.view(B, R), (ent.view(B, R) if ent is not None else None)
-    out, labels_local, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp)
+    out, labels_local, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp, device)
     lp, ent = log_probs_from_logits(out.logits[0], labels_local, temperature, calculate_entropy, chunk_size)
     del out
     lp = gather_outputs_and_unpad(lp, 0, pad, sp)
@@ -234,12 +269,13 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                   response_length: int, use_remove_padding: bool = True, sp: UlyssesGroup | None = None):
+                   response_length: int, use_remove_padding: bool = True, sp: UlyssesGroup | None = None,
+                   device=None):
     """Critic values ``V(s_t)`` for the response tokens from a model with a scalar head per token.
 
     Args:
         model: ``AutoModelForTokenClassification`` with ``num_labels == 1`` (output ``logits (.., 1)``).
-        input_ids, attention_mask, position_ids, response_length, use_remove_padding, sp: as
+        input_ids, attention_mask, position_ids, response_length, use_remove_padding, sp, device: as
             :func:`forward_log_probs`.
 
     Returns:
@@ -254,10 +290,12 @@ def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     B, L = input_ids.shape
     R = response_length
     if not use_remove_padding:
+        input_ids, attention_mask, position_ids = (to_device(t, device) for t in (input_ids, attention_mask,
+                                                                                   position_ids))
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         head = out.logits
     else:
-        out, _, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp)
+        out, _, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp, device)
         head = out.logits
     if head.shape[-1] != 1:
         raise ValueError(f"value model must have one output per token (num_labels=1), got {head.shape[-1]}")

@@ -13,10 +13,9 @@ def forward_values_micro(role: ModelRole, mb: DataProto) -> torch.Tensor:
     """Values of the response positions of one micro-batch: (b, R) f32."""
     from trainer.forward import forward_values
 
-    dev = role.device
-    return forward_values(role.engine, mb["input_ids"].to(dev), mb["attention_mask"].to(dev),
-                          mb["position_ids"].to(dev), response_length=mb["responses"].shape[1],
-                          use_remove_padding=role.use_remove_padding, sp=role.sp)
+    return forward_values(role.engine, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
+                          response_length=mb["responses"].shape[1], use_remove_padding=role.use_remove_padding,
+                          sp=role.sp, device=role.device)
 
 
 class CriticWorker(DistributedWorker):

@@ -138,11 +138,11 @@ def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_
     """Per-token response log-probs (and entropy) of one micro-batch: (b, R) f32 each (entropy may be None)."""
     from trainer.forward import forward_log_probs
 
-    dev = role.device
-    return forward_log_probs(role.engine, mb["input_ids"].to(dev), mb["attention_mask"].to(dev),
-                             mb["position_ids"].to(dev), response_length=mb["responses"].shape[1],
-                             temperature=temperature, calculate_entropy=calculate_entropy,
-                             use_remove_padding=role.use_remove_padding, sp=role.sp)
+    # inputs stay on the CPU: the packed forward packs there and copies without a host sync (trainer.forward)
+    return forward_log_probs(role.engine, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
+                             response_length=mb["responses"].shape[1], temperature=temperature,
+                             calculate_entropy=calculate_entropy, use_remove_padding=role.use_remove_padding,
+                             sp=role.sp, device=role.device)
 
 
 def forward_batch_log_probs(role: ModelRole, data: DataProto, micro_batch_size: int, temperature: float,

@@ -134,16 +134,17 @@ def _read_metrics(pending: dict[str, list]) -> dict[str, list[float]]:
 
 def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: str, agg: dict):
     from trainer import core_algos
+    from trainer.forward import to_device
     from trainer.workers.model_utils import forward_micro
 
     dev = role.device
-    mask = mb["response_mask"].to(dev)
+    mask = to_device(mb["response_mask"], dev)
     entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
     log_prob, entropy = forward_micro(role, mb, temperature, calculate_entropy=entropy_coeff != 0)
-    old = mb["old_log_probs"].to(dev)
-    adv = mb["advantages"].to(dev)
+    old = to_device(mb["old_log_probs"], dev)
+    adv = to_device(mb["advantages"], dev)
     loss_fn = core_algos.get_policy_loss_fn(cfg.get("policy_loss", {}).get("loss_mode", "vanilla"))
-    is_w = mb["rollout_is_weights"].to(dev) if "rollout_is_weights" in mb else None
+    is_w = to_device(mb["rollout_is_weights"], dev) if "rollout_is_weights" in mb else None
     pg_loss, pg_m = loss_fn(old, log_prob, adv, mask, loss_agg_mode=agg_mode, config=cfg,
                             rollout_is_weights=is_w, **agg)
     loss = pg_loss
@@ -154,7 +155,7 @@ def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: st
         if entropy_coeff:
             loss = loss - entropy_coeff * ent
     if cfg.get("use_kl_loss"):
-        ref = mb["ref_log_prob"].to(dev)
+        ref = to_device(mb["ref_log_prob"], dev)
         kld = core_algos.kl_penalty(log_prob, ref, cfg["kl_loss_type"])
         kl_loss = core_algos.agg_loss(kld, mask, agg_mode, **agg)
         loss = loss + float(cfg["kl_loss_coef"]) * kl_loss
@@ -165,12 +166,14 @@ def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: st
 
 def _critic_loss(role, mb: DataProto, cfg: dict, agg_mode: str, agg: dict):
     from trainer import core_algos
+    from trainer.forward import to_device
     from trainer.workers.critic import forward_values_micro
 
     dev = role.device
-    mask = mb["response_mask"].to(dev)
+    mask = to_device(mb["response_mask"], dev)
     vpreds = forward_values_micro(role, mb)
-    vf_loss, clipfrac = core_algos.compute_value_loss(vpreds, mb["returns"].to(dev), mb["values"].to(dev), mask,
+    vf_loss, clipfrac = core_algos.compute_value_loss(vpreds, to_device(mb["returns"], dev),
+                                                      to_device(mb["values"], dev), mask,
                                                       cliprange_value=float(cfg["cliprange_value"]),
                                                       loss_agg_mode=agg_mode, **agg)
     vmean = core_algos.masked_mean(vpreds.detach(), mask)

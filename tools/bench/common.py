@@ -74,14 +74,17 @@ def build_model(name: str, device: torch.device | str, dtype: torch.dtype, sp_gr
     return model
 
 
-def packed_batch(num_tokens: int, seq_len: int, response_len: int, vocab_size: int, device="cpu", seed: int = 0):
+def packed_batch(num_tokens: int, seq_len: int, response_len: int, vocab_size: int, device="cpu", seed: int = 0,
+                 host_inputs: bool = False):
     """A full (unpadded) batch of ``num_tokens // seq_len`` rows of ``seq_len`` tokens, the last
     ``response_len`` of each row being the response; the packed forward turns it into one ``(1, num_tokens)`` row.
 
     Returns:
         dict with ``input_ids`` ``(B, seq_len)`` int64, ``attention_mask`` ``(B, seq_len)`` int64 (all 1),
         ``position_ids`` ``(B, seq_len)`` int64 (0..seq_len-1), ``response_mask`` ``(B, R)`` float32,
-        ``response_length`` R and ``seqlens`` (list of B ints).
+        ``response_length`` R, ``seqlens`` (list of B ints) and ``device``. With ``host_inputs`` the three input
+        tensors stay on the CPU, as the trainer's micro-batches do (``forward_log_probs(..., device=device)`` then
+        packs on the host without host syncs); ``response_mask`` is always on ``device``.
 
     Raises:
         ValueError: ``seq_len`` not dividing ``num_tokens`` or ``response_len`` not in ``[1, seq_len)``.
@@ -93,10 +96,11 @@ def packed_batch(num_tokens: int, seq_len: int, response_len: int, vocab_size: i
     b = num_tokens // seq_len
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab_size, (b, seq_len), generator=g)
-    return dict(input_ids=ids.to(device), attention_mask=torch.ones_like(ids).to(device),
-                position_ids=torch.arange(seq_len).expand(b, -1).contiguous().to(device),
+    where = "cpu" if host_inputs else device
+    return dict(input_ids=ids.to(where), attention_mask=torch.ones_like(ids).to(where),
+                position_ids=torch.arange(seq_len).expand(b, -1).contiguous().to(where),
                 response_mask=torch.ones(b, response_len, device=device), response_length=response_len,
-                seqlens=[seq_len] * b)
+                seqlens=[seq_len] * b, device=torch.device(device))
 
 
 def actor_micro_step(model, batch: dict, sp=None, backward: bool = True, temperature: float = 1.0,
@@ -113,7 +117,8 @@ def actor_micro_step(model, batch: dict, sp=None, backward: bool = True, tempera
     from trainer.forward import forward_log_probs
 
     lp, _ = forward_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                              batch["response_length"], temperature=temperature, sp=sp)
+                              batch["response_length"], temperature=temperature, sp=sp,
+                              device=batch.get("device"))
     mask = batch["response_mask"]
     g = torch.Generator().manual_seed(1)
     adv = torch.randn(mask.shape, generator=g).to(mask.device)

@@ -97,7 +97,7 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
         def step():
             opt.step()
             opt.zero_grad(set_to_none=True)
-    batches = [packed_batch(tokens, seq_len, response_len, cfg.vocab_size, device, seed=i) for i in range(2)]
+    batches = [packed_batch(tokens, seq_len, response_len, cfg.vocab_size, device, seed=i, host_inputs=True) for i in range(2)]
 
     def run(n: int):
         for i in range(n):

@@ -146,7 +146,8 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
     model.train()
     applied = apply_kernel_options(model, kernels or {})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    batches = [packed_batch(tokens, seq_len, response_len, model.config.vocab_size, device, seed=i)
+    batches = [packed_batch(tokens, seq_len, response_len, model.config.vocab_size, device, seed=i,
+                            host_inputs=True)
                for i in range(micro_batches)]
 
     def loop():

@@ -60,7 +60,7 @@ def _train_trial(task: dict, group, device, cache: dict) -> dict:
         cache[key] = (model, torch.optim.AdamW(model.parameters(), lr=1e-6))
     model, opt = cache[key]
     T = task["tokens"]
-    batch = packed_batch(T, T, T // 2, model.config.vocab_size, device, seed=task.get("seed", 0))
+    batch = packed_batch(T, T, T // 2, model.config.vocab_size, device, seed=task.get("seed", 0), host_inputs=True)
 
     accum = max(1, int(task.get("accum", 1)))
     done = [0]

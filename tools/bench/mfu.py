@@ -97,7 +97,8 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
         def step():
             opt.step()
             opt.zero_grad(set_to_none=True)
-    batches = [packed_batch(tokens, seq_len, response_len, cfg.vocab_size, device, seed=i, host_inputs=True) for i in range(2)]
+    batches = [packed_batch(tokens, seq_len, response_len, cfg.vocab_size, device, seed=i, host_inputs=True)
+               for i in range(2)]
 
     def run(n: int):
         for i in range(n):
@@ -157,7 +158,8 @@ def main(argv=None) -> dict:
                                 args.gradient_checkpointing,
                                 dict(use_liger=args.liger, use_torch_compile=args.compile)))
         print(rows[-1], flush=True)
-    print_table(rows, ["model", "path", "kernels", "dtype", "tokens_per_microbatch", "tokens_per_s", "tflops_per_s", "mfu",
+    print_table(rows, ["model", "path", "kernels", "dtype", "tokens_per_microbatch", "tokens_per_s", "tflops_per_s",
+                       "mfu",
                        "peak_mem_gib"], title=f"actor update MFU (peak {args.peak_flops:.3g} FLOP/s, {device})")
     doc = dict(meta=run_meta(args), results=rows)
     write_json(args.out, doc)

@@ -159,8 +159,7 @@ def main(argv=None) -> dict:
                                 dict(use_liger=args.liger, use_torch_compile=args.compile)))
         print(rows[-1], flush=True)
     print_table(rows, ["model", "path", "kernels", "dtype", "tokens_per_microbatch", "tokens_per_s", "tflops_per_s",
-                       "mfu",
-                       "peak_mem_gib"], title=f"actor update MFU (peak {args.peak_flops:.3g} FLOP/s, {device})")
+                       "mfu", "peak_mem_gib"], title=f"actor update MFU (peak {args.peak_flops:.3g} FLOP/s, {device})")
     doc = dict(meta=run_meta(args), results=rows)
     write_json(args.out, doc)
     return doc

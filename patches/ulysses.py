@@ -390,6 +390,35 @@ def _ulysses_mask(*args, attention_mask=None, **kwargs):
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
+_HOST_PACKED: contextvars.ContextVar[bool] = contextvars.ContextVar("ulysses_host_packed", default=False)
+
+
+@contextlib.contextmanager
+def host_packed_forward():
+    """Mark the enclosed model forward as packed by the caller, with its boundaries primed
+    (:meth:`_PatchState.prime`): transformers' packed-sequence detection in ``masking_utils`` (a Python ``bool`` of a
+    device tensor, i.e. a host sync per forward) is skipped; its result is not used by this attention anyway."""
+    token = _HOST_PACKED.set(True)
+    try:
+        yield
+    finally:
+        _HOST_PACKED.reset(token)
+
+
+def _wrap_packed_detection() -> None:
+    import transformers.masking_utils as mu
+
+    fn = getattr(mu, "find_packed_sequence_indices", None)
+    if fn is None or getattr(fn, "_ulysses_wrapped", False):
+        return
+
+    def find_packed_sequence_indices(position_ids):
+        return None if _HOST_PACKED.get() else fn(position_ids)
+
+    find_packed_sequence_indices._ulysses_wrapped = True
+    mu.find_packed_sequence_indices = find_packed_sequence_indices
+
+
 def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -397,6 +426,7 @@ def _register() -> None:
     # kernels stay as they are, while the layer around it (norms, RoPE, MLP) can be compiled
     AttentionInterface.register(ULYSSES_ATTN_IMPL, torch.compiler.disable(ulysses_attention_forward))
     AttentionMaskInterface.register(ULYSSES_ATTN_IMPL, _ulysses_mask)
+    _wrap_packed_detection()
 
 
 def apply_ulysses_patch(model: torch.nn.Module, sp_group: UlyssesGroup | int | None = None,

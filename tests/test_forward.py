@@ -160,3 +160,24 @@ def test_forward_errors():
         forward_log_probs(m, ids, mask, torch.arange(P + R).expand(3, -1), R)
     with pytest.raises(ValueError, match="attention_mask has shape"):
         forward_log_probs(m, ids, mask[:, 1:], pos, R)
+
+
+def test_host_packed_forward_skips_transformers_packed_detection(monkeypatch):
+    """With device= given, the forward is packed on the host and transformers' packed-sequence detection (a host
+    sync on CUDA) is skipped; without it the detection runs as before. Both give the same log-probs."""
+    import transformers.masking_utils as mu
+
+    import patches.ulysses as ul
+
+    torch.manual_seed(0)
+    model = apply_ulysses_patch(AutoModelForCausalLM.from_config(CONFIGS["qwen2"](), dtype=torch.float32))
+    seen = []
+    wrapped = mu.find_packed_sequence_indices
+    assert getattr(wrapped, "_ulysses_wrapped", False)
+    monkeypatch.setattr(mu, "find_packed_sequence_indices",
+                        lambda pos: seen.append(ul._HOST_PACKED.get()) or wrapped(pos))
+    ids, mask, pos, rm = batch()
+    lp_host, _ = forward_log_probs(model, ids, mask, pos, R, device="cpu")
+    lp_dev, _ = forward_log_probs(model, ids, mask, pos, R)
+    assert seen == [True, False]
+    torch.testing.assert_close(lp_host[rm], lp_dev[rm], atol=0, rtol=0)

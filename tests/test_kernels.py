@@ -48,6 +48,9 @@ def test_launch_validate_refuses_liger_on_cpu_and_kernels_on_megatron():
     with pytest.raises(ConfigError, match="use_liger=true needs trainer.device=cuda"):
         validate(_cfg("actor_rollout_ref.model.use_liger=true"))
     validate(_cfg("actor_rollout_ref.model.use_torch_compile=true"))
+    with pytest.raises(ConfigError, match="does not work with deepspeed.zero_stage=3"):  # stage 3 via ds_config
+        validate(_cfg("actor_rollout_ref.model.use_torch_compile=true",
+                      "+deepspeed.ds_config={zero_optimization:{stage:3}}"))
     pytest.importorskip("megatron.core")
     with pytest.raises(ConfigError, match="model.use_torch_compile=true applies to Hugging Face models"):
         check_megatron(_cfg("actor_rollout_ref.model.use_torch_compile=true"), 2)

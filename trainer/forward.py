@@ -17,11 +17,13 @@ so ``save_pretrained`` / ``from_pretrained`` round-trip it and the ``score`` Lin
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from patches.packing import cu_seqlens_from_position_ids, pack_tensor, unpack_tensor, unpad_input
 from patches.ulysses import (ULYSSES_ATTN_IMPL, UlyssesGroup, current_ulysses_group, gather_outputs_and_unpad,
-                             pad_and_slice, pad_and_slice_inputs)
+                             host_packed_forward, pad_and_slice, pad_and_slice_inputs)
 
 __all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits", "use_compiled_log_probs", "to_device"]
 
@@ -212,8 +214,9 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
             to_device(t, dev) for t in (ids_local, pos_local, labels_local, indices, cu_full))
         bounds = (cu_full, max_full)
     state = getattr(model, "_ulysses_state", None)
-    with sp.activate():
-        if bounds is not None and state is not None:
+    primed = bounds is not None and state is not None
+    with sp.activate(), (host_packed_forward() if primed else contextlib.nullcontext()):
+        if primed:
             state.prime(pos_local, state.resolve(), *bounds)
         out = model(input_ids=ids_local, position_ids=pos_local, attention_mask=None, use_cache=False)
     return out, labels_local[0], pad, indices

@@ -386,7 +386,9 @@ def validate(cfg: dict) -> None:
     from trainer.workers.kernels import check_kernel_options
 
     try:
-        check_kernel_options(arr["model"], t["device"], int(cfg["deepspeed"]["zero_stage"]))
+        ds = cfg["deepspeed"]  # the effective stage: a deepspeed.ds_config override wins (workers merge it last)
+        stage = ((ds.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", ds["zero_stage"])
+        check_kernel_options(arr["model"], t["device"], int(stage))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 

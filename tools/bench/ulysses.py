@@ -246,8 +246,9 @@ def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, sea
         ``{"throughput": [rows], "search": [rows], "equivalence": [rows]}``; a row's ``status`` is ``ok``, ``OOM``,
         ``skipped: <reason>`` or ``error: <message>``.
     """
-    if accum < 1:
-        raise ValueError(f"accum must be >= 1, got {accum}")
+    if accum < 1 or iters % accum:
+        raise ValueError(f"accum must be >= 1 and divide iters (every timed window ends with an optimizer step); "
+                         f"got accum={accum}, iters={iters}")
     base = dict(iters=iters, warmup=warmup, gradient_checkpointing=gradient_checkpointing, accum=accum)
     out: dict = dict(throughput=[], search=[], equivalence=[])
     for sp in sp_sizes:

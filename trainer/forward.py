@@ -243,8 +243,9 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
             on the CPU and no host sync is made. None: the inputs' device.
 
     Returns:
-        ``(log_probs (B, R) float32, entropy (B, R) float32 or None)`` on the model's device. Entries of padded response tokens are
-        meaningless (mask them with ``response_mask``). Differentiable (use under grad in the actor update).
+        ``(log_probs (B, R) float32, entropy (B, R) float32 or None)`` on the model's device. Entries of padded
+        response tokens are meaningless (mask them with ``response_mask``). Differentiable (use under grad in the
+        actor update).
 
     Raises:
         ValueError: bad shapes, response_length out of range, position_ids not restarting at 0, or SP misuse.

@@ -7,7 +7,7 @@
 # Every run writes metrics.jsonl + console.log to $OUT/<name>/ when it ends (or is stopped by its timeout:
 # SIGTERM makes the trainer finish the current step and exit).
 # Use: OUT=/some/dir T_LONG=480 [RUNS="svamp_b:0 gsm8k_gae:1"] [EXTRA="hydra overrides"] bash tools/device/rl_runs.sh
-# (megatron:- uses both GPUs; offload:N is a 3-step run with optimizer offload during rollout)
+# (megatron:- and megatron_tp2:- use both GPUs; offload:N is a 3-step run with optimizer offload during rollout)
 set -u
 OUT=${OUT:?set OUT}
 T_LONG=${T_LONG:-480}
@@ -68,6 +68,22 @@ megatron() {  # #8 on both GPUs: the GPU check (TP=1/TP=2 log-probs, update, syn
   du -sb /tmp/runs/mg1/checkpoints/global_step_5/* > "$d/sizes.txt" 2>&1
   tar czf "$OUT/megatron.tgz" -C "$OUT" megatron && rm -rf "${OUT:?}/megatron"
 }
+megatron_tp2() {  # #8 on both GPUs: the trainer at TP=2 (a random-weight Qwen2 config with SmolLM2's tokenizer: 8
+  # heads, 2 KV heads split over 2; no reward signal, the mechanics only), 10 steps saving at 5, resumed from 5 to 7
+  local d="$OUT/megatron_tp2" MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
+   trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 trainer.save_freq=5
+   actor_rollout_ref.model.path=/tmp/qwen2_rand"
+  mkdir -p "$d"
+  python3 -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('/tmp/qwen2_rand', '/tmp/smol_hf')" \
+      > "$d/make_model.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 230 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
+      trainer.output_dir=/tmp/runs/mt1 > "$d/first.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 150 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
+      trainer.output_dir=/tmp/runs/mt2 trainer.resume_mode=/tmp/runs/mt1/checkpoints/global_step_5 > "$d/resumed.log" 2>&1
+  cp /tmp/runs/mt1/metrics.jsonl "$d/first.jsonl" 2>/dev/null
+  cp /tmp/runs/mt2/metrics.jsonl "$d/resumed.jsonl" 2>/dev/null
+  tar czf "$OUT/megatron_tp2.tgz" -C "$OUT" megatron_tp2 && rm -rf "${OUT:?}/megatron_tp2"
+}
 offload() {  # #9: 3 GRPO steps with the optimizer state offloaded during rollout (compare rollout_start memory)
   launch offload "$1" 240 data=gsm8k trainer.total_training_steps=3 \
     actor_rollout_ref.rollout.offload_optimizer_during_rollout=true
@@ -91,6 +107,10 @@ for spec in $RUNS; do
                trainer.total_training_steps=4 trainer.save_freq=2 ;;  # run-to-run noise of the save_resume pair
     save_resume) save_resume "$gpu" & ;;
     megatron) megatron & ;;
+    megatron_tp2) megatron_tp2 & ;;
+    svamp_e) launch svamp_e "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 data.max_response_length=512 \
+               reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=128 \
+               reward_model.overlong_buffer.penalty_factor=0.5 ;;  # 512-token responses (the model README's setting)
     offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

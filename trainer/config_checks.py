@@ -1,0 +1,137 @@
+"""Config errors and the checks that depend on the training strategy (DeepSpeed vs Megatron) or on a checkpoint:
+megatron-core and TP/PP sizes, the model's head counts against TP, and a resume from another strategy or other
+parallel sizes. Everything here runs before any worker starts; ``trainer.launch`` calls it and re-exports it.
+"""
+from __future__ import annotations
+
+import os
+
+__all__ = ["ConfigError", "check_megatron", "check_megatron_model", "check_resume_checkpoint"]
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the key, the value and what was expected."""
+
+
+def _as_int(value, key: str, minimum: int | None = None) -> int:
+    """``int(value)`` for a config key, or a ConfigError naming the key, the value and what was expected."""
+    try:
+        out = int(value)
+        if isinstance(value, float) and value != out:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r}; expected an integer") from None
+    if minimum is not None and out < minimum:
+        raise ConfigError(f"{key}={out}; expected an integer >= {minimum}")
+    return out
+
+
+def check_resume_checkpoint(cfg: dict, path: str) -> None:
+    """The checkpoint at ``path`` (``.../global_step_<N>``) was written by this run's strategy and, for Megatron,
+    with this run's tensor/pipeline/data-parallel sizes (read from ``actor/meta.pt``).
+
+    A DeepSpeed role folder holds DeepSpeed's ``latest`` tag file; a Megatron one holds ``meta.pt``.
+
+    Raises:
+        ConfigError: naming the checkpoint, what wrote it and what this run would need.
+    """
+    actor = os.path.join(path, "actor")
+    if os.path.isfile(os.path.join(actor, "meta.pt")):
+        written = "megatron"
+    elif os.path.isfile(os.path.join(actor, "latest")):
+        written = "deepspeed"
+    else:
+        raise ConfigError(f"trainer.resume_mode: {actor!r} holds neither a DeepSpeed (latest) nor a Megatron "
+                          "(meta.pt) actor checkpoint")
+    strategy = cfg["trainer"].get("strategy", "deepspeed")
+    if written != strategy:
+        raise ConfigError(f"trainer.resume_mode: {path!r} is a {written} checkpoint but trainer.strategy={strategy}; "
+                          f"resume with trainer.strategy={written}, or start from its HF export "
+                          "(tools/export_hf.py) as actor_rollout_ref.model.path")
+    if written == "megatron":
+        import torch
+
+        meta = torch.load(os.path.join(actor, "meta.pt"), map_location="cpu", weights_only=True)
+        m = cfg["actor_rollout_ref"]["actor"].get("megatron") or {}
+        tp = _as_int(m.get("tensor_model_parallel_size", 1), "tensor_model_parallel_size", 1)
+        pp = _as_int(m.get("pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", 1)
+        world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
+        want = {"tp_size": tp, "pp_size": pp, "dp_size": world // (tp * pp)}
+        saved = {k: int(meta[k]) for k in want}
+        if saved != want:
+            raise ConfigError(f"trainer.resume_mode: {path!r} was saved with {saved} but this run has {want}; "
+                              "resume with the same tensor/pipeline sizes and worker count, or start from its HF "
+                              "export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
+def check_megatron(cfg: dict, world: int) -> None:
+    """``trainer.strategy=megatron``: megatron-core importable, TP/PP sizes against the world, unsupported pairings.
+
+    Raises:
+        ConfigError: naming the key and the bad value (PP > 1, CP > 1, a critic, PRIME, Ulysses SP > 1,
+            optimizer offload during rollout and a missing megatron-core are refused).
+    """
+    import importlib.util
+
+    arr = cfg["actor_rollout_ref"]
+    m = arr["actor"].get("megatron") or {}
+    key = "actor_rollout_ref.actor.megatron"
+    try:
+        found = importlib.util.find_spec("megatron.core") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError("trainer.strategy=megatron but megatron-core is not importable: pip install -e .[megatron]")
+    tp, pp, cp = (_as_int(m.get(k, 1), f"{key}.{k}", minimum=1)
+                  for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
+    if world % (tp * pp):
+        raise ConfigError(f"{key}.tensor_model_parallel_size*pipeline_model_parallel_size={tp}*{pp} must divide the "
+                          f"{world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
+    if pp != 1:
+        raise ConfigError(f"{key}.pipeline_model_parallel_size={pp}: pipeline parallelism is not supported yet on "
+                          "the Megatron path; use pipeline_model_parallel_size=1 with tensor parallelism")
+    if cp != 1:
+        raise ConfigError(f"{key}.context_parallel_size={cp}: context parallelism is not wired yet (it needs "
+                          "Transformer Engine's attention); use 1")
+    for sp_key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", arr["actor"]["ulysses_sequence_parallel_size"]),
+                       ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"])):
+        if int(sp) != 1:
+            raise ConfigError(f"{sp_key}={sp}: Ulysses sequence parallelism is a DeepSpeed-path feature and the "
+                              "Megatron path has no sequence splitting for long inputs yet (Megatron's context "
+                              "parallelism is not wired); set it to 1 or use trainer.strategy=deepspeed")
+    if cfg["critic"].get("enable"):
+        raise ConfigError(f"trainer.strategy=megatron has no critic worker yet, but critic.enable is on "
+                          f"(algorithm.adv_estimator={cfg['algorithm']['adv_estimator']}); use a critic-free "
+                          "estimator (grpo, rloo, ...) or trainer.strategy=deepspeed")
+    if cfg["algorithm"].get("use_prime"):
+        raise ConfigError("algorithm=prime is not supported with trainer.strategy=megatron (its PRM worker is "
+                          "DeepSpeed-only)")
+    if arr["rollout"].get("offload_optimizer_during_rollout"):
+        raise ConfigError("actor_rollout_ref.rollout.offload_optimizer_during_rollout=true is a DeepSpeed-path "
+                          "feature; set it to false with trainer.strategy=megatron")
+    for k in ("use_liger", "use_torch_compile"):
+        if arr["model"].get(k):
+            raise ConfigError(f"actor_rollout_ref.model.{k}=true applies to Hugging Face models (DeepSpeed path); "
+                              "set it to false with trainer.strategy=megatron")
+
+
+def check_megatron_model(cfg: dict, hf: dict) -> None:
+    """The model's head counts (and, given a full HF config, its architecture) fit the TP size.
+
+    Raises: ConfigError naming ``tensor_model_parallel_size`` and the model field that does not divide.
+    """
+    tp = int((cfg["actor_rollout_ref"]["actor"].get("megatron") or {}).get("tensor_model_parallel_size", 1))
+    key = f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}"
+    heads = hf.get("num_attention_heads")
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        val = hf.get(name) or heads
+        if val and int(val) % tp:
+            raise ConfigError(f"{key} does not divide the model's {name}={val}; pick a TP size that divides "
+                              "both head counts")
+    if hf.get("model_type"):
+        from trainer.megatron.config import model_shape
+
+        try:
+            model_shape(hf, tp, 1)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.strategy=megatron: {exc}") from None

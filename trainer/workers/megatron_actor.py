@@ -24,7 +24,7 @@ Devices:
   trained with ``torch.optim.AdamW`` (the DeepSpeed path's ``build_optimizer``), gradients averaged over the
   data-parallel group and clipped with a TP-aware norm (``trainer.megatron.engine``). fp32.
 
-Pipeline parallelism > 1 is refused (``ValueError`` here; ``ConfigError`` in ``trainer/launch.py``): the
+Pipeline parallelism > 1 is refused (``ValueError`` here; ``ConfigError`` in ``trainer/config_checks.py``): the
 pipeline schedule (``get_forward_backward_func``) is not wired. Ulysses SP is DeepSpeed-only; long sequences on
 this path would use Megatron's own context parallelism, not wired yet either (``context_parallel_size`` must be 1).
 

@@ -5,6 +5,7 @@
 # Use: OUT=/some/dir bash tools/device/benches.sh            (the first set, 2026-11-30 session 2)
 #      OUT=/some/dir GPU=1 SET=kernels bash tools/device/benches.sh   (#9: MFU with and without the fused kernels)
 #      OUT=/some/dir SET=ulysses bash tools/device/benches.sh         (#4: SP=1 vs SP=2 with --accum 4, bisection)
+#      OUT=/some/dir GPU=0 SET=sync bash tools/device/benches.sh      (#9: MFU + profile + the no-host-sync GPU test)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -18,6 +19,16 @@ case ${SET:-first} in
     timeout -k 10 80 python3 tools/bench/mfu.py --deepspeed --models smollm2-135m --iters 12 --warmup 3 --compile \
       --out "$OUT/mfu_smol_compile.json" > "$OUT/mfu_smol_compile.log" 2>&1
     tar czf "$OUT/mfu.tgz" -C "$OUT" $(cd "$OUT" && ls mfu_*) && rm -f "$OUT"/mfu_*
+    exit 0 ;;
+  sync)  # #9/#4 after the host-sync-free packed forward: MFU, the kernel-level profile and the no-sync GPU test
+    export CUDA_VISIBLE_DEVICES=${GPU:-0}
+    timeout -k 10 110 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 \
+      --out "$OUT/mfu_sync.json" > "$OUT/mfu_sync.log" 2>&1
+    timeout -k 10 90 python3 tools/bench/step_profile.py --profile --model qwen2-1.5b --tokens 4096 \
+      --trace /tmp/p_sync.json --out "$OUT/prof_sync.json" > "$OUT/prof_sync.log" 2>&1
+    timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_patches_ulysses_gpu.py > "$OUT/gpu_tests.log" 2>&1
+    tar czf "$OUT/sync.tgz" -C "$OUT" mfu_sync.json mfu_sync.log prof_sync.json prof_sync.log gpu_tests.log \
+      && rm -f "$OUT"/mfu_sync.* "$OUT"/prof_sync.* "$OUT"/gpu_tests.log
     exit 0 ;;
   ulysses)
     timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \

@@ -51,38 +51,35 @@ save_resume() {  # #5: save at step 2 of a 4-step run, resume from step 2, run s
   grep -h "checkpoint loaded in\|saved checkpoint\|Traceback\|Error" "$OUT"/save_resume/*.log > "$OUT/save_resume/summary.txt"
   tar czf "$OUT/save_resume.tgz" -C "$OUT" save_resume && rm -rf "${OUT:?}/save_resume"
 }
-megatron() {  # #8 on both GPUs: the GPU check (TP=1/TP=2 log-probs, update, sync, checkpoint), then a GSM8K GRPO
-  # run of SmolLM2 on the Megatron path (TP=1 x DP=2: SmolLM2's 9 heads do not split over TP=2) for 10 steps saving
-  # at steps 5 and 10, and a resumed run from step 5 to step 7 (compare its steps 6-7 with the first run's)
-  local d="$OUT/megatron" MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
-   trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 trainer.save_freq=5"
-  mkdir -p "$d"
-  CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 120 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
-      --model /tmp/smol_hf --out "$d/check.json" > "$d/check.log" 2>&1
+megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both GPUs saving at steps 5 and 10,
+  # then a run resumed from step 5 to step 7 (compare its steps 6-7 with the first run's); logs in $OUT/<name>.tgz
+  local name=$1 tag=$2; shift 2
+  local d="$OUT/$name" MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
+   trainer.n_gpus_per_node=2 trainer.save_freq=5 $*"
   CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 230 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
-      trainer.output_dir=/tmp/runs/mg1 > "$d/first.log" 2>&1
+      trainer.output_dir=/tmp/runs/${tag}1 > "$d/first.log" 2>&1
   CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 150 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
-      trainer.output_dir=/tmp/runs/mg2 trainer.resume_mode=/tmp/runs/mg1/checkpoints/global_step_5 > "$d/resumed.log" 2>&1
-  cp /tmp/runs/mg1/metrics.jsonl "$d/first.jsonl" 2>/dev/null
-  cp /tmp/runs/mg2/metrics.jsonl "$d/resumed.jsonl" 2>/dev/null
-  du -sb /tmp/runs/mg1/checkpoints/global_step_5/* > "$d/sizes.txt" 2>&1
-  tar czf "$OUT/megatron.tgz" -C "$OUT" megatron && rm -rf "${OUT:?}/megatron"
+      trainer.output_dir=/tmp/runs/${tag}2 trainer.resume_mode=/tmp/runs/${tag}1/checkpoints/global_step_5 \
+      > "$d/resumed.log" 2>&1
+  cp /tmp/runs/${tag}1/metrics.jsonl "$d/first.jsonl" 2>/dev/null
+  cp /tmp/runs/${tag}2/metrics.jsonl "$d/resumed.jsonl" 2>/dev/null
+  du -sb /tmp/runs/${tag}1/checkpoints/global_step_5/* > "$d/sizes.txt" 2>&1
+  tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"
 }
-megatron_tp2() {  # #8 on both GPUs: the trainer at TP=2 (a random-weight Qwen2 config with SmolLM2's tokenizer: 8
-  # heads, 2 KV heads split over 2; no reward signal, the mechanics only), 10 steps saving at 5, resumed from 5 to 7
-  local d="$OUT/megatron_tp2" MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
-   trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 trainer.save_freq=5
-   actor_rollout_ref.model.path=/tmp/qwen2_rand"
-  mkdir -p "$d"
+megatron() {  # #8 on both GPUs: the GPU check (TP=1/TP=2 log-probs, update, sync, checkpoint), then the save/resume
+  # pair of SmolLM2 on the Megatron path (TP=1 x DP=2: SmolLM2's 9 heads do not split over TP=2)
+  mkdir -p "$OUT/megatron"
+  CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 120 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
+      --model /tmp/smol_hf --out "$OUT/megatron/check.json" > "$OUT/megatron/check.log" 2>&1
+  megatron_pair megatron mg actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1
+}
+megatron_tp2() {  # #8 on both GPUs: the save/resume pair at TP=2 (a random-weight Qwen2 config with SmolLM2's
+  # tokenizer: 8 heads, 2 KV heads split over 2; no reward signal, the mechanics only)
+  mkdir -p "$OUT/megatron_tp2"
   python3 -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('/tmp/qwen2_rand', '/tmp/smol_hf')" \
-      > "$d/make_model.log" 2>&1
-  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 230 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
-      trainer.output_dir=/tmp/runs/mt1 > "$d/first.log" 2>&1
-  CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 150 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
-      trainer.output_dir=/tmp/runs/mt2 trainer.resume_mode=/tmp/runs/mt1/checkpoints/global_step_5 > "$d/resumed.log" 2>&1
-  cp /tmp/runs/mt1/metrics.jsonl "$d/first.jsonl" 2>/dev/null
-  cp /tmp/runs/mt2/metrics.jsonl "$d/resumed.jsonl" 2>/dev/null
-  tar czf "$OUT/megatron_tp2.tgz" -C "$OUT" megatron_tp2 && rm -rf "${OUT:?}/megatron_tp2"
+      > "$OUT/megatron_tp2/make_model.log" 2>&1
+  megatron_pair megatron_tp2 mt actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
+      actor_rollout_ref.model.path=/tmp/qwen2_rand
 }
 offload() {  # #9: 3 GRPO steps with the optimizer state offloaded during rollout (compare rollout_start memory)
   launch offload "$1" 240 data=gsm8k trainer.total_training_steps=3 \

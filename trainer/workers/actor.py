@@ -12,7 +12,7 @@ import time
 import torch
 
 from trainer.protocol import DataProto
-from trainer.workers.base import DistributedWorker, scheduler_total_steps, stage_peak_memory
+from trainer.workers.base import DistributedWorker, reset_peak_memory, scheduler_total_steps, stage_peak_memory
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class ActorRolloutRefWorker(DistributedWorker):
         sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank)
         ids, mask = prompts["input_ids"], prompts["attention_mask"]
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        self._reset_peak_memory()
+        reset_peak_memory(self.device)
         with self._rollout_context(validate):
             perf = {}
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
@@ -134,17 +134,13 @@ class ActorRolloutRefWorker(DistributedWorker):
         result.meta.update(perf)
         return result
 
-    def _reset_peak_memory(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-
     # ---- log-probs ------------------------------------------------------------------------------------------
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` (B, R) f32 and ``entropys`` (B, R) f32 of the current actor."""
         mbs = int(self.rollout_cfg["log_prob_micro_batch_size_per_gpu"])
         temp = float(self.rollout_cfg["temperature"]) or 1.0
-        self._reset_peak_memory()
+        reset_peak_memory(self.device)
         lp, ent = forward_batch_log_probs(self.actor, data, mbs, temp, calculate_entropy=True,
                                           use_dynamic_bsz=bool(self.actor_cfg["use_dynamic_bsz"]),
                                           max_token_len=int(self.actor_cfg["ppo_max_token_len_per_gpu"]))
@@ -158,7 +154,7 @@ class ActorRolloutRefWorker(DistributedWorker):
             raise RuntimeError("the reference model was not built: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
         mbs = int(self.config["actor_rollout_ref"]["ref"]["log_prob_micro_batch_size_per_gpu"])
         temp = float(self.rollout_cfg["temperature"]) or 1.0
-        self._reset_peak_memory()
+        reset_peak_memory(self.device)
         lp, _ = forward_batch_log_probs(self.ref, data, mbs, temp, calculate_entropy=False,
                                         use_dynamic_bsz=bool(self.actor_cfg["use_dynamic_bsz"]),
                                         max_token_len=int(self.actor_cfg["ppo_max_token_len_per_gpu"]))

@@ -32,20 +32,24 @@ def node_ip() -> str:
         return "127.0.0.1"
 
 
-def stage_peak_memory(device: torch.device, stage: str, reset: bool = True) -> dict[str, float]:
-    """Peak GPU memory of this process since the last reset, for the stage that just ran, in GiB.
+def reset_peak_memory(device: torch.device) -> None:
+    """Start measuring a stage's peak GPU memory (``torch.cuda.reset_peak_memory_stats``); a no-op off CUDA."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def stage_peak_memory(device: torch.device, stage: str) -> dict[str, float]:
+    """Peak GPU memory of this process since :func:`reset_peak_memory`, for the stage that just ran, in GiB.
 
     Returns ``{"perf/max_memory_allocated_gb/<stage>": GiB, "perf/max_memory_reserved_gb/<stage>": GiB}``
     (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``; all roles colocated in this process count),
-    then resets the peak so the next stage is measured on its own; ``{}`` off CUDA. Call it with
-    ``reset=False`` and discard the result, or call :func:`torch.cuda.reset_peak_memory_stats`, before a stage.
+    then resets the peak so the next stage is measured on its own; ``{}`` off CUDA.
     """
     if device.type != "cuda":
         return {}
     out = {f"perf/max_memory_allocated_gb/{stage}": torch.cuda.max_memory_allocated(device) / 2**30,
            f"perf/max_memory_reserved_gb/{stage}": torch.cuda.max_memory_reserved(device) / 2**30}
-    if reset:
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
     return out
 
 

@@ -16,6 +16,7 @@ from collections import defaultdict
 import torch
 
 from trainer.protocol import DataProto
+from trainer.workers.base import reset_peak_memory, stage_peak_memory
 from trainer.workers.batching import global_count, micro_batches, mini_batch_rows
 
 
@@ -49,8 +50,7 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
     engine = role.engine
     engine.train()
     metrics: dict[str, list[float]] = defaultdict(list)
-    if worker.device.type == "cuda":  # the peak memory metrics below then cover this update only
-        torch.cuda.reset_peak_memory_stats(worker.device)
+    reset_peak_memory(worker.device)  # the peak memory metrics below then cover this update only
     mb_rows = mini_batch_rows(int(cfg["ppo_mini_batch_size"]), n, role.dp_size, len(data))
     dyn = bool(cfg.get("use_dynamic_bsz", False))
     max_tok = int(cfg.get("ppo_max_token_len_per_gpu", 16384)) * role.sp_size
@@ -115,9 +115,8 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
             metrics[f"{kind}/lr"].append(float(engine.get_lr()[0]))
     metrics[f"{kind}/skipped_steps"].append(float(skipped))
     metrics[f"{kind}/consecutive_skipped_steps"].append(float(getattr(role, "consecutive_skipped", 0)))
-    if worker.device.type == "cuda":  # peak GPU memory of this process during the update (all roles it holds), GiB
-        metrics[f"perf/max_memory_allocated_gb/{kind}"].append(torch.cuda.max_memory_allocated() / 2**30)
-        metrics[f"perf/max_memory_reserved_gb/{kind}"].append(torch.cuda.max_memory_reserved() / 2**30)
+    for k, v in stage_peak_memory(worker.device, kind).items():  # this process during the update, GiB
+        metrics[k].append(v)
     return dict(metrics)
 
 

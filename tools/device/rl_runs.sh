@@ -54,16 +54,16 @@ save_resume() {  # #5: save at step 2 of a 4-step run, resume from step 2, run s
 megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both GPUs saving at steps 5 and 10,
   # then a run resumed from step 5 to step 7 (compare its steps 6-7 with the first run's); logs in $OUT/<name>.tgz
   local name=$1 tag=$2; shift 2
-  local d="$OUT/$name" MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
+  local d="$OUT/$name" first="/tmp/runs/${tag}1" resumed="/tmp/runs/${tag}2"
+  local MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
    trainer.n_gpus_per_node=2 trainer.save_freq=5 $*"
   CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 230 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
-      trainer.output_dir=/tmp/runs/${tag}1 > "$d/first.log" 2>&1
+      trainer.output_dir=$first > "$d/first.log" 2>&1
   CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 150 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
-      trainer.output_dir=/tmp/runs/${tag}2 trainer.resume_mode=/tmp/runs/${tag}1/checkpoints/global_step_5 \
-      > "$d/resumed.log" 2>&1
-  cp /tmp/runs/${tag}1/metrics.jsonl "$d/first.jsonl" 2>/dev/null
-  cp /tmp/runs/${tag}2/metrics.jsonl "$d/resumed.jsonl" 2>/dev/null
-  du -sb /tmp/runs/${tag}1/checkpoints/global_step_5/* > "$d/sizes.txt" 2>&1
+      trainer.output_dir=$resumed trainer.resume_mode=$first/checkpoints/global_step_5 > "$d/resumed.log" 2>&1
+  cp "$first/metrics.jsonl" "$d/first.jsonl" 2>/dev/null
+  cp "$resumed/metrics.jsonl" "$d/resumed.jsonl" 2>/dev/null
+  du -sb "$first"/checkpoints/global_step_5/* > "$d/sizes.txt" 2>&1
   tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"
 }
 megatron() {  # #8 on both GPUs: the GPU check (TP=1/TP=2 log-probs, update, sync, checkpoint), then the save/resume

@@ -66,16 +66,20 @@ megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both
   du -sb "$first"/checkpoints/global_step_5/* > "$d/sizes.txt" 2>&1
   tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"
 }
-megatron() {  # #8 on both GPUs: the GPU check (TP=1/TP=2 log-probs, update, sync, checkpoint), then the save/resume
-  # pair of SmolLM2 on the Megatron path (TP=1 x DP=2: SmolLM2's 9 heads do not split over TP=2)
-  mkdir -p "$OUT/megatron"
+megatron_check() {  # name: the GPU check on both GPUs (TP=1/TP=2 log-probs, update, sync, checkpoint round trip
+  # and the weights after an update that follows a load) into $OUT/<name>/check.{json,log}
+  mkdir -p "$OUT/$1"
   CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 120 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
-      --model /tmp/smol_hf --out "$OUT/megatron/check.json" > "$OUT/megatron/check.log" 2>&1
+      --model /tmp/smol_hf --out "$OUT/$1/check.json" > "$OUT/$1/check.log" 2>&1
+}
+megatron() {  # #8 on both GPUs: the GPU check, then the save/resume pair of SmolLM2 on the Megatron path
+  # (TP=1 x DP=2: SmolLM2's 9 heads do not split over TP=2)
+  megatron_check megatron
   megatron_pair megatron mg actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1
 }
-megatron_tp2() {  # #8 on both GPUs: the save/resume pair at TP=2 (a random-weight Qwen2 config with SmolLM2's
-  # tokenizer: 8 heads, 2 KV heads split over 2; no reward signal, the mechanics only)
-  mkdir -p "$OUT/megatron_tp2"
+megatron_tp2() {  # #8 on both GPUs: the GPU check, then the save/resume pair at TP=2 (a random-weight Qwen2 config
+  # with SmolLM2's tokenizer: 8 heads, 2 KV heads split over 2; no reward signal, the mechanics only)
+  megatron_check megatron_tp2
   python3 -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('/tmp/qwen2_rand', '/tmp/smol_hf')" \
       > "$OUT/megatron_tp2/make_model.log" 2>&1
   megatron_pair megatron_tp2 mt actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
@@ -108,6 +112,10 @@ for spec in $RUNS; do
     svamp_e) launch svamp_e "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 data.max_response_length=512 \
                reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=128 \
                reward_model.overlong_buffer.penalty_factor=0.5 ;;  # 512-token responses (the model README's setting)
+    svamp_f) launch svamp_f "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 data.max_response_length=512 \
+               reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=128 \
+               reward_model.overlong_buffer.penalty_factor=0.5 actor_rollout_ref.actor.use_kl_loss=false \
+               actor_rollout_ref.actor.clip_ratio_high=0.28 ;;  # svamp_e with DAPO's clip-higher and no KL loss
     offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

@@ -308,6 +308,12 @@ class _PatchState:
         self.group, self.sp_size, self.kernel = group, sp_size, kernel
         self._cache: tuple | None = None  # (position_ids tensor, version, group, cu_seqlens, max_seqlen)
 
+    @property
+    def fixed_size(self) -> int:
+        """The SP size fixed at patch time (a bound group's size, or the int given); 0 when it is taken from the
+        active group at every forward."""
+        return self.group.size if self.group is not None else self.sp_size
+
     def resolve(self) -> UlyssesGroup:
         g = self.group if self.group is not None else current_ulysses_group()
         if self.sp_size and g.size != self.sp_size:
@@ -348,9 +354,35 @@ def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     Returns:
         ``(attn_output (1, S/sp, Hq, D), None)`` as transformers expects.
 
+    Packed input whose boundaries the caller passes as ``cu_seq_lens_q`` / ``max_length_q`` keyword arguments (the
+    names transformers' flash-attention path uses; :func:`trainer.forward.forward_log_probs` passes them for a row it
+    packed on the host) on a model patched for a fixed SP size of 1 takes a path that torch.compile traces without a
+    graph break: no process group, no Python-side cache, only the varlen kernel (a custom op for PyTorch's kernel).
+    Everything else runs eagerly (:func:`_attention_eager`; a graph break under torch.compile).
+
     Raises:
         ValueError: SP with a mask / batch > 1 / no position_ids, heads not divisible, softcap given.
     """
+    state: _PatchState | None = getattr(module, "_ulysses_state", None)
+    cu = kwargs.get("cu_seq_lens_q")
+    if (cu is not None and state is not None and state.fixed_size == 1 and attention_mask is None
+            and query.shape[0] == 1 and softcap is None):
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (1, H, S, D) -> (S, H, D)
+        out = varlen_attention(q, k, v, cu, kwargs["max_length_q"], scale=scaling, causal=causal,
+                               sliding_window=sliding_window, dropout=dropout, kernel=state.kernel)
+        return out.unsqueeze(0), None
+    return _attention_eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            sliding_window=sliding_window, softcap=softcap, is_causal=is_causal, **kwargs)
+
+
+@torch.compiler.disable
+def _attention_eager(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+                     softcap=None, is_causal=None, **kwargs):
+    """The general path of :func:`ulysses_attention_forward`: SP all-to-alls, boundaries from the primed or
+    all-gathered ``position_ids``, or transformers' SDPA for a padded batch. Runs eagerly under torch.compile: its
+    collectives, Python-side boundary cache and varlen kernels stay as they are, while the layer around it (norms,
+    RoPE, MLP) can be compiled."""
     state: _PatchState | None = getattr(module, "_ulysses_state", None)
     g = state.resolve() if state is not None else current_ulysses_group()
     position_ids = kwargs.get("position_ids")
@@ -422,9 +454,7 @@ def _wrap_packed_detection() -> None:
 def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
-    # run eagerly under torch.compile (a graph break): its collectives, Python-side boundary cache and varlen
-    # kernels stay as they are, while the layer around it (norms, RoPE, MLP) can be compiled
-    AttentionInterface.register(ULYSSES_ATTN_IMPL, torch.compiler.disable(ulysses_attention_forward))
+    AttentionInterface.register(ULYSSES_ATTN_IMPL, ulysses_attention_forward)
     AttentionMaskInterface.register(ULYSSES_ATTN_IMPL, _ulysses_mask)
     _wrap_packed_detection()
 
@@ -459,6 +489,9 @@ def apply_ulysses_patch(model: torch.nn.Module, sp_group: UlyssesGroup | int | N
     nk = getattr(cfg, "num_key_value_heads", None) or nq
     validate_ulysses_config(nq, nk, max(sp_size, 1))
     _register()
+    from patches.varlen import _flash_attn_fn, _torch_varlen
+
+    _flash_attn_fn(), _torch_varlen()  # resolve the kernels eagerly (torch.compile then reads them as constants)
     state = _PatchState(group, sp_size, kernel)
     for m in model.modules():
         m._ulysses_state = state  # plain attribute: not a parameter/buffer, not in state_dict

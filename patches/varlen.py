@@ -18,7 +18,6 @@ Kernels (``kernel=``):
 """
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
@@ -29,23 +28,31 @@ __all__ = ["varlen_attention", "pick_kernel", "KERNELS"]
 KERNELS = ("auto", "flash_attn", "torch_varlen", "sdpa")
 
 
-@functools.lru_cache(maxsize=1)
+# resolved once, at first use (kept in a plain dict rather than functools.lru_cache so that torch.compile traces the
+# lookups as constants; apply_ulysses_patch resolves both eagerly)
+_RESOLVED: dict = {}
+
+
 def _flash_attn_fn():
-    try:
-        from flash_attn import flash_attn_varlen_func  # type: ignore
-    except Exception:  # ImportError, or a broken CUDA build
-        return None
-    return flash_attn_varlen_func
+    """``flash_attn.flash_attn_varlen_func`` or None (not installed, or a broken CUDA build)."""
+    if "flash_attn" not in _RESOLVED:
+        try:
+            from flash_attn import flash_attn_varlen_func  # type: ignore
+        except Exception:  # ImportError, or a broken CUDA build
+            flash_attn_varlen_func = None
+        _RESOLVED["flash_attn"] = flash_attn_varlen_func
+    return _RESOLVED["flash_attn"]
 
 
-@functools.lru_cache(maxsize=1)
 def _torch_varlen():
     """``(fn, parameter names)`` of ``torch.nn.attention.varlen.varlen_attn`` or ``(None, ())``."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # type: ignore
-    except Exception:
-        return None, ()
-    return varlen_attn, tuple(inspect.signature(varlen_attn).parameters)
+    if "torch_varlen" not in _RESOLVED:
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # type: ignore
+            _RESOLVED["torch_varlen"] = (varlen_attn, tuple(inspect.signature(varlen_attn).parameters))
+        except Exception:
+            _RESOLVED["torch_varlen"] = (None, ())
+    return _RESOLVED["torch_varlen"]
 
 
 def _half(t: torch.Tensor) -> bool:
@@ -126,8 +133,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"num_heads {q.shape[1]} is not a multiple of num_kv_heads {k.shape[1]}")
-    # checked for host tensors only: reading a device tensor's last entry would be a host sync in every layer
-    if cu_seqlens.device.type == "cpu" and int(cu_seqlens[-1]) != q.shape[0]:
+    # checked for host tensors only (reading a device tensor's last entry would be a host sync in every layer) and
+    # not while torch.compile traces (a data-dependent branch there is a graph break)
+    if (cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling()
+            and int(cu_seqlens[-1]) != q.shape[0]):
         raise ValueError(f"cu_seqlens ends at {int(cu_seqlens[-1])} but there are {q.shape[0]} tokens")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     name = pick_kernel(q, kernel)

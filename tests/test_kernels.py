@@ -108,3 +108,64 @@ def test_torch_compile_layers_match_eager_logprobs_and_grads():
                 torch.testing.assert_close(out[1][2][n], grad, atol=1e-5, rtol=1e-5, msg=n)
     finally:
         use_compiled_log_probs(False)
+
+
+def test_torch_compile_traces_whole_layers_on_host_packed_forward():
+    """A host-packed forward (``device=`` given, inputs on the CPU) on a model patched for a fixed SP size of 1
+    hands the boundaries to the attention as keyword arguments, so each compiled decoder layer is one graph: no
+    graph break at the attention (which the general path has), and values and gradients equal eager (fp32)."""
+    from torch._dynamo.utils import counters
+
+    base = _tiny()
+    apply_ulysses_patch(base, 1)
+    eager, compiled = copy.deepcopy(base), copy.deepcopy(base)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        apply_kernel_options(compiled, {"use_torch_compile": True})
+        use_compiled_log_probs(False)  # only the layers here: the log-prob math is covered by the test above
+        for L in (12, 17, 23):
+            g = torch.Generator().manual_seed(L)
+            ids = torch.randint(1, 96, (3, L), generator=g)
+            mask = torch.ones_like(ids)
+            mask[0, :3] = 0
+            mask[2, :L // 2] = 0
+            pos = (mask.cumsum(1) - 1).clamp(min=0)
+            out = []
+            for m in (eager, compiled):
+                m.zero_grad()
+                lp, ent = forward_log_probs(m, ids, mask, pos, 5, temperature=0.8, calculate_entropy=True,
+                                            device="cpu")
+                (lp.sum() + 0.3 * ent.sum()).backward()
+                out.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+            torch.testing.assert_close(out[1][0], out[0][0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(out[1][1], out[0][1], atol=1e-5, rtol=0)
+            for n, grad in out[0][2].items():
+                torch.testing.assert_close(out[1][2][n], grad, atol=1e-5, rtol=1e-5, msg=n)
+        assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] >= 1
+    finally:
+        torch._dynamo.reset()
+
+
+def test_general_attention_path_still_breaks_the_graph_and_matches():
+    """Without the boundary keyword arguments (device tensors, or a model patched with a run-time SP size) the
+    attention runs eagerly inside the compiled layer (one graph break per layer call) and gives the same values."""
+    from torch._dynamo.utils import counters
+
+    base = _tiny()
+    apply_ulysses_patch(base)  # SP size taken from the active group at each forward
+    eager, compiled = copy.deepcopy(base), copy.deepcopy(base)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        apply_kernel_options(compiled, {"use_torch_compile": True})
+        use_compiled_log_probs(False)
+        ids = torch.randint(1, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones_like(ids)
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        lp = [forward_log_probs(m, ids, mask, pos, 4, device="cpu")[0] for m in (eager, compiled)]
+        torch.testing.assert_close(lp[1], lp[0], atol=1e-5, rtol=0)
+        assert sum(counters["graph_break"].values()) >= 1
+    finally:
+        torch._dynamo.reset()

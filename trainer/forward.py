@@ -188,6 +188,12 @@ def _resolve_sp(model, sp: UlyssesGroup | None, use_remove_padding: bool) -> Uly
     return sp
 
 
+def bucket_max_seqlen(n: int) -> int:
+    """``n`` (tokens) rounded up to a power of two, at least 16: the ``max_seqlen`` handed to varlen attention
+    kernels, for which any upper bound of the longest sequence is valid (it only sizes their launch grid)."""
+    return max(16, 1 << (max(int(n), 1) - 1).bit_length())
+
+
 def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesGroup, device=None):
     """Model forward on this rank's slice of the packed batch.
 
@@ -215,10 +221,18 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
         bounds = (cu_full, max_full)
     state = getattr(model, "_ulysses_state", None)
     primed = bounds is not None and state is not None
+    kw = {}
+    if primed and sp.size == 1 and state.fixed_size == 1:
+        # the boundaries as transformers' flash-attention keyword arguments: the patched attention then runs
+        # without its Python-side state, so torch.compile traces a whole decoder layer (patches.ulysses); the
+        # maximum length is rounded up to a power of two (an upper bound is valid for the varlen kernels) so that
+        # compiled layers see few distinct values
+        mx = bucket_max_seqlen(bounds[1])
+        kw = dict(cu_seq_lens_q=bounds[0], cu_seq_lens_k=bounds[0], max_length_q=mx, max_length_k=mx)
     with sp.activate(), (host_packed_forward() if primed else contextlib.nullcontext()):
         if primed:
             state.prime(pos_local, state.resolve(), *bounds)
-        out = model(input_ids=ids_local, position_ids=pos_local, attention_mask=None, use_cache=False)
+        out = model(input_ids=ids_local, position_ids=pos_local, attention_mask=None, use_cache=False, **kw)
     return out, labels_local[0], pad, indices
 
 

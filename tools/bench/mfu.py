@@ -106,6 +106,9 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
             if accum and (i + 1) % accum == 0:
                 step()
 
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     run(max(warmup, accum))  # warm-up includes one optimizer step when accum > 0 (lazy optimizer state)
     reset_peak_memory(device)
     with Timer(device) as t:
@@ -119,7 +122,10 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
                tokens_per_s=n_tok / t.s, flops_per_token=flops_per_token(cfg, seq_len),
                tflops_per_s=mfu * peak_flops / 1e12, mfu=mfu, peak_flops=peak_flops,
                peak_mem_gib=peak_memory_gib(device), params=sum(p.numel() for p in model.parameters()),
-               gradient_checkpointing=gradient_checkpointing, kernels=", ".join(applied) or "none")
+               gradient_checkpointing=gradient_checkpointing, kernels=", ".join(applied) or "none",
+               # torch.compile: graphs built and graph breaks (with their reasons) over warm-up and timed loop
+               compiled_graphs=counters["stats"]["unique_graphs"], graph_breaks=sum(counters["graph_break"].values()),
+               graph_break_reasons=dict(counters["graph_break"].most_common(5)))
     del model, fwd, batches
     if use_deepspeed:
         del engine

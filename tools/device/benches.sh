@@ -6,6 +6,8 @@
 #      OUT=/some/dir GPU=1 SET=kernels bash tools/device/benches.sh   (#9: MFU with and without the fused kernels)
 #      OUT=/some/dir SET=ulysses bash tools/device/benches.sh         (#4: SP=1 vs SP=2 with --accum 4, bisection)
 #      OUT=/some/dir GPU=0 SET=sync bash tools/device/benches.sh      (#9: MFU + profile + the no-host-sync GPU test)
+#      OUT=/some/dir GPU=1 SET=mfu_base|compile bash tools/device/benches.sh  (#9: MFU without / with whole-layer
+#      torch.compile graphs, the compiled profile and the GPU tests)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -29,6 +31,23 @@ case ${SET:-first} in
     timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_patches_ulysses_gpu.py > "$OUT/gpu_tests.log" 2>&1
     tar czf "$OUT/sync.tgz" -C "$OUT" mfu_sync.json mfu_sync.log prof_sync.json prof_sync.log gpu_tests.log \
       && rm -f "$OUT"/mfu_sync.* "$OUT"/prof_sync.* "$OUT"/gpu_tests.log
+    exit 0 ;;
+  mfu_base)  # #9: the update's MFU after the host-sync-free packed forward (no fused kernels)
+    export CUDA_VISIBLE_DEVICES=${GPU:-0}
+    timeout -k 10 120 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 \
+      --out "$OUT/mfu_base.json" > "$OUT/mfu_base.log" 2>&1
+    tar czf "$OUT/mfu_base.tgz" -C "$OUT" mfu_base.json mfu_base.log && rm -f "$OUT"/mfu_base.json "$OUT"/mfu_base.log
+    exit 0 ;;
+  compile)  # #9: torch.compile with whole-layer graphs (the attention traced, no graph break), its kernel-level
+    # profile, and the GPU tests of the packed path
+    export CUDA_VISIBLE_DEVICES=${GPU:-0}
+    timeout -k 10 200 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 --compile \
+      --out "$OUT/mfu_compile.json" > "$OUT/mfu_compile.log" 2>&1
+    timeout -k 10 150 python3 tools/bench/step_profile.py --profile --compile --model qwen2-1.5b --tokens 4096 \
+      --trace /tmp/p_compile.json --out "$OUT/prof_compile.json" > "$OUT/prof_compile.log" 2>&1
+    timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_patches_ulysses_gpu.py > "$OUT/gpu_tests.log" 2>&1
+    tar czf "$OUT/compile.tgz" -C "$OUT" mfu_compile.json mfu_compile.log prof_compile.json prof_compile.log \
+      gpu_tests.log; rm -f "$OUT"/mfu_compile.* "$OUT"/prof_compile.* "$OUT"/gpu_tests.log
     exit 0 ;;
   ulysses)
     timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \

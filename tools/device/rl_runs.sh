@@ -25,13 +25,20 @@ SVAMP="data=svamp trainer.total_training_steps=500 trainer.val_before_train=true
  data.val_batch_size=150 actor_rollout_ref.rollout.val_kwargs.n=2 actor_rollout_ref.rollout.val_kwargs.do_sample=true
  actor_rollout_ref.rollout.val_kwargs.temperature=0.7"
 
-launch() {  # name gpu timeout_s overrides...
+# svamp_e: 512-token responses (the model README's setting) with the overlong punishment over the last 128
+SVAMP_E="$SVAMP actor_rollout_ref.actor.optim.lr=5e-5 data.max_response_length=512 reward_model.overlong_buffer.enable=true
+ reward_model.overlong_buffer.len=128 reward_model.overlong_buffer.penalty_factor=0.5"
+
+launch() {  # name gpu timeout_s overrides... (RUN_DIR=name: write into /tmp/runs/<that run> instead, e.g. to resume it)
   local name=$1 gpu=$2 t=$3; shift 3
+  local dir=/tmp/runs/${RUN_DIR:-$name}
   mkdir -p "$OUT/$name"
-  ( cd "$PWD" && CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 40 "$t" python3 trainer/main.py $COMMON "$@" \
-      trainer.output_dir=/tmp/runs/$name > "$OUT/$name/console.log" 2>&1
+  # --foreground: SIGTERM goes to the trainer only (which finishes its step, saves if save_freq > 0 and stops Ray);
+  # without it timeout signals the whole process group and the Ray workers die mid-step
+  ( cd "$PWD" && CUDA_VISIBLE_DEVICES=$gpu timeout --foreground -s TERM -k 60 "$t" python3 trainer/main.py $COMMON \
+      "$@" trainer.output_dir=$dir > "$OUT/$name/console.log" 2>&1
     echo "exit $?" >> "$OUT/$name/console.log"
-    cp /tmp/runs/$name/metrics.jsonl "$OUT/$name/" 2>/dev/null
+    cp $dir/metrics.jsonl "$OUT/$name/" 2>/dev/null
     tar czf "$OUT/$name.tgz" -C "$OUT" "$name" 2>/dev/null && rm -rf "${OUT:?}/$name" ) &
 }
 
@@ -69,7 +76,7 @@ megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both
 megatron_check() {  # name: the GPU check on both GPUs (TP=1/TP=2 log-probs, update, sync, checkpoint round trip
   # and the weights after an update that follows a load) into $OUT/<name>/check.{json,log}
   mkdir -p "$OUT/$1"
-  CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 120 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
+  CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 240 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
       --model /tmp/smol_hf --out "$OUT/$1/check.json" > "$OUT/$1/check.log" 2>&1
 }
 megatron() {  # #8 on both GPUs: the GPU check, then the save/resume pair of SmolLM2 on the Megatron path
@@ -82,8 +89,9 @@ megatron_tp2() {  # #8 on both GPUs: the GPU check, then the save/resume pair at
   megatron_check megatron_tp2
   python3 -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('/tmp/qwen2_rand', '/tmp/smol_hf')" \
       > "$OUT/megatron_tp2/make_model.log" 2>&1
+  # random weights score 0, so GRPO's advantages are 0: the entropy bonus makes every step change the weights
   megatron_pair megatron_tp2 mt actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
-      actor_rollout_ref.model.path=/tmp/qwen2_rand
+      actor_rollout_ref.model.path=/tmp/qwen2_rand actor_rollout_ref.actor.entropy_coeff=0.01
 }
 offload() {  # #9: 3 GRPO steps with the optimizer state offloaded during rollout (compare rollout_start memory)
   launch offload "$1" 240 data=gsm8k trainer.total_training_steps=3 \
@@ -109,13 +117,14 @@ for spec in $RUNS; do
     save_resume) save_resume "$gpu" & ;;
     megatron) megatron & ;;
     megatron_tp2) megatron_tp2 & ;;
-    svamp_e) launch svamp_e "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 data.max_response_length=512 \
-               reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=128 \
-               reward_model.overlong_buffer.penalty_factor=0.5 ;;  # 512-token responses (the model README's setting)
+    svamp_e) launch svamp_e "$gpu" "$T_LONG" $SVAMP_E ;;  # 512-token responses (the model README's setting)
     svamp_f) launch svamp_f "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 data.max_response_length=512 \
                reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=128 \
                reward_model.overlong_buffer.penalty_factor=0.5 actor_rollout_ref.actor.use_kl_loss=false \
                actor_rollout_ref.actor.clip_ratio_high=0.28 ;;  # svamp_e with DAPO's clip-higher and no KL loss
+    svamp_g) launch svamp_g "$gpu" "$T_LONG" $SVAMP_E trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 ;;
+    svamp_g_more) RUN_DIR=svamp_g launch svamp_g_more "$gpu" "$T_LONG" $SVAMP_E trainer.save_freq=10 \
+               trainer.max_actor_ckpt_to_keep=1 trainer.resume_mode=auto ;;  # svamp_g continued from its last save
     offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

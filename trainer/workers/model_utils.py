@@ -73,7 +73,7 @@ class ModelRole:
         if use_rmpad:
             from patches.ulysses import apply_ulysses_patch
 
-            apply_ulysses_patch(model, sp_obj)
+            apply_ulysses_patch(model, sp_obj if sp_obj is not None else 1)  # 1: no SP, fixed at patch time
         if train and model_cfg.get("enable_gradient_checkpointing"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         from trainer.workers.kernels import apply_kernel_options

@@ -16,7 +16,10 @@ GPU (padded forward, SDPA). Tolerances (mean/max over valid response tokens):
 
 * fp32 (TF32 off): max |megatron - HF fp32| <= 1e-3.
 * bf16: mean |megatron - HF fp32| <= 2 * mean |HF bf16 - HF fp32| + 1e-3 (Megatron's bf16 error no larger than
-  twice HF's own bf16 error) and mean |megatron - HF bf16| <= 3e-2. Max differences are reported, not judged.
+  twice HF's own bf16 error). mean |megatron - HF bf16| and the max differences are reported, not judged: two bf16
+  implementations each err by about mean |HF bf16 - HF fp32| in their own way, so their distance to each other
+  grows with depth like that error (SmolLM2's 30 layers, 2026-11-30: 0.064 against HF bf16's own 0.056). An earlier
+  version also required mean |megatron - HF bf16| <= 3e-2, which SmolLM2 failed for that reason.
 
 Then ``update_actor`` once (finite grad norm, weights change), ``generate_sequences`` (the engine holds exactly
 the TP-gathered actor weights) and save -> update -> load -> update: both updates' pg_loss (checks the weights),
@@ -145,8 +148,7 @@ def run_case(name: str, model_dir: str, tp: int, dtype: str, world: int, rank: i
         ref16 = _hf_log_probs(model_dir, d, torch.bfloat16, dev)
         res["max_vs_hf_bf16"], res["mean_vs_hf_bf16"] = _diff(lp, ref16, m)
         res["hf_bf16_mean_vs_fp32"] = _diff(ref16, ref32, m)[1]
-        res["logprob_ok"] = (res["mean_vs_fp32"] <= 2 * res["hf_bf16_mean_vs_fp32"] + 1e-3
-                             and res["mean_vs_hf_bf16"] <= 3e-2)
+        res["logprob_ok"] = res["mean_vs_fp32"] <= 2 * res["hf_bf16_mean_vs_fp32"] + 1e-3
     else:
         res["logprob_ok"] = res["max_vs_fp32"] <= 1e-3
     # one update through megatron DDP + DistributedOptimizer

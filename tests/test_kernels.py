@@ -23,6 +23,24 @@ def _tiny():
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
 
+def _lp_ent_grads(m, ids, mask, pos, response_length, temperature, **kw):
+    """Log-probs, entropy and parameter gradients of ``lp.sum() + 0.3 * ent.sum()`` for ``m``."""
+    m.zero_grad()
+    lp, ent = forward_log_probs(m, ids, mask, pos, response_length, temperature=temperature,
+                                calculate_entropy=True, **kw)
+    (lp.sum() + 0.3 * ent.sum()).backward()
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+def _assert_same(got, want, valid=None, grad_rtol=1e-5):
+    """``got`` equals ``want`` (from :func:`_lp_ent_grads`): values at ``valid`` (all if None), atol 1e-5."""
+    sel = (lambda t: t) if valid is None else (lambda t: t[valid])
+    torch.testing.assert_close(sel(got[0]), sel(want[0]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(sel(got[1]), sel(want[1]), atol=1e-5, rtol=0)
+    for n, grad in want[2].items():
+        torch.testing.assert_close(got[2][n], grad, atol=1e-5, rtol=grad_rtol, msg=n)
+
+
 def test_check_kernel_options_refuses_what_cannot_run(monkeypatch):
     check_kernel_options({}, "cpu", 3)  # both off: anything goes
     with pytest.raises(ValueError, match=r"use_liger=true needs trainer.device=cuda.*'cpu'"):
@@ -97,15 +115,9 @@ def test_torch_compile_layers_match_eager_logprobs_and_grads():
             pos = (mask.cumsum(1) - 1).clamp(min=0)
             out = []
             for m in (eager, compiled):
-                m.zero_grad()
                 use_compiled_log_probs(m is compiled)
-                lp, ent = forward_log_probs(m, ids, mask, pos, 5, temperature=0.8, calculate_entropy=True)
-                (lp.sum() + 0.3 * ent.sum()).backward()
-                out.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
-            torch.testing.assert_close(out[1][0], out[0][0], atol=1e-5, rtol=0)
-            torch.testing.assert_close(out[1][1], out[0][1], atol=1e-5, rtol=0)
-            for n, grad in out[0][2].items():
-                torch.testing.assert_close(out[1][2][n], grad, atol=1e-5, rtol=1e-5, msg=n)
+                out.append(_lp_ent_grads(m, ids, mask, pos, 5, 0.8))
+            _assert_same(out[1], out[0])
     finally:
         use_compiled_log_probs(False)
 
@@ -131,17 +143,7 @@ def test_torch_compile_traces_whole_layers_on_host_packed_forward():
             mask[0, :3] = 0
             mask[2, :L // 2] = 0
             pos = (mask.cumsum(1) - 1).clamp(min=0)
-            out = []
-            for m in (eager, compiled):
-                m.zero_grad()
-                lp, ent = forward_log_probs(m, ids, mask, pos, 5, temperature=0.8, calculate_entropy=True,
-                                            device="cpu")
-                (lp.sum() + 0.3 * ent.sum()).backward()
-                out.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
-            torch.testing.assert_close(out[1][0], out[0][0], atol=1e-5, rtol=0)
-            torch.testing.assert_close(out[1][1], out[0][1], atol=1e-5, rtol=0)
-            for n, grad in out[0][2].items():
-                torch.testing.assert_close(out[1][2][n], grad, atol=1e-5, rtol=1e-5, msg=n)
+            _assert_same(*(_lp_ent_grads(m, ids, mask, pos, 5, 0.8, device="cpu") for m in (compiled, eager)))
         assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
         assert counters["stats"]["unique_graphs"] >= 1
     finally:
@@ -169,3 +171,41 @@ def test_general_attention_path_still_breaks_the_graph_and_matches():
         assert sum(counters["graph_break"].values()) >= 1
     finally:
         torch._dynamo.reset()
+
+
+def test_boundary_kwargs_path_matches_padded_reference(monkeypatch):
+    """The traceable attention path (host-packed, fixed SP size 1, boundaries as keyword arguments) gives the
+    log-probs and gradients of the unpatched model's padded SDPA forward (fp32, atol 1e-5), and is the path taken
+    (the general path is made to fail)."""
+    import patches.ulysses as ulysses_mod
+
+    base = _tiny()
+    patched = apply_ulysses_patch(copy.deepcopy(base), 1)
+
+    def fail(*a, **k):
+        raise AssertionError("general attention path used")
+
+    monkeypatch.setattr(ulysses_mod, "_attention_eager", fail)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 96, (3, 14), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    mask[1, :1] = 0
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    want = _lp_ent_grads(base, ids, mask, pos, 6, 0.9, use_remove_padding=False)
+    got = _lp_ent_grads(patched, ids, mask, pos, 6, 0.9, device="cpu")
+    _assert_same(got, want, valid=mask[:, -6:].bool(), grad_rtol=1e-4)
+
+
+def test_boundary_kwargs_only_for_models_taking_var_kwargs():
+    """A model whose forward has no ``**kwargs`` (e.g. remote code) is not given the boundary arguments."""
+    from trainer.forward import _takes_var_kwargs, bucket_max_seqlen
+
+    class NoKwargs(torch.nn.Module):
+        def forward(self, input_ids, position_ids=None, attention_mask=None, use_cache=False):
+            return input_ids
+
+    assert _takes_var_kwargs(_tiny()) and not _takes_var_kwargs(NoKwargs())
+    wrapped = types.SimpleNamespace(module=NoKwargs())  # a DeepSpeed engine's inner module is what counts
+    assert not _takes_var_kwargs(wrapped)
+    assert [bucket_max_seqlen(n) for n in (0, 1, 16, 17, 1000, 1024, 1025)] == [16, 16, 16, 32, 1024, 1024, 2048]

@@ -18,6 +18,7 @@ so ``save_pretrained`` / ``from_pretrained`` round-trip it and the ``score`` Lin
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 
@@ -188,6 +189,13 @@ def _resolve_sp(model, sp: UlyssesGroup | None, use_remove_padding: bool) -> Uly
     return sp
 
 
+def _takes_var_kwargs(model) -> bool:
+    """Whether the (DeepSpeed-wrapped) model's ``forward`` takes ``**kwargs`` (transformers' models do, and hand
+    them to the attention function; a remote-code model without them must not get the boundary arguments)."""
+    inner = getattr(model, "module", model)
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(inner.forward).parameters.values())
+
+
 def bucket_max_seqlen(n: int) -> int:
     """``n`` (tokens) rounded up to a power of two, at least 16: the ``max_seqlen`` handed to varlen attention
     kernels, for which any upper bound of the longest sequence is valid (it only sizes their launch grid)."""
@@ -222,7 +230,7 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
     state = getattr(model, "_ulysses_state", None)
     primed = bounds is not None and state is not None
     kw = {}
-    if primed and sp.size == 1 and state.fixed_size == 1:
+    if primed and sp.size == 1 and state.fixed_size == 1 and _takes_var_kwargs(model):
         # the boundaries as transformers' flash-attention keyword arguments: the patched attention then runs
         # without its Python-side state, so torch.compile traces a whole decoder layer (patches.ulysses); the
         # maximum length is rounded up to a power of two (an upper bound is valid for the varlen kernels) so that

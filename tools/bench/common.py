@@ -68,7 +68,7 @@ def build_model(name: str, device: torch.device | str, dtype: torch.dtype, sp_gr
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    apply_ulysses_patch(model, sp_group if sp_group is not None else 1)
+    apply_ulysses_patch(model, sp_group)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model

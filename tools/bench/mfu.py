@@ -80,7 +80,8 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
 
     half = device.type == "cuda"
     dtype = torch.float32 if (use_deepspeed or not half) else torch.bfloat16
-    model = build_model(name, device, dtype, gradient_checkpointing=gradient_checkpointing)
+    # sp_group=1: no SP, fixed at patch time, as the trainer's workers patch (whole-layer graphs under --compile)
+    model = build_model(name, device, dtype, sp_group=1, gradient_checkpointing=gradient_checkpointing)
     model.train()
     from trainer.workers.kernels import apply_kernel_options
 

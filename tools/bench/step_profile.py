@@ -142,7 +142,7 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
     from trainer.workers.kernels import apply_kernel_options
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = build_model(model_name, device, dtype)
+    model = build_model(model_name, device, dtype, sp_group=1)  # no SP, fixed at patch time (as the workers)
     model.train()
     applied = apply_kernel_options(model, kernels or {})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)

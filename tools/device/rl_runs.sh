@@ -125,6 +125,11 @@ for spec in $RUNS; do
     svamp_g) launch svamp_g "$gpu" "$T_LONG" $SVAMP_E trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 ;;
     svamp_g_more) RUN_DIR=svamp_g launch svamp_g_more "$gpu" "$T_LONG" $SVAMP_E trainer.save_freq=10 \
                trainer.max_actor_ckpt_to_keep=1 trainer.resume_mode=auto ;;  # svamp_g continued from its last save
+    svamp_h) launch svamp_h "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
+               trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 ;;  # groups of 16 (same 256 samples per step)
+    svamp_h_more) RUN_DIR=svamp_h launch svamp_h_more "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 \
+               actor_rollout_ref.rollout.n=16 trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 \
+               trainer.resume_mode=auto ;;
     offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

@@ -358,6 +358,8 @@ def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     names transformers' flash-attention path uses; :func:`trainer.forward.forward_log_probs` passes them for a row it
     packed on the host) on a model patched for a fixed SP size of 1 takes a path that torch.compile traces without a
     graph break: no process group, no Python-side cache, only the varlen kernel (a custom op for PyTorch's kernel).
+    That path does not look up the active SP group (a context variable would break the graph): a caller passing
+    these arguments itself must not have a group of size > 1 active (``forward_log_probs`` checks this).
     Everything else runs eagerly (:func:`_attention_eager`; a graph break under torch.compile).
 
     Raises:

@@ -103,7 +103,7 @@ def _sdpa_reference(q, k, v, cu_seqlens, scale, causal, sliding_window, dropout)
         v = v.repeat_interleave(rep, dim=1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                          attn_mask=mask, dropout_p=dropout, scale=scale)
-    return out.transpose(0, 1)
+    return out.transpose(0, 1).contiguous()  # (total, H, D) row-major, like the CUDA kernels' output
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,

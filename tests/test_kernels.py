@@ -15,30 +15,14 @@ from trainer.forward import forward_log_probs, use_compiled_log_probs
 from trainer.workers import kernels
 from trainer.workers.kernels import LIGER_KWARGS, apply_kernel_options, check_kernel_options, decoder_layers
 
+from tests.logprob_utils import assert_same, compiled_pair, lp_ent_grads
+
 
 def _tiny():
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-
-
-def _lp_ent_grads(m, ids, mask, pos, response_length, temperature, **kw):
-    """Log-probs, entropy and parameter gradients of ``lp.sum() + 0.3 * ent.sum()`` for ``m``."""
-    m.zero_grad()
-    lp, ent = forward_log_probs(m, ids, mask, pos, response_length, temperature=temperature,
-                                calculate_entropy=True, **kw)
-    (lp.sum() + 0.3 * ent.sum()).backward()
-    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
-
-
-def _assert_same(got, want, valid=None, grad_rtol=1e-5):
-    """``got`` equals ``want`` (from :func:`_lp_ent_grads`): values at ``valid`` (all if None), atol 1e-5."""
-    sel = (lambda t: t) if valid is None else (lambda t: t[valid])
-    torch.testing.assert_close(sel(got[0]), sel(want[0]), atol=1e-5, rtol=0)
-    torch.testing.assert_close(sel(got[1]), sel(want[1]), atol=1e-5, rtol=0)
-    for n, grad in want[2].items():
-        torch.testing.assert_close(got[2][n], grad, atol=1e-5, rtol=grad_rtol, msg=n)
 
 
 def test_check_kernel_options_refuses_what_cannot_run(monkeypatch):
@@ -116,8 +100,8 @@ def test_torch_compile_layers_match_eager_logprobs_and_grads():
             out = []
             for m in (eager, compiled):
                 use_compiled_log_probs(m is compiled)
-                out.append(_lp_ent_grads(m, ids, mask, pos, 5, 0.8))
-            _assert_same(out[1], out[0])
+                out.append(lp_ent_grads(m, ids, mask, pos, 5, 0.8))
+            assert_same(out[1], out[0], grad_rtol=1e-5)
     finally:
         use_compiled_log_probs(False)
 
@@ -126,51 +110,31 @@ def test_torch_compile_traces_whole_layers_on_host_packed_forward():
     """A host-packed forward (``device=`` given, inputs on the CPU) on a model patched for a fixed SP size of 1
     hands the boundaries to the attention as keyword arguments, so each compiled decoder layer is one graph: no
     graph break at the attention (which the general path has), and values and gradients equal eager (fp32)."""
-    from torch._dynamo.utils import counters
-
-    base = _tiny()
-    apply_ulysses_patch(base, 1)
-    eager, compiled = copy.deepcopy(base), copy.deepcopy(base)
-    torch._dynamo.reset()
-    counters.clear()
-    try:
-        apply_kernel_options(compiled, {"use_torch_compile": True})
-        use_compiled_log_probs(False)  # only the layers here: the log-prob math is covered by the test above
-        for L in (12, 17, 23):
+    with compiled_pair(apply_ulysses_patch(_tiny(), 1)) as (eager, compiled, counters):
+        for L in (12, 17, 23):  # only the layers compiled here: the log-prob math is covered by the test above
             g = torch.Generator().manual_seed(L)
             ids = torch.randint(1, 96, (3, L), generator=g)
             mask = torch.ones_like(ids)
             mask[0, :3] = 0
             mask[2, :L // 2] = 0
             pos = (mask.cumsum(1) - 1).clamp(min=0)
-            _assert_same(*(_lp_ent_grads(m, ids, mask, pos, 5, 0.8, device="cpu") for m in (compiled, eager)))
+            assert_same(*(lp_ent_grads(m, ids, mask, pos, 5, 0.8, device="cpu") for m in (compiled, eager)),
+                        grad_rtol=1e-5)
         assert dict(counters["graph_break"]) == {}, dict(counters["graph_break"])
         assert counters["stats"]["unique_graphs"] >= 1
-    finally:
-        torch._dynamo.reset()
 
 
 def test_general_attention_path_still_breaks_the_graph_and_matches():
     """Without the boundary keyword arguments (device tensors, or a model patched with a run-time SP size) the
     attention runs eagerly inside the compiled layer (one graph break per layer call) and gives the same values."""
-    from torch._dynamo.utils import counters
-
-    base = _tiny()
-    apply_ulysses_patch(base)  # SP size taken from the active group at each forward
-    eager, compiled = copy.deepcopy(base), copy.deepcopy(base)
-    torch._dynamo.reset()
-    counters.clear()
-    try:
-        apply_kernel_options(compiled, {"use_torch_compile": True})
-        use_compiled_log_probs(False)
+    # SP size taken from the active group at each forward
+    with compiled_pair(apply_ulysses_patch(_tiny())) as (eager, compiled, counters):
         ids = torch.randint(1, 96, (2, 9), generator=torch.Generator().manual_seed(0))
         mask = torch.ones_like(ids)
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         lp = [forward_log_probs(m, ids, mask, pos, 4, device="cpu")[0] for m in (eager, compiled)]
         torch.testing.assert_close(lp[1], lp[0], atol=1e-5, rtol=0)
         assert sum(counters["graph_break"].values()) >= 1
-    finally:
-        torch._dynamo.reset()
 
 
 def test_boundary_kwargs_path_matches_padded_reference(monkeypatch):
@@ -192,9 +156,9 @@ def test_boundary_kwargs_path_matches_padded_reference(monkeypatch):
     mask[0, :5] = 0
     mask[1, :1] = 0
     pos = (mask.cumsum(1) - 1).clamp(min=0)
-    want = _lp_ent_grads(base, ids, mask, pos, 6, 0.9, use_remove_padding=False)
-    got = _lp_ent_grads(patched, ids, mask, pos, 6, 0.9, device="cpu")
-    _assert_same(got, want, valid=mask[:, -6:].bool(), grad_rtol=1e-4)
+    want = lp_ent_grads(base, ids, mask, pos, 6, 0.9, use_remove_padding=False)
+    got = lp_ent_grads(patched, ids, mask, pos, 6, 0.9, device="cpu")
+    assert_same(got, want, valid=mask[:, -6:].bool(), grad_rtol=1e-4)
 
 
 def test_boundary_kwargs_only_for_models_taking_var_kwargs():
@@ -209,3 +173,6 @@ def test_boundary_kwargs_only_for_models_taking_var_kwargs():
     wrapped = types.SimpleNamespace(module=NoKwargs())  # a DeepSpeed engine's inner module is what counts
     assert not _takes_var_kwargs(wrapped)
     assert [bucket_max_seqlen(n) for n in (0, 1, 16, 17, 1000, 1024, 1025)] == [16, 16, 16, 32, 1024, 1024, 2048]
+    # a sliding window caps the bound when every sequence fits in it (Phi-3-mini's 2047), not otherwise
+    assert [bucket_max_seqlen(n, cap=2047) for n in (1025, 2047, 2048, 100)] == [2047, 2047, 2048, 128]
+    assert bucket_max_seqlen(1025, cap=None) == 2048

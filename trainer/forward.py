@@ -243,7 +243,8 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
         # without its Python-side state, so torch.compile traces a whole decoder layer (patches.ulysses); the
         # maximum length is rounded up to a power of two (an upper bound is valid for the varlen kernels) so that
         # compiled layers see few distinct values
-        mx = bucket_max_seqlen(bounds[1], cap=getattr(getattr(model, "module", model).config, "sliding_window", None))
+        config = getattr(getattr(model, "module", model), "config", None)
+        mx = bucket_max_seqlen(bounds[1], cap=getattr(config, "sliding_window", None))
         kw = dict(cu_seq_lens_q=bounds[0], cu_seq_lens_k=bounds[0], max_length_q=mx, max_length_k=mx)
     with sp.activate(), (host_packed_forward() if primed else contextlib.nullcontext()):
         if primed:

@@ -8,8 +8,9 @@ Config (``actor_rollout_ref.model``, shared by all roles, as in verl):
   log-probs come from :func:`trainer.forward.log_probs_from_logits`). Needs CUDA (Triton) and
   ``pip install liger-kernel``. Liger swaps transformers' module classes and RoPE function process-wide, so the
   transformers rollout engine built later in the same worker uses its kernels too (same math).
-* ``use_torch_compile``: ``torch.compile(dynamic=True)`` of each decoder layer (the Ulysses attention call inside
-  it stays eager: a graph break, see ``patches.ulysses``) and of the per-chunk log-prob math
+* ``use_torch_compile``: ``torch.compile(dynamic=True)`` of each decoder layer (without SP the attention is traced
+  too, one graph per layer; with SP its all-to-alls stay eager, a graph break; see ``patches.ulysses``) and of the
+  per-chunk log-prob math
   (:func:`trainer.forward.use_compiled_log_probs`). Not with ZeRO-3, whose parameter hooks run inside the layers.
 """
 from __future__ import annotations

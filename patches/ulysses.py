@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 
 import torch
 
@@ -44,11 +45,33 @@ ULYSSES_ATTN_IMPL = "ulysses_varlen"
 
 
 # ---------------------------------------------------------------------------------------------- the patch
+def _takes_var_kwargs(model) -> bool:
+    """Whether the (DeepSpeed-wrapped) model's ``forward`` takes ``**kwargs`` (transformers' models do, and hand
+    them to the attention function; a remote-code model without them must not get the boundary arguments)."""
+    inner = getattr(model, "module", model)
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(inner.forward).parameters.values())
+
+
+def bucket_max_seqlen(n: int, cap: int | None = None) -> int:
+    """``n`` (tokens) rounded up to a power of two, at least 16: the ``max_seqlen`` handed to varlen attention
+    kernels, for which any upper bound of the longest sequence is valid (it only sizes their launch grid).
+
+    Cost: kernels that size buffers by it (older flash-attn 2 builds: softmax statistics of batch x heads x
+    ``max_seqlen``) use up to twice the memory for those buffers.
+
+    ``cap`` (a sliding window, tokens): when ``n <= cap`` the result is at most ``cap``, so that a window no shorter
+    than every sequence is never taken for one that cuts (``patches.varlen`` refuses windows shorter than
+    ``max_seqlen`` on torch builds whose ``varlen_attn`` has no ``window_size``)."""
+    b = max(16, 1 << (max(int(n), 1) - 1).bit_length())
+    return min(b, int(cap)) if isinstance(cap, int) and int(n) <= cap else b
+
+
 class _PatchState:
     """Per-model patch state, shared by all its modules (``module._ulysses_state``)."""
 
-    def __init__(self, group: UlyssesGroup | None, sp_size: int, kernel: str):
-        self.group, self.sp_size, self.kernel = group, sp_size, kernel
+    def __init__(self, group: UlyssesGroup | None, sp_size: int, kernel: str, sliding_window: int | None = None):
+        self.group, self.sp_size, self.kernel, self.sliding_window = group, sp_size, kernel, sliding_window
+        self.boundary_kwargs = False  # set by apply_ulysses_patch: see attention_kwargs
         self._cache: tuple | None = None  # (position_ids tensor, version, group, cu_seqlens, max_seqlen)
 
     @property
@@ -56,6 +79,17 @@ class _PatchState:
         """The SP size fixed at patch time (a bound group's size, or the int given); 0 when it is taken from the
         active group at every forward."""
         return self.group.size if self.group is not None else self.sp_size
+
+    def attention_kwargs(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> dict:
+        """The boundaries of a host-packed row without SP as transformers' flash-attention keyword arguments
+        (``cu_seq_lens_q/k``, ``max_length_q/k``), which :func:`ulysses_attention_forward` traces without a graph
+        break; the maximum is rounded up by :func:`bucket_max_seqlen` so that compiled layers see few distinct
+        values. ``{}`` when the model cannot take them (SP size not fixed at 1, or a forward without ``**kwargs``;
+        decided at patch time)."""
+        if not self.boundary_kwargs:
+            return {}
+        mx = bucket_max_seqlen(max_seqlen, cap=self.sliding_window)
+        return dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=mx, max_length_k=mx)
 
     def resolve(self) -> UlyssesGroup:
         g = self.group if self.group is not None else current_ulysses_group()
@@ -237,7 +271,9 @@ def apply_ulysses_patch(model: torch.nn.Module, sp_group: UlyssesGroup | int | N
     from patches.varlen import _flash_attn_fn, _torch_varlen
 
     _flash_attn_fn(), _torch_varlen()  # resolve the kernels eagerly (torch.compile then reads them as constants)
-    state = _PatchState(group, sp_size, kernel)
+    window = getattr(cfg, "sliding_window", None)
+    state = _PatchState(group, sp_size, kernel, sliding_window=window if isinstance(window, int) else None)
+    state.boundary_kwargs = state.fixed_size == 1 and _takes_var_kwargs(model)
     for m in model.modules():
         m._ulysses_state = state  # plain attribute: not a parameter/buffer, not in state_dict
     model.set_attn_implementation(ULYSSES_ATTN_IMPL)

@@ -163,7 +163,7 @@ def test_boundary_kwargs_path_matches_padded_reference(monkeypatch):
 
 def test_boundary_kwargs_only_for_models_taking_var_kwargs():
     """A model whose forward has no ``**kwargs`` (e.g. remote code) is not given the boundary arguments."""
-    from trainer.forward import _takes_var_kwargs, bucket_max_seqlen
+    from patches.ulysses import _takes_var_kwargs, bucket_max_seqlen
 
     class NoKwargs(torch.nn.Module):
         def forward(self, input_ids, position_ids=None, attention_mask=None, use_cache=False):

@@ -18,7 +18,6 @@ so ``save_pretrained`` / ``from_pretrained`` round-trip it and the ``score`` Lin
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import torch
 
@@ -189,27 +188,6 @@ def _resolve_sp(model, sp: UlyssesGroup | None, use_remove_padding: bool) -> Uly
     return sp
 
 
-def _takes_var_kwargs(model) -> bool:
-    """Whether the (DeepSpeed-wrapped) model's ``forward`` takes ``**kwargs`` (transformers' models do, and hand
-    them to the attention function; a remote-code model without them must not get the boundary arguments)."""
-    inner = getattr(model, "module", model)
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(inner.forward).parameters.values())
-
-
-def bucket_max_seqlen(n: int, cap: int | None = None) -> int:
-    """``n`` (tokens) rounded up to a power of two, at least 16: the ``max_seqlen`` handed to varlen attention
-    kernels, for which any upper bound of the longest sequence is valid (it only sizes their launch grid).
-
-    Cost: kernels that size buffers by it (older flash-attn 2 builds: softmax statistics of batch x heads x
-    ``max_seqlen``) use up to twice the memory for those buffers.
-
-    ``cap`` (a sliding window, tokens): when ``n <= cap`` the result is at most ``cap``, so that a window no shorter
-    than every sequence is never taken for one that cuts (``patches.varlen`` refuses windows shorter than
-    ``max_seqlen`` on torch builds whose ``varlen_attn`` has no ``window_size``)."""
-    b = max(16, 1 << (max(int(n), 1) - 1).bit_length())
-    return min(b, int(cap)) if isinstance(cap, int) and int(n) <= cap else b
-
-
 def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesGroup, device=None):
     """Model forward on this rank's slice of the packed batch.
 
@@ -237,15 +215,8 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
         bounds = (cu_full, max_full)
     state = getattr(model, "_ulysses_state", None)
     primed = bounds is not None and state is not None
-    kw = {}
-    if primed and sp.size == 1 and state.fixed_size == 1 and _takes_var_kwargs(model):
-        # the boundaries as transformers' flash-attention keyword arguments: the patched attention then runs
-        # without its Python-side state, so torch.compile traces a whole decoder layer (patches.ulysses); the
-        # maximum length is rounded up to a power of two (an upper bound is valid for the varlen kernels) so that
-        # compiled layers see few distinct values
-        config = getattr(getattr(model, "module", model), "config", None)
-        mx = bucket_max_seqlen(bounds[1], cap=getattr(config, "sliding_window", None))
-        kw = dict(cu_seq_lens_q=bounds[0], cu_seq_lens_k=bounds[0], max_length_q=mx, max_length_k=mx)
+    # without SP the boundaries also go in as keyword arguments, which torch.compile traces (patches.ulysses)
+    kw = state.attention_kwargs(*bounds) if primed and sp.size == 1 else {}
     with sp.activate(), (host_packed_forward() if primed else contextlib.nullcontext()):
         if primed:
             state.prime(pos_local, state.resolve(), *bounds)

@@ -19,7 +19,7 @@ import torch
 
 __all__ = [
     "unpad_input", "pack_tensor", "unpack_tensor", "cu_seqlens_from_position_ids",
-    "position_ids_from_cu_seqlens", "pack_loss_spans",
+    "position_ids_from_cu_seqlens", "pack_loss_spans", "bucket_padding",
 ]
 
 
@@ -58,6 +58,36 @@ def unpad_input(input_ids: torch.Tensor, attention_mask: torch.Tensor):
     ids = input_ids.flatten()[indices].unsqueeze(0)
     pos = position_ids_from_cu_seqlens(cu_seqlens, total=indices.numel()).unsqueeze(0)
     return ids, pos, indices, cu_seqlens, max_seqlen
+
+
+def bucket_padding(nnz: int, num_seqs: int, multiple: int) -> list[int]:
+    """Lengths (tokens) of the fake sequences that pad a packed row to a shape bucket: the padded row holds a
+    multiple of ``multiple`` tokens (at least ``multiple``) and a power-of-two count of sequences (real + fake), so
+    that a row's shapes (tokens, ``cu_seqlens``) take few distinct values (CUDA graphs record one graph per shape).
+    Each fake sequence has at least one token and restarts its positions at 0, so it never attends to a real one.
+
+    Args:
+        nnz: real tokens in the row. num_seqs: real sequences in it. multiple: token bucket size.
+
+    Returns:
+        ``[]`` when the row already fits a bucket, else the fake sequences' lengths (their sum is the padding,
+        less than ``multiple`` plus one more ``multiple`` when more sequences than spare tokens are needed).
+
+    Raises:
+        ValueError: ``multiple < 1`` or negative counts.
+    """
+    if int(multiple) < 1 or nnz < 0 or num_seqs < 0:
+        raise ValueError(f"bucket_padding needs multiple >= 1 and counts >= 0, got nnz={nnz}, num_seqs={num_seqs}, "
+                         f"multiple={multiple}")
+    total = max(int(multiple), -(-int(nnz) // int(multiple)) * int(multiple))
+    while True:
+        pad = total - nnz
+        if pad == 0 and num_seqs & (num_seqs - 1) == 0:
+            return []
+        fake = (1 << int(num_seqs).bit_length()) - num_seqs  # next power of two above num_seqs, minus num_seqs
+        if pad >= fake > 0:
+            return [1] * (fake - 1) + [pad - fake + 1]
+        total += int(multiple)
 
 
 def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int | None = None) -> torch.Tensor:

@@ -72,6 +72,7 @@ class _PatchState:
     def __init__(self, group: UlyssesGroup | None, sp_size: int, kernel: str, sliding_window: int | None = None):
         self.group, self.sp_size, self.kernel, self.sliding_window = group, sp_size, kernel, sliding_window
         self.boundary_kwargs = False  # set by apply_ulysses_patch: see attention_kwargs
+        self.static_token_multiple = 0  # > 0: pad host-packed rows to buckets (trainer.workers.kernels, CUDA graphs)
         self._cache: tuple | None = None  # (position_ids tensor, version, group, cu_seqlens, max_seqlen)
 
     @property

@@ -176,3 +176,81 @@ def test_boundary_kwargs_only_for_models_taking_var_kwargs():
     # a sliding window caps the bound when every sequence fits in it (Phi-3-mini's 2047), not otherwise
     assert [bucket_max_seqlen(n, cap=2047) for n in (1025, 2047, 2048, 100)] == [2047, 2047, 2048, 128]
     assert bucket_max_seqlen(1025, cap=None) == 2048
+
+
+def test_check_kernel_options_compile_mode():
+    check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cuda", 2)
+    check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "max-autotune-no-cudagraphs"}, "cpu", 2)
+    check_kernel_options({"use_torch_compile": False, "torch_compile_mode": "default"}, "cpu", 2)
+    with pytest.raises(ValueError, match=r"torch_compile_mode='fast'; expected one of default, reduce-overhead"):
+        check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "fast"}, "cuda", 2)
+    with pytest.raises(ValueError, match="torch_compile_mode=reduce-overhead needs .*use_torch_compile=true"):
+        check_kernel_options({"torch_compile_mode": "reduce-overhead"}, "cuda", 2)
+    with pytest.raises(ValueError, match="records CUDA graphs and needs trainer.device=cuda, got 'cpu'"):
+        check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cpu", 2)
+    with pytest.raises(ValueError, match="with ulysses_sequence_parallel_size=2 is not supported"):
+        check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cuda", 2,
+                             sp_size=2)
+
+
+def test_launch_validate_passes_the_largest_sp_size_to_the_compile_mode_check():
+    from tests.test_launch_checks import _cfg
+    from trainer.launch import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="records CUDA graphs and needs trainer.device=cuda"):
+        validate(_cfg("actor_rollout_ref.model.use_torch_compile=true",
+                      "actor_rollout_ref.model.torch_compile_mode=reduce-overhead"))
+    with pytest.raises(ConfigError, match="torch_compile_mode='fast'"):
+        validate(_cfg("actor_rollout_ref.model.use_torch_compile=true", "actor_rollout_ref.model.torch_compile_mode=fast"))
+    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=2 is not supported"):
+        validate(_cfg("actor_rollout_ref.model.use_torch_compile=true", "trainer.device=cuda",
+                      "actor_rollout_ref.model.torch_compile_mode=reduce-overhead",
+                      "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"))
+
+
+@pytest.mark.parametrize("nnz,num_seqs,multiple", [(4096, 4, 256), (4000, 4, 256), (4000, 3, 256), (0, 0, 256),
+                                                   (100, 1, 256), (256, 3, 256), (300, 255, 256), (513, 6, 512),
+                                                   (7, 7, 1)])
+def test_bucket_padding_gives_a_token_multiple_and_a_power_of_two_count(nnz, num_seqs, multiple):
+    from patches.packing import bucket_padding
+
+    fake = bucket_padding(nnz, num_seqs, multiple)
+    total, count = nnz + sum(fake), num_seqs + len(fake)
+    assert total % multiple == 0 and total >= multiple
+    assert count > 0 and count & (count - 1) == 0
+    assert all(n >= 1 for n in fake)
+    assert sum(fake) < 2 * multiple + count  # bounded: at most one extra multiple beyond the round-up
+    if nnz % multiple == 0 and nnz and num_seqs & (num_seqs - 1) == 0:
+        assert fake == []
+    with pytest.raises(ValueError, match="multiple >= 1"):
+        bucket_padding(nnz, num_seqs, 0)
+
+
+def test_static_shape_buckets_keep_logprobs_and_grads_and_fix_the_shapes():
+    """A model marked for CUDA graphs (kernels.mark_static_shapes) pads each host-packed row to a bucket with fake
+    sequences: the log-probs, entropy and gradients are those of the unpadded forward (fp32, atol 1e-5), the model
+    sees a multiple of the bucket's tokens and a power-of-two count of sequences, and rows of different lengths
+    in one bucket give the model identical shapes."""
+    base = apply_ulysses_patch(_tiny(), 1)
+    bucketed = copy.deepcopy(base)
+    kernels.mark_static_shapes(bucketed, 16)
+    seen = []
+    bucketed.model.embed_tokens.register_forward_hook(lambda mod, args, out: seen.append(tuple(args[0].shape)))
+
+    def record_cu(*a, **k):
+        seen.append(("cu", tuple(k["cu_seq_lens_q"].shape)))
+        return bucketed.model.__class__.forward(bucketed.model, *a, **k)
+
+    bucketed.model.forward = record_cu
+    for L, gaps in ((12, (3, 0, 6)), (13, (0, 0, 2)), (9, (1, 4, 0))):
+        g = torch.Generator().manual_seed(L)
+        ids = torch.randint(1, 96, (3, L), generator=g)
+        mask = torch.ones_like(ids)
+        for r, k in enumerate(gaps):
+            mask[r, :k] = 0
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        want = lp_ent_grads(base, ids, mask, pos, 5, 0.8, device="cpu")
+        got = lp_ent_grads(bucketed, ids, mask, pos, 5, 0.8, device="cpu")
+        assert_same(got, want, valid=mask[:, -5:].bool(), grad_rtol=1e-5)
+    # 27, 37 and 20 real tokens in 3 rows -> 32, 48, 32 tokens; 3 sequences + fakes -> 4 (cu_seqlens of 5)
+    assert seen == [("cu", (5,)), (1, 32), ("cu", (5,)), (1, 48), ("cu", (5,)), (1, 32)], seen

@@ -21,7 +21,8 @@ import contextlib
 
 import torch
 
-from patches.packing import cu_seqlens_from_position_ids, pack_tensor, unpack_tensor, unpad_input
+from patches.packing import (bucket_padding, cu_seqlens_from_position_ids, pack_tensor, position_ids_from_cu_seqlens,
+                             unpack_tensor, unpad_input)
 from patches.ulysses import (ULYSSES_ATTN_IMPL, UlyssesGroup, current_ulysses_group, gather_outputs_and_unpad,
                              host_packed_forward, pad_and_slice, pad_and_slice_inputs)
 
@@ -203,23 +204,35 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
         raise ValueError("position_ids must be 0 at the first valid token of every row (expected "
                          "clamp(cumsum(attention_mask) - 1, min=0)); packed sequences are split where positions are 0")
     labels = torch.roll(ids, shifts=-1, dims=1)  # next token in the whole packed row, before SP slicing
-    ids_local, pos_local, pad = pad_and_slice_inputs(ids, pos, sp.size, sp.rank)
+    state = getattr(model, "_ulysses_state", None)
+    host = input_ids.device.type == "cpu" and device is not None
+    bucket = 0  # CUDA graphs (trainer.workers.kernels): pad the row to a shape bucket with fake sequences
+    if host and state is not None and state.static_token_multiple:
+        fake = bucket_padding(ids.shape[1], int(starts.numel()), state.static_token_multiple)
+        if fake:
+            bucket = sum(fake)
+            fake_cu = torch.nn.functional.pad(torch.tensor(fake).cumsum(0), (1, 0))
+            ids, labels = (torch.cat([t, t.new_zeros(1, bucket)], dim=1) for t in (ids, labels))
+            pos = torch.cat([pos, position_ids_from_cu_seqlens(fake_cu)[None].to(pos.dtype)], dim=1)
+    ids_local, pos_local, sp_pad = pad_and_slice_inputs(ids, pos, sp.size, sp.rank)
     labels_local, _ = pad_and_slice(labels, sp.size, sp.rank)
+    pad = bucket + sp_pad  # the row is [real tokens, bucket padding, SP padding]
     bounds = None
-    if input_ids.device.type == "cpu" and device is not None:
+    if host:
         # the boundaries of the whole padded row (what the attention would all-gather and scan on the device)
-        full = torch.cat([pos[0], torch.arange(pad, dtype=pos.dtype)]) if pad else pos[0]
+        full = torch.cat([pos[0], torch.arange(sp_pad, dtype=pos.dtype)]) if sp_pad else pos[0]
         cu_full, max_full = cu_seqlens_from_position_ids(full)
         ids_local, pos_local, labels_local, indices, cu_full = (
             to_device(t, dev) for t in (ids_local, pos_local, labels_local, indices, cu_full))
         bounds = (cu_full, max_full)
-    state = getattr(model, "_ulysses_state", None)
     primed = bounds is not None and state is not None
     # without SP the boundaries also go in as keyword arguments, which torch.compile traces (patches.ulysses)
     kw = state.attention_kwargs(*bounds) if primed and sp.size == 1 else {}
     with sp.activate(), (host_packed_forward() if primed else contextlib.nullcontext()):
         if primed:
             state.prime(pos_local, state.resolve(), *bounds)
+        if state is not None and state.static_token_multiple:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous micro-batch's graph outputs are consumed
         out = model(input_ids=ids_local, position_ids=pos_local, attention_mask=None, use_cache=False, **kw)
     return out, labels_local[0], pad, indices
 

@@ -263,7 +263,9 @@ def validate(cfg: dict) -> None:
     try:
         ds = cfg["deepspeed"]  # the effective stage: a deepspeed.ds_config override wins (workers merge it last)
         stage = ((ds.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", ds["zero_stage"])
-        check_kernel_options(arr["model"], t["device"], int(stage))
+        sp_max = max(int(arr["actor"]["ulysses_sequence_parallel_size"]), int(arr["ref"]["ulysses_sequence_parallel_size"]),
+                     int(cfg["critic"]["ulysses_sequence_parallel_size"]))
+        check_kernel_options(arr["model"], t["device"], int(stage), sp_size=sp_max)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 

@@ -82,7 +82,7 @@ def packed_batch(num_tokens: int, seq_len: int, response_len: int, vocab_size: i
     Returns:
         dict with ``input_ids`` ``(B, seq_len)`` int64, ``attention_mask`` ``(B, seq_len)`` int64 (all 1),
         ``position_ids`` ``(B, seq_len)`` int64 (0..seq_len-1), ``response_mask`` ``(B, R)`` float32,
-        ``response_length`` R, ``seqlens`` (list of B ints) and ``device``. With ``host_inputs`` the three input
+        ``advantages`` ``(B, R)`` float32 unit normal (seed 1) on ``device``, ``response_length`` R, ``seqlens`` (list of B ints) and ``device``. With ``host_inputs`` the three input
         tensors stay on the CPU, as the trainer's micro-batches do (``forward_log_probs(..., device=device)`` then
         packs on the host without host syncs); ``response_mask`` is always on ``device``.
 
@@ -97,10 +97,11 @@ def packed_batch(num_tokens: int, seq_len: int, response_len: int, vocab_size: i
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab_size, (b, seq_len), generator=g)
     where = "cpu" if host_inputs else device
+    adv = torch.randn((b, response_len), generator=torch.Generator().manual_seed(1))
     return dict(input_ids=ids.to(where), attention_mask=torch.ones_like(ids).to(where),
                 position_ids=torch.arange(seq_len).expand(b, -1).contiguous().to(where),
                 response_mask=torch.ones(b, response_len, device=device), response_length=response_len,
-                seqlens=[seq_len] * b, device=torch.device(device))
+                advantages=adv.to(device), seqlens=[seq_len] * b, device=torch.device(device))
 
 
 def actor_micro_step(model, batch: dict, sp=None, backward: bool = True, temperature: float = 1.0,
@@ -120,8 +121,9 @@ def actor_micro_step(model, batch: dict, sp=None, backward: bool = True, tempera
                               batch["response_length"], temperature=temperature, sp=sp,
                               device=batch.get("device"))
     mask = batch["response_mask"]
-    g = torch.Generator().manual_seed(1)
-    adv = torch.randn(mask.shape, generator=g).to(mask.device)
+    adv = batch.get("advantages")
+    if adv is None:  # made on the host: a pageable copy, i.e. a host sync per micro-batch
+        adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)).to(mask.device)
     loss, _ = core_algos.get_policy_loss_fn("vanilla")(lp.detach(), lp, adv, mask, loss_agg_mode="token-mean",
                                                         config={"clip_ratio": 0.2, "clip_ratio_c": 3.0})
     if backward:

@@ -150,6 +150,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--liger", action="store_true", help="actor_rollout_ref.model.use_liger (CUDA, liger-kernel)")
     ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile")
+    ap.add_argument("--compile-mode", default="default", help="actor_rollout_ref.model.torch_compile_mode "
+                    "(default, reduce-overhead = CUDA graphs, max-autotune-no-cudagraphs); implies --compile if not "
+                    "default")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256-token micro-batches")
     ap.add_argument("--out", default="bench_mfu.json")
@@ -163,7 +166,8 @@ def main(argv=None) -> dict:
         rows.append(bench_model(name, device, args.tokens, args.seq_len, args.response_len, args.iters, args.warmup,
                                 args.accum, args.peak_flops, args.deepspeed, args.zero_stage,
                                 args.gradient_checkpointing,
-                                dict(use_liger=args.liger, use_torch_compile=args.compile)))
+                                dict(use_liger=args.liger, use_torch_compile=args.compile or args.compile_mode != "default",
+                                     torch_compile_mode=args.compile_mode)))
         print(rows[-1], flush=True)
     print_table(rows, ["model", "path", "kernels", "dtype", "tokens_per_microbatch", "tokens_per_s", "tflops_per_s",
                        "mfu", "peak_mem_gib"], title=f"actor update MFU (peak {args.peak_flops:.3g} FLOP/s, {device})")

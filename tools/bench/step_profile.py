@@ -208,6 +208,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--trace", help="chrome trace output (json); default next to --out")
     ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile")
+    ap.add_argument("--compile-mode", default="default", help="actor_rollout_ref.model.torch_compile_mode "
+                    "(default, reduce-overhead = CUDA graphs, max-autotune-no-cudagraphs); implies --compile if not "
+                    "default")
     ap.add_argument("--liger", action="store_true", help="actor_rollout_ref.model.use_liger (CUDA)")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256-token micro-batches")
@@ -236,7 +239,8 @@ def main(argv=None) -> dict:
         trace = args.trace or os.path.splitext(os.path.abspath(args.out))[0] + ".trace.json"
         prof = profile_actor_update(args.model, args.tokens, args.seq_len, args.response_len, args.micro_batches,
                                     pick_device(args.device), trace,
-                                    kernels=dict(use_liger=args.liger, use_torch_compile=args.compile))
+                                    kernels=dict(use_liger=args.liger, use_torch_compile=args.compile or args.compile_mode != "default",
+                                     torch_compile_mode=args.compile_mode))
         print(prof["table"])
         print(f"actor update loop ({prof['kernels']}): {prof['seconds']:.3f} s for {prof['tokens']} tokens "
               f"({prof['tokens_per_s']:.1f} tok/s, profiler on); trace: {prof['trace']}")

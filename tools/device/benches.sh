@@ -8,6 +8,9 @@
 #      OUT=/some/dir GPU=0 SET=sync bash tools/device/benches.sh      (#9: MFU + profile + the no-host-sync GPU test)
 #      OUT=/some/dir GPU=1 SET=mfu_base|compile bash tools/device/benches.sh  (#9: MFU without / with whole-layer
 #      torch.compile graphs, the compiled profile and the GPU tests)
+#      OUT=/some/dir SET=graphs bash tools/device/benches.sh   (#9: CUDA graphs, torch_compile_mode=reduce-overhead:
+#      MFU, its GPU tests, MFU without compile on the same machine; PART=profile: the graphed and the
+#      default-compiled MFU and profiles)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -48,6 +51,20 @@ case ${SET:-first} in
     timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_patches_ulysses_gpu.py > "$OUT/gpu_tests.log" 2>&1
     tar czf "$OUT/compile.tgz" -C "$OUT" mfu_compile.json mfu_compile.log prof_compile.json prof_compile.log \
       gpu_tests.log; rm -f "$OUT"/mfu_compile.* "$OUT"/prof_compile.* "$OUT"/gpu_tests.log
+    exit 0 ;;
+  graphs)  # #9: CUDA graphs over the compiled layers (one GPU, nothing else on it)
+    export CUDA_VISIBLE_DEVICES=${GPU:-0}
+    M="python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 16 --warmup 8"
+    P="python3 tools/bench/step_profile.py --profile --model qwen2-1.5b --tokens 4096"
+    if [ "${PART:-mfu}" = mfu ]; then
+      timeout -k 10 220 $M --compile-mode reduce-overhead --out "$OUT/mfu_graphs.json" > "$OUT/mfu_graphs.log" 2>&1
+      timeout -k 10 150 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
+      timeout -k 10 100 $M --out "$OUT/mfu_base.json" > "$OUT/mfu_base.log" 2>&1
+    else
+      timeout -k 10 200 $P --compile-mode reduce-overhead --trace /tmp/p_graphs.json --out "$OUT/prof_graphs.json" \
+        > "$OUT/prof_graphs.log" 2>&1
+      timeout -k 10 180 $M --compile --out "$OUT/mfu_compile.json" > "$OUT/mfu_compile.log" 2>&1
+    fi
     exit 0 ;;
   ulysses)
     timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \

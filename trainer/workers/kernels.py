@@ -12,6 +12,13 @@ Config (``actor_rollout_ref.model``, shared by all roles, as in verl):
   too, one graph per layer; with SP its all-to-alls stay eager, a graph break; see ``patches.ulysses``) and of the
   per-chunk log-prob math
   (:func:`trainer.forward.use_compiled_log_probs`). Not with ZeRO-3, whose parameter hooks run inside the layers.
+* ``torch_compile_mode`` (with ``use_torch_compile``): torch.compile's ``mode``. ``default``; ``reduce-overhead``
+  records each compiled layer's forward and backward as CUDA graphs, so a replay costs one host call instead of one
+  per kernel (the update at 4k-token micro-batches is bound by the host otherwise; docs/benchmarks.md). CUDA graphs
+  need fixed shapes, so packed rows are padded to a bucket (:data:`STATIC_TOKEN_MULTIPLE` tokens, a power-of-two
+  count of sequences; :func:`patches.packing.bucket_padding`) and one graph is recorded per bucket. Needs CUDA and
+  no sequence parallelism (the all-to-alls would sit between graphs; not run). ``max-autotune-no-cudagraphs``:
+  inductor's GEMM autotuning without graphs.
 """
 from __future__ import annotations
 
@@ -24,13 +31,28 @@ logger = logging.getLogger(__name__)
 # log-probs and entropy at a temperature, not a loss
 LIGER_KWARGS = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False)
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+CUDAGRAPH_MODES = ("reduce-overhead",)
+# packed rows of a model compiled with CUDA graphs are padded to a multiple of this many tokens
+STATIC_TOKEN_MULTIPLE = 256
 
-def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str = "actor_rollout_ref.model") -> None:
+
+def compile_mode(model_cfg: dict) -> str:
+    """``torch_compile_mode`` of ``model_cfg`` (default ``"default"``)."""
+    return model_cfg.get("torch_compile_mode") or "default"
+
+
+def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str = "actor_rollout_ref.model",
+                         sp_size: int = 1) -> None:
     """Refuse option combinations that cannot run, before any worker starts.
+
+    Args:
+        sp_size: the largest Ulysses SP size of the roles sharing ``model_cfg``.
 
     Raises:
         ValueError: ``use_liger`` without CUDA or without liger-kernel installed; both options at once;
-            ``use_torch_compile`` with ZeRO stage 3; a non-boolean value.
+            ``use_torch_compile`` with ZeRO stage 3; a non-boolean value; an unknown ``torch_compile_mode``, or a
+            CUDA-graph mode without ``use_torch_compile``, without CUDA or with ``sp_size > 1``.
     """
     for name in ("use_liger", "use_torch_compile"):
         v = model_cfg.get(name, False)
@@ -46,6 +68,18 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
         raise ValueError(f"{key}.use_liger=true and {key}.use_torch_compile=true together fail (torch 2.11 + "
                          "liger-kernel 0.8.5 on an H200: dynamo's AssertionError tracing LigerRMSNormFunction); "
                          "turn one of them off")
+    mode = compile_mode(model_cfg)
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"{key}.torch_compile_mode={mode!r}; expected one of {', '.join(COMPILE_MODES)}")
+    if mode != "default" and not model_cfg.get("use_torch_compile"):
+        raise ValueError(f"{key}.torch_compile_mode={mode} needs {key}.use_torch_compile=true")
+    if mode in CUDAGRAPH_MODES and device != "cuda":
+        raise ValueError(f"{key}.torch_compile_mode={mode} records CUDA graphs and needs trainer.device=cuda, got "
+                         f"{device!r}")
+    if mode in CUDAGRAPH_MODES and int(sp_size) > 1:
+        raise ValueError(f"{key}.torch_compile_mode={mode} with ulysses_sequence_parallel_size={sp_size} is not "
+                         "supported (the all-to-alls would run between CUDA graphs; not run); use mode default or "
+                         "SP size 1")
     if model_cfg.get("use_torch_compile") and int(zero_stage) == 3:
         raise ValueError(f"{key}.use_torch_compile=true does not work with deepspeed.zero_stage=3 (ZeRO-3 gathers "
                          "parameters in hooks inside the compiled layers); use ZeRO stage <= 2 or turn it off")
@@ -86,10 +120,33 @@ def apply_kernel_options(model, model_cfg: dict) -> list[str]:
         layers = decoder_layers(model)
         if not layers:
             raise ValueError(f"use_torch_compile=true: no *DecoderLayer modules in {type(model).__name__}")
+        mode = compile_mode(model_cfg)
+        graphs = mode in CUDAGRAPH_MODES
         for layer in layers:
-            layer.compile(dynamic=True)
+            # CUDA graphs: shapes start static and become dynamic on the first recompile (one graph per bucket)
+            layer.compile(dynamic=None if graphs else True, mode=None if mode == "default" else mode)
+        if graphs:
+            mark_static_shapes(model, STATIC_TOKEN_MULTIPLE)
         use_compiled_log_probs(True)
-        applied.append(f"torch.compile({len(layers)} layers, log-probs, torch {torch.__version__})")
+        applied.append(f"torch.compile({len(layers)} layers, mode {mode}, log-probs, torch {torch.__version__})")
     if applied:
         logger.info("fused kernels: %s", ", ".join(applied))
     return applied
+
+
+def mark_static_shapes(model, token_multiple: int) -> None:
+    """Ask :func:`trainer.forward.forward_log_probs` / ``forward_values`` to pad ``model``'s host-packed rows to a
+    bucket (``token_multiple`` tokens, a power-of-two count of sequences) and to mark a new CUDA-graph step before
+    each forward (``torch.compiler.cudagraph_mark_step_begin``).
+
+    Raises:
+        ValueError: a model not patched by :func:`patches.ulysses.apply_ulysses_patch` (no packed forward), or
+            ``token_multiple < 1``.
+    """
+    state = getattr(model, "_ulysses_state", None)
+    if state is None:
+        raise ValueError("CUDA-graph compile needs the packed forward (use_remove_padding=true, a model patched by "
+                         "patches.ulysses.apply_ulysses_patch)")
+    if int(token_multiple) < 1:
+        raise ValueError(f"token_multiple must be >= 1, got {token_multiple}")
+    state.static_token_multiple = int(token_multiple)

@@ -126,7 +126,8 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
                gradient_checkpointing=gradient_checkpointing, kernels=", ".join(applied) or "none",
                # torch.compile: graphs built and graph breaks (with their reasons) over warm-up and timed loop
                compiled_graphs=counters["stats"]["unique_graphs"], graph_breaks=sum(counters["graph_break"].values()),
-               graph_break_reasons=dict(counters["graph_break"].most_common(5)))
+               graph_break_reasons=dict(counters["graph_break"].most_common(5)),
+               cudagraph_skips=counters["inductor"]["cudagraph_skips"])
     del model, fwd, batches
     if use_deepspeed:
         del engine

@@ -9,7 +9,7 @@ import torch
 
 from patches.ulysses import apply_ulysses_patch
 from trainer.forward import forward_log_probs, use_compiled_log_probs
-from trainer.workers.kernels import apply_kernel_options
+from trainer.workers.kernels import apply_kernel_options, keep_graph_grads
 
 pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -54,6 +54,7 @@ def test_cuda_graph_compile_matches_eager_with_gradient_accumulation(fresh_dynam
     base = _model()
     eager, graphed = copy.deepcopy(base), copy.deepcopy(base)
     assert apply_kernel_options(graphed, GRAPHS)[0].startswith("torch.compile(2 layers, mode reduce-overhead")
+    keep_graph_grads(graphed)  # a plain loop (no DeepSpeed hooks): autograd would adopt the graphs' grad outputs
     for step in range(2):
         for m in (eager, graphed):
             m.zero_grad(set_to_none=True)
@@ -81,7 +82,8 @@ def test_cuda_graph_compile_matches_eager_with_gradient_accumulation(fresh_dynam
 @needs_cuda
 def test_cuda_graph_compile_under_deepspeed_zero2_matches_eager(fresh_dynamo):
     """Two optimizer steps of 2 accumulated micro-batches each, through DeepSpeed ZeRO-2 (fp32, one rank, the
-    trainer's config and optimizer): the weights after them equal eager's."""
+    trainer's config and optimizer; the trainer accumulates: every ``backward`` adds, every ``step`` steps): the
+    weights after them equal eager's. No gradient hooks of ours: DeepSpeed's copy each gradient out."""
     import deepspeed
 
     from trainer.workers.base import DistributedWorker, free_port
@@ -99,16 +101,16 @@ def test_cuda_graph_compile_under_deepspeed_zero2_matches_eager(fresh_dynamo):
         if graphs:
             apply_kernel_options(m, GRAPHS)
         opt, sched = w.build_optimizer(m, {"lr": 1e-3}, total_steps=10)
-        ds = w.ds_config(train=True)
-        ds["gradient_accumulation_steps"] = 2
-        engines.append(deepspeed.initialize(model=m, optimizer=opt, lr_scheduler=sched, config=ds)[0])
-    for ids, mask, pos in _batches():
+        engines.append(deepspeed.initialize(model=m, optimizer=opt, lr_scheduler=sched,
+                                            config=w.ds_config(train=True))[0])
+    for i, (ids, mask, pos) in enumerate(_batches()):
         valid = mask[:, -8:].bool().cuda()
         for e, graphs in zip(engines, (False, True)):
             use_compiled_log_probs(graphs)
             lp, _ = forward_log_probs(e, ids, mask, pos, 8, device="cuda")
-            e.backward(-(lp * valid).sum() / valid.sum())
-            e.step()
+            e.backward(-(lp * valid).sum() / valid.sum() / 2, scale_wrt_gas=False)
+            if i % 2:
+                e.step()
     for (n, p), q in zip(engines[0].module.named_parameters(), engines[1].module.parameters()):
         torch.testing.assert_close(q, p, atol=1e-4, rtol=1e-3, msg=n)
     assert fresh_dynamo["inductor"]["cudagraph_skips"] == 0, dict(fresh_dynamo["inductor"])

@@ -191,6 +191,37 @@ def test_check_kernel_options_compile_mode():
     with pytest.raises(ValueError, match="with ulysses_sequence_parallel_size=2 is not supported"):
         check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cuda", 2,
                              sp_size=2)
+    for stage in (0, 1):
+        with pytest.raises(ValueError, match=f"max-autotune needs deepspeed.zero_stage=2 .*got {stage}"):
+            check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "max-autotune"}, "cuda", stage)
+    with pytest.raises(ValueError, match="enable_gradient_checkpointing=true is not supported"):
+        check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead",
+                              "enable_gradient_checkpointing": True}, "cuda", 2)
+
+
+def test_keep_graph_grads_copies_each_fresh_gradient_once_and_keeps_the_sums():
+    """The hook adopts a copy of a fresh gradient (what a CUDA graph's output would be) and then accumulates into
+    that copy in place; the gradients equal an unhooked model's over micro-batches and after zero_grad."""
+    from trainer.workers.kernels import keep_graph_grads
+
+    plain, hooked = _tiny(), _tiny()
+    assert keep_graph_grads(hooked) == sum(1 for _ in hooked.parameters())
+    w = hooked.model.norm.weight
+    produced = []
+    w.register_hook(lambda g: produced.append(g))  # the gradient autograd hands to AccumulateGrad
+    ids = torch.randint(1, 96, (2, 7), generator=torch.Generator().manual_seed(0))
+    for rounds in range(2):
+        for m in (plain, hooked):
+            m.zero_grad(set_to_none=True)
+        first = None
+        for k in range(3):
+            for m in (plain, hooked):
+                m(input_ids=ids + k).logits.float().pow(2).mean().backward()
+            first = w.grad if first is None else first
+            assert w.grad.data_ptr() != produced[-1].data_ptr()  # never the produced (graph-owned) tensor
+            assert w.grad is first  # one copy per fresh gradient, then in-place accumulation
+        for (n, a), b in zip(plain.named_parameters(), hooked.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, msg=n)
 
 
 def test_launch_validate_passes_the_largest_sp_size_to_the_compile_mode_check():

@@ -22,7 +22,8 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 __all__ = ["MODEL_CONFIGS", "hf_config", "build_model", "packed_batch", "sync", "Timer", "peak_memory_gib",
-           "reset_peak_memory", "run_meta", "actor_micro_step", "apply_tiny", "write_json", "print_table",
+           "reset_peak_memory", "run_meta", "actor_micro_step", "deepspeed_engine", "apply_tiny", "write_json",
+           "print_table",
            "pick_device", "ROOT"]
 
 # Architectures of the real models, random weights (hidden, layers, heads, kv heads, intermediate, vocab).
@@ -102,6 +103,25 @@ def packed_batch(num_tokens: int, seq_len: int, response_len: int, vocab_size: i
                 position_ids=torch.arange(seq_len).expand(b, -1).contiguous().to(where),
                 response_mask=torch.ones(b, response_len, device=device), response_length=response_len,
                 advantages=adv.to(device), seqlens=[seq_len] * b, device=torch.device(device))
+
+
+def deepspeed_engine(model, device: torch.device, zero_stage: int, lr: float):
+    """Wrap ``model`` as the trainer's actor does (one rank, the trainer's DeepSpeed config and optimizer, bf16 with
+    fp32 master weights on CUDA): returns the DeepSpeed engine. Sets MASTER_ADDR/PORT if unset."""
+    import deepspeed
+
+    from trainer.workers.base import DistributedWorker, free_port
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    cfg = {"deepspeed": {"zero_stage": zero_stage, "bf16": "auto", "optimizer": "torch_adamw"},
+           "trainer": {"cpus_per_worker": max(1, torch.get_num_threads())}}
+    w = DistributedWorker(cfg, rank=0, world_size=1, master_addr=os.environ["MASTER_ADDR"],
+                          master_port=int(os.environ["MASTER_PORT"]), device=device.type)
+    w.init_distributed()
+    opt, sched = w.build_optimizer(model, {"lr": lr}, total_steps=10 ** 6)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=w.ds_config(train=True))
+    return engine
 
 
 def actor_micro_step(model, batch: dict, sp=None, backward: bool = True, temperature: float = 1.0,

@@ -38,28 +38,10 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import torch  # noqa: E402
 
-from tools.bench.common import (Timer, actor_micro_step, apply_tiny, build_model, packed_batch,  # noqa: E402
-                                peak_memory_gib, pick_device, print_table, reset_peak_memory, run_meta, write_json)
+from tools.bench.common import (Timer, actor_micro_step, apply_tiny, build_model, deepspeed_engine,  # noqa: E402
+                                packed_batch, peak_memory_gib, pick_device, print_table, reset_peak_memory, run_meta, write_json)
 
 H200_BF16_DENSE = 989e12
-
-
-def _deepspeed_engine(model, device: torch.device, zero_stage: int, lr: float):
-    """Wrap ``model`` as the trainer's actor does (one rank): returns the DeepSpeed engine."""
-    import deepspeed
-
-    from trainer.workers.base import DistributedWorker, free_port
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    cfg = {"deepspeed": {"zero_stage": zero_stage, "bf16": "auto", "optimizer": "torch_adamw"},
-           "trainer": {"cpus_per_worker": max(1, torch.get_num_threads())}}
-    w = DistributedWorker(cfg, rank=0, world_size=1, master_addr=os.environ["MASTER_ADDR"],
-                          master_port=int(os.environ["MASTER_PORT"]), device=device.type)
-    w.init_distributed()
-    opt, sched = w.build_optimizer(model, {"lr": lr}, total_steps=10 ** 6)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=w.ds_config(train=True))
-    return engine
 
 
 def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, response_len: int, iters: int,
@@ -88,7 +70,7 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
     applied = apply_kernel_options(model, kernels or {})  # as trainer.workers.model_utils.ModelRole.build does
     cfg = model.config
     if use_deepspeed:
-        engine = _deepspeed_engine(model, device, zero_stage, lr=1e-6)
+        engine = deepspeed_engine(model, device, zero_stage, lr=1e-6)
         fwd, backward_fn = engine, (lambda loss: engine.backward(loss, scale_wrt_gas=False))
         step = engine.step
     else:

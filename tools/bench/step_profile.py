@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import torch  # noqa: E402
 
-from tools.bench.common import (actor_micro_step, apply_tiny, build_model, packed_batch, pick_device,  # noqa: E402
-                                print_table, run_meta, write_json)
+from tools.bench.common import (actor_micro_step, apply_tiny, build_model, deepspeed_engine,  # noqa: E402
+                                packed_batch, pick_device, print_table, run_meta, write_json)
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 
@@ -127,34 +127,49 @@ def kernel_summary(events, wall_s: float) -> dict:
 
 def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_len: int, micro_batches: int,
                          device: torch.device, trace: str | None, row_limit: int = 15,
-                         kernels: dict | None = None) -> dict:
+                         kernels: dict | None = None, use_deepspeed: bool = False) -> dict:
     """Profile one actor-update loop (``micro_batches`` x forward+backward, then one AdamW step).
 
     Args:
-        kernels: the trainer's fused-kernel options (``use_liger``, ``use_torch_compile``; see
-            ``trainer.workers.kernels``), applied to the model before the loop.
+        kernels: the trainer's fused-kernel options (``use_liger``, ``use_torch_compile``, ``torch_compile_mode``;
+            see ``trainer.workers.kernels``), applied to the model before the loop.
+        use_deepspeed: the trainer's DeepSpeed ZeRO-2 engine (fp32 master weights, bf16 on CUDA) instead of a bf16
+            model with ``torch.optim.AdamW``.
 
     Returns:
         ``{"seconds", "tokens", "top_ops": [{"name", "self_time_ms", "total_time_ms", "calls"}...],
         "kernel_summary": {...} (CUDA only, see :func:`kernel_summary`), "table": str, "trace": path|None}``;
         times are the profiler's (device time on CUDA, CPU time on CPU).
     """
-    from trainer.workers.kernels import apply_kernel_options
+    from trainer.workers.kernels import CUDAGRAPH_MODES, apply_kernel_options, compile_mode, keep_graph_grads
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.type == "cuda" and not use_deepspeed else torch.float32
     model = build_model(model_name, device, dtype, sp_group=1)  # no SP, fixed at patch time (as the workers)
     model.train()
     applied = apply_kernel_options(model, kernels or {})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    batches = [packed_batch(tokens, seq_len, response_len, model.config.vocab_size, device, seed=i,
-                            host_inputs=True)
+    vocab = model.config.vocab_size
+    if use_deepspeed:
+        engine = deepspeed_engine(model, device, 2, lr=1e-6)
+        fwd, backward_fn = engine, (lambda loss: engine.backward(loss, scale_wrt_gas=False))
+
+        def step():
+            engine.step()
+    else:
+        if compile_mode(kernels or {}) in CUDAGRAPH_MODES:
+            keep_graph_grads(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        fwd, backward_fn = model, None
+
+        def step():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    batches = [packed_batch(tokens, seq_len, response_len, vocab, device, seed=i, host_inputs=True)
                for i in range(micro_batches)]
 
     def loop():
         for b in batches:
-            actor_micro_step(model, b)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+            actor_micro_step(fwd, b, backward_fn=backward_fn)
+        step()
 
     loop()  # warm-up: allocator, kernels, lazy optimizer state
     from torch.profiler import ProfilerActivity, profile
@@ -177,7 +192,8 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
                 total_time_ms=getattr(e, tot_attr, 0.0) / 1e3,
                 calls=e.count) for e in ev[:row_limit]]
     ksum = kernel_summary(prof.events(), t.s) if device.type == "cuda" else None
-    return dict(model=model_name, device=str(device), dtype=str(dtype), seconds=t.s, tokens=tokens * micro_batches,
+    return dict(model=model_name, device=str(device), dtype=str(dtype), path="deepspeed-zero2" if use_deepspeed else
+                "torch", seconds=t.s, tokens=tokens * micro_batches,
                 tokens_per_s=tokens * micro_batches / t.s, micro_batches=micro_batches, top_ops=top, table=table,
                 kernels=", ".join(applied) or "none", kernel_summary=ksum,
                 trace=os.path.abspath(trace) if trace else None)
@@ -207,6 +223,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--response-len", type=int, default=768)
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--trace", help="chrome trace output (json); default next to --out")
+    ap.add_argument("--deepspeed", action="store_true", help="the trainer's DeepSpeed ZeRO-2 engine (fp32 master)")
     ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile")
     ap.add_argument("--compile-mode", default="default", help="actor_rollout_ref.model.torch_compile_mode "
                     "(default, reduce-overhead = CUDA graphs, max-autotune-no-cudagraphs); implies --compile if not "
@@ -240,7 +257,7 @@ def main(argv=None) -> dict:
         prof = profile_actor_update(args.model, args.tokens, args.seq_len, args.response_len, args.micro_batches,
                                     pick_device(args.device), trace,
                                     kernels=dict(use_liger=args.liger, use_torch_compile=args.compile or args.compile_mode != "default",
-                                     torch_compile_mode=args.compile_mode))
+                                     torch_compile_mode=args.compile_mode), use_deepspeed=args.deepspeed)
         print(prof["table"])
         print(f"actor update loop ({prof['kernels']}): {prof['seconds']:.3f} s for {prof['tokens']} tokens "
               f"({prof['tokens_per_s']:.1f} tok/s, profiler on); trace: {prof['trace']}")

@@ -17,8 +17,11 @@ Config (``actor_rollout_ref.model``, shared by all roles, as in verl):
   per kernel (the update at 4k-token micro-batches is bound by the host otherwise; docs/benchmarks.md). CUDA graphs
   need fixed shapes, so packed rows are padded to a bucket (:data:`STATIC_TOKEN_MULTIPLE` tokens, a power-of-two
   count of sequences; :func:`patches.packing.bucket_padding`) and one graph is recorded per bucket. Needs CUDA and
-  no sequence parallelism (the all-to-alls would sit between graphs; not run). ``max-autotune-no-cudagraphs``:
-  inductor's GEMM autotuning without graphs.
+  no sequence parallelism (the all-to-alls would sit between graphs; not run), DeepSpeed ZeRO stage 2 for training
+  (its gradient hooks copy each gradient out of the graphs' memory as it is produced; other stages would
+  accumulate into gradients that the next replay overwrites; for a plain training loop see
+  :func:`keep_graph_grads`) and no gradient checkpointing. ``max-autotune``: the same with inductor's GEMM
+  autotuning (longer compile); ``max-autotune-no-cudagraphs``: autotuning without graphs.
 """
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ logger = logging.getLogger(__name__)
 # log-probs and entropy at a temperature, not a loss
 LIGER_KWARGS = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False)
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
-CUDAGRAPH_MODES = ("reduce-overhead",)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 # packed rows of a model compiled with CUDA graphs are padded to a multiple of this many tokens
 STATIC_TOKEN_MULTIPLE = 256
 
@@ -52,7 +55,8 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
     Raises:
         ValueError: ``use_liger`` without CUDA or without liger-kernel installed; both options at once;
             ``use_torch_compile`` with ZeRO stage 3; a non-boolean value; an unknown ``torch_compile_mode``, or a
-            CUDA-graph mode without ``use_torch_compile``, without CUDA or with ``sp_size > 1``.
+            CUDA-graph mode without ``use_torch_compile``, without CUDA, with ``sp_size > 1``, a ZeRO stage other
+            than 2 or gradient checkpointing.
     """
     for name in ("use_liger", "use_torch_compile"):
         v = model_cfg.get(name, False)
@@ -80,6 +84,12 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
         raise ValueError(f"{key}.torch_compile_mode={mode} with ulysses_sequence_parallel_size={sp_size} is not "
                          "supported (the all-to-alls would run between CUDA graphs; not run); use mode default or "
                          "SP size 1")
+    if mode in CUDAGRAPH_MODES and int(zero_stage) != 2:
+        raise ValueError(f"{key}.torch_compile_mode={mode} needs deepspeed.zero_stage=2 (its gradient hooks copy "
+                         f"each gradient out of the CUDA graphs' memory; verified on a GPU), got {zero_stage}")
+    if mode in CUDAGRAPH_MODES and model_cfg.get("enable_gradient_checkpointing"):
+        raise ValueError(f"{key}.torch_compile_mode={mode} with {key}.enable_gradient_checkpointing=true is not "
+                         "supported (the recompute would replay graphs inside the backward; not run)")
     if model_cfg.get("use_torch_compile") and int(zero_stage) == 3:
         raise ValueError(f"{key}.use_torch_compile=true does not work with deepspeed.zero_stage=3 (ZeRO-3 gathers "
                          "parameters in hooks inside the compiled layers); use ZeRO stage <= 2 or turn it off")
@@ -150,3 +160,29 @@ def mark_static_shapes(model, token_multiple: int) -> None:
     if int(token_multiple) < 1:
         raise ValueError(f"token_multiple must be >= 1, got {token_multiple}")
     state.static_token_multiple = int(token_multiple)
+
+
+def keep_graph_grads(model) -> int:
+    """Make gradient accumulation safe for a model compiled with CUDA graphs in a training loop without DeepSpeed
+    (``torch.optim`` + ``loss.backward()`` over several micro-batches).
+
+    When a parameter has no gradient yet, autograd adopts the backward graph's output tensor as ``param.grad``; that
+    memory belongs to the CUDA graph and is overwritten by its next replay (torch raises "accessing tensor output of
+    CUDAGraphs that has been overwritten"). A post-accumulate-grad hook on every trainable parameter replaces such
+    an adopted gradient with a copy, once per fresh gradient (after ``zero_grad``), not per micro-batch.
+
+    Returns:
+        the number of parameters hooked.
+    """
+    import weakref
+
+    def own(p):
+        owned = getattr(p, "_owned_grad", None)
+        if p.grad is not None and (owned is None or owned() is not p.grad):
+            p.grad = p.grad.clone()
+            p._owned_grad = weakref.ref(p.grad)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.register_post_accumulate_grad_hook(own)
+    return len(params)

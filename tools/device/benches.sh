@@ -60,10 +60,13 @@ case ${SET:-first} in
       timeout -k 10 220 $M --compile-mode reduce-overhead --out "$OUT/mfu_graphs.json" > "$OUT/mfu_graphs.log" 2>&1
       timeout -k 10 150 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
       timeout -k 10 100 $M --out "$OUT/mfu_base.json" > "$OUT/mfu_base.log" 2>&1
-    else
-      timeout -k 10 200 $P --compile-mode reduce-overhead --trace /tmp/p_graphs.json --out "$OUT/prof_graphs.json" \
-        > "$OUT/prof_graphs.log" 2>&1
-      timeout -k 10 180 $M --compile --out "$OUT/mfu_compile.json" > "$OUT/mfu_compile.log" 2>&1
+    else  # PART=profile
+      timeout -k 10 100 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
+      timeout -k 10 150 $P --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json \
+        --out "$OUT/prof_graphs.json" > "$OUT/prof_graphs.log" 2>&1
+      timeout -k 10 230 $M --compile-mode max-autotune --out "$OUT/mfu_autotune.json" > "$OUT/mfu_autotune.log" 2>&1
+      timeout -k 10 80 python3 tools/bench/mfu.py --deepspeed --models smollm2-135m --iters 16 --warmup 8 \
+        --compile-mode reduce-overhead --out "$OUT/mfu_smol_graphs.json" > "$OUT/mfu_smol_graphs.log" 2>&1
     fi
     exit 0 ;;
   ulysses)

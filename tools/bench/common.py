@@ -105,16 +105,18 @@ def packed_batch(num_tokens: int, seq_len: int, response_len: int, vocab_size: i
                 advantages=adv.to(device), seqlens=[seq_len] * b, device=torch.device(device))
 
 
-def deepspeed_engine(model, device: torch.device, zero_stage: int, lr: float):
+def deepspeed_engine(model, device: torch.device, zero_stage: int, lr: float, ds_config: dict | None = None):
     """Wrap ``model`` as the trainer's actor does (one rank, the trainer's DeepSpeed config and optimizer, bf16 with
-    fp32 master weights on CUDA): returns the DeepSpeed engine. Sets MASTER_ADDR/PORT if unset."""
+    fp32 master weights on CUDA): returns the DeepSpeed engine. ``ds_config``: merged into DeepSpeed's config last,
+    as the trainer's ``deepspeed.ds_config``. Sets MASTER_ADDR/PORT if unset."""
     import deepspeed
 
     from trainer.workers.base import DistributedWorker, free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    cfg = {"deepspeed": {"zero_stage": zero_stage, "bf16": "auto", "optimizer": "torch_adamw"},
+    cfg = {"deepspeed": {"zero_stage": zero_stage, "bf16": "auto", "optimizer": "torch_adamw",
+                         "ds_config": ds_config or {}},
            "trainer": {"cpus_per_worker": max(1, torch.get_num_threads())}}
     w = DistributedWorker(cfg, rank=0, world_size=1, master_addr=os.environ["MASTER_ADDR"],
                           master_port=int(os.environ["MASTER_PORT"]), device=device.type)

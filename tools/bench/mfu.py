@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 
@@ -46,7 +47,7 @@ H200_BF16_DENSE = 989e12
 
 def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, response_len: int, iters: int,
                 warmup: int, accum: int, peak_flops: float, use_deepspeed: bool = False, zero_stage: int = 2,
-                gradient_checkpointing: bool = False, kernels: dict | None = None) -> dict:
+                gradient_checkpointing: bool = False, kernels: dict | None = None, ds_config: dict | None = None) -> dict:
     """Time the actor update on one model config and compute its MFU.
 
     Returns:
@@ -70,7 +71,7 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
     applied = apply_kernel_options(model, kernels or {})  # as trainer.workers.model_utils.ModelRole.build does
     cfg = model.config
     if use_deepspeed:
-        engine = deepspeed_engine(model, device, zero_stage, lr=1e-6)
+        engine = deepspeed_engine(model, device, zero_stage, lr=1e-6, ds_config=ds_config)
         fwd, backward_fn = engine, (lambda loss: engine.backward(loss, scale_wrt_gas=False))
         step = engine.step
     else:
@@ -99,6 +100,8 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
     n_tok = tokens * iters
     seqlens = batches[0]["seqlens"] * iters
     mfu = compute_mfu(cfg, n_tok, seqlens, t.s, 1, peak_flops)
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer) if use_deepspeed else opt
+    opt_name = type(inner).__name__ + (" fused" if inner.defaults.get("fused") else "")
     row = dict(model=name, path="deepspeed-zero%d" % zero_stage if use_deepspeed else "torch", dtype=str(dtype)
                if not use_deepspeed else ("bf16 (fp32 master)" if half else "fp32"), device=str(device),
                tokens_per_microbatch=tokens, seq_len=seq_len, iters=iters, accum=accum, seconds=t.s,
@@ -109,7 +112,8 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
                # torch.compile: graphs built and graph breaks (with their reasons) over warm-up and timed loop
                compiled_graphs=counters["stats"]["unique_graphs"], graph_breaks=sum(counters["graph_break"].values()),
                graph_break_reasons=dict(counters["graph_break"].most_common(5)),
-               cudagraph_skips=counters["inductor"]["cudagraph_skips"])
+               cudagraph_skips=counters["inductor"]["cudagraph_skips"], ds_config=ds_config or {},
+               optimizer=opt_name)
     del model, fwd, batches
     if use_deepspeed:
         del engine
@@ -130,6 +134,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--peak-flops", type=float, default=H200_BF16_DENSE, help="peak FLOP/s of one GPU")
     ap.add_argument("--deepspeed", action="store_true", help="wrap with DeepSpeed (trainer's config) instead")
     ap.add_argument("--zero-stage", type=int, default=2, choices=[0, 1, 2, 3])
+    ap.add_argument("--ds-config", type=json.loads, default=None, help="JSON merged into DeepSpeed's config last "
+                    "(as deepspeed.ds_config), e.g. '{\"zero_optimization\": {\"contiguous_gradients\": false}}'")
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--liger", action="store_true", help="actor_rollout_ref.model.use_liger (CUDA, liger-kernel)")
     ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile")
@@ -150,7 +156,7 @@ def main(argv=None) -> dict:
                                 args.accum, args.peak_flops, args.deepspeed, args.zero_stage,
                                 args.gradient_checkpointing,
                                 dict(use_liger=args.liger, use_torch_compile=args.compile or args.compile_mode != "default",
-                                     torch_compile_mode=args.compile_mode)))
+                                     torch_compile_mode=args.compile_mode), args.ds_config))
         print(rows[-1], flush=True)
     print_table(rows, ["model", "path", "kernels", "dtype", "tokens_per_microbatch", "tokens_per_s", "tflops_per_s",
                        "mfu", "peak_mem_gib"], title=f"actor update MFU (peak {args.peak_flops:.3g} FLOP/s, {device})")

@@ -60,6 +60,13 @@ case ${SET:-first} in
       timeout -k 10 220 $M --compile-mode reduce-overhead --out "$OUT/mfu_graphs.json" > "$OUT/mfu_graphs.log" 2>&1
       timeout -k 10 150 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
       timeout -k 10 100 $M --out "$OUT/mfu_base.json" > "$OUT/mfu_base.log" 2>&1
+    elif [ "${PART}" = ds ]; then  # fused AdamW (the new default) and DeepSpeed gradient-buffer settings
+      timeout -k 10 100 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
+      timeout -k 10 120 $M --compile-mode reduce-overhead --out "$OUT/mfu_graphs_fused.json" > "$OUT/mfu_graphs_fused.log" 2>&1
+      timeout -k 10 120 $M --compile-mode reduce-overhead --ds-config '{"zero_optimization": {"contiguous_gradients": false}}' \
+        --out "$OUT/mfu_graphs_nocontig.json" > "$OUT/mfu_graphs_nocontig.log" 2>&1
+      timeout -k 10 120 $M --compile-mode reduce-overhead --ds-config '{"zero_optimization": {"reduce_bucket_size": 2000000000}}' \
+        --out "$OUT/mfu_graphs_bucket.json" > "$OUT/mfu_graphs_bucket.log" 2>&1
     else  # PART=profile
       timeout -k 10 100 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
       timeout -k 10 150 $P --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json \

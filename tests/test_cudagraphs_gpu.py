@@ -80,7 +80,8 @@ def test_cuda_graph_compile_matches_eager_with_gradient_accumulation(fresh_dynam
 
 
 @needs_cuda
-def test_cuda_graph_compile_under_deepspeed_zero2_matches_eager(fresh_dynamo):
+@pytest.mark.parametrize("zero", [{}, {"overlap_comm": True}], ids=["default", "overlap_comm"])
+def test_cuda_graph_compile_under_deepspeed_zero2_matches_eager(fresh_dynamo, zero):
     """Two optimizer steps of 2 accumulated micro-batches each through DeepSpeed ZeRO-2 (fp32, one rank, the
     trainer's DeepSpeed config; the trainer accumulates: every ``backward`` adds, every ``step`` steps), no gradient
     hooks of ours (DeepSpeed's copy each gradient out of the graphs' memory). SGD, so that the weights after the
@@ -92,7 +93,8 @@ def test_cuda_graph_compile_under_deepspeed_zero2_matches_eager(fresh_dynamo):
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    cfg = {"deepspeed": {"zero_stage": 2, "bf16": False}, "trainer": {"cpus_per_worker": 1}}
+    cfg = {"deepspeed": {"zero_stage": 2, "bf16": False, "ds_config": {"zero_optimization": zero}},
+           "trainer": {"cpus_per_worker": 1}}
     w = DistributedWorker(cfg, rank=0, world_size=1, master_addr=os.environ["MASTER_ADDR"],
                           master_port=int(os.environ["MASTER_PORT"]), device="cuda")
     w.init_distributed()

@@ -194,6 +194,11 @@ def test_check_kernel_options_compile_mode():
     for stage in (0, 1):
         with pytest.raises(ValueError, match=f"max-autotune needs deepspeed.zero_stage=2 .*got {stage}"):
             check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "max-autotune"}, "cuda", stage)
+    with pytest.raises(ValueError, match="contiguous_gradients=false fails"):
+        check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cuda", 2,
+                             ds_config={"zero_optimization": {"contiguous_gradients": False}})
+    check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cuda", 2,
+                         ds_config={"zero_optimization": {"overlap_comm": True}})
     with pytest.raises(ValueError, match="enable_gradient_checkpointing=true is not supported"):
         check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead",
                               "enable_gradient_checkpointing": True}, "cuda", 2)

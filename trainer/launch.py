@@ -265,7 +265,7 @@ def validate(cfg: dict) -> None:
         stage = ((ds.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", ds["zero_stage"])
         sp_max = max(int(arr["actor"]["ulysses_sequence_parallel_size"]), int(arr["ref"]["ulysses_sequence_parallel_size"]),
                      int(cfg["critic"]["ulysses_sequence_parallel_size"]))
-        check_kernel_options(arr["model"], t["device"], int(stage), sp_size=sp_max)
+        check_kernel_options(arr["model"], t["device"], int(stage), sp_size=sp_max, ds_config=ds.get("ds_config"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 

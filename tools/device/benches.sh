@@ -67,6 +67,13 @@ case ${SET:-first} in
         --out "$OUT/mfu_graphs_nocontig.json" > "$OUT/mfu_graphs_nocontig.log" 2>&1
       timeout -k 10 120 $M --compile-mode reduce-overhead --ds-config '{"zero_optimization": {"reduce_bucket_size": 2000000000}}' \
         --out "$OUT/mfu_graphs_bucket.json" > "$OUT/mfu_graphs_bucket.log" 2>&1
+    elif [ "${PART}" = overlap ]; then
+      timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
+      timeout -k 10 120 $M --compile-mode reduce-overhead --ds-config '{"zero_optimization": {"overlap_comm": true}}' \
+        --out "$OUT/mfu_graphs_overlap.json" > "$OUT/mfu_graphs_overlap.log" 2>&1
+      timeout -k 10 120 $M --compile-mode reduce-overhead --out "$OUT/mfu_graphs_fused2.json" > "$OUT/mfu_graphs_fused2.log" 2>&1
+      timeout -k 10 120 $M --compile-mode reduce-overhead --ds-config '{"zero_optimization": {"reduce_bucket_size": 200000000}}' \
+        --out "$OUT/mfu_graphs_bucket2e8.json" > "$OUT/mfu_graphs_bucket2e8.log" 2>&1
     else  # PART=profile
       timeout -k 10 100 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
       timeout -k 10 150 $P --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json \

@@ -46,17 +46,19 @@ def compile_mode(model_cfg: dict) -> str:
 
 
 def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str = "actor_rollout_ref.model",
-                         sp_size: int = 1) -> None:
+                         sp_size: int = 1, ds_config: dict | None = None) -> None:
     """Refuse option combinations that cannot run, before any worker starts.
 
     Args:
         sp_size: the largest Ulysses SP size of the roles sharing ``model_cfg``.
+        ds_config: ``deepspeed.ds_config`` (the user's DeepSpeed overrides).
 
     Raises:
         ValueError: ``use_liger`` without CUDA or without liger-kernel installed; both options at once;
             ``use_torch_compile`` with ZeRO stage 3; a non-boolean value; an unknown ``torch_compile_mode``, or a
             CUDA-graph mode without ``use_torch_compile``, without CUDA, with ``sp_size > 1``, a ZeRO stage other
-            than 2 or gradient checkpointing.
+            than 2, gradient checkpointing, or ``contiguous_gradients: false`` in ``ds_config`` (DeepSpeed then
+            keeps the graphs' gradient tensors; the next replay overwrites them: seen on an H200).
     """
     for name in ("use_liger", "use_torch_compile"):
         v = model_cfg.get(name, False)
@@ -87,6 +89,11 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
     if mode in CUDAGRAPH_MODES and int(zero_stage) != 2:
         raise ValueError(f"{key}.torch_compile_mode={mode} needs deepspeed.zero_stage=2 (its gradient hooks copy "
                          f"each gradient out of the CUDA graphs' memory; verified on a GPU), got {zero_stage}")
+    contiguous = ((ds_config or {}).get("zero_optimization") or {}).get("contiguous_gradients", True)
+    if mode in CUDAGRAPH_MODES and not contiguous:
+        raise ValueError(f"{key}.torch_compile_mode={mode} with deepspeed.ds_config zero_optimization."
+                         "contiguous_gradients=false fails (DeepSpeed keeps the gradients that the CUDA graphs' next "
+                         "replay overwrites); leave contiguous_gradients on")
     if mode in CUDAGRAPH_MODES and model_cfg.get("enable_gradient_checkpointing"):
         raise ValueError(f"{key}.torch_compile_mode={mode} with {key}.enable_gradient_checkpointing=true is not "
                          "supported (the recompute would replay graphs inside the backward; not run)")

@@ -1,0 +1,47 @@
+"""The DeepSpeed path's speed defaults on CUDA (trainer/workers/base.py): fused AdamW with ZeRO <= 2 and no
+offload, and ``overlap_comm`` for ZeRO-2 training; neither on the CPU, with ZeRO-3 or when offloading. Checked on
+the config and constructor arguments (the kernels themselves need CUDA; measured in docs/benchmarks.md)."""
+import os
+
+import pytest
+import torch
+
+from trainer.workers.base import DistributedWorker
+
+
+def _worker(device, stage=2, **ds):
+    env = dict(os.environ)
+    cfg = {"deepspeed": {"zero_stage": stage, "optimizer": "torch_adamw", **ds}, "trainer": {"cpus_per_worker": 1}}
+    try:
+        return DistributedWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29999, device=device)
+    finally:  # the constructor exports MASTER_ADDR, RANK, DS_ACCELERATOR...; keep this process's environment
+        os.environ.clear()
+        os.environ.update(env)
+
+
+@pytest.mark.parametrize("device,stage,ds,overlap", [
+    ("cuda", 2, {}, True), ("cuda", 1, {}, None), ("cuda", 3, {}, None), ("cpu", 2, {}, None),
+    ("cuda", 2, {"ds_config": {"zero_optimization": {"overlap_comm": False}}}, False)])
+def test_overlap_comm_only_for_zero2_training_on_cuda(device, stage, ds, overlap):
+    w = _worker(device, stage, **ds)
+    assert w.ds_config(train=True)["zero_optimization"].get("overlap_comm") is overlap
+    assert w.ds_config(train=False)["zero_optimization"].get("overlap_comm") is not True  # inference engines
+
+
+@pytest.mark.parametrize("device,stage,ds,fused", [
+    ("cuda", 2, {}, True), ("cuda", 1, {}, True), ("cuda", 0, {}, True), ("cuda", 3, {}, False),
+    ("cpu", 2, {}, False), ("cuda", 2, {"offload_optimizer": True}, False),
+    ("cuda", 2, {"ds_config": {"zero_optimization": {"stage": 3}}}, False)])
+def test_torch_adamw_is_fused_on_cuda_with_zero_up_to_2(monkeypatch, device, stage, ds, fused):
+    seen = {}
+
+    class Recorder(torch.optim.AdamW):
+        def __init__(self, params, **kw):
+            seen.update(kw)
+            kw.pop("fused", None)  # the fused kernel itself needs CUDA tensors
+            super().__init__(params, **kw)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recorder)
+    opt, _ = _worker(device, stage, **ds).build_optimizer(torch.nn.Linear(4, 4), {"lr": 1e-3}, total_steps=5)
+    assert isinstance(opt, Recorder) and bool(seen.get("fused")) is fused
+    assert seen["lr"] == 1e-3

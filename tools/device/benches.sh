@@ -74,6 +74,17 @@ case ${SET:-first} in
       timeout -k 10 120 $M --compile-mode reduce-overhead --out "$OUT/mfu_graphs_fused2.json" > "$OUT/mfu_graphs_fused2.log" 2>&1
       timeout -k 10 120 $M --compile-mode reduce-overhead --ds-config '{"zero_optimization": {"reduce_bucket_size": 200000000}}' \
         --out "$OUT/mfu_graphs_bucket2e8.json" > "$OUT/mfu_graphs_bucket2e8.log" 2>&1
+    elif [ "${PART}" = final ]; then  # the defaults (fused AdamW, overlap_comm) + graphs, longer timed loops; and
+      # the trainer's embedded default (tiny random model, varying packed shapes) on CUDA with and without graphs
+      timeout -k 10 120 $M --iters 48 --compile-mode reduce-overhead --out "$OUT/mfu_graphs_final.json" \
+        > "$OUT/mfu_graphs_final.log" 2>&1
+      timeout -k 10 100 $M --iters 48 --out "$OUT/mfu_base_final.json" > "$OUT/mfu_base_final.log" 2>&1
+      for v in "graphs:actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead" \
+               "eager:"; do
+        timeout -k 20 170 python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=1 \
+          trainer.total_training_steps=30 trainer.output_dir=/tmp/e2e_${v%%:*} ${v#*:} > "$OUT/e2e_${v%%:*}.log" 2>&1
+        cp /tmp/e2e_${v%%:*}/metrics.jsonl "$OUT/e2e_${v%%:*}.jsonl" 2>/dev/null
+      done
     else  # PART=profile
       timeout -k 10 100 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
       timeout -k 10 150 $P --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json \

@@ -81,7 +81,7 @@ case ${SET:-first} in
       timeout -k 10 100 $M --iters 48 --out "$OUT/mfu_base_final.json" > "$OUT/mfu_base_final.log" 2>&1
       for v in "graphs:actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead" \
                "eager:"; do
-        timeout -k 20 170 python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=1 \
+        timeout -k 15 140 python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=1 \
           trainer.total_training_steps=30 trainer.output_dir=/tmp/e2e_${v%%:*} ${v#*:} > "$OUT/e2e_${v%%:*}.log" 2>&1
         cp /tmp/e2e_${v%%:*}/metrics.jsonl "$OUT/e2e_${v%%:*}.jsonl" 2>/dev/null
       done

@@ -51,12 +51,16 @@ from tools.bench.common import (actor_micro_step, apply_tiny, build_model, hf_co
 def _train_trial(task: dict, group, device, cache: dict) -> dict:
     import torch.distributed as dist
 
-    key = (task["model"], task["gradient_checkpointing"])
+    key = (task["model"], task["gradient_checkpointing"], task.get("compile", False))
     if key not in cache:
         cache.clear()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = build_model(task["model"], device, dtype, gradient_checkpointing=task["gradient_checkpointing"])
         model.train()
+        if task.get("compile"):  # the trainer's use_torch_compile (the SP all-to-alls stay eager: a graph break)
+            from trainer.workers.kernels import apply_kernel_options
+
+            apply_kernel_options(model, {"use_torch_compile": True})
         cache[key] = (model, torch.optim.AdamW(model.parameters(), lr=1e-6))
     model, opt = cache[key]
     T = task["tokens"]
@@ -239,8 +243,8 @@ def longest_sequence(fits, start: int, cap: int, refine: int = 0, granule: int =
 
 def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, search, search_start, search_max,
                   equiv_tokens, gradient_checkpointing=False, timeout_s=900.0, search_refine: int = 0,
-                  accum: int = 1) -> dict:
-    """Run the throughput table, the longest-sequence search and the equivalence check.
+                  accum: int = 1, compile: bool = False) -> dict:
+    """Run the throughput table (``compile``: decoder layers and log-prob math under torch.compile), the longest-sequence search and the equivalence check.
 
     Returns:
         ``{"throughput": [rows], "search": [rows], "equivalence": [rows]}``; a row's ``status`` is ``ok``, ``OOM``,
@@ -249,7 +253,8 @@ def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, sea
     if accum < 1 or iters % accum:
         raise ValueError(f"accum must be >= 1 and divide iters (every timed window ends with an optimizer step); "
                          f"got accum={accum}, iters={iters}")
-    base = dict(iters=iters, warmup=warmup, gradient_checkpointing=gradient_checkpointing, accum=accum)
+    base = dict(iters=iters, warmup=warmup, gradient_checkpointing=gradient_checkpointing, accum=accum,
+                compile=compile)
     out: dict = dict(throughput=[], search=[], equivalence=[])
     for sp in sp_sizes:
         pool = None
@@ -314,6 +319,8 @@ def main(argv=None) -> dict:
                     help="bisection steps after doubling (between the last fit and the first OOM), 1,024-token grain")
     ap.add_argument("--equiv-tokens", type=int, default=8192, help="0: skip the SP=2 vs SP=1 log-prob check")
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile in the "
+                    "throughput trials")
     ap.add_argument("--accum", type=int, default=1,
                     help="micro-batches (steps) per optimizer step in the throughput table (search trials use 1)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per trial before the pool is killed")
@@ -329,7 +336,7 @@ def main(argv=None) -> dict:
                         [int(s) for s in args.sp_sizes.split(",")], [int(t) for t in args.tokens.split(",")],
                         args.iters, args.warmup, device_type, not args.no_search, args.search_start,
                         args.search_max, args.equiv_tokens, args.gradient_checkpointing, args.timeout,
-                        args.search_refine, args.accum)
+                        args.search_refine, args.accum, args.compile)
     print_table(res["throughput"], ["model", "sp", "tokens", "accum", "status", "tokens_per_s_per_gpu", "peak_mem_gib"],
                 title=f"Ulysses actor step ({device_type})")
     if res["search"]:

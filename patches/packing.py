@@ -70,8 +70,9 @@ def bucket_padding(nnz: int, num_seqs: int, multiple: int) -> list[int]:
         nnz: real tokens in the row. num_seqs: real sequences in it. multiple: token bucket size.
 
     Returns:
-        ``[]`` when the row already fits a bucket, else the fake sequences' lengths (their sum is the padding,
-        less than ``multiple`` plus one more ``multiple`` when more sequences than spare tokens are needed).
+        ``[]`` when the row already fits a bucket, else the fake sequences' lengths. Their sum, the padding, is at
+        most ``multiple`` when that leaves a token for every fake sequence, else less than their count plus
+        ``multiple``.
 
     Raises:
         ValueError: ``multiple < 1`` or negative counts.

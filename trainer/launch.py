@@ -263,11 +263,29 @@ def validate(cfg: dict) -> None:
     try:
         ds = cfg["deepspeed"]  # the effective stage: a deepspeed.ds_config override wins (workers merge it last)
         stage = ((ds.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", ds["zero_stage"])
-        sp_max = max(int(arr["actor"]["ulysses_sequence_parallel_size"]), int(arr["ref"]["ulysses_sequence_parallel_size"]),
-                     int(cfg["critic"]["ulysses_sequence_parallel_size"]))
-        check_kernel_options(arr["model"], t["device"], int(stage), sp_size=sp_max, ds_config=ds.get("ds_config"))
+        sps = [(f"{k}.ulysses_sequence_parallel_size", int(sec["ulysses_sequence_parallel_size"])) for k, sec in
+               (("actor_rollout_ref.actor", arr["actor"]), ("actor_rollout_ref.ref", arr["ref"]),
+                ("critic", cfg["critic"]))]
+        sp_key, sp_max = max(sps, key=lambda kv: kv[1])  # the first key with the largest size, named in the error
+        check_kernel_options(arr["model"], t["device"], int(stage), sp_size=sp_max, ds_config=ds.get("ds_config"),
+                             sp_key=sp_key)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    from trainer.prime import prime_enabled
+
+    if prime_enabled(cfg):  # the PRM worker builds actor_rollout_ref.model with reward_model.model's overrides
+        from trainer.workers.prm import _MODEL_KEYS
+
+        rm = cfg.get("reward_model") or {}
+        over = {k: v for k, v in (rm.get("model") or {}).items() if k in _MODEL_KEYS and v is not None}
+        rm_sp = int(rm.get("ulysses_sequence_parallel_size", 1))
+        try:
+            check_kernel_options({**arr["model"], **over}, t["device"], int(stage), sp_size=rm_sp,
+                                 ds_config=ds.get("ds_config"), sp_key="reward_model.ulysses_sequence_parallel_size")
+        except ValueError as exc:
+            keys = ", ".join(f"reward_model.model.{k}={str(v).lower()}" for k, v in over.items())
+            raise ConfigError(f"the PRIME reward model (actor_rollout_ref.model{' with ' + keys if keys else ''}): "
+                              f"{exc}") from exc
 
 
 def check_model_context(cfg: dict, hf_config, tokenizer) -> None:

@@ -79,11 +79,12 @@ case ${SET:-first} in
       timeout -k 10 120 $M --iters 48 --compile-mode reduce-overhead --out "$OUT/mfu_graphs_final.json" \
         > "$OUT/mfu_graphs_final.log" 2>&1
       timeout -k 10 100 $M --iters 48 --out "$OUT/mfu_base_final.json" > "$OUT/mfu_base_final.log" 2>&1
-      for v in "graphs:actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead" \
-               "eager:"; do
+      GRAPHS="actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead"
+      for name in graphs eager; do
+        [ $name = graphs ] && X=$GRAPHS || X=
         timeout -k 15 140 python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=1 \
-          trainer.total_training_steps=30 trainer.output_dir=/tmp/e2e_${v%%:*} ${v#*:} > "$OUT/e2e_${v%%:*}.log" 2>&1
-        cp /tmp/e2e_${v%%:*}/metrics.jsonl "$OUT/e2e_${v%%:*}.jsonl" 2>/dev/null
+          trainer.total_training_steps=30 trainer.output_dir=/tmp/e2e_$name $X > "$OUT/e2e_$name.log" 2>&1
+        cp /tmp/e2e_$name/metrics.jsonl "$OUT/e2e_$name.jsonl" 2>/dev/null
       done
     else  # PART=profile
       timeout -k 10 100 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1

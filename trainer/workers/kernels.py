@@ -46,19 +46,22 @@ def compile_mode(model_cfg: dict) -> str:
 
 
 def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str = "actor_rollout_ref.model",
-                         sp_size: int = 1, ds_config: dict | None = None) -> None:
+                         sp_size: int = 1, ds_config: dict | None = None,
+                         sp_key: str = "ulysses_sequence_parallel_size") -> None:
     """Refuse option combinations that cannot run, before any worker starts.
 
     Args:
-        sp_size: the largest Ulysses SP size of the roles sharing ``model_cfg``.
+        sp_size: the largest Ulysses SP size of the roles sharing ``model_cfg``; ``sp_key``: its config key (named
+            in the error).
         ds_config: ``deepspeed.ds_config`` (the user's DeepSpeed overrides).
 
     Raises:
         ValueError: ``use_liger`` without CUDA or without liger-kernel installed; both options at once;
             ``use_torch_compile`` with ZeRO stage 3; a non-boolean value; an unknown ``torch_compile_mode``, or a
             CUDA-graph mode without ``use_torch_compile``, without CUDA, with ``sp_size > 1``, a ZeRO stage other
-            than 2, gradient checkpointing, or ``contiguous_gradients: false`` in ``ds_config`` (DeepSpeed then
-            keeps the graphs' gradient tensors; the next replay overwrites them: seen on an H200).
+            than 2, gradient checkpointing, ``use_remove_padding: false`` (no packed rows to bucket), or
+            ``contiguous_gradients: false`` in ``ds_config`` (DeepSpeed then keeps the graphs' gradient tensors; the
+            next replay overwrites them: seen on an H200).
     """
     for name in ("use_liger", "use_torch_compile"):
         v = model_cfg.get(name, False)
@@ -83,7 +86,7 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
         raise ValueError(f"{key}.torch_compile_mode={mode} records CUDA graphs and needs trainer.device=cuda, got "
                          f"{device!r}")
     if mode in CUDAGRAPH_MODES and int(sp_size) > 1:
-        raise ValueError(f"{key}.torch_compile_mode={mode} with ulysses_sequence_parallel_size={sp_size} is not "
+        raise ValueError(f"{key}.torch_compile_mode={mode} with {sp_key}={sp_size} is not "
                          "supported (the all-to-alls would run between CUDA graphs; not run); use mode default or "
                          "SP size 1")
     if mode in CUDAGRAPH_MODES and int(zero_stage) != 2:
@@ -97,6 +100,12 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
     if mode in CUDAGRAPH_MODES and model_cfg.get("enable_gradient_checkpointing"):
         raise ValueError(f"{key}.torch_compile_mode={mode} with {key}.enable_gradient_checkpointing=true is not "
                          "supported (the recompute would replay graphs inside the backward; not run)")
+    rmpad = model_cfg.get("use_remove_padding", True)
+    if mode in CUDAGRAPH_MODES and not bool(rmpad):  # read as ModelRole.build reads it
+        # mark_static_shapes needs the packed forward: refused here rather than in every worker after loading
+        raise ValueError(f"{key}.torch_compile_mode={mode} needs {key}.use_remove_padding=true (CUDA graphs pad the "
+                         f"packed rows to shape buckets; the padded-batch forward has no buckets), got "
+                         f"{str(rmpad).lower()}")
     if model_cfg.get("use_torch_compile") and int(zero_stage) == 3:
         raise ValueError(f"{key}.use_torch_compile=true does not work with deepspeed.zero_stage=3 (ZeRO-3 gathers "
                          "parameters in hooks inside the compiled layers); use ZeRO stage <= 2 or turn it off")

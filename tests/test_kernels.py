@@ -237,7 +237,8 @@ def test_launch_validate_passes_the_largest_sp_size_to_the_compile_mode_check():
         validate(_cfg("actor_rollout_ref.model.use_torch_compile=true",
                       "actor_rollout_ref.model.torch_compile_mode=reduce-overhead"))
     with pytest.raises(ConfigError, match="torch_compile_mode='fast'"):
-        validate(_cfg("actor_rollout_ref.model.use_torch_compile=true", "actor_rollout_ref.model.torch_compile_mode=fast"))
+        validate(_cfg("actor_rollout_ref.model.use_torch_compile=true",
+                      "actor_rollout_ref.model.torch_compile_mode=fast"))
     with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=2 is not supported"):
         validate(_cfg("actor_rollout_ref.model.use_torch_compile=true", "trainer.device=cuda",
                       "actor_rollout_ref.model.torch_compile_mode=reduce-overhead",

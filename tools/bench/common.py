@@ -22,9 +22,8 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 __all__ = ["MODEL_CONFIGS", "hf_config", "build_model", "packed_batch", "sync", "Timer", "peak_memory_gib",
-           "reset_peak_memory", "run_meta", "actor_micro_step", "deepspeed_engine", "apply_tiny", "write_json",
-           "print_table",
-           "pick_device", "ROOT"]
+           "reset_peak_memory", "run_meta", "actor_micro_step", "deepspeed_engine", "kernel_options", "apply_tiny",
+           "write_json", "print_table", "pick_device", "ROOT"]
 
 # Architectures of the real models, random weights (hidden, layers, heads, kv heads, intermediate, vocab).
 MODEL_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -83,7 +82,8 @@ def packed_batch(num_tokens: int, seq_len: int, response_len: int, vocab_size: i
     Returns:
         dict with ``input_ids`` ``(B, seq_len)`` int64, ``attention_mask`` ``(B, seq_len)`` int64 (all 1),
         ``position_ids`` ``(B, seq_len)`` int64 (0..seq_len-1), ``response_mask`` ``(B, R)`` float32,
-        ``advantages`` ``(B, R)`` float32 unit normal (seed 1) on ``device``, ``response_length`` R, ``seqlens`` (list of B ints) and ``device``. With ``host_inputs`` the three input
+        ``advantages`` ``(B, R)`` float32 unit normal (seed 1) on ``device``, ``response_length`` R, ``seqlens``
+        (list of B ints) and ``device``. With ``host_inputs`` the three input
         tensors stay on the CPU, as the trainer's micro-batches do (``forward_log_probs(..., device=device)`` then
         packs on the host without host syncs); ``response_mask`` is always on ``device``.
 
@@ -151,6 +151,13 @@ def actor_micro_step(model, batch: dict, sp=None, backward: bool = True, tempera
     if backward:
         (backward_fn or torch.Tensor.backward)(loss)
     return loss.detach()
+
+
+def kernel_options(args) -> dict:
+    """The trainer's fused-kernel options from ``--liger/--compile/--compile-mode`` (a mode other than default
+    implies ``use_torch_compile``)."""
+    return dict(use_liger=args.liger, use_torch_compile=args.compile or args.compile_mode != "default",
+                torch_compile_mode=args.compile_mode)
 
 
 def apply_tiny(args, parser, **values) -> None:

@@ -40,14 +40,16 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import torch  # noqa: E402
 
 from tools.bench.common import (Timer, actor_micro_step, apply_tiny, build_model, deepspeed_engine,  # noqa: E402
-                                packed_batch, peak_memory_gib, pick_device, print_table, reset_peak_memory, run_meta, write_json)
+                                kernel_options, packed_batch, peak_memory_gib, pick_device, print_table,
+                                reset_peak_memory, run_meta, write_json)
 
 H200_BF16_DENSE = 989e12
 
 
 def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, response_len: int, iters: int,
                 warmup: int, accum: int, peak_flops: float, use_deepspeed: bool = False, zero_stage: int = 2,
-                gradient_checkpointing: bool = False, kernels: dict | None = None, ds_config: dict | None = None) -> dict:
+                gradient_checkpointing: bool = False, kernels: dict | None = None,
+                ds_config: dict | None = None) -> dict:
     """Time the actor update on one model config and compute its MFU.
 
     Returns:
@@ -121,6 +123,7 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
     return row
 
 
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("Usage:")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,8 +158,7 @@ def main(argv=None) -> dict:
         rows.append(bench_model(name, device, args.tokens, args.seq_len, args.response_len, args.iters, args.warmup,
                                 args.accum, args.peak_flops, args.deepspeed, args.zero_stage,
                                 args.gradient_checkpointing,
-                                dict(use_liger=args.liger, use_torch_compile=args.compile or args.compile_mode != "default",
-                                     torch_compile_mode=args.compile_mode), args.ds_config))
+                                kernel_options(args), args.ds_config))
         print(rows[-1], flush=True)
     print_table(rows, ["model", "path", "kernels", "dtype", "tokens_per_microbatch", "tokens_per_s", "tflops_per_s",
                        "mfu", "peak_mem_gib"], title=f"actor update MFU (peak {args.peak_flops:.3g} FLOP/s, {device})")

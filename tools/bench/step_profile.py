@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import torch  # noqa: E402
 
 from tools.bench.common import (actor_micro_step, apply_tiny, build_model, deepspeed_engine,  # noqa: E402
-                                packed_batch, pick_device, print_table, run_meta, write_json)
+                                kernel_options, packed_batch, pick_device, print_table, run_meta, write_json)
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 
@@ -256,8 +256,7 @@ def main(argv=None) -> dict:
         trace = args.trace or os.path.splitext(os.path.abspath(args.out))[0] + ".trace.json"
         prof = profile_actor_update(args.model, args.tokens, args.seq_len, args.response_len, args.micro_batches,
                                     pick_device(args.device), trace,
-                                    kernels=dict(use_liger=args.liger, use_torch_compile=args.compile or args.compile_mode != "default",
-                                     torch_compile_mode=args.compile_mode), use_deepspeed=args.deepspeed)
+                                    kernels=kernel_options(args), use_deepspeed=args.deepspeed)
         print(prof["table"])
         print(f"actor update loop ({prof['kernels']}): {prof['seconds']:.3f} s for {prof['tokens']} tokens "
               f"({prof['tokens_per_s']:.1f} tok/s, profiler on); trace: {prof['trace']}")

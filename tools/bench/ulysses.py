@@ -244,7 +244,8 @@ def longest_sequence(fits, start: int, cap: int, refine: int = 0, granule: int =
 def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, search, search_start, search_max,
                   equiv_tokens, gradient_checkpointing=False, timeout_s=900.0, search_refine: int = 0,
                   accum: int = 1, compile: bool = False) -> dict:
-    """Run the throughput table (``compile``: decoder layers and log-prob math under torch.compile), the longest-sequence search and the equivalence check.
+    """Run the throughput table (``compile``: decoder layers and log-prob math under torch.compile),
+    the longest-sequence search and the equivalence check.
 
     Returns:
         ``{"throughput": [rows], "search": [rows], "equivalence": [rows]}``; a row's ``status`` is ``ok``, ``OOM``,

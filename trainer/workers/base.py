@@ -199,9 +199,9 @@ class DistributedWorker:
                   weight_decay=float(optim_cfg.get("weight_decay", 0.0)))
         if kind == "torch_adamw":
             ds = self.config["deepspeed"]
-            fused = (self.device_type == "cuda" and not ds.get("offload_optimizer")
-                     and int(((ds.get("ds_config") or {}).get("zero_optimization") or {}).get("stage",
-                                                                                          ds.get("zero_stage", 0))) <= 2)
+            zero = (ds.get("ds_config") or {}).get("zero_optimization") or {}
+            stage = int(zero.get("stage", ds.get("zero_stage", 0)))  # a ds_config override wins, as in ds_config()
+            fused = self.device_type == "cuda" and not ds.get("offload_optimizer") and stage <= 2
             opt = torch.optim.AdamW(params, fused=True, **kw) if fused else torch.optim.AdamW(params, **kw)
         elif kind == "deepspeed_adamw":
             if self.config["deepspeed"].get("offload_optimizer"):

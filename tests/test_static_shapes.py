@@ -67,17 +67,21 @@ def _shape_recorder(model):
     return seen
 
 
-def _run(model, value_head, ids, mask, pos, R):
-    """The head's output ``(B, R)`` (values, or log-probs and entropy) and the parameter gradients of a weighted sum
-    over the valid response positions."""
-    model.zero_grad(set_to_none=True)
+def _outputs_and_loss(model, value_head, ids, mask, pos, R):
+    """The head's outputs ``(B, R)`` (values, or log-probs and entropy) and a weighted sum of them over the valid
+    response positions. ``model``: a model or a DeepSpeed engine."""
     valid = mask[:, -R:].float()
     if value_head:
         outs = (forward_values(model, ids, mask, pos, R, device="cpu"),)
-        loss = (outs[0] * valid * torch.arange(1.0, R + 1)).sum()
-    else:
-        outs = forward_log_probs(model, ids, mask, pos, R, temperature=0.8, calculate_entropy=True, device="cpu")
-        loss = ((outs[0] + 0.3 * outs[1]) * valid).sum()
+        return outs, (outs[0] * valid * torch.arange(1.0, R + 1)).sum()
+    outs = forward_log_probs(model, ids, mask, pos, R, temperature=0.8, calculate_entropy=True, device="cpu")
+    return outs, ((outs[0] + 0.3 * outs[1]) * valid).sum()
+
+
+def _run(model, value_head, ids, mask, pos, R):
+    """:func:`_outputs_and_loss`'s outputs and the parameter gradients of its loss."""
+    model.zero_grad(set_to_none=True)
+    outs, loss = _outputs_and_loss(model, value_head, ids, mask, pos, R)
     loss.backward()
     return [o.detach() for o in outs], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -143,12 +147,7 @@ def test_a_deepspeed_zero2_engine_is_bucketed_and_steps_like_the_plain_model(dis
     engine, *_ = dist_group.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), config=cfg)
     assert engine._ulysses_state is model._ulysses_state and engine._ulysses_state.static_token_multiple == 16
     valid = mask[:, -R:].float()
-    if value_head:
-        outs = (forward_values(engine, ids, mask, pos, R, device="cpu"),)
-        loss = (outs[0] * valid * torch.arange(1.0, R + 1)).sum()
-    else:
-        outs = forward_log_probs(engine, ids, mask, pos, R, temperature=0.8, calculate_entropy=True, device="cpu")
-        loss = ((outs[0] + 0.3 * outs[1]) * valid).sum()
+    outs, loss = _outputs_and_loss(engine, value_head, ids, mask, pos, R)
     assert [(t, len(cu) - 1) for t, cu in seen] == [(32, 4)]
     for a, b in zip(outs, want):
         torch.testing.assert_close(a.detach()[valid.bool()], b[valid.bool()], atol=1e-5, rtol=0)

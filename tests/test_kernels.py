@@ -192,7 +192,7 @@ def test_check_kernel_options_compile_mode():
         check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cuda", 2,
                              sp_size=2)
     for stage in (0, 1):
-        with pytest.raises(ValueError, match=f"max-autotune needs deepspeed.zero_stage=2 .*got {stage}"):
+        with pytest.raises(ValueError, match=f"max-autotune needs ZeRO stage 2 .*got stage {stage}"):
             check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "max-autotune"}, "cuda", stage)
     with pytest.raises(ValueError, match="contiguous_gradients=false fails"):
         check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cuda", 2,
@@ -242,7 +242,8 @@ def test_launch_validate_passes_the_largest_sp_size_to_the_compile_mode_check():
     with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=2 is not supported"):
         validate(_cfg("actor_rollout_ref.model.use_torch_compile=true", "trainer.device=cuda",
                       "actor_rollout_ref.model.torch_compile_mode=reduce-overhead",
-                      "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"))
+                      "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
+                      "critic.enable=true"))
 
 
 @pytest.mark.parametrize("nnz,num_seqs,multiple", [(4096, 4, 256), (4000, 4, 256), (4000, 3, 256), (0, 0, 256),

@@ -263,12 +263,13 @@ def validate(cfg: dict) -> None:
     try:
         ds = cfg["deepspeed"]  # the effective stage: a deepspeed.ds_config override wins (workers merge it last)
         stage = ((ds.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", ds["zero_stage"])
-        sps = [(f"{k}.ulysses_sequence_parallel_size", int(sec["ulysses_sequence_parallel_size"])) for k, sec in
-               (("actor_rollout_ref.actor", arr["actor"]), ("actor_rollout_ref.ref", arr["ref"]),
-                ("critic", cfg["critic"]))]
+        roles = [("actor_rollout_ref.actor", arr["actor"]), ("actor_rollout_ref.ref", arr["ref"])]
+        if cfg["critic"].get("enable"):  # a disabled critic builds no model
+            roles.append(("critic", cfg["critic"]))
+        sps = [(f"{k}.ulysses_sequence_parallel_size", int(sec["ulysses_sequence_parallel_size"])) for k, sec in roles]
         sp_key, sp_max = max(sps, key=lambda kv: kv[1])  # the first key with the largest size, named in the error
         check_kernel_options(arr["model"], t["device"], int(stage), sp_size=sp_max, ds_config=ds.get("ds_config"),
-                             sp_key=sp_key)
+                             sp_key=sp_key, offload_optimizer=bool(ds.get("offload_optimizer")))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     from trainer.prime import prime_enabled
@@ -281,7 +282,8 @@ def validate(cfg: dict) -> None:
         rm_sp = int(rm.get("ulysses_sequence_parallel_size", 1))
         try:
             check_kernel_options({**arr["model"], **over}, t["device"], int(stage), sp_size=rm_sp,
-                                 ds_config=ds.get("ds_config"), sp_key="reward_model.ulysses_sequence_parallel_size")
+                                 ds_config=ds.get("ds_config"), sp_key="reward_model.ulysses_sequence_parallel_size",
+                                 offload_optimizer=bool(ds.get("offload_optimizer")))
         except ValueError as exc:
             keys = ", ".join(f"reward_model.model.{k}={str(v).lower()}" for k, v in over.items())
             raise ConfigError(f"the PRIME reward model (actor_rollout_ref.model{' with ' + keys if keys else ''}): "

@@ -47,19 +47,20 @@ def compile_mode(model_cfg: dict) -> str:
 
 def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str = "actor_rollout_ref.model",
                          sp_size: int = 1, ds_config: dict | None = None,
-                         sp_key: str = "ulysses_sequence_parallel_size") -> None:
+                         sp_key: str = "ulysses_sequence_parallel_size", offload_optimizer: bool = False) -> None:
     """Refuse option combinations that cannot run, before any worker starts.
 
     Args:
         sp_size: the largest Ulysses SP size of the roles sharing ``model_cfg``; ``sp_key``: its config key (named
             in the error).
         ds_config: ``deepspeed.ds_config`` (the user's DeepSpeed overrides).
+        offload_optimizer: ``deepspeed.offload_optimizer`` (ZeRO-Offload).
 
     Raises:
         ValueError: ``use_liger`` without CUDA or without liger-kernel installed; both options at once;
             ``use_torch_compile`` with ZeRO stage 3; a non-boolean value; an unknown ``torch_compile_mode``, or a
             CUDA-graph mode without ``use_torch_compile``, without CUDA, with ``sp_size > 1``, a ZeRO stage other
-            than 2, gradient checkpointing, ``use_remove_padding: false`` (no packed rows to bucket), or
+            than 2, ZeRO-Offload, gradient checkpointing, ``use_remove_padding: false`` (no packed rows to bucket), or
             ``contiguous_gradients: false`` in ``ds_config`` (DeepSpeed then keeps the graphs' gradient tensors; the
             next replay overwrites them: seen on an H200).
     """
@@ -90,8 +91,12 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
                          "supported (the all-to-alls would run between CUDA graphs; not run); use mode default or "
                          "SP size 1")
     if mode in CUDAGRAPH_MODES and int(zero_stage) != 2:
-        raise ValueError(f"{key}.torch_compile_mode={mode} needs deepspeed.zero_stage=2 (its gradient hooks copy "
-                         f"each gradient out of the CUDA graphs' memory; verified on a GPU), got {zero_stage}")
+        raise ValueError(f"{key}.torch_compile_mode={mode} needs ZeRO stage 2 (deepspeed.zero_stage, or "
+                         "deepspeed.ds_config.zero_optimization.stage when set; its gradient hooks copy each gradient "
+                         f"out of the CUDA graphs' memory; verified on a GPU), got stage {zero_stage}")
+    if mode in CUDAGRAPH_MODES and offload_optimizer:
+        raise ValueError(f"{key}.torch_compile_mode={mode} with deepspeed.offload_optimizer=true is not supported "
+                         "(ZeRO-Offload copies gradients to the CPU in its hooks; not run with CUDA graphs)")
     contiguous = ((ds_config or {}).get("zero_optimization") or {}).get("contiguous_gradients", True)
     if mode in CUDAGRAPH_MODES and not contiguous:
         raise ValueError(f"{key}.torch_compile_mode={mode} with deepspeed.ds_config zero_optimization."

@@ -7,7 +7,8 @@ MQA, a sliding window) and packed batches of uneven lengths whose token count is
 * parameter gradients, averaged over ALL ranks (what DeepSpeed's ZeRO does when its DP group is the whole world)
   with the gather's x sp scale, equal the DP-mean of the unsharded gradients (atol 1e-5); with grad_scale=1 they
   are 1/sp of it (negative control);
-* critic values (``forward_values``) agree too; an int-patched model takes its group from ``activate()``.
+* critic values (``forward_values``) agree too; an int-patched model takes its group from ``activate()``;
+* the same with the CUDA-graph shape buckets (rows padded with fake sequences) at SP=2.
 Each rank records failures instead of raising so that no rank leaves a collective early.
 """
 import copy
@@ -66,13 +67,17 @@ def reference(model, seed):
     return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
 
 
-def check_lm(name, mesh, world, errors, grad_scale=None):
+def check_lm(name, mesh, world, errors, grad_scale=None, static=0):
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(MODELS[name](), attn_implementation="sdpa", dtype=torch.float32)
     refs = [reference(base, d) for d in range(mesh.dp_size)]
     ref_grads = {n: sum(r[2][n] for r in refs) / mesh.dp_size for n in refs[0][2]}
     sp = mesh.sp if grad_scale is None else UlyssesGroup(mesh.sp.group, mesh.sp.size, mesh.sp.rank, grad_scale)
     model = apply_ulysses_patch(copy.deepcopy(base), sp)
+    if static:  # shape buckets (CUDA graphs' padding), host path only: bucket of `static` tokens, lcm with sp
+        from trainer.workers.kernels import mark_static_shapes
+
+        mark_static_shapes(model, static)
     ids, mask, pos, rm, w = make_batch(mesh.dp_rank)
     # qwen2 and mistral take the trainer's path (device given: packing and sequence boundaries computed on the host
     # and primed into the patch, so the attention never all-gathers positions); llama and qwen3 the device path
@@ -91,7 +96,7 @@ def check_lm(name, mesh, world, errors, grad_scale=None):
     for p in model.parameters():  # DeepSpeed's average over its DP group = the whole world (dp * sp ranks)
         dist.all_reduce(p.grad)
         p.grad /= world
-    tag = f"{name} sp={sp.size} scale={sp.scale}"
+    tag = f"{name} sp={sp.size} scale={sp.scale}" + (f" static={static}" if static else "")
     ok = rm.bool()
     try:
         assert len(gathers) == (0 if host else 1), f"position all-gathers: {len(gathers)} (host-packed: {host})"
@@ -131,7 +136,7 @@ def worker(rank, world, port, out_dir, plan):
         meshes = {sp: build_dp_sp_groups(world, sp, rank) for sp in plan["sp"]}
         for sp in plan["sp"]:
             for name in plan["models"]:
-                check_lm(name, meshes[sp], world, errors)
+                check_lm(name, meshes[sp], world, errors, static=plan.get("static", 0))
             check_values(meshes[sp], errors, int_patch=plan.get("int_patch", False))
         if plan.get("negative"):
             check_lm("llama", meshes[plan["sp"][0]], world, errors, grad_scale=1.0)
@@ -186,4 +191,12 @@ def test_grad_scale_one_gives_one_over_sp_of_the_gradient(four_rank_errors):
 
 def test_two_ranks_sp2_int_patched_model_uses_active_group():
     errors = run(2, {"sp": [2], "models": ["qwen2"], "int_patch": True})
+    assert not errors, "\n".join(errors)
+
+
+def test_two_ranks_sp2_shape_buckets_keep_log_probs_and_grads():
+    """The CUDA-graph shape buckets (trainer.workers.kernels.mark_static_shapes) under SP=2: a bucket of 3 tokens
+    is combined with the SP size (lcm 6), the fake sequences are sliced across ranks like real ones, and log-probs,
+    entropies and gradients still equal the unsharded forward (host-packed models)."""
+    errors = run(2, {"sp": [2], "models": list(HOST_PACKED), "static": 3})
     assert not errors, "\n".join(errors)

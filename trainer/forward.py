@@ -18,6 +18,7 @@ so ``save_pretrained`` / ``from_pretrained`` round-trip it and the ``score`` Lin
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -208,7 +209,8 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
     host = input_ids.device.type == "cpu" and device is not None
     bucket = 0  # CUDA graphs (trainer.workers.kernels): pad the row to a shape bucket with fake sequences
     if host and state is not None and state.static_token_multiple:
-        fake = bucket_padding(ids.shape[1], int(starts.numel()), state.static_token_multiple)
+        # a multiple of the SP size too, so that the SP padding below adds nothing
+        fake = bucket_padding(ids.shape[1], int(starts.numel()), math.lcm(state.static_token_multiple, sp.size))
         if fake:
             bucket = sum(fake)
             fake_cu = torch.nn.functional.pad(torch.tensor(fake).cumsum(0), (1, 0))

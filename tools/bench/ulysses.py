@@ -51,16 +51,18 @@ from tools.bench.common import (actor_micro_step, apply_tiny, build_model, hf_co
 def _train_trial(task: dict, group, device, cache: dict) -> dict:
     import torch.distributed as dist
 
-    key = (task["model"], task["gradient_checkpointing"], task.get("compile", False))
+    key = (task["model"], task["gradient_checkpointing"], task.get("compile_mode"))
     if key not in cache:
         cache.clear()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = build_model(task["model"], device, dtype, gradient_checkpointing=task["gradient_checkpointing"])
         model.train()
-        if task.get("compile"):  # the trainer's use_torch_compile (the SP all-to-alls stay eager: a graph break)
-            from trainer.workers.kernels import apply_kernel_options
+        if task.get("compile_mode"):  # the trainer's use_torch_compile (SP all-to-alls stay eager: a graph break)
+            from trainer.workers.kernels import CUDAGRAPH_MODES, apply_kernel_options, keep_graph_grads
 
-            apply_kernel_options(model, {"use_torch_compile": True})
+            apply_kernel_options(model, {"use_torch_compile": True, "torch_compile_mode": task["compile_mode"]})
+            if task["compile_mode"] in CUDAGRAPH_MODES:  # a plain AdamW loop: copy graph-owned gradients
+                keep_graph_grads(model)
         cache[key] = (model, torch.optim.AdamW(model.parameters(), lr=1e-6))
     model, opt = cache[key]
     T = task["tokens"]
@@ -243,8 +245,9 @@ def longest_sequence(fits, start: int, cap: int, refine: int = 0, granule: int =
 
 def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, search, search_start, search_max,
                   equiv_tokens, gradient_checkpointing=False, timeout_s=900.0, search_refine: int = 0,
-                  accum: int = 1, compile: bool = False) -> dict:
-    """Run the throughput table (``compile``: decoder layers and log-prob math under torch.compile),
+                  accum: int = 1, compile_mode: str | None = None) -> dict:
+    """Run the throughput table (``compile_mode``: decoder layers and log-prob math under torch.compile in that
+    mode, see ``trainer.workers.kernels``; None: eager),
     the longest-sequence search and the equivalence check.
 
     Returns:
@@ -255,7 +258,7 @@ def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, sea
         raise ValueError(f"accum must be >= 1 and divide iters (every timed window ends with an optimizer step); "
                          f"got accum={accum}, iters={iters}")
     base = dict(iters=iters, warmup=warmup, gradient_checkpointing=gradient_checkpointing, accum=accum,
-                compile=compile)
+                compile_mode=compile_mode)
     out: dict = dict(throughput=[], search=[], equivalence=[])
     for sp in sp_sizes:
         pool = None
@@ -322,6 +325,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile in the "
                     "throughput trials")
+    ap.add_argument("--compile-mode", default="default", help="torch_compile_mode of the throughput trials; implies "
+                    "--compile if not default. reduce-overhead with SP > 1 (CUDA graphs between the all-to-alls) "
+                    "is refused by the trainer and was never run")
     ap.add_argument("--accum", type=int, default=1,
                     help="micro-batches (steps) per optimizer step in the throughput table (search trials use 1)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per trial before the pool is killed")
@@ -337,7 +343,8 @@ def main(argv=None) -> dict:
                         [int(s) for s in args.sp_sizes.split(",")], [int(t) for t in args.tokens.split(",")],
                         args.iters, args.warmup, device_type, not args.no_search, args.search_start,
                         args.search_max, args.equiv_tokens, args.gradient_checkpointing, args.timeout,
-                        args.search_refine, args.accum, args.compile)
+                        args.search_refine, args.accum,
+                        args.compile_mode if args.compile_mode != "default" else ("default" if args.compile else None))
     print_table(res["throughput"], ["model", "sp", "tokens", "accum", "status", "tokens_per_s_per_gpu", "peak_mem_gib"],
                 title=f"Ulysses actor step ({device_type})")
     if res["search"]:

@@ -11,6 +11,7 @@
 #      OUT=/some/dir SET=graphs bash tools/device/benches.sh   (#9: CUDA graphs, torch_compile_mode=reduce-overhead:
 #      MFU, its GPU tests, MFU without compile on the same machine; PART=profile: the graphed and the
 #      default-compiled MFU and profiles)
+#      OUT=/some/dir SET=ulysses_graphs bash tools/device/benches.sh  (#4: SP=1 vs SP=2 with CUDA graphs; not run yet)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -94,6 +95,11 @@ case ${SET:-first} in
       timeout -k 10 80 python3 tools/bench/mfu.py --deepspeed --models smollm2-135m --iters 16 --warmup 8 \
         --compile-mode reduce-overhead --out "$OUT/mfu_smol_graphs.json" > "$OUT/mfu_smol_graphs.log" 2>&1
     fi
+    exit 0 ;;
+  ulysses_graphs)  # #4: SP=1 vs SP=2 with CUDA graphs between the all-to-alls (never run yet; 2 GPUs)
+    timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
+      --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode reduce-overhead --timeout 150 \
+      --out "$OUT/ulysses_graphs.json" > "$OUT/ulysses_graphs.log" 2>&1
     exit 0 ;;
   ulysses)
     timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \

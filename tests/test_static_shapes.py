@@ -124,9 +124,17 @@ def dist_group():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # a ~60 s JIT build, useless for one rank
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        try:
+            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        finally:  # the group holds the port: child processes of later tests must not inherit MASTER_PORT
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return deepspeed
 
 

@@ -258,18 +258,23 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"trainer.strategy={strategy!r}; expected deepspeed or megatron")
     if strategy == "megatron":
         check_megatron(cfg, world)
+    from trainer.workers.base import effective_zero_stage
     from trainer.workers.kernels import check_kernel_options
 
+    ds = cfg["deepspeed"]
+
+    def check(model_cfg: dict, sp_size: int, sp_key: str) -> None:
+        check_kernel_options(model_cfg, t["device"], effective_zero_stage(ds), sp_size=sp_size,
+                             ds_config=ds.get("ds_config"), sp_key=sp_key,
+                             offload_optimizer=bool(ds.get("offload_optimizer")))
+
     try:
-        ds = cfg["deepspeed"]  # the effective stage: a deepspeed.ds_config override wins (workers merge it last)
-        stage = ((ds.get("ds_config") or {}).get("zero_optimization") or {}).get("stage", ds["zero_stage"])
         roles = [("actor_rollout_ref.actor", arr["actor"]), ("actor_rollout_ref.ref", arr["ref"])]
         if cfg["critic"].get("enable"):  # a disabled critic builds no model
             roles.append(("critic", cfg["critic"]))
         sps = [(f"{k}.ulysses_sequence_parallel_size", int(sec["ulysses_sequence_parallel_size"])) for k, sec in roles]
         sp_key, sp_max = max(sps, key=lambda kv: kv[1])  # the first key with the largest size, named in the error
-        check_kernel_options(arr["model"], t["device"], int(stage), sp_size=sp_max, ds_config=ds.get("ds_config"),
-                             sp_key=sp_key, offload_optimizer=bool(ds.get("offload_optimizer")))
+        check(arr["model"], sp_max, sp_key)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     from trainer.prime import prime_enabled
@@ -281,9 +286,7 @@ def validate(cfg: dict) -> None:
         over = {k: v for k, v in (rm.get("model") or {}).items() if k in _MODEL_KEYS and v is not None}
         rm_sp = int(rm.get("ulysses_sequence_parallel_size", 1))
         try:
-            check_kernel_options({**arr["model"], **over}, t["device"], int(stage), sp_size=rm_sp,
-                                 ds_config=ds.get("ds_config"), sp_key="reward_model.ulysses_sequence_parallel_size",
-                                 offload_optimizer=bool(ds.get("offload_optimizer")))
+            check({**arr["model"], **over}, rm_sp, "reward_model.ulysses_sequence_parallel_size")
         except ValueError as exc:
             keys = ", ".join(f"reward_model.model.{k}={str(v).lower()}" for k, v in over.items())
             raise ConfigError(f"the PRIME reward model (actor_rollout_ref.model{' with ' + keys if keys else ''}): "

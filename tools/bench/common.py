@@ -22,7 +22,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 __all__ = ["MODEL_CONFIGS", "hf_config", "build_model", "packed_batch", "sync", "Timer", "peak_memory_gib",
-           "reset_peak_memory", "run_meta", "actor_micro_step", "deepspeed_engine", "kernel_options", "apply_tiny",
+           "reset_peak_memory", "run_meta", "actor_micro_step", "deepspeed_engine", "update_setup", "kernel_options", "apply_tiny",
            "write_json", "print_table", "pick_device", "ROOT"]
 
 # Architectures of the real models, random weights (hidden, layers, heads, kv heads, intermediate, vocab).
@@ -124,6 +124,32 @@ def deepspeed_engine(model, device: torch.device, zero_stage: int, lr: float, ds
     opt, sched = w.build_optimizer(model, {"lr": lr}, total_steps=10 ** 6)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=w.ds_config(train=True))
     return engine
+
+
+def update_setup(model, device: torch.device, use_deepspeed: bool, kernels: dict | None = None,
+                 zero_stage: int = 2, lr: float = 1e-6, ds_config: dict | None = None):
+    """The optimizer side of an actor-update loop: ``(fwd, backward_fn, step, optimizer)``.
+
+    ``use_deepspeed``: the trainer's DeepSpeed engine (:func:`deepspeed_engine`); ``fwd`` is the engine,
+    ``backward_fn`` its ``backward`` (no division by gradient accumulation steps: the trainer normalises losses),
+    ``step`` its ``step`` and ``optimizer`` the torch optimizer inside it. Otherwise ``torch.optim.AdamW`` on
+    ``model`` with ``step`` = step + ``zero_grad``; with a CUDA-graph ``kernels`` mode its gradients are made safe to
+    accumulate (``trainer.workers.kernels.keep_graph_grads``).
+    """
+    if use_deepspeed:
+        engine = deepspeed_engine(model, device, zero_stage, lr=lr, ds_config=ds_config)
+        inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+        return engine, (lambda loss: engine.backward(loss, scale_wrt_gas=False)), engine.step, inner
+    from trainer.workers.kernels import CUDAGRAPH_MODES, compile_mode, keep_graph_grads
+
+    if compile_mode(kernels or {}) in CUDAGRAPH_MODES:
+        keep_graph_grads(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def step():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, None, step, opt
 
 
 def actor_micro_step(model, batch: dict, sp=None, backward: bool = True, temperature: float = 1.0,

@@ -39,9 +39,9 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import torch  # noqa: E402
 
-from tools.bench.common import (Timer, actor_micro_step, apply_tiny, build_model, deepspeed_engine,  # noqa: E402
-                                kernel_options, packed_batch, peak_memory_gib, pick_device, print_table,
-                                reset_peak_memory, run_meta, write_json)
+from tools.bench.common import (Timer, actor_micro_step, apply_tiny, build_model, kernel_options,  # noqa: E402
+                                packed_batch, peak_memory_gib, pick_device, print_table, reset_peak_memory, run_meta,
+                                update_setup, write_json)
 
 H200_BF16_DENSE = 989e12
 
@@ -72,17 +72,7 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
 
     applied = apply_kernel_options(model, kernels or {})  # as trainer.workers.model_utils.ModelRole.build does
     cfg = model.config
-    if use_deepspeed:
-        engine = deepspeed_engine(model, device, zero_stage, lr=1e-6, ds_config=ds_config)
-        fwd, backward_fn = engine, (lambda loss: engine.backward(loss, scale_wrt_gas=False))
-        step = engine.step
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        fwd, backward_fn = model, None
-
-        def step():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    fwd, backward_fn, step, opt = update_setup(model, device, use_deepspeed, kernels, zero_stage, 1e-6, ds_config)
     batches = [packed_batch(tokens, seq_len, response_len, cfg.vocab_size, device, seed=i, host_inputs=True)
                for i in range(2)]
 
@@ -102,8 +92,7 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
     n_tok = tokens * iters
     seqlens = batches[0]["seqlens"] * iters
     mfu = compute_mfu(cfg, n_tok, seqlens, t.s, 1, peak_flops)
-    inner = getattr(engine.optimizer, "optimizer", engine.optimizer) if use_deepspeed else opt
-    opt_name = type(inner).__name__ + (" fused" if inner.defaults.get("fused") else "")
+    opt_name = type(opt).__name__ + (" fused" if opt.defaults.get("fused") else "")
     row = dict(model=name, path="deepspeed-zero%d" % zero_stage if use_deepspeed else "torch", dtype=str(dtype)
                if not use_deepspeed else ("bf16 (fp32 master)" if half else "fp32"), device=str(device),
                tokens_per_microbatch=tokens, seq_len=seq_len, iters=iters, accum=accum, seconds=t.s,
@@ -116,12 +105,9 @@ def bench_model(name: str, device: torch.device, tokens: int, seq_len: int, resp
                graph_break_reasons=dict(counters["graph_break"].most_common(5)),
                cudagraph_skips=counters["inductor"]["cudagraph_skips"], ds_config=ds_config or {},
                optimizer=opt_name)
-    del model, fwd, batches
-    if use_deepspeed:
-        del engine
+    del model, fwd, batches, opt, step, backward_fn
     gc.collect()
     return row
-
 
 
 def main(argv=None) -> dict:

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import torch  # noqa: E402
 
-from tools.bench.common import (actor_micro_step, apply_tiny, build_model, deepspeed_engine,  # noqa: E402
-                                kernel_options, packed_batch, pick_device, print_table, run_meta, write_json)
+from tools.bench.common import (actor_micro_step, apply_tiny, build_model, kernel_options,  # noqa: E402
+                                packed_batch, pick_device, print_table, run_meta, update_setup, write_json)
 
 STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 
@@ -141,28 +141,14 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
         "kernel_summary": {...} (CUDA only, see :func:`kernel_summary`), "table": str, "trace": path|None}``;
         times are the profiler's (device time on CUDA, CPU time on CPU).
     """
-    from trainer.workers.kernels import CUDAGRAPH_MODES, apply_kernel_options, compile_mode, keep_graph_grads
+    from trainer.workers.kernels import apply_kernel_options
 
     dtype = torch.bfloat16 if device.type == "cuda" and not use_deepspeed else torch.float32
     model = build_model(model_name, device, dtype, sp_group=1)  # no SP, fixed at patch time (as the workers)
     model.train()
     applied = apply_kernel_options(model, kernels or {})
     vocab = model.config.vocab_size
-    if use_deepspeed:
-        engine = deepspeed_engine(model, device, 2, lr=1e-6)
-        fwd, backward_fn = engine, (lambda loss: engine.backward(loss, scale_wrt_gas=False))
-
-        def step():
-            engine.step()
-    else:
-        if compile_mode(kernels or {}) in CUDAGRAPH_MODES:
-            keep_graph_grads(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        fwd, backward_fn = model, None
-
-        def step():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    fwd, backward_fn, step, _ = update_setup(model, device, use_deepspeed, kernels)
     batches = [packed_batch(tokens, seq_len, response_len, vocab, device, seed=i, host_inputs=True)
                for i in range(micro_batches)]
 

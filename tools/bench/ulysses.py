@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from tools.bench.common import (actor_micro_step, apply_tiny, build_model, hf_config, packed_batch,  # noqa: E402
-                                print_table, run_meta, write_json)
+                                print_table, run_meta, update_setup, write_json)
 
 
 # ----------------------------------------------------------------------------------------------- worker side
@@ -57,14 +57,14 @@ def _train_trial(task: dict, group, device, cache: dict) -> dict:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = build_model(task["model"], device, dtype, gradient_checkpointing=task["gradient_checkpointing"])
         model.train()
+        kernels = {}
         if task.get("compile_mode"):  # the trainer's use_torch_compile (SP all-to-alls stay eager: a graph break)
-            from trainer.workers.kernels import CUDAGRAPH_MODES, apply_kernel_options, keep_graph_grads
+            from trainer.workers.kernels import apply_kernel_options
 
-            apply_kernel_options(model, {"use_torch_compile": True, "torch_compile_mode": task["compile_mode"]})
-            if task["compile_mode"] in CUDAGRAPH_MODES:  # a plain AdamW loop: copy graph-owned gradients
-                keep_graph_grads(model)
-        cache[key] = (model, torch.optim.AdamW(model.parameters(), lr=1e-6))
-    model, opt = cache[key]
+            kernels = {"use_torch_compile": True, "torch_compile_mode": task["compile_mode"]}
+            apply_kernel_options(model, kernels)
+        cache[key] = (model, update_setup(model, device, False, kernels)[2])  # AdamW step + zero_grad
+    model, opt_step = cache[key]
     T = task["tokens"]
     batch = packed_batch(T, T, T // 2, model.config.vocab_size, device, seed=task.get("seed", 0), host_inputs=True)
 
@@ -76,8 +76,7 @@ def _train_trial(task: dict, group, device, cache: dict) -> dict:
             actor_micro_step(model, batch, sp=group)
         done[0] += 1
         if done[0] % accum == 0:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt_step()
 
     for _ in range(max(task["warmup"], accum)):  # warm-up includes one optimizer step (lazy AdamW state)
         step()

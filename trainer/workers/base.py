@@ -199,9 +199,7 @@ class DistributedWorker:
                   weight_decay=float(optim_cfg.get("weight_decay", 0.0)))
         if kind == "torch_adamw":
             ds = self.config["deepspeed"]
-            zero = (ds.get("ds_config") or {}).get("zero_optimization") or {}
-            stage = int(zero.get("stage", ds.get("zero_stage", 0)))  # a ds_config override wins, as in ds_config()
-            fused = self.device_type == "cuda" and not ds.get("offload_optimizer") and stage <= 2
+            fused = self.device_type == "cuda" and not ds.get("offload_optimizer") and effective_zero_stage(ds) <= 2
             opt = torch.optim.AdamW(params, fused=True, **kw) if fused else torch.optim.AdamW(params, **kw)
         elif kind == "deepspeed_adamw":
             if self.config["deepspeed"].get("offload_optimizer"):
@@ -219,6 +217,13 @@ class DistributedWorker:
         name = "constant_with_warmup" if name == "constant" else name
         sched = get_scheduler(name, optimizer=opt, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1))
         return opt, sched
+
+
+def effective_zero_stage(ds: dict) -> int:
+    """The ZeRO stage a run's ``deepspeed`` config section trains with: ``ds_config.zero_optimization.stage`` when
+    set (the workers merge ``deepspeed.ds_config`` into DeepSpeed's config last), else ``zero_stage``."""
+    zero = (ds.get("ds_config") or {}).get("zero_optimization") or {}
+    return int(zero.get("stage", ds.get("zero_stage", 0)))
 
 
 def scheduler_total_steps(config: dict, role_cfg: dict) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import weakref
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +196,6 @@ def keep_graph_grads(model) -> int:
     Returns:
         the number of parameters hooked.
     """
-    import weakref
-
     def own(p):
         owned = getattr(p, "_owned_grad", None)
         if p.grad is not None and (owned is None or owned() is not p.grad):

@@ -23,6 +23,7 @@ import torch.distributed as dist
 __all__ = [
     "UlyssesGroup", "current_ulysses_group", "DpSpMesh", "dp_sp_rank_layout", "build_dp_sp_groups",
     "validate_ulysses_config", "repeat_kv_interleaved", "all_to_all_seq_to_heads", "all_to_all_heads_to_seq",
+    "traceable_seq_to_heads", "traceable_heads_to_seq",
     "pad_and_slice_inputs", "pad_and_slice", "gather_outputs_and_unpad",
 ]
 
@@ -200,6 +201,40 @@ def all_to_all_seq_to_heads(x: torch.Tensor, sp: UlyssesGroup) -> torch.Tensor:
 def all_to_all_heads_to_seq(x: torch.Tensor, sp: UlyssesGroup) -> torch.Tensor:
     """``(S, H/sp, D) -> (S/sp, H, D)``: scatter the sequence, gather heads (inverse of the above)."""
     return x if sp.size == 1 else _AllToAll.apply(x, sp.group, sp.size, 0, 1)
+
+
+def traceable_seq_to_heads(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """:func:`all_to_all_seq_to_heads` through torch's functional collectives (``all_to_all_single_autograd``),
+    which ``torch.compile`` traces into the layer's graph (no graph break; under ``mode="reduce-overhead"`` the NCCL
+    all-to-all is recorded in the layer's CUDA graph). ``(S/sp, H, D) -> (S, H/sp, D)``; ``group`` is the process
+    group itself, ``size`` its size (> 1). Same result and gradient as the eager version.
+
+    Raises:
+        ValueError: ``H`` not divisible by ``size``.
+    """
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    s, h, d = x.shape
+    if h % size:
+        raise ValueError(f"all-to-all: {h} heads are not divisible by the SP size {size}")
+    send = x.reshape(s, size, h // size, d).transpose(0, 1).contiguous()  # chunk j: head block j -> rank j
+    recv = all_to_all_single_autograd(send.reshape(size * s, h // size, d), None, None, group)
+    return recv.reshape(size * s, h // size, d)  # chunks in rank order = sequence order
+
+
+def traceable_heads_to_seq(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """Inverse of :func:`traceable_seq_to_heads`: ``(S, H/sp, D) -> (S/sp, H, D)`` (functional collectives).
+
+    Raises:
+        ValueError: ``S`` not divisible by ``size``.
+    """
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    s, h, d = x.shape
+    if s % size:
+        raise ValueError(f"all-to-all: sequence length {s} is not divisible by the SP size {size}")
+    recv = all_to_all_single_autograd(x.contiguous(), None, None, group)  # chunk j: my tokens' head block j
+    return recv.reshape(size, s // size, h, d).transpose(0, 1).reshape(s // size, size * h, d)
 
 
 def _all_gather_nograd(x: torch.Tensor, sp: UlyssesGroup, dim: int) -> torch.Tensor:

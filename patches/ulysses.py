@@ -31,7 +31,7 @@ from patches.packing import cu_seqlens_from_position_ids
 from patches.sequence_parallel import (  # noqa: F401 (re-exported)
     DpSpMesh, UlyssesGroup, _all_gather_nograd, all_to_all_heads_to_seq, all_to_all_seq_to_heads, build_dp_sp_groups,
     current_ulysses_group, dp_sp_rank_layout, gather_outputs_and_unpad, pad_and_slice, pad_and_slice_inputs,
-    repeat_kv_interleaved, validate_ulysses_config)
+    repeat_kv_interleaved, traceable_heads_to_seq, traceable_seq_to_heads, validate_ulysses_config)
 from patches.varlen import KERNELS, varlen_attention
 
 __all__ = [
@@ -81,13 +81,17 @@ class _PatchState:
         active group at every forward."""
         return self.group.size if self.group is not None else self.sp_size
 
-    def attention_kwargs(self, cu_seqlens: torch.Tensor, max_seqlen: int) -> dict:
-        """The boundaries of a host-packed row without SP as transformers' flash-attention keyword arguments
-        (``cu_seq_lens_q/k``, ``max_length_q/k``), which :func:`ulysses_attention_forward` traces without a graph
-        break; the maximum is rounded up by :func:`bucket_max_seqlen` so that compiled layers see few distinct
-        values. ``{}`` when the model cannot take them (SP size not fixed at 1, or a forward without ``**kwargs``;
-        decided at patch time)."""
+    def attention_kwargs(self, cu_seqlens: torch.Tensor, max_seqlen: int, sp: UlyssesGroup | None = None) -> dict:
+        """The boundaries of a host-packed row (the WHOLE row, all SP ranks' slices) as transformers'
+        flash-attention keyword arguments (``cu_seq_lens_q/k``, ``max_length_q/k``), which
+        :func:`ulysses_attention_forward` traces without a graph break; the maximum is rounded up by
+        :func:`bucket_max_seqlen` so that compiled layers see few distinct values. ``{}`` when the model cannot take
+        them (SP size not fixed at patch time, or a forward without ``**kwargs``; decided at patch time) or when
+        ``sp`` (the group the caller runs with; None = size 1) is not the group the model was patched for."""
         if not self.boundary_kwargs:
+            return {}
+        size = 1 if sp is None else sp.size
+        if size != self.fixed_size or (size > 1 and sp.group is not self.group.group):
             return {}
         mx = bucket_max_seqlen(max_seqlen, cap=self.sliding_window)
         return dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=mx, max_length_k=mx)
@@ -134,10 +138,13 @@ def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
 
     Packed input whose boundaries the caller passes as ``cu_seq_lens_q`` / ``max_length_q`` keyword arguments (the
     names transformers' flash-attention path uses; :func:`trainer.forward.forward_log_probs` passes them for a row it
-    packed on the host) on a model patched for a fixed SP size of 1 takes a path that torch.compile traces without a
-    graph break: no process group, no Python-side cache, only the varlen kernel (a custom op for PyTorch's kernel).
-    That path does not look up the active SP group (a context variable would break the graph): a caller passing
-    these arguments itself must not have a group of size > 1 active (``forward_log_probs`` checks this).
+    packed on the host) on a model patched for a fixed SP size (1, or a bound :class:`UlyssesGroup`) takes a path
+    that torch.compile traces without a graph break: no context variable, no Python-side cache; the varlen kernel
+    (a custom op for PyTorch's kernel) and, with SP, torch's functional all-to-alls over the bound group
+    (:func:`traceable_seq_to_heads`). The boundaries are those of the WHOLE packed row (every SP rank's slice, SP
+    padding included), as after the all-to-all each rank attends over the whole sequence for its heads. That path
+    does not look up the active SP group: a caller passing these arguments itself must run with the group the
+    model was patched for (``forward_log_probs`` passes them only then).
     Everything else runs eagerly (:func:`_attention_eager`; a graph break under torch.compile).
 
     Raises:
@@ -145,12 +152,19 @@ def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     """
     state: _PatchState | None = getattr(module, "_ulysses_state", None)
     cu = kwargs.get("cu_seq_lens_q")
-    if (cu is not None and state is not None and state.fixed_size == 1 and attention_mask is None
+    if (cu is not None and state is not None and state.boundary_kwargs and attention_mask is None
             and query.shape[0] == 1 and softcap is None):
         causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (1, H, S, D) -> (S, H, D)
+        size = state.fixed_size
+        if size > 1:  # the bound group (fixed at patch time): functional all-to-alls, traced by torch.compile
+            rep = max(size // k.shape[1], 1)
+            k, v = repeat_kv_interleaved(k, rep), repeat_kv_interleaved(v, rep)
+            q, k, v = (traceable_seq_to_heads(t, state.group.group, size) for t in (q, k, v))
         out = varlen_attention(q, k, v, cu, kwargs["max_length_q"], scale=scaling, causal=causal,
                                sliding_window=sliding_window, dropout=dropout, kernel=state.kernel)
+        if size > 1:
+            out = traceable_heads_to_seq(out, state.group.group, size)
         return out.unsqueeze(0), None
     return _attention_eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             sliding_window=sliding_window, softcap=softcap, is_causal=is_causal, **kwargs)
@@ -274,7 +288,8 @@ def apply_ulysses_patch(model: torch.nn.Module, sp_group: UlyssesGroup | int | N
     _flash_attn_fn(), _torch_varlen()  # resolve the kernels eagerly (torch.compile then reads them as constants)
     window = getattr(cfg, "sliding_window", None)
     state = _PatchState(group, sp_size, kernel, sliding_window=window if isinstance(window, int) else None)
-    state.boundary_kwargs = state.fixed_size == 1 and _takes_var_kwargs(model)
+    # boundaries as keyword arguments (the traced path) need an SP size fixed now: 1, or a bound group
+    state.boundary_kwargs = (state.fixed_size == 1 or group is not None) and _takes_var_kwargs(model)
     for m in model.modules():
         m._ulysses_state = state  # plain attribute: not a parameter/buffer, not in state_dict
     model.set_attn_implementation(ULYSSES_ATTN_IMPL)

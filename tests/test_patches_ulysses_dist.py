@@ -8,7 +8,9 @@ MQA, a sliding window) and packed batches of uneven lengths whose token count is
   with the gather's x sp scale, equal the DP-mean of the unsharded gradients (atol 1e-5); with grad_scale=1 they
   are 1/sp of it (negative control);
 * critic values (``forward_values``) agree too; an int-patched model takes its group from ``activate()``;
-* the same with the CUDA-graph shape buckets (rows padded with fake sequences) at SP=2.
+* the same with the CUDA-graph shape buckets (rows padded with fake sequences) at SP=2;
+* host-packed rows with the group bound at patch time take the traceable all-to-alls (functional collectives),
+  which torch.compile traces into the layers with no graph break (SP=2, inductor on CPU).
 Each rank records failures instead of raising so that no rank leaves a collective early.
 """
 import copy
@@ -67,7 +69,7 @@ def reference(model, seed):
     return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
 
 
-def check_lm(name, mesh, world, errors, grad_scale=None, static=0):
+def check_lm(name, mesh, world, errors, grad_scale=None, static=0, compiled=False):
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(MODELS[name](), attn_implementation="sdpa", dtype=torch.float32)
     refs = [reference(base, d) for d in range(mesh.dp_size)]
@@ -78,28 +80,46 @@ def check_lm(name, mesh, world, errors, grad_scale=None, static=0):
         from trainer.workers.kernels import mark_static_shapes
 
         mark_static_shapes(model, static)
+    if compiled:  # the trainer's use_torch_compile: each decoder layer compiled (inductor), SP all-to-alls traced
+        from torch._dynamo.utils import counters
+
+        from trainer.workers.kernels import apply_kernel_options
+
+        counters.clear()
+        apply_kernel_options(model, {"use_torch_compile": True})
     ids, mask, pos, rm, w = make_batch(mesh.dp_rank)
-    # qwen2 and mistral take the trainer's path (device given: packing and sequence boundaries computed on the host
-    # and primed into the patch, so the attention never all-gathers positions); llama and qwen3 the device path
+    # qwen2 and mistral take the trainer's path (device given: packing and sequence boundaries computed on the host,
+    # passed to the attention as keyword arguments, so the attention never all-gathers positions and, with the
+    # group bound at patch time, runs the traceable all-to-alls); llama and qwen3 the device path (eager all-to-alls)
     host = name in HOST_PACKED
-    gathers = []
-    real = ulysses_mod._all_gather_nograd
+    gathers, traced = [], []
+    real, real_traced = ulysses_mod._all_gather_nograd, ulysses_mod.traceable_seq_to_heads
     # count the all-gathers of integer tensors (positions); the log-prob/entropy gathers are float
     ulysses_mod._all_gather_nograd = lambda x, *a, **k: gathers.extend([1] if not x.is_floating_point() else []) \
         or real(x, *a, **k)
+    if not compiled:  # (a compiled layer would trace the counting wrapper)
+        ulysses_mod.traceable_seq_to_heads = lambda *a: traced.append(1) or real_traced(*a)
     try:
         lp, ent = forward_log_probs(model, ids, mask, pos, R, temperature=0.7, calculate_entropy=True,
                                     device="cpu" if host else None)
     finally:
-        ulysses_mod._all_gather_nograd = real
+        ulysses_mod._all_gather_nograd, ulysses_mod.traceable_seq_to_heads = real, real_traced
     loss_fn(lp, ent, rm, w).backward()
     for p in model.parameters():  # DeepSpeed's average over its DP group = the whole world (dp * sp ranks)
         dist.all_reduce(p.grad)
         p.grad /= world
-    tag = f"{name} sp={sp.size} scale={sp.scale}" + (f" static={static}" if static else "")
+    tag = f"{name} sp={sp.size} scale={sp.scale}" + (f" static={static}" if static else "") + \
+        (" compiled" if compiled else "")
     ok = rm.bool()
     try:
         assert len(gathers) == (0 if host else 1), f"position all-gathers: {len(gathers)} (host-packed: {host})"
+        n_layers = model.config.num_hidden_layers
+        if compiled:
+            breaks = dict(counters["graph_break"])
+            assert not breaks, f"graph breaks in the compiled layers: {breaks}"
+            assert counters["stats"]["unique_graphs"] >= n_layers, dict(counters["stats"])
+        else:  # q, k and v of every layer through the traceable all-to-all on the host path, none on the other
+            assert len(traced) == (3 * n_layers if host else 0), f"traceable all-to-alls: {len(traced)}"
         torch.testing.assert_close(lp[ok], refs[mesh.dp_rank][0][ok], atol=ATOL, rtol=0)
         torch.testing.assert_close(ent[ok], refs[mesh.dp_rank][1][ok], atol=ATOL, rtol=0)
         factor = sp.scale / sp.size  # 1 with the right scale; 1/sp for the negative control
@@ -136,8 +156,10 @@ def worker(rank, world, port, out_dir, plan):
         meshes = {sp: build_dp_sp_groups(world, sp, rank) for sp in plan["sp"]}
         for sp in plan["sp"]:
             for name in plan["models"]:
-                check_lm(name, meshes[sp], world, errors, static=plan.get("static", 0))
-            check_values(meshes[sp], errors, int_patch=plan.get("int_patch", False))
+                check_lm(name, meshes[sp], world, errors, static=plan.get("static", 0),
+                         compiled=plan.get("compiled", False))
+            if not plan.get("compiled"):
+                check_values(meshes[sp], errors, int_patch=plan.get("int_patch", False))
         if plan.get("negative"):
             check_lm("llama", meshes[plan["sp"][0]], world, errors, grad_scale=1.0)
     except Exception:
@@ -199,4 +221,12 @@ def test_two_ranks_sp2_shape_buckets_keep_log_probs_and_grads():
     is combined with the SP size (lcm 6), the fake sequences are sliced across ranks like real ones, and log-probs,
     entropies and gradients still equal the unsharded forward (host-packed models)."""
     errors = run(2, {"sp": [2], "models": list(HOST_PACKED), "static": 3})
+    assert not errors, "\n".join(errors)
+
+
+def test_two_ranks_sp2_compiled_layers_trace_the_all_to_alls():
+    """torch.compile of the decoder layers (inductor on CPU) with SP=2 and the group bound at patch time: the
+    attention's all-to-alls are torch's functional collectives, traced into each layer's graph with no graph
+    break, and log-probs, entropies and gradients still equal the unsharded forward."""
+    errors = run(2, {"sp": [2], "models": ["qwen2"], "compiled": True})
     assert not errors, "\n".join(errors)

@@ -228,8 +228,9 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
             to_device(t, dev) for t in (ids_local, pos_local, labels_local, indices, cu_full))
         bounds = (cu_full, max_full)
     primed = bounds is not None and state is not None
-    # without SP the boundaries also go in as keyword arguments, which torch.compile traces (patches.ulysses)
-    kw = state.attention_kwargs(*bounds) if primed and sp.size == 1 else {}
+    # the whole row's boundaries also go in as keyword arguments, which torch.compile traces (patches.ulysses), when
+    # the model was patched for this SP group (or for no SP)
+    kw = state.attention_kwargs(*bounds, sp=sp) if primed else {}
     with sp.activate(), (host_packed_forward() if primed else contextlib.nullcontext()):
         if primed:
             state.prime(pos_local, state.resolve(), *bounds)

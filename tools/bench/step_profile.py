@@ -127,7 +127,7 @@ def kernel_summary(events, wall_s: float) -> dict:
 
 def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_len: int, micro_batches: int,
                          device: torch.device, trace: str | None, row_limit: int = 15,
-                         kernels: dict | None = None, use_deepspeed: bool = False) -> dict:
+                         kernels: dict | None = None, use_deepspeed: bool = False, shapes: bool = False) -> dict:
     """Profile one actor-update loop (``micro_batches`` x forward+backward, then one AdamW step).
 
     Args:
@@ -135,9 +135,12 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
             see ``trainer.workers.kernels``), applied to the model before the loop.
         use_deepspeed: the trainer's DeepSpeed ZeRO-2 engine (fp32 master weights, bf16 on CUDA) instead of a bf16
             model with ``torch.optim.AdamW``.
+        shapes: record input shapes and add ``copies_by_shape``: the ``aten::copy_`` calls grouped by input shapes
+            (which tensors are copied, how often, their device time).
 
     Returns:
-        ``{"seconds", "tokens", "top_ops": [{"name", "self_time_ms", "total_time_ms", "calls"}...],
+        ``{"seconds", "tokens", "top_ops": [{"name", "self_time_ms", "total_time_ms", "calls"}...], "top_cpu_ops"
+        (the same sorted by self host time, ``self_time_ms`` = host ms), "copies_by_shape" (with ``shapes``),
         "kernel_summary": {...} (CUDA only, see :func:`kernel_summary`), "table": str, "trace": path|None}``;
         times are the profiler's (device time on CUDA, CPU time on CPU).
     """
@@ -163,7 +166,7 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     from tools.bench.common import Timer
 
-    with profile(activities=acts, record_shapes=False) as prof, Timer(device) as t:
+    with profile(activities=acts, record_shapes=shapes) as prof, Timer(device) as t:
         loop()
     if trace:
         os.makedirs(os.path.dirname(os.path.abspath(trace)), exist_ok=True)
@@ -177,10 +180,19 @@ def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_le
     top = [dict(name=e.key, self_time_ms=getattr(e, self_attr, 0.0) / 1e3,
                 total_time_ms=getattr(e, tot_attr, 0.0) / 1e3,
                 calls=e.count) for e in ev[:row_limit]]
+    by_cpu = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    top_cpu = [dict(name=e.key, self_time_ms=e.self_cpu_time_total / 1e3, calls=e.count) for e in by_cpu[:row_limit]]
+    copies = None
+    if shapes:
+        grouped = [e for e in prof.key_averages(group_by_input_shape=True) if e.key == "aten::copy_"]
+        grouped.sort(key=lambda e: getattr(e, self_attr, 0.0), reverse=True)
+        copies = [dict(input_shapes=str(e.input_shapes), calls=e.count, self_time_ms=getattr(e, self_attr, 0.0) / 1e3,
+                       host_ms=e.self_cpu_time_total / 1e3) for e in grouped[:25]]
     ksum = kernel_summary(prof.events(), t.s) if device.type == "cuda" else None
     return dict(model=model_name, device=str(device), dtype=str(dtype), path="deepspeed-zero2" if use_deepspeed else
                 "torch", seconds=t.s, tokens=tokens * micro_batches,
                 tokens_per_s=tokens * micro_batches / t.s, micro_batches=micro_batches, top_ops=top, table=table,
+                top_cpu_ops=top_cpu, copies_by_shape=copies,
                 kernels=", ".join(applied) or "none", kernel_summary=ksum,
                 trace=os.path.abspath(trace) if trace else None)
 
@@ -215,6 +227,7 @@ def main(argv=None) -> dict:
                     "(default, reduce-overhead = CUDA graphs, max-autotune-no-cudagraphs); implies --compile if not "
                     "default")
     ap.add_argument("--liger", action="store_true", help="actor_rollout_ref.model.use_liger (CUDA)")
+    ap.add_argument("--shapes", action="store_true", help="record input shapes: the copies grouped by shape")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256-token micro-batches")
     ap.add_argument("--out", default="bench_step_profile.json", help="JSON output path")
@@ -242,8 +255,12 @@ def main(argv=None) -> dict:
         trace = args.trace or os.path.splitext(os.path.abspath(args.out))[0] + ".trace.json"
         prof = profile_actor_update(args.model, args.tokens, args.seq_len, args.response_len, args.micro_batches,
                                     pick_device(args.device), trace,
-                                    kernels=kernel_options(args), use_deepspeed=args.deepspeed)
+                                    kernels=kernel_options(args), use_deepspeed=args.deepspeed, shapes=args.shapes)
         print(prof["table"])
+        print_table(prof["top_cpu_ops"], ["name", "self_time_ms", "calls"], title="top ops by self host time")
+        if prof["copies_by_shape"]:
+            print_table(prof["copies_by_shape"], ["input_shapes", "calls", "self_time_ms", "host_ms"],
+                        title="aten::copy_ by input shapes")
         print(f"actor update loop ({prof['kernels']}): {prof['seconds']:.3f} s for {prof['tokens']} tokens "
               f"({prof['tokens_per_s']:.1f} tok/s, profiler on); trace: {prof['trace']}")
         if prof["kernel_summary"]:

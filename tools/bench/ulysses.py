@@ -55,10 +55,13 @@ def _train_trial(task: dict, group, device, cache: dict) -> dict:
     if key not in cache:
         cache.clear()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = build_model(task["model"], device, dtype, gradient_checkpointing=task["gradient_checkpointing"])
+        # the group bound at patch time, as the trainer's workers do: the host-packed row's boundaries then go to
+        # the attention as keyword arguments and its all-to-alls are traceable (no graph break under --compile)
+        model = build_model(task["model"], device, dtype, sp_group=group if group.size > 1 else 1,
+                            gradient_checkpointing=task["gradient_checkpointing"])
         model.train()
         kernels = {}
-        if task.get("compile_mode"):  # the trainer's use_torch_compile (SP all-to-alls stay eager: a graph break)
+        if task.get("compile_mode"):  # the trainer's use_torch_compile (whole layers, all-to-alls included)
             from trainer.workers.kernels import apply_kernel_options
 
             kernels = {"use_torch_compile": True, "torch_compile_mode": task["compile_mode"]}
@@ -94,7 +97,11 @@ def _train_trial(task: dict, group, device, cache: dict) -> dict:
     stats = torch.tensor([secs, mem], dtype=torch.float64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     secs, mem = stats.tolist()
-    return dict(seconds=secs, peak_mem_gib=mem if mem >= 0 else None)
+    from torch._dynamo.utils import counters  # this rank's torch.compile counters since the process started
+
+    return dict(seconds=secs, peak_mem_gib=mem if mem >= 0 else None,
+                graph_breaks=sum(counters["graph_break"].values()),
+                cudagraph_skips=counters["inductor"]["cudagraph_skips"])
 
 
 @torch.no_grad()
@@ -281,7 +288,8 @@ def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, sea
                            ("OOM" if r["oom"] else f"error: {r['error']}"))
                 if "error" not in r:
                     row.update(seconds=r["seconds"], tokens_per_s_per_gpu=T * iters / r["seconds"] / sp,
-                               peak_mem_gib=r["peak_mem_gib"])
+                               peak_mem_gib=r["peak_mem_gib"], graph_breaks=r["graph_breaks"],
+                               cudagraph_skips=r["cudagraph_skips"])
                 out["throughput"].append(row)
                 print(row, flush=True)
             if search:
@@ -325,8 +333,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--compile", action="store_true", help="actor_rollout_ref.model.use_torch_compile in the "
                     "throughput trials")
     ap.add_argument("--compile-mode", default="default", help="torch_compile_mode of the throughput trials; implies "
-                    "--compile if not default. reduce-overhead with SP > 1 (CUDA graphs between the all-to-alls) "
-                    "is refused by the trainer and was never run")
+                    "--compile if not default (reduce-overhead: each layer, all-to-alls included, as a CUDA graph)")
     ap.add_argument("--accum", type=int, default=1,
                     help="micro-batches (steps) per optimizer step in the throughput table (search trials use 1)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per trial before the pool is killed")
@@ -344,7 +351,7 @@ def main(argv=None) -> dict:
                         args.search_max, args.equiv_tokens, args.gradient_checkpointing, args.timeout,
                         args.search_refine, args.accum,
                         args.compile_mode if args.compile_mode != "default" else ("default" if args.compile else None))
-    print_table(res["throughput"], ["model", "sp", "tokens", "accum", "status", "tokens_per_s_per_gpu", "peak_mem_gib"],
+    print_table(res["throughput"], ["model", "sp", "tokens", "accum", "status", "tokens_per_s_per_gpu", "peak_mem_gib", "graph_breaks"],
                 title=f"Ulysses actor step ({device_type})")
     if res["search"]:
         print_table(res["search"], ["model", "sp", "longest_tokens", "peak_mem_gib", "stopped_by"],

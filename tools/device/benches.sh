@@ -12,6 +12,8 @@
 #      MFU, its GPU tests, MFU without compile on the same machine; PART=profile: the graphed and the
 #      default-compiled MFU and profiles)
 #      OUT=/some/dir SET=ulysses_graphs bash tools/device/benches.sh  (#4: SP=1 vs SP=2 with CUDA graphs; not run yet)
+#      OUT=/some/dir SET=s6 [PART=sp|mfu] bash tools/device/benches.sh  (session 6: #4 SP with traced all-to-alls: GPU
+#      test, SP=1 vs SP=2 with CUDA graphs and compile; #9 MFU + shape profile)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -96,7 +98,26 @@ case ${SET:-first} in
         --compile-mode reduce-overhead --out "$OUT/mfu_smol_graphs.json" > "$OUT/mfu_smol_graphs.log" 2>&1
     fi
     exit 0 ;;
-  ulysses_graphs)  # #4: SP=1 vs SP=2 with CUDA graphs between the all-to-alls (never run yet; 2 GPUs)
+  s6)  # session 6, 2 GPUs: #4's GPU test of SP=2 with the functional all-to-alls (eager, compiled, CUDA graphs),
+    # SP=1 vs SP=2 with CUDA graphs and with torch.compile (all-to-alls traced into the layers); PART=mfu: #9's MFU
+    # with graphs and a profile recording the copies' shapes (GPU 0)
+    if [ "${PART:-sp}" = sp ]; then
+      timeout -k 10 170 python3 -m pytest -q -m gpu tests/test_ulysses_graphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
+      for mode in reduce-overhead default; do
+        timeout -k 10 ${T_ULYSSES:-190} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
+          --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode $mode --timeout 120 \
+          --out "$OUT/ulysses_$mode.json" > "$OUT/ulysses_$mode.log" 2>&1
+      done
+    else
+      export CUDA_VISIBLE_DEVICES=${GPU:-0}
+      timeout -k 10 150 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 48 --warmup 8 \
+        --compile-mode reduce-overhead --out "$OUT/mfu_graphs.json" > "$OUT/mfu_graphs.log" 2>&1
+      timeout -k 10 120 python3 tools/bench/step_profile.py --profile --shapes --model qwen2-1.5b --tokens 4096 \
+        --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json --out "$OUT/prof_graphs.json" \
+        > "$OUT/prof_graphs.log" 2>&1
+    fi
+    exit 0 ;;
+  ulysses_graphs)  # #4: SP=1 vs SP=2 with CUDA graphs (before the functional all-to-alls: never run)
     timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
       --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode reduce-overhead --timeout 150 \
       --out "$OUT/ulysses_graphs.json" > "$OUT/ulysses_graphs.log" 2>&1

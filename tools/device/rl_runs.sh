@@ -130,6 +130,8 @@ for spec in $RUNS; do
     svamp_h_more) RUN_DIR=svamp_h launch svamp_h_more "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 \
                actor_rollout_ref.rollout.n=16 trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 \
                trainer.resume_mode=auto ;;
+    svamp_i) launch svamp_i "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
+               actor_rollout_ref.actor.optim.lr=1e-4 ;;  # svamp_h at 2x lr (one optimizer step per step, not two)
     offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

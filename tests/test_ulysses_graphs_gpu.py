@@ -9,6 +9,7 @@ import copy
 import json
 import os
 import tempfile
+import time
 import traceback
 
 import pytest
@@ -97,25 +98,44 @@ def _worker(rank, world, port, out_dir):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             device_id=torch.device("cuda", rank))
-    errors = []
+    errors, done = [], {}
+
+    def save():  # after every mode, so that a run stopped by a timeout still tells which modes finished
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(dict(errors=errors, done=done), f)
+
     try:
         sp = UlyssesGroup(dist.new_group(list(range(world))), world, rank)
         for mode in MODES:
+            t0 = time.perf_counter()
             _check(mode, sp, errors)
+            done[mode] = round(time.perf_counter() - t0, 1)
+            save()
     except Exception:
         errors.append(traceback.format_exc())
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(errors, f)
+    save()
     dist.destroy_process_group()
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_sp2_functional_all_to_alls_eager_compiled_and_cuda_graphs_match_sp1():
+def run(out_dir: str) -> list[str]:
+    """Spawn the 2 ranks; returns their failures (``out_dir/rank{r}.json`` also lists the modes done, seconds)."""
     import torch.multiprocessing as mp
 
     from trainer.workers.base import free_port
 
+    mp.start_processes(_worker, args=(2, free_port(), out_dir), nprocs=2, join=True, start_method="spawn")
+    return [f"rank {r}: {e}" for r in range(2) for e in json.load(open(os.path.join(out_dir, f"rank{r}.json")))["errors"]]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_sp2_functional_all_to_alls_eager_compiled_and_cuda_graphs_match_sp1():
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_worker, args=(2, free_port(), d), nprocs=2, join=True, start_method="spawn")
-        errors = [f"rank {r}: {e}" for r in range(2) for e in json.load(open(os.path.join(d, f"rank{r}.json")))]
+        errors = run(d)
     assert not errors, "\n".join(errors)
+
+
+if __name__ == "__main__":  # python tests/test_ulysses_graphs_gpu.py OUT_DIR (keeps the per-rank files)
+    import sys
+
+    os.makedirs(sys.argv[1], exist_ok=True)
+    print("\n".join(run(sys.argv[1])) or "all modes match")

@@ -103,10 +103,18 @@ case ${SET:-first} in
     # with graphs and a profile recording the copies' shapes (GPU 0)
     if [ "${PART:-sp}" = sp ]; then
       timeout -k 10 170 python3 -m pytest -q -m gpu tests/test_ulysses_graphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
-      for mode in reduce-overhead default; do
+      for mode in reduce-overhead default; do  # (default without --compile ran EAGER: the bench compiles only with --compile or a non-default mode)
         timeout -k 10 ${T_ULYSSES:-190} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
           --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode $mode --timeout 120 \
           --out "$OUT/ulysses_$mode.json" > "$OUT/ulysses_$mode.log" 2>&1
+      done
+    elif [ "${PART}" = sp2 ]; then  # after the eager path went back to dist.all_to_all_single: the GPU test (per-rank
+      # files with the modes done), SP=1 vs SP=2 eager and with torch.compile (mode default)
+      timeout -k 10 240 python3 tests/test_ulysses_graphs_gpu.py "$OUT/gpu_test" > "$OUT/gpu_test.log" 2>&1
+      for k in eager: compile:--compile; do
+        timeout -k 10 ${T_ULYSSES:-170} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
+          --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 ${k#*:} --timeout 120 \
+          --out "$OUT/ulysses_${k%%:*}.json" > "$OUT/ulysses_${k%%:*}.log" 2>&1
       done
     else
       export CUDA_VISIBLE_DEVICES=${GPU:-0}

@@ -207,9 +207,8 @@ def traceable_seq_to_heads(x: torch.Tensor, group, size: int) -> torch.Tensor:
     """:func:`all_to_all_seq_to_heads` that ``torch.compile`` can trace: while compiling, through torch's functional
     collectives (``all_to_all_single_autograd``), which land in the layer's graph (no graph break; under
     ``mode="reduce-overhead"`` the NCCL all-to-all is recorded in the layer's CUDA graph); run eagerly, through the
-    plain ``dist.all_to_all_single`` autograd function (functional collectives cost more host time per call in
-    eager mode: SP=2 at 8k tokens ran at 14.5k tokens/s per GPU with them against 19.6k without, one H200 pair).
-    ``(S/sp, H, D) -> (S, H/sp, D)``; ``group`` is the process group itself, ``size`` its size (> 1). Same result and
+    plain ``dist.all_to_all_single`` autograd function (functional collectives return wrapper tensors and do more
+    host work per call, https://github.com/pytorch/pytorch/issues/138773). ``(S/sp, H, D) -> (S, H/sp, D)``; ``group`` is the process group itself, ``size`` its size (> 1). Same result and
     gradient either way.
 
     Raises:

@@ -73,6 +73,8 @@ class _PatchState:
         self.group, self.sp_size, self.kernel, self.sliding_window = group, sp_size, kernel, sliding_window
         self.boundary_kwargs = False  # set by apply_ulysses_patch: see attention_kwargs
         self.static_token_multiple = 0  # > 0: pad host-packed rows to buckets (trainer.workers.kernels, CUDA graphs)
+        # layers under torch.compile (set by trainer.workers.kernels.apply_kernel_options): with SP, the traced path
+        self.compiled = False
         self._cache: tuple | None = None  # (position_ids tensor, version, group, cu_seqlens, max_seqlen)
 
     @property
@@ -87,11 +89,16 @@ class _PatchState:
         :func:`ulysses_attention_forward` traces without a graph break; the maximum is rounded up by
         :func:`bucket_max_seqlen` so that compiled layers see few distinct values. ``{}`` when the model cannot take
         them (SP size not fixed at patch time, or a forward without ``**kwargs``; decided at patch time) or when
-        ``sp`` (the group the caller runs with; None = size 1) is not the group the model was patched for."""
+        ``sp`` (the group the caller runs with; None = size 1) is not the group the model was patched for.
+
+        With SP > 1 only for compiled layers (``compiled``): run eagerly, the primed path of
+        :func:`_attention_eager` measured faster (Qwen2-1.5B config, SP=2 at 8k tokens on 2 x H200: 19.6k tokens/s
+        per GPU, 2026-11-30 session 5, against 14.5-14.9k on two loans of session 6 through this path; the cause was
+        not isolated), so eager SP keeps it."""
         if not self.boundary_kwargs:
             return {}
         size = 1 if sp is None else sp.size
-        if size != self.fixed_size or (size > 1 and sp.group is not self.group.group):
+        if size != self.fixed_size or (size > 1 and (sp.group is not self.group.group or not self.compiled)):
             return {}
         mx = bucket_max_seqlen(max_seqlen, cap=self.sliding_window)
         return dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=mx, max_length_k=mx)

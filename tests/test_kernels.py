@@ -188,9 +188,6 @@ def test_check_kernel_options_compile_mode():
         check_kernel_options({"torch_compile_mode": "reduce-overhead"}, "cuda", 2)
     with pytest.raises(ValueError, match="records CUDA graphs and needs trainer.device=cuda, got 'cpu'"):
         check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cpu", 2)
-    with pytest.raises(ValueError, match="with ulysses_sequence_parallel_size=2 is not supported"):
-        check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"}, "cuda", 2,
-                             sp_size=2)
     for stage in (0, 1):
         with pytest.raises(ValueError, match=f"max-autotune needs ZeRO stage 2 .*got stage {stage}"):
             check_kernel_options({"use_torch_compile": True, "torch_compile_mode": "max-autotune"}, "cuda", stage)
@@ -229,7 +226,7 @@ def test_keep_graph_grads_copies_each_fresh_gradient_once_and_keeps_the_sums():
             torch.testing.assert_close(b.grad, a.grad, msg=n)
 
 
-def test_launch_validate_passes_the_largest_sp_size_to_the_compile_mode_check():
+def test_launch_validate_checks_the_compile_mode_and_accepts_cuda_graphs_with_sp():
     from tests.test_launch_checks import _cfg
     from trainer.launch import ConfigError, validate
 
@@ -239,11 +236,11 @@ def test_launch_validate_passes_the_largest_sp_size_to_the_compile_mode_check():
     with pytest.raises(ConfigError, match="torch_compile_mode='fast'"):
         validate(_cfg("actor_rollout_ref.model.use_torch_compile=true",
                       "actor_rollout_ref.model.torch_compile_mode=fast"))
-    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=2 is not supported"):
-        validate(_cfg("actor_rollout_ref.model.use_torch_compile=true", "trainer.device=cuda",
-                      "actor_rollout_ref.model.torch_compile_mode=reduce-overhead",
-                      "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
-                      "critic.enable=true"))
+    # SP with CUDA graphs: the all-to-alls are recorded in the graphs (tests/test_ulysses_graphs_gpu.py)
+    validate(_cfg("actor_rollout_ref.model.use_torch_compile=true", "trainer.device=cuda",
+                  "actor_rollout_ref.model.torch_compile_mode=reduce-overhead",
+                  "critic.ulysses_sequence_parallel_size=2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                  "trainer.n_gpus_per_node=2", "critic.enable=true"))
 
 
 @pytest.mark.parametrize("nnz,num_seqs,multiple", [(4096, 4, 256), (4000, 4, 256), (4000, 3, 256), (0, 0, 256),

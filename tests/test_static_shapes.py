@@ -220,20 +220,15 @@ def test_launch_names_the_sp_key_and_checks_the_prime_reward_model():
     validate(_cfg(*graphs, "algorithm=prime"))
     with pytest.raises(ConfigError, match=r"model.use_remove_padding=true .*got false"):
         validate(_cfg(*graphs, "actor_rollout_ref.model.use_remove_padding=false"))
-    for key in ("critic", "actor_rollout_ref.ref", "actor_rollout_ref.actor"):
-        with pytest.raises(ConfigError, match=rf"with {key}\.ulysses_sequence_parallel_size=2 is not supported"):
-            validate(_cfg(*graphs, f"{key}.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
-                          "critic.enable=true"))  # the critic is built
-    # a disabled critic (GRPO) builds no model: its SP size does not count
-    validate(_cfg(*graphs, "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"))
+    for key in ("critic", "actor_rollout_ref.ref", "actor_rollout_ref.actor"):  # SP with CUDA graphs is accepted
+        validate(_cfg(*graphs, f"{key}.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
+                      "critic.enable=true"))
     with pytest.raises(ConfigError, match=r"ZeRO stage 2 .*got stage 1"):
         validate(_cfg(*graphs, "+deepspeed.ds_config={zero_optimization:{stage:1}}"))
     with pytest.raises(ConfigError, match=r"deepspeed.offload_optimizer=true is not supported"):
         validate(_cfg(*graphs, "deepspeed.offload_optimizer=true"))
     # the PRM worker builds actor_rollout_ref.model with reward_model's SP size and model overrides
-    with pytest.raises(ConfigError, match=r"PRIME reward model \(actor_rollout_ref.model\): .*with reward_model\."
-                                          r"ulysses_sequence_parallel_size=2 is not supported"):
-        validate(_cfg(*graphs, "algorithm=prime", "reward_model.ulysses_sequence_parallel_size=2"))
+    validate(_cfg(*graphs, "algorithm=prime", "reward_model.ulysses_sequence_parallel_size=2"))
     with pytest.raises(ConfigError, match=r"PRIME reward model \(actor_rollout_ref.model with reward_model.model."
                                           r"enable_gradient_checkpointing=true\): .*is not supported"):
         validate(_cfg(*graphs, "algorithm=prime", "+reward_model.model.enable_gradient_checkpointing=true"))

@@ -263,18 +263,12 @@ def validate(cfg: dict) -> None:
 
     ds = cfg["deepspeed"]
 
-    def check(model_cfg: dict, sp_size: int, sp_key: str) -> None:
-        check_kernel_options(model_cfg, t["device"], effective_zero_stage(ds), sp_size=sp_size,
-                             ds_config=ds.get("ds_config"), sp_key=sp_key,
+    def check(model_cfg: dict) -> None:
+        check_kernel_options(model_cfg, t["device"], effective_zero_stage(ds), ds_config=ds.get("ds_config"),
                              offload_optimizer=bool(ds.get("offload_optimizer")))
 
     try:
-        roles = [("actor_rollout_ref.actor", arr["actor"]), ("actor_rollout_ref.ref", arr["ref"])]
-        if cfg["critic"].get("enable"):  # a disabled critic builds no model
-            roles.append(("critic", cfg["critic"]))
-        sps = [(f"{k}.ulysses_sequence_parallel_size", int(sec["ulysses_sequence_parallel_size"])) for k, sec in roles]
-        sp_key, sp_max = max(sps, key=lambda kv: kv[1])  # the first key with the largest size, named in the error
-        check(arr["model"], sp_max, sp_key)
+        check(arr["model"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     from trainer.prime import prime_enabled
@@ -284,9 +278,8 @@ def validate(cfg: dict) -> None:
 
         rm = cfg.get("reward_model") or {}
         over = {k: v for k, v in (rm.get("model") or {}).items() if k in _MODEL_KEYS and v is not None}
-        rm_sp = int(rm.get("ulysses_sequence_parallel_size", 1))
         try:
-            check({**arr["model"], **over}, rm_sp, "reward_model.ulysses_sequence_parallel_size")
+            check({**arr["model"], **over})
         except ValueError as exc:
             keys = ", ".join(f"reward_model.model.{k}={str(v).lower()}" for k, v in over.items())
             raise ConfigError(f"the PRIME reward model (actor_rollout_ref.model{' with ' + keys if keys else ''}): "

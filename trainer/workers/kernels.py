@@ -8,16 +8,17 @@ Config (``actor_rollout_ref.model``, shared by all roles, as in verl):
   log-probs come from :func:`trainer.forward.log_probs_from_logits`). Needs CUDA (Triton) and
   ``pip install liger-kernel``. Liger swaps transformers' module classes and RoPE function process-wide, so the
   transformers rollout engine built later in the same worker uses its kernels too (same math).
-* ``use_torch_compile``: ``torch.compile(dynamic=True)`` of each decoder layer (without SP the attention is traced
-  too, one graph per layer; with SP its all-to-alls stay eager, a graph break; see ``patches.ulysses``) and of the
+* ``use_torch_compile``: ``torch.compile(dynamic=True)`` of each decoder layer (the attention is traced too, one
+  graph per layer; with SP its all-to-alls as torch's functional collectives, see ``patches.ulysses``) and of the
   per-chunk log-prob math
   (:func:`trainer.forward.use_compiled_log_probs`). Not with ZeRO-3, whose parameter hooks run inside the layers.
 * ``torch_compile_mode`` (with ``use_torch_compile``): torch.compile's ``mode``. ``default``; ``reduce-overhead``
   records each compiled layer's forward and backward as CUDA graphs, so a replay costs one host call instead of one
   per kernel (the update at 4k-token micro-batches is bound by the host otherwise; docs/benchmarks.md). CUDA graphs
   need fixed shapes, so packed rows are padded to a bucket (:data:`STATIC_TOKEN_MULTIPLE` tokens, a power-of-two
-  count of sequences; :func:`patches.packing.bucket_padding`) and one graph is recorded per bucket. Needs CUDA and
-  no sequence parallelism (the all-to-alls would sit between graphs; not run), DeepSpeed ZeRO stage 2 for training
+  count of sequences; :func:`patches.packing.bucket_padding`) and one graph is recorded per bucket; with SP the NCCL
+  all-to-alls are recorded inside the layers' graphs (checked against SP=1 on 2 GPUs:
+  tests/test_ulysses_graphs_gpu.py). Needs CUDA, DeepSpeed ZeRO stage 2 for training
   (its gradient hooks copy each gradient out of the graphs' memory as it is produced; other stages would
   accumulate into gradients that the next replay overwrites; for a plain training loop see
   :func:`keep_graph_grads`) and no gradient checkpointing. ``max-autotune``: the same with inductor's GEMM
@@ -47,20 +48,17 @@ def compile_mode(model_cfg: dict) -> str:
 
 
 def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str = "actor_rollout_ref.model",
-                         sp_size: int = 1, ds_config: dict | None = None,
-                         sp_key: str = "ulysses_sequence_parallel_size", offload_optimizer: bool = False) -> None:
+                         ds_config: dict | None = None, offload_optimizer: bool = False) -> None:
     """Refuse option combinations that cannot run, before any worker starts.
 
     Args:
-        sp_size: the largest Ulysses SP size of the roles sharing ``model_cfg``; ``sp_key``: its config key (named
-            in the error).
         ds_config: ``deepspeed.ds_config`` (the user's DeepSpeed overrides).
         offload_optimizer: ``deepspeed.offload_optimizer`` (ZeRO-Offload).
 
     Raises:
         ValueError: ``use_liger`` without CUDA or without liger-kernel installed; both options at once;
             ``use_torch_compile`` with ZeRO stage 3; a non-boolean value; an unknown ``torch_compile_mode``, or a
-            CUDA-graph mode without ``use_torch_compile``, without CUDA, with ``sp_size > 1``, a ZeRO stage other
+            CUDA-graph mode without ``use_torch_compile``, without CUDA, a ZeRO stage other
             than 2, ZeRO-Offload, gradient checkpointing, ``use_remove_padding: false`` (no packed rows to bucket), or
             ``contiguous_gradients: false`` in ``ds_config`` (DeepSpeed then keeps the graphs' gradient tensors; the
             next replay overwrites them: seen on an H200).
@@ -87,10 +85,6 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
     if mode in CUDAGRAPH_MODES and device != "cuda":
         raise ValueError(f"{key}.torch_compile_mode={mode} records CUDA graphs and needs trainer.device=cuda, got "
                          f"{device!r}")
-    if mode in CUDAGRAPH_MODES and int(sp_size) > 1:
-        raise ValueError(f"{key}.torch_compile_mode={mode} with {sp_key}={sp_size} is not "
-                         "supported (the all-to-alls would run between CUDA graphs; not run); use mode default or "
-                         "SP size 1")
     if mode in CUDAGRAPH_MODES and int(zero_stage) != 2:
         raise ValueError(f"{key}.torch_compile_mode={mode} needs ZeRO stage 2 (deepspeed.zero_stage, or "
                          "deepspeed.ds_config.zero_optimization.stage when set; its gradient hooks copy each gradient "
@@ -157,6 +151,9 @@ def apply_kernel_options(model, model_cfg: dict) -> list[str]:
         for layer in layers:
             # CUDA graphs: shapes start static and become dynamic on the first recompile (one graph per bucket)
             layer.compile(dynamic=None if graphs else True, mode=None if mode == "default" else mode)
+        state = getattr(model, "_ulysses_state", None)
+        if state is not None:  # SP: the traced all-to-alls (patches.ulysses._PatchState.attention_kwargs)
+            state.compiled = True
         if graphs:
             mark_static_shapes(model, STATIC_TOKEN_MULTIPLE)
         use_compiled_log_probs(True)

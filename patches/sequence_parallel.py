@@ -203,44 +203,39 @@ def all_to_all_heads_to_seq(x: torch.Tensor, sp: UlyssesGroup) -> torch.Tensor:
     return x if sp.size == 1 else _AllToAll.apply(x, sp.group, sp.size, 0, 1)
 
 
+def _traceable_all_to_all(x, group, size, scatter_dim, gather_dim):
+    if not torch.compiler.is_compiling():
+        return _AllToAll.apply(x, group, size, scatter_dim, gather_dim)
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    if x.shape[scatter_dim] % size:
+        raise ValueError(f"all-to-all: dim {scatter_dim} of size {x.shape[scatter_dim]} is not divisible by {size}")
+    send = torch.stack(torch.tensor_split(x, size, dim=scatter_dim)).contiguous()  # chunk j -> rank j
+    recv = all_to_all_single_autograd(send, None, None, group)  # splits dim 0: one chunk per rank
+    return torch.cat(recv.unbind(0), dim=gather_dim)  # received chunks in rank order
+
+
 def traceable_seq_to_heads(x: torch.Tensor, group, size: int) -> torch.Tensor:
     """:func:`all_to_all_seq_to_heads` that ``torch.compile`` can trace: while compiling, through torch's functional
     collectives (``all_to_all_single_autograd``), which land in the layer's graph (no graph break; under
     ``mode="reduce-overhead"`` the NCCL all-to-all is recorded in the layer's CUDA graph); run eagerly, through the
     plain ``dist.all_to_all_single`` autograd function (functional collectives return wrapper tensors and do more
-    host work per call, https://github.com/pytorch/pytorch/issues/138773). ``(S/sp, H, D) -> (S, H/sp, D)``; ``group`` is the process group itself, ``size`` its size (> 1). Same result and
-    gradient either way.
+    host work per call, https://github.com/pytorch/pytorch/issues/138773). ``(S/sp, H, D) -> (S, H/sp, D)``;
+    ``group`` is the process group itself, ``size`` its size (> 1). Same result and gradient either way.
 
     Raises:
         ValueError: ``H`` not divisible by ``size``.
     """
-    if not torch.compiler.is_compiling():
-        return _AllToAll.apply(x, group, size, 1, 0)
-    from torch.distributed._functional_collectives import all_to_all_single_autograd
-
-    s, h, d = x.shape
-    if h % size:
-        raise ValueError(f"all-to-all: {h} heads are not divisible by the SP size {size}")
-    send = x.reshape(s, size, h // size, d).transpose(0, 1).contiguous()  # chunk j: head block j -> rank j
-    recv = all_to_all_single_autograd(send.reshape(size * s, h // size, d), None, None, group)
-    return recv.reshape(size * s, h // size, d)  # chunks in rank order = sequence order
+    return _traceable_all_to_all(x, group, size, 1, 0)
 
 
 def traceable_heads_to_seq(x: torch.Tensor, group, size: int) -> torch.Tensor:
-    """Inverse of :func:`traceable_seq_to_heads`: ``(S, H/sp, D) -> (S/sp, H, D)`` (functional collectives).
+    """Inverse of :func:`traceable_seq_to_heads`: ``(S, H/sp, D) -> (S/sp, H, D)``.
 
     Raises:
         ValueError: ``S`` not divisible by ``size``.
     """
-    if not torch.compiler.is_compiling():
-        return _AllToAll.apply(x, group, size, 0, 1)
-    from torch.distributed._functional_collectives import all_to_all_single_autograd
-
-    s, h, d = x.shape
-    if s % size:
-        raise ValueError(f"all-to-all: sequence length {s} is not divisible by the SP size {size}")
-    recv = all_to_all_single_autograd(x.contiguous(), None, None, group)  # chunk j: my tokens' head block j
-    return recv.reshape(size, s // size, h, d).transpose(0, 1).reshape(s // size, size * h, d)
+    return _traceable_all_to_all(x, group, size, 0, 1)
 
 
 def _all_gather_nograd(x: torch.Tensor, sp: UlyssesGroup, dim: int) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Shared helpers of the log-prob equivalence tests (tests/test_kernels.py, tests/test_boundary_kwargs.py)."""
+"""Shared helpers of the log-prob equivalence tests (tests/test_kernels.py, tests/test_boundary_kwargs.py, the CUDA-graph
+GPU tests)."""
 from __future__ import annotations
 
 import contextlib
@@ -51,3 +52,17 @@ def compiled_pair(base):
     finally:
         use_compiled_log_probs(False)
         torch._dynamo.reset()
+
+
+def shape_varied_batches(vocab: int = 512):
+    """Four host micro-batches ``(input_ids, attention_mask, position_ids)`` of different shapes (rows, width, left
+    padding), two in the same CUDA-graph bucket; token ids in ``[1, vocab)``."""
+    out = []
+    for i, (b, w) in enumerate(((3, 40), (4, 33), (3, 41), (3, 40))):
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(1, vocab, (b, w), generator=g)
+        mask = torch.ones_like(ids)
+        for r in range(b):
+            mask[r, :int(torch.randint(0, 12, (1,), generator=g))] = 0
+        out.append((ids, mask, (mask.cumsum(1) - 1).clamp(min=0)))
+    return out

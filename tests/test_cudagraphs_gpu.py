@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from tests.logprob_utils import shape_varied_batches
+
 from patches.ulysses import apply_ulysses_patch
 from trainer.forward import forward_log_probs, use_compiled_log_probs
 from trainer.workers.kernels import apply_kernel_options, keep_graph_grads
@@ -23,19 +25,6 @@ def _model():
                       num_attention_heads=8, num_key_value_heads=2, head_dim=32)
     torch.manual_seed(0)
     return apply_ulysses_patch(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).cuda(), 1)
-
-
-def _batches():
-    """Host micro-batches of different shapes (rows, width, left padding), two in the same bucket."""
-    out = []
-    for i, (b, w) in enumerate(((3, 40), (4, 33), (3, 41), (3, 40))):
-        g = torch.Generator().manual_seed(i)
-        ids = torch.randint(1, 512, (b, w), generator=g)
-        mask = torch.ones_like(ids)
-        for r in range(b):
-            mask[r, :int(torch.randint(0, 12, (1,), generator=g))] = 0
-        out.append((ids, mask, (mask.cumsum(1) - 1).clamp(min=0)))
-    return out
 
 
 @pytest.fixture
@@ -58,7 +47,7 @@ def test_cuda_graph_compile_matches_eager_with_gradient_accumulation(fresh_dynam
     for step in range(2):
         for m in (eager, graphed):
             m.zero_grad(set_to_none=True)
-        for ids, mask, pos in _batches():  # gradients accumulate over 4 micro-batches
+        for ids, mask, pos in shape_varied_batches():  # gradients accumulate over 4 micro-batches
             valid = mask[:, -8:].bool().cuda()
             got = []
             for m in (eager, graphed):
@@ -106,7 +95,7 @@ def test_cuda_graph_compile_under_deepspeed_zero2_matches_eager(fresh_dynamo, ze
             apply_kernel_options(m, GRAPHS)
         opt = torch.optim.SGD(m.parameters(), lr=0.5)
         engines.append(deepspeed.initialize(model=m, optimizer=opt, config=w.ds_config(train=True))[0])
-    for i, (ids, mask, pos) in enumerate(_batches()):
+    for i, (ids, mask, pos) in enumerate(shape_varied_batches()):
         valid = mask[:, -8:].bool().cuda()
         for e, graphs in zip(engines, (False, True)):
             use_compiled_log_probs(graphs)

@@ -15,6 +15,8 @@ import traceback
 import pytest
 import torch
 
+from tests.logprob_utils import shape_varied_batches
+
 pytestmark = pytest.mark.gpu
 MODES = ("eager", "default", "reduce-overhead")
 
@@ -26,19 +28,6 @@ def _model():
                       num_attention_heads=8, num_key_value_heads=2, head_dim=32)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-
-
-def _batches():
-    """Host micro-batches of different shapes (rows, width, left padding), two in the same bucket."""
-    out = []
-    for i, (b, w) in enumerate(((3, 40), (4, 33), (3, 41), (3, 40))):
-        g = torch.Generator().manual_seed(i)
-        ids = torch.randint(1, 512, (b, w), generator=g)
-        mask = torch.ones_like(ids)
-        for r in range(b):
-            mask[r, :int(torch.randint(0, 12, (1,), generator=g))] = 0
-        out.append((ids, mask, (mask.cumsum(1) - 1).clamp(min=0)))
-    return out
 
 
 def _check(mode, sp, errors):
@@ -61,7 +50,7 @@ def _check(mode, sp, errors):
         for step in range(2):
             for m in (ref, model):
                 m.zero_grad(set_to_none=True)
-            for ids, mask, pos in _batches():
+            for ids, mask, pos in shape_varied_batches():
                 valid = mask[:, -8:].bool().cuda()
                 got = []
                 for m, group in ((ref, UlyssesGroup()), (model, sp)):

@@ -210,7 +210,7 @@ def test_cuda_graph_modes_refuse_the_padded_batch_forward(value):
     kernels.check_kernel_options({"use_torch_compile": True, "use_remove_padding": False}, "cuda", 2)  # no graphs
 
 
-def test_launch_names_the_sp_key_and_checks_the_prime_reward_model():
+def test_launch_checks_cuda_graphs_with_sp_and_the_prime_reward_model():
     from tests.test_launch_checks import _cfg
     from trainer.launch import ConfigError, validate
 

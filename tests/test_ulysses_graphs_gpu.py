@@ -1,7 +1,8 @@
-"""Ulysses SP=2 on 2 GPUs (NCCL) with the group bound at patch time, so the attention's all-to-alls are torch's
-functional collectives (``patches.sequence_parallel.traceable_seq_to_heads``): eager, ``torch.compile`` of the
-decoder layers (all-to-alls traced, no graph break) and CUDA graphs (``torch_compile_mode=reduce-overhead``: each
-layer's forward and backward, NCCL all-to-alls included, recorded and replayed). Each gives the log-probs, entropy
+"""Ulysses SP=2 on 2 GPUs (NCCL) with the group bound at patch time: eager (the primed path, eager all-to-alls),
+``torch.compile`` of the decoder layers (the all-to-alls as torch's functional collectives,
+``patches.sequence_parallel.traceable_seq_to_heads``, traced: no graph break) and CUDA graphs
+(``torch_compile_mode=reduce-overhead``: each layer's forward and backward, NCCL all-to-alls included, recorded
+and replayed). Each gives the log-probs, entropy
 and gradients (summed over the SP ranks, 4 accumulated micro-batches of different shapes, two optimizer-like
 updates) of the unsharded SP=1 eager model, fp32, atol 1e-4. Each rank records failures instead of raising, so
 that no rank leaves a collective early."""

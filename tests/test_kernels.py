@@ -289,3 +289,18 @@ def test_static_shape_buckets_keep_logprobs_and_grads_and_fix_the_shapes():
         assert_same(got, want, valid=mask[:, -5:].bool(), grad_rtol=1e-5)
     # 27, 37 and 20 real tokens in 3 rows -> 32, 48, 32 tokens; 3 sequences + fakes -> 4 (cu_seqlens of 5)
     assert seen == [("cu", (5,)), (1, 32), ("cu", (5,)), (1, 48), ("cu", (5,)), (1, 32)], seen
+
+
+def test_cuda_graphs_refuse_an_sp_model_without_the_traced_all_to_alls():
+    """CUDA graphs with SP need the boundary keyword arguments (traced all-to-alls); a model patched with an int SP
+    size (group taken at run time) has them off and is refused before anything is compiled."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from patches.ulysses import apply_ulysses_patch
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = apply_ulysses_patch(AutoModelForCausalLM.from_config(cfg), 2)
+    with pytest.raises(ValueError, match="needs a model patched with a bound SP group .*SP size 2"):
+        apply_kernel_options(model, {"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"})
+    assert not model._ulysses_state.compiled

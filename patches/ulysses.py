@@ -162,17 +162,11 @@ def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if (cu is not None and state is not None and state.boundary_kwargs and attention_mask is None
             and query.shape[0] == 1 and softcap is None):
         causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (1, H, S, D) -> (S, H, D)
-        size = state.fixed_size
-        if size > 1:  # the bound group (fixed at patch time): functional all-to-alls, traced by torch.compile
-            rep = max(size // k.shape[1], 1)
-            k, v = repeat_kv_interleaved(k, rep), repeat_kv_interleaved(v, rep)
-            q, k, v = (traceable_seq_to_heads(t, state.group.group, size) for t in (q, k, v))
-        out = varlen_attention(q, k, v, cu, kwargs["max_length_q"], scale=scaling, causal=causal,
-                               sliding_window=sliding_window, dropout=dropout, kernel=state.kernel)
-        if size > 1:
-            out = traceable_heads_to_seq(out, state.group.group, size)
-        return out.unsqueeze(0), None
+        # the bound group (fixed at patch time); its all-to-alls are traced by torch.compile
+        out = _sp_varlen(query, key, value, state.group.group if state.fixed_size > 1 else None, state.fixed_size,
+                         cu, kwargs["max_length_q"], scale=scaling, causal=causal, sliding_window=sliding_window,
+                         dropout=dropout, kernel=state.kernel)
+        return out, None
     return _attention_eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                             sliding_window=sliding_window, softcap=softcap, is_causal=is_causal, **kwargs)
 
@@ -200,18 +194,28 @@ def _attention_eager(module, query, key, value, attention_mask, dropout=0.0, sca
     nq, nk = query.shape[1], key.shape[1]
     validate_ulysses_config(nq, nk, g.size)
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    # (1, H, S_local, D) -> (S_local, H, D)
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-    if g.size > 1:
-        rep = max(g.size // nk, 1)
-        k, v = repeat_kv_interleaved(k, rep), repeat_kv_interleaved(v, rep)
-        q, k, v = (all_to_all_seq_to_heads(t, g) for t in (q, k, v))
     cu, max_len = (state.boundaries(position_ids, g) if state is not None
                    else _PatchState(None, 0, "auto").boundaries(position_ids, g))
-    out = varlen_attention(q, k, v, cu, max_len, scale=scaling, causal=causal, sliding_window=sliding_window,
-                           dropout=dropout, kernel=state.kernel if state is not None else "auto")
-    out = all_to_all_heads_to_seq(out, g)
-    return out.unsqueeze(0), None
+    out = _sp_varlen(query, key, value, g.group, g.size, cu, max_len, scale=scaling, causal=causal,
+                     sliding_window=sliding_window, dropout=dropout,
+                     kernel=state.kernel if state is not None else "auto")
+    return out, None
+
+
+def _sp_varlen(query, key, value, group, size: int, cu_seqlens, max_seqlen: int, **varlen_kw) -> torch.Tensor:
+    """Ulysses varlen attention of one packed row: ``(1, H, S/sp, D)`` q/k/v -> ``(1, S/sp, Hq, D)``. With
+    ``size > 1``: KV heads repeated (interleaved) up to the SP size, all-to-all to ``(S, H/sp, D)``, the varlen
+    kernel over the whole row's ``cu_seqlens``, and the inverse all-to-all (:func:`traceable_seq_to_heads`: plain
+    ``dist.all_to_all_single`` when run eagerly, functional collectives under torch.compile)."""
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (1, H, S, D) -> (S, H, D)
+    if size > 1:
+        rep = max(size // k.shape[1], 1)
+        k, v = repeat_kv_interleaved(k, rep), repeat_kv_interleaved(v, rep)
+        q, k, v = (traceable_seq_to_heads(t, group, size) for t in (q, k, v))
+    out = varlen_attention(q, k, v, cu_seqlens, max_seqlen, **varlen_kw)
+    if size > 1:
+        out = traceable_heads_to_seq(out, group, size)
+    return out.unsqueeze(0)
 
 
 def _ulysses_mask(*args, attention_mask=None, **kwargs):

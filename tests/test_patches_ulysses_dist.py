@@ -94,18 +94,29 @@ def check_lm(name, mesh, world, errors, grad_scale=None, static=0, compiled=Fals
     # passed to the attention as keyword arguments, so the attention never all-gathers positions and, with the
     # group bound at patch time, runs the traceable all-to-alls); llama and qwen3 the device path (eager all-to-alls)
     host = name in HOST_PACKED
-    gathers, traced = [], []
-    real, real_traced = ulysses_mod._all_gather_nograd, ulysses_mod.traceable_seq_to_heads
+    gathers, traced, in_eager = [], [], [False]
+    real, real_traced, real_eager = (ulysses_mod._all_gather_nograd, ulysses_mod.traceable_seq_to_heads,
+                                     ulysses_mod._attention_eager)
     # count the all-gathers of integer tensors (positions); the log-prob/entropy gathers are float
     ulysses_mod._all_gather_nograd = lambda x, *a, **k: gathers.extend([1] if not x.is_floating_point() else []) \
         or real(x, *a, **k)
-    if not compiled:  # (a compiled layer would trace the counting wrapper)
-        ulysses_mod.traceable_seq_to_heads = lambda *a: traced.append(1) or real_traced(*a)
+
+    def eager(*a, **k):  # the eager path (_attention_eager) uses the same all-to-alls: not counted as traced
+        in_eager[0] = True
+        try:
+            return real_eager(*a, **k)
+        finally:
+            in_eager[0] = False
+
+    if not compiled:  # (a compiled layer would trace the counting wrappers)
+        ulysses_mod.traceable_seq_to_heads = lambda *a: traced.extend([] if in_eager[0] else [1]) or real_traced(*a)
+        ulysses_mod._attention_eager = eager
     try:
         lp, ent = forward_log_probs(model, ids, mask, pos, R, temperature=0.7, calculate_entropy=True,
                                     device="cpu" if host else None)
     finally:
         ulysses_mod._all_gather_nograd, ulysses_mod.traceable_seq_to_heads = real, real_traced
+        ulysses_mod._attention_eager = real_eager
     loss_fn(lp, ent, rm, w).backward()
     for p in model.parameters():  # DeepSpeed's average over its DP group = the whole world (dp * sp ranks)
         dist.all_reduce(p.grad)

@@ -152,12 +152,11 @@ def apply_kernel_options(model, model_cfg: dict) -> list[str]:
             # CUDA graphs: shapes start static and become dynamic on the first recompile (one graph per bucket)
             layer.compile(dynamic=None if graphs else True, mode=None if mode == "default" else mode)
         state = getattr(model, "_ulysses_state", None)
-        if graphs and state is not None and state.fixed_size != 1 and not state.boundary_kwargs:
+        if graphs and state is not None and state.fixed_size > 1 and not state.boundary_kwargs:
             # the all-to-alls would then run eagerly between graph pieces (never run)
             raise ValueError(f"torch_compile_mode={mode} with Ulysses SP needs a model patched with a bound SP group "
                              f"whose forward takes **kwargs (the traced all-to-alls); {type(model).__name__} was "
-                             f"patched with SP size {state.fixed_size or 'taken at run time'} and boundary keyword "
-                             "arguments off")
+                             f"patched with SP size {state.fixed_size} and boundary keyword arguments off")
         if state is not None:  # SP: the traced all-to-alls (patches.ulysses._PatchState.attention_kwargs)
             state.compiled = True
         if graphs:

@@ -24,6 +24,21 @@ def test_sp2_tiny_json(tmp_path):
     assert doc["search"] == []
 
 
+def test_tokens_per_gpu_packs_one_sequence_per_sp_rank(tmp_path):
+    """--tokens-per-gpu: the SP=2 micro-batch holds 2 sequences of --tokens (each rank holds --tokens), as the
+    trainer's budget ppo_max_token_len_per_gpu x sp does; without it one sequence (each rank holds half)."""
+    rows = {}
+    for flag in ([], ["--tokens-per-gpu"]):
+        out = tmp_path / f"u{len(flag)}.json"
+        ulysses.main(["--tiny", "--sp-sizes", "2", "--tokens", "256", "--no-search", "--equiv-tokens", "0",
+                      "--out", str(out), *flag])
+        [rows[bool(flag)]] = json.loads(out.read_text())["throughput"]
+    assert (rows[False]["seqs"], rows[False]["micro_batch_tokens"]) == (1, 256)
+    assert (rows[True]["seqs"], rows[True]["micro_batch_tokens"]) == (2, 512)
+    r = rows[True]
+    assert r["tokens_per_s_per_gpu"] == pytest.approx(512 * 2 / r["seconds"] / 2)
+
+
 def test_failed_trial_closes_pool():
     pool = ulysses.Pool(1, "cpu", timeout_s=120)
     res = pool.run(dict(kind="train", model="no-such-model", tokens=64, iters=1, warmup=0,

@@ -3,12 +3,13 @@ trainable sequence per SP size, and a log-prob equivalence check SP=2 vs SP=1.
 
 No torchrun: for each SP size the script starts ``sp`` worker processes (``torch.multiprocessing``, spawn; nccl on
 CUDA with one GPU per rank, gloo on CPU) that receive trials over queues. A trial is one actor-update step on ONE
-packed sequence of ``T`` tokens (response = last ``T/2`` tokens): ``forward_log_probs`` with the Ulysses group
+packed sequence of ``T`` tokens (``--tokens-per-gpu``: ``sp`` such sequences, so each rank holds ``T``; response =
+last ``T/2`` tokens of each): ``forward_log_probs`` with the Ulysses group
 (each rank holds ``T/sp`` tokens), the PPO clip loss, backward, and a ``torch.optim.AdamW`` step after every
 ``--accum`` such micro-batches (1: every step; the trainer steps once per mini-batch of several micro-batches, so
 ``--accum 4`` is closer to its update; bf16 weights and
 states on CUDA; the trainer's DeepSpeed path keeps fp32 master weights, so its memory is higher by about 12 bytes
-per parameter). ``--warmup`` steps, then ``--iters`` timed steps; tokens/s per GPU = ``T * iters / seconds / sp``;
+per parameter). ``--warmup`` steps, then ``--iters`` timed steps; tokens/s per GPU = ``T * seqs * iters / seconds / sp``;
 peak memory = ``torch.cuda.max_memory_allocated`` (max over ranks). Gradients are not all-reduced across
 ranks in either SP size (the trainer all-reduces them over the dp x sp group, which SP=1 on the same GPUs at
 data-parallel size 2 pays as well). A failure in any rank (e.g. CUDA OOM) kills
@@ -68,8 +69,9 @@ def _train_trial(task: dict, group, device, cache: dict) -> dict:
             apply_kernel_options(model, kernels)
         cache[key] = (model, update_setup(model, device, False, kernels)[2])  # AdamW step + zero_grad
     model, opt_step = cache[key]
-    T = task["tokens"]
-    batch = packed_batch(T, T, T // 2, model.config.vocab_size, device, seed=task.get("seed", 0), host_inputs=True)
+    T, seqs = task["tokens"], int(task.get("seqs", 1))  # seqs sequences of T tokens packed in one micro-batch
+    batch = packed_batch(T * seqs, T, T // 2, model.config.vocab_size, device, seed=task.get("seed", 0),
+                         host_inputs=True)
 
     accum = max(1, int(task.get("accum", 1)))
     done = [0]
@@ -99,7 +101,7 @@ def _train_trial(task: dict, group, device, cache: dict) -> dict:
     secs, mem = stats.tolist()
     from torch._dynamo.utils import counters  # this rank's torch.compile counters since the process started
 
-    return dict(seconds=secs, peak_mem_gib=mem if mem >= 0 else None,
+    return dict(seconds=secs, peak_mem_gib=mem if mem >= 0 else None, micro_batch_tokens=batch["input_ids"].numel(),
                 graph_breaks=sum(counters["graph_break"].values()),
                 cudagraph_skips=counters["inductor"]["cudagraph_skips"])
 
@@ -251,10 +253,15 @@ def longest_sequence(fits, start: int, cap: int, refine: int = 0, granule: int =
 
 def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, search, search_start, search_max,
                   equiv_tokens, gradient_checkpointing=False, timeout_s=900.0, search_refine: int = 0,
-                  accum: int = 1, compile_mode: str | None = None) -> dict:
+                  accum: int = 1, compile_mode: str | None = None, tokens_per_gpu: bool = False) -> dict:
     """Run the throughput table (``compile_mode``: decoder layers and log-prob math under torch.compile in that
     mode, see ``trainer.workers.kernels``; None: eager),
     the longest-sequence search and the equivalence check.
+
+    ``tokens_per_gpu``: a throughput trial at SP size ``sp`` packs ``sp`` sequences of ``T`` tokens into its
+    micro-batch, so every GPU holds ``T`` tokens whatever the SP size: the trainer's dynamic batching rule (the
+    micro-batch budget is ``ppo_max_token_len_per_gpu * sp``, as in verl). Without it a trial is ONE sequence of
+    ``T`` tokens, so an SP rank holds ``T / sp``. The search always uses one sequence.
 
     Returns:
         ``{"throughput": [rows], "search": [rows], "equivalence": [rows]}``; a row's ``status`` is ``ok``, ``OOM``,
@@ -283,11 +290,13 @@ def run_benchmark(models, sp_sizes, tokens_list, iters, warmup, device_type, sea
                 out["throughput"].append(dict(model=model, sp=sp, status=f"skipped: {bad}"))
                 continue
             for T in tokens_list:
-                r = trial(dict(kind="train", model=model, tokens=T, **base))
-                row = dict(model=model, sp=sp, tokens=T, accum=accum, status="ok" if "error" not in r else
-                           ("OOM" if r["oom"] else f"error: {r['error']}"))
+                seqs = sp if tokens_per_gpu else 1
+                r = trial(dict(kind="train", model=model, tokens=T, seqs=seqs, **base))
+                row = dict(model=model, sp=sp, tokens=T, seqs=seqs, accum=accum, status="ok" if "error" not in r
+                           else ("OOM" if r["oom"] else f"error: {r['error']}"))
                 if "error" not in r:
-                    row.update(seconds=r["seconds"], tokens_per_s_per_gpu=T * iters / r["seconds"] / sp,
+                    row.update(seconds=r["seconds"], micro_batch_tokens=r["micro_batch_tokens"],
+                               tokens_per_s_per_gpu=r["micro_batch_tokens"] * iters / r["seconds"] / sp,
                                peak_mem_gib=r["peak_mem_gib"], graph_breaks=r["graph_breaks"],
                                cudagraph_skips=r["cudagraph_skips"])
                 out["throughput"].append(row)
@@ -336,6 +345,9 @@ def main(argv=None) -> dict:
                     "--compile if not default (reduce-overhead: each layer, all-to-alls included, as a CUDA graph)")
     ap.add_argument("--accum", type=int, default=1,
                     help="micro-batches (steps) per optimizer step in the throughput table (search trials use 1)")
+    ap.add_argument("--tokens-per-gpu", action="store_true",
+                    help="throughput trials pack SP-size sequences per micro-batch, so each GPU holds --tokens tokens "
+                    "at every SP size (the trainer's rule: micro-batch budget = ppo_max_token_len_per_gpu x sp)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per trial before the pool is killed")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256/512 tokens, gloo")
@@ -350,8 +362,9 @@ def main(argv=None) -> dict:
                         args.iters, args.warmup, device_type, not args.no_search, args.search_start,
                         args.search_max, args.equiv_tokens, args.gradient_checkpointing, args.timeout,
                         args.search_refine, args.accum,
-                        args.compile_mode if args.compile_mode != "default" else ("default" if args.compile else None))
-    print_table(res["throughput"], ["model", "sp", "tokens", "accum", "status", "tokens_per_s_per_gpu", "peak_mem_gib", "graph_breaks"],
+                        args.compile_mode if args.compile_mode != "default" else ("default" if args.compile else None),
+                        args.tokens_per_gpu)
+    print_table(res["throughput"], ["model", "sp", "tokens", "seqs", "accum", "status", "tokens_per_s_per_gpu", "peak_mem_gib", "graph_breaks"],
                 title=f"Ulysses actor step ({device_type})")
     if res["search"]:
         print_table(res["search"], ["model", "sp", "longest_tokens", "peak_mem_gib", "stopped_by"],

@@ -14,6 +14,8 @@
 #      OUT=/some/dir SET=ulysses_graphs bash tools/device/benches.sh  (#4: SP=1 vs SP=2 with CUDA graphs; not run yet)
 #      OUT=/some/dir SET=s6 [PART=sp|mfu] bash tools/device/benches.sh  (session 6: #4 SP with traced all-to-alls: GPU
 #      test, SP=1 vs SP=2 with CUDA graphs and compile; #9 MFU + shape profile)
+#      OUT=/some/dir SET=s7 [PART=sp|mfu] bash tools/device/benches.sh  (session 7: #4 SP=1 vs SP=2 at equal tokens
+#      per GPU; #9 MFU at 4 and 16 micro-batches per step + shape profile; GPU clocks sampled)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -124,6 +126,31 @@ case ${SET:-first} in
         --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json --out "$OUT/prof_graphs.json" \
         > "$OUT/prof_graphs.log" 2>&1
     fi
+    exit 0 ;;
+  s7)  # session 7, 2 GPUs. PART=sp: #4 SP=1 vs SP=2 with each GPU holding the same tokens (--tokens-per-gpu: the
+    # trainer's budget ppo_max_token_len_per_gpu x sp), CUDA graphs then eager. PART=mfu (GPU 0): #9 MFU with graphs at
+    # 4 and 16 micro-batches per optimizer step, then the profile recording the copies' shapes. GPU clocks, power
+    # and throttle reasons are sampled every 0.5 s throughout (smi.csv).
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
+      --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
+    SMI=$!
+    if [ "${PART:-sp}" = sp ]; then
+      for k in graphs:--compile-mode=reduce-overhead eager:; do
+        timeout -k 10 ${T_ULYSSES:-220} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
+          --tokens-per-gpu --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 ${k#*:} --timeout 120 \
+          --out "$OUT/ulysses_pg_${k%%:*}.json" > "$OUT/ulysses_pg_${k%%:*}.log" 2>&1
+      done
+    else
+      export CUDA_VISIBLE_DEVICES=${GPU:-0}
+      for a in 4 16; do
+        timeout -k 10 150 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --accum $a \
+          --compile-mode reduce-overhead --out "$OUT/mfu_graphs_accum$a.json" > "$OUT/mfu_graphs_accum$a.log" 2>&1
+      done
+      timeout -k 10 120 python3 tools/bench/step_profile.py --profile --shapes --model qwen2-1.5b --tokens 4096 \
+        --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json --out "$OUT/prof_graphs.json" \
+        > "$OUT/prof_graphs.log" 2>&1
+    fi
+    kill $SMI 2>/dev/null
     exit 0 ;;
   ulysses_graphs)  # #4: SP=1 vs SP=2 with CUDA graphs (before the functional all-to-alls: never run)
     timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \

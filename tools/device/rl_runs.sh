@@ -132,6 +132,10 @@ for spec in $RUNS; do
                trainer.resume_mode=auto ;;
     svamp_i) launch svamp_i "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
                actor_rollout_ref.actor.optim.lr=1e-4 ;;  # svamp_h at 2x lr (one optimizer step per step, not two)
+    svamp_j) launch svamp_j "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
+               actor_rollout_ref.rollout.temperature=0.7 ;;  # svamp_h sampling its rollouts at T=0.7 (as validated)
+    svamp_k) launch svamp_k "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
+               actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.actor.optim.lr=7e-5 ;;  # svamp_j, lr 7e-5
     offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

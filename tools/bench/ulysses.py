@@ -5,7 +5,7 @@ No torchrun: for each SP size the script starts ``sp`` worker processes (``torch
 CUDA with one GPU per rank, gloo on CPU) that receive trials over queues. A trial is one actor-update step on ONE
 packed sequence of ``T`` tokens (``--tokens-per-gpu``: ``sp`` such sequences, so each rank holds ``T``; response =
 last ``T/2`` tokens of each): ``forward_log_probs`` with the Ulysses group
-(each rank holds ``T/sp`` tokens), the PPO clip loss, backward, and a ``torch.optim.AdamW`` step after every
+(each rank holds ``T * seqs / sp`` tokens), the PPO clip loss, backward, and a ``torch.optim.AdamW`` step after every
 ``--accum`` such micro-batches (1: every step; the trainer steps once per mini-batch of several micro-batches, so
 ``--accum 4`` is closer to its update; bf16 weights and
 states on CUDA; the trainer's DeepSpeed path keeps fp32 master weights, so its memory is higher by about 12 bytes

@@ -122,7 +122,8 @@ def apply_kernel_options(model, model_cfg: dict) -> list[str]:
 
     Raises:
         ValueError: ``use_liger`` for a model type Liger has no kernels for; ``use_torch_compile`` on a model
-            without ``*DecoderLayer`` modules.
+            without ``*DecoderLayer`` modules; CUDA graphs on a Ulysses SP > 1 model whose all-to-alls are not
+            traced (SP size bound only at run time, or a forward without ``**kwargs``), the model left unchanged.
     """
     applied = []
     if model_cfg.get("use_liger"):
@@ -148,15 +149,15 @@ def apply_kernel_options(model, model_cfg: dict) -> list[str]:
             raise ValueError(f"use_torch_compile=true: no *DecoderLayer modules in {type(model).__name__}")
         mode = compile_mode(model_cfg)
         graphs = mode in CUDAGRAPH_MODES
-        for layer in layers:
-            # CUDA graphs: shapes start static and become dynamic on the first recompile (one graph per bucket)
-            layer.compile(dynamic=None if graphs else True, mode=None if mode == "default" else mode)
         state = getattr(model, "_ulysses_state", None)
         if graphs and state is not None and state.fixed_size > 1 and not state.boundary_kwargs:
-            # the all-to-alls would then run eagerly between graph pieces (never run)
+            # the all-to-alls would run eagerly between graph pieces (never run): refused before any layer is wrapped
             raise ValueError(f"torch_compile_mode={mode} with Ulysses SP needs a model patched with a bound SP group "
                              f"whose forward takes **kwargs (the traced all-to-alls); {type(model).__name__} was "
                              f"patched with SP size {state.fixed_size} and boundary keyword arguments off")
+        for layer in layers:
+            # CUDA graphs: shapes start static and become dynamic on the first recompile (one graph per bucket)
+            layer.compile(dynamic=None if graphs else True, mode=None if mode == "default" else mode)
         if state is not None:  # SP: the traced all-to-alls (patches.ulysses._PatchState.attention_kwargs)
             state.compiled = True
         if graphs:

@@ -150,15 +150,7 @@ class DistributedWorker:
         if not train:
             stage = 3 if stage == 3 else 0
         zero: dict[str, Any] = {"stage": stage}
-        if train and stage == 2 and self.world_size == 1:
-            # One rank: there is nothing to reduce, yet DeepSpeed's bucket path copies every gradient twice per
-            # backward (into its reduce bucket, then into its partition). A bucket of 1 element sends every
-            # gradient straight to the partition copy (one copy instead of two; the no-op reduction runs in place),
-            # and frees the 2 x 5e8-element bucket buffers. overlap_comm stays off: that path reads each gradient on
-            # DeepSpeed's reduction stream, and a gradient written by a CUDA graph (torch_compile_mode=
-            # reduce-overhead) can be overwritten by the next layer's replay before that stream reads it.
-            zero["reduce_bucket_size"] = 1
-        elif train and stage == 2 and self.device_type == "cuda":
+        if train and stage == 2 and self.device_type == "cuda":
             # reduction and gradient-bucket copies on their own stream, overlapping the backward (the update's MFU
             # with CUDA graphs: 32.6% vs 29.6% without, same H200; docs/benchmarks.md); costs about 4.5 x
             # reduce_bucket_size of gradient buffers. Off again with deepspeed.ds_config.

@@ -16,6 +16,8 @@
 #      test, SP=1 vs SP=2 with CUDA graphs and compile; #9 MFU + shape profile)
 #      OUT=/some/dir SET=s7 [PART=sp|mfu] bash tools/device/benches.sh  (session 7: #4 SP=1 vs SP=2 at equal tokens
 #      per GPU; #9 MFU at 4 and 16 micro-batches per step + shape profile; GPU clocks sampled)
+#      OUT=/some/dir SET=s8 bash tools/device/benches.sh  (session 8, 1 GPU: #9 MFU without vs with DeepSpeed's reduce
+#      bucket on one rank, and the CUDA-graph GPU tests)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -126,6 +128,26 @@ case ${SET:-first} in
         --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json --out "$OUT/prof_graphs.json" \
         > "$OUT/prof_graphs.log" 2>&1
     fi
+    exit 0 ;;
+  s8)  # session 8, 1 GPU: #9 ZeRO-2 on one rank without DeepSpeed's reduce bucket (reduce_bucket_size=1: one
+    # gradient copy per backward instead of two; overlap_comm off) vs the trainer's default (5e8-element bucket +
+    # overlap_comm), CUDA graphs, 16 micro-batches per step; then no bucket at 4; the CUDA-graph GPU tests. (Run at
+    # 09cfd54, where no bucket was briefly the default: 23.8% vs 37.3% MFU, reverted.) GPU clocks: smi.csv.
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
+      --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
+    SMI=$!
+    export CUDA_VISIBLE_DEVICES=${GPU:-0}
+    M="python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --compile-mode reduce-overhead"
+    OLD='{"zero_optimization": {"reduce_bucket_size": 500000000, "overlap_comm": true}}'
+    NEW='{"zero_optimization": {"reduce_bucket_size": 1, "overlap_comm": false}}'
+    timeout -k 10 ${T_MFU:-120} $M --accum 16 --ds-config "$NEW" --out "$OUT/mfu_nobucket_accum16.json" \
+      > "$OUT/mfu_nobucket_accum16.log" 2>&1
+    timeout -k 10 ${T_MFU:-120} $M --accum 16 --ds-config "$OLD" --out "$OUT/mfu_bucket_accum16.json" \
+      > "$OUT/mfu_bucket_accum16.log" 2>&1
+    timeout -k 10 ${T_MFU:-120} $M --accum 4 --ds-config "$NEW" --out "$OUT/mfu_nobucket_accum4.json" \
+      > "$OUT/mfu_nobucket_accum4.log" 2>&1
+    timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
+    kill $SMI 2>/dev/null
     exit 0 ;;
   s7)  # session 7, 2 GPUs. PART=sp: #4 SP=1 vs SP=2 with each GPU holding the same tokens (--tokens-per-gpu: the
     # trainer's budget ppo_max_token_len_per_gpu x sp), CUDA graphs then eager. PART=mfu (GPU 0): #9 MFU with graphs at

@@ -112,17 +112,49 @@ def summarize_steps(rows: list[dict], skip_first: int = 1) -> dict:
 GEMM_KERNEL_MARKERS = ("gemm", "nvjet", "cutlass", "xmma", "matmul")
 
 
-def kernel_summary(events, wall_s: float) -> dict:
-    """Device-kernel totals of a profile: ``kernels`` (launch count), ``kernel_ms`` (sum of kernel times),
-    ``gemm_ms`` (kernels whose name contains one of :data:`GEMM_KERNEL_MARKERS`), ``busy_fraction``
-    (``kernel_ms / wall``: well under 1 means the GPU waits for the CPU, i.e. launch- or sync-bound)."""
+def kernel_summary(events, wall_s: float, top_gaps: int = 12, min_gap_us: float = 20.0) -> dict:
+    """Device-kernel totals of a profile and where the GPU sat idle.
+
+    Returns:
+        ``kernels`` (launch count), ``kernel_ms`` (sum of kernel times, overlapping streams counted twice),
+        ``gemm_ms`` (kernels whose name contains one of :data:`GEMM_KERNEL_MARKERS`), ``busy_fraction``
+        (``kernel_ms / wall``), ``span_ms`` (first kernel start to last kernel end), ``idle_ms`` (time in that span
+        with no kernel running on any stream: the GPU waits for the host), ``idle_fraction`` (``idle_ms /
+        span_ms``), ``gaps_over_min`` (idle gaps longer than ``min_gap_us`` microseconds: count and total ms) and
+        ``top_gaps``: the ``top_gaps`` longest idle gaps as ``{"us", "before", "after", "host"}`` (the kernels
+        around the gap and the innermost host op running at the gap's middle).
+    """
     from torch.autograd import DeviceType
 
     ks = [e for e in events if getattr(e, "device_type", None) == DeviceType.CUDA]
     total = sum(e.device_time for e in ks) / 1e3
     gemm = sum(e.device_time for e in ks if any(m in e.name.lower() for m in GEMM_KERNEL_MARKERS)) / 1e3
-    return dict(kernels=len(ks), kernel_ms=total, gemm_ms=gemm,
-                busy_fraction=total / (wall_s * 1e3) if wall_s > 0 else None)
+    out = dict(kernels=len(ks), kernel_ms=total, gemm_ms=gemm,
+               busy_fraction=total / (wall_s * 1e3) if wall_s > 0 else None)
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in ks if e.time_range.end > e.time_range.start)
+    if not spans:
+        return out
+    gaps, busy_end, last = [], spans[0][1], spans[0][2]
+    for start, end, name in spans[1:]:
+        if start > busy_end:
+            gaps.append((start - busy_end, busy_end, last, name))
+        if end > busy_end:
+            busy_end, last = end, name
+    span_us = busy_end - spans[0][0]
+    idle_us = sum(g[0] for g in gaps)
+    long = [g for g in gaps if g[0] > min_gap_us]
+    host = [e for e in events if getattr(e, "device_type", None) == DeviceType.CPU]
+
+    def innermost(t):
+        inside = [e for e in host if e.time_range.start <= t <= e.time_range.end]
+        return min(inside, key=lambda e: e.time_range.end - e.time_range.start).name if inside else None
+
+    top = sorted(long, reverse=True)[:top_gaps]
+    out.update(span_ms=span_us / 1e3, idle_ms=idle_us / 1e3, idle_fraction=idle_us / span_us if span_us else None,
+               gaps_over_min=dict(min_us=min_gap_us, count=len(long), ms=sum(g[0] for g in long) / 1e3),
+               top_gaps=[dict(us=g[0], before=g[2][:80], after=g[3][:80], host=innermost(g[1] + g[0] / 2))
+                         for g in top])
+    return out
 
 
 def profile_actor_update(model_name: str, tokens: int, seq_len: int, response_len: int, micro_batches: int,
@@ -264,7 +296,13 @@ def main(argv=None) -> dict:
         print(f"actor update loop ({prof['kernels']}): {prof['seconds']:.3f} s for {prof['tokens']} tokens "
               f"({prof['tokens_per_s']:.1f} tok/s, profiler on); trace: {prof['trace']}")
         if prof["kernel_summary"]:
-            print("device kernels: " + ", ".join(f"{k}={v:.4g}" for k, v in prof["kernel_summary"].items()))
+            ks = prof["kernel_summary"]
+            print("device kernels: " + ", ".join(f"{k}={v:.4g}" for k, v in ks.items() if isinstance(v, (int, float))))
+            if ks.get("top_gaps"):
+                print(f"GPU idle {ks['idle_ms']:.2f} ms of {ks['span_ms']:.2f} ms; gaps > {ks['gaps_over_min']['min_us']:g} us:"
+                      f" {ks['gaps_over_min']['count']} = {ks['gaps_over_min']['ms']:.2f} ms; longest:")
+                for g in ks["top_gaps"]:
+                    print(f"  {g['us']:9.1f} us  host: {g['host']}  | before: {g['before'][:40]}  after: {g['after'][:40]}")
         doc["profile"] = prof
     write_json(args.out, doc)
     return doc

@@ -16,8 +16,9 @@
 #      test, SP=1 vs SP=2 with CUDA graphs and compile; #9 MFU + shape profile)
 #      OUT=/some/dir SET=s7 [PART=sp|mfu] bash tools/device/benches.sh  (session 7: #4 SP=1 vs SP=2 at equal tokens
 #      per GPU; #9 MFU at 4 and 16 micro-batches per step + shape profile; GPU clocks sampled)
-#      OUT=/some/dir SET=s8 bash tools/device/benches.sh  (session 8, 1 GPU: #9 MFU without vs with DeepSpeed's reduce
-#      bucket on one rank, and the CUDA-graph GPU tests)
+#      OUT=/some/dir SET=s8 [PART=bucket|gaps] bash tools/device/benches.sh  (session 8, 1 GPU: #9 MFU without vs with
+#      DeepSpeed's reduce bucket on one rank, and the CUDA-graph GPU tests; PART=gaps: the GPU's idle gaps in a
+#      16-micro-batch profile, MFU at 16 and 32 micro-batches per step)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -138,6 +139,15 @@ case ${SET:-first} in
     SMI=$!
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
     M="python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --compile-mode reduce-overhead"
+    if [ "${PART:-bucket}" = gaps ]; then  # where the GPU idles: a 16-micro-batch profile with the idle gaps and
+      # the host op in each; MFU at 16 and 32 micro-batches per optimizer step (the trainer's defaults)
+      timeout -k 10 150 python3 tools/bench/step_profile.py --profile --model qwen2-1.5b --tokens 4096 --micro-batches 16 \
+        --deepspeed --compile-mode reduce-overhead --trace /tmp/p_gaps.json --out "$OUT/prof_gaps.json" > "$OUT/prof_gaps.log" 2>&1
+      timeout -k 10 ${T_MFU:-120} $M --accum 16 --out "$OUT/mfu_accum16.json" > "$OUT/mfu_accum16.log" 2>&1
+      timeout -k 10 ${T_MFU:-120} $M --accum 32 --iters 64 --out "$OUT/mfu_accum32.json" > "$OUT/mfu_accum32.log" 2>&1
+      kill $SMI 2>/dev/null
+      exit 0
+    fi
     OLD='{"zero_optimization": {"reduce_bucket_size": 500000000, "overlap_comm": true}}'
     NEW='{"zero_optimization": {"reduce_bucket_size": 1, "overlap_comm": false}}'
     timeout -k 10 ${T_MFU:-120} $M --accum 16 --ds-config "$NEW" --out "$OUT/mfu_nobucket_accum16.json" \

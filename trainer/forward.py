@@ -45,6 +45,32 @@ def to_device(x: torch.Tensor, device) -> torch.Tensor:
     return x.to(device)
 
 
+@contextlib.contextmanager
+def host_op_threads(n: int = 1):
+    """Run the block's CPU tensor ops on ``n`` intra-op threads, then restore the previous count.
+
+    The host-side packing of a micro-batch (a few ops on ``(batch, seq_len)`` int64 tensors) gains nothing from
+    intra-op parallelism, and with a large thread pool its ops wait for the pool to wake: on one H200 machine (16
+    cores, CUDA graphs) the GPU sat idle in such host ops (``aten::index``, ``repeat_interleave``, ``diff``) for
+    17% of an actor update's profile; on a 2-core box the packing of a 4,096-token micro-batch took 24 ms on 2
+    threads and 0.2 ms on 1 (docs/benchmarks.md, session 8).
+
+    Raises:
+        ValueError: ``n < 1``.
+    """
+    if n < 1:
+        raise ValueError(f"host_op_threads needs n >= 1, got {n}")
+    prev = torch.get_num_threads()
+    if prev == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
 def _lp_forward_chunk(x: torch.Tensor, labels: torch.Tensor, inv_t: float, want_entropy: bool):
     """Float32 ``(log_prob, entropy or empty, lse)`` of one ``(n, V)`` chunk (no autograd)."""
     z = x.float() * inv_t
@@ -198,35 +224,37 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
     forward makes no host sync. Returns ``(output, labels_local (L/sp,), pad, indices (nnz,))`` on the model's
     device."""
     dev = input_ids.device if device is None else torch.device(device)
-    ids, _, indices, cu_seqlens, _ = unpad_input(input_ids, attention_mask)
-    pos = pack_tensor(position_ids, indices).unsqueeze(0)
-    starts = cu_seqlens[:-1][cu_seqlens.diff() > 0].long()
-    if starts.numel() and bool((pos[0, starts] != 0).any()):
-        raise ValueError("position_ids must be 0 at the first valid token of every row (expected "
-                         "clamp(cumsum(attention_mask) - 1, min=0)); packed sequences are split where positions are 0")
-    labels = torch.roll(ids, shifts=-1, dims=1)  # next token in the whole packed row, before SP slicing
     state = getattr(model, "_ulysses_state", None)
     host = input_ids.device.type == "cpu" and device is not None
-    bucket = 0  # CUDA graphs (trainer.workers.kernels): pad the row to a shape bucket with fake sequences
-    if host and state is not None and state.static_token_multiple:
-        # a multiple of the SP size too, so that the SP padding below adds nothing
-        fake = bucket_padding(ids.shape[1], int(starts.numel()), math.lcm(state.static_token_multiple, sp.size))
-        if fake:
-            bucket = sum(fake)
-            fake_cu = torch.nn.functional.pad(torch.tensor(fake).cumsum(0), (1, 0))
-            ids, labels = (torch.cat([t, t.new_zeros(1, bucket)], dim=1) for t in (ids, labels))
-            pos = torch.cat([pos, position_ids_from_cu_seqlens(fake_cu)[None].to(pos.dtype)], dim=1)
-    ids_local, pos_local, sp_pad = pad_and_slice_inputs(ids, pos, sp.size, sp.rank)
-    labels_local, _ = pad_and_slice(labels, sp.size, sp.rank)
-    pad = bucket + sp_pad  # the row is [real tokens, bucket padding, SP padding]
-    bounds = None
-    if host:
-        # the boundaries of the whole padded row (what the attention would all-gather and scan on the device)
-        full = torch.cat([pos[0], torch.arange(sp_pad, dtype=pos.dtype)]) if sp_pad else pos[0]
-        cu_full, max_full = cu_seqlens_from_position_ids(full)
-        ids_local, pos_local, labels_local, indices, cu_full = (
-            to_device(t, dev) for t in (ids_local, pos_local, labels_local, indices, cu_full))
-        bounds = (cu_full, max_full)
+    with (host_op_threads() if host else contextlib.nullcontext()):
+        ids, _, indices, cu_seqlens, _ = unpad_input(input_ids, attention_mask)
+        pos = pack_tensor(position_ids, indices).unsqueeze(0)
+        starts = cu_seqlens[:-1][cu_seqlens.diff() > 0].long()
+        if starts.numel() and bool((pos[0, starts] != 0).any()):
+            raise ValueError("position_ids must be 0 at the first valid token of every row (expected "
+                             "clamp(cumsum(attention_mask) - 1, min=0)); packed sequences are split where positions "
+                             "are 0")
+        labels = torch.roll(ids, shifts=-1, dims=1)  # next token in the whole packed row, before SP slicing
+        bucket = 0  # CUDA graphs (trainer.workers.kernels): pad the row to a shape bucket with fake sequences
+        if host and state is not None and state.static_token_multiple:
+            # a multiple of the SP size too, so that the SP padding below adds nothing
+            fake = bucket_padding(ids.shape[1], int(starts.numel()), math.lcm(state.static_token_multiple, sp.size))
+            if fake:
+                bucket = sum(fake)
+                fake_cu = torch.nn.functional.pad(torch.tensor(fake).cumsum(0), (1, 0))
+                ids, labels = (torch.cat([t, t.new_zeros(1, bucket)], dim=1) for t in (ids, labels))
+                pos = torch.cat([pos, position_ids_from_cu_seqlens(fake_cu)[None].to(pos.dtype)], dim=1)
+        ids_local, pos_local, sp_pad = pad_and_slice_inputs(ids, pos, sp.size, sp.rank)
+        labels_local, _ = pad_and_slice(labels, sp.size, sp.rank)
+        pad = bucket + sp_pad  # the row is [real tokens, bucket padding, SP padding]
+        bounds = None
+        if host:
+            # the boundaries of the whole padded row (what the attention would all-gather and scan on the device)
+            full = torch.cat([pos[0], torch.arange(sp_pad, dtype=pos.dtype)]) if sp_pad else pos[0]
+            cu_full, max_full = cu_seqlens_from_position_ids(full)
+            ids_local, pos_local, labels_local, indices, cu_full = (
+                to_device(t, dev) for t in (ids_local, pos_local, labels_local, indices, cu_full))
+            bounds = (cu_full, max_full)
     primed = bounds is not None and state is not None
     # the whole row's boundaries also go in as keyword arguments, which torch.compile traces (patches.ulysses), when
     # the model was patched for this SP group (or for no SP)

@@ -18,7 +18,8 @@
 #      per GPU; #9 MFU at 4 and 16 micro-batches per step + shape profile; GPU clocks sampled)
 #      OUT=/some/dir SET=s8 [PART=bucket|gaps] bash tools/device/benches.sh  (session 8, 1 GPU: #9 MFU without vs with
 #      DeepSpeed's reduce bucket on one rank, and the CUDA-graph GPU tests; PART=gaps: the GPU's idle gaps in a
-#      16-micro-batch profile, MFU at 16 and 32 micro-batches per step)
+#      16-micro-batch profile, MFU at 16 and 32 micro-batches per step; PART=ab: one-thread host packing vs not, same
+#      machine, alternating)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -139,6 +140,17 @@ case ${SET:-first} in
     SMI=$!
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
     M="python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --compile-mode reduce-overhead"
+    if [ "${PART:-bucket}" = ab ]; then  # same machine, alternating: the host packing on one thread (new) vs the
+      # pool's thread count (old: trainer.forward.host_op_threads replaced by a no-op), 16 and 4 micro-batches per step
+      A="--deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --compile-mode reduce-overhead"
+      for r in 1 2; do for v in new old; do for a in 16 4; do
+        P=""; [ $v = old ] && P="import trainer.forward as f, contextlib; f.host_op_threads = lambda n=1: contextlib.nullcontext(); "
+        timeout -k 5 100 python3 -c "${P}import sys; from tools.bench.mfu import main; main(sys.argv[1:])" $A --accum $a \
+          --out "$OUT/ab_${v}_a${a}_r$r.json" > "$OUT/ab_${v}_a${a}_r$r.log" 2>&1
+      done; done; done
+      kill $SMI 2>/dev/null
+      exit 0
+    fi
     if [ "${PART:-bucket}" = gaps ]; then  # where the GPU idles: a 16-micro-batch profile with the idle gaps and
       # the host op in each; MFU at 16 and 32 micro-batches per optimizer step (the trainer's defaults)
       timeout -k 10 150 python3 tools/bench/step_profile.py --profile --model qwen2-1.5b --tokens 4096 --micro-batches 16 \

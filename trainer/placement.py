@@ -96,6 +96,9 @@ class WorkerGroup:
         share: fraction of each bundle this role takes (roles colocated on a bundle share it).
     """
 
+    #: seconds to wait, after one rank raised, for another rank's call to end in its process's death (reported instead)
+    PEER_DEATH_GRACE_S = 10.0
+
     def __init__(self, cls, role: str, pg, world_size: int, config: dict, device: str, cpus_per_worker: int,
                  share: float = 1.0, sp_size: int = 1):
         self.role, self.world_size, self.sp_size = role, world_size, sp_size
@@ -120,7 +123,8 @@ class WorkerGroup:
 
     # ---- calls --------------------------------------------------------------------------------------------
     def _get(self, futures: list, method: str, ranks: list[int], timeout_s: float | None = None) -> list:
-        """Wait for ``futures``; the first failure raises :class:`WorkerFailure` naming role, rank and method."""
+        """Wait for ``futures``; the first failure raises :class:`WorkerFailure` naming role, rank and method (a rank
+        that died is named before a peer whose call raised because of it; see :meth:`_raise_if_a_peer_died`)."""
         pending = dict(zip(futures, ranks))
         results: dict[Any, Any] = {}
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -137,8 +141,25 @@ class WorkerGroup:
             except ray.exceptions.RayActorError as exc:
                 raise WorkerFailure(f"{self.role} rank {rank} died during {method}: {exc}") from exc
             except ray.exceptions.RayTaskError as exc:
+                self._raise_if_a_peer_died(pending, method, f"rank {rank} raised: {str(exc)[:300]}")
                 raise WorkerFailure(f"{self.role} rank {rank} raised in {method}: {exc}") from exc
         return [results[f] for f in futures]
+
+    def _raise_if_a_peer_died(self, pending: dict, method: str, seen: str) -> None:
+        """After one rank raised: if another rank's call ends within :attr:`PEER_DEATH_GRACE_S` because its process
+        died, raise that death (the root cause; the raising rank's error is often its collective failing because of
+        it, e.g. gloo's "Connection reset by peer"), else return."""
+        if not pending:
+            return
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=self.PEER_DEATH_GRACE_S)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerFailure(f"{self.role} rank {pending[ref]} died during {method}: {exc} (then {seen})") \
+                    from exc
+            except ray.exceptions.RayTaskError:
+                pass
 
     def run_all(self, method: str, *args, **kwargs) -> list:
         futures = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]

@@ -1,0 +1,57 @@
+"""trainer.placement.WorkerGroup._get with a fake Ray: when one rank's call raises (e.g. its collective failed with
+gloo's "Connection reset by peer") and a peer's process died, the failure names the dead rank (the root cause),
+whichever of the two Ray reports first; a plain error with no dead peer is reported as raised."""
+import types
+
+import pytest
+
+import trainer.placement as placement
+from trainer.placement import WorkerFailure, WorkerGroup
+
+
+class _ActorDied(Exception):
+    pass
+
+
+class _TaskRaised(Exception):
+    pass
+
+
+def _fake_ray(outcomes, order):
+    """outcomes: ref -> value or exception instance; order: refs in the order ray.wait hands them out."""
+    def wait(refs, num_returns=1, timeout=None):
+        ready = [r for r in order if r in refs][:num_returns]
+        return ready, [r for r in refs if r not in ready]
+
+    def get(ref):
+        v = outcomes[ref]
+        if isinstance(v, Exception):
+            raise v
+        return v
+
+    return types.SimpleNamespace(wait=wait, get=get, exceptions=types.SimpleNamespace(
+        RayActorError=_ActorDied, RayTaskError=_TaskRaised))
+
+
+def _group():
+    g = WorkerGroup.__new__(WorkerGroup)
+    g.role, g.world_size = "actor", 3
+    return g
+
+
+@pytest.mark.parametrize("order", [["r1", "r0", "r2"], ["r0", "r1", "r2"], ["r0", "r2", "r1"]])
+def test_a_dead_rank_is_named_before_a_peer_whose_collective_failed(monkeypatch, order):
+    outcomes = {"r0": _TaskRaised("RuntimeError: Connection reset by peer"), "r1": _ActorDied("worker died"),
+                "r2": _TaskRaised("RuntimeError: Connection reset by peer")}
+    monkeypatch.setattr(placement, "ray", _fake_ray(outcomes, order))
+    with pytest.raises(WorkerFailure, match=r"^actor rank 1 died during update_actor: worker died"):
+        _group()._get(["r0", "r1", "r2"], "update_actor", [0, 1, 2])
+
+
+def test_an_error_with_no_dead_peer_is_reported_as_raised(monkeypatch):
+    outcomes = {"r0": 1, "r1": _TaskRaised("ValueError: bad batch"), "r2": 2}
+    monkeypatch.setattr(placement, "ray", _fake_ray(outcomes, ["r1", "r0", "r2"]))
+    with pytest.raises(WorkerFailure, match=r"^actor rank 1 raised in update_actor: ValueError: bad batch"):
+        _group()._get(["r0", "r1", "r2"], "update_actor", [0, 1, 2])
+    monkeypatch.setattr(placement, "ray", _fake_ray({"r0": 1, "r1": 2, "r2": 3}, ["r2", "r0", "r1"]))
+    assert _group()._get(["r0", "r1", "r2"], "m", [0, 1, 2]) == [1, 2, 3]

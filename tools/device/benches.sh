@@ -19,7 +19,7 @@
 #      OUT=/some/dir SET=s8 [PART=bucket|gaps] bash tools/device/benches.sh  (session 8, 1 GPU: #9 MFU without vs with
 #      DeepSpeed's reduce bucket on one rank, and the CUDA-graph GPU tests; PART=gaps: the GPU's idle gaps in a
 #      16-micro-batch profile, MFU at 16 and 32 micro-batches per step; PART=ab: one-thread host packing vs not, same
-#      machine, alternating)
+#      machine, alternating; PART=sp, 2 GPUs: #4 SP=1 vs SP=2 at 8k with graphs, the trainer with SP=2 + graphs)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -138,6 +138,20 @@ case ${SET:-first} in
     nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
       --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
     SMI=$!
+    if [ "${PART:-bucket}" = sp ]; then  # 2 GPUs: #4 SP=1 vs SP=2 at 8k with CUDA graphs and equal tokens per GPU
+      # (after the one-thread host packing), then the trainer itself with SP=2 and CUDA graphs (tiny model, 2 ranks)
+      timeout -k 10 ${T_ULYSSES:-170} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192 --tokens-per-gpu \
+        --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode reduce-overhead --timeout 120 \
+        --out "$OUT/ulysses_pg_graphs.json" > "$OUT/ulysses_pg_graphs.log" 2>&1
+      timeout -k 15 ${T_E2E:-150} python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=2 \
+        trainer.total_training_steps=10 trainer.output_dir=/tmp/e2e_sp actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 \
+        actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead \
+        > "$OUT/e2e_sp2_graphs.log" 2>&1
+      echo "exit $?" >> "$OUT/e2e_sp2_graphs.log"
+      cp /tmp/e2e_sp/metrics.jsonl "$OUT/e2e_sp2_graphs.jsonl" 2>/dev/null
+      kill $SMI 2>/dev/null
+      exit 0
+    fi
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
     M="python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --compile-mode reduce-overhead"
     if [ "${PART:-bucket}" = ab ]; then  # same machine, alternating: the host packing on one thread (new) vs the

@@ -50,10 +50,12 @@ def host_op_threads(n: int = 1):
     """Run the block's CPU tensor ops on ``n`` intra-op threads, then restore the previous count.
 
     The host-side packing of a micro-batch (a few ops on ``(batch, seq_len)`` int64 tensors) gains nothing from
-    intra-op parallelism, and with a large thread pool its ops wait for the pool to wake: on one H200 machine (16
-    cores, CUDA graphs) the GPU sat idle in such host ops (``aten::index``, ``repeat_interleave``, ``diff``) for
-    17% of an actor update's profile; on a 2-core box the packing of a 4,096-token micro-batch took 24 ms on 2
-    threads and 0.2 ms on 1 (docs/benchmarks.md, session 8).
+    intra-op parallelism, and with a large thread pool its ops wait for the pool: in a profiled actor update on one
+    H200 machine (16 cores, CUDA graphs) the GPU's longest idle gaps were spent in such host ops (``aten::index``,
+    ``repeat_interleave``, ``diff``); one thread raised the update's MFU from 38.0% to 42.2-42.8% there (16
+    micro-batches of 4k tokens per step, same machine), and on a 2-core box the packing of a 4,096-token micro-batch
+    took 24 ms on 2 threads and 0.2 ms on 1 (docs/benchmarks.md, session 8). Ray workers with the default
+    ``trainer.cpus_per_worker=1`` already run one thread.
 
     Raises:
         ValueError: ``n < 1``.

@@ -55,3 +55,26 @@ def test_an_error_with_no_dead_peer_is_reported_as_raised(monkeypatch):
         _group()._get(["r0", "r1", "r2"], "update_actor", [0, 1, 2])
     monkeypatch.setattr(placement, "ray", _fake_ray({"r0": 1, "r1": 2, "r2": 3}, ["r2", "r0", "r1"]))
     assert _group()._get(["r0", "r1", "r2"], "m", [0, 1, 2]) == [1, 2, 3]
+
+
+class _ObjectLost(Exception):
+    pass
+
+
+def test_a_peer_error_that_is_not_a_death_leaves_the_raising_rank_reported(monkeypatch):
+    # e.g. ray.exceptions.ObjectLostError on a peer's result: neither RayTaskError nor RayActorError
+    outcomes = {"r0": _TaskRaised("ValueError: bad batch"), "r1": _ObjectLost("object lost"), "r2": 2}
+    monkeypatch.setattr(placement, "ray", _fake_ray(outcomes, ["r0", "r1", "r2"]))
+    with pytest.raises(WorkerFailure, match=r"^actor rank 0 raised in update_actor: ValueError: bad batch"):
+        _group()._get(["r0", "r1", "r2"], "update_actor", [0, 1, 2])
+
+
+def test_the_grace_wait_ends_at_the_callers_deadline(monkeypatch):
+    fake = _fake_ray({"r0": _TaskRaised("ValueError: bad batch"), "r1": 1}, ["r0", "r1"])
+    waits = []
+    real_wait = fake.wait
+    fake.wait = lambda refs, num_returns=1, timeout=None: (waits.append(timeout), real_wait(refs, num_returns))[1]
+    monkeypatch.setattr(placement, "ray", fake)
+    with pytest.raises(WorkerFailure, match=r"^actor rank 0 raised"):
+        _group()._get(["r0", "r1"], "update_actor", [0, 1], timeout_s=2.0)
+    assert len(waits) == 2 and 0 < waits[1] <= 2.0  # not PEER_DEATH_GRACE_S (10 s) past the deadline

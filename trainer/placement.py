@@ -141,24 +141,28 @@ class WorkerGroup:
             except ray.exceptions.RayActorError as exc:
                 raise WorkerFailure(f"{self.role} rank {rank} died during {method}: {exc}") from exc
             except ray.exceptions.RayTaskError as exc:
-                self._raise_if_a_peer_died(pending, method, f"rank {rank} raised: {str(exc)[:300]}")
+                self._raise_if_a_peer_died(pending, method, f"rank {rank} raised: {str(exc)[:300]}", deadline)
                 raise WorkerFailure(f"{self.role} rank {rank} raised in {method}: {exc}") from exc
         return [results[f] for f in futures]
 
-    def _raise_if_a_peer_died(self, pending: dict, method: str, seen: str) -> None:
-        """After one rank raised: if another rank's call ends within :attr:`PEER_DEATH_GRACE_S` because its process
-        died, raise that death (the root cause; the raising rank's error is often its collective failing because of
-        it, e.g. gloo's "Connection reset by peer"), else return."""
+    def _raise_if_a_peer_died(self, pending: dict, method: str, seen: str, deadline: float | None = None) -> None:
+        """After one rank raised: if another rank's call ends within :attr:`PEER_DEATH_GRACE_S` (and before
+        ``deadline``) because its process died, raise that death (the root cause; the raising rank's error is often
+        its collective failing because of it, e.g. gloo's "Connection reset by peer"), else return, so that the
+        caller reports the rank that raised; any other error of a peer (its own raise, a lost object) is ignored."""
         if not pending:
             return
-        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=self.PEER_DEATH_GRACE_S)
+        grace = self.PEER_DEATH_GRACE_S
+        if deadline is not None:
+            grace = max(0.0, min(grace, deadline - time.monotonic()))
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=grace)
         for ref in done:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as exc:
                 raise WorkerFailure(f"{self.role} rank {pending[ref]} died during {method}: {exc} (then {seen})") \
                     from exc
-            except ray.exceptions.RayTaskError:
+            except Exception:  # noqa: BLE001 (not a death: the rank that raised first is the one reported)
                 pass
 
     def run_all(self, method: str, *args, **kwargs) -> list:

@@ -54,7 +54,8 @@ def host_op_threads(n: int = 1):
     H200 machine (16 cores, CUDA graphs) the GPU's longest idle gaps were spent in such host ops (``aten::index``,
     ``repeat_interleave``, ``diff``); one thread raised the update's MFU from 38.0% to 42.2-42.8% there (16
     micro-batches of 4k tokens per step, same machine), and on a 2-core box the packing of a 4,096-token micro-batch
-    took 24 ms on 2 threads and 0.2 ms on 1 (docs/benchmarks.md, session 8). Ray workers with the default
+    took 24 ms on 2 threads and 0.2 ms on 1 (re-measured: 17.8 vs 0.65 ms with both cores busy with other
+    processes, about 0.2 ms either way on an idle box; docs/benchmarks.md, session 8). Ray workers with the default
     ``trainer.cpus_per_worker=1`` already run one thread.
 
     Raises:

@@ -299,10 +299,12 @@ def main(argv=None) -> dict:
             ks = prof["kernel_summary"]
             print("device kernels: " + ", ".join(f"{k}={v:.4g}" for k, v in ks.items() if isinstance(v, (int, float))))
             if ks.get("top_gaps"):
-                print(f"GPU idle {ks['idle_ms']:.2f} ms of {ks['span_ms']:.2f} ms; gaps > {ks['gaps_over_min']['min_us']:g} us:"
-                      f" {ks['gaps_over_min']['count']} = {ks['gaps_over_min']['ms']:.2f} ms; longest:")
+                long = ks["gaps_over_min"]
+                print(f"GPU idle {ks['idle_ms']:.2f} ms of {ks['span_ms']:.2f} ms; gaps > {long['min_us']:g} us: "
+                      f"{long['count']} = {long['ms']:.2f} ms; longest:")
                 for g in ks["top_gaps"]:
-                    print(f"  {g['us']:9.1f} us  host: {g['host']}  | before: {g['before'][:40]}  after: {g['after'][:40]}")
+                    print(f"  {g['us']:9.1f} us  host: {g['host']}  | before: {g['before'][:40]}  "
+                          f"after: {g['after'][:40]}")
         doc["profile"] = prof
     write_json(args.out, doc)
     return doc

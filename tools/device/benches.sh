@@ -23,6 +23,11 @@
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
+sample_clocks() {  # GPU clocks, power and throttle reasons every 0.5 s into $OUT/smi.csv until this script exits
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
+  trap "kill $! 2>/dev/null" EXIT
+}
 case ${SET:-first} in
   kernels)  # each variant in its own process (Liger patches transformers process-wide)
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
@@ -135,9 +140,7 @@ case ${SET:-first} in
     # gradient copy per backward instead of two; overlap_comm off) vs the trainer's default (5e8-element bucket +
     # overlap_comm), CUDA graphs, 16 micro-batches per step; then no bucket at 4; the CUDA-graph GPU tests. (Run at
     # 09cfd54, where no bucket was briefly the default: 23.8% vs 37.3% MFU, reverted.) GPU clocks: smi.csv.
-    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
-      --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
-    SMI=$!
+    sample_clocks
     if [ "${PART:-bucket}" = sp ]; then  # 2 GPUs: #4 SP=1 vs SP=2 at 8k with CUDA graphs and equal tokens per GPU
       # (after the one-thread host packing), then the trainer itself with SP=2 and CUDA graphs (tiny model, 2 ranks)
       timeout -k 10 ${T_ULYSSES:-170} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192 --tokens-per-gpu \
@@ -149,29 +152,26 @@ case ${SET:-first} in
         > "$OUT/e2e_sp2_graphs.log" 2>&1
       echo "exit $?" >> "$OUT/e2e_sp2_graphs.log"
       cp /tmp/e2e_sp/metrics.jsonl "$OUT/e2e_sp2_graphs.jsonl" 2>/dev/null
-      kill $SMI 2>/dev/null
       exit 0
     fi
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
-    M="python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --compile-mode reduce-overhead"
+    A="--deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --compile-mode reduce-overhead"
+    M="python3 tools/bench/mfu.py $A"
     if [ "${PART:-bucket}" = ab ]; then  # same machine, alternating: the host packing on one thread (new) vs the
       # pool's thread count (old: trainer.forward.host_op_threads replaced by a no-op), 16 and 4 micro-batches per step
-      A="--deepspeed --models qwen2-1.5b --iters 48 --warmup 8 --compile-mode reduce-overhead"
       for r in 1 2; do for v in new old; do for a in 16 4; do
         P=""; [ $v = old ] && P="import trainer.forward as f, contextlib; f.host_op_threads = lambda n=1: contextlib.nullcontext(); "
         timeout -k 5 100 python3 -c "${P}import sys; from tools.bench.mfu import main; main(sys.argv[1:])" $A --accum $a \
           --out "$OUT/ab_${v}_a${a}_r$r.json" > "$OUT/ab_${v}_a${a}_r$r.log" 2>&1
       done; done; done
-      kill $SMI 2>/dev/null
       exit 0
     fi
     if [ "${PART:-bucket}" = gaps ]; then  # where the GPU idles: a 16-micro-batch profile with the idle gaps and
-      # the host op in each; MFU at 16 and 32 micro-batches per optimizer step (the trainer's defaults)
+      # the host op in each; MFU at 16 and 32 micro-batches per optimizer step (the trainer's default settings)
       timeout -k 10 150 python3 tools/bench/step_profile.py --profile --model qwen2-1.5b --tokens 4096 --micro-batches 16 \
         --deepspeed --compile-mode reduce-overhead --trace /tmp/p_gaps.json --out "$OUT/prof_gaps.json" > "$OUT/prof_gaps.log" 2>&1
       timeout -k 10 ${T_MFU:-120} $M --accum 16 --out "$OUT/mfu_accum16.json" > "$OUT/mfu_accum16.log" 2>&1
       timeout -k 10 ${T_MFU:-120} $M --accum 32 --iters 64 --out "$OUT/mfu_accum32.json" > "$OUT/mfu_accum32.log" 2>&1
-      kill $SMI 2>/dev/null
       exit 0
     fi
     OLD='{"zero_optimization": {"reduce_bucket_size": 500000000, "overlap_comm": true}}'
@@ -183,15 +183,12 @@ case ${SET:-first} in
     timeout -k 10 ${T_MFU:-120} $M --accum 4 --ds-config "$NEW" --out "$OUT/mfu_nobucket_accum4.json" \
       > "$OUT/mfu_nobucket_accum4.log" 2>&1
     timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
-    kill $SMI 2>/dev/null
     exit 0 ;;
   s7)  # session 7, 2 GPUs. PART=sp: #4 SP=1 vs SP=2 with each GPU holding the same tokens (--tokens-per-gpu: the
     # trainer's budget ppo_max_token_len_per_gpu x sp), CUDA graphs then eager. PART=mfu (GPU 0): #9 MFU with graphs at
     # 4 and 16 micro-batches per optimizer step, then the profile recording the copies' shapes. GPU clocks, power
     # and throttle reasons are sampled every 0.5 s throughout (smi.csv).
-    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
-      --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
-    SMI=$!
+    sample_clocks
     if [ "${PART:-sp}" = sp ]; then
       for k in graphs:--compile-mode=reduce-overhead eager:; do
         timeout -k 10 ${T_ULYSSES:-220} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
@@ -208,7 +205,6 @@ case ${SET:-first} in
         --deepspeed --compile-mode reduce-overhead --trace /tmp/p_graphs.json --out "$OUT/prof_graphs.json" \
         > "$OUT/prof_graphs.log" 2>&1
     fi
-    kill $SMI 2>/dev/null
     exit 0 ;;
   ulysses_graphs)  # #4: SP=1 vs SP=2 with CUDA graphs (before the functional all-to-alls: never run)
     timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \

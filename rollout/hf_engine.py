@@ -12,11 +12,14 @@ compiled graph is only reused when shapes repeat, so every call is cut into FIXE
 
 On CPU the dynamic cache is used and nothing is compiled.
 
-Log-probs. ``generate(output_logits=True)`` returns the RAW logits of each step (before temperature, top-k,
-top-p). The engine reports ``log_softmax(logits / T)`` at the sampled token, i.e. the same quantity the trainer
-recomputes from ``model(input_ids).logits / T`` (verl/OpenRLHF do not apply top-k/top-p there either). They are
-therefore NOT the log-probs of the truncated sampling distribution when top-k/top-p are active. Greedy decoding
-reports ``log_softmax(logits)`` (T taken as 1).
+Log-probs. A logits processor (:class:`SampledTokenLogProbs`, run before transformers' temperature/top-k/top-p
+warpers) sees the RAW logits of each step. The engine reports ``log_softmax(logits / T)`` at the sampled token, i.e.
+the same quantity the trainer recomputes from ``model(input_ids).logits / T`` (verl/OpenRLHF do not apply
+top-k/top-p there either). They are therefore NOT the log-probs of the truncated sampling distribution when
+top-k/top-p are active. Greedy decoding reports ``log_softmax(logits)`` (T taken as 1). The processor holds one
+step's (rows, vocab) fp32 log-probs at a time, so the rows per ``generate`` call are bounded by ``max_batch_size``
+only (``generate(output_logits=True)``, used before, kept every step's logits: 100 MB per row at 512 new tokens
+and a 49k vocabulary, which capped a call at 128 rows).
 """
 from __future__ import annotations
 
@@ -56,8 +59,6 @@ class HFRolloutEngine(RolloutEngine):
         max_batch_size: rows per ``generate`` call (a batch bucket; chunks are padded to powers of two).
         prompt_len_multiple: prompts are left-padded to a multiple of this (length bucket).
         cache_len_multiple: static cache length is rounded up to a multiple of this.
-        logits_budget_bytes: cap on the fp32 logits kept by ``output_logits`` per call
-            (rows * max_new_tokens * vocab * 4 bytes); lowers the rows per call when exceeded.
         attn_implementation: attention backend of the inference copy ("sdpa").
 
     Raises:
@@ -68,7 +69,7 @@ class HFRolloutEngine(RolloutEngine):
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  use_static_cache: bool | None = None, compile_mode: str = "reduce-overhead",
                  max_batch_size: int = 256, prompt_len_multiple: int = 64, cache_len_multiple: int = 256,
-                 logits_budget_bytes: int = 16 * 2**30, attn_implementation: str = "sdpa") -> None:
+                 attn_implementation: str = "sdpa") -> None:
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device) if device is not None else torch.device(
@@ -83,7 +84,6 @@ class HFRolloutEngine(RolloutEngine):
         self.max_batch_size = int(max_batch_size)
         self.prompt_len_multiple = int(prompt_len_multiple)
         self.cache_len_multiple = int(cache_len_multiple)
-        self.logits_budget_bytes = int(logits_budget_bytes)
 
         self.eos_ids = _as_list(eos_token_id if eos_token_id is not None else getattr(model_config, "eos_token_id", None))
         if not self.eos_ids:
@@ -158,7 +158,7 @@ class HFRolloutEngine(RolloutEngine):
         from transformers.generation.configuration_utils import CompileConfig
 
         kw = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, eos_token_id=stop_ids,
-                  pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=self.pad_id, output_logits=False, return_dict_in_generate=True,
                   num_return_sequences=1, num_beams=1, use_cache=True, repetition_penalty=1.0)
         if sampling.greedy:
             kw.update(do_sample=False)
@@ -171,9 +171,8 @@ class HFRolloutEngine(RolloutEngine):
                       compile_config=CompileConfig(fullgraph=False, dynamic=False, mode=self.compile_mode))
         return GenerationConfig(**kw)
 
-    def _rows_per_call(self, max_new_tokens: int) -> int:
-        per_row = max_new_tokens * self.vocab_size * 4
-        rows = max(1, min(self.max_batch_size, self.logits_budget_bytes // max(1, per_row)))
+    def _rows_per_call(self) -> int:
+        rows = self.max_batch_size
         return 1 << int(math.floor(math.log2(rows))) if self.use_static_cache else rows
 
     @torch.no_grad()
@@ -201,7 +200,7 @@ class HFRolloutEngine(RolloutEngine):
         cache_len = -(-(width + sampling.max_new_tokens) // self.cache_len_multiple) * self.cache_len_multiple
         gen_cfg = self._generation_config(sampling, stop_ids, cache_len)
         temp = 1.0 if sampling.greedy else float(sampling.temperature)
-        chunk = self._rows_per_call(sampling.max_new_tokens)
+        chunk = self._rows_per_call()
 
         devices = [self.device] if self.device.type == "cuda" else []
         outs = []
@@ -218,18 +217,64 @@ class HFRolloutEngine(RolloutEngine):
                         max_new_tokens: int) -> RolloutOutput:
         real = len(rows)
         if self.use_static_cache:  # batch bucket: pad with copies of the last row
-            rows = rows + [rows[-1]] * (min(_next_pow2(real), self._rows_per_call(max_new_tokens)) - real)
+            rows = rows + [rows[-1]] * (min(_next_pow2(real), self._rows_per_call()) - real)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, p in enumerate(rows):  # left padding
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = 1
+        from transformers import LogitsProcessorList
+
+        recorder = SampledTokenLogProbs(temp, len(rows), max_new_tokens, self.device)
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  generation_config=gen_cfg)
-        tokens = out.sequences[:real, width:]
-        log_probs = torch.empty(tokens.shape, dtype=torch.float32, device=tokens.device)
-        for t, step_logits in enumerate(out.logits):  # raw (rows, V) logits of step t, one step at a time
-            lp = F.log_softmax(step_logits[:real].float() / temp, dim=-1)
-            log_probs[:, t] = lp.gather(-1, tokens[:, t:t + 1]).squeeze(-1)
+                                  generation_config=gen_cfg, logits_processor=LogitsProcessorList([recorder]))
+        tokens = out.sequences[:, width:]
+        log_probs = recorder.finish(tokens)
         del out
-        return finalize_responses(tokens, log_probs, stop_ids, self.pad_id, max_new_tokens)
+        return finalize_responses(tokens[:real], log_probs[:real], stop_ids, self.pad_id, max_new_tokens)
+
+
+class SampledTokenLogProbs:
+    """A transformers logits processor that records ``log_softmax(logits_t / T)[token_t]`` for every step ``t``
+    of one ``generate`` call, holding only the latest step's (rows, vocab) fp32 log-probs.
+
+    transformers calls it once per generated token with the ids so far and that step's raw logits (custom
+    processors run before the sampling warpers); the token sampled at step ``t`` is the last id of the call for
+    step ``t + 1``, and :meth:`finish` gathers the final step's from the returned sequences.
+
+    Args:
+        temperature: T (> 0; 1.0 for greedy).
+        rows: batch rows of the call.
+        max_new_tokens: R, the most steps the call can take.
+        device: where the (rows, R) fp32 result lives.
+    """
+
+    def __init__(self, temperature: float, rows: int, max_new_tokens: int, device) -> None:
+        self.temperature = float(temperature)
+        self.log_probs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
+        self.steps = 0
+        self._last: torch.Tensor | None = None  # (rows, V) fp32 log-probs of the latest step
+
+    def _record(self, tokens: torch.Tensor) -> None:
+        self.log_probs[:, self.steps - 1] = self._last.gather(-1, tokens.view(-1, 1).to(self._last.device)).squeeze(-1)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._last is not None:
+            self._record(input_ids[:, -1])
+        self._last = F.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.steps += 1
+        return scores
+
+    def finish(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(rows, L) fp32 log-probs of ``tokens`` (rows, L), the call's generated ids; L must equal the steps seen.
+
+        Raises:
+            RuntimeError: when L differs from the number of steps the processor saw.
+        """
+        if tokens.shape[1] != self.steps:
+            raise RuntimeError(f"generate returned {tokens.shape[1]} new tokens but the log-prob recorder saw "
+                               f"{self.steps} steps")
+        if self._last is not None:
+            self._record(tokens[:, -1])
+            self._last = None
+        return self.log_probs[:, :self.steps]

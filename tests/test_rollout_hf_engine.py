@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rollout.base import SamplingConfig, finalize_responses
-from rollout.hf_engine import HFRolloutEngine
+from rollout.hf_engine import HFRolloutEngine, SampledTokenLogProbs
 
 WORDS = ["<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "big", "red", "hat", "sun", "up"]
 
@@ -64,6 +64,44 @@ def test_log_probs_match_trainer_recompute(setup):
         ref = _ref_log_probs(actor, prompts[row // 3], resp, T)
         torch.testing.assert_close(out.rollout_log_probs[row, :n_valid], ref, atol=1e-4, rtol=0)
         assert torch.all(out.rollout_log_probs[row, n_valid:] == 0)
+
+
+def test_sampled_token_log_probs_hand_example():
+    """Step t's log-prob is gathered when the id sampled at t arrives (call t+1) or at finish; one step is held."""
+    logits = [torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 1.0], [0.0, 2.0, 0.0]])]
+    picked = torch.tensor([[2, 0], [0, 1]])  # (rows, steps)
+    rec = SampledTokenLogProbs(0.5, rows=2, max_new_tokens=4, device="cpu")
+    ids = torch.tensor([[7], [7]])
+    for t, lg in enumerate(logits):
+        assert rec(ids, lg) is lg  # scores pass through unchanged
+        ids = torch.cat([ids, picked[:, t:t + 1]], 1)
+    got = rec.finish(picked)
+    want = torch.stack([F.log_softmax(lg / 0.5, -1).gather(-1, picked[:, t:t + 1]).squeeze(-1)
+                        for t, lg in enumerate(logits)], 1)
+    torch.testing.assert_close(got, want)
+    assert got.shape == (2, 2) and rec._last is None
+    bad = SampledTokenLogProbs(1.0, rows=2, max_new_tokens=4, device="cpu")
+    bad(torch.tensor([[7], [7]]), logits[0])
+    with pytest.raises(RuntimeError, match="2 new tokens but the log-prob recorder saw 1 steps"):
+        bad.finish(picked)
+
+
+def test_rows_per_generate_call_bounded_by_max_batch_size_only(setup, monkeypatch):
+    """No per-step logits are kept (output_logits off), so long responses do not shrink the rows per call."""
+    tk, actor, _, prompts = setup
+    engine = HFRolloutEngine.from_tokenizer(actor.config, tk, device="cpu", max_batch_size=4)
+    engine.load_weights(actor.state_dict().items())
+    calls = []
+    real = engine.model.generate
+
+    def spy(**kw):
+        calls.append((kw["input_ids"].shape[0], kw["generation_config"].output_logits))
+        return real(**kw)
+
+    monkeypatch.setattr(engine.model, "generate", spy)
+    out = engine.generate(prompts, SamplingConfig(n=5, temperature=1.0, max_new_tokens=64, seed=0))
+    assert out.responses.shape == (10, 64)
+    assert calls == [(4, False), (4, False), (2, False)]
 
 
 def test_same_seed_same_samples(setup):

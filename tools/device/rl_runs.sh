@@ -136,8 +136,8 @@ for spec in $RUNS; do
                actor_rollout_ref.rollout.temperature=0.7 ;;  # svamp_h sampling its rollouts at T=0.7 (as validated)
     svamp_k) launch svamp_k "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
                actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.actor.optim.lr=7e-5 ;;  # svamp_j, lr 7e-5
-    # 1,024 samples per step (4x svamp_h) for about 1.6x the step time (generation is launch-bound); saved every
-    # 8 steps and on SIGTERM; NAME_more resumes NAME from its last save in a later call (no step-0 validation)
+    # 1,024 samples per step (4x svamp_h), generated in one call of 1,024 rows; saved every 8 steps and on
+    # SIGTERM; NAME_more resumes NAME from its last save in a later call (no step-0 validation)
     svamp_l|svamp_n|svamp_o|svamp_l_more|svamp_n_more|svamp_o_more)
       base=${name%_more} more=""
       [ "$base" != "$name" ] && more="trainer.resume_mode=auto trainer.val_before_train=false"
@@ -147,7 +147,8 @@ for spec in $RUNS; do
         svamp_o) big="data.train_batch_size=64 actor_rollout_ref.rollout.n=16 actor_rollout_ref.actor.ppo_mini_batch_size=64
                actor_rollout_ref.actor.optim.lr=1e-4" ;;  # one optimizer step per step, 2x lr
       esac
-      RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E $big trainer.test_freq=8 trainer.save_freq=8 \
+      RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E $big actor_rollout_ref.rollout.max_batch_size=1024 \
+        trainer.test_freq=8 trainer.save_freq=8 \
         trainer.max_actor_ckpt_to_keep=1 $more ;;
     offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rollout.base import SamplingConfig, finalize_responses
-from rollout.hf_engine import HFRolloutEngine, SampledTokenLogProbs
+from rollout.hf_engine import HFRolloutEngine, SampledTokenLogProbs, sdpa_gqa_attention_forward
 
 WORDS = ["<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "big", "red", "hat", "sun", "up"]
 
@@ -102,6 +102,52 @@ def test_rows_per_generate_call_bounded_by_max_batch_size_only(setup, monkeypatc
     out = engine.generate(prompts, SamplingConfig(n=5, temperature=1.0, max_new_tokens=64, seed=0))
     assert out.responses.shape == (10, 64)
     assert calls == [(4, False), (4, False), (2, False)]
+
+
+def test_sdpa_gqa_matches_transformers_sdpa():
+    """Same output as transformers' sdpa (which repeats K/V) for padding masks, causal prefill and decoding."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    for q_len, k_len, masked in ((1, 7, True), (5, 5, True), (5, 5, False), (4, 9, False), (1, 7, False)):
+        q = torch.randn(2, 6, q_len, 8)
+        k, v = torch.randn(2, 2, k_len, 8), torch.randn(2, 2, k_len, 8)
+        mask = None
+        if masked:  # left padding of row 0, causal within the keys
+            mask = torch.ones(2, 1, q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+            mask[0, :, :, :2] = False
+        got, _ = sdpa_gqa_attention_forward(module, q, k, v, mask, scaling=0.3)
+        want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)
+        assert got.shape == (2, q_len, 6, 8)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_engine_with_sdpa_gqa_gives_the_same_rollout(setup, monkeypatch):
+    """rollout.attn_implementation=sdpa_gqa: same greedy tokens and log-probs for left-padded GQA prompts, through
+    the registered function (2 query heads per KV head in the tiny Llama)."""
+    import rollout.hf_engine as he
+
+    tk, actor, engine, prompts = setup
+    gqa = HFRolloutEngine.from_tokenizer(actor.config, tk, device="cpu", attn_implementation="sdpa_gqa")
+    gqa.load_weights(actor.state_dict().items())
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(kw.get("enable_gqa"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(he.F, "scaled_dot_product_attention", spy)
+    for sampling in (SamplingConfig(n=2, do_sample=False, max_new_tokens=6),
+                     SamplingConfig(n=3, temperature=0.7, max_new_tokens=6, seed=3)):
+        a, b = engine.generate(prompts, sampling), gqa.generate(prompts, sampling)
+        assert torch.equal(a.responses, b.responses) and torch.equal(a.response_mask, b.response_mask)
+        torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5, rtol=0)
+    assert seen.count(True) == len(seen) // 2 and seen.count(True) > 0  # the gqa engine's calls, not the other's
+    assert actor.config._attn_implementation != "sdpa_gqa"  # the caller's config is not changed
 
 
 def test_same_seed_same_samples(setup):

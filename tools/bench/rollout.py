@@ -77,6 +77,8 @@ def bench_generation(args, device, dtype) -> list[dict]:
                      "HFRolloutEngine (dynamic)", seconds=times[-1], tokens=tokens, tok_per_s=tokens / times[-1],
                      first_call_s=times[0], compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times))
     print(rows[-1], flush=True)
+    if args.profile:  # one more call under torch.profiler: where a decoding step's time goes
+        rows[-1]["profile"] = profile_generate(engine, prompts, sampling, args.profile_rows)
     if args.sleep_wake and torch.cuda.is_available():  # does a sleep/wake cycle (new addresses) cost a recompile?
         engine.sleep(1); engine.wake_up()
         _sync(); t0 = time.perf_counter()
@@ -86,6 +88,25 @@ def bench_generation(args, device, dtype) -> list[dict]:
                          tok_per_s=int(out.response_mask.sum()) / dt))
         print(rows[-1], flush=True)
     return rows
+
+
+def profile_generate(engine, prompts, sampling, top: int = 15) -> dict:
+    """Profile one ``engine.generate`` call; print and return the ``top`` ops by self device time (CPU time on
+    CPU): ``{"wall_s", "ops": [{"name", "self_s", "calls"}]}``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        _sync(); t0 = time.perf_counter()
+        engine.generate(prompts, sampling)
+        _sync(); wall = time.perf_counter() - t0
+    key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    avg = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    ops = [dict(name=e.key[:90], self_s=getattr(e, key) / 1e6, calls=e.count) for e in avg]
+    print(f"profiled call: {wall:.2f} s wall; top ops by {key}:")
+    for o in ops:
+        print(f"  {o['self_s']:8.3f} s {o['calls']:7d}  {o['name']}")
+    return dict(wall_s=wall, ops=ops)
 
 
 @torch.no_grad()
@@ -193,6 +214,8 @@ def main(argv=None) -> None:
                     help="sync from a DeepSpeed ZeRO-3 actor (run under torchrun for several ranks)")
     ap.add_argument("--sync-repeats", type=int, default=3)
     ap.add_argument("--sleep-wake", action="store_true", help="also time a call after a sleep/wake cycle")
+    ap.add_argument("--profile", action="store_true", help="profile one more engine call; print the top ops")
+    ap.add_argument("--profile-rows", type=int, default=15, help="ops listed by --profile")
     ap.add_argument("--out", default="bench_rollout.json")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -216,12 +216,25 @@ class RayPPOTrainer:
 
     # ---- validation -------------------------------------------------------------------------------------------
     def validate(self) -> dict:
-        """Generate on the held-out set (val_kwargs sampling) and score it; ``val/<data_source>/<metric>``."""
+        """Generate on the held-out set (``val_kwargs`` sampling) and score it: ``val/<data_source>/<metric>``
+        (``acc`` is the strict accuracy, the mean over all samples). With ``trainer.val_also_greedy`` and sampled
+        ``val_kwargs``, a second pass decodes one greedy response per question and logs
+        ``val/<data_source>/greedy/<metric>``, so sampled and greedy accuracy of the same weights sit side by side."""
+        if self.val_dataset is None:
+            return {}
+        metrics = self._validate_pass(greedy=False)
+        vk = self.cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
+        sampled = bool(vk.get("do_sample", False)) and float(vk.get("temperature", 0.0)) > 0
+        if self.cfg["trainer"].get("val_also_greedy") and sampled:
+            metrics.update(self._validate_pass(greedy=True))
+        return metrics
+
+    def _validate_pass(self, greedy: bool) -> dict:
+        """One generation + scoring pass over the held-out set: ``val/<data_source>/<metric>`` keys, or
+        ``val/<data_source>/greedy/<metric>`` for the ``greedy`` pass (one greedy response per question)."""
         from trainer.metric_utils import flatten_validation_metrics, process_validation_metrics
 
         ds = self.val_dataset
-        if ds is None:
-            return {}
         bs = int(self.cfg["data"].get("val_batch_size") or len(ds))
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         sources: list = []
@@ -232,7 +245,7 @@ class RayPPOTrainer:
             rows = [ds[i] for i in range(start, min(start + bs, len(ds)))]
             batch = collate_prompts(rows, pad_id)
             batch["uid"] = [f"val-{start + i}" for i in range(len(batch))]
-            batch.meta.update(validate=True, seed=int(self.cfg["trainer"]["seed"]))
+            batch.meta.update(validate=True, greedy=greedy, seed=int(self.cfg["trainer"]["seed"]))
             padded, _ = pad_rows_to_multiple(batch, self.world)
             out = self.actor_wg.dispatch_all("generate_sequences", padded)
             n_val = len(out) // len(padded)
@@ -251,7 +264,7 @@ class RayPPOTrainer:
         for src in sorted(set(sources)):
             sel = np.nonzero(src_arr == src)[0]
             for k, v in _extra_info_means({k: [v[i] for i in sel] for k, v in infos.items()}).items():
-                metrics[f"val/{src}/{k.split('/')[1]}"] = v
+                metrics[f"val/{src}/{'greedy/' if greedy else ''}{k.split('/')[1]}"] = v
         if n_val > 1:
             numeric = {k: v for k, v in infos.items() if all(isinstance(x, (int, float)) for x in v)}
             metrics.update(flatten_validation_metrics(process_validation_metrics(sources, uids, numeric)))

@@ -13,6 +13,7 @@ and streams its parameters into an engine in buckets (``rollout.context.sync_wei
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -64,19 +65,29 @@ def bench_generation(args, device, dtype) -> list[dict]:
     if not args.skip_plain:
         rows.append(plain_generate(model, prompts, sampling, eos, device))
         print(rows[-1], flush=True)
-    engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch)
-    engine.load_weights(model.state_dict().items())
+    weights = dict(model.state_dict())
     del model
-    times = []
-    for _ in range(args.engine_calls):
-        _sync(); t0 = time.perf_counter()
-        out = engine.generate(prompts, sampling)
-        _sync(); times.append(time.perf_counter() - t0)
-    tokens = int(out.response_mask.sum())
-    rows.append(dict(name="HFRolloutEngine (static cache + compile)" if engine.use_static_cache else
-                     "HFRolloutEngine (dynamic)", seconds=times[-1], tokens=tokens, tok_per_s=tokens / times[-1],
-                     first_call_s=times[0], compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times))
-    print(rows[-1], flush=True)
+    for i, attn in enumerate(args.attn.split(",")):  # one engine per attention backend, one after the other
+        if i:
+            del engine
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch,
+                                 attn_implementation=attn)
+        engine.load_weights(weights.items())
+        times = []
+        for _ in range(args.engine_calls):
+            _sync(); t0 = time.perf_counter()
+            out = engine.generate(prompts, sampling)
+            _sync(); times.append(time.perf_counter() - t0)
+        tokens = int(out.response_mask.sum())
+        kind = "static cache + compile" if engine.use_static_cache else "dynamic"
+        rows.append(dict(name=f"HFRolloutEngine ({kind}, {attn})", attn_implementation=attn, seconds=times[-1],
+                         tokens=tokens, tok_per_s=tokens / times[-1], first_call_s=times[0],
+                         compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times))
+        print(rows[-1], flush=True)
+    del weights
     if args.profile:  # one more call under torch.profiler: where a decoding step's time goes
         rows[-1]["profile"] = profile_generate(engine, prompts, sampling, args.profile_rows)
     if args.sleep_wake and torch.cuda.is_available():  # does a sleep/wake cycle (new addresses) cost a recompile?
@@ -205,6 +216,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-prompt", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--attn", default="sdpa", help="engine attention backend(s), comma-separated, timed one after "
+                    "the other in this process (e.g. sdpa,sdpa_gqa; rollout.attn_implementation)")
     ap.add_argument("--engine-calls", type=int, default=2)
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--skip-plain", action="store_true")

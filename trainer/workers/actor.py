@@ -71,10 +71,15 @@ class ActorRolloutRefWorker(DistributedWorker):
             raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
         self.engine.sleep(level=int(rc.get("sleep_level", 1)))
 
-    def _sampling(self, validate: bool, seed: int | None):
+    def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
+        """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
+        ``validate``, or one greedy sample per prompt when ``greedy`` (the extra validation pass of
+        ``trainer.val_also_greedy``)."""
         from rollout.base import SamplingConfig
 
         rc = self.rollout_cfg
+        if greedy:
+            return SamplingConfig(n=1, max_new_tokens=int(rc["response_length"]), do_sample=False, seed=seed)
         src = rc["val_kwargs"] if validate else rc
         return SamplingConfig(n=int(src["n"]), temperature=float(src["temperature"]), top_p=float(src["top_p"]),
                               top_k=int(src["top_k"]), max_new_tokens=int(rc["response_length"]),
@@ -106,7 +111,8 @@ class ActorRolloutRefWorker(DistributedWorker):
         t0 = time.perf_counter()
         validate = bool(prompts.meta.get("validate", False))
         seed = prompts.meta.get("seed")
-        sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank)
+        sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank,
+                                  greedy=validate and bool(prompts.meta.get("greedy", False)))
         ids, mask = prompts["input_ids"], prompts["attention_mask"]
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         reset_peak_memory(self.device)

@@ -1,0 +1,71 @@
+"""Held-out validation through the real entry point: at step 0 (``val_before_train``), every ``test_freq`` steps,
+and the extra greedy pass of ``trainer.val_also_greedy`` beside sampled ``val_kwargs``."""
+import math
+import types
+
+import pytest
+
+from tests.e2e_utils import SHORT, read_metrics, run_main
+from trainer.embedded import TASK_NAME
+
+
+@pytest.mark.slow
+def test_validation_before_training_every_test_freq_and_greedy_too(tmp_path):
+    out = str(tmp_path / "run")
+    run_main(out, *SHORT, "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.val_also_greedy=true",
+             "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.n=2",
+             "actor_rollout_ref.rollout.val_kwargs.temperature=1.0")
+    rows = read_metrics(out)
+    val_rows = {r["step"]: r for r in rows if f"val/{TASK_NAME}/acc" in r}
+    assert sorted(val_rows) == [0, 2], sorted(val_rows)
+    for step, r in val_rows.items():
+        for key in (f"val/{TASK_NAME}/acc", f"val/{TASK_NAME}/greedy/acc"):
+            assert isinstance(r[key], float) and 0.0 <= r[key] <= 1.0, (step, key, r.get(key))
+    # the greedy pass holds one answer per question, the sampled pass val_kwargs.n of them; no sampled-pass
+    # statistics (mean@N etc.) are made for the greedy one
+    assert not [k for k in val_rows[0] if "/greedy/" in k and "@" in k]
+
+
+class _Stub:
+    """Just what ``PPOTrainer.validate`` reads, with the passes recorded."""
+
+    def __init__(self, also_greedy, do_sample, temperature):
+        self.val_dataset = [0]
+        self.cfg = {"trainer": {"val_also_greedy": also_greedy},
+                    "actor_rollout_ref": {"rollout": {"val_kwargs": {"do_sample": do_sample,
+                                                                     "temperature": temperature}}}}
+        self.passes = []
+
+    def _validate_pass(self, greedy):
+        self.passes.append(greedy)
+        return {f"val/x/{'greedy/' if greedy else ''}acc": 0.5}
+
+
+@pytest.mark.parametrize("also_greedy,do_sample,temperature,passes", [
+    (True, True, 0.7, [False, True]),
+    (True, False, 0.7, [False]),   # val_kwargs already greedy: no second, identical pass
+    (True, True, 0.0, [False]),    # temperature 0 is greedy too
+    (False, True, 0.7, [False]),
+])
+def test_val_also_greedy_runs_the_greedy_pass_only_beside_sampling(also_greedy, do_sample, temperature, passes):
+    from trainer.ppo_trainer import RayPPOTrainer
+
+    stub = _Stub(also_greedy, do_sample, temperature)
+    metrics = RayPPOTrainer.validate(stub)
+    assert stub.passes == passes
+    assert ("val/x/greedy/acc" in metrics) == (True in passes)
+    assert math.isclose(metrics["val/x/acc"], 0.5)
+
+
+def test_greedy_pass_sampling_is_one_greedy_answer_at_the_rollout_width():
+    from trainer.workers.actor import ActorRolloutRefWorker
+
+    rc = {"n": 8, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "do_sample": True, "response_length": 37,
+          "val_kwargs": {"n": 2, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "do_sample": True}}
+    worker = types.SimpleNamespace(rollout_cfg=rc)
+    g = ActorRolloutRefWorker._sampling(worker, True, 5, greedy=True)
+    assert (g.n, g.greedy, g.max_new_tokens, g.seed) == (1, True, 37, 5)
+    v = ActorRolloutRefWorker._sampling(worker, True, 5)
+    assert (v.n, v.greedy, v.temperature, v.top_p) == (2, False, 0.7, 0.9)
+    t = ActorRolloutRefWorker._sampling(worker, False, None)
+    assert (t.n, t.greedy, t.temperature) == (8, False, 1.0)

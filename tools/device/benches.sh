@@ -20,6 +20,8 @@
 #      DeepSpeed's reduce bucket on one rank, and the CUDA-graph GPU tests; PART=gaps: the GPU's idle gaps in a
 #      16-micro-batch profile, MFU at 16 and 32 micro-batches per step; PART=ab: one-thread host packing vs not, same
 #      machine, alternating; PART=sp, 2 GPUs: #4 SP=1 vs SP=2 at 8k with graphs, the trainer with SP=2 + graphs)
+#      OUT=/some/dir SET=s10 bash tools/device/benches.sh  (session 10, 2 GPUs: Ulysses GPU tests, #4 SP=1 vs SP=2 at 8k
+#      with graphs at equal tokens per GPU, the trainer with SP=2 + graphs, rollout engine sdpa vs sdpa_gqa)
 set -u
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -183,6 +185,29 @@ case ${SET:-first} in
     timeout -k 10 ${T_MFU:-120} $M --accum 4 --ds-config "$NEW" --out "$OUT/mfu_nobucket_accum4.json" \
       > "$OUT/mfu_nobucket_accum4.log" 2>&1
     timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
+    exit 0 ;;
+  s10)  # session 10, 2 GPUs, after the fused q/k/v all-to-all (one exchange for q, k and v per layer): the Ulysses GPU
+    # tests (NCCL, 2 ranks: SP=2 vs SP=1 with varlen_attn in bf16; traced all-to-alls eager / compiled / CUDA graphs),
+    # #4 SP=1 vs SP=2 at 8k with CUDA graphs and equal tokens per GPU, the trainer itself with SP=2 + graphs; then on
+    # GPU 0 the HF rollout engine with sdpa vs sdpa_gqa (rollout.attn_implementation). One archive: $OUT/s10.tgz.
+    sample_clocks
+    W=$OUT/s10; mkdir -p "$W"
+    timeout -k 10 ${T_TESTS:-100} python3 -m pytest -q -m gpu tests/test_patches_ulysses_gpu.py > "$W/gpu_tests.log" 2>&1
+    timeout -k 10 ${T_GRAPHS_TEST:-90} python3 tests/test_ulysses_graphs_gpu.py "$W/gpu_test" > "$W/gpu_test.log" 2>&1
+    timeout -k 10 ${T_ULYSSES:-170} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192 --tokens-per-gpu \
+      --iters 12 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode reduce-overhead --timeout 120 \
+      --out "$W/ulysses_pg_graphs.json" > "$W/ulysses_pg_graphs.log" 2>&1
+    timeout -k 15 ${T_E2E:-110} python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=2 \
+      trainer.total_training_steps=10 trainer.output_dir=/tmp/e2e_sp actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 \
+      actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead \
+      > "$W/e2e_sp2_graphs.log" 2>&1
+    echo "exit $?" >> "$W/e2e_sp2_graphs.log"
+    cp /tmp/e2e_sp/metrics.jsonl "$W/e2e_sp2_graphs.jsonl" 2>/dev/null
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 ${T_ROLLOUT:-150} python3 tools/bench/rollout.py --skip-plain --skip-sync \
+      --prompts 128 --n 4 --new-tokens 512 --max-batch 512 --attn sdpa,sdpa_gqa --out "$W/rollout_attn.json" \
+      > "$W/rollout_attn.log" 2>&1
+    cp "$OUT/smi.csv" "$W/" 2>/dev/null
+    tar czf "$OUT/s10.tgz" -C "$OUT" s10 && rm -rf "$W"
     exit 0 ;;
   s7)  # session 7, 2 GPUs. PART=sp: #4 SP=1 vs SP=2 with each GPU holding the same tokens (--tokens-per-gpu: the
     # trainer's budget ppo_max_token_len_per_gpu x sp), CUDA graphs then eager. PART=mfu (GPU 0): #9 MFU with graphs at

@@ -23,7 +23,7 @@ import torch.distributed as dist
 __all__ = [
     "UlyssesGroup", "current_ulysses_group", "DpSpMesh", "dp_sp_rank_layout", "build_dp_sp_groups",
     "validate_ulysses_config", "repeat_kv_interleaved", "all_to_all_seq_to_heads", "all_to_all_heads_to_seq",
-    "traceable_seq_to_heads", "traceable_heads_to_seq",
+    "traceable_seq_to_heads", "traceable_qkv_seq_to_heads", "traceable_heads_to_seq",
     "pad_and_slice_inputs", "pad_and_slice", "gather_outputs_and_unpad",
 ]
 
@@ -170,49 +170,77 @@ def repeat_kv_interleaved(x: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor
 
 
 class _AllToAll(torch.autograd.Function):
-    """``x`` split in ``size`` chunks along ``scatter_dim``; chunk j goes to rank j; received chunks are
-    concatenated along ``gather_dim`` in rank order. Backward: the same with the dims swapped (no scaling)."""
+    """Eager :func:`_all_to_all`: ``dist.all_to_all_single`` of a contiguous tensor; backward: the same exchange of
+    the gradient (no scaling)."""
 
     @staticmethod
-    def forward(ctx, x, group, size, scatter_dim, gather_dim):
-        ctx.args = (group, size, gather_dim, scatter_dim)
-        return _all_to_all(x, group, size, scatter_dim, gather_dim)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _exchange(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        group, size, scatter_dim, gather_dim = ctx.args
-        return _all_to_all(grad, group, size, scatter_dim, gather_dim), None, None, None, None
+        return _exchange(grad.contiguous(), ctx.group), None
 
 
-def _all_to_all(x, group, size, scatter_dim, gather_dim):
-    if x.shape[scatter_dim] % size:
-        raise ValueError(f"all-to-all: dim {scatter_dim} of size {x.shape[scatter_dim]} is not divisible by {size}")
-    send = torch.stack(torch.tensor_split(x, size, dim=scatter_dim)).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    return torch.cat(recv.unbind(0), dim=gather_dim)
+def _exchange(x, group):
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
+    """The one all-to-all primitive: dim 0 of ``x`` split in as many equal chunks as the group has ranks (the
+    caller checks divisibility), chunk j sent to rank j; chunk i of the result (same shape as ``x``) is the one
+    rank i sent. Autograd-aware (its backward is the same exchange). Run eagerly, ``dist.all_to_all_single``
+    (:class:`_AllToAll`); while ``torch.compile`` traces, torch's functional ``all_to_all_single_autograd`` (in the
+    graph, no graph break; see :func:`traceable_seq_to_heads`). Copies ``x`` only when it is not contiguous."""
+    x = x.contiguous()
+    if not torch.compiler.is_compiling():
+        return _AllToAll.apply(x, group)
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    return all_to_all_single_autograd(x, None, None, group)
+
+
+def _seq_to_heads(tensors, group, size: int) -> tuple[torch.Tensor, ...]:
+    """Shared body of the seq->heads all-to-alls: every ``(S/sp, H_i, ...)`` tensor in ONE exchange. Send buffer
+    ``(sp, S/sp, sum_i H_i/sp, ...)``: each tensor viewed as ``(S/sp, sp, H_i/sp, ...)``, dims 0 and 1 swapped,
+    concatenated along heads (the only copy). Chunk i received is rank i's sequence part, so the result reshapes
+    to ``(S, sum_i H_i/sp, ...)`` with no copy and splits along heads into views ``(S, H_i/sp, ...)``, each of
+    stride ``sum_i H_i/sp * prod(...)`` along the sequence (contiguous rows of the last dim, as every varlen kernel
+    of :mod:`patches.varlen` accepts)."""
+    shapes = [tuple(t.shape) for t in tensors]
+    if any(len(s) < 2 or s[0] != shapes[0][0] or s[2:] != shapes[0][2:] for s in shapes):
+        raise ValueError(f"seq->heads all-to-all: tensors must be (S/sp, H, ...) with equal S/sp and trailing dims, "
+                         f"got shapes {shapes}")
+    heads = [s[1] for s in shapes]
+    if any(h % size for h in heads):
+        raise ValueError(f"seq->heads all-to-all: head counts {heads} (dim 1 of shapes {shapes}) must all be "
+                         f"divisible by the SP size {size}")
+    send = torch.cat([t.unflatten(1, (size, t.shape[1] // size)).transpose(0, 1) for t in tensors], dim=2)
+    recv = _all_to_all(send, group).flatten(0, 1)
+    return recv.split([h // size for h in heads], dim=1)
 
 
 def all_to_all_seq_to_heads(x: torch.Tensor, sp: UlyssesGroup) -> torch.Tensor:
-    """``(S/sp, H, D) -> (S, H/sp, D)``: scatter heads, gather the sequence (autograd-aware)."""
-    return x if sp.size == 1 else _AllToAll.apply(x, sp.group, sp.size, 1, 0)
+    """``(S/sp, H, D) -> (S, H/sp, D)``: scatter heads, gather the sequence (autograd-aware; rank r gets heads
+    ``[r*H/sp, (r+1)*H/sp)``, the sequence in rank order). Returns ``x`` itself when ``sp.size == 1``.
+
+    Raises:
+        ValueError: ``H`` not divisible by ``sp.size``.
+    """
+    return x if sp.size == 1 else traceable_seq_to_heads(x, sp.group, sp.size)
 
 
 def all_to_all_heads_to_seq(x: torch.Tensor, sp: UlyssesGroup) -> torch.Tensor:
-    """``(S, H/sp, D) -> (S/sp, H, D)``: scatter the sequence, gather heads (inverse of the above)."""
-    return x if sp.size == 1 else _AllToAll.apply(x, sp.group, sp.size, 0, 1)
+    """``(S, H/sp, D) -> (S/sp, H, D)``: scatter the sequence, gather heads (inverse of the above). Returns ``x``
+    itself when ``sp.size == 1``.
 
-
-def _traceable_all_to_all(x, group, size, scatter_dim, gather_dim):
-    if not torch.compiler.is_compiling():
-        return _AllToAll.apply(x, group, size, scatter_dim, gather_dim)
-    from torch.distributed._functional_collectives import all_to_all_single_autograd
-
-    if x.shape[scatter_dim] % size:
-        raise ValueError(f"all-to-all: dim {scatter_dim} of size {x.shape[scatter_dim]} is not divisible by {size}")
-    send = torch.stack(torch.tensor_split(x, size, dim=scatter_dim)).contiguous()  # chunk j -> rank j
-    recv = all_to_all_single_autograd(send, None, None, group)  # splits dim 0: one chunk per rank
-    return torch.cat(recv.unbind(0), dim=gather_dim)  # received chunks in rank order
+    Raises:
+        ValueError: ``S`` not divisible by ``sp.size``.
+    """
+    return x if sp.size == 1 else traceable_heads_to_seq(x, sp.group, sp.size)
 
 
 def traceable_seq_to_heads(x: torch.Tensor, group, size: int) -> torch.Tensor:
@@ -221,21 +249,49 @@ def traceable_seq_to_heads(x: torch.Tensor, group, size: int) -> torch.Tensor:
     ``mode="reduce-overhead"`` the NCCL all-to-all is recorded in the layer's CUDA graph); run eagerly, through the
     plain ``dist.all_to_all_single`` autograd function (functional collectives return wrapper tensors and do more
     host work per call, https://github.com/pytorch/pytorch/issues/138773). ``(S/sp, H, D) -> (S, H/sp, D)``;
-    ``group`` is the process group itself, ``size`` its size (> 1). Same result and gradient either way.
+    ``group`` is the process group itself, ``size`` its size (> 1). Same result and gradient either way. One copy
+    (the send buffer); the result is contiguous. For q, k and v together use :func:`traceable_qkv_seq_to_heads`.
 
     Raises:
         ValueError: ``H`` not divisible by ``size``.
     """
-    return _traceable_all_to_all(x, group, size, 1, 0)
+    return _seq_to_heads((x,), group, size)[0]
+
+
+def traceable_qkv_seq_to_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group,
+                               size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`traceable_seq_to_heads` of q, k and v in ONE all-to-all (same results and gradients as three calls).
+
+    Args:
+        q: ``(S/sp, Hq, D)``; k, v: ``(S/sp, Hk, D)`` (KV heads already repeated so that ``Hk % size == 0``).
+        group: the process group; size: its size (> 1).
+
+    Returns:
+        ``(q (S, Hq/sp, D), k (S, Hk/sp, D), v (S, Hk/sp, D))``: views into one received buffer
+        ``(S, (Hq + 2 Hk)/sp, D)`` (not contiguous: rows of ``(Hq + 2 Hk)/sp * D`` elements; the last dim is).
+        Built with one copy (the send buffer); the backward concatenates the three gradients (one copy), exchanges
+        them and reorders each (one copy).
+
+    Raises:
+        ValueError: ``Hq`` or ``Hk`` not divisible by ``size`` (naming them), or q, k, v of mismatched shapes.
+    """
+    return _seq_to_heads((q, k, v), group, size)
 
 
 def traceable_heads_to_seq(x: torch.Tensor, group, size: int) -> torch.Tensor:
-    """Inverse of :func:`traceable_seq_to_heads`: ``(S, H/sp, D) -> (S/sp, H, D)``.
+    """Inverse of :func:`traceable_seq_to_heads`: ``(S, H/sp, D) -> (S/sp, H, D)`` (traced the same way). ``x`` is
+    sent as it is (copied only if not contiguous: chunk j of the sequence goes to rank j); the received
+    ``(sp, S/sp, H/sp, D)`` is reordered to ``(S/sp, sp, H/sp, D)`` into the contiguous result (one copy).
 
     Raises:
         ValueError: ``S`` not divisible by ``size``.
     """
-    return _traceable_all_to_all(x, group, size, 0, 1)
+    n = x.shape[0]
+    if n % size:
+        raise ValueError(f"heads->seq all-to-all: sequence length {n} (dim 0 of shape {tuple(x.shape)}) is not "
+                         f"divisible by the SP size {size}")
+    recv = _all_to_all(x, group).unflatten(0, (size, n // size))
+    return recv.transpose(0, 1).flatten(1, 2)
 
 
 def _all_gather_nograd(x: torch.Tensor, sp: UlyssesGroup, dim: int) -> torch.Tensor:

@@ -6,7 +6,8 @@ packed token stream. Attention is made global by, in every layer:
 
 1. repeating KV heads *interleaved* ``sp // num_kv_heads`` times when ``num_kv_heads < sp`` (rank ``r`` then
    receives the KV head of its own query heads);
-2. an all-to-all that scatters heads and gathers the sequence: ``(S/sp, H, D) -> (S, H/sp, D)``;
+2. one all-to-all for q, k and v together that scatters heads and gathers the sequence:
+   ``(S/sp, H, D) -> (S, H/sp, D)`` (:func:`traceable_qkv_seq_to_heads`);
 3. an all-gather of ``position_ids`` so the varlen kernel sees every sequence boundary (positions restart at 0);
 4. varlen causal attention (:mod:`patches.varlen`: flash-attn, PyTorch varlen, or an SDPA reference);
 5. the inverse all-to-all ``(S, H/sp, D) -> (S/sp, H, D)``.
@@ -31,7 +32,8 @@ from patches.packing import cu_seqlens_from_position_ids
 from patches.sequence_parallel import (  # noqa: F401 (re-exported)
     DpSpMesh, UlyssesGroup, _all_gather_nograd, all_to_all_heads_to_seq, all_to_all_seq_to_heads, build_dp_sp_groups,
     current_ulysses_group, dp_sp_rank_layout, gather_outputs_and_unpad, pad_and_slice, pad_and_slice_inputs,
-    repeat_kv_interleaved, traceable_heads_to_seq, traceable_seq_to_heads, validate_ulysses_config)
+    repeat_kv_interleaved, traceable_heads_to_seq, traceable_qkv_seq_to_heads, traceable_seq_to_heads,
+    validate_ulysses_config)
 from patches.varlen import KERNELS, varlen_attention
 
 __all__ = [
@@ -148,10 +150,10 @@ def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     packed on the host) on a model patched for a fixed SP size (1, or a bound :class:`UlyssesGroup`) takes a path
     that torch.compile traces without a graph break: no context variable, no Python-side cache; the varlen kernel
     (a custom op for PyTorch's kernel) and, with SP, torch's functional all-to-alls over the bound group
-    (:func:`traceable_seq_to_heads`). The boundaries are those of the WHOLE packed row (every SP rank's slice, SP
-    padding included), as after the all-to-all each rank attends over the whole sequence for its heads. That path
-    does not look up the active SP group: a caller passing these arguments itself must run with the group the
-    model was patched for (``forward_log_probs`` passes them only then).
+    (:func:`traceable_qkv_seq_to_heads`, :func:`traceable_heads_to_seq`). The boundaries are those of the WHOLE
+    packed row (every SP rank's slice, SP padding included), as after the all-to-all each rank attends over the
+    whole sequence for its heads. That path does not look up the active SP group: a caller passing these arguments
+    itself must run with the group the model was patched for (``forward_log_probs`` passes them only then).
     Everything else runs eagerly (:func:`_attention_eager`; a graph break under torch.compile).
 
     Raises:
@@ -204,14 +206,16 @@ def _attention_eager(module, query, key, value, attention_mask, dropout=0.0, sca
 
 def _sp_varlen(query, key, value, group, size: int, cu_seqlens, max_seqlen: int, **varlen_kw) -> torch.Tensor:
     """Ulysses varlen attention of one packed row: ``(1, H, S/sp, D)`` q/k/v -> ``(1, S/sp, Hq, D)``. With
-    ``size > 1``: KV heads repeated (interleaved) up to the SP size, all-to-all to ``(S, H/sp, D)``, the varlen
-    kernel over the whole row's ``cu_seqlens``, and the inverse all-to-all (:func:`traceable_seq_to_heads`: plain
-    ``dist.all_to_all_single`` when run eagerly, functional collectives under torch.compile)."""
+    ``size > 1``: KV heads repeated (interleaved) up to the SP size, ONE all-to-all of q, k and v to
+    ``(S, H/sp, D)`` (:func:`traceable_qkv_seq_to_heads`: plain ``dist.all_to_all_single`` when run eagerly,
+    functional collectives under torch.compile; q, k, v come back as strided views of one buffer, which every
+    kernel of :mod:`patches.varlen` takes as they are), the varlen kernel over the whole row's ``cu_seqlens``, and
+    the inverse all-to-all (:func:`traceable_heads_to_seq`)."""
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (1, H, S, D) -> (S, H, D)
     if size > 1:
         rep = max(size // k.shape[1], 1)
         k, v = repeat_kv_interleaved(k, rep), repeat_kv_interleaved(v, rep)
-        q, k, v = (traceable_seq_to_heads(t, group, size) for t in (q, k, v))
+        q, k, v = traceable_qkv_seq_to_heads(q, k, v, group, size)
     out = varlen_attention(q, k, v, cu_seqlens, max_seqlen, **varlen_kw)
     if size > 1:
         out = traceable_heads_to_seq(out, group, size)

@@ -95,7 +95,7 @@ def check_lm(name, mesh, world, errors, grad_scale=None, static=0, compiled=Fals
     # group bound at patch time, runs the traceable all-to-alls); llama and qwen3 the device path (eager all-to-alls)
     host = name in HOST_PACKED
     gathers, traced, in_eager = [], [], [False]
-    real, real_traced, real_eager = (ulysses_mod._all_gather_nograd, ulysses_mod.traceable_seq_to_heads,
+    real, real_traced, real_eager = (ulysses_mod._all_gather_nograd, ulysses_mod.traceable_qkv_seq_to_heads,
                                      ulysses_mod._attention_eager)
     # count the all-gathers of integer tensors (positions); the log-prob/entropy gathers are float
     ulysses_mod._all_gather_nograd = lambda x, *a, **k: gathers.extend([1] if not x.is_floating_point() else []) \
@@ -109,13 +109,14 @@ def check_lm(name, mesh, world, errors, grad_scale=None, static=0, compiled=Fals
             in_eager[0] = False
 
     if not compiled:  # (a compiled layer would trace the counting wrappers)
-        ulysses_mod.traceable_seq_to_heads = lambda *a: traced.extend([] if in_eager[0] else [1]) or real_traced(*a)
+        ulysses_mod.traceable_qkv_seq_to_heads = lambda *a: traced.extend([] if in_eager[0] else [1]) or \
+            real_traced(*a)
         ulysses_mod._attention_eager = eager
     try:
         lp, ent = forward_log_probs(model, ids, mask, pos, R, temperature=0.7, calculate_entropy=True,
                                     device="cpu" if host else None)
     finally:
-        ulysses_mod._all_gather_nograd, ulysses_mod.traceable_seq_to_heads = real, real_traced
+        ulysses_mod._all_gather_nograd, ulysses_mod.traceable_qkv_seq_to_heads = real, real_traced
         ulysses_mod._attention_eager = real_eager
     loss_fn(lp, ent, rm, w).backward()
     for p in model.parameters():  # DeepSpeed's average over its DP group = the whole world (dp * sp ranks)
@@ -131,9 +132,9 @@ def check_lm(name, mesh, world, errors, grad_scale=None, static=0, compiled=Fals
             breaks = dict(counters["graph_break"])
             assert not breaks, f"graph breaks in the compiled layers: {breaks}"
             assert counters["stats"]["unique_graphs"] >= n_layers, dict(counters["stats"])
-        else:  # q, k and v of every layer through the traceable all-to-all on the host path of a model marked
+        else:  # q, k and v of every layer through ONE traceable all-to-all on the host path of a model marked
             # compiled (SP > 1), none otherwise (eager SP keeps the primed path)
-            want = 3 * n_layers if host and model._ulysses_state.compiled and sp.size > 1 else 0
+            want = n_layers if host and model._ulysses_state.compiled and sp.size > 1 else 0
             assert len(traced) == want, f"traceable all-to-alls: {len(traced)}, expected {want}"
         torch.testing.assert_close(lp[ok], refs[mesh.dp_rank][0][ok], atol=ATOL, rtol=0)
         torch.testing.assert_close(ent[ok], refs[mesh.dp_rank][1][ok], atol=ATOL, rtol=0)

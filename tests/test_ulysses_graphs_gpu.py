@@ -1,6 +1,6 @@
 """Ulysses SP=2 on 2 GPUs (NCCL) with the group bound at patch time: eager (the primed path, eager all-to-alls),
 ``torch.compile`` of the decoder layers (the all-to-alls as torch's functional collectives,
-``patches.sequence_parallel.traceable_seq_to_heads``, traced: no graph break) and CUDA graphs
+``patches.sequence_parallel.traceable_qkv_seq_to_heads``, traced: no graph break) and CUDA graphs
 (``torch_compile_mode=reduce-overhead``: each layer's forward and backward, NCCL all-to-alls included, recorded
 and replayed). Each gives the log-probs, entropy
 and gradients (summed over the SP ranks, 4 accumulated micro-batches of different shapes, two optimizer-like

@@ -203,7 +203,7 @@ case ${SET:-first} in
       > "$W/e2e_sp2_graphs.log" 2>&1
     echo "exit $?" >> "$W/e2e_sp2_graphs.log"
     cp /tmp/e2e_sp/metrics.jsonl "$W/e2e_sp2_graphs.jsonl" 2>/dev/null
-    CUDA_VISIBLE_DEVICES=0 timeout -k 10 ${T_ROLLOUT:-150} python3 tools/bench/rollout.py --skip-plain --skip-sync \
+    [ "${ROLLOUT:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=0 timeout -k 10 ${T_ROLLOUT:-150} python3 tools/bench/rollout.py --skip-plain --skip-sync \
       --prompts 128 --n 4 --new-tokens 512 --max-batch 512 --attn sdpa,sdpa_gqa --out "$W/rollout_attn.json" \
       > "$W/rollout_attn.log" 2>&1
     cp "$OUT/smi.csv" "$W/" 2>/dev/null

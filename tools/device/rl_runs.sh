@@ -138,15 +138,18 @@ for spec in $RUNS; do
                actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.actor.optim.lr=7e-5 ;;  # svamp_j, lr 7e-5
     # 1,024 samples per step (4x svamp_h), generated in one call of 1,024 rows; saved every 8 steps and on
     # SIGTERM; NAME_more resumes NAME from its last save in a later call (no step-0 validation)
-    svamp_l|svamp_n|svamp_o|svamp_l_more|svamp_n_more|svamp_o_more)
+    # svamp_r / svamp_s: svamp_l / svamp_o again after the 3x faster sdpa_gqa decoding (session 10), validated
+    # both ways (T=0.7 x 2 and greedy)
+    svamp_l|svamp_n|svamp_o|svamp_r|svamp_s|svamp_l_more|svamp_n_more|svamp_o_more|svamp_r_more|svamp_s_more)
       base=${name%_more} more=""
       [ "$base" != "$name" ] && more="trainer.resume_mode=auto trainer.val_before_train=false"
       case $base in
-        svamp_l) big="data.train_batch_size=64 actor_rollout_ref.rollout.n=16" ;;  # 4 optimizer steps per step
+        svamp_l|svamp_r) big="data.train_batch_size=64 actor_rollout_ref.rollout.n=16" ;;  # 4 optimizer steps per step
         svamp_n) big="data.train_batch_size=32 actor_rollout_ref.rollout.n=32 actor_rollout_ref.actor.ppo_mini_batch_size=32" ;;
-        svamp_o) big="data.train_batch_size=64 actor_rollout_ref.rollout.n=16 actor_rollout_ref.actor.ppo_mini_batch_size=64
+        svamp_o|svamp_s) big="data.train_batch_size=64 actor_rollout_ref.rollout.n=16 actor_rollout_ref.actor.ppo_mini_batch_size=64
                actor_rollout_ref.actor.optim.lr=1e-4" ;;  # one optimizer step per step, 2x lr
       esac
+      case $base in svamp_r|svamp_s) big="$big trainer.val_also_greedy=true" ;; esac
       RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E $big actor_rollout_ref.rollout.max_batch_size=1024 \
         trainer.test_freq=8 trainer.save_freq=8 \
         trainer.max_actor_ckpt_to_keep=1 $more ;;

@@ -56,7 +56,7 @@ class ActorRolloutRefWorker(DistributedWorker):
                                                          dtype=self.param_dtype(), use_static_cache=static,
                                                          max_batch_size=int(rc.get("max_batch_size", 256)),
                                                          prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)),
-                                                         attn_implementation=str(rc.get("attn_implementation", "sdpa")))
+                                                         attn_implementation=str(rc.get("attn_implementation", "auto")))
         elif rc["name"] == "vllm":
             from rollout.vllm_engine import VLLMRolloutEngine
 

@@ -46,3 +46,23 @@ def test_plots_overlay_runs_and_add_prm_plot_only_for_prime_runs(tmp_path):
 def test_missing_metrics_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         load_metrics(str(tmp_path / "nope"))
+
+
+def test_held_out_accuracy_and_format_on_their_own_axes_greedy_dashed(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    rows = _rows(prm=False)
+    rows[0].update({"val/svamp/greedy/acc": 0.02, "val/svamp/greedy/format": 0.2})
+    _write(tmp_path / "run", rows)
+    figs = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    plot([str(tmp_path / "run")], str(tmp_path / "plots"), "g")
+    reward = figs[0]
+    _, acc_ax, fmt_ax = reward.axes
+    acc = {ln.get_label(): ln.get_linestyle() for ln in acc_ax.get_lines()}
+    fmt = {ln.get_label(): ln.get_linestyle() for ln in fmt_ax.get_lines()}
+    assert acc == {"run svamp": "-", "run svamp/greedy": "--"}
+    assert fmt == {"run svamp": "-", "run svamp/greedy": "--"}
+    for fig in figs:
+        real_close(fig)

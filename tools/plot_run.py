@@ -69,8 +69,10 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
         plt.close(fig)
         written.append(path)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label, rows in runs:
+    # held-out accuracy and format rate on separate axes (format climbs to 1, accuracy stays small); a greedy
+    # pass (trainer.val_also_greedy: val/<source>/greedy/<metric>) is dashed beside the sampled one
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    for i, (label, rows) in enumerate(runs):
         for key, style in (("critic/score/mean", "-"), ("reward/acc/mean", "--"), ("reward/format/mean", ":")):
             x, y = series(rows, key)
             if x:
@@ -78,8 +80,12 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
         val_keys = sorted({k for r in rows for k in r if k.startswith("val/") and k.split("/")[-1] in ("acc", "format")})
         for key in val_keys:
             x, y = series(rows, key)
-            axes[1].plot(x, y, "o-", label=f"{label} {'/'.join(key.split('/')[1:])}")
-    save(fig, "reward", axes, ("training reward (score), strict accuracy, format", "held-out"))
+            parts = key.split("/")
+            ax = axes[1] if parts[-1] == "acc" else axes[2]
+            ax.plot(x, y, "o--" if "greedy" in parts else "o-", color=f"C{i % 10}",
+                    label=f"{label} {'/'.join(parts[1:-1])}")
+    save(fig, "reward", axes, ("training reward (score), strict accuracy, format", "held-out strict accuracy",
+                               "held-out format rate"))
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, rows in runs:

@@ -250,6 +250,19 @@ def validate(cfg: dict) -> None:
         core_algos.get_policy_loss_fn(actor["policy_loss"]["loss_mode"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    fg = cfg["algorithm"].get("filter_groups") or {}
+    if fg.get("enable"):
+        from trainer.dynamic_sampling import METRICS
+        from trainer.prime import prime_enabled
+
+        if fg.get("metric", "acc") not in METRICS:
+            raise ConfigError(f"algorithm.filter_groups.metric={fg.get('metric')!r}; expected one of {list(METRICS)}")
+        if n < 2:
+            raise ConfigError("algorithm.filter_groups.enable=true compares the responses of one prompt, but "
+                              f"actor_rollout_ref.rollout.n={n}; set rollout.n >= 2")
+        if prime_enabled(cfg):
+            raise ConfigError("algorithm.filter_groups.enable=true with algorithm=prime: PRIME filters its "
+                              "oversampled groups itself (data.oversample_factor, data.filter_accuracy, data.accuracy_lower_bound)")
     if int(cfg["deepspeed"]["zero_stage"]) not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.zero_stage={cfg['deepspeed']['zero_stage']}; expected 0, 1, 2 or 3")
     strategy = t.get("strategy", "deepspeed")

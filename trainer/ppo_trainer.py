@@ -145,15 +145,24 @@ class RayPPOTrainer:
         from trainer import core_algos
 
         metrics: dict = {}
-        batch.meta.update(seed=self.global_step + int(self.cfg["trainer"]["seed"]) * 100003)
-        batch["uid"] = [f"{self.global_step}-{i}" for i in range(len(batch))]
-        with _timer("gen", timing):
-            batch = self.actor_wg.dispatch_all("generate_sequences", batch)
-        with _timer("reward", timing):
-            rew = self.reward_fn(batch)
-            batch["token_level_scores"] = rew.token_level_scores
-            metrics.update(rew.metrics)
-            metrics.update(_extra_info_means(rew.reward_extra_info))
+        fg = self.algo.get("filter_groups") or {}
+        if fg.get("enable"):  # DAPO dynamic sampling: more generation batches until enough informative groups
+            from trainer.dynamic_sampling import collect_informative_groups
+
+            pad_id = self.tokenizer.pad_token_id
+            batch, rews = collect_informative_groups(
+                batch, lambda: self.loader.next_batch()[0], lambda p, k: self._generate_and_score(p, k, timing),
+                want_groups=len(batch), n=self.n, metric=str(fg.get("metric", "acc")),
+                max_num_gen_batches=int(fg.get("max_num_gen_batches", 0) or 0),
+                pad_token_id=self.tokenizer.eos_token_id if pad_id is None else pad_id, metrics=metrics)
+        else:
+            batch, rew = self._generate_and_score(batch, 1, timing)
+            rews = [rew]
+        rew = rews[0]
+        for key in rews[0].metrics:  # reward metrics over every generated row (means of equal-size batches)
+            metrics[key] = float(np.mean([r.metrics[key] for r in rews if key in r.metrics]))
+        metrics.update(_extra_info_means({k: [v for r in rews for v in r.reward_extra_info.get(k, [])]
+                                          for k in rews[0].reward_extra_info}))
         if self.prime is not None:  # [PRIME] accuracy-band filter + downsampling of the oversampled groups
             with _timer("prime_filter", timing):
                 batch = self.prime.filter_batch(batch, rew, metrics)
@@ -194,6 +203,21 @@ class RayPPOTrainer:
         metrics.update({k: batch.meta.pop(k) for k in list(batch.meta) if k.startswith("perf/")})
         self._last_batch = batch
         return metrics
+
+    def _generate_and_score(self, prompts: DataProto, k: int, timing: dict):
+        """Generate ``rollout.n`` responses per prompt of the step's ``k``-th prompt batch (1-based; more than one
+        only with dynamic sampling) and score them. Returns ``(rows, reward_output)``; ``rows`` carries ``uid``
+        (one per prompt group, unique within the step) and ``token_level_scores`` (B*n, R) f32."""
+        base = self.global_step + int(self.cfg["trainer"]["seed"]) * 100003
+        prompts.meta.update(seed=base + (k - 1) * 7919)
+        tag = f"{self.global_step}-" if k == 1 else f"{self.global_step}.{k}-"
+        prompts["uid"] = [f"{tag}{i}" for i in range(len(prompts))]
+        with _timer("gen", timing):
+            rows = self.actor_wg.dispatch_all("generate_sequences", prompts)
+        with _timer("reward", timing):
+            rew = self.reward_fn(rows)
+            rows["token_level_scores"] = rew.token_level_scores
+        return rows, rew
 
     def _adv_kwargs(self) -> dict:
         if self.algo["adv_estimator"] in ("grpo", "dr_grpo"):

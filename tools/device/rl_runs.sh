@@ -160,12 +160,15 @@ for spec in $RUNS; do
         trainer.max_actor_ckpt_to_keep=1 $more ;;
     # svamp_h's settings, validated both ways (T=0.7 x 2 samples and one greedy answer per question, same weights);
     # svamp_q also decodes with rollout.attn_implementation=sdpa_gqa (same numerics; its step time vs svamp_p's)
-    svamp_p|svamp_q|svamp_p_more|svamp_q_more)
+    # svamp_v (not run yet): svamp_q with DAPO dynamic sampling (only groups whose answers differ, up to 4
+    # generation batches per step)
+    svamp_p|svamp_q|svamp_v|svamp_p_more|svamp_q_more|svamp_v_more)
       base=${name%_more} more=""
       [ "$base" != "$name" ] && more="trainer.resume_mode=auto trainer.val_before_train=false"
-      attn=""; [ "$base" = svamp_q ] && attn="actor_rollout_ref.rollout.attn_implementation=sdpa_gqa"
+      own=""; [ "$base" = svamp_q ] && own="actor_rollout_ref.rollout.attn_implementation=sdpa_gqa"
+      [ "$base" = svamp_v ] && own="algorithm.filter_groups.enable=true algorithm.filter_groups.max_num_gen_batches=4"
       RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
-        trainer.val_also_greedy=true trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 $attn $more ;;
+        trainer.val_also_greedy=true trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 $own $more ;;
     offload) offload "$gpu" ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

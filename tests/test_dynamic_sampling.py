@@ -1,0 +1,150 @@
+"""DAPO dynamic sampling (algorithm.filter_groups): which groups are informative, how batches are collected and
+joined, the config checks, and one end-to-end run with the filter on."""
+import math
+import os
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rewards.manager import RewardOutput
+from tests.e2e_utils import ROOT, SHORT, read_metrics, run_main
+from trainer.dynamic_sampling import collect_informative_groups, informative_rows, left_pad_prompts, metric_values
+from trainer.launch import ConfigError, validate
+from trainer.protocol import DataProto
+
+R = 3  # response width of the fake batches
+
+
+def test_informative_rows_keeps_groups_whose_values_differ_in_order():
+    uids = ["a", "a", "b", "b", "c", "c", "d"]
+    vals = [0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    keep, drop, groups = informative_rows(uids, vals)
+    assert keep.tolist() == [0, 1, 6]  # "a" differs; the one-row group "d" is kept (verl's rule)
+    assert drop.tolist() == [2, 3, 4, 5]  # all wrong and all right give no GRPO gradient
+    assert groups == 4
+    with pytest.raises(ValueError, match="3 uids but 2 metric values"):
+        informative_rows(["a", "a", "b"], [0.0, 1.0])
+
+
+def test_metric_values_acc_score_and_unknown():
+    scores = torch.tensor([[0.0, 0.0, 0.1], [0.0, 1.0, 0.0]])
+    rew = RewardOutput(scores, {"score": [0.1, 1.0], "acc": [False, True]})
+    assert metric_values(rew, "acc", 2) == [0.0, 1.0]
+    assert [round(v, 6) for v in metric_values(rew, "score", 2)] == [0.1, 1.0]
+    with pytest.raises(ValueError, match=r"metric='reward'; expected one of \['acc', 'score'\]"):
+        metric_values(rew, "reward", 2)
+
+
+def _prompt_batch(n_prompts: int, width: int, start: int) -> DataProto:
+    ids = torch.arange(start, start + n_prompts * width).view(n_prompts, width) + 10
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                               {"qid": [f"q{start + i}" for i in range(n_prompts)]})
+
+
+def _fake_generate(correct: dict, n: int, calls: list):
+    """Every response of prompt qid is right when ``correct[qid]`` is True, wrong when False, mixed when None."""
+
+    def gen(prompts: DataProto, k: int):
+        calls.append(k)
+        prompts["uid"] = [f"{k}-{i}" for i in range(len(prompts))]
+        rows = prompts.repeat(n)
+        b, p = rows["input_ids"].shape
+        responses = torch.full((b, R), 7)
+        rows["prompts"] = rows["input_ids"]
+        rows["responses"] = responses
+        rows["input_ids"] = torch.cat([rows["input_ids"], responses], 1)
+        rows["attention_mask"] = torch.cat([rows["attention_mask"], torch.ones(b, R, dtype=torch.long)], 1)
+        rows["position_ids"] = torch.arange(p + R).expand(b, -1).clone()
+        acc = []
+        for i, q in enumerate(rows["qid"]):
+            c = correct[q]
+            acc.append(bool(i % 2) if c is None else c)
+        scores = torch.zeros(b, R)
+        scores[:, -1] = torch.tensor(acc, dtype=torch.float32)
+        rows["token_level_scores"] = scores
+        return rows, RewardOutput(scores, {"score": [float(a) for a in acc], "acc": acc}, {"reward/score_mean": 0.0})
+
+    return gen
+
+
+def test_collect_takes_informative_groups_across_batches_of_different_widths():
+    n, want = 2, 3
+    # batch 1 (width 2): q0 mixed, q1 all wrong, q2 all right; batch 2 (width 4): q3 all wrong, q4 mixed, q5 mixed
+    correct = {"q0": None, "q1": False, "q2": True, "q3": False, "q4": None, "q5": None}
+    later = iter([_prompt_batch(3, 4, 3)])
+    calls, metrics = [], {}
+    batch, rews = collect_informative_groups(_prompt_batch(3, 2, 0), lambda: next(later),
+                                             _fake_generate(correct, n, calls), want_groups=want, n=n, metric="acc",
+                                             max_num_gen_batches=10, pad_token_id=0, metrics=metrics)
+    assert calls == [1, 2] and len(rews) == 2
+    assert list(batch["qid"]) == ["q0", "q0", "q4", "q4", "q5", "q5"]  # informative groups in generation order
+    assert batch["prompts"].shape == (6, 4) and batch["input_ids"].shape == (6, 4 + R)
+    # the width-2 prompt was left-padded (masked out) and its tokens kept at the right end
+    assert batch["prompts"][0].tolist() == [0, 0, 10, 11] and batch["attention_mask"][0].tolist()[:2] == [0, 0]
+    assert batch["input_ids"][0, 2:].tolist() == [10, 11, 7, 7, 7]
+    assert batch["token_level_scores"].shape == (6, R)
+    assert metrics["dynamic_sampling/num_gen_batches"] == 2.0
+    assert math.isclose(metrics["dynamic_sampling/informative_ratio"], 3 / 6)
+    assert metrics["dynamic_sampling/filled_groups"] == 0.0
+
+
+def test_collect_stops_at_the_cap_and_fills_with_uninformative_groups():
+    n, want = 2, 2
+    correct = {f"q{i}": (None if i == 1 else False) for i in range(6)}
+    later = iter([_prompt_batch(2, 2, 2), _prompt_batch(2, 2, 4)])
+    calls, metrics = [], {}
+    batch, _ = collect_informative_groups(_prompt_batch(2, 2, 0), lambda: next(later),
+                                          _fake_generate(correct, n, calls), want_groups=want, n=n, metric="acc",
+                                          max_num_gen_batches=2, pad_token_id=0, metrics=metrics)
+    assert calls == [1, 2]
+    assert list(batch["qid"]) == ["q1", "q1", "q0", "q0"]  # the one informative group, then the first dropped one
+    assert metrics["dynamic_sampling/filled_groups"] == 1.0
+
+
+def test_collect_refuses_rows_that_are_not_n_per_group():
+    def gen(prompts, k):
+        rows, rew = _fake_generate({"q0": None, "q1": None}, 2, [])(prompts, k)
+        return rows.index([0, 1, 2]), RewardOutput(rew.token_level_scores[:3], {"score": [0.0, 1.0, 0.0]})
+
+    with pytest.raises(ValueError, match="3 rows in 2 groups; expected 2 per group"):
+        collect_informative_groups(_prompt_batch(2, 2, 0), lambda: None, gen, want_groups=2, n=2, metric="acc",
+                                   max_num_gen_batches=1, pad_token_id=0, metrics={})
+
+
+def test_left_pad_prompts_refuses_a_narrower_width():
+    rows, _ = _fake_generate({"q0": False}, 1, [])(_prompt_batch(1, 3, 0), 1)
+    assert left_pad_prompts(rows, 3, 0) is rows
+    with pytest.raises(ValueError, match="width 3 to 2"):
+        left_pad_prompts(rows, 2, 0)
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
+        return OmegaConf.to_container(compose("ppo_trainer", overrides=list(overrides)), resolve=True)
+
+
+def test_filter_groups_config_checks():
+    on = "algorithm.filter_groups.enable=true"
+    validate(_cfg(on))
+    with pytest.raises(ConfigError, match="filter_groups.metric='seq_reward'"):
+        validate(_cfg(on, "algorithm.filter_groups.metric=seq_reward"))
+    with pytest.raises(ConfigError, match="rollout.n=1"):
+        validate(_cfg(on, "algorithm=gae", "actor_rollout_ref.rollout.n=1"))
+    with pytest.raises(ConfigError, match="algorithm=prime"):
+        validate(_cfg(on, "algorithm=prime"))
+
+
+@pytest.mark.slow
+def test_e2e_grpo_with_dynamic_sampling(tmp_path):
+    out = str(tmp_path / "run")
+    run_main(out, *SHORT, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3")
+    steps = [r for r in read_metrics(out) if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert 1 <= r["dynamic_sampling/num_gen_batches"] <= 3
+        assert 0.0 <= r["dynamic_sampling/informative_ratio"] <= 1.0
+        assert math.isfinite(r["actor/pg_loss"]) and isinstance(r["reward/score/mean"], float)
+    # the embedded task starts near 7% reward with groups of 4: most groups are uninformative, so more batches
+    assert sum(r["dynamic_sampling/num_gen_batches"] for r in steps) > 2

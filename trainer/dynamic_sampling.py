@@ -1,0 +1,161 @@
+"""DAPO's dynamic sampling (``algorithm.filter_groups``, verl's keys): keep only prompt groups whose responses do
+not all get the same reward, and generate more batches until ``data.train_batch_size`` such groups are collected.
+
+Source: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", section 3.2 (dynamic
+sampling). With a group-normalised estimator (GRPO and relatives) a group whose ``n`` responses are all right or all
+wrong has advantage 0 on every token, so it adds no policy gradient and only dilutes the batch; at low accuracy
+(e.g. SmolLM2-135M on SVAMP, about 5% correct) most groups are such all-wrong groups.
+
+Rules (verl's ``dapo_ray_trainer`` where it defines one):
+
+* a group is the rows sharing a ``uid`` (one prompt's ``n`` responses, contiguous, prompt-major); it is
+  *informative* when its metric values are not all equal (``std > 0``), or when it has a single row;
+* the metric is ``acc`` (the scorer's strict correctness, else the score: :func:`trainer.prime.accuracy_from_reward`)
+  or ``score`` (the sequence's summed token-level score, shaping included);
+* generation batches of ``train_batch_size`` prompts are drawn from the loader until enough informative groups
+  exist; the first ``train_batch_size`` of them, in generation order, form the step's batch;
+* ``max_num_gen_batches`` caps the batches per step (``<= 0``: no cap). verl raises an error when the cap is hit;
+  here the step goes on and fills the missing groups with uninformative ones (the first dropped groups, in order),
+  so the batch keeps its shape. They add no policy gradient under GRPO; their count is logged.
+
+Metrics (``dynamic_sampling/*``): ``num_gen_batches``, ``informative_ratio`` (informative / generated groups),
+``filled_groups``. Reward metrics (``reward/*``) are over ALL generated rows, not the filtered batch, so training
+accuracy curves stay comparable with runs without the filter.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from trainer.protocol import DataProto
+
+METRICS = ("acc", "score")
+
+
+def metric_values(reward_output, metric: str, batch_size: int) -> list[float]:
+    """Per-row values of ``metric`` from a :class:`rewards.manager.RewardOutput`: ``acc`` as
+    :func:`trainer.prime.accuracy_from_reward`, ``score`` the row's summed ``token_level_scores`` (B,) f32.
+
+    Raises:
+        ValueError: unknown ``metric`` (the message lists the known ones), or values of the wrong length.
+    """
+    if metric == "acc":
+        from trainer.prime import accuracy_from_reward
+
+        return accuracy_from_reward(reward_output.reward_extra_info, batch_size)
+    if metric == "score":
+        scores = reward_output.token_level_scores.sum(-1)
+        if len(scores) != batch_size:
+            raise ValueError(f"token_level_scores has {len(scores)} rows, expected {batch_size}")
+        return [float(s) for s in scores]
+    raise ValueError(f"algorithm.filter_groups.metric={metric!r}; expected one of {list(METRICS)}")
+
+
+def informative_rows(uids: Sequence, values: Sequence[float]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Split rows into those of informative groups and the rest, each in their original order.
+
+    Args:
+        uids: (B,) group id of each row (one prompt's ``n`` responses share one).
+        values: (B,) the metric of each row.
+
+    Returns:
+        ``(kept, dropped, groups)``: int64 row indices of informative groups, of the other groups, and the number
+        of groups. A group is informative when its values are not all equal, or when it has one row.
+
+    Raises:
+        ValueError: when ``uids`` and ``values`` differ in length.
+    """
+    if len(uids) != len(values):
+        raise ValueError(f"{len(uids)} uids but {len(values)} metric values")
+    rows: dict = {}
+    for i, u in enumerate(uids):
+        rows.setdefault(u, []).append(i)
+    vals = np.asarray(values, dtype=np.float64)
+    keep = np.zeros(len(vals), dtype=bool)
+    for idx in rows.values():
+        v = vals[idx]
+        keep[idx] = len(idx) == 1 or bool(v.max() > v.min())
+    return np.nonzero(keep)[0], np.nonzero(~keep)[0], len(rows)
+
+
+# (B, P) prompt columns and (B, P + R) whole-row columns: their prompt part is left-padded
+_PROMPT_COLUMNS = {"prompts": None, "input_ids": None, "attention_mask": 0, "position_ids": 0}
+
+
+def left_pad_prompts(rows: DataProto, width: int, pad_token_id: int) -> DataProto:
+    """Left-pad the prompt part of ``rows`` to ``width`` tokens, so that batches generated from prompt batches of
+    different widths can be concatenated. ``prompts`` (B, P) and ``input_ids`` get ``pad_token_id``;
+    ``attention_mask`` and ``position_ids`` (B, P + R) get 0 (padding is masked out). Other columns are shared.
+
+    Raises:
+        ValueError: when ``width`` is smaller than the prompt width P.
+    """
+    p = rows["prompts"].shape[1]
+    if width < p:
+        raise ValueError(f"cannot left-pad prompts of width {p} to {width}")
+    if width == p:
+        return rows
+    out = rows.index(slice(None))
+    for key, fill in _PROMPT_COLUMNS.items():
+        if key in out:
+            t = out[key]
+            pad = t.new_full((t.shape[0], width - p), pad_token_id if fill is None else fill)
+            out[key] = torch.cat([pad, t], dim=1)
+    return out
+
+
+def collect_informative_groups(first: DataProto, next_prompts: Callable[[], DataProto],
+                               generate_and_score: Callable[[DataProto, int], tuple[DataProto, object]],
+                               want_groups: int, n: int, metric: str, max_num_gen_batches: int, pad_token_id: int,
+                               metrics: dict) -> tuple[DataProto, list]:
+    """Generate and score batches until ``want_groups`` informative groups are collected (or the cap is hit).
+
+    Args:
+        first: the step's first prompt batch.
+        next_prompts: returns the next prompt batch from the loader.
+        generate_and_score: ``(prompts, k) -> (rows, reward_output)`` for the ``k``-th batch of the step (1-based):
+            ``rows`` holds ``len(prompts) * n`` prompt-major rows with ``uid`` and ``token_level_scores`` set.
+        want_groups: groups in the step's batch (``data.train_batch_size``).
+        n: responses per prompt (``rollout.n``).
+        metric: ``acc`` or ``score`` (:func:`metric_values`).
+        max_num_gen_batches: most batches generated for this step; ``<= 0`` means no cap.
+        pad_token_id: filler of the prompt columns when batches of different prompt widths are joined.
+        metrics: ``dynamic_sampling/*`` values are added here.
+
+    Returns:
+        ``(batch, reward_outputs)``: exactly ``want_groups * n`` rows (informative groups first, in generation
+        order, then filler groups if the cap was hit), and the reward outputs of every generated batch.
+
+    Raises:
+        ValueError: unknown metric; a generated batch whose rows are not ``n`` per group.
+    """
+    kept, dropped, rewards = [], [], []
+    informative = generated = batches = 0
+    prompts = first
+    while True:
+        batches += 1
+        rows, rew = generate_and_score(prompts, batches)
+        keep, drop, groups = informative_rows(rows["uid"], metric_values(rew, metric, len(rows)))
+        if groups * n != len(rows):
+            raise ValueError(f"generation batch {batches}: {len(rows)} rows in {groups} groups; expected {n} per group")
+        kept.append(rows.index(keep))
+        dropped.append(rows.index(drop))
+        rewards.append(rew)
+        informative += len(keep) // n
+        generated += groups
+        if informative >= want_groups or (max_num_gen_batches > 0 and batches >= max_num_gen_batches):
+            break
+        prompts = next_prompts()
+    filled = max(0, want_groups - informative)
+    pool = [p for p in kept if len(p)]
+    if filled:  # the cap was hit: the first uninformative groups keep the batch's shape
+        pool.append(DataProto.concat([p for p in dropped if len(p)]).index(slice(0, filled * n)))
+    width = max(p["prompts"].shape[1] for p in pool)
+    batch = DataProto.concat([left_pad_prompts(p, width, pad_token_id) for p in pool])
+    batch = batch.index(slice(0, want_groups * n))
+    metrics["dynamic_sampling/num_gen_batches"] = float(batches)
+    metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0
+    metrics["dynamic_sampling/filled_groups"] = float(filled)
+    return batch, rewards

@@ -40,3 +40,12 @@ def read_metrics(out_dir: str) -> list[dict]:
 # a short embedded run: 2 steps, small batches (2 CPU workers)
 SHORT = ["trainer.total_training_steps=2", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
          "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a spawned process group's MASTER_PORT)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

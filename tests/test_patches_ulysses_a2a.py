@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 
 from patches.sequence_parallel import (UlyssesGroup, all_to_all_heads_to_seq, all_to_all_seq_to_heads,
                                        traceable_heads_to_seq, traceable_qkv_seq_to_heads)
+from tests.e2e_utils import free_port
 
 L, D = 5, 3  # tokens per rank, head dim
 CASES = [(8, 8), (8, 4), (12, 4)]  # (Hq, Hk): MHA and GQA (Hk < Hq), every count divisible by 2 and 4
@@ -203,18 +204,11 @@ def worker(rank, world, port, out_dir):
     dist.destroy_process_group()
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_fused_qkv_all_to_all_matches_separate_calls_and_unsharded(world):
     mp.get_context("forkserver").set_forkserver_preload([__name__])
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(worker, args=(world, _free_port(), d), nprocs=world, join=True, start_method="forkserver")
+        mp.start_processes(worker, args=(world, free_port(), d), nprocs=world, join=True, start_method="forkserver")
         errors = [f"rank {r}: {e}" for r in range(world) for e in json.load(open(os.path.join(d, f"rank{r}.json")))]
     assert not errors, "\n".join(errors)
 

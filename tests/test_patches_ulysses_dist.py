@@ -31,6 +31,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForTokenClassification,
 from patches.ulysses import UlyssesGroup, apply_ulysses_patch, build_dp_sp_groups
 import patches.ulysses as ulysses_mod
 from trainer.forward import forward_log_probs, forward_values
+from tests.e2e_utils import free_port
 
 ATOL = 1e-5
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
@@ -185,19 +186,12 @@ def worker(rank, world, port, out_dir, plan):
     dist.destroy_process_group()
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(world, plan):
     # forkserver: one server process imports torch/transformers/this module once and forks the ranks from it
     # (plain spawn re-imports them in every rank: ~4x slower on a 2-core machine); no OpenMP state is inherited.
     mp.get_context("forkserver").set_forkserver_preload([__name__])
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(worker, args=(world, _free_port(), d, plan), nprocs=world, join=True,
+        mp.start_processes(worker, args=(world, free_port(), d, plan), nprocs=world, join=True,
                            start_method="forkserver")
         errors = []
         for r in range(world):

@@ -30,6 +30,14 @@ sample_clocks() {  # GPU clocks, power and throttle reasons every 0.5 s into $OU
     --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
   trap "kill $! 2>/dev/null" EXIT
 }
+e2e_sp2_graphs() {  # DIR LIMIT_S: the trainer itself (embedded default) with SP=2 and CUDA graphs on 2 GPUs, 10 steps
+  timeout -k 15 "$2" python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=2 \
+    trainer.total_training_steps=10 trainer.output_dir=/tmp/e2e_sp actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 \
+    actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead \
+    > "$1/e2e_sp2_graphs.log" 2>&1
+  echo "exit $?" >> "$1/e2e_sp2_graphs.log"
+  cp /tmp/e2e_sp/metrics.jsonl "$1/e2e_sp2_graphs.jsonl" 2>/dev/null
+}
 case ${SET:-first} in
   kernels)  # each variant in its own process (Liger patches transformers process-wide)
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
@@ -148,12 +156,7 @@ case ${SET:-first} in
       timeout -k 10 ${T_ULYSSES:-170} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192 --tokens-per-gpu \
         --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode reduce-overhead --timeout 120 \
         --out "$OUT/ulysses_pg_graphs.json" > "$OUT/ulysses_pg_graphs.log" 2>&1
-      timeout -k 15 ${T_E2E:-150} python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=2 \
-        trainer.total_training_steps=10 trainer.output_dir=/tmp/e2e_sp actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 \
-        actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead \
-        > "$OUT/e2e_sp2_graphs.log" 2>&1
-      echo "exit $?" >> "$OUT/e2e_sp2_graphs.log"
-      cp /tmp/e2e_sp/metrics.jsonl "$OUT/e2e_sp2_graphs.jsonl" 2>/dev/null
+      e2e_sp2_graphs "$OUT" ${T_E2E:-150}
       exit 0
     fi
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
@@ -197,12 +200,7 @@ case ${SET:-first} in
     timeout -k 10 ${T_ULYSSES:-170} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192 --tokens-per-gpu \
       --iters 12 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode reduce-overhead --timeout 120 \
       --out "$W/ulysses_pg_graphs.json" > "$W/ulysses_pg_graphs.log" 2>&1
-    timeout -k 15 ${T_E2E:-110} python3 trainer/main.py trainer.device=cuda trainer.n_gpus_per_node=2 \
-      trainer.total_training_steps=10 trainer.output_dir=/tmp/e2e_sp actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 \
-      actor_rollout_ref.model.use_torch_compile=true actor_rollout_ref.model.torch_compile_mode=reduce-overhead \
-      > "$W/e2e_sp2_graphs.log" 2>&1
-    echo "exit $?" >> "$W/e2e_sp2_graphs.log"
-    cp /tmp/e2e_sp/metrics.jsonl "$W/e2e_sp2_graphs.jsonl" 2>/dev/null
+    e2e_sp2_graphs "$W" ${T_E2E:-110}
     [ "${ROLLOUT:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=0 timeout -k 10 ${T_ROLLOUT:-150} python3 tools/bench/rollout.py --skip-plain --skip-sync \
       --prompts 128 --n 4 --new-tokens 512 --max-batch 512 --attn sdpa,sdpa_gqa --out "$W/rollout_attn.json" \
       > "$W/rollout_attn.log" 2>&1

@@ -68,11 +68,9 @@ def bench_generation(args, device, dtype) -> list[dict]:
     weights = dict(model.state_dict())
     del model
     for i, attn in enumerate(args.attn.split(",")):  # one engine per attention backend, one after the other
-        if i:
+        if i:  # free the previous engine; PyTorch's caching allocator reuses its blocks for the next one
             del engine
             gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
         engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch,
                                  attn_implementation=attn)
         engine.load_weights(weights.items())

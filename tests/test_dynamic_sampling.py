@@ -148,3 +148,19 @@ def test_e2e_grpo_with_dynamic_sampling(tmp_path):
         assert math.isfinite(r["actor/pg_loss"]) and isinstance(r["reward/score/mean"], float)
     # the embedded task starts near 7% reward with groups of 4: most groups are uninformative, so more batches
     assert sum(r["dynamic_sampling/num_gen_batches"] for r in steps) > 2
+
+
+def test_no_cap_stops_with_an_error_after_one_epoch_of_batches():
+    correct = {f"q{i}": False for i in range(8)}  # a reward that never differs within a group
+    later = iter([_prompt_batch(2, 2, 2 * i) for i in range(1, 4)])
+    calls = []
+    with pytest.raises(RuntimeError, match=r"0 of 2 informative groups after 3 generation batches \(6 groups"):
+        collect_informative_groups(_prompt_batch(2, 2, 0), lambda: next(later), _fake_generate(correct, 2, calls),
+                                   want_groups=2, n=2, metric="acc", max_num_gen_batches=0, pad_token_id=0,
+                                   metrics={}, no_cap_limit=3)
+    assert calls == [1, 2, 3]
+
+
+def test_filter_groups_cap_must_be_an_integer():
+    with pytest.raises(ConfigError, match="max_num_gen_batches='abc'; expected an integer"):
+        validate(_cfg("algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=abc"))

@@ -69,3 +69,28 @@ def test_greedy_pass_sampling_is_one_greedy_answer_at_the_rollout_width():
     assert (v.n, v.greedy, v.temperature, v.top_p) == (2, False, 0.7, 0.9)
     t = ActorRolloutRefWorker._sampling(worker, False, None)
     assert (t.n, t.greedy, t.temperature) == (8, False, 1.0)
+
+
+def test_validation_keeps_reward_keys_that_hold_a_slash():
+    """A scorer's extra key such as ``fmt/ok`` is logged whole: ``val/<source>/fmt/ok``, beside ``fmt/len``."""
+    import torch
+
+    from rewards.manager import RewardOutput
+    from trainer.ppo_trainer import RayPPOTrainer
+
+    rows = [{"input_ids": [5, 6, 7][: 1 + i % 3], "reward_model": {"ground_truth": "1"}, "data_source": "a/b"}
+            for i in range(4)]
+
+    def reward(out):
+        b = len(out)
+        return RewardOutput(torch.ones(b, 1), {"score": [1.0] * b, "acc": [i % 2 == 0 for i in range(b)],
+                                                 "fmt/ok": [True] * b, "fmt/len": [5.0] * b})
+
+    stub = types.SimpleNamespace(
+        val_dataset=rows, world=2, tokenizer=types.SimpleNamespace(pad_token_id=0, eos_token_id=1),
+        cfg={"data": {"val_batch_size": 3}, "trainer": {"seed": 1}}, val_reward_fn=reward,
+        actor_wg=types.SimpleNamespace(dispatch_all=lambda method, batch: batch))
+    m = RayPPOTrainer._validate_pass(stub, greedy=True)
+    # batches of 3 and 1 rows (acc True, False, True | True)
+    assert m == {"val/a/b/greedy/score": 1.0, "val/a/b/greedy/acc": 0.75, "val/a/b/greedy/fmt/ok": 1.0,
+                 "val/a/b/greedy/fmt/len": 5.0}

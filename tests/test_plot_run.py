@@ -66,3 +66,24 @@ def test_held_out_accuracy_and_format_on_their_own_axes_greedy_dashed(tmp_path, 
     assert fmt == {"run svamp": "-", "run svamp/greedy": "--"}
     for fig in figs:
         real_close(fig)
+
+
+def test_training_score_is_over_every_generated_row_when_logged(tmp_path, monkeypatch):
+    """With dynamic sampling the trained batch is filtered, so critic/score/mean overstates the reward; the plot
+    uses reward/score/mean (every generated row) and falls back to critic/score/mean for older runs."""
+    import matplotlib.pyplot as plt
+
+    rows = _rows(prm=False)
+    for r in rows[1:]:
+        r["reward/score/mean"] = 0.01 * r["step"]
+    _write(tmp_path / "new", rows)
+    _write(tmp_path / "old", _rows(prm=False))
+    figs = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    plot([str(tmp_path / "new"), str(tmp_path / "old")], str(tmp_path / "plots"), "s")
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in figs[0].axes[0].get_lines()}
+    assert lines["new score"] == [0.01, 0.02, 0.03]
+    assert [round(v, 6) for v in lines["old score"]] == [0.1, 0.2, 0.3]
+    for fig in figs:
+        real_close(fig)

@@ -73,10 +73,13 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
     # pass (trainer.val_also_greedy: val/<source>/greedy/<metric>) is dashed beside the sampled one
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for i, (label, rows) in enumerate(runs):
-        for key, style in (("critic/score/mean", "-"), ("reward/acc/mean", "--"), ("reward/format/mean", ":")):
+        # the score over every generated row (reward/score/mean); critic/score/mean is over the trained batch,
+        # which dynamic sampling (algorithm.filter_groups) filters, so it is only the fallback for older runs
+        score = "reward/score/mean" if series(rows, "reward/score/mean")[0] else "critic/score/mean"
+        for key, style in ((score, "-"), ("reward/acc/mean", "--"), ("reward/format/mean", ":")):
             x, y = series(rows, key)
             if x:
-                axes[0].plot(x, y, style, label=f"{label} {key.split('/')[1]}")
+                axes[0].plot(x, y, style, label=f"{label} {'score' if key == score else key.split('/')[1]}")
         val_keys = sorted({k for r in rows for k in r if k.startswith("val/") and k.split("/")[-1] in ("acc", "format")})
         for key in val_keys:
             x, y = series(rows, key)

@@ -14,22 +14,28 @@ Rules (verl's ``dapo_ray_trainer`` where it defines one):
   or ``score`` (the sequence's summed token-level score, shaping included);
 * generation batches of ``train_batch_size`` prompts are drawn from the loader until enough informative groups
   exist; the first ``train_batch_size`` of them, in generation order, form the step's batch;
-* ``max_num_gen_batches`` caps the batches per step (``<= 0``: no cap). verl raises an error when the cap is hit;
-  here the step goes on and fills the missing groups with uninformative ones (the first dropped groups, in order),
-  so the batch keeps its shape. They add no policy gradient under GRPO; their count is logged.
+* ``max_num_gen_batches`` caps the batches per step. verl raises an error when the cap is hit; here the step goes
+  on and fills the missing groups with uninformative ones (the first dropped groups, in order), so the batch keeps
+  its shape. They add no policy gradient under GRPO; their count is logged. ``<= 0`` means no cap, as in verl,
+  where a reward that never varies would loop forever: here the step then stops with an error after one epoch of
+  batches (``no_cap_limit``). Every extra batch is logged (INFO) with the informative groups so far.
 
 Metrics (``dynamic_sampling/*``): ``num_gen_batches``, ``informative_ratio`` (informative / generated groups),
 ``filled_groups``. Reward metrics (``reward/*``) are over ALL generated rows, not the filtered batch, so training
-accuracy curves stay comparable with runs without the filter.
+accuracy curves stay comparable with runs without the filter (``critic/score/*``, ``response_length/*`` and the
+throughput metrics describe the trained batch; ``timing_s/gen`` is the time of every generation batch).
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from trainer.protocol import DataProto
+
+logger = logging.getLogger(__name__)
 
 METRICS = ("acc", "score")
 
@@ -109,7 +115,7 @@ def left_pad_prompts(rows: DataProto, width: int, pad_token_id: int) -> DataProt
 def collect_informative_groups(first: DataProto, next_prompts: Callable[[], DataProto],
                                generate_and_score: Callable[[DataProto, int], tuple[DataProto, object]],
                                want_groups: int, n: int, metric: str, max_num_gen_batches: int, pad_token_id: int,
-                               metrics: dict) -> tuple[DataProto, list]:
+                               metrics: dict, no_cap_limit: int = 0) -> tuple[DataProto, list]:
     """Generate and score batches until ``want_groups`` informative groups are collected (or the cap is hit).
 
     Args:
@@ -121,6 +127,8 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         n: responses per prompt (``rollout.n``).
         metric: ``acc`` or ``score`` (:func:`metric_values`).
         max_num_gen_batches: most batches generated for this step; ``<= 0`` means no cap.
+        no_cap_limit: without a cap, the batches after which the step fails (one epoch of the loader; ``<= 0``:
+            never, which can loop forever when the metric never varies).
         pad_token_id: filler of the prompt columns when batches of different prompt widths are joined.
         metrics: ``dynamic_sampling/*`` values are added here.
 
@@ -130,6 +138,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
 
     Raises:
         ValueError: unknown metric; a generated batch whose rows are not ``n`` per group.
+        RuntimeError: no cap, and still short of ``want_groups`` after ``no_cap_limit`` batches (counts named).
     """
     kept, dropped, rewards = [], [], []
     informative = generated = batches = 0
@@ -147,6 +156,14 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         generated += groups
         if informative >= want_groups or (max_num_gen_batches > 0 and batches >= max_num_gen_batches):
             break
+        if max_num_gen_batches <= 0 and 0 < no_cap_limit <= batches:
+            raise RuntimeError(
+                f"dynamic sampling: {informative} of {want_groups} informative groups after {batches} generation "
+                f"batches ({generated} groups, one epoch) with algorithm.filter_groups.max_num_gen_batches="
+                f"{max_num_gen_batches} (no cap); does the reward ({metric}) ever differ within a group? Set a cap "
+                "to go on with filler groups")
+        logger.info("dynamic sampling: %d of %d informative groups after %d generation batches; generating another",
+                    informative, want_groups, batches)
         prompts = next_prompts()
     filled = max(0, want_groups - informative)
     pool = [p for p in kept if len(p)]

@@ -255,6 +255,10 @@ def validate(cfg: dict) -> None:
         from trainer.dynamic_sampling import METRICS
         from trainer.prime import prime_enabled
 
+        cap = fg.get("max_num_gen_batches", 10)
+        if isinstance(cap, bool) or not isinstance(cap, int):
+            raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches={cap!r}; expected an integer "
+                              "(<= 0: no cap)")
         if fg.get("metric", "acc") not in METRICS:
             raise ConfigError(f"algorithm.filter_groups.metric={fg.get('metric')!r}; expected one of {list(METRICS)}")
         if n < 2:
@@ -263,6 +267,14 @@ def validate(cfg: dict) -> None:
         if prime_enabled(cfg):
             raise ConfigError("algorithm.filter_groups.enable=true with algorithm=prime: PRIME filters its "
                               "oversampled groups itself (data.oversample_factor, data.filter_accuracy, data.accuracy_lower_bound)")
+    attn = rollout.get("attn_implementation", "auto")
+    if rollout["name"] == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager"):
+        from transformers import AttentionInterface
+
+        known = sorted(AttentionInterface().valid_keys())  # transformers' registered attention functions
+        if attn not in known:
+            raise ConfigError(f"actor_rollout_ref.rollout.attn_implementation={attn!r}; expected auto, sdpa, sdpa_gqa, "
+                              f"eager or one of transformers' {known}")
     if int(cfg["deepspeed"]["zero_stage"]) not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.zero_stage={cfg['deepspeed']['zero_stage']}; expected 0, 1, 2 or 3")
     strategy = t.get("strategy", "deepspeed")

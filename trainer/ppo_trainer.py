@@ -54,6 +54,10 @@ class RayPPOTrainer:
         from trainer import core_algos
 
         self.kl_ctrl = core_algos.get_kl_controller(self.algo["kl_ctrl"]) if self.algo["use_kl_in_reward"] else None
+        vk = config["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
+        if t.get("val_also_greedy") and not _sampled(vk):
+            logger.warning("trainer.val_also_greedy=true does nothing: actor_rollout_ref.rollout.val_kwargs already "
+                           "decodes greedily (do_sample=%s, temperature=%s)", vk.get("do_sample"), vk.get("temperature"))
         self.prime = None  # [PRIME] algorithm=prime: step logic in trainer/prime.py
         from trainer.prime import PrimeController, prime_enabled
 
@@ -154,7 +158,8 @@ class RayPPOTrainer:
                 batch, lambda: self.loader.next_batch()[0], lambda p, k: self._generate_and_score(p, k, timing),
                 want_groups=len(batch), n=self.n, metric=str(fg.get("metric", "acc")),
                 max_num_gen_batches=int(fg.get("max_num_gen_batches", 0) or 0),
-                pad_token_id=self.tokenizer.eos_token_id if pad_id is None else pad_id, metrics=metrics)
+                pad_token_id=self.tokenizer.eos_token_id if pad_id is None else pad_id, metrics=metrics,
+                no_cap_limit=len(self.loader))
         else:
             batch, rew = self._generate_and_score(batch, 1, timing)
             rews = [rew]
@@ -248,8 +253,7 @@ class RayPPOTrainer:
             return {}
         metrics = self._validate_pass(greedy=False)
         vk = self.cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
-        sampled = bool(vk.get("do_sample", False)) and float(vk.get("temperature", 0.0)) > 0
-        if self.cfg["trainer"].get("val_also_greedy") and sampled:
+        if self.cfg["trainer"].get("val_also_greedy") and _sampled(vk):
             metrics.update(self._validate_pass(greedy=True))
         return metrics
 
@@ -288,7 +292,8 @@ class RayPPOTrainer:
         for src in sorted(set(sources)):
             sel = np.nonzero(src_arr == src)[0]
             for k, v in _extra_info_means({k: [v[i] for i in sel] for k, v in infos.items()}).items():
-                metrics[f"val/{src}/{'greedy/' if greedy else ''}{k.split('/')[1]}"] = v
+                name = k[len("reward/"):-len("/mean")]  # reward/<key>/mean; a key may itself hold '/'
+                metrics[f"val/{src}/{'greedy/' if greedy else ''}{name}"] = v
         if n_val > 1:
             numeric = {k: v for k, v in infos.items() if all(isinstance(x, (int, float)) for x in v)}
             metrics.update(flatten_validation_metrics(process_validation_metrics(sources, uids, numeric)))
@@ -378,6 +383,11 @@ class RayPPOTrainer:
 
 class TrainingDiverged(RuntimeError):
     """Too many optimizer steps in a row were skipped because of a non-finite loss or gradient."""
+
+
+def _sampled(kwargs: dict) -> bool:
+    """True when sampling settings (``val_kwargs``) sample: ``do_sample`` and a temperature above 0."""
+    return bool(kwargs.get("do_sample", False)) and float(kwargs.get("temperature", 0.0) or 0.0) > 0
 
 
 def _extra_info_means(info: dict) -> dict:

@@ -16,6 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests import test_patches_ulysses_dist as common
+from tests.e2e_utils import free_port
 
 pytest.importorskip("deepspeed")
 
@@ -88,6 +89,6 @@ def worker(rank, world, port, out_dir):
 def test_deepspeed_zero_step_equals_dp_mean_of_unsharded_gradients():
     mp.get_context("forkserver").set_forkserver_preload([__name__, common.__name__])
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(worker, args=(4, common._free_port(), d), nprocs=4, join=True, start_method="forkserver")
+        mp.start_processes(worker, args=(4, free_port(), d), nprocs=4, join=True, start_method="forkserver")
         errors = [e for r in range(4) for e in json.load(open(os.path.join(d, f"rank{r}.json")))]
     assert not errors, "\n".join(errors)

@@ -149,7 +149,7 @@ class RayPPOTrainer:
         from trainer import core_algos
 
         metrics: dict = {}
-        fg = self.algo.get("filter_groups") or {}
+        fg = (self.cfg.get("algorithm") or {}).get("filter_groups") or {}
         if fg.get("enable"):  # DAPO dynamic sampling: more generation batches until enough informative groups
             from trainer.dynamic_sampling import collect_informative_groups
 

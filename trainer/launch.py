@@ -266,7 +266,8 @@ def validate(cfg: dict) -> None:
                               f"actor_rollout_ref.rollout.n={n}; set rollout.n >= 2")
         if prime_enabled(cfg):
             raise ConfigError("algorithm.filter_groups.enable=true with algorithm=prime: PRIME filters its "
-                              "oversampled groups itself (data.oversample_factor, data.filter_accuracy, data.accuracy_lower_bound)")
+                              "oversampled groups itself (data.oversample_factor, data.filter_accuracy, "
+                              "data.accuracy_lower_bound)")
     attn = rollout.get("attn_implementation", "auto")
     if rollout["name"] == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager"):
         from transformers import AttentionInterface

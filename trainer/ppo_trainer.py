@@ -386,8 +386,11 @@ class TrainingDiverged(RuntimeError):
 
 
 def _sampled(kwargs: dict) -> bool:
-    """True when sampling settings (``val_kwargs``) sample: ``do_sample`` and a temperature above 0."""
-    return bool(kwargs.get("do_sample", False)) and float(kwargs.get("temperature", 0.0) or 0.0) > 0
+    """True when sampling settings (``val_kwargs``) sample, by :attr:`rollout.base.SamplingConfig.greedy`'s rule."""
+    from rollout.base import SamplingConfig
+
+    return not SamplingConfig(do_sample=bool(kwargs.get("do_sample", False)),
+                              temperature=float(kwargs.get("temperature", 0.0) or 0.0)).greedy
 
 
 def _extra_info_means(info: dict) -> dict:

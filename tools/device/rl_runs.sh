@@ -142,19 +142,22 @@ for spec in $RUNS; do
     # both ways (T=0.7 x 2 and greedy)
     # svamp_t / svamp_u (not run yet): svamp_s / svamp_r with the lr decayed to 0 by a cosine over 40 steps
     # (svamp_s peaked at step 16 at lr 1e-4 and then degraded; svamp_r peaked at step 24)
-    svamp_l|svamp_n|svamp_o|svamp_r|svamp_s|svamp_t|svamp_u|svamp_l_more|svamp_n_more|svamp_o_more|svamp_r_more|svamp_s_more|svamp_t_more|svamp_u_more)
+    # svamp_w: svamp_u with DAPO dynamic sampling (groups whose answers all agree are dropped and more batches of
+    # 64 prompts generated, at most 3 per step)
+    svamp_l|svamp_n|svamp_o|svamp_r|svamp_s|svamp_t|svamp_u|svamp_w|svamp_l_more|svamp_n_more|svamp_o_more|svamp_r_more|svamp_s_more|svamp_t_more|svamp_u_more|svamp_w_more)
       base=${name%_more} more=""
       [ "$base" != "$name" ] && more="trainer.resume_mode=auto trainer.val_before_train=false"
       case $base in
-        svamp_l|svamp_r|svamp_u) big="data.train_batch_size=64 actor_rollout_ref.rollout.n=16" ;;  # 4 optimizer steps per step
+        svamp_l|svamp_r|svamp_u|svamp_w) big="data.train_batch_size=64 actor_rollout_ref.rollout.n=16" ;;  # 4 optimizer steps per step
         svamp_n) big="data.train_batch_size=32 actor_rollout_ref.rollout.n=32 actor_rollout_ref.actor.ppo_mini_batch_size=32" ;;
         svamp_o|svamp_s|svamp_t) big="data.train_batch_size=64 actor_rollout_ref.rollout.n=16 actor_rollout_ref.actor.ppo_mini_batch_size=64
                actor_rollout_ref.actor.optim.lr=1e-4" ;;  # one optimizer step per step, 2x lr
       esac
-      case $base in svamp_r|svamp_s|svamp_t|svamp_u) big="$big trainer.val_also_greedy=true" ;; esac
-      case $base in svamp_t|svamp_u) big="$big trainer.total_training_steps=40
+      case $base in svamp_r|svamp_s|svamp_t|svamp_u|svamp_w) big="$big trainer.val_also_greedy=true" ;; esac
+      case $base in svamp_t|svamp_u|svamp_w) big="$big trainer.total_training_steps=40
         actor_rollout_ref.actor.optim.lr_scheduler_type=cosine" ;; esac
-      [ "$base" = svamp_u ] && big="$big actor_rollout_ref.actor.optim.lr=7e-5"
+      case $base in svamp_u|svamp_w) big="$big actor_rollout_ref.actor.optim.lr=7e-5" ;; esac
+      [ "$base" = svamp_w ] && big="$big algorithm.filter_groups.enable=true algorithm.filter_groups.max_num_gen_batches=3"
       RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E $big actor_rollout_ref.rollout.max_batch_size=1024 \
         trainer.test_freq=8 trainer.save_freq=8 \
         trainer.max_actor_ckpt_to_keep=1 $more ;;

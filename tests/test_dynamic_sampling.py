@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from rewards.manager import RewardOutput
 from tests.e2e_utils import ROOT, SHORT, read_metrics, run_main
-from trainer.dynamic_sampling import collect_informative_groups, informative_rows, left_pad_prompts, metric_values
+from trainer.dynamic_sampling import (collect_informative_groups, concat_padded, informative_rows, left_pad_prompts,
+                                      metric_values)
 from trainer.launch import ConfigError, validate
 from trainer.protocol import DataProto
 
@@ -103,6 +104,24 @@ def test_collect_stops_at_the_cap_and_fills_with_uninformative_groups():
     assert metrics["dynamic_sampling/filled_groups"] == 1.0
 
 
+def test_collect_fills_from_uninformative_groups_of_batches_of_different_widths():
+    # Seen on the H200 (session 11): at the cap, the dropped groups of three generation batches with prompts of
+    # 111, 120, ... tokens were concatenated before padding ("Expected size 111 but got size 120").
+    n, want = 2, 4
+    correct = {f"q{i}": (None if i == 0 else False) for i in range(9)}
+    later = iter([_prompt_batch(3, 5, 3), _prompt_batch(3, 3, 6)])
+    calls, metrics = [], {}
+    batch, _ = collect_informative_groups(_prompt_batch(3, 2, 0), lambda: next(later),
+                                          _fake_generate(correct, n, calls), want_groups=want, n=n, metric="acc",
+                                          max_num_gen_batches=3, pad_token_id=0, metrics=metrics)
+    assert calls == [1, 2, 3] and metrics["dynamic_sampling/filled_groups"] == 3.0
+    # the informative q0, then the first dropped groups in generation order: q1, q2 (width 2) and q3 (width 5)
+    assert list(batch["qid"]) == ["q0", "q0", "q1", "q1", "q2", "q2", "q3", "q3"]
+    assert batch["prompts"].shape == (8, 5) and batch["input_ids"].shape == (8, 5 + R)
+    assert batch["prompts"][2].tolist() == [0, 0, 0, 12, 13] and batch["attention_mask"][2].tolist()[:3] == [0] * 3
+    assert batch["attention_mask"][6].tolist() == [1] * (5 + R)
+
+
 def test_collect_refuses_rows_that_are_not_n_per_group():
     def gen(prompts, k):
         rows, rew = _fake_generate({"q0": None, "q1": None}, 2, [])(prompts, k)
@@ -118,6 +137,8 @@ def test_left_pad_prompts_refuses_a_narrower_width():
     assert left_pad_prompts(rows, 3, 0) is rows
     with pytest.raises(ValueError, match="width 3 to 2"):
         left_pad_prompts(rows, 2, 0)
+    with pytest.raises(ValueError, match="at least one batch"):
+        concat_padded([], 0)
 
 
 def _cfg(*overrides):

@@ -112,6 +112,20 @@ def left_pad_prompts(rows: DataProto, width: int, pad_token_id: int) -> DataProt
     return out
 
 
+def concat_padded(parts: Sequence[DataProto], pad_token_id: int) -> DataProto:
+    """Concatenate generated batches row-wise after left-padding each one's prompt part to the widest prompt
+    (:func:`left_pad_prompts`); every join of batches from different prompt batches must go through here, since
+    the loader pads each prompt batch only to its own longest prompt.
+
+    Raises:
+        ValueError: when ``parts`` is empty.
+    """
+    if not parts:
+        raise ValueError("concat_padded needs at least one batch")
+    width = max(p["prompts"].shape[1] for p in parts)
+    return DataProto.concat([left_pad_prompts(p, width, pad_token_id) for p in parts])
+
+
 def collect_informative_groups(first: DataProto, next_prompts: Callable[[], DataProto],
                                generate_and_score: Callable[[DataProto, int], tuple[DataProto, object]],
                                want_groups: int, n: int, metric: str, max_num_gen_batches: int, pad_token_id: int,
@@ -168,10 +182,8 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
     filled = max(0, want_groups - informative)
     pool = [p for p in kept if len(p)]
     if filled:  # the cap was hit: the first uninformative groups keep the batch's shape
-        pool.append(DataProto.concat([p for p in dropped if len(p)]).index(slice(0, filled * n)))
-    width = max(p["prompts"].shape[1] for p in pool)
-    batch = DataProto.concat([left_pad_prompts(p, width, pad_token_id) for p in pool])
-    batch = batch.index(slice(0, want_groups * n))
+        pool.append(concat_padded([p for p in dropped if len(p)], pad_token_id).index(slice(0, filled * n)))
+    batch = concat_padded(pool, pad_token_id).index(slice(0, want_groups * n))
     metrics["dynamic_sampling/num_gen_batches"] = float(batches)
     metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0
     metrics["dynamic_sampling/filled_groups"] = float(filled)

@@ -140,7 +140,7 @@ for spec in $RUNS; do
     # SIGTERM; NAME_more resumes NAME from its last save in a later call (no step-0 validation)
     # svamp_r / svamp_s: svamp_l / svamp_o again after the 3x faster sdpa_gqa decoding (session 10), validated
     # both ways (T=0.7 x 2 and greedy)
-    # svamp_t / svamp_u (not run yet): svamp_s / svamp_r with the lr decayed to 0 by a cosine over 40 steps
+    # svamp_t / svamp_u (session 11): svamp_s / svamp_r with the lr decayed to 0 by a cosine over 40 steps
     # (svamp_s peaked at step 16 at lr 1e-4 and then degraded; svamp_r peaked at step 24)
     # svamp_w: svamp_u with DAPO dynamic sampling (groups whose answers all agree are dropped and more batches of
     # 64 prompts generated, at most 3 per step)
@@ -163,7 +163,7 @@ for spec in $RUNS; do
         trainer.max_actor_ckpt_to_keep=1 $more ;;
     # svamp_h's settings, validated both ways (T=0.7 x 2 samples and one greedy answer per question, same weights);
     # svamp_q also decodes with rollout.attn_implementation=sdpa_gqa (same numerics; its step time vs svamp_p's)
-    # svamp_v (not run yet): svamp_q with DAPO dynamic sampling (only groups whose answers differ, up to 4
+    # svamp_v (not run): svamp_q with DAPO dynamic sampling (only groups whose answers differ, up to 4
     # generation batches per step)
     svamp_p|svamp_q|svamp_v|svamp_p_more|svamp_q_more|svamp_v_more)
       base=${name%_more} more=""

@@ -70,15 +70,24 @@ def _fake_generate(correct: dict, n: int, calls: list):
     return gen
 
 
+def _collect(correct: dict, widths: list, n: int, want: int, cap: int):
+    """Run collect_informative_groups over prompt batches of ``widths[k]`` tokens, ``len(correct) // len(widths)``
+    prompts each (``q0``, ``q1``, ... in order); returns (batch, rewards, calls, metrics)."""
+    per = len(correct) // len(widths)
+    batches = [_prompt_batch(per, w, k * per) for k, w in enumerate(widths)]
+    later = iter(batches[1:])
+    calls, metrics = [], {}
+    batch, rews = collect_informative_groups(batches[0], lambda: next(later), _fake_generate(correct, n, calls),
+                                             want_groups=want, n=n, metric="acc", max_num_gen_batches=cap,
+                                             pad_token_id=0, metrics=metrics)
+    return batch, rews, calls, metrics
+
+
 def test_collect_takes_informative_groups_across_batches_of_different_widths():
     n, want = 2, 3
     # batch 1 (width 2): q0 mixed, q1 all wrong, q2 all right; batch 2 (width 4): q3 all wrong, q4 mixed, q5 mixed
     correct = {"q0": None, "q1": False, "q2": True, "q3": False, "q4": None, "q5": None}
-    later = iter([_prompt_batch(3, 4, 3)])
-    calls, metrics = [], {}
-    batch, rews = collect_informative_groups(_prompt_batch(3, 2, 0), lambda: next(later),
-                                             _fake_generate(correct, n, calls), want_groups=want, n=n, metric="acc",
-                                             max_num_gen_batches=10, pad_token_id=0, metrics=metrics)
+    batch, rews, calls, metrics = _collect(correct, [2, 4], n, want, cap=10)
     assert calls == [1, 2] and len(rews) == 2
     assert list(batch["qid"]) == ["q0", "q0", "q4", "q4", "q5", "q5"]  # informative groups in generation order
     assert batch["prompts"].shape == (6, 4) and batch["input_ids"].shape == (6, 4 + R)
@@ -94,11 +103,7 @@ def test_collect_takes_informative_groups_across_batches_of_different_widths():
 def test_collect_stops_at_the_cap_and_fills_with_uninformative_groups():
     n, want = 2, 2
     correct = {f"q{i}": (None if i == 1 else False) for i in range(6)}
-    later = iter([_prompt_batch(2, 2, 2), _prompt_batch(2, 2, 4)])
-    calls, metrics = [], {}
-    batch, _ = collect_informative_groups(_prompt_batch(2, 2, 0), lambda: next(later),
-                                          _fake_generate(correct, n, calls), want_groups=want, n=n, metric="acc",
-                                          max_num_gen_batches=2, pad_token_id=0, metrics=metrics)
+    batch, _, calls, metrics = _collect(correct, [2, 2, 2], n, want, cap=2)
     assert calls == [1, 2]
     assert list(batch["qid"]) == ["q1", "q1", "q0", "q0"]  # the one informative group, then the first dropped one
     assert metrics["dynamic_sampling/filled_groups"] == 1.0
@@ -109,11 +114,7 @@ def test_collect_fills_from_uninformative_groups_of_batches_of_different_widths(
     # 111, 120, ... tokens were concatenated before padding ("Expected size 111 but got size 120").
     n, want = 2, 4
     correct = {f"q{i}": (None if i == 0 else False) for i in range(9)}
-    later = iter([_prompt_batch(3, 5, 3), _prompt_batch(3, 3, 6)])
-    calls, metrics = [], {}
-    batch, _ = collect_informative_groups(_prompt_batch(3, 2, 0), lambda: next(later),
-                                          _fake_generate(correct, n, calls), want_groups=want, n=n, metric="acc",
-                                          max_num_gen_batches=3, pad_token_id=0, metrics=metrics)
+    batch, _, calls, metrics = _collect(correct, [2, 5, 3], n, want, cap=3)
     assert calls == [1, 2, 3] and metrics["dynamic_sampling/filled_groups"] == 3.0
     # the informative q0, then the first dropped groups in generation order: q1, q2 (width 2) and q3 (width 5)
     assert list(batch["qid"]) == ["q0", "q0", "q1", "q1", "q2", "q2", "q3", "q3"]

@@ -1,4 +1,5 @@
 """DataProto.concat's meta rule and the per-stage peak-memory helper."""
+import pytest
 import torch
 
 from trainer.protocol import DataProto
@@ -21,3 +22,11 @@ def test_concat_takes_max_of_perf_max_keys_and_first_part_otherwise():
 
 def test_stage_peak_memory_is_empty_off_cuda():
     assert stage_peak_memory(torch.device("cpu"), "gen") == {}
+
+
+def test_concat_refuses_parts_with_different_non_tensor_columns():
+    a = DataProto.from_dict({"x": torch.zeros(2, 1)}, {"uid": ["a", "b"], "ability": ["m", "m"]})
+    b = DataProto.from_dict({"x": torch.zeros(1, 1)}, {"uid": ["c"]})
+    with pytest.raises(ValueError, match=r"part 1 has non-tensor columns \['uid'\], part 0 has \['ability', 'uid'\]"):
+        DataProto.concat([a, b])
+    assert list(DataProto.concat([a, a])["uid"]) == ["a", "b", "a", "b"]

@@ -22,8 +22,11 @@ Rules (verl's ``dapo_ray_trainer`` where it defines one):
 
 Metrics (``dynamic_sampling/*``): ``num_gen_batches``, ``informative_ratio`` (informative / generated groups),
 ``filled_groups``. Reward metrics (``reward/*``) are over ALL generated rows, not the filtered batch, so training
-accuracy curves stay comparable with runs without the filter (``critic/score/*``, ``response_length/*`` and the
-throughput metrics describe the trained batch; ``timing_s/gen`` is the time of every generation batch).
+accuracy curves stay comparable with runs without the filter: rates are means over the batches, counts
+(``reward/num_*``) and ``reward/time_s`` are sums. ``critic/score/*``, ``response_length/*`` and the throughput
+metrics describe the trained batch; ``timing_s/gen`` is the time of every generation batch, and
+``timing_per_token_ms/gen`` divides it by every generated response token (``meta['gen_response_tokens']``); the
+``perf/max_*`` peaks are the maxima over every generation batch.
 """
 from __future__ import annotations
 
@@ -115,7 +118,9 @@ def left_pad_prompts(rows: DataProto, width: int, pad_token_id: int) -> DataProt
 def concat_padded(parts: Sequence[DataProto], pad_token_id: int) -> DataProto:
     """Concatenate generated batches row-wise after left-padding each one's prompt part to the widest prompt
     (:func:`left_pad_prompts`); every join of batches from different prompt batches must go through here, since
-    the loader pads each prompt batch only to its own longest prompt.
+    the loader pads each prompt batch only to its own longest prompt. Only the non-tensor columns that every part
+    has are kept (the loader's own rule for a batch: ``trainer.dataset.collate_prompts`` keeps a key only when every
+    row has it, so batches from train files with different columns differ).
 
     Raises:
         ValueError: when ``parts`` is empty.
@@ -123,7 +128,11 @@ def concat_padded(parts: Sequence[DataProto], pad_token_id: int) -> DataProto:
     if not parts:
         raise ValueError("concat_padded needs at least one batch")
     width = max(p["prompts"].shape[1] for p in parts)
-    return DataProto.concat([left_pad_prompts(p, width, pad_token_id) for p in parts])
+    common = set.intersection(*(set(p.non_tensor) for p in parts))  # collate_prompts' rule: keys every row has
+    padded = [left_pad_prompts(p, width, pad_token_id) for p in parts]
+    for p in padded:
+        p.non_tensor = {k: v for k, v in p.non_tensor.items() if k in common}
+    return DataProto.concat(padded)
 
 
 def collect_informative_groups(first: DataProto, next_prompts: Callable[[], DataProto],
@@ -154,7 +163,8 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         ValueError: unknown metric; a generated batch whose rows are not ``n`` per group.
         RuntimeError: no cap, and still short of ``want_groups`` after ``no_cap_limit`` batches (counts named).
     """
-    kept, dropped, rewards = [], [], []
+    kept, dropped, rewards, metas = [], [], [], []
+    gen_tokens = 0.0
     informative = generated = batches = 0
     prompts = first
     while True:
@@ -166,6 +176,8 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         kept.append(rows.index(keep))
         dropped.append(rows.index(drop))
         rewards.append(rew)
+        metas.append(rows.meta)
+        gen_tokens += float(rows["response_mask"].sum()) if "response_mask" in rows else 0.0
         informative += len(keep) // n
         generated += groups
         if informative >= want_groups or (max_num_gen_batches > 0 and batches >= max_num_gen_batches):
@@ -184,6 +196,9 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
     if filled:  # the cap was hit: the first uninformative groups keep the batch's shape
         pool.append(concat_padded([p for p in dropped if len(p)], pad_token_id).index(slice(0, filled * n)))
     batch = concat_padded(pool, pad_token_id).index(slice(0, want_groups * n))
+    for key in {k for m in metas for k in m if k.startswith("perf/max_")}:  # peaks of every generation batch
+        batch.meta[key] = max(m[key] for m in metas if key in m)
+    batch.meta["gen_response_tokens"] = gen_tokens
     metrics["dynamic_sampling/num_gen_batches"] = float(batches)
     metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0
     metrics["dynamic_sampling/filled_groups"] = float(filled)

@@ -143,14 +143,16 @@ _ALL_TOKEN_TIMERS = ("old_log_prob", "ref", "values", "adv", "update_critic", "u
 
 def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, float]:
     """``timing_s/<name>`` (seconds) for every timer, and ``timing_per_token_ms/<name> = 1000 * t / N`` where
-    ``N`` = response tokens for ``gen`` and all (prompt + response) tokens for ``old_log_prob, ref, values, adv,
+    ``N`` = response tokens for ``gen`` (``batch.meta['gen_response_tokens']`` when set: every response token
+    generated in the step, also those that dynamic sampling dropped) and all (prompt + response) tokens for ``old_log_prob, ref, values, adv,
     update_critic, update_actor`` (verl §3.2; ``old_log_prob`` is our addition). Token counts come from the
     attention mask; a timer whose token count is 0 gets no per-token entry."""
     prompt_len, resp_len, _ = _lengths(batch)
     n_resp = resp_len.sum().item()
     n_all = n_resp + prompt_len.sum().item()
     out = {f"timing_s/{k}": float(v) for k, v in timing_raw.items()}
-    for names, n in ((_RESPONSE_TOKEN_TIMERS, n_resp), (_ALL_TOKEN_TIMERS, n_all)):
+    n_gen = float((getattr(batch, "meta", None) or {}).get("gen_response_tokens", n_resp))
+    for names, n in ((_RESPONSE_TOKEN_TIMERS, n_gen), (_ALL_TOKEN_TIMERS, n_all)):
         for k in names:
             if k in timing_raw and n > 0:
                 out[f"timing_per_token_ms/{k}"] = float(timing_raw[k]) * 1000.0 / n

@@ -157,17 +157,21 @@ class RayPPOTrainer:
             batch, rews = collect_informative_groups(
                 batch, lambda: self.loader.next_batch()[0], lambda p, k: self._generate_and_score(p, k, timing),
                 want_groups=len(batch), n=self.n, metric=str(fg.get("metric", "acc")),
-                max_num_gen_batches=int(fg.get("max_num_gen_batches", 0) or 0),
+                max_num_gen_batches=int(fg.get("max_num_gen_batches", 10) or 0),  # 10: the config default
                 pad_token_id=self.tokenizer.eos_token_id if pad_id is None else pad_id, metrics=metrics,
                 no_cap_limit=len(self.loader))
         else:
             batch, rew = self._generate_and_score(batch, 1, timing)
             rews = [rew]
         rew = rews[0]
-        for key in rews[0].metrics:  # reward metrics over every generated row (means of equal-size batches)
-            metrics[key] = float(np.mean([r.metrics[key] for r in rews if key in r.metrics]))
-        metrics.update(_extra_info_means({k: [v for r in rews for v in r.reward_extra_info.get(k, [])]
-                                          for k in rews[0].reward_extra_info}))
+        for key in dict.fromkeys(k for r in rews for k in r.metrics):  # over every generated row
+            vals = [r.metrics[key] for r in rews if key in r.metrics]
+            additive = key.startswith("reward/num_") or key == "reward/time_s"  # counts and seconds add up
+            metrics[key] = float(np.sum(vals) if additive else np.mean(vals))  # rates: means of equal-size batches
+        extra_keys = dict.fromkeys(k for r in rews for k in r.reward_extra_info)  # a batch may lack a key: None rows
+        metrics.update(_extra_info_means({k: [v for r in rews for v in (
+            r.reward_extra_info[k] if k in r.reward_extra_info else [None] * len(r.token_level_scores))]
+            for k in extra_keys}))
         if self.prime is not None:  # [PRIME] accuracy-band filter + downsampling of the oversampled groups
             with _timer("prime_filter", timing):
                 batch = self.prime.filter_batch(batch, rew, metrics)

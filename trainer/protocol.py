@@ -175,10 +175,18 @@ class DataProto:
     @staticmethod
     def concat(parts: Sequence["DataProto"]) -> "DataProto":
         """Concatenate batches row-wise; meta comes from the first part, except keys starting with ``perf/max_``
-        (per-rank peaks such as GPU memory), which take the maximum over the parts that hold them."""
+        (per-rank peaks such as GPU memory), which take the maximum over the parts that hold them.
+
+        Raises:
+            ValueError: no parts, or parts whose non-tensor columns differ (the columns of both are named).
+        """
         parts = [p for p in parts if p is not None]
         if not parts:
             raise ValueError("concat needs at least one batch")
+        for i, p in enumerate(parts[1:], 1):
+            if set(p.non_tensor) != set(parts[0].non_tensor):
+                raise ValueError(f"concat: part {i} has non-tensor columns {sorted(p.non_tensor)}, part 0 has "
+                                 f"{sorted(parts[0].non_tensor)}; join only batches with the same columns")
         batch = None
         if parts[0].batch is not None:
             batch = torch.cat([p.batch for p in parts], dim=0)

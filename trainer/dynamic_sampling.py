@@ -130,9 +130,8 @@ def concat_padded(parts: Sequence[DataProto], pad_token_id: int) -> DataProto:
     width = max(p["prompts"].shape[1] for p in parts)
     common = set.intersection(*(set(p.non_tensor) for p in parts))  # collate_prompts' rule: keys every row has
     padded = [left_pad_prompts(p, width, pad_token_id) for p in parts]
-    for p in padded:
-        p.non_tensor = {k: v for k, v in p.non_tensor.items() if k in common}
-    return DataProto.concat(padded)
+    return DataProto.concat([DataProto(batch=p.batch, non_tensor={k: v for k, v in p.non_tensor.items() if k in common},
+                                       meta=p.meta) for p in padded])
 
 
 def collect_informative_groups(first: DataProto, next_prompts: Callable[[], DataProto],

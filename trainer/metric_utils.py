@@ -144,9 +144,9 @@ _ALL_TOKEN_TIMERS = ("old_log_prob", "ref", "values", "adv", "update_critic", "u
 def compute_timing_metrics(batch, timing_raw: dict[str, float]) -> dict[str, float]:
     """``timing_s/<name>`` (seconds) for every timer, and ``timing_per_token_ms/<name> = 1000 * t / N`` where
     ``N`` = response tokens for ``gen`` (``batch.meta['gen_response_tokens']`` when set: every response token
-    generated in the step, also those that dynamic sampling dropped) and all (prompt + response) tokens for ``old_log_prob, ref, values, adv,
-    update_critic, update_actor`` (verl §3.2; ``old_log_prob`` is our addition). Token counts come from the
-    attention mask; a timer whose token count is 0 gets no per-token entry."""
+    generated in the step, also those that dynamic sampling dropped) and all (prompt + response) tokens for
+    ``old_log_prob, ref, values, adv, update_critic, update_actor`` (verl §3.2; ``old_log_prob`` is our addition).
+    Token counts come from the attention mask; a timer whose token count is 0 gets no per-token entry."""
     prompt_len, resp_len, _ = _lengths(batch)
     n_resp = resp_len.sum().item()
     n_all = n_resp + prompt_len.sum().item()

@@ -186,3 +186,12 @@ def test_no_cap_stops_with_an_error_after_one_epoch_of_batches():
 def test_filter_groups_cap_must_be_an_integer():
     with pytest.raises(ConfigError, match="max_num_gen_batches='abc'; expected an integer"):
         validate(_cfg("algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=abc"))
+
+
+def test_filter_groups_values_are_checked_while_the_filter_is_off():
+    # found by a new-user check: a typo in the metric passed silently until enable=true
+    with pytest.raises(ConfigError, match=r"metric='accuracy'; expected one of \['acc', 'score'\]"):
+        validate(_cfg("algorithm.filter_groups.metric=accuracy"))
+    with pytest.raises(ConfigError, match="max_num_gen_batches=2.5; expected an integer"):
+        validate(_cfg("algorithm.filter_groups.max_num_gen_batches=2.5"))
+    validate(_cfg("algorithm.filter_groups.metric=score"))

@@ -251,16 +251,18 @@ def validate(cfg: dict) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     fg = cfg["algorithm"].get("filter_groups") or {}
+    from trainer.dynamic_sampling import METRICS
+
+    # the values are checked even while the filter is off, so that a typo does not wait for enable=true
+    cap = fg.get("max_num_gen_batches", 10)
+    if isinstance(cap, bool) or not isinstance(cap, int):
+        raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches={cap!r}; expected an integer "
+                          "(<= 0: no cap)")
+    if fg.get("metric", "acc") not in METRICS:
+        raise ConfigError(f"algorithm.filter_groups.metric={fg.get('metric')!r}; expected one of {list(METRICS)}")
     if fg.get("enable"):
-        from trainer.dynamic_sampling import METRICS
         from trainer.prime import prime_enabled
 
-        cap = fg.get("max_num_gen_batches", 10)
-        if isinstance(cap, bool) or not isinstance(cap, int):
-            raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches={cap!r}; expected an integer "
-                              "(<= 0: no cap)")
-        if fg.get("metric", "acc") not in METRICS:
-            raise ConfigError(f"algorithm.filter_groups.metric={fg.get('metric')!r}; expected one of {list(METRICS)}")
         if n < 2:
             raise ConfigError("algorithm.filter_groups.enable=true compares the responses of one prompt, but "
                               f"actor_rollout_ref.rollout.n={n}; set rollout.n >= 2")

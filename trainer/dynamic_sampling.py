@@ -162,7 +162,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         ValueError: unknown metric; a generated batch whose rows are not ``n`` per group.
         RuntimeError: no cap, and still short of ``want_groups`` after ``no_cap_limit`` batches (counts named).
     """
-    kept, dropped, rewards, metas = [], [], [], []
+    kept, dropped, rewards = [], [], []
     gen_tokens = 0.0
     informative = generated = batches = 0
     prompts = first
@@ -175,7 +175,6 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         kept.append(rows.index(keep))
         dropped.append(rows.index(drop))
         rewards.append(rew)
-        metas.append(rows.meta)
         gen_tokens += float(rows["response_mask"].sum()) if "response_mask" in rows else 0.0
         informative += len(keep) // n
         generated += groups
@@ -191,12 +190,10 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
                     informative, want_groups, batches)
         prompts = next_prompts()
     filled = max(0, want_groups - informative)
-    pool = [p for p in kept if len(p)]
+    pool = list(kept)  # every batch's part, even an empty one: the join keeps every batch's perf/max_* peaks
     if filled:  # the cap was hit: the first uninformative groups keep the batch's shape
         pool.append(concat_padded([p for p in dropped if len(p)], pad_token_id).index(slice(0, filled * n)))
     batch = concat_padded(pool, pad_token_id).index(slice(0, want_groups * n))
-    for key in {k for m in metas for k in m if k.startswith("perf/max_")}:  # peaks of every generation batch
-        batch.meta[key] = max(m[key] for m in metas if key in m)
     batch.meta["gen_response_tokens"] = gen_tokens
     metrics["dynamic_sampling/num_gen_batches"] = float(batches)
     metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0

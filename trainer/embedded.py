@@ -75,7 +75,7 @@ def make_rows(num_rows: int, seed: int, min_digits: int = 1, max_digits: int = 1
     return rows
 
 
-def write_task(out_dir: str, train_rows: int = 2048, val_rows: int = 64, seed: int = 0) -> tuple[str, str]:
+def write_task(out_dir: str, train_rows: int = 2240, val_rows: int = 64, seed: int = 0) -> tuple[str, str]:
     """Write ``train.jsonl`` and ``val.jsonl`` for the synthetic task; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []

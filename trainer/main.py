@@ -44,7 +44,13 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 
-USER_ERRORS = ("ConfigError", "DataError", "PlacementError", "FileNotFoundError")
+USER_ERRORS = ("ConfigError", "ConfigErrors", "DataError", "PlacementError", "FileNotFoundError")
+
+
+def report_user_error(exc: BaseException) -> None:
+    """Print a user error as ``error: <line>`` lines on stderr (a :class:`ConfigErrors` holds one per line)."""
+    for line in str(exc).splitlines() or [""]:
+        print(f"error: {line}", file=sys.stderr)
 
 
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
@@ -53,19 +59,42 @@ def main(cfg: DictConfig) -> None:
 
     try:
         run(cfg)
-    except Exception as exc:  # a user error ends the run with one line naming the bad value
+    except Exception as exc:  # a user error ends the run with one line per bad value
         if type(exc).__name__ in USER_ERRORS:
-            print(f"error: {exc}", file=sys.stderr)
+            report_user_error(exc)
             sys.exit(2)
         raise
 
 
-if __name__ == "__main__":
-    from trainer.launch import ConfigError, check_overrides
+def check_command_line(args: list[str]) -> list[str]:
+    """The overrides for Hydra (:func:`trainer.overrides.prepare_overrides`). When the command line has errors,
+    the config composed from its valid part is checked too (verl keys, validate, preflight), every error is
+    printed and the process exits 2, before Hydra runs."""
+    from trainer.overrides import prepare_overrides
 
+    prepared = prepare_overrides(args)
+    if not prepared.errors:
+        return prepared.overrides
+    from trainer.config_checks import ConfigError, ErrorCollector
+
+    errors = ErrorCollector(prepared.errors)
+    keys = [o for o in prepared.overrides if "=" in o and not o.startswith("-") and
+            not o.lstrip("+~").startswith("hydra.")]
     try:
-        check_overrides(sys.argv[1:])
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        from hydra import compose, initialize_config_dir
+
+        from trainer.launch import prestart
+
+        with initialize_config_dir(config_dir=os.path.join(_ROOT, "configs"), version_base="1.3"):
+            cfg = compose(config_name="ppo_trainer", overrides=keys)
+        with errors.check():
+            prestart(cfg)
+    except Exception:  # noqa: BLE001 (what does not compose is already among the command line's errors)
+        pass
+    report_user_error(ConfigError("\n".join(errors.messages)))
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *check_command_line(sys.argv[1:])]
     main()

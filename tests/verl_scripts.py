@@ -11,6 +11,7 @@ is ``trainer/main.py algorithm=prime`` here).
 from __future__ import annotations
 
 import os
+import re
 
 GRPO = [
     "algorithm.adv_estimator=grpo", "data.train_files={train}", "data.val_files={val}", "data.train_batch_size=1024",
@@ -136,8 +137,8 @@ SCRIPTS = {"grpo": GRPO, "gae_seq_balance": GAE_SEQ_BALANCE, "reinforce_plus_plu
 # what this machine (no GPU, no vLLM) cannot run as written: the transformers engine instead of vLLM
 NO_VLLM = {"actor_rollout_ref.rollout.name": "hf"}
 
-# a CPU step with the tiny model: 2 worker processes, small batches, short sequences, one step
-CPU_STEP = {"trainer.n_gpus_per_node": "2", "trainer.nnodes": "1", "data.train_batch_size": "4",
+# a CPU step with the tiny model: one worker process, small batches, short sequences, one step
+CPU_STEP = {"trainer.n_gpus_per_node": "1", "trainer.nnodes": "1", "data.train_batch_size": "4",
             "actor_rollout_ref.actor.ppo_mini_batch_size": "4", "actor_rollout_ref.rollout.n": "2",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "4", "data.max_prompt_length": "16",
             "data.max_response_length": "4", "trainer.total_training_steps": "1", "trainer.logger": "[console]",
@@ -181,4 +182,96 @@ def script(name: str, assets: dict[str, str], *replacements: dict[str, str]) -> 
                 out[i] = f"{key}={value}"
             if not hits:
                 out.append(f"{key}={value}")
+    return out
+
+
+def composed(overrides: list[str]):
+    """``(prepared, unresolved, resolved, report)`` of a command line: the checked overrides
+    (:func:`trainer.overrides.prepare_overrides`), the composed config before interpolation (a dict), and the
+    resolved config with verl's keys handled (:func:`trainer.launch.resolve_config`) and its report."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from trainer.launch import resolve_config
+    from trainer.overrides import CONFIG_DIR, prepare_overrides
+    from trainer.verl_compat import Report
+
+    prepared = prepare_overrides(overrides)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("ppo_trainer", overrides=prepared.overrides)
+    unresolved = OmegaConf.to_container(cfg, resolve=False)
+    report = Report()
+    return prepared, unresolved, resolve_config(cfg, report), report
+
+
+_INTERP = re.compile(r"^\$\{([.\w]+)\}$")
+
+
+def interpolation_sources(unresolved: dict) -> dict[str, str]:
+    """``{key: source}`` for every leaf whose value is exactly ``${source}`` (absolute, or relative with leading
+    dots), so that a source counts as read when a key interpolating it is read."""
+    from trainer.verl_compat import leaves
+
+    out = {}
+    for key, value in leaves(unresolved):
+        m = _INTERP.match(value) if isinstance(value, str) else None
+        if not m:
+            continue
+        ref = m.group(1)
+        if ref.startswith("."):
+            dots = len(ref) - len(ref.lstrip("."))
+            base = key.split(".")[:-dots]
+            ref = ".".join(base + [ref.lstrip(".")])
+        out[key] = ref
+    return out
+
+
+# keys a run leaves unread because another setting switches their feature off (each covered by another script)
+CONDITIONAL = (
+    ("critic.", lambda c: not c["critic"]["enable"], "no critic: only GAE has one"),
+    ("actor_rollout_ref.actor.megatron.", lambda c: c["trainer"]["strategy"] != "megatron",
+     "trainer.strategy=deepspeed"),
+    ("actor_rollout_ref.model.tiny", lambda c: c["actor_rollout_ref"]["model"]["path"] is not None,
+     "a model folder is given (the tiny model's sizes are for path=null)"),
+    ("algorithm.kl_ctrl.", lambda c: not c["algorithm"]["use_kl_in_reward"], "no KL penalty in the reward"),
+    ("algorithm.kl_penalty", lambda c: not c["algorithm"]["use_kl_in_reward"], "no KL penalty in the reward"),
+    ("actor_rollout_ref.actor.kl_loss_type", lambda c: not c["actor_rollout_ref"]["actor"]["use_kl_loss"],
+     "no KL loss"),
+    ("actor_rollout_ref.ref.", lambda c: not (c["actor_rollout_ref"]["actor"]["use_kl_loss"]
+                                             or c["algorithm"]["use_kl_in_reward"]), "no reference model (no KL)"),
+    ("algorithm.norm_adv_by_std_in_grpo", lambda c: c["algorithm"]["adv_estimator"] not in ("grpo", "dr_grpo")
+     or c["algorithm"].get("use_prime"), "a setting of the GRPO estimators"),
+    ("algorithm.gamma", lambda c: bool(c["algorithm"].get("use_prime")), "PRIME's advantages have no discount"),
+    ("algorithm.lam", lambda c: bool(c["algorithm"].get("use_prime")), "PRIME's advantages have no GAE lambda"),
+    ("algorithm.kl_ctrl.horizon", lambda c: c["algorithm"]["kl_ctrl"]["type"] != "adaptive",
+     "a setting of the adaptive KL controller"),
+    ("algorithm.kl_ctrl.target_kl", lambda c: c["algorithm"]["kl_ctrl"]["type"] != "adaptive",
+     "a setting of the adaptive KL controller"),
+    ("data.name", lambda c: c["trainer"]["experiment_name"] != c["data"]["name"],
+     "data.name is only the default of trainer.experiment_name, which is set"),
+)
+
+
+def unread_keys(resolved: dict, unresolved: dict, reads: set[str]) -> list[str]:
+    """Leaves of ``resolved`` that no code read (``reads``: trainer.config_reads), after counting interpolation
+    sources of read keys as read and dropping the :data:`CONDITIONAL` keys whose condition holds."""
+    from trainer.overrides import FREE_FORM
+    from trainer.verl_compat import leaves
+
+    read = set(reads)
+    sources = interpolation_sources(unresolved)
+    changed = True
+    while changed:
+        changed = False
+        for key, src in sources.items():
+            if key in read and src not in read:
+                read.add(src)
+                changed = True
+    out = []
+    for key, _ in leaves(resolved):
+        if key in read or any(key.startswith(f + ".") and f in read for f in FREE_FORM):
+            continue
+        if any(key.startswith(prefix) and cond(resolved) for prefix, cond, _ in CONDITIONAL):
+            continue
+        out.append(key)
     return out

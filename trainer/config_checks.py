@@ -269,6 +269,11 @@ def _check_lr_schedules(cfg: dict) -> None:
 
 def _check_validation_keys(cfg: dict) -> None:
     t = cfg["trainer"]
+    actor_keep, critic_keep = t.get("max_actor_ckpt_to_keep"), t.get("max_critic_ckpt_to_keep")
+    if critic_keep is not None and critic_keep != actor_keep:
+        raise ConfigError(f"trainer.max_critic_ckpt_to_keep={critic_keep} differs from trainer.max_actor_ckpt_to_keep="
+                          f"{actor_keep}: a checkpoint is one global_step_N folder for every role, kept or pruned "
+                          "as a whole; set trainer.max_actor_ckpt_to_keep")
     _as_int(t.get("log_val_generations", 0), "trainer.log_val_generations", minimum=0)
     if t.get("val_only") and not cfg["data"].get("val_files") and cfg["data"].get("train_files") is not None:
         raise ConfigError("trainer.val_only=true needs held-out data: set data.val_files")

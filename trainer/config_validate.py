@@ -20,14 +20,14 @@ def overlong_kwargs(cfg: dict) -> dict:
         ConfigError: ``enable`` with ``len`` not in (0, data.max_response_length), or a negative penalty factor.
     """
     ob = cfg.get("reward_model", {}).get("overlong_buffer") or {}
+    buf = _as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")  # checked while off too (typos)
+    factor = _finite("reward_model.overlong_buffer.penalty_factor", ob.get("penalty_factor", 1.0))
     if not ob.get("enable"):
         return {}
     max_len = int(cfg["data"]["max_response_length"])
-    buf = _as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")
     if not 0 < buf < max_len:
         raise ConfigError(f"reward_model.overlong_buffer.len={buf}; with enable=true expected "
                           f"0 < len < data.max_response_length={max_len}")
-    factor = float(ob.get("penalty_factor", 1.0))
     if not factor >= 0:
         raise ConfigError(f"reward_model.overlong_buffer.penalty_factor={factor}; expected >= 0")
     return dict(overlong_buffer_len=buf, overlong_penalty_factor=factor, max_response_length=max_len)

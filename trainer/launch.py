@@ -170,14 +170,17 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     Raises:
         ConfigError: (without ``report``) a refused verl key; :class:`ConfigErrors` for several.
     """
-    from trainer.verl_compat import apply_verl_keys, engine_key_warnings
+    from trainer.verl_compat import apply_verl_keys, unused_setting_warnings
+
+    from trainer.config_reads import track_reads
 
     cfg = OmegaConf.to_container(hydra_cfg, resolve=True) if isinstance(hydra_cfg, DictConfig) else hydra_cfg
+    cfg = track_reads(cfg)  # records the keys read from here on, when DSRL_CONFIG_READS is set
     t = cfg["trainer"]
     if t.get("device", "auto") == "auto":
         t["device"] = detect_device()
     got = apply_verl_keys(cfg)
-    got.warnings += engine_key_warnings(cfg)
+    got.warnings += unused_setting_warnings(cfg)
     _expand_home_paths(cfg)
     mode, path = t.get("resume_mode"), t.get("resume_from_path")
     if mode == "resume_path":
@@ -350,9 +353,7 @@ def run(hydra_cfg: DictConfig) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "datasets", "filelock", "urllib3", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from trainer.config_reads import track_reads
-
-    cfg = track_reads(prestart(hydra_cfg))
+    cfg = prestart(hydra_cfg)
     prepare_embedded(cfg)
     from transformers import AutoConfig
 

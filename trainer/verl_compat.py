@@ -160,10 +160,8 @@ def _offload(ctx: _Context, key: str, value, target: str) -> None:
 
     stage = effective_zero_stage(ds)
     _set(ctx.cfg, target, True)
-    if target.endswith("offload_param"):
-        extra = "" if stage == 3 else f" (DeepSpeed offloads parameters with ZeRO-3 only, this run has ZeRO-{stage}: " \
-                                      "add deepspeed=zero3 or it has no effect)"
-    else:
+    extra = ""  # below ZeRO-3, unused_setting_warnings says that offload_param has no effect
+    if target.endswith("offload_optimizer"):
         extra = "" if stage >= 1 else " (ZeRO-Offload needs ZeRO stage >= 1: add deepspeed=zero2)"
         if ds.get("optimizer", "torch_adamw") == "torch_adamw":
             ds["optimizer"] = "deepspeed_adamw"
@@ -298,7 +296,9 @@ def apply_verl_keys(cfg: dict) -> Report:
     ``errors`` (one line each, naming key and value) say what to use instead. Entries are applied in table order,
     so that a rule may rely on the ones above it (the reference model's offload follows the actor's).
     """
-    found = {key: value for key, value in leaves(cfg) if match(key) is not None}
+    from trainer.config_reads import plain
+
+    found = {key: value for key, value in leaves(plain(cfg)) if match(key) is not None}  # a walk that reads nothing
     ctx = _Context(cfg, found)
     for key in found:
         _pop(cfg, key)
@@ -313,15 +313,30 @@ ENGINE_KEYS = {"vllm": {"tensor_model_parallel_size": 1, "gpu_memory_utilization
                "hf": {"static_cache": "auto", "max_batch_size": 256, "prompt_length_bucket": 64}}
 
 
-def engine_key_warnings(cfg: dict) -> list[str]:
-    """Warnings for rollout keys that the chosen engine does not use (set away from their defaults), and for
-    ``free_cache_engine=false`` (the engine always frees its KV cache: it sleeps while DeepSpeed trains)."""
+def unused_setting_warnings(cfg: dict) -> list[str]:
+    """Warnings for settings that this run's other choices leave without effect: rollout keys of the other engine
+    (set away from their defaults), ``free_cache_engine=false`` (the engine always frees its KV cache: it sleeps
+    while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, and a custom reward function's name without
+    its path."""
+    from trainer.workers.base import effective_zero_stage
+
     rc = _get(cfg, R) or {}
     out = []
+    ds = cfg.get("deepspeed") or {}
+    if ds.get("offload_param") and effective_zero_stage(ds) < 3:
+        out.append(f"deepspeed.offload_param=true: no effect: DeepSpeed offloads parameters with ZeRO-3 only, this run "
+                   f"has ZeRO-{effective_zero_stage(ds)} (add deepspeed=zero3)")
+    custom = _get(cfg, "reward_model.custom_reward_function") or {}
+    if not custom.get("path") and custom.get("name") not in (None, "compute_score"):
+        out.append(f"reward_model.custom_reward_function.name={custom['name']}: ignored without "
+                   "custom_reward_function.path (the file that defines it)")
     if rc.get("free_cache_engine", True) is not True:
         out.append(f"{R}.free_cache_engine={_fmt(rc['free_cache_engine'])}: ignored: the engine always frees its KV "
                    "cache after generation (it sleeps while DeepSpeed trains)")
     name = rc.get("name")
+    if name != "vllm" and rc.get("prompt_length") != _get(cfg, "data.max_prompt_length"):
+        out.append(f"{R}.prompt_length={_fmt(rc.get('prompt_length'))}: ignored: rollout.name={name} takes each "
+                   "batch's prompts as they are (data.max_prompt_length limits them); only vLLM sizes its context by it")
     for engine, keys in ENGINE_KEYS.items():
         if engine == name:
             continue

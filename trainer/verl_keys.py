@@ -60,7 +60,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "rule", "every role follows the one DeepSpeed setting (actor_rollout_ref.actor.fsdp_config.* or "
             "deepspeed.offload_param/offload_optimizer)", "same_offload"),
     VerlKey(f"{FSDP}.{{wrap_policy.**,min_num_params,fsdp_size,reshard_after_forward,forward_prefetch,offload_policy,"
-            "use_orig_params,strategy,seed,full_determinism,forward_only}", "ignore", NO_FSDP),
+            "use_orig_params,strategy,seed,full_determinism,forward_only,grad_offload}", "ignore", NO_FSDP),
     VerlKey(f"{FSDP}.{{model_dtype,dtype}}", "ignore",
             "precision follows deepspeed.bf16 (auto: bf16 with fp32 master weights on cuda, fp32 on cpu)"),
     VerlKey(f"{FSDP}.{{entropy_from_logits_with_chunking,entropy_checkpointing}}", "ignore", ENTROPY),
@@ -290,6 +290,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "generations are not dumped to files; trainer.log_val_generations logs validation samples, "
             "metrics.jsonl every step's metrics", ok=(None,)),
     VerlKey("trainer.use_legacy_worker_impl", "ignore", "there is one worker implementation"),
+    VerlKey("trainer.val_generations_to_log_to_wandb", "alias", "verl's old name of trainer.log_val_generations",
+            "trainer.log_val_generations"),
     VerlKey("trainer.remove_previous_ckpt_in_save", "refuse", "use trainer.max_actor_ckpt_to_keep",
             ok=(None, False)),
     VerlKey("{ray_init,ray_kwargs}.**", "ignore",

@@ -4,7 +4,8 @@ Two methods, with what each covers:
 
 * Static, every group option (this file): each name on the path of every leaf key must appear in the code
   (trainer/, rollout/, rewards/, patches/) as a string that is read: a subscript ``x["name"]``, the key of
-  ``.get/.pop/.setdefault("name")``, ``getattr(x, "name")`` (and the code's accessors), ``"name" in x``, or a tuple/list of names the code loops over. Keys inside a
+  ``.get/.pop/.setdefault("name")``, ``getattr(x, "name")`` (and the code's accessors), ``"name" in x``, or a
+  tuple/list of names the code loops over. Keys inside a
   free-form dict (``trainer.overrides.FREE_FORM``) count through that dict. This finds a key that nothing reads
   anywhere (``trainer.total_epochs``, ``reward_model.reward_manager``, ``trainer.ray_timeout_s`` were such keys);
   it cannot tell a key from another of the same name (``enable``, ``path``).

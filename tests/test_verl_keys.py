@@ -67,7 +67,8 @@ def _value(key: str):
     entry = match(key)
     if entry.ok:
         return entry.ok[0]
-    return {"strategy": "fsdp", "warmup_style": "cosine", "rollout_is": "token", "max_resp_len": None}.get(entry.target, 1)
+    rules = {"strategy": "fsdp", "warmup_style": "cosine", "rollout_is": "token", "max_resp_len": None}
+    return rules.get(entry.target, 1)
 
 
 def _hydra_value(v) -> str:
@@ -127,7 +128,8 @@ def test_fsdp_offload_maps_onto_deepspeed_with_a_warning():
     assert "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1: ignored: FSDP-only" in text
     assert "wrap_policy.min_num_params=0: ignored: FSDP-only" in text
     assert report.errors == [] and len(report.warnings) == 4  # the reference follows the actor: a note only
-    assert report.notes == ["actor_rollout_ref.ref.fsdp_config.param_offload=true: follows deepspeed.offload_param=true"]
+    assert report.notes == ["actor_rollout_ref.ref.fsdp_config.param_offload=true: follows "
+                            "deepspeed.offload_param=true"]
 
 
 def test_offload_on_cpu_has_no_effect_and_says_so():
@@ -157,14 +159,14 @@ def test_vllm_engine_keys_are_passed_to_vllm_llm():
 
 
 def test_vllm_worker_passes_the_collected_arguments_and_override_config():
-    from trainer.workers.actor import ActorRolloutRefWorker
+    from trainer.workers.actor import vllm_kwargs
 
-    w = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
-    w.rollout_cfg = {"prompt_length": 8, "response_length": 4,
-                     "engine_kwargs": {"vllm": {"enable_chunked_prefill": True, "max_model_len": 64}}}
-    w.config = {"actor_rollout_ref": {"model": {"override_config": {"rope_theta": 1e6}}}}
-    assert w._vllm_kwargs() == {"max_model_len": 64, "enable_chunked_prefill": True,
-                                "hf_overrides": {"rope_theta": 1e6}}
+    rc = {"prompt_length": 8, "response_length": 4,
+          "engine_kwargs": {"vllm": {"enable_chunked_prefill": True, "max_model_len": 64}}}
+    config = {"actor_rollout_ref": {"model": {"override_config": {"rope_theta": 1e6}}}}
+    assert vllm_kwargs(rc, config) == {"max_model_len": 64, "enable_chunked_prefill": True,
+                                       "hf_overrides": {"rope_theta": 1e6}}
+    assert vllm_kwargs({"prompt_length": 8, "response_length": 4}, {}) == {"max_model_len": 12}
 
 
 def test_dapo_reward_keys_of_reward_kwargs_map_onto_overlong_buffer():
@@ -187,7 +189,8 @@ def test_dapo_reward_keys_of_reward_kwargs_map_onto_overlong_buffer():
 def test_refused_keys_say_what_to_use_instead():
     cfg = _cfg(actor_rollout_ref__model__lora_rank=8, reward_model__enable=True, actor_rollout_ref__actor__strategy="x")
     errors = apply_verl_keys(cfg).errors
-    assert errors == ["actor_rollout_ref.actor.strategy=x: expected fsdp, fsdp2 or megatron (fsdp: DeepSpeed ZeRO here)",
+    assert errors == ["actor_rollout_ref.actor.strategy=x: expected fsdp, fsdp2 or megatron (fsdp: DeepSpeed ZeRO "
+                      "here)",
                       "actor_rollout_ref.model.lora_rank=8: not supported: LoRA is not supported (full fine-tuning "
                       "only)",
                       "reward_model.enable=true: model-based reward models are not supported: rewards come from rule "
@@ -205,7 +208,8 @@ def test_command_line_errors_come_all_at_once():
                          "reward_model.model.beta_train=0.1", "actor_rollout_ref.actor.optim.learning_rate=1"])
     lines = exc.value.messages
     assert len(lines) == 5, lines
-    assert lines[0].startswith("unknown option algorithm=nope: expected one of [")
+    assert lines[0].startswith("unknown option algorithm=nope (configs/algorithm/nope.yaml does not exist): "
+                               "expected one of [")
     assert "actor_rollout_ref.model.lora_rank=8: not supported" in lines[1]
     assert any(line.startswith("unknown config key 'trainer.save_frq'") and "did you mean 'trainer.save_freq'" in line
                for line in lines)
@@ -221,7 +225,8 @@ def test_entry_point_prints_every_config_error_before_any_worker(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 5, proc.stderr[-3000:]
-    for needle in ("trainer.save_frq", "lora_rank=8", "data.train_batch_size=7", "clip_ratio_c=0.5", "/no/such.parquet"):
+    for needle in ("trainer.save_frq", "lora_rank=8", "data.train_batch_size=7", "clip_ratio_c=0.5",
+                   "/no/such.parquet"):
         assert any(needle in e for e in errors), (needle, errors)
     assert not os.path.exists(tmp_path / "data")
 
@@ -238,7 +243,8 @@ def test_verl_habits_become_group_choices():
 def test_resume_path_mode_reads_resume_from_path(tmp_path):
     from tests.verl_scripts import composed
 
-    _, _, cfg, report = composed(["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path}/global_step_2"])
+    _, _, cfg, report = composed(["trainer.resume_mode=resume_path",
+                                  f"trainer.resume_from_path={tmp_path}/global_step_2"])
     assert report.errors == [] and cfg["trainer"]["resume_mode"] == f"{tmp_path}/global_step_2"
     _, _, _, report = composed(["trainer.resume_mode=resume_path"])
     assert report.errors == ["trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>"]

@@ -144,7 +144,8 @@ CPU_STEP = {"trainer.n_gpus_per_node": "1", "trainer.nnodes": "1", "data.train_b
             "data.max_response_length": "4", "trainer.total_training_steps": "1", "trainer.logger": "[console]",
             "trainer.test_freq": "-1", "trainer.val_before_train": "false", "trainer.save_freq": "-1",
             "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "1",
-            "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "1", "actor_rollout_ref.rollout.tensor_model_parallel_size": "1",
+            "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "1",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": "1",
             "actor_rollout_ref.model.enable_gradient_checkpointing": "false", "trainer.export_hf_on_end": "false"}
 
 

@@ -116,7 +116,8 @@ def _group_overrides(parsed, groups: dict, out: PreparedOverrides) -> tuple[list
         key, line = o.key_or_group, o.input_line
         if key in groups and not o.is_sweep_override():
             if not o.is_delete() and o.value() not in groups[key]:
-                out.errors.append(f"unknown option {key}={o.value()}: expected one of {groups[key]} (configs/{key}/)")
+                out.errors.append(f"unknown option {key}={o.value()} (configs/{key}/{o.value()}.yaml does not "
+                                  f"exist): expected one of {groups[key]}")
             else:
                 selections.append(line)
         elif key == "actor_rollout_ref.rollout.name" and "rollout" not in chosen and not o.is_sweep_override() \

@@ -161,7 +161,7 @@ class RayPPOTrainer:
             pad_id = self.tokenizer.pad_token_id
             batch, rews = collect_informative_groups(
                 batch, lambda: self.loader.next_batch()[0], lambda p, k: self._generate_and_score(p, k, timing),
-                want_groups=int(self.cfg["data"]["train_batch_size"]), n=self.n, metric=str(fg.get("metric", "acc")),
+                want_groups=int((self.cfg.get("data") or {}).get("train_batch_size", len(batch))), n=self.n, metric=str(fg.get("metric", "acc")),
                 max_num_gen_batches=int(fg.get("max_num_gen_batches", 10) or 0),  # 10: the config default
                 pad_token_id=self.tokenizer.eos_token_id if pad_id is None else pad_id, metrics=metrics,
                 no_cap_limit=len(self.loader))

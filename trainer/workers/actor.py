@@ -65,22 +65,10 @@ class ActorRolloutRefWorker(DistributedWorker):
                 tensor_model_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
                 gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
                 dtype="bfloat16" if self.param_dtype() == torch.bfloat16 else "float32",
-                seed=int(self.config["trainer"]["seed"]) + self.rank, **self._vllm_kwargs())
+                seed=int(self.config["trainer"]["seed"]) + self.rank, **vllm_kwargs(rc, self.config))
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
         self.engine.sleep(level=int(rc.get("sleep_level", 1)))
-
-    def _vllm_kwargs(self) -> dict:
-        """Further ``vllm.LLM`` arguments: ``max_model_len`` (prompt + response unless set), verl's engine keys
-        collected in ``rollout.engine_kwargs.vllm`` (trainer.verl_compat) and the model's ``override_config`` as
-        vLLM's ``hf_overrides``."""
-        rc = self.rollout_cfg
-        kwargs = {"max_model_len": int(rc["prompt_length"]) + int(rc["response_length"]),
-                  **dict((rc.get("engine_kwargs") or {}).get("vllm") or {})}
-        override = self.config["actor_rollout_ref"]["model"].get("override_config")
-        if override:
-            kwargs["hf_overrides"] = {**dict(override), **dict(kwargs.get("hf_overrides") or {})}
-        return kwargs
 
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
@@ -201,3 +189,15 @@ class ActorRolloutRefWorker(DistributedWorker):
         eng = {n: float(p.double().sum()) for n, p in engine_model.named_parameters()} if engine_model is not None else {}
         return {"actor": actor, "engine": eng}
 
+
+def vllm_kwargs(rollout_cfg: dict, config: dict) -> dict:
+    """Further ``vllm.LLM`` arguments: ``max_model_len`` (prompt + response unless set), verl's engine keys collected
+    in ``rollout.engine_kwargs.vllm`` (trainer.verl_compat) and the model's ``override_config`` as vLLM's
+    ``hf_overrides``."""
+    rc = rollout_cfg
+    kwargs = {"max_model_len": int(rc["prompt_length"]) + int(rc["response_length"]),
+              **dict((rc.get("engine_kwargs") or {}).get("vllm") or {})}
+    override = ((config.get("actor_rollout_ref") or {}).get("model") or {}).get("override_config")
+    if override:
+        kwargs["hf_overrides"] = {**dict(override), **dict(kwargs.get("hf_overrides") or {})}
+    return kwargs

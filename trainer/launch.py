@@ -264,9 +264,8 @@ def plan_run_length(cfg: dict, batches_per_epoch: int, one_batch_per_step: bool 
         if int(optim.get("lr_warmup_steps", 0) or 0) < 0:
             optim["lr_warmup_steps"] = int(float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0)
                                            * int(optim["total_training_steps"]))
-    logger.info("run length: %d steps (%s; the data of trainer.total_epochs=%d epochs hold %d x %d batches)", total,
-                "as set by trainer.total_training_steps" if set_steps else "trainer.total_epochs x batches per epoch",
-                epochs, epochs, batches_per_epoch)
+    logger.info("run length: %d steps (%strainer.total_epochs=%d x %d batches per epoch)", total,
+                "trainer.total_training_steps; the data: " if set_steps else "", epochs, batches_per_epoch)
     return total
 
 

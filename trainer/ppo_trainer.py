@@ -302,7 +302,6 @@ class RayPPOTrainer:
                         metrics = self.train_step(batch, timing)
                     except DataExhausted:  # dynamic sampling drew past the last epoch: verl's loop ends here too
                         self.global_step -= 1
-                        self.stop_reason = f" (the {t.get('total_epochs')} epochs of data of trainer.total_epochs ran out)"
                         break
                     self._check_skipped(metrics)
                     is_last = self.global_step == total
@@ -323,8 +322,8 @@ class RayPPOTrainer:
                 last = metrics
             if self._stop_requested:
                 self.stop_reason = " (stopped early by SIGTERM)"
-            elif self.global_step < int(t["total_training_steps"]) and not self.stop_reason:
-                self.stop_reason = f" (the {t.get('total_epochs')} epochs of data of trainer.total_epochs ran out)"
+            elif self.global_step < int(t["total_training_steps"]):
+                self.stop_reason = f" (trainer.total_epochs={t.get('total_epochs')} epochs of data used up)"
             if self._stop_requested and int(t.get("save_freq", -1)) > 0:
                 logger.warning("SIGTERM: saving step %d before exiting", self.global_step)
                 self.save_checkpoint()

@@ -240,6 +240,21 @@ def test_verl_habits_become_group_choices():
     assert prepared.overrides.count("rollout=hf") == 1 and "model=hf" not in prepared.overrides
 
 
+def test_added_keys_pass_only_when_something_reads_them(tmp_path):
+    from tests.verl_scripts import composed
+
+    errors = prepare_overrides(["+trainer.my_new_key=1"]).errors
+    assert errors == ["unknown config key 'trainer.my_new_key': it is not in configs/ppo_trainer.yaml or its groups, "
+                      "nor one of verl's keys (check the spelling)"]
+    # verl's scripts add the DAPO reward keys with '+'; free-form dicts take any key
+    _, _, cfg, report = composed(["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                                  "+reward_model.reward_kwargs.overlong_buffer_cfg.len=1",
+                                  "+reward_model.scorer_kwargs.format_score=0.2", f"trainer.output_dir={tmp_path}"])
+    assert report.errors == [] and cfg["reward_model"]["overlong_buffer"]["enable"] is True
+    assert cfg["reward_model"]["overlong_buffer"]["len"] == 1 and cfg["reward_model"]["scorer_kwargs"] == {
+        "format_score": 0.2}
+
+
 def test_resume_path_mode_reads_resume_from_path(tmp_path):
     from tests.verl_scripts import composed
 

@@ -45,6 +45,21 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
+def auto_attn_implementation(model_config, on_cuda: bool) -> str:
+    """``attn_implementation="auto"``: ``"sdpa_gqa"`` on CUDA and ``"sdpa"`` elsewhere when the model class
+    supports SDPA (``_supports_sdpa``), else ``"eager"`` (e.g. Gemma-2, whose soft-capped attention has no
+    SDPA path in transformers)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        cls = AutoModelForCausalLM._model_mapping[type(model_config)]
+    except KeyError:
+        return "eager"
+    if not getattr(cls, "_supports_sdpa", False):
+        return "eager"
+    return "sdpa_gqa" if on_cuda else "sdpa"
+
+
 class HFRolloutEngine(RolloutEngine):
     """Generation engine on ``transformers.GenerationMixin.generate``.
 
@@ -61,7 +76,8 @@ class HFRolloutEngine(RolloutEngine):
         prompt_len_multiple: prompts are left-padded to a multiple of this (length bucket).
         cache_len_multiple: static cache length is rounded up to a multiple of this.
         attn_implementation: attention backend of the inference copy: ``"auto"`` (default: ``"sdpa_gqa"`` on
-            CUDA, ``"sdpa"`` elsewhere), ``"sdpa"`` (transformers' own), or ``"sdpa_gqa"``
+            CUDA, ``"sdpa"`` elsewhere, ``"eager"`` for a model without SDPA support; see
+            :func:`auto_attn_implementation`), ``"sdpa"`` (transformers' own), or ``"sdpa_gqa"``
             (:func:`sdpa_gqa_attention_forward`: grouped-query attention inside SDPA even with a padding mask,
             instead of copying the K/V cache once per query head group; 3.0x the tokens/s of ``"sdpa"`` for
             SmolLM2-135M on an H200, 512 rows x 512 new tokens, docs/benchmarks.md); any other name transformers
@@ -97,7 +113,7 @@ class HFRolloutEngine(RolloutEngine):
         self.pad_id = int(pad_token_id) if pad_token_id is not None else self.eos_ids[0]
 
         if attn_implementation == "auto":
-            attn_implementation = "sdpa_gqa" if on_cuda else "sdpa"
+            attn_implementation = auto_attn_implementation(model_config, on_cuda)
         self.attn_implementation = attn_implementation
         if attn_implementation == "sdpa_gqa":
             register_sdpa_gqa()
@@ -110,9 +126,15 @@ class HFRolloutEngine(RolloutEngine):
         self._awake = True
 
     @classmethod
-    def from_tokenizer(cls, model_config, tokenizer, **kwargs) -> "HFRolloutEngine":
-        """Build with EOS/pad ids read from a HF tokenizer (pad falls back to EOS when the tokenizer has none)."""
-        return cls(model_config, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
+    def from_tokenizer(cls, model_config, tokenizer, model_path: str | None = None,
+                       stop_token_ids: Sequence[int] | None = None, **kwargs) -> "HFRolloutEngine":
+        """Build with the stop ids of :func:`rollout.stop_tokens.resolve_stop_token_ids` (the tokenizer's EOS, the
+        model config's and ``generation_config.json``'s ``eos_token_id``, the chat template's end-of-turn token,
+        ``stop_token_ids``) and the tokenizer's pad id (falling back to the first stop id)."""
+        from rollout.stop_tokens import resolve_stop_token_ids
+
+        stops = resolve_stop_token_ids(tokenizer, model_config, model_path, extra=stop_token_ids)
+        return cls(model_config, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id, **kwargs)
 
     # ---- weights / memory ------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -28,7 +28,8 @@ class VLLMRolloutEngine(RolloutEngine):
 
     Args:
         model_path: HF folder of the actor (config + tokenizer; weights may be dummy, they are synced).
-        eos_token_id: EOS id(s) used as stop tokens besides ``SamplingConfig.stop_token_ids``.
+        eos_token_id: stop id(s) of every call (the set of :func:`rollout.stop_tokens.resolve_stop_token_ids`),
+            passed to vLLM as ``stop_token_ids`` besides ``SamplingConfig.stop_token_ids``.
         pad_token_id: response filler (falls back to the first EOS id).
         tensor_model_parallel_size: vLLM TP size (``rollout.tensor_model_parallel_size``).
         gpu_memory_utilization, dtype, max_model_len, seed, enforce_eager, load_format: passed to ``vllm.LLM``.
@@ -95,7 +96,8 @@ class VLLMRolloutEngine(RolloutEngine):
             n=sampling.n, temperature=0.0 if greedy else float(sampling.temperature),
             top_p=1.0 if greedy else float(sampling.top_p),
             top_k=-1 if greedy or sampling.top_k <= 0 else int(sampling.top_k),
-            max_tokens=sampling.max_new_tokens, logprobs=0, stop_token_ids=list(sampling.stop_token_ids),
+            max_tokens=sampling.max_new_tokens, logprobs=0,
+            stop_token_ids=list(dict.fromkeys(self.eos_ids + sampling.stop_token_ids)),
             seed=sampling.seed)
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:

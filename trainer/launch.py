@@ -325,6 +325,14 @@ def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
     if tokenizer.eos_token_id is None:
         raise ConfigError(f"the tokenizer of {cfg['actor_rollout_ref']['model']['path']!r} has no EOS token; "
                           "set one in its tokenizer_config.json")
+    from rollout.stop_tokens import resolve_stop_token_ids
+
+    try:  # the set every engine stops at (the workers resolve it the same way)
+        stops = resolve_stop_token_ids(tokenizer, hf_config, cfg["actor_rollout_ref"]["model"]["path"],
+                                       extra=cfg["actor_rollout_ref"]["rollout"].get("stop_token_ids"))
+    except ValueError as exc:
+        raise ConfigError(f"actor_rollout_ref.rollout.stop_token_ids: {exc}") from None
+    logger.info("responses end at token ids %s (%s)", stops, tokenizer.convert_ids_to_tokens(stops))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # pad falls back to EOS (SmolLM2 has no pad token)
 

@@ -50,6 +50,7 @@ class RayPPOTrainer:
         self.need_ref = bool(config["actor_rollout_ref"]["actor"]["use_kl_loss"] or self.algo["use_kl_in_reward"])
         self.n = int(config["actor_rollout_ref"]["rollout"]["n"])
         self.global_step = 0
+        self.stop_token_ids = [tokenizer.eos_token_id]  # replaced by the rollout engine's set in init_workers
         self._stop_requested = False
         from trainer import core_algos
 
@@ -62,7 +63,7 @@ class RayPPOTrainer:
         from trainer.prime import PrimeController, prime_enabled
 
         if prime_enabled(config):
-            self.prime = PrimeController(config, self.world, eos_token_id=tokenizer.eos_token_id)
+            self.prime = PrimeController(config, self.world, stop_token_ids=self.stop_token_ids)
             self.loader = self.prime.oversampled_loader(self.loader)
 
     # ---- workers --------------------------------------------------------------------------------------------
@@ -88,6 +89,9 @@ class RayPPOTrainer:
             self.critic_wg = WorkerGroup(CriticWorker, "critic", self.pg, self.world, self.cfg, self.device, cpus,
                                          share=share, sp_size=int(self.cfg["critic"]["ulysses_sequence_parallel_size"]))
         info = self.actor_wg.run_all("init_model")[0]
+        self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
+        if self.prime is not None:
+            self.prime.stop_token_ids = self.stop_token_ids
         if self.critic_wg is not None:
             self.critic_wg.run_all("init_model")
         if self.prime is not None:  # [PRIME]

@@ -40,28 +40,34 @@ class ActorRolloutRefWorker(DistributedWorker):
             self.ref = ModelRole.build(self, arr["model"], sp=int(arr["ref"]["ulysses_sequence_parallel_size"]),
                                        train=False)
         self._build_rollout()
-        return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id}
+        return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id,
+                "stop_token_ids": list(self.stop_token_ids)}
 
     # ---- rollout -------------------------------------------------------------------------------------------
     def _build_rollout(self) -> None:
+        from rollout.stop_tokens import resolve_stop_token_ids
+
         rc = self.rollout_cfg
         tok = self.tokenizer
-        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.stop_token_ids = resolve_stop_token_ids(tok, self.actor.hf_config, self.actor.model_path,
+                                                     extra=rc.get("stop_token_ids"))
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.stop_token_ids[0]
         if rc["name"] == "hf":
             from rollout.hf_engine import HFRolloutEngine
 
             static = rc.get("static_cache", "auto")
             static = (self.device_type == "cuda") if static == "auto" else bool(static)
-            self.engine = HFRolloutEngine.from_tokenizer(self.actor.hf_config, tok, device=self.device,
-                                                         dtype=self.param_dtype(), use_static_cache=static,
-                                                         max_batch_size=int(rc.get("max_batch_size", 256)),
-                                                         prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)),
-                                                         attn_implementation=str(rc.get("attn_implementation", "auto")))
+            self.engine = HFRolloutEngine(self.actor.hf_config, eos_token_id=self.stop_token_ids,
+                                          pad_token_id=self.pad_token_id, device=self.device,
+                                          dtype=self.param_dtype(), use_static_cache=static,
+                                          max_batch_size=int(rc.get("max_batch_size", 256)),
+                                          prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)),
+                                          attn_implementation=str(rc.get("attn_implementation", "auto")))
         elif rc["name"] == "vllm":
             from rollout.vllm_engine import VLLMRolloutEngine
 
             self.engine = VLLMRolloutEngine(
-                self.actor.model_path, eos_token_id=tok.eos_token_id, pad_token_id=self.pad_token_id,
+                self.actor.model_path, eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id,
                 tensor_model_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
                 gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
                 dtype="bfloat16" if self.param_dtype() == torch.bfloat16 else "float32",

@@ -86,7 +86,8 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
     def init_model(self) -> dict:
         """Build the process groups, the actor (+ optimizer), the reference model and the rollout engine.
 
-        Returns: ``{"num_params": <HF parameter count>, "pad_token_id": int}`` (as the DeepSpeed worker).
+        Returns: ``{"num_params": <HF parameter count>, "pad_token_id": int, "stop_token_ids": list[int]}`` (as the
+        DeepSpeed worker).
         Raises:
             ValueError: pipeline or context parallel size > 1; sizes that do not divide the model or world.
         """
@@ -123,7 +124,7 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         del hf_state
         self._build_rollout()
         self.attach_checkpointing(self.actor)
-        return {"num_params": n_params, "pad_token_id": self.pad_token_id}
+        return {"num_params": n_params, "pad_token_id": self.pad_token_id, "stop_token_ids": list(self.stop_token_ids)}
 
     def _build_role(self, hf_config, hf_state: dict, path: str, train: bool) -> ModelRole:
         from megatron.core import parallel_state as ps

@@ -76,7 +76,7 @@ def sync_weights(engine: RolloutEngine, named_params: Iterable, bucket_bytes: in
 @contextlib.contextmanager
 def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable], bucket_bytes: int,
                  offload_fn: Callable[[], None] | None = None, reload_fn: Callable[[], None] | None = None,
-                 sleep_level: int = 1):
+                 sleep_level: int = 1, memory_log: dict | None = None):
     """Context in which ``engine`` holds the actor's current weights and may generate.
 
     Args:
@@ -87,24 +87,34 @@ def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable],
         offload_fn: optional, called first on entry (e.g. ``lambda: offload_optimizer_states(ds_engine)``).
         reload_fn: optional, called last on exit (e.g. ``lambda: reload_optimizer_states(ds_engine)``).
         sleep_level: 1 keeps weights in CPU memory, 2 discards them (they are overwritten by the next sync).
+        memory_log: optional dict that receives the GPU memory in use (GiB, every allocator of the process, from
+            ``cudaMemGetInfo``) after each stage: ``before_wake``, ``weights_awake``, ``weights_synced``,
+            ``kv_awake``, ``generated``, ``asleep`` (nothing is recorded without CUDA).
 
     Yields:
         the engine. On exit (also on error) the engine is put to sleep and the cache emptied.
     """
+    log = (lambda stage: memory.record_device_used(memory_log, stage)) if memory_log is not None else (lambda s: None)
     if offload_fn is not None:
         offload_fn()
     memory.empty_cache()
+    log("before_wake")
     engine.wake_up(tags=["weights"])
+    log("weights_awake")
     try:
         params = named_params_fn()
         sync_weights(engine, params, bucket_bytes)
         del params
         memory.empty_cache()
+        log("weights_synced")
         engine.wake_up(tags=["kv_cache"])
+        log("kv_awake")
         yield engine
+        log("generated")
     finally:
         engine.sleep(level=sleep_level)
         memory.empty_cache()
+        log("asleep")
         if reload_fn is not None:
             reload_fn()
 

@@ -135,3 +135,15 @@ def check_megatron_model(cfg: dict, hf: dict) -> None:
             model_shape(hf, tp, 1)
         except ValueError as exc:
             raise ConfigError(f"trainer.strategy=megatron: {exc}") from None
+
+
+def check_rollout_correction(cfg: dict) -> None:
+    """``algorithm.rollout_correction`` (:class:`trainer.algos.rollout_correction.RolloutCorrection`) is valid.
+
+    Raises: ConfigError naming the key."""
+    from trainer.algos.rollout_correction import RolloutCorrection
+
+    try:
+        RolloutCorrection.from_config(cfg["algorithm"].get("rollout_correction"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -14,7 +14,7 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config_checks import (ConfigError, _as_int, check_megatron, check_megatron_model,  # noqa: F401
-                                   check_resume_checkpoint)
+                                   check_resume_checkpoint, check_rollout_correction)
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,8 @@ RENAMED_KEYS = {
     "actor_rollout_ref.actor.clip_ratio_lower": "actor_rollout_ref.actor.clip_ratio_low",
     "trainer.remove_previous_ckpt_in_save": "trainer.max_actor_ckpt_to_keep",
     "actor_rollout_ref.actor.fsdp_config": "deepspeed (ZeRO settings live in the deepspeed group)",
+    "algorithm.rollout_correction.tis_threshold": "algorithm.rollout_correction.rollout_is_threshold (with "
+                                                  "algorithm.rollout_correction.rollout_is=token)",
 }
 
 
@@ -278,6 +280,7 @@ def validate(cfg: dict) -> None:
         if attn not in known:
             raise ConfigError(f"actor_rollout_ref.rollout.attn_implementation={attn!r}; expected auto, sdpa, sdpa_gqa, "
                               f"eager or one of transformers' {known}")
+    check_rollout_correction(cfg)
     if int(cfg["deepspeed"]["zero_stage"]) not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.zero_stage={cfg['deepspeed']['zero_stage']}; expected 0, 1, 2 or 3")
     strategy = t.get("strategy", "deepspeed")

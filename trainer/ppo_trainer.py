@@ -238,18 +238,16 @@ class RayPPOTrainer:
         return {}
 
     def _rollout_gap(self, batch: DataProto, metrics: dict) -> None:
-        """Gap between the engine's log-probs and the trainer's recomputed ones; optional truncated IS."""
-        m = batch["response_mask"].bool()
-        if not m.any():
-            return
-        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[m]
-        metrics["rollout/log_prob_diff_mean"] = float(diff.mean())
-        metrics["rollout/log_prob_diff_max"] = float(diff.max())
-        tis = (self.algo.get("rollout_correction") or {}).get("tis_threshold")
-        if tis:
-            w = torch.exp(batch["old_log_probs"] - batch["rollout_log_probs"]).clamp(max=float(tis))
-            batch["rollout_is_weights"] = torch.where(m, w, torch.zeros_like(w))
-            metrics["rollout/is_weight_mean"] = float(w[m].mean())
+        """Gap between the engine's log-probs and the trainer's recomputed ones; the rollout-correction stage
+        (``trainer.algos.rollout_correction``) sets ``rollout_is_weights`` when it is on."""
+        from trainer.algos.rollout_correction import RolloutCorrection, log_prob_gap_metrics, rollout_is_weights
+
+        args = (batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
+        metrics.update(log_prob_gap_metrics(*args))
+        spec = RolloutCorrection.from_config(self.algo.get("rollout_correction"))
+        if spec.enabled:
+            batch["rollout_is_weights"], m = rollout_is_weights(*args, spec)
+            metrics.update(m)
 
     # ---- validation -------------------------------------------------------------------------------------------
     def validate(self) -> dict:

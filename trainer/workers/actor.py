@@ -91,9 +91,10 @@ class ActorRolloutRefWorker(DistributedWorker):
                               top_k=int(src["top_k"]), max_new_tokens=int(rc["response_length"]),
                               do_sample=bool(src["do_sample"]), seed=seed)
 
-    def _rollout_context(self, validate: bool):
+    def _rollout_context(self, validate: bool, memory_log: dict | None = None):
         """``rollout.context.rollout_mode`` with this worker's weight source (ZeRO-gathered actor parameters);
-        the Megatron worker overrides it with TP-gathered HF tensors."""
+        the Megatron worker overrides it with TP-gathered HF tensors. ``memory_log`` receives the GPU memory in
+        use after each wake/sleep stage (see ``rollout_mode``)."""
         from rollout.context import iter_actor_params, offload_optimizer_states, reload_optimizer_states, rollout_mode
 
         rc = self.rollout_cfg
@@ -104,7 +105,7 @@ class ActorRolloutRefWorker(DistributedWorker):
         return rollout_mode(self.engine, lambda: iter_actor_params(module, stage, bucket), bucket,
                             offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
                             reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
-                            sleep_level=int(rc.get("sleep_level", 1)))
+                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log)
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -122,12 +123,14 @@ class ActorRolloutRefWorker(DistributedWorker):
         ids, mask = prompts["input_ids"], prompts["attention_mask"]
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         reset_peak_memory(self.device)
-        with self._rollout_context(validate):
+        stages: dict[str, float] = {}
+        with self._rollout_context(validate, memory_log=stages):
             perf = {}
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
                 perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
             out = self.engine.generate(prompt_lists, sampling)
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
+        perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
         n = sampling.n
         rep = prompts.repeat(n, interleave=True)
         responses = out.responses.to(torch.long)

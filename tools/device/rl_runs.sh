@@ -173,6 +173,14 @@ for spec in $RUNS; do
       RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
         trainer.val_also_greedy=true trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 $own $more ;;
     offload) offload "$gpu" ;;
+    # the same GSM8K job with each engine (rollout=hf | rollout=vllm) and each algorithm, truncated importance
+    # sampling on in both (its weights and the engine/trainer log-prob gap are logged); vLLM takes 0.15 of the GPU
+    hf_grpo|vllm_grpo|hf_gae|vllm_gae|hf_prime|vllm_prime)
+      eng=${name%%_*} alg=${name#*_} own=""
+      [ "$eng" = vllm ] && own="actor_rollout_ref.rollout.gpu_memory_utilization=${VLLM_UTIL:-0.15}"
+      [ "$alg" = prime ] && own="$own data.oversample_factor=${PRIME_OVERSAMPLE:-2.0}"
+      launch "$name" "$gpu" "$T_LONG" $GSM rollout=$eng algorithm=$alg algorithm.rollout_correction.rollout_is=token \
+        trainer.val_before_train=false trainer.test_freq=-1 $own ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
 done

@@ -143,8 +143,10 @@ def main(argv=None) -> None:
         try:
             with open(part) as f:
                 results["modes"][mode] = json.load(f)
-        except (OSError, ValueError):
-            results["modes"][mode] = {"mode": mode, "error": f"exit {proc.returncode}: {proc.stderr[-400:]}"}
+        except (OSError, ValueError):  # the process died (vLLM's allocator may abort instead of raising)
+            err = [ln for ln in proc.stderr.splitlines() if "rror" in ln]
+            results["modes"][mode] = {"mode": mode, "error": f"exit {proc.returncode}: {(err or [''])[-1][:300]}",
+                                      "stdout_tail": proc.stdout[-1500:], "stderr_tail": proc.stderr[-1500:]}
     print(f"\n{'mode':12s} {'median step s':>14s}  error")
     for mode, r in results["modes"].items():
         med = f"{r['median_step_s']:.3f}" if "median_step_s" in r else "-"

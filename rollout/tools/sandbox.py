@@ -17,7 +17,9 @@ level          what the code runs under                                     ``op
                system libraries only, per-call unprivileged uid, no         project, ``/root``, ``/home`` and ``/proc``
                network interfaces but a down loopback.                      are not there either.
 ``userns``     non-root trainer with unprivileged user namespaces: the      ``FileNotFoundError``, as above.
-               same, as uid 1000 inside a new user namespace.
+               same, as uid 1000 inside a new user namespace (the kernel
+               exempts a root trainer's namespaces from ``RLIMIT_NPROC``;
+               the PID namespace still ends a fork bomb at the timeout).
 ``uid``        root trainer without namespaces: per-call unprivileged       The host's file: world-readable files
                uid, working directory on the host, sockets blocked in       (``/etc/passwd``, a project checkout with
                Python only (``ctypes`` gets around that).                   mode 644) stay readable. Not acceptable

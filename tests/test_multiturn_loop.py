@@ -228,3 +228,45 @@ def test_template_without_chat_template_is_refused():
     tk.chat_template = None
     with pytest.raises(ValueError, match="has no chat_template"):
         ToolChatTemplate(tk)
+
+
+def test_vllm_engine_runs_the_same_loop():
+    """The loop through :class:`VLLMRolloutEngine` (its real ``generate``, with a fake ``vllm.LLM`` that answers
+    from the same script) gives the same trajectories as the scripted engine."""
+    import types
+
+    from rollout.vllm_engine import VLLMRolloutEngine
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            self.params = []
+
+        def sleep(self, level):
+            pass
+
+        def generate(self, prompts, params, use_tqdm=False):
+            self.params.append(params)
+            outs = []
+            for p in prompts:
+                ctx = TK.decode(p["prompt_token_ids"], skip_special_tokens=False)
+                comps = []
+                for k in range(params.n):
+                    ids = TK.encode(counting_script(ctx, k), add_special_tokens=False)[:params.max_tokens]
+                    lps = [{t: types.SimpleNamespace(logprob=-(i + 1) / 100)} for i, t in enumerate(ids)]
+                    comps.append(types.SimpleNamespace(token_ids=ids, logprobs=lps))
+                outs.append(types.SimpleNamespace(outputs=comps))
+            return outs
+
+    engine = VLLMRolloutEngine("/nonexistent", eos_token_id=TK.eos_token_id, pad_token_id=TK.pad_token_id,
+                               llm_cls=FakeLLM, sampling_params_cls=types.SimpleNamespace)
+    prompts = [_prompt(p) for p in ("calls=2", "calls=0")]
+    sampling = SamplingConfig(n=2, max_new_tokens=256, seed=7)
+    cfg = MultiTurnConfig(enable=True)
+    got = multi_turn_generate(engine, TK, prompts, sampling, {"calculator": CalculatorTool()}, cfg)
+    want = multi_turn_generate(ScriptedEngine(TK, counting_script), TK, prompts, sampling,
+                               {"calculator": CalculatorTool()}, cfg)
+    for key in ("responses", "response_mask", "rollout_log_probs"):
+        assert torch.equal(getattr(got.rollout, key), getattr(want.rollout, key))
+    assert torch.equal(got.attention_mask, want.attention_mask)
+    # identical contexts go to vLLM as one request with n samples; seeds differ per round
+    assert [(p.n, p.seed) for p in engine.llm.params] == [(2, 7), (2, 7 + 1_000_003), (2, 7 + 2_000_006)]

@@ -134,7 +134,15 @@ def test_infinite_loop_times_out(tool):
     assert time.monotonic() - t0 < tool.limits.wall_s + 3
 
 
-def test_detached_daemon_is_killed(tool):
+@pytest.fixture(params=sorted(set(NS_LEVELS) | {"process"}))
+def any_level_tool(request):
+    return _tool(request.param)
+
+
+def test_detached_daemon_is_killed(any_level_tool):
+    """A child that leaves the session and outlives the program is killed with it, also without a PID namespace
+    (the launcher is a child subreaper)."""
+    tool = any_level_tool
     marker = f"dsrl-daemon-{os.getpid()}-{time.monotonic_ns()}"
     code = ("import os, sys\nif os.fork() == 0:\n    os.setsid()\n"
             f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}])\n"

@@ -3,7 +3,7 @@
 It reads one JSON spec from stdin, isolates itself, forks, and in the child applies the resource limits, drops
 privileges and ``execve``'s a fresh interpreter on the model-written code. The launcher itself (the parent of
 that child) waits, forwards the exit status (``128 + signal`` for a signal) and, on SIGTERM from the trainer,
-kills the child with SIGKILL. Only the standard library is used; the code never runs in this process.
+kills the child with SIGKILL; as a child subreaper it then kills and reaps whatever the code left running. Only the standard library is used; the code never runs in this process.
 
 Isolation levels (``spec["level"]``), strongest first:
 
@@ -26,12 +26,13 @@ import os
 import resource
 import signal
 import sys
+import time
 
 SETUP_FAILED = 111
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
 INNER_UID = 1000
 DEVICES = ("null", "zero", "random", "urandom")
 # Replaces the socket constructors before the code runs (levels without a network namespace). Python-level only:
@@ -157,6 +158,7 @@ def main() -> None:
     os.close(devnull)
     level = spec["level"]
     try:
+        _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(CHILD_SUBREAPER)")
         flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
         if level == "namespace":
             _check(_libc.unshare(flags), "unshare")
@@ -174,13 +176,35 @@ def main() -> None:
             os.write(2, f"sandbox setup failed: {type(exc).__name__}: {exc}\n".encode())
         os._exit(SETUP_FAILED)
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
+    _, status = os.waitpid(pid, 0)
+    _reap_descendants()
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _children() -> list[int]:
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _reap_descendants(budget_s: float = 2.0) -> None:
+    """SIGKILL and reap every process left below the launcher (orphans come to it: it is a child subreaper), for
+    the levels without a PID namespace; gives up after ``budget_s`` (the trainer then kills the group)."""
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        for kid in _children():
+            try:
+                os.kill(kid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                time.sleep(0.005)
+        except ChildProcessError:
+            return
 
 
 if __name__ == "__main__":

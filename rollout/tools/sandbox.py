@@ -31,8 +31,10 @@ level          what the code runs under                                     ``op
 Every level applies ``RLIMIT_CPU`` (SIGXCPU, then SIGKILL one second later), ``RLIMIT_AS`` (memory),
 ``RLIMIT_NPROC`` (fork bombs), ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE`` and ``RLIMIT_CORE=0``, a wall-clock timeout
 after which the launcher is told to kill the code (SIGTERM to the launcher, which SIGKILLs its child: with a PID
-namespace that ends every process in it), then SIGKILL to the whole process group and, under a per-call uid,
-to every process of that uid. Output beyond ``max_output_bytes`` is not read: the code is stopped and the result
+namespace that ends every process in it; without one the launcher, a child subreaper, kills what is left), then
+SIGKILL to the whole process group and, under a per-call uid, to every process of that uid. In the namespace
+levels the code sees, read-only, ``/usr``, ``/bin``, ``/lib*``, ``/etc/ld.so.cache`` and the interpreter's
+prefixes (``sys.base_prefix``, ``sys.prefix``, site-packages), plus its own tmpfs; nothing else of the host. Output beyond ``max_output_bytes`` is not read: the code is stopped and the result
 says so.
 """
 from __future__ import annotations

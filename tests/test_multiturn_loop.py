@@ -270,3 +270,15 @@ def test_vllm_engine_runs_the_same_loop():
     assert torch.equal(got.attention_mask, want.attention_mask)
     # identical contexts go to vLLM as one request with n samples; seeds differ per round
     assert [(p.n, p.seed) for p in engine.llm.params] == [(2, 7), (2, 7 + 1_000_003), (2, 7 + 2_000_006)]
+
+
+def test_generic_chatml_template_gives_tool_turns():
+    """SmolLM2-Instruct's template (every role as ``<|im_start|>role``, a default system turn) works as is."""
+    smol = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+            "{{ '<|im_start|>system\\nYou are a helpful AI assistant<|im_end|>\\n' }}{% endif %}"
+            "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    tk = build_chat_tokenizer(smol)
+    ids, is_content = ToolChatTemplate(tk).encode(["42", "7"], tk.eos_token_id)
+    assert tk.decode(ids, skip_special_tokens=False) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"
+    assert tk.decode([t for t, c in zip(ids, is_content) if c]) == "427"

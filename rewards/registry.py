@@ -10,7 +10,7 @@ training starts (:func:`rewards.options.check_scorer_options`). Built-ins and th
   ``score``. SVAMP ground truths are floats such as ``12.0``; the comparison is numeric.
 * ``gsm8k_flexible`` (also ``synthetic/digits``): the same with ``method="flexible"`` by default.
 * ``math`` (also ``math500``, ``lighteval/MATH``, ``HuggingFaceH4/MATH-500``): :mod:`rewards.math` (last
-  ``\\boxed{}``, math-verify); no options.
+  ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s).
 * ``format_gsm8k`` / ``format_boxed``: :mod:`rewards.format_reward` (dict with ``score``, ``acc``, ``format``);
   options ``correct_score``, ``format_score``.
 
@@ -125,9 +125,11 @@ def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None
 
 
 @register_scorer("math", *_aliases("math"))
-def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
-    """MATH: the last ``\\boxed{}`` answer, math-verify equivalence (see :mod:`rewards.math`)."""
-    return math_reward.compute_score(solution_str, ground_truth)
+def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+               timeout_seconds: float | None = math_reward.TIMEOUT_SECONDS) -> float:
+    """MATH: the last ``\\boxed{}`` answer, math-verify equivalence with an exact numeric cross-check, within
+    ``timeout_seconds`` (see :mod:`rewards.math`)."""
+    return math_reward.compute_score(solution_str, ground_truth, timeout_seconds=timeout_seconds)
 
 
 @register_scorer("format_gsm8k")

@@ -151,13 +151,20 @@ latex_answers = st.recursive(_leaf, _extend, max_leaves=24)
 def test_p28_fuzz_scorer_time_is_bounded(answer, gold):
     from rewards.math_guards import structure_ok
 
-    t0 = time.perf_counter()
-    score = compute_score(_box(answer), gold, timeout_seconds=0.5)
-    ms = (time.perf_counter() - t0) * 1e3
+    refused = not structure_ok(M.collapse_braces(answer)) or len(answer) > M.MAX_ANSWER_CHARS
+    parsed = []
+    real_parse = M._parse_latex
+    M._parse_latex = lambda s: parsed.append(s) or real_parse(s)
+    try:
+        t0 = time.perf_counter()
+        score = compute_score(_box(answer), gold, timeout_seconds=0.5)
+        ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        M._parse_latex = real_parse
     assert score in (0.0, 1.0)
-    assert ms < 1000.0, (answer, ms)  # the hard limit plus the checks before it
-    if not structure_ok(M.collapse_braces(answer)) or len(answer) > M.MAX_ANSWER_CHARS:
-        assert ms < FAST_MS, (answer, ms)
+    assert ms < 1500.0, (answer, ms)  # the 0.5 s hard limit plus the checks before it, on a loaded machine
+    if refused:  # refused before math-verify parses the prediction
+        assert not parsed, answer
 
 
 @FUZZ

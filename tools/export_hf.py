@@ -10,8 +10,10 @@ for a ZeRO-0 checkpoint, from the ``module`` entry of ``mp_rank_00_model_states.
 (``trainer.strategy=megatron``; it holds ``meta.pt``) is read without megatron-core: the model shards
 ``model/mp_rank_<tp>_<pp>/model.pt`` are merged over tensor/pipeline ranks and renamed to HF names
 (``trainer.megatron.weights.mcore_to_hf``); its optimizer state is not needed. Config, tokenizer,
-chat template and generation config come from ``<local_dir>/huggingface/`` written at save time. The
-output dtype defaults to the training dtype recorded in that config.
+chat template and generation config come from ``<local_dir>/huggingface/`` written at save time; the model
+class is the one that config names (the class that was trained: a critic exports as
+``<Model>ForTokenClassification`` with one label). The output dtype defaults to the training dtype recorded in
+that config, and ``config.json`` records the dtype written.
 """
 
 from __future__ import annotations
@@ -83,6 +85,24 @@ def load_megatron_state_dict(local_dir: str, hf_config) -> dict:
     return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
+_VALUE_HEADS = ("score.weight", "classifier.weight")  # the one-output token heads of transformers' models
+
+
+def model_architecture(config, state_dict: dict) -> str:
+    """The transformers class to rebuild: ``config.architectures[0]`` (``AutoModelForCausalLM`` when unset),
+    except that a causal-LM name with weights holding a token head (``score.weight``) and no ``lm_head`` (a critic
+    saved with its backbone's config) becomes ``<Model>ForTokenClassification`` with ``config.num_labels`` set
+    from the head's rows (in place)."""
+    arch = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
+    head = next((k for k in _VALUE_HEADS if k in state_dict), None)
+    if arch.endswith("ForCausalLM") and head is not None and "lm_head.weight" not in state_dict:
+        arch = arch[:-len("ForCausalLM")] + "ForTokenClassification"
+        config.num_labels = int(state_dict[head].shape[0])
+        logger.warning("the checkpoint's config names a causal LM but its weights hold a value head %r: "
+                       "exporting as %s (num_labels=%d)", head, arch, config.num_labels)
+    return arch
+
+
 def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype | None = None,
                       tag: str | None = None) -> str:
     """Write an HF folder from ``local_dir`` (a saved role folder); returns ``target_dir``.
@@ -107,14 +127,15 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
     config = AutoConfig.from_pretrained(hf_dir)
     out_dtype = to_dtype(dtype if dtype is not None else (getattr(config, "dtype", None) or torch.float32))
     config.dtype = out_dtype
-    arch = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
-    cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
-    with torch.device("meta"):
-        model = cls.from_config(config) if cls.__name__.startswith("Auto") else cls(config)
     if os.path.isfile(os.path.join(local_dir, "meta.pt")):
         sd = load_megatron_state_dict(local_dir, config)
     else:
         sd = load_consolidated_state_dict(local_dir, tag)
+    arch = model_architecture(config, sd)
+    cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        model = cls.from_config(config) if cls.__name__.startswith("Auto") else cls(config)
+    model.to(out_dtype)  # save_pretrained records the model's dtype in config.json
     expected = set(model.state_dict().keys())
     tied = {k for k in expected - set(sd) if getattr(config, "tie_word_embeddings", False) and "lm_head" in k}
     missing, unexpected = expected - set(sd) - tied, set(sd) - expected

@@ -1,12 +1,15 @@
 """Config errors and the checks that depend on the training strategy (DeepSpeed vs Megatron) or on a checkpoint:
 megatron-core and TP/PP sizes, the model's head counts against TP, and a resume from another strategy or other
-parallel sizes. Everything here runs before any worker starts; ``trainer.launch`` calls it and re-exports it.
+parallel sizes; the reward scorers' options. Everything here runs before any worker starts; ``trainer.launch``
+calls it and re-exports it.
 """
 from __future__ import annotations
 
 import os
+from typing import Any, Callable, Sequence
 
-__all__ = ["ConfigError", "check_megatron", "check_megatron_model", "check_resume_checkpoint"]
+__all__ = ["ConfigError", "check_megatron", "check_megatron_model", "check_resume_checkpoint", "reward_options",
+           "check_reward_scorers"]
 
 
 class ConfigError(ValueError):
@@ -147,3 +150,50 @@ def check_rollout_correction(cfg: dict) -> None:
         RolloutCorrection.from_config(cfg["algorithm"].get("rollout_correction"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def reward_options(cfg: dict) -> dict:
+    """The scorer options: ``reward_model.scorer_kwargs`` merged with verl's
+    ``reward_model.custom_reward_function.reward_kwargs``.
+
+    Raises:
+        ConfigError: either is not a mapping, or a key is set in both to different values.
+    """
+    rm = cfg.get("reward_model") or {}
+    merged: dict = {}
+    for key, opts in (("reward_model.scorer_kwargs", rm.get("scorer_kwargs")),
+                      ("reward_model.custom_reward_function.reward_kwargs",
+                       (rm.get("custom_reward_function") or {}).get("reward_kwargs"))):
+        if not isinstance(opts or {}, dict):
+            raise ConfigError(f"{key}={opts!r}; expected a mapping of scorer options")
+        for k, v in (opts or {}).items():
+            if k in merged and merged[k] != v:
+                raise ConfigError(f"scorer option {k!r} is set to {merged[k]!r} and, in {key}, to {v!r}")
+            merged[k] = v
+    return merged
+
+
+def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequence) -> Any:
+    """Build one reward manager with ``make_rm()`` and check every scorer that routing reaches: each distinct
+    ``reward_fn_key`` value in the rows of ``datasets`` (:class:`trainer.dataset.PromptDataset` or None) has a
+    registered scorer taking the scorer options. Returns the manager.
+
+    Raises:
+        ConfigError: a row without ``reward_fn_key``, a value without a scorer, or an option a scorer does not
+            take (naming the option and the scorer).
+    """
+    try:
+        manager = make_rm()
+        values = set()
+        for ds in datasets if manager.routes_by_key else ():
+            for row in ds.rows if ds is not None else ():
+                if reward_fn_key not in row:
+                    raise KeyError(f"data.reward_fn_key={reward_fn_key!r}: a row of {list(ds.files)} has no "
+                                   f"such column (columns: {sorted(k for k in row if k != 'input_ids')})")
+                values.add(row[reward_fn_key])
+        manager.check_data_sources(values)
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"reward_model: {exc}") from exc
+    return manager

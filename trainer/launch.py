@@ -14,7 +14,8 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config_checks import (ConfigError, _as_int, check_megatron, check_megatron_model,  # noqa: F401
-                                   check_resume_checkpoint, check_rollout_correction)
+                                   check_resume_checkpoint, check_reward_scorers, check_rollout_correction,
+                                   reward_options)
 
 logger = logging.getLogger(__name__)
 
@@ -416,11 +417,12 @@ def run(hydra_cfg: DictConfig) -> dict:
 
         scorer = load_custom_scorer(custom["path"], custom.get("name") or "compute_score")
     make_rm = lambda: RewardManager(tok, reward_fn_key=d["reward_fn_key"], scorer=scorer,  # noqa: E731
-                                    scorer_kwargs=dict(rm.get("scorer_kwargs") or {}),
+                                    scorer_kwargs=reward_options(cfg),
                                     timeout_s=float(rm.get("timeout_s", 10.0)), **overlong_kwargs(cfg))
+    reward_fn = check_reward_scorers(make_rm, d["reward_fn_key"], [train_ds, val_ds])
     from trainer.ppo_trainer import RayPPOTrainer
 
-    trainer = RayPPOTrainer(cfg, tok, loader, val_ds, make_rm(), make_rm())
+    trainer = RayPPOTrainer(cfg, tok, loader, val_ds, reward_fn, make_rm())
     trainer.init_workers()
     last = trainer.fit()
     summary = {k: v for k, v in last.items() if not k.startswith("_")}

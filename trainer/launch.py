@@ -250,6 +250,9 @@ def validate(cfg: dict) -> None:
         core_algos.get_policy_loss_fn(actor["policy_loss"]["loss_mode"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    from trainer.algo_checks import check_loss_aggregation
+
+    check_loss_aggregation(cfg)
     fg = cfg["algorithm"].get("filter_groups") or {}
     from trainer.dynamic_sampling import METRICS
 

@@ -18,6 +18,9 @@ from trainer.algos.kl import (AdaptiveKLController, FixedKLController, apply_kl_
 from trainer.algos.losses import (LOSS_AGG_MODES, agg_loss, compute_policy_loss_gpg,  # noqa: F401
                                   compute_policy_loss_gspo, compute_policy_loss_vanilla, compute_value_loss,
                                   entropy_from_logits)
+from trainer.algos.policy_losses import (compute_policy_loss_cispo, compute_policy_loss_clip_cov,  # noqa: F401
+                                          compute_policy_loss_geo_mean, compute_policy_loss_kl_cov,
+                                          compute_policy_loss_sapo)
 from trainer.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten  # noqa: F401
 from trainer.algos.registry import (ADV_ESTIMATOR_REGISTRY, ADV_ESTIMATOR_SPECS,  # noqa: F401
                                     POLICY_LOSS_REGISTRY, POLICY_LOSS_SPECS, AdvantageEstimator, EstimatorSpec,

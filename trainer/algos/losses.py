@@ -175,7 +175,10 @@ def compute_policy_loss_gspo(old_log_probs, log_probs, advantages, response_mask
 
     ``log s_i = mean_t(logp - old)`` over valid tokens; token ratio ``s_it = exp(sg[log s_i] + logp_t - sg[logp_t])``
     (value ``s_i``, gradient of each token, clamped at ``exp(10)``); ``L = max(-A*s, -A*clip(s, 1-low, 1+high))``.
-    The paper's aggregation is ``seq-mean-token-mean`` (our default). Config keys as for ``vanilla``
+    ``loss_agg_mode`` applies to the per-token losses ``L_it`` (all tokens of a sequence share its ratio): the
+    paper's objective is ``seq-mean-token-mean`` (this function's default); verl's ``gspo`` always uses that mode
+    and ignores ``loss_agg_mode``, we honour the configured one (``token-mean`` weights sequences by their
+    length). Config keys as for ``vanilla``
     (GSPO uses small ranges, e.g. low 3e-4, high 4e-4). Returns ``(pg_loss, metrics)`` like ``vanilla``.
     """
     clip = _cfg(config, "clip_ratio", 0.2)

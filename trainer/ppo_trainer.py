@@ -407,7 +407,7 @@ def _extra_info_means(info: dict) -> dict:
 
 
 def _reduce(per_rank: list[dict]) -> dict:
-    """Mean over ranks and micro-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks);
+    """Mean over ranks and mini-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks);
     skipped-step counts and peak memory take the maximum over ranks."""
     from trainer.metric_utils import reduce_metrics
 

@@ -4,7 +4,8 @@ Loss normalisation: every micro-batch loss is aggregated with the mini-batch's G
 sequences summed over its micro-batches and over data-parallel ranks; ``trainer.core_algos.agg_loss``), and
 multiplied by the data-parallel size because DeepSpeed averages gradients over data-parallel ranks. DeepSpeed
 runs with ``managed_gradient_accumulation: false``: each ``backward`` accumulates, and ``step`` is one
-optimizer step. The result equals one backward over the whole mini-batch (tested in tests/test_core_algos*).
+optimizer step. The result equals one backward over the whole mini-batch, for every loss_agg_mode (tested in
+tests/test_loss_normalisation.py). Logged metrics: see LOSS_METRICS below.
 With Ulysses SP the SP peers of a data-parallel rank hold the same rows; DeepSpeed averages over all
 dp*sp ranks and the gathered log-probs scale their gradient by sp (patches/ulysses.py), which nets out.
 """
@@ -93,27 +94,7 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                     pending[k].append(v if k in LOSS_METRICS or k in CONSTANT_METRICS else v * token_share)
             for k, vals in _read_metrics(pending).items():  # one value per mini-batch (see LOSS_METRICS)
                 metrics[f"{kind}/{k}"].append(sum(vals) / len(vals) if k in CONSTANT_METRICS else sum(vals))
-            finite = _all_ranks_finite(finite, worker.device)
-            if finite:
-                engine.step()
-                gn = engine.get_global_grad_norm()
-                if gn is None:  # DeepSpeed keeps no norm for ZeRO-0 without bf16/fp16: the step was taken
-                    ok = True
-                else:
-                    ok = math.isfinite(float(gn))
-                    metrics[f"{kind}/grad_norm"].append(float(gn))
-            else:
-                ok = False
-                if engine.zero_optimization_stage() >= 1:
-                    # ZeRO keeps reduced gradients in its own buffers, which zero_grad() does not clear (the next
-                    # step would see the NaN); its overflow path skips the step and clears them
-                    skipped_before = engine.skipped_steps
-                    engine.step()
-                    if engine.skipped_steps == skipped_before:
-                        raise RuntimeError(f"{kind}: DeepSpeed applied an optimizer step although the loss was "
-                                           "not finite")
-                else:
-                    engine.zero_grad()
+            ok = _optimizer_step(engine, _all_ranks_finite(finite, worker.device), kind, metrics)
             skipped += 0 if ok else 1
             # the streak survives across training steps (kept on the role); the trainer stops the run when it
             # reaches trainer.max_consecutive_skipped_steps
@@ -124,6 +105,28 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
     for k, v in stage_peak_memory(worker.device, kind).items():  # this process during the update, GiB
         metrics[k].append(v)
     return dict(metrics)
+
+
+def _optimizer_step(engine, finite: bool, kind: str, metrics: dict) -> bool:
+    """Step the optimizer if every rank's loss was finite; returns whether a finite step was taken (a non-finite
+    gradient norm counts as skipped). Logs ``<kind>/grad_norm`` when DeepSpeed keeps one."""
+    if finite:
+        engine.step()
+        gn = engine.get_global_grad_norm()
+        if gn is None:  # DeepSpeed keeps no norm for ZeRO-0 without bf16/fp16: the step was taken
+            return True
+        metrics[f"{kind}/grad_norm"].append(float(gn))
+        return math.isfinite(float(gn))
+    if engine.zero_optimization_stage() >= 1:
+        # ZeRO keeps reduced gradients in its own buffers, which zero_grad() does not clear (the next step would
+        # see the NaN); its overflow path skips the step and clears them
+        skipped_before = engine.skipped_steps
+        engine.step()
+        if engine.skipped_steps == skipped_before:
+            raise RuntimeError(f"{kind}: DeepSpeed applied an optimizer step although the loss was not finite")
+    else:
+        engine.zero_grad()
+    return False
 
 
 def loss_scale_factor(worker, cfg: dict, width: int) -> float:

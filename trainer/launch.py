@@ -33,10 +33,6 @@ RENAMED_KEYS = {
 }
 
 
-# advantage estimators whose baseline is the other samples of the same prompt
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
-
-
 def check_renamed(overrides: list[str]) -> None:
     """Raise :class:`ConfigError` for an override that uses a renamed key, naming the new key."""
     for ov in overrides:
@@ -197,10 +193,9 @@ def validate(cfg: dict) -> None:
     n = int(rollout["n"])
     if n < 1:
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}; expected >= 1")
-    est = cfg["algorithm"]["adv_estimator"]
-    if n < 2 and est in GROUP_ESTIMATORS:
-        raise ConfigError(f"algorithm.adv_estimator={est} compares the samples of one prompt, but "
-                          f"actor_rollout_ref.rollout.n={n}: every advantage would be 0; set rollout.n >= 2")
+    from trainer.algo_checks import check_estimator_and_loss, check_loss_aggregation
+
+    check_estimator_and_loss(cfg)  # the registry's traits: group-based, critic, inputs; known loss_mode
     if rollout["name"] == "vllm":
         if t["device"] != "cuda":
             raise ConfigError("actor_rollout_ref.rollout.name=vllm needs trainer.device=cuda; "
@@ -246,13 +241,7 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"trainer.total_training_steps={t['total_training_steps']}; expected >= 1")
     if float(actor["clip_ratio_c"]) <= 1.0:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={actor['clip_ratio_c']}; expected > 1")
-    from trainer import core_algos
-
-    try:
-        core_algos.get_adv_estimator_fn(cfg["algorithm"]["adv_estimator"])
-        core_algos.get_policy_loss_fn(actor["policy_loss"]["loss_mode"])
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    check_loss_aggregation(cfg)
     fg = cfg["algorithm"].get("filter_groups") or {}
     from trainer.dynamic_sampling import METRICS
 
@@ -369,11 +358,15 @@ def prepare_embedded(cfg: dict) -> None:
 
 
 def resolve_config(hydra_cfg: DictConfig) -> dict:
-    """The composed config as a plain dict with derived defaults filled in: ``critic.enable`` (on exactly for
-    GAE when null) and each ``optim.total_training_steps`` (from ``trainer.total_training_steps`` when -1)."""
+    """The composed config as a plain dict with derived defaults filled in: ``critic.enable`` (when null: on
+    exactly for an estimator whose registry entry needs a critic, e.g. GAE) and each
+    ``optim.total_training_steps`` (from ``trainer.total_training_steps`` when -1)."""
     cfg = OmegaConf.to_container(hydra_cfg, resolve=True)
-    if cfg["critic"].get("enable") is None:
-        cfg["critic"]["enable"] = cfg["algorithm"]["adv_estimator"] == "gae"
+    if cfg["critic"].get("enable") is None:  # on for an estimator whose registry entry needs a critic
+        from trainer.core_algos import ADV_ESTIMATOR_SPECS
+
+        spec = ADV_ESTIMATOR_SPECS.get(cfg["algorithm"]["adv_estimator"])
+        cfg["critic"]["enable"] = bool(spec is not None and spec.needs_critic)
     for optim in (cfg["actor_rollout_ref"]["actor"]["optim"], cfg["critic"]["optim"]):
         if int(optim.get("total_training_steps", -1)) < 0:
             optim["total_training_steps"] = int(cfg["trainer"]["total_training_steps"])

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from trainer.adv_inputs import estimator_kwargs, produce_inputs
 from trainer.dataset import PromptLoader, collate_prompts, pad_rows_to_multiple
 from trainer.protocol import DataProto
 
@@ -192,6 +193,9 @@ class RayPPOTrainer:
         if self.use_critic:
             with _timer("values", timing):
                 batch.union(self.critic_wg.dispatch_dp("compute_values", batch))
+        spec = None if self.prime is not None else core_algos.get_adv_estimator_spec(self.algo["adv_estimator"])
+        if spec is not None:  # the estimator's declared inputs that no stage made (ReMax: greedy baselines)
+            produce_inputs(self, batch, spec, timing)
         with _timer("adv", timing):
             if self.algo["use_kl_in_reward"]:
                 rewards, kl_m = core_algos.apply_kl_penalty(batch["token_level_scores"], batch["old_log_probs"],
@@ -204,8 +208,8 @@ class RayPPOTrainer:
             if self.prime is not None:  # [PRIME] PRM update/scores + per-source RLOO advantages
                 self.prime.compute_advantage(batch, metrics, timing)
             else:
-                core_algos.compute_advantage(batch, self.algo["adv_estimator"], gamma=float(self.algo["gamma"]),
-                                             lam=float(self.algo["lam"]), **self._adv_kwargs())
+                core_algos.compute_advantage(batch, spec.name, gamma=float(self.algo["gamma"]),
+                                             lam=float(self.algo["lam"]), **estimator_kwargs(spec, self.algo))
         if self.use_critic:
             with _timer("update_critic", timing):
                 metrics.update(_reduce(self.critic_wg.dispatch_dp_metrics("update_critic", batch)))
@@ -231,11 +235,6 @@ class RayPPOTrainer:
             rew = self.reward_fn(rows)
             rows["token_level_scores"] = rew.token_level_scores
         return rows, rew
-
-    def _adv_kwargs(self) -> dict:
-        if self.algo["adv_estimator"] in ("grpo", "dr_grpo"):
-            return {"norm_adv_by_std_in_grpo": bool(self.algo.get("norm_adv_by_std_in_grpo", True))}
-        return {}
 
     def _rollout_gap(self, batch: DataProto, metrics: dict) -> None:
         """Gap between the engine's log-probs and the trainer's recomputed ones; the rollout-correction stage
@@ -410,7 +409,7 @@ def _extra_info_means(info: dict) -> dict:
 
 
 def _reduce(per_rank: list[dict]) -> dict:
-    """Mean over ranks and micro-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks);
+    """Mean over ranks and mini-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks);
     skipped-step counts and peak memory take the maximum over ranks."""
     from trainer.metric_utils import reduce_metrics
 

@@ -80,7 +80,7 @@ class ActorRolloutRefWorker(DistributedWorker):
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
         ``validate``, or one greedy sample per prompt when ``greedy`` (the extra validation pass of
-        ``trainer.val_also_greedy``)."""
+        ``trainer.val_also_greedy``; ReMax's baseline rollout)."""
         from rollout.base import SamplingConfig
 
         rc = self.rollout_cfg
@@ -119,7 +119,7 @@ class ActorRolloutRefWorker(DistributedWorker):
         validate = bool(prompts.meta.get("validate", False))
         seed = prompts.meta.get("seed")
         sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank,
-                                  greedy=validate and bool(prompts.meta.get("greedy", False)))
+                                  greedy=bool(prompts.meta.get("greedy", False)))
         ids, mask = prompts["input_ids"], prompts["attention_mask"]
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         reset_peak_memory(self.device)

@@ -107,7 +107,7 @@ class PRMWorker(DistributedWorker):
         engine.train()
         for mini in data.split(rows_per_mini):
             n_seq = global_count(float(len(mini)), dev, role.dp_group)
-            finite = True
+            finite, ce_share = True, 0.0
             for mb in micro_batches(mini, mbs, dyn, max_tok * role.sp_size, role.dp_group):
                 mask = mb["response_mask"].to(dev)
                 with torch.no_grad():
@@ -119,7 +119,10 @@ class PRMWorker(DistributedWorker):
                 engine.backward(loss, scale_wrt_gas=False)
                 scores.append(implicit_token_rewards(lp.detach(), ref, mask, self.beta).float().cpu())
                 rows.append(mb["_row"])
-                metrics["reward_model/ce_loss"].append(float(per_seq.detach().mean()))
+                ce_share += float(loss.detach())
+            # this rank's share of the mini-batch mean (x dp): averaged over ranks by the controller, it is the mean
+            # CE over every sequence of the mini-batch, whatever the micro-batch split
+            metrics["reward_model/ce_loss"].append(ce_share)
             finite = global_count(0.0 if finite else 1.0, dev) == 0.0
             if finite:
                 engine.step()

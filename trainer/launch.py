@@ -14,7 +14,7 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config_checks import (ConfigError, _as_int, check_megatron, check_megatron_model,  # noqa: F401
-                                   check_resume_checkpoint)
+                                   check_resume_checkpoint, check_resume_model)
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def preflight(cfg: dict) -> None:
         if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
             what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
             raise ConfigError(f"{key}={path!r} {what}")
-    mode = cfg["trainer"]["resume_mode"]
+    mode, resume_path = cfg["trainer"]["resume_mode"], None
     if mode != "disable":
         from trainer.checkpoint.base import resolve_resume_path
 
@@ -128,6 +128,8 @@ def preflight(cfg: dict) -> None:
             if not os.path.isfile(f):
                 raise ConfigError(f"data.{key}: file {f!r} does not exist (expected a .parquet or .jsonl file)")
     hf = _model_config_dict(cfg, arr["model"].get("path"))
+    if resume_path is not None:
+        check_resume_model(resume_path, hf)
     heads = hf.get("num_attention_heads")
     kv = hf.get("num_key_value_heads") or heads
     for key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size",

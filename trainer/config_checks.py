@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ConfigError", "check_megatron", "check_megatron_model", "check_resume_checkpoint", "check_resume_model"]
+__all__ = ["ConfigError", "check_megatron", "check_megatron_model", "check_resume_checkpoint", "check_resume_model",
+           "check_model_files"]
 
 
 class ConfigError(ValueError):
@@ -161,3 +162,22 @@ def check_megatron_model(cfg: dict, hf: dict) -> None:
             model_shape(hf, tp, 1)
         except ValueError as exc:
             raise ConfigError(f"trainer.strategy=megatron: {exc}") from None
+
+
+def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:
+    """The actor's model folder against what the run needs: a vision-language model ships its processor
+    (``trainer.multimodal.check_processor``), and a resumed checkpoint holds this model (:func:`check_resume_model`).
+
+    Raises:
+        ConfigError: naming the key and the missing file or differing value.
+    """
+    from trainer.multimodal import check_processor
+
+    model = cfg["actor_rollout_ref"]["model"]
+    if resume_path is not None:
+        check_resume_model(resume_path, hf)
+    if model.get("path") is not None:
+        try:
+            check_processor("actor_rollout_ref.model.path", model["path"], hf, model.get("tokenizer_path"))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None

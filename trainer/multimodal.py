@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import torch
 
+from rollout.hf_engine import concat_image_inputs as concat_multi_modal_inputs  # noqa: F401 (re-exported)
+
 IMAGE_PLACEHOLDER = "<image>"
 
 
@@ -84,21 +86,15 @@ def image_prompt_inputs(processor: Any, prompt: str | Sequence[dict], images: Se
         ValueError: no processor, or placeholders that do not match the images.
     """
     if processor is None:
-        raise ValueError("the row has images but the model has no processor; a vision-language model folder with "
-                         "its processor (preprocessor_config.json) is needed")
+        raise ValueError("the row has images but the model has no processor (a text-only model, or a "
+                         "vision-language model folder without preprocessor_config.json); train image rows with a "
+                         "vision-language model and its processor")
     imgs = [load_image(x) for x in images]
     text = processor.apply_chat_template(image_messages(prompt, len(imgs)), add_generation_prompt=True, tokenize=False)
     out = processor(text=[text], images=imgs, return_tensors="pt")
     ids = [int(t) for t in out["input_ids"][0]]
     mm = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
     return ids, mm
-
-
-def concat_multi_modal_inputs(rows: Sequence[dict | None]) -> dict:
-    """One micro-batch's model inputs from its rows' ``multi_modal_inputs``, concatenated along dim 0 in row
-    order (the order their image tokens appear in the packed row); ``{}`` when no row has any."""
-    keys = sorted({k for r in rows if r for k in r})
-    return {k: torch.cat([r[k] for r in rows if r and k in r]) for k in keys}
 
 
 class ImageTextProcessor:
@@ -146,6 +142,21 @@ class ImageTextProcessor:
         return {**dict(enc), **out}
 
 
+def check_processor(key: str, path: str, hf: dict, tokenizer_path: str | None = None) -> None:
+    """A vision-language model (``hf``, its ``config.json``, has ``vision_config``) must come with its processor:
+    ``preprocessor_config.json`` in ``tokenizer_path`` or ``path``. Text-only models pass.
+
+    Raises:
+        ValueError: naming the key, the folder and the missing file.
+    """
+    if not hf.get("vision_config"):
+        return
+    folders = [p for p in (tokenizer_path, path) if p]
+    if not any(os.path.isfile(os.path.join(p, "preprocessor_config.json")) for p in folders):
+        raise ValueError(f"{key}={path!r} is a vision-language model (model_type={hf.get('model_type')!r}) without "
+                         f"a processor: no preprocessor_config.json in {folders}; save the model's processor there")
+
+
 def load_processor(path: str) -> Any:
     """The processor of the model folder ``path``: ``AutoProcessor`` when it gives one with an image processor,
     else :class:`ImageTextProcessor` when the folder has ``preprocessor_config.json``, else None."""
@@ -160,3 +171,27 @@ def load_processor(path: str) -> Any:
     except (ValueError, AttributeError, TypeError, ImportError, OSError):
         pass  # e.g. Qwen2-VL's processor without torchvision
     return ImageTextProcessor.from_pretrained(path)
+
+
+def rope_position_ids(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      rows_inputs: Sequence[dict | None]) -> torch.Tensor | None:
+    """Multimodal rotary positions ``(B, C, L)`` int64 of a padded batch (verl's layout), from the model's own
+    ``get_rope_index`` (Qwen2-VL's M-RoPE: C = 3 rows, temporal/height/width; image tokens get grid positions,
+    text after an image continues after the image's largest position); None when the model has no such method
+    (its positions are the text positions).
+
+    Args:
+        model: the (DeepSpeed-wrapped) vision-language model.
+        input_ids, attention_mask: ``(B, L)``, prompts and responses, any padding.
+        rows_inputs: each row's ``multi_modal_inputs`` (``image_grid_thw`` used), in row order.
+    """
+    inner = getattr(model, "module", model)
+    owner = next((m for m in inner.modules() if callable(getattr(m, "get_rope_index", None))), None)
+    if owner is None:
+        return None
+    grids = [r["image_grid_thw"] for r in rows_inputs if r and "image_grid_thw" in r]
+    image_id = getattr(owner.config, "image_token_id", None)
+    types = (input_ids == image_id).long() if image_id is not None else torch.zeros_like(input_ids)
+    rope, _ = owner.get_rope_index(input_ids, types, torch.cat(grids) if grids else None, None,
+                                   attention_mask=attention_mask)
+    return rope.transpose(0, 1).contiguous()

@@ -62,3 +62,17 @@ def test_a_vision_language_model_without_its_processor_is_refused(tmp_path):
                                           r"\(model_type='qwen2_vl'\) without a processor: no preprocessor_config"):
         preflight(cfg)
     assert json.load(open(os.path.join(model, "config.json")))["model_type"] == "qwen2_vl"
+
+
+def test_vllm_rollout_and_the_megatron_path_refuse_a_vision_language_model(tmp_path):
+    from tests.test_megatron_launch import _cfg
+    from trainer.launch import ConfigError, preflight, validate
+
+    model, _, _ = _task(tmp_path)
+    with pytest.raises(ConfigError, match=r"rollout.name=vllm: image prompts of a vision-language model"):
+        preflight(_cfg("trainer.strategy=deepspeed", f"actor_rollout_ref.model.path={model}", "rollout=vllm"))
+    pytest.importorskip("megatron.core")
+    cfg = _cfg(f"actor_rollout_ref.model.path={model}")
+    validate(cfg)
+    with pytest.raises(ConfigError, match="qwen2_vl"):
+        preflight(cfg)

@@ -166,7 +166,8 @@ def check_megatron_model(cfg: dict, hf: dict) -> None:
 
 def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:
     """The actor's model folder against what the run needs: a vision-language model ships its processor
-    (``trainer.multimodal.check_processor``), and a resumed checkpoint holds this model (:func:`check_resume_model`).
+    (``trainer.multimodal.check_processor``) and generates with the hf rollout engine, and a resumed checkpoint holds
+    this model (:func:`check_resume_model`).
 
     Raises:
         ConfigError: naming the key and the missing file or differing value.
@@ -181,3 +182,7 @@ def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:
             check_processor("actor_rollout_ref.model.path", model["path"], hf, model.get("tokenizer_path"))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    rollout = cfg["actor_rollout_ref"]["rollout"]["name"]
+    if hf.get("vision_config") and rollout != "hf":
+        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout}: image prompts of a vision-language model are "
+                          "passed to generation by the hf engine only; use rollout=hf")

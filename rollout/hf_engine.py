@@ -102,10 +102,11 @@ class HFRolloutEngine(RolloutEngine):
         if attn_implementation == "sdpa_gqa":
             register_sdpa_gqa()
         model_config = copy.deepcopy(model_config)  # from_config sets _attn_implementation on the config it gets
-        if getattr(model_config, "vision_config", None) is not None:  # a vision-language model
-            from transformers import AutoModelForImageTextToText as AutoModelForCausalLM  # noqa: N814
-        self.model = AutoModelForCausalLM.from_config(model_config, dtype=self.dtype,
-                                                      attn_implementation=attn_implementation)
+        from transformers import AutoModelForImageTextToText
+
+        vision = getattr(model_config, "vision_config", None) is not None  # a vision-language model
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        self.model = auto.from_config(model_config, dtype=self.dtype, attn_implementation=attn_implementation)
         self.model.eval().requires_grad_(False)
         self.model.to(self.device)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])

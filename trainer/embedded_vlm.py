@@ -10,11 +10,10 @@ answers right about 1 time in 10 (it may also say another digit or a word).
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 
-from trainer.embedded import DIGITS
+from trainer.embedded import DIGITS, write_task
 
 TASK_NAME = "synthetic/colour"
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
@@ -109,13 +108,7 @@ def make_colour_rows(num_rows: int, seed: int, image_dir: str) -> list[dict]:
 
 
 def write_colour_task(out_dir: str, train_rows: int = 256, val_rows: int = 32, seed: int = 0) -> tuple[str, str]:
-    """Write ``train.jsonl`` / ``val.jsonl`` (and their images) of the colour task; returns the two paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    for name, n, s in (("train", train_rows, seed), ("val", val_rows, seed + 1)):
-        path = os.path.join(out_dir, f"{name}.jsonl")
-        with open(path, "w", encoding="utf-8") as f:
-            for row in make_colour_rows(n, s, os.path.join(out_dir, "images")):
-                f.write(json.dumps(row) + "\n")
-        paths.append(path)
-    return paths[0], paths[1]
+    """Write ``train.jsonl`` / ``val.jsonl`` (and their images, under ``images/``) of the colour task; returns the
+    two paths."""
+    images = os.path.join(out_dir, "images")
+    return write_task(out_dir, train_rows, val_rows, seed, make=lambda n, s: make_colour_rows(n, s, images))

@@ -1,15 +1,15 @@
 """Config errors and the checks that depend on the training strategy (DeepSpeed vs Megatron) or on a checkpoint:
-megatron-core and TP/PP sizes, the model's head counts against TP, and a resume from another strategy or other
-parallel sizes; the reward scorers' options. Everything here runs before any worker starts; ``trainer.launch``
-calls it and re-exports it.
+megatron-core and TP/PP sizes, the model's head counts against TP, and a resume from another strategy, other
+parallel sizes (``torch``-format Megatron checkpoints) or another model; the reward scorers' options. Everything
+here runs before any worker starts; ``trainer.launch`` calls it and re-exports it.
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Callable, Sequence
 
-__all__ = ["ConfigError", "check_megatron", "check_megatron_model", "check_resume_checkpoint", "reward_options",
-           "check_reward_scorers"]
+__all__ = ["ConfigError", "check_megatron", "check_megatron_model", "check_resume_checkpoint", "check_resume_model",
+           "check_model_files", "check_rollout_correction", "reward_options", "check_reward_scorers"]
 
 
 class ConfigError(ValueError):
@@ -55,6 +55,8 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
         import torch
 
         meta = torch.load(os.path.join(actor, "meta.pt"), map_location="cpu", weights_only=True)
+        if meta.get("ckpt_format", "torch") == "torch_dist":
+            return  # a dist checkpoint reshards to this run's tensor/pipeline/data-parallel sizes on load
         m = cfg["actor_rollout_ref"]["actor"].get("megatron") or {}
         tp = _as_int(m.get("tensor_model_parallel_size", 1), "tensor_model_parallel_size", 1)
         pp = _as_int(m.get("pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", 1)
@@ -62,9 +64,30 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
         want = {"tp_size": tp, "pp_size": pp, "dp_size": world // (tp * pp)}
         saved = {k: int(meta[k]) for k in want}
         if saved != want:
-            raise ConfigError(f"trainer.resume_mode: {path!r} was saved with {saved} but this run has {want}; "
-                              "resume with the same tensor/pipeline sizes and worker count, or start from its HF "
-                              "export (tools/export_hf.py) as actor_rollout_ref.model.path")
+            raise ConfigError(f"trainer.resume_mode: {path!r} (ckpt_format=torch) was saved with {saved} but this "
+                              f"run has {want}; resume with the same tensor/pipeline sizes and worker count, or "
+                              "start from its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
+def check_resume_model(path: str, hf: dict) -> None:
+    """The actor checkpoint at ``path`` (``.../global_step_<N>``) holds the model this run builds: its saved
+    ``actor/huggingface/config.json`` agrees with ``hf`` (the run's model config as a dict) on every field of
+    ``trainer.megatron.config.MODEL_CONFIG_KEYS`` that both set. Checkpoints saved without a config pass.
+
+    Raises:
+        ConfigError: naming the checkpoint and the first differing field with both values.
+    """
+    import json
+
+    from trainer.megatron.config import model_config_difference
+
+    saved = os.path.join(path, "actor", "huggingface", "config.json")
+    if not os.path.isfile(saved):
+        return
+    with open(saved, encoding="utf-8") as f:
+        diff = model_config_difference(json.load(f), hf)
+    if diff:
+        raise ConfigError(f"trainer.resume_mode: {path!r} holds another model than actor_rollout_ref.model: {diff}")
 
 
 def check_megatron(cfg: dict, world: int) -> None:
@@ -96,6 +119,9 @@ def check_megatron(cfg: dict, world: int) -> None:
     if cp != 1:
         raise ConfigError(f"{key}.context_parallel_size={cp}: context parallelism is not wired yet (it needs "
                           "Transformer Engine's attention); use 1")
+    fmt = m.get("ckpt_format", "torch_dist")
+    if fmt not in ("torch_dist", "torch"):
+        raise ConfigError(f"{key}.ckpt_format={fmt!r}; expected torch_dist or torch")
     for sp_key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", arr["actor"]["ulysses_sequence_parallel_size"]),
                        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"])):
         if int(sp) != 1:
@@ -197,3 +223,27 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"reward_model: {exc}") from exc
     return manager
+
+
+def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:
+    """The actor's model folder against what the run needs: a vision-language model ships its processor
+    (``trainer.multimodal.check_processor``) and generates with the hf rollout engine, and a resumed checkpoint holds
+    this model (:func:`check_resume_model`).
+
+    Raises:
+        ConfigError: naming the key and the missing file or differing value.
+    """
+    from trainer.multimodal import check_processor
+
+    model = cfg["actor_rollout_ref"]["model"]
+    if resume_path is not None:
+        check_resume_model(resume_path, hf)
+    if model.get("path") is not None:
+        try:
+            check_processor("actor_rollout_ref.model.path", model["path"], hf, model.get("tokenizer_path"))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    rollout = cfg["actor_rollout_ref"]["rollout"]["name"]
+    if hf.get("vision_config") and rollout != "hf":
+        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout}: image prompts of a vision-language model are "
+                          "passed to generation by the hf engine only; use rollout=hf")

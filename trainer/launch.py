@@ -14,8 +14,8 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config_checks import (ConfigError, _as_int, check_megatron, check_megatron_model,  # noqa: F401
-                                   check_resume_checkpoint, check_reward_scorers, check_rollout_correction,
-                                   reward_options)
+                                   check_model_files, check_resume_checkpoint, check_reward_scorers,
+                                   check_rollout_correction, reward_options)
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def preflight(cfg: dict) -> None:
         if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
             what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
             raise ConfigError(f"{key}={path!r} {what}")
-    mode = cfg["trainer"]["resume_mode"]
+    mode, resume_path = cfg["trainer"]["resume_mode"], None
     if mode != "disable":
         from trainer.checkpoint.base import resolve_resume_path
 
@@ -127,6 +127,7 @@ def preflight(cfg: dict) -> None:
             if not os.path.isfile(f):
                 raise ConfigError(f"data.{key}: file {f!r} does not exist (expected a .parquet or .jsonl file)")
     hf = _model_config_dict(cfg, arr["model"].get("path"))
+    check_model_files(cfg, hf, resume_path)
     heads = hf.get("num_attention_heads")
     kv = hf.get("num_key_value_heads") or heads
     for key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
@@ -394,8 +395,12 @@ def run(hydra_cfg: DictConfig) -> dict:
     tok = AutoTokenizer.from_pretrained(cfg["actor_rollout_ref"]["model"].get("tokenizer_path") or mpath)
     check_model_context(cfg, AutoConfig.from_pretrained(mpath), tok)
     d = cfg["data"]
+    from trainer.multimodal import load_processor
+
+    processor = load_processor(cfg["actor_rollout_ref"]["model"].get("tokenizer_path") or mpath)  # None: text-only
     ds_kwargs = dict(tokenizer=tok, max_prompt_length=int(d["max_prompt_length"]), prompt_key=d["prompt_key"],
-                     filter_overlong_prompts=bool(d["filter_overlong_prompts"]), truncation=d["truncation"])
+                     filter_overlong_prompts=bool(d["filter_overlong_prompts"]), truncation=d["truncation"],
+                     processor=processor, image_key=d.get("image_key", "images"))
     train_ds = PromptDataset(d["train_files"], max_rows=d.get("max_rows"), **ds_kwargs)
     val_ds = PromptDataset(d["val_files"], max_rows=d.get("val_max_rows"), **ds_kwargs) if d.get("val_files") else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

@@ -113,7 +113,8 @@ class ActorRolloutRefWorker(DistributedWorker):
 
         ``prompts`` holds left-padded ``input_ids``/``attention_mask`` (B, P); the result has B*n rows with
         ``prompts`` (B*n, P), ``responses``/``response_mask``/``rollout_log_probs`` (B*n, R), ``input_ids``,
-        ``attention_mask``, ``position_ids`` (B*n, P+R) and the prompt's non-tensor columns repeated.
+        ``attention_mask``, ``position_ids`` (B*n, P+R; a vision-language model's rotary rows (B*n, 3, P+R)) and
+        the prompt's non-tensor columns repeated (``multi_modal_inputs`` go to the rollout engine too).
         """
         t0 = time.perf_counter()
         validate = bool(prompts.meta.get("validate", False))
@@ -128,7 +129,8 @@ class ActorRolloutRefWorker(DistributedWorker):
             perf = {}
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
                 perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
-            out = self.engine.generate(prompt_lists, sampling)
+            mm = list(prompts["multi_modal_inputs"]) if "multi_modal_inputs" in prompts else None
+            out = self.engine.generate(prompt_lists, sampling, **({"multi_modal_inputs": mm} if mm else {}))
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
         perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
         n = sampling.n
@@ -137,14 +139,21 @@ class ActorRolloutRefWorker(DistributedWorker):
         resp_mask = out.response_mask.to(torch.long)
         p_ids, p_mask = rep["input_ids"], rep["attention_mask"]
         attn = torch.cat([p_mask, resp_mask], dim=1)
+        input_ids = torch.cat([p_ids, responses], dim=1)
+        position_ids = torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0)
+        if "multi_modal_inputs" in rep:  # a vision-language model: its rotary position rows (B, 3, P+R)
+            from trainer.multimodal import rope_position_ids
+
+            rows = rope_position_ids(self.actor.engine, input_ids, attn, list(rep["multi_modal_inputs"]))
+            position_ids = rows if rows is not None else position_ids
         result = DataProto.from_dict({
             "prompts": p_ids,
             "responses": responses,
             "response_mask": resp_mask.float(),
             "rollout_log_probs": out.rollout_log_probs.float(),
-            "input_ids": torch.cat([p_ids, responses], dim=1),
+            "input_ids": input_ids,
             "attention_mask": attn,
-            "position_ids": torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0),
+            "position_ids": position_ids,
         }, {k: v for k, v in rep.non_tensor.items()}, meta=dict(prompts.meta))
         result.meta["timing_gen_s"] = time.perf_counter() - t0
         result.meta.update(perf)

@@ -220,15 +220,17 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
     # ---- checkpoints and HF export ----------------------------------------------------------------------------
     def attach_checkpointing(self, role, value_head: bool = False) -> dict:
         """A :class:`trainer.megatron.checkpoint.MegatronCheckpointManager` for ``role`` (``save_checkpoint`` /
-        ``load_checkpoint`` are inherited: ``self.ckpt.save(dir)`` / ``self.ckpt.load(dir)``)."""
+        ``load_checkpoint`` are inherited: ``self.ckpt.save(dir)`` / ``self.ckpt.load(dir)``), writing
+        ``actor_rollout_ref.actor.megatron.ckpt_format``."""
         from trainer.megatron.checkpoint import MegatronCheckpointManager
 
         if value_head:
             raise ValueError("the Megatron path has no value-head (critic) models")
         self._trained, self._value_head = role, False
         eng = role.engine
+        fmt = (self.actor_cfg.get("megatron") or {}).get("ckpt_format", "torch_dist")
         self.ckpt = MegatronCheckpointManager(eng.module, optimizer=eng.optimizer, lr_scheduler=eng.lr_scheduler,
-                                              hf_config=role.hf_config, tokenizer=role.tokenizer)
+                                              hf_config=role.hf_config, tokenizer=role.tokenizer, ckpt_format=fmt)
         return {"num_params": sum(p.numel() for p in eng.module.parameters())}
 
     def export_hf(self, out_dir: str) -> None:

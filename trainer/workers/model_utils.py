@@ -67,9 +67,12 @@ class ModelRole:
 
             model = AutoModelForTokenClassification.from_pretrained(
                 path, num_labels=1, dtype=torch.float32, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                         trust_remote_code=bool(model_cfg.get("trust_remote_code")))
+        else:  # a vision-language model (its config has a vision_config) loads as image-text-to-text
+            from transformers import AutoModelForImageTextToText
+
+            auto = AutoModelForImageTextToText if is_vision_language(hf_config) else AutoModelForCausalLM
+            model = auto.from_pretrained(path, dtype=torch.float32,
+                                         trust_remote_code=bool(model_cfg.get("trust_remote_code")))
         if use_rmpad:
             from patches.ulysses import apply_ulysses_patch
 
@@ -91,6 +94,11 @@ class ModelRole:
         return cls(engine=engine, tokenizer=tok, hf_config=hf_config, model_path=path, sp=sp_obj, sp_size=sp,
                    dp_group=dp_group, dp_size=dp_size, dp_rank=dp_rank, use_remove_padding=use_rmpad,
                    device=worker.device, value_head=value_head)
+
+
+def is_vision_language(hf_config) -> bool:
+    """Whether an HF config describes a vision-language model (it carries a ``vision_config``)."""
+    return getattr(hf_config, "vision_config", None) is not None
 
 
 def use_weights_only_loads(engine) -> None:
@@ -128,8 +136,9 @@ def make_sp_groups(world_size: int, sp: int, rank: int, hf_config) -> tuple[Any,
         return None, None, world_size, rank
     from patches.ulysses import build_dp_sp_groups, validate_ulysses_config
 
-    validate_ulysses_config(hf_config.num_attention_heads,
-                            getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads, sp)
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    validate_ulysses_config(text.num_attention_heads,
+                            getattr(text, "num_key_value_heads", None) or text.num_attention_heads, sp)
     mesh = build_dp_sp_groups(world_size, sp, rank)
     return mesh.sp, mesh.dp_group, mesh.dp_size, mesh.dp_rank
 
@@ -138,11 +147,14 @@ def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_
     """Per-token response log-probs (and entropy) of one micro-batch: (b, R) f32 each (entropy may be None)."""
     from trainer.forward import forward_log_probs
 
+    from trainer.multimodal import concat_multi_modal_inputs
+
+    mm = concat_multi_modal_inputs(mb["multi_modal_inputs"]) if "multi_modal_inputs" in mb else None
     # inputs stay on the CPU: the packed forward packs there and copies without a host sync (trainer.forward)
     return forward_log_probs(role.engine, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
                              response_length=mb["responses"].shape[1], temperature=temperature,
                              calculate_entropy=calculate_entropy, use_remove_padding=role.use_remove_padding,
-                             sp=role.sp, device=role.device)
+                             sp=role.sp, device=role.device, multi_modal_inputs=mm or None)
 
 
 def forward_batch_log_probs(role: ModelRole, data: DataProto, micro_batch_size: int, temperature: float,
@@ -153,7 +165,8 @@ def forward_batch_log_probs(role: ModelRole, data: DataProto, micro_batch_size: 
         (log_probs (B, R) f32 on CPU, entropy (B, R) f32 on CPU or None).
     """
     order = torch.arange(len(data))
-    data = data.select(["input_ids", "attention_mask", "position_ids", "responses"])
+    data = data.select(["input_ids", "attention_mask", "position_ids", "responses"],
+                       [k for k in ("multi_modal_inputs",) if k in data.non_tensor])
     data["_row"] = order
     lps, ents, rows = [], [], []
     for mb in micro_batches(data, micro_batch_size, use_dynamic_bsz, max_token_len * role.sp_size, role.dp_group):

@@ -51,6 +51,8 @@ def test_ours_command_matches_job(monkeypatch):
     v = vs_trl.ours_command(JOB, "vllm")
     assert "rollout=vllm" in v and "rollout=hf" not in v and "trainer.output_dir=/tmp/w/ours_vllm" in v
     assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.4" in v
+    extra = ["actor_rollout_ref.model.torch_compile_mode=reduce-overhead", "rollout=hf"]
+    assert vs_trl.ours_command(dict(JOB, ours_overrides=extra), "vllm")[-2:] == extra  # last: Hydra's value wins
 
 
 def test_ours_ignore_eos_only_when_the_config_has_the_key(monkeypatch):
@@ -352,6 +354,7 @@ def test_help_exits_zero(capsys):
     (["--sides", "ours_hf", "--vllm-gpu-util", "1.5"], "--vllm-gpu-util"),
     (["--sides", "ours_vllm", "--device", "cpu"], "vllm"),
     (["--sides", "ours_hf", "--random-config", "gpt5"], "--random-config"),
+    (["--sides", "ours_hf", "--ours-override", "trainer.seed"], "KEY=VALUE"),
 ])
 def test_bad_input_is_refused_before_any_side(tmp_path, argv, msg):
     data = tmp_path / "train.jsonl"

@@ -109,7 +109,8 @@ def ours_ignore_eos_key(engine: str) -> bool:
 
 def ours_command(job: dict, engine: str = "hf") -> list[str]:
     """The ``trainer/main.py`` command line with overrides matching ``job``, generating with ``engine``
-    (``hf`` or ``vllm``; vLLM with ``rollout.gpu_memory_utilization = job["ours_vllm_gpu_util"]``)."""
+    (``hf`` or ``vllm``; vLLM with ``rollout.gpu_memory_utilization = job["ours_vllm_gpu_util"]``), then
+    ``job["ours_overrides"]`` (Hydra overrides given with ``--ours-override``; the last value of a key wins)."""
     data_group = "synthetic" if job["data"].endswith(".jsonl") else "gsm8k"
     cmd = [sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"data={data_group}", "model=smollm2",
            f"actor_rollout_ref.model.path={os.path.abspath(job['model'])}",
@@ -129,7 +130,7 @@ def ours_command(job: dict, engine: str = "hf") -> list[str]:
         cmd.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={job['ours_vllm_gpu_util']}")
     if job.get("ignore_eos") and ours_ignore_eos_key(engine):
         cmd.append("actor_rollout_ref.rollout.ignore_eos=true")
-    return cmd
+    return cmd + list(job.get("ours_overrides") or [])
 
 
 def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) -> float:
@@ -308,6 +309,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine", help="ours' rollout engine(s) without --sides: hf, vllm or hf,vllm")
     ap.add_argument("--trl-vllm-gpu-util", type=float, default=0.3, help="TRL vllm_gpu_memory_utilization")
     ap.add_argument("--vllm-gpu-util", type=float, default=0.5, help="ours: rollout.gpu_memory_utilization")
+    ap.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra trainer/main.py override for ours' sides (repeatable), e.g. "
+                    "actor_rollout_ref.model.torch_compile_mode=reduce-overhead")
     ap.add_argument("--trl-cache-implementation", default=None, help="TRL GRPOConfig.cache_implementation")
     ap.add_argument("--peak-flops", type=float, default=989e12, help="per-GPU peak FLOP/s for the update MFU")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
@@ -331,6 +335,9 @@ def _check(args, sides: list[str], device: str) -> None:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if (args.batch * args.n) % args.micro:
         raise SystemExit(f"error: --micro ({args.micro}) must divide batch*n ({args.batch * args.n})")
+    bad = [o for o in args.ours_override if "=" not in o]
+    if bad:
+        raise SystemExit(f"error: --ours-override {bad[0]!r}: expected KEY=VALUE")
     for flag, v in (("--trl-vllm-gpu-util", args.trl_vllm_gpu_util), ("--vllm-gpu-util", args.vllm_gpu_util)):
         if not 0 < v <= 1:
             raise SystemExit(f"error: {flag} must be in (0, 1], got {v}")
@@ -398,7 +405,7 @@ def main(argv=None) -> dict:
                max_prompt_len=args.max_prompt_len, lr=args.lr, steps=args.steps, seed=args.seed, device=device,
                out_dir=work, cpus=1 if device == "cpu" else 4, ignore_eos=ignore_eos,
                trl_cache_implementation=args.trl_cache_implementation, trl_vllm_gpu_util=args.trl_vllm_gpu_util,
-               ours_vllm_gpu_util=args.vllm_gpu_util, random_model=random_model)
+               ours_vllm_gpu_util=args.vllm_gpu_util, ours_overrides=args.ours_override, random_model=random_model)
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(job["model"])

@@ -382,3 +382,18 @@ def test_tiny_both_frameworks_random_config(tmp_path):
     for r in (trl, ours):
         assert {"gen", "update", "other"} <= set(r["split_s"]) and r["gen_tokens_per_s"] > 0
     assert doc["job"]["random_model"]["config"] == "tiny" and os.path.exists(str(out)[:-5] + ".md")
+
+
+def test_budget_leaves_sides_unstarted_and_says_so(tmp_path):
+    from tools.bench.random_model import build_random_model
+    from trainer import embedded
+
+    embedded.build_tokenizer(str(tmp_path / "tok"))
+    build_random_model("tiny", str(tmp_path / "tok"), str(tmp_path / "m"))
+    train, _ = embedded.write_task(str(tmp_path / "data"), train_rows=8, val_rows=1)
+    out = tmp_path / "o.json"
+    doc = vs_trl.main(["--model", str(tmp_path / "m"), "--data", train, "--sides", "ours_hf", "--budget-s", "5",
+                       "--device", "cpu", "--out", str(out)])
+    (row,) = doc["results"]
+    assert row["side"] == "ours_hf" and row["error"].startswith("not run:") and "of --budget-s 5" in row["error"]
+    assert json.loads(out.read_text())["results"][0]["error"].startswith("not run")

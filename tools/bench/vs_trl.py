@@ -316,6 +316,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--peak-flops", type=float, default=989e12, help="per-GPU peak FLOP/s for the update MFU")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per side")
+    ap.add_argument("--budget-s", type=int, default=None, help="seconds for all sides together: a side gets at "
+                    "most what is left of it (and --timeout); a side with under 30 s left is not started")
     ap.add_argument("--work-dir", default=None, help="logs and run outputs (default: next to --out)")
     ap.add_argument("--tiny", action="store_true", help="CPU: embedded tiny model + synthetic task, 3 steps")
     ap.add_argument("--report-from", help="write the table and plot of this JSON (no runs)")
@@ -410,9 +412,16 @@ def main(argv=None) -> dict:
 
     hf_config = AutoConfig.from_pretrained(job["model"])
     doc = dict(meta=run_meta(args), sides=sides, job=job, results=[], notes=notes(sides, job))
+    end = None if args.budget_s is None else time.monotonic() + args.budget_s
     for side in sides:
-        print(f"=== {side}", flush=True)
-        doc["results"].append(run_side(side, job, work, args.timeout, hf_config=hf_config))
+        left = args.timeout if end is None else min(args.timeout, int(end - time.monotonic()))
+        print(f"=== {side} (at most {left} s)", flush=True)
+        if left < 30:
+            framework, engine = SIDES[side]
+            doc["results"].append(dict(side=side, framework=framework, engine=engine,
+                                       error=f"not run: {left} s left of --budget-s {args.budget_s}"))
+        else:
+            doc["results"].append(run_side(side, job, work, left, hf_config=hf_config))
         write_report(doc, args.out)
     ok = [r for r in doc["results"] if not r.get("error")]
     print_table(ok, ["side", "timed_steps", "mean_step_s", "samples_per_s", "gen_tokens_per_s",

@@ -135,7 +135,7 @@ def ours_command(job: dict, engine: str = "hf") -> list[str]:
 
 def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) -> float:
     """Run ``cmd`` in its own session with output to ``log``; returns wall seconds. On timeout the session gets
-    SIGINT (the trainer shuts Ray down), then SIGKILL after 20 s. Raises RuntimeError on a non-zero exit or a
+    SIGINT (the trainer shuts Ray down), then SIGKILL after 15 s. Raises RuntimeError on a non-zero exit or a
     timeout (the message holds the log's tail)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            **(env_extra or {})}
@@ -145,7 +145,7 @@ def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) 
         try:
             rc, why = proc.wait(timeout=timeout), "exited"
         except subprocess.TimeoutExpired:
-            for sig, grace in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+            for sig, grace in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
                 try:
                     os.killpg(proc.pid, sig)
                     proc.wait(timeout=grace)

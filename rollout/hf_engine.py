@@ -194,7 +194,8 @@ class HFRolloutEngine(RolloutEngine):
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import CompileConfig
 
-        kw = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, eos_token_id=stop_ids,
+        min_new = sampling.max_new_tokens if sampling.ignore_eos else 0  # stop ids are masked out until then
+        kw = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=min_new, eos_token_id=stop_ids,
                   pad_token_id=self.pad_id, output_logits=False, return_dict_in_generate=True,
                   num_return_sequences=1, num_beams=1, use_cache=True, repetition_penalty=1.0)
         # a vision-language model never writes its image placeholders (their count must match the images)

@@ -99,7 +99,8 @@ class VLLMRolloutEngine(RolloutEngine):
     # ---- generation -----------------------------------------------------------------------------------------
     def _sampling_params(self, sampling: SamplingConfig):
         greedy = sampling.greedy
-        return self._sampling_params_cls(
+        fixed = dict(ignore_eos=True, min_tokens=sampling.max_new_tokens) if sampling.ignore_eos else {}
+        return self._sampling_params_cls(**fixed,
             n=sampling.n, temperature=0.0 if greedy else float(sampling.temperature),
             top_p=1.0 if greedy else float(sampling.top_p),
             top_k=-1 if greedy or sampling.top_k <= 0 else int(sampling.top_k),

@@ -241,3 +241,16 @@ def test_p24_completion_lengths_end_at_any_stop_id():
     s = completion_length_stats(comp, eos_id=[2, 7], max_len=4)
     assert s.min == 2.0 and s.clipped_ratio == pytest.approx(1 / 3)
     assert s.loss_mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]]
+
+
+def test_ignore_eos_runs_every_row_to_the_limit(rigged_llama, monkeypatch):
+    """rollout.ignore_eos: the rigged model's stop token is masked until max_new_tokens, in both engines."""
+    tok, model, path = rigged_llama
+    worker, _ = _generate_hf(tok, model, path, [3, 4])
+    out = worker.engine.generate([[3, 4]], SamplingConfig(n=1, max_new_tokens=4, do_sample=False, ignore_eos=True))
+    assert out.response_mask.tolist() == [[1, 1, 1, 1]] and 5 not in out.responses.tolist()[0]
+    monkeypatch.setattr(vllm_engine, "import_vllm", lambda: types.SimpleNamespace(LLM=_FakeLLM, SamplingParams=dict))
+    vw = _worker(tok, model.config, path, name="vllm")
+    ActorRolloutRefWorker._build_rollout(vw)
+    params = vw.engine._sampling_params(SamplingConfig(max_new_tokens=4, ignore_eos=True))
+    assert params["ignore_eos"] is True and params["min_tokens"] == 4

@@ -33,6 +33,15 @@ def test_memory_log_stages_in_order(monkeypatch):
     assert eng.calls == [("wake", ("weights",)), ("load", 1), ("wake", ("kv_cache",)), ("sleep", 1)]
 
 
+def test_timing_log_has_every_stage(monkeypatch):
+    monkeypatch.setattr(memory, "empty_cache", lambda: None)
+    secs = {}
+    with rollout_mode(_Engine(), lambda: [("w", torch.zeros(2))], 1024, timing_log=secs):
+        pass
+    assert list(secs) == ["before_wake", "weights_awake", "weights_synced", "kv_awake", "generated", "asleep"]
+    assert all(v >= 0 for v in secs.values())
+
+
 def test_no_cuda_records_nothing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     log = {}

@@ -89,9 +89,10 @@ class ActorRolloutRefWorker(DistributedWorker):
         src = rc["val_kwargs"] if validate else rc
         return SamplingConfig(n=int(src["n"]), temperature=float(src["temperature"]), top_p=float(src["top_p"]),
                               top_k=int(src["top_k"]), max_new_tokens=int(rc["response_length"]),
-                              do_sample=bool(src["do_sample"]), seed=seed)
+                              do_sample=bool(src["do_sample"]), seed=seed,
+                              ignore_eos=bool(rc.get("ignore_eos", False)) and not validate)
 
-    def _rollout_context(self, validate: bool, memory_log: dict | None = None):
+    def _rollout_context(self, validate: bool, memory_log: dict | None = None, timing_log: dict | None = None):
         """``rollout.context.rollout_mode`` with this worker's weight source (ZeRO-gathered actor parameters);
         the Megatron worker overrides it with TP-gathered HF tensors. ``memory_log`` receives the GPU memory in
         use after each wake/sleep stage (see ``rollout_mode``)."""
@@ -105,7 +106,8 @@ class ActorRolloutRefWorker(DistributedWorker):
         return rollout_mode(self.engine, lambda: iter_actor_params(module, stage, bucket), bucket,
                             offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
                             reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
-                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log)
+                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log,
+                            timing_log=timing_log)
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -125,7 +127,8 @@ class ActorRolloutRefWorker(DistributedWorker):
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         reset_peak_memory(self.device)
         stages: dict[str, float] = {}
-        with self._rollout_context(validate, memory_log=stages):
+        seconds: dict[str, float] = {}
+        with self._rollout_context(validate, memory_log=stages, timing_log=seconds):
             perf = {}
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
                 perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
@@ -133,6 +136,7 @@ class ActorRolloutRefWorker(DistributedWorker):
             out = self.engine.generate(prompt_lists, sampling, **({"multi_modal_inputs": mm} if mm else {}))
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
         perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
+        perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
         n = sampling.n
         rep = prompts.repeat(n, interleave=True)
         responses = out.responses.to(torch.long)

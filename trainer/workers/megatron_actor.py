@@ -187,7 +187,7 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         return model, optimizer, shadow
 
     # ---- rollout weights ------------------------------------------------------------------------------------
-    def _rollout_context(self, validate: bool, memory_log: dict | None = None):
+    def _rollout_context(self, validate: bool, memory_log: dict | None = None, timing_log: dict | None = None):
         """``rollout.context.rollout_mode`` fed with the actor's TP-gathered HF tensors in buckets."""
         from rollout.context import rollout_mode
         from trainer.megatron.engine import unwrap
@@ -197,7 +197,8 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         bucket = int(rc["update_weights_bucket_megabytes"]) * 2 ** 20
         model = unwrap(self.actor.engine.module)
         return rollout_mode(self.engine, lambda: iter_hf_buckets(model, self.shape, bucket), bucket,
-                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log)
+                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log,
+                            timing_log=timing_log)
 
     @torch.no_grad()
     def weights_fingerprint(self) -> dict:

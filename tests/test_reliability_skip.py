@@ -29,13 +29,13 @@ def _init_dist(rank=0, world=1, port=None):
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 
 
-def _engine(stage):
+def _engine(stage, bf16=False):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
            "managed_gradient_accumulation": False, "gradient_clipping": 1.0, "zero_optimization": {"stage": stage},
-           "bf16": {"enabled": False}, "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
+           "bf16": {"enabled": bf16}, "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
     return engine
 

@@ -295,8 +295,11 @@ def validate(cfg: dict) -> None:
         check_kernel_options(model_cfg, t["device"], effective_zero_stage(ds), ds_config=ds.get("ds_config"),
                              offload_optimizer=bool(ds.get("offload_optimizer")))
 
+    from trainer.workers.step_guard import check_ds_config_keeps_norm_check
+
     try:
         check(arr["model"])
+        check_ds_config_keeps_norm_check(ds.get("ds_config"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     from trainer.prime import prime_enabled

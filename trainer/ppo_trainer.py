@@ -365,9 +365,9 @@ class RayPPOTrainer:
             TrainingDiverged: naming the role, the streak and the last checkpoint (which stays intact).
         """
         limit = int(self.cfg["trainer"].get("max_consecutive_skipped_steps", 5))
-        for role in ("actor", "critic"):
-            streak = metrics.get(f"{role}/consecutive_skipped_steps", 0.0)
-            if streak >= limit:
+        for key, streak in metrics.items():  # actor, critic, reward_model (PRIME)
+            role = key[:-len("/consecutive_skipped_steps")]
+            if key.endswith("/consecutive_skipped_steps") and streak >= limit:
                 from trainer.checkpoint.base import find_latest_checkpoint
 
                 raise TrainingDiverged(

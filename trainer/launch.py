@@ -379,6 +379,9 @@ def run(hydra_cfg: DictConfig) -> dict:
     cfg = resolve_config(hydra_cfg)
     validate(cfg)
     preflight(cfg)
+    from trainer.placement import check_placement
+
+    check_placement(cfg["trainer"])  # the workers fit this machine or the Ray cluster (PlacementError)
     prepare_embedded(cfg)
     from transformers import AutoConfig, AutoTokenizer
 

@@ -73,7 +73,7 @@ class RayPPOTrainer:
 
         t = self.cfg["trainer"]
         cpus = int(t.get("cpus_per_worker", 1))
-        init_ray(self.device, self.world, cpus)
+        init_ray(self.device)
         self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus)
         share = 1.0 / (1 + int(self.use_critic) + int(self.prime is not None))  # [PRIME] PRM shares the bundles
         sp = int(self.cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])

@@ -416,8 +416,13 @@ def run(hydra_cfg: DictConfig) -> dict:
     from trainer.ppo_trainer import RayPPOTrainer
 
     trainer = RayPPOTrainer(cfg, tok, loader, val_ds, make_rm(), make_rm())
-    trainer.init_workers()
-    last = trainer.fit()
+    from trainer.interrupt import as_interrupt
+
+    try:
+        trainer.init_workers()
+        last = trainer.fit()
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
+        raise as_interrupt(exc, trainer.global_step) from None
     summary = {k: v for k, v in last.items() if not k.startswith("_")}
     os.makedirs(cfg["trainer"]["output_dir"], exist_ok=True)
     with open(os.path.join(cfg["trainer"]["output_dir"], "final_metrics.json"), "w") as f:

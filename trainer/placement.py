@@ -49,15 +49,16 @@ def init_ray(device: str) -> None:
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
                               "logging_level": logging.WARNING, "log_to_driver": True}
     address = os.environ.get("RAY_ADDRESS")
-    if not address:
-        ray.init(**kwargs)
-        return
-    probe_ray_address(address)
+    if address:
+        probe_ray_address(address)
     try:
-        ray.init(address=address, **kwargs)
+        ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
     except ConnectionError as exc:
         raise PlacementError(f"RAY_ADDRESS={address!r}: no Ray cluster there ({str(exc).splitlines()[0]}); "
                              "start one with ray start --head, or unset RAY_ADDRESS for a local Ray") from None
+    from trainer.interrupt import reinstall_handlers
+
+    reinstall_handlers()  # Ctrl-C / SIGTERM of the driver (trainer/interrupt.py) over Ray's own SIGTERM handler
 
 
 def _where() -> str:

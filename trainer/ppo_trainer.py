@@ -381,7 +381,11 @@ class RayPPOTrainer:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        logger.warning("SIGTERM received: the run stops after the current step")
+        if self._stop_requested:  # a second SIGTERM: stop now, as Ctrl-C (trainer/interrupt.py)
+            from trainer.interrupt import RunInterrupted
+
+            raise RunInterrupted(signum, self.global_step)
+        logger.warning("SIGTERM received: the run stops after the current step (a second SIGTERM stops at once)")
         self._stop_requested = True
 
 

@@ -8,13 +8,11 @@ a checkpoint is saved, exit 0, nothing left behind.
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.e2e_utils import ROOT, SHORT, read_metrics
+from tests.e2e_utils import SHORT, MainRun
 
 psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.slow
@@ -23,44 +21,12 @@ ARGS = [a for a in SHORT if not a.startswith("trainer.total_training_steps")] + 
     "trainer.total_training_steps=200", "trainer.export_hf_on_end=false", "trainer.test_freq=-1"]
 
 
-class Run:
-    """``trainer/main.py`` in its own session, its output in a log file."""
-
+class Run(MainRun):
     def __init__(self, out_dir, *overrides):
-        self.out = out_dir
-        self.log = open(f"{out_dir}.log", "w+")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "trainer", "main.py"),
-                                      f"trainer.output_dir={out_dir}", *ARGS, *overrides], cwd=ROOT, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def text(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def wait_for(self, done, what, timeout=300):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.text()[-5000:]
-            if done():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{what} not reached in {timeout} s\n{self.text()[-5000:]}")
-
-    def stepped(self):
-        path = os.path.join(self.out, "metrics.jsonl")
-        return os.path.exists(path) and any("actor/pg_loss" in r for r in read_metrics(self.out))
+        super().__init__(out_dir, *ARGS, *overrides)
 
     def descendants(self):
         return psutil.Process(self.proc.pid).children(recursive=True)
-
-    def finish(self, timeout=90):
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def _alive(procs):

@@ -236,6 +236,9 @@ def validate(cfg: dict) -> None:
                 _finite(f"{key}.{name}", section[name])
         if float(_finite(f"{key}.optim.lr", section["optim"]["lr"])) < 0:
             raise ConfigError(f"{key}.optim.lr={section['optim']['lr']}; expected >= 0")
+    restarts = t.get("max_restarts", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ConfigError(f"trainer.max_restarts={restarts!r}; expected an integer >= 0")
     max_skip = int(t.get("max_consecutive_skipped_steps", 5))
     if max_skip < 1:
         raise ConfigError(f"trainer.max_consecutive_skipped_steps={max_skip}; expected >= 1")

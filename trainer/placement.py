@@ -34,6 +34,11 @@ class WorkerFailure(RuntimeError):
     """A worker process died or raised; the message names the role and rank."""
 
 
+class WorkerDied(WorkerFailure):
+    """A worker process died (killed, out of memory, its node lost): the failure ``trainer.max_restarts`` recovers
+    from (:mod:`trainer.recovery`)."""
+
+
 def init_ray(device: str) -> None:
     """Join ``RAY_ADDRESS`` when set (PlacementError at once when it does not answer), else start a local Ray on
     this machine's own CPUs and GPUs (Ray's count; never raised to fit a request: see :func:`check_placement`)."""
@@ -136,8 +141,14 @@ class WorkerGroup:
             if rank == 0:
                 addr, port = self._get([w.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
             self.workers.append(w)
-        self.pids = self._get([w.getpid.remote() for w in self.workers], "getpid", list(range(world_size)))
+        where = self._get([w.location.remote() for w in self.workers], "location", list(range(world_size)))
+        self.pids = [w["pid"] for w in where]
+        self.node_ids = [w["node_id"] for w in where]
+        self.master_addr = f"{addr}:{port}"
         logger.info("%s workers: %s", role, ", ".join(f"rank {r} pid {p}" for r, p in enumerate(self.pids)))
+        logger.info("%s nodes: %s; rendezvous at %s", role,
+                    ", ".join(f"rank {r} on node {w['node_id'][:12]} ({w['node_ip']})" for r, w in enumerate(where)),
+                    self.master_addr)
 
     # ---- calls --------------------------------------------------------------------------------------------
     def _get(self, futures: list, method: str, ranks: list[int], timeout_s: float | None = None) -> list:
@@ -157,7 +168,7 @@ class WorkerGroup:
             try:
                 results[ref] = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                raise WorkerFailure(f"{self.role} rank {rank} died during {method}: {exc}") from exc
+                raise WorkerDied(f"{self.role} rank {rank} died during {method}: {exc}") from exc
             except ray.exceptions.RayTaskError as exc:
                 self._raise_if_a_peer_died(pending, method, f"rank {rank} raised: {str(exc)[:300]}", deadline)
                 raise WorkerFailure(f"{self.role} rank {rank} raised in {method}: {exc}") from exc
@@ -178,7 +189,7 @@ class WorkerGroup:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                raise WorkerFailure(f"{self.role} rank {pending[ref]} died during {method}: {exc} (then {seen})") \
+                raise WorkerDied(f"{self.role} rank {pending[ref]} died during {method}: {exc} (then {seen})") \
                     from exc
             except Exception:  # noqa: BLE001 (not a death: the rank that raised first is the one reported)
                 pass

@@ -113,10 +113,11 @@ class RayPPOTrainer:
         commit_checkpoint(self._ckpt_root(), self.global_step, t.get("max_actor_ckpt_to_keep"))
         return step_dir
 
-    def load_checkpoint(self) -> int:
+    def load_checkpoint(self, path: str | None = None) -> int:
+        """Load the checkpoint ``trainer.resume_mode`` names (or the step folder ``path``); returns its step."""
         from trainer.checkpoint.base import load_trainer_state, resolve_resume_path
 
-        path, step = resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
+        path, step = (path, -1) if path else resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
         if path is None:
             return 0
         t0 = time.perf_counter()
@@ -130,8 +131,9 @@ class RayPPOTrainer:
         self.loader.load_state_dict(loader_state)
         if self.kl_ctrl is not None and "kl_coef" in loader_state:
             self.kl_ctrl.value = float(loader_state["kl_coef"])
+        step = int(state.get("global_step", step))
         logger.warning("resumed from %s (step %d); checkpoint loaded in %.2f s", path, step, time.perf_counter() - t0)
-        return int(state.get("global_step", step))
+        return step
 
     # ---- one step -------------------------------------------------------------------------------------------
     def _balance(self, batch: DataProto) -> DataProto:
@@ -313,6 +315,10 @@ class RayPPOTrainer:
         self.global_step = self.load_checkpoint()
         tracker = Tracking(t["project_name"], t["experiment_name"], t["logger"], t["output_dir"], self.cfg,
                            total_steps=total, start_step=self.global_step)
+        from trainer.placement import WorkerDied
+        from trainer.recovery import Recovery
+
+        recovery = Recovery(self, tracker, int(t.get("max_restarts", 0)))
         self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}
@@ -325,24 +331,29 @@ class RayPPOTrainer:
             while self.global_step < total and not self._stop_requested:
                 self.global_step += 1
                 timing: dict = {}
-                with _timer("step", timing):
-                    batch, epoch = self.loader.next_batch()
-                    metrics = self.train_step(batch, timing)
-                    self._check_skipped(metrics)
-                    is_last = self.global_step == total
-                    if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
-                        with _timer("save_checkpoint", timing):
-                            self.save_checkpoint()
-                    if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
-                        with _timer("testing", timing):
-                            metrics.update(self.validate())
+                try:
+                    with _timer("step", timing):
+                        batch, epoch = self.loader.next_batch()
+                        metrics = self.train_step(batch, timing)
+                        self._check_skipped(metrics)
+                        is_last = self.global_step == total
+                        if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
+                            with _timer("save_checkpoint", timing):
+                                self.save_checkpoint()
+                        if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
+                            with _timer("testing", timing):
+                                metrics.update(self.validate())
+                except WorkerDied as exc:  # trainer.max_restarts: re-raised, or back at the last checkpoint
+                    recovery.restart(exc)
+                    continue
                 b = self._last_batch
                 metrics.update(compute_data_metrics(b, use_critic=self.use_critic,
                                                     max_response_length=int(self.cfg["data"]["max_response_length"]),
                                                     max_prompt_length=int(self.cfg["data"]["max_prompt_length"])))
                 metrics.update(compute_timing_metrics(b, timing))
                 metrics.update(compute_throughput_metrics(b, timing, n_gpus=self.world))
-                metrics.update({"training/global_step": self.global_step, "training/epoch": epoch})
+                metrics.update({"training/global_step": self.global_step, "training/epoch": epoch,
+                                **recovery.metrics()})
                 tracker.log(metrics, step=self.global_step)
                 last = metrics
             if self._stop_requested and int(t.get("save_freq", -1)) > 0:

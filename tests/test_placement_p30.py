@@ -62,9 +62,9 @@ def test_check_request_against_nodes_and_free_resources():
     with pytest.raises(PlacementError, match=r"^3 GPUs requested .* but the cluster has 2 free GPU"):
         check_request(_req(device="cuda", nnodes=1, n_gpus_per_node=3), nodes, "the cluster",
                       free={"CPU": 8.0, "GPU": 2.0})       # 3 GPUs exist, one is in use
-    with pytest.raises(PlacementError, match=r"trainer.nnodes=2 nodes of 2 workers \(2 CPUs, 2 GPUs each\) requested, "
-                                             r"but the cluster has 2 node\(s\), 1 of them big enough \(10.0.0.1: 4 CPUs, "
-                                             r"2 GPUs; 10.0.0.2: 1 CPUs, 4 GPUs\)"):
+    with pytest.raises(PlacementError, match=r"trainer.nnodes=2 nodes of 2 workers \(2 CPUs, 2 GPUs each\) "
+                                             r"requested, but the cluster has 2 node\(s\), 1 of them big enough "
+                                             r"\(10.0.0.1: 4 CPUs, 2 GPUs; 10.0.0.2: 1 CPUs, 4 GPUs\)"):
         check_request(_req(device="cuda", nnodes=2, n_gpus_per_node=2), nodes, "the cluster")
     with pytest.raises(PlacementError, match=r"^6 workers x 2 CPUs .* = 12 CPUs requested, but the cluster has 5 CPUs"):
         check_request(_req(nnodes=2, n_gpus_per_node=3, cpus_per_worker=2), nodes, "the cluster")

@@ -179,8 +179,9 @@ def test_ds_config_that_turns_off_deepspeeds_norm_check_is_refused():
     from tests.test_reliability_config import OK_BATCH, _cfg
     from trainer.launch import ConfigError, validate
 
-    validate(_cfg(*OK_BATCH, "deepspeed=zero2", "deepspeed.ds_config={zero_optimization:{compute_grad_norm:true}}"))
+    zero2 = (*OK_BATCH, "deepspeed=zero2")
+    validate(_cfg(*zero2, "deepspeed.ds_config={zero_optimization:{compute_grad_norm:true}}"))
     with pytest.raises(ConfigError, match=r"^deepspeed.ds_config.zero_optimization.compute_grad_norm=False"):
-        validate(_cfg(*OK_BATCH, "deepspeed=zero2", "deepspeed.ds_config={zero_optimization:{compute_grad_norm:false}}"))
+        validate(_cfg(*zero2, "deepspeed.ds_config={zero_optimization:{compute_grad_norm:false}}"))
     with pytest.raises(ConfigError, match=r"^deepspeed.ds_config.bf16.check_grad_overflow=False"):
         validate(_cfg(*OK_BATCH, "deepspeed.ds_config={bf16:{enabled:true,check_grad_overflow:false}}"))

@@ -59,8 +59,10 @@ def init_ray(device: str) -> None:
     try:
         ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
     except ConnectionError as exc:
-        raise PlacementError(f"RAY_ADDRESS={address!r}: no Ray cluster there ({str(exc).splitlines()[0]}); "
-                             "start one with ray start --head, or unset RAY_ADDRESS for a local Ray") from None
+        raise PlacementError(f"RAY_ADDRESS={address!r}: could not join a Ray cluster there "
+                             f"({str(exc).splitlines()[0]}); start one with ray start --head, or unset RAY_ADDRESS "
+                             "for a local Ray; with Ray's token authentication set RAY_AUTH_MODE=token and the head's "
+                             "token (~/.ray/auth_token)") from None
     from trainer.interrupt import reinstall_handlers
 
     reinstall_handlers()  # Ctrl-C / SIGTERM of the driver (trainer/interrupt.py) over Ray's own SIGTERM handler

@@ -117,9 +117,9 @@ def check_request(req: ResourceRequest, nodes: list[dict[str, float]], where: st
     if len(fit) < req.nnodes:
         found = "; ".join(f"{n.get('ip', 'node')}: {_num(n.get('CPU', 0))} CPUs, {_num(n.get('GPU', 0))} GPUs"
                           for n in nodes)
-        raise PlacementError(f"trainer.nnodes={req.nnodes} nodes of {req.workers_per_node} workers "
-                             f"({_num(per_node['CPU'])} CPUs{', %d GPUs' % per_node['GPU'] if 'GPU' in per_node else ''}"
-                             f" each) requested, but {where} has {len(nodes)} node(s), {len(fit)} of them big enough "
+        size = ", ".join(f"{_num(v)} {k}s" for k, v in per_node.items())
+        raise PlacementError(f"trainer.nnodes={req.nnodes} nodes of {req.workers_per_node} workers ({size} each) "
+                             f"requested, but {where} has {len(nodes)} node(s), {len(fit)} of them big enough "
                              f"({found})")
 
 

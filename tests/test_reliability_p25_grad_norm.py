@@ -16,10 +16,9 @@ import torch  # noqa: E402
 
 deepspeed = pytest.importorskip("deepspeed")
 
-from tests.test_reliability_skip import CFG, _engine, _init_dist, _params  # noqa: E402
+from tests.test_reliability_skip import CFG, _engine, _init_dist, _params, run_two_ranks  # noqa: E402
 from trainer.protocol import DataProto  # noqa: E402
 from trainer.workers import update  # noqa: E402
-from trainer.workers.base import free_port  # noqa: E402
 
 
 def _nan_grad_loss(out, poison):
@@ -128,17 +127,7 @@ def _rank_main(rank, port, q):
 
 
 def test_p25_nan_gradient_on_one_rank_skips_on_all_ranks():
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(q.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    results = dict(run_two_ranks(_rank_main))
     assert all(isinstance(v, list) for v in results.values()), results
     for (s0, skip0, fin0, moved0, sums0), (s1, skip1, fin1, moved1, sums1) in zip(results[0], results[1]):
         # dp=2: a mini-batch of 2 prompts is 1 row per rank, 4 mini-batches; the first is skipped on both ranks

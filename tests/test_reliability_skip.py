@@ -29,13 +29,13 @@ def _init_dist(rank=0, world=1, port=None):
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 
 
-def _engine(stage):
+def _engine(stage, bf16=False):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
            "managed_gradient_accumulation": False, "gradient_clipping": 1.0, "zero_optimization": {"stage": stage},
-           "bf16": {"enabled": False}, "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
+           "bf16": {"enabled": bf16}, "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
     return engine
 
@@ -112,18 +112,24 @@ def _rank_main(rank, port, q):
         q.put((rank, repr(exc), None, None))
 
 
-def test_nan_on_one_rank_skips_on_all_ranks():
+def run_two_ranks(target, timeout_s: float = 180) -> list:
+    """``target(rank, port, queue)`` in 2 spawned processes (one gloo group); what they put, sorted."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, port, q)) for r in range(2)]
     for p in procs:
         p.start()
-    results = sorted(q.get(timeout=120) for _ in procs)
+    results = sorted(q.get(timeout=timeout_s) for _ in procs)
     for p in procs:
         p.join(timeout=60)
+    return results
+
+
+def test_nan_on_one_rank_skips_on_all_ranks():
+    results = run_two_ranks(_rank_main)
     # dp=2: a mini-batch of 2 prompts is 1 row per rank, so 4 mini-batches; the first is skipped on BOTH ranks
     # (only rank 1 saw the NaN), the other 3 step
     assert results == [(0, [1.0], 3, True), (1, [1.0], 3, True)], results

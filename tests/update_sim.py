@@ -67,6 +67,12 @@ class FakeEngine:
     def get_global_grad_norm(self):
         return None
 
+    def parameters(self):
+        return [self.module.w]
+
+    def was_step_applied(self):
+        return True
+
     def get_lr(self):
         return [0.0]
 
@@ -87,12 +93,13 @@ def fake_forward_values(role, mb):
 
 def patch(monkeypatch):
     """Route the update loop's forwards and ``global_count`` to the fakes above."""
-    from trainer.workers import critic, model_utils, update
+    from trainer.workers import critic, model_utils, step_guard, update
 
     monkeypatch.setattr(model_utils, "forward_micro", fake_forward_micro)
     monkeypatch.setattr(critic, "forward_values_micro", fake_forward_values)
-    monkeypatch.setattr(update, "global_count", lambda value, device=None, group=None:
-                        _HOLDER["c"].sum(value))
+    for module in (update, step_guard):  # the update loop's counts and the step guard's finiteness flag
+        monkeypatch.setattr(module, "global_count", lambda value, device=None, group=None:
+                            _HOLDER["c"].sum(value))
 
 
 def run_update(rows: DataProto, cfg: dict, kind: str, dp: int, n: int = 1, w: float = 0.5,

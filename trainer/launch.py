@@ -235,6 +235,9 @@ def validate(cfg: dict) -> None:
                 _finite(f"{key}.{name}", section[name])
         if float(_finite(f"{key}.optim.lr", section["optim"]["lr"])) < 0:
             raise ConfigError(f"{key}.optim.lr={section['optim']['lr']}; expected >= 0")
+    restarts = t.get("max_restarts", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ConfigError(f"trainer.max_restarts={restarts!r}; expected an integer >= 0")
     max_skip = int(t.get("max_consecutive_skipped_steps", 5))
     if max_skip < 1:
         raise ConfigError(f"trainer.max_consecutive_skipped_steps={max_skip}; expected >= 1")
@@ -289,8 +292,11 @@ def validate(cfg: dict) -> None:
         check_kernel_options(model_cfg, t["device"], effective_zero_stage(ds), ds_config=ds.get("ds_config"),
                              offload_optimizer=bool(ds.get("offload_optimizer")))
 
+    from trainer.workers.step_guard import check_ds_config_keeps_norm_check
+
     try:
         check(arr["model"])
+        check_ds_config_keeps_norm_check(ds.get("ds_config"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     from trainer.prime import prime_enabled
@@ -382,6 +388,9 @@ def run(hydra_cfg: DictConfig) -> dict:
     cfg = resolve_config(hydra_cfg)
     validate(cfg)
     preflight(cfg)
+    from trainer.placement import check_placement
+
+    check_placement(cfg["trainer"])  # the workers fit this machine or the Ray cluster (PlacementError)
     prepare_embedded(cfg)
     from transformers import AutoConfig, AutoTokenizer
 
@@ -421,8 +430,13 @@ def run(hydra_cfg: DictConfig) -> dict:
     from trainer.ppo_trainer import RayPPOTrainer
 
     trainer = RayPPOTrainer(cfg, tok, loader, val_ds, reward_fn, make_rm())
-    trainer.init_workers()
-    last = trainer.fit()
+    from trainer.interrupt import as_interrupt
+
+    try:
+        trainer.init_workers()
+        last = trainer.fit()
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
+        raise as_interrupt(exc, trainer.global_step) from None
     summary = {k: v for k, v in last.items() if not k.startswith("_")}
     os.makedirs(cfg["trainer"]["output_dir"], exist_ok=True)
     with open(os.path.join(cfg["trainer"]["output_dir"], "final_metrics.json"), "w") as f:

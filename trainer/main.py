@@ -49,23 +49,34 @@ USER_ERRORS = ("ConfigError", "DataError", "PlacementError", "FileNotFoundError"
 
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from trainer.interrupt import as_interrupt, exit_interrupted, interrupted_by, shutdown_ray
     from trainer.launch import run
 
     try:
         run(cfg)
-    except Exception as exc:  # a user error ends the run with one line naming the bad value
-        if type(exc).__name__ in USER_ERRORS:
+        shutdown_ray()  # no Ray process of this run outlives it
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (trainer/interrupt.py)
+        exc = as_interrupt(exc)
+        exit_interrupted(exc.signum, exc.step, cfg.trainer.default_local_dir)
+    except Exception as exc:
+        if interrupted_by() is not None:  # a worker died of the same Ctrl-C before the driver's handler ran
+            exit_interrupted(interrupted_by(), None, cfg.trainer.default_local_dir)
+        if type(exc).__name__ in USER_ERRORS:  # a user error ends the run with one line naming the bad value
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
         raise
 
 
 if __name__ == "__main__":
+    from trainer.interrupt import as_interrupt, exit_interrupted, install_handlers
     from trainer.launch import ConfigError, check_overrides
 
+    install_handlers()
     try:
         check_overrides(sys.argv[1:])
+        main()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    main()
+    except KeyboardInterrupt as exc:  # before the run started
+        exit_interrupted(as_interrupt(exc).signum, None, None)

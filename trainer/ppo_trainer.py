@@ -75,7 +75,7 @@ class RayPPOTrainer:
 
         t = self.cfg["trainer"]
         cpus = int(t.get("cpus_per_worker", 1))
-        init_ray(self.device, self.world, cpus)
+        init_ray(self.device)
         self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus)
         share = 1.0 / (1 + int(self.use_critic) + int(self.prime is not None))  # [PRIME] PRM shares the bundles
         sp = int(self.cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
@@ -118,10 +118,11 @@ class RayPPOTrainer:
         commit_checkpoint(self._ckpt_root(), self.global_step, t.get("max_actor_ckpt_to_keep"))
         return step_dir
 
-    def load_checkpoint(self) -> int:
+    def load_checkpoint(self, path: str | None = None) -> int:
+        """Load the checkpoint ``trainer.resume_mode`` names (or the step folder ``path``); returns its step."""
         from trainer.checkpoint.base import load_trainer_state, resolve_resume_path
 
-        path, step = resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
+        path, step = (path, -1) if path else resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
         if path is None:
             return 0
         t0 = time.perf_counter()
@@ -135,8 +136,9 @@ class RayPPOTrainer:
         self.loader.load_state_dict(loader_state)
         if self.kl_ctrl is not None and "kl_coef" in loader_state:
             self.kl_ctrl.value = float(loader_state["kl_coef"])
+        step = int(state.get("global_step", step))
         logger.warning("resumed from %s (step %d); checkpoint loaded in %.2f s", path, step, time.perf_counter() - t0)
-        return int(state.get("global_step", step))
+        return step
 
     # ---- one step -------------------------------------------------------------------------------------------
     def _balance(self, batch: DataProto) -> DataProto:
@@ -314,6 +316,10 @@ class RayPPOTrainer:
         self.global_step = self.load_checkpoint()
         tracker = Tracking(t["project_name"], t["experiment_name"], t["logger"], t["output_dir"], self.cfg,
                            total_steps=total, start_step=self.global_step)
+        from trainer.placement import WorkerDied
+        from trainer.recovery import Recovery
+
+        recovery = Recovery(self, tracker, int(t.get("max_restarts", 0)))
         self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}
@@ -326,24 +332,29 @@ class RayPPOTrainer:
             while self.global_step < total and not self._stop_requested:
                 self.global_step += 1
                 timing: dict = {}
-                with _timer("step", timing):
-                    batch, epoch = self.loader.next_batch()
-                    metrics = self.train_step(batch, timing)
-                    self._check_skipped(metrics)
-                    is_last = self.global_step == total
-                    if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
-                        with _timer("save_checkpoint", timing):
-                            self.save_checkpoint()
-                    if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
-                        with _timer("testing", timing):
-                            metrics.update(self.validate())
+                try:
+                    with _timer("step", timing):
+                        batch, epoch = self.loader.next_batch()
+                        metrics = self.train_step(batch, timing)
+                        self._check_skipped(metrics)
+                        is_last = self.global_step == total
+                        if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
+                            with _timer("save_checkpoint", timing):
+                                self.save_checkpoint()
+                        if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
+                            with _timer("testing", timing):
+                                metrics.update(self.validate())
+                except WorkerDied as exc:  # trainer.max_restarts: re-raised, or back at the last checkpoint
+                    recovery.restart(exc)
+                    continue
                 b = self._last_batch
                 metrics.update(compute_data_metrics(b, use_critic=self.use_critic,
                                                     max_response_length=int(self.cfg["data"]["max_response_length"]),
                                                     max_prompt_length=int(self.cfg["data"]["max_prompt_length"])))
                 metrics.update(compute_timing_metrics(b, timing))
                 metrics.update(compute_throughput_metrics(b, timing, n_gpus=self.world))
-                metrics.update({"training/global_step": self.global_step, "training/epoch": epoch})
+                metrics.update({"training/global_step": self.global_step, "training/epoch": epoch,
+                                **recovery.metrics()})
                 tracker.log(metrics, step=self.global_step)
                 last = metrics
             if self._stop_requested and int(t.get("save_freq", -1)) > 0:
@@ -366,9 +377,9 @@ class RayPPOTrainer:
             TrainingDiverged: naming the role, the streak and the last checkpoint (which stays intact).
         """
         limit = int(self.cfg["trainer"].get("max_consecutive_skipped_steps", 5))
-        for role in ("actor", "critic"):
-            streak = metrics.get(f"{role}/consecutive_skipped_steps", 0.0)
-            if streak >= limit:
+        for key, streak in metrics.items():  # actor, critic, reward_model (PRIME)
+            role = key[:-len("/consecutive_skipped_steps")]
+            if key.endswith("/consecutive_skipped_steps") and streak >= limit:
                 from trainer.checkpoint.base import find_latest_checkpoint
 
                 raise TrainingDiverged(
@@ -382,7 +393,11 @@ class RayPPOTrainer:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        logger.warning("SIGTERM received: the run stops after the current step")
+        if self._stop_requested:  # a second SIGTERM: stop now, as Ctrl-C (trainer/interrupt.py)
+            from trainer.interrupt import RunInterrupted
+
+            raise RunInterrupted(signum, self.global_step)
+        logger.warning("SIGTERM received: the run stops after the current step (a second SIGTERM stops at once)")
         self._stop_requested = True
 
 

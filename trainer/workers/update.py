@@ -11,7 +11,6 @@ dp*sp ranks and the gathered log-probs scale their gradient by sp (patches/ulyss
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import torch
@@ -19,6 +18,7 @@ import torch
 from trainer.protocol import DataProto
 from trainer.workers.base import reset_peak_memory, stage_peak_memory
 from trainer.workers.batching import global_count, micro_batches, mini_batch_rows
+from trainer.workers.step_guard import count_skip, guarded_backward, optimizer_step
 
 
 def _shuffle(data: DataProto, seed: int) -> DataProto:
@@ -80,53 +80,22 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                     loss, m = _actor_loss(role, mb, cfg, temperature, agg_mode, agg)
                 else:
                     loss, m = _critic_loss(role, mb, cfg, agg_mode, agg)
-                # a non-finite loss still runs backward (every rank must join the same collectives), as loss*NaN
-                # so that every gradient it touches is NaN (nan*0 is nan): the step below is then skipped by
-                # DeepSpeed's overflow check on all ranks, which also clears its gradient buffers. The factor (1 or
-                # NaN) is decided on the device, so there is no host sync per micro-batch (not torch.where: its
-                # unselected NaN branch would still send 0*NaN into the gradient).
-                ok_mb = torch.isfinite(loss.detach()).all()
-                finite = finite & ok_mb
-                factor = torch.where(ok_mb, 1.0, float("nan")).to(loss.dtype)
-                engine.backward(loss * factor, scale_wrt_gas=False)
+                finite = finite & guarded_backward(engine, loss)  # no host sync per micro-batch
                 token_share = float(mb["response_mask"].sum()) / max(n_tok, 1.0) * role.dp_size
                 for k, v in m.items():
                     pending[k].append(v if k in LOSS_METRICS or k in CONSTANT_METRICS else v * token_share)
             for k, vals in _read_metrics(pending).items():  # one value per mini-batch (see LOSS_METRICS)
                 metrics[f"{kind}/{k}"].append(sum(vals) / len(vals) if k in CONSTANT_METRICS else sum(vals))
-            ok = _optimizer_step(engine, _all_ranks_finite(finite, worker.device), kind, metrics)
-            skipped += 0 if ok else 1
-            # the streak survives across training steps (kept on the role); the trainer stops the run when it
-            # reaches trainer.max_consecutive_skipped_steps
-            role.consecutive_skipped = 0 if ok else getattr(role, "consecutive_skipped", 0) + 1
+            outcome = optimizer_step(engine, finite, worker.device, kind)
+            if outcome.grad_norm is not None:
+                metrics[f"{kind}/grad_norm"].append(outcome.grad_norm)
+            skipped += count_skip(role, outcome)
             metrics[f"{kind}/lr"].append(float(engine.get_lr()[0]))
     metrics[f"{kind}/skipped_steps"].append(float(skipped))
     metrics[f"{kind}/consecutive_skipped_steps"].append(float(getattr(role, "consecutive_skipped", 0)))
     for k, v in stage_peak_memory(worker.device, kind).items():  # this process during the update, GiB
         metrics[k].append(v)
     return dict(metrics)
-
-
-def _optimizer_step(engine, finite: bool, kind: str, metrics: dict) -> bool:
-    """Step the optimizer if every rank's loss was finite; returns whether a finite step was taken (a non-finite
-    gradient norm counts as skipped). Logs ``<kind>/grad_norm`` when DeepSpeed keeps one."""
-    if finite:
-        engine.step()
-        gn = engine.get_global_grad_norm()
-        if gn is None:  # DeepSpeed keeps no norm for ZeRO-0 without bf16/fp16: the step was taken
-            return True
-        metrics[f"{kind}/grad_norm"].append(float(gn))
-        return math.isfinite(float(gn))
-    if engine.zero_optimization_stage() >= 1:
-        # ZeRO keeps reduced gradients in its own buffers, which zero_grad() does not clear (the next step would
-        # see the NaN); its overflow path skips the step and clears them
-        skipped_before = engine.skipped_steps
-        engine.step()
-        if engine.skipped_steps == skipped_before:
-            raise RuntimeError(f"{kind}: DeepSpeed applied an optimizer step although the loss was not finite")
-    else:
-        engine.zero_grad()
-    return False
 
 
 def loss_scale_factor(worker, cfg: dict, width: int) -> float:
@@ -143,10 +112,6 @@ def loss_scale_factor(worker, cfg: dict, width: int) -> float:
     if not float(factor) > 0:
         raise ValueError(f"loss_scale_factor={factor!r}; expected a positive number")
     return float(factor)
-
-
-def _all_ranks_finite(finite: torch.Tensor | bool, device) -> bool:
-    return global_count(0.0 if bool(finite) else 1.0, device) == 0.0
 
 
 def _read_metrics(pending: dict[str, list]) -> dict[str, list[float]]:

@@ -7,6 +7,7 @@
 #                                                   then start the transformers-engine RL runs in the background
 #   bash tools/device/gpu_session.sh vllm_a|vllm_b (carry .vA / .vB)
 #   bash tools/device/gpu_session.sh vllm_c        (carry .vC)    install vLLM, its GPU tests, then the vLLM RL runs
+#                                                   and EXTRA_RUNS (default: the tiny VLM's 20-step colour task)
 #   bash tools/device/gpu_session.sh wait_runs     collect the RL runs into $OUT when they end (or at WAIT_S)
 #   bash tools/device/gpu_session.sh bench_memory  vllm_memory.py: the empty_cache rule, broken and overdone
 #   bash tools/device/gpu_session.sh bench_rollout rollout.py --engine hf,vllm, SmolLM2 and a random Qwen2-1.5B
@@ -46,8 +47,8 @@ case $step in
     python3 -c "import vllm; print('vllm', vllm.__version__)"
     VLLM_GPU_REPORT=$OUT/vllm_gpu.json timeout -k 10 ${TEST_S:-300} python3 -m pytest -m gpu -x -q -s \
       tests/test_rollout_vllm_gpu.py -p no:cacheprovider 2>&1 | tail -n 60 | tee "$OUT/vllm_gpu_tests.log"
-    start_runs $RUNS_VLLM
-    echo "started: $RUNS_VLLM" ;;
+    start_runs $RUNS_VLLM ${EXTRA_RUNS:-vlm_colour:0}
+    echo "started: $RUNS_VLLM ${EXTRA_RUNS:-vlm_colour:0}" ;;
   wait_runs)
     end=$(( $(date +%s) + ${WAIT_S:-420} ))
     while pgrep -f "trainer/main.py" > /dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done

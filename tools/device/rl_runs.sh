@@ -113,17 +113,17 @@ megatron_reshard() {  # #29 on both GPUs: a TP=2 dist checkpoint (random-weight 
 }
 vlm_colour() {  # #29 on one GPU: 20 GRPO steps of the tiny random Qwen2-VL on the generated colour task
   # (trainer/embedded_vlm.py), Ulysses SP=1; with GPU=2 (both GPUs) SP=2. Logs and metrics in $OUT/vlm_colour.tgz
-  local gpu=$1 d="$OUT/vlm_colour" sp=1
-  [ "$gpu" = "0,1" ] && sp=2
+  local gpu=$1 d="$OUT/vlm_colour" spargs="trainer.n_gpus_per_node=1"
+  [ "$gpu" = "0,1" ] && spargs="trainer.n_gpus_per_node=2 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
   mkdir -p "$d"
   python3 -c "from trainer.embedded_vlm import write_tiny_vlm, write_colour_task
 write_tiny_vlm('/tmp/vlm_tiny'); write_colour_task('/tmp/vlm_data', 1024, 64)" > "$d/make.log" 2>&1
   CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 20 480 python3 trainer/main.py trainer.device=cuda \
-      trainer.n_gpus_per_node=$((sp)) actor_rollout_ref.model.path=/tmp/vlm_tiny \
+      $spargs actor_rollout_ref.model.path=/tmp/vlm_tiny \
       data.train_files=/tmp/vlm_data/train.jsonl data.val_files=/tmp/vlm_data/val.jsonl \
       reward_model.scorer=gsm8k_flexible data.max_prompt_length=32 data.max_response_length=2 \
       data.train_batch_size=32 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
-      actor_rollout_ref.actor.ulysses_sequence_parallel_size=$sp actor_rollout_ref.actor.use_kl_loss=true \
+      actor_rollout_ref.actor.use_kl_loss=true \
       trainer.total_training_steps=20 trainer.test_freq=10 trainer.output_dir=/tmp/runs/vlm_colour ${EXTRA:-} \
       > "$d/console.log" 2>&1
   echo "exit $?" >> "$d/console.log"

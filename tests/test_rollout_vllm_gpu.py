@@ -57,7 +57,8 @@ def setup():
     cfg, tok = AutoConfig.from_pretrained(MODEL), AutoTokenizer.from_pretrained(MODEL)
     stops = resolve_stop_token_ids(tok, cfg, MODEL)
     before = memory.device_used_gib()
-    engine = VLLMRolloutEngine(MODEL, eos_token_id=stops, pad_token_id=tok.pad_token_id, gpu_memory_utilization=0.3,
+    util = float(os.environ.get("VLLM_TEST_GPU_UTIL", "0.3"))  # less when other runs share the GPU
+    engine = VLLMRolloutEngine(MODEL, eos_token_id=stops, pad_token_id=tok.pad_token_id, gpu_memory_utilization=util,
                                dtype="bfloat16", max_model_len=1024, seed=0)
     asleep = memory.device_used_gib()
     questions = ["What is 17 + 25?", "Name a colour of the sky.", "Write one word that rhymes with cat.",
@@ -162,7 +163,7 @@ def test_vllm_asleep_at_creation_then_lifecycle_frees_memory(setup):
     _report("memory_gib/stages", {k: round(v, 2) for k, v in log.items()})
     assert out.responses.shape == (16, 32) and out.response_mask.sum() > 0
     assert s["asleep"] - s["before"] < 4.0, "the engine should be asleep (weights and KV cache freed) at creation"
-    assert log["kv_awake"] - log["weights_synced"] > 5.0, "the KV cache (0.3 of the GPU) should be allocated at wake"
+    assert log["kv_awake"] - log["weights_synced"] > 5.0, "the KV cache should be allocated at wake"
     assert log["asleep"] < log["kv_awake"] - 5.0, "sleep should return the KV cache"
     assert after < log["kv_awake"] - 5.0
     assert len(calls) > 1, "the weights should arrive in several buckets"

@@ -87,7 +87,7 @@ def run_mode(args) -> dict:
                for _ in range(args.prompts)]
     sampling = SamplingConfig(n=1, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
     bucket = 64 * 2**20
-    steps, result = [], {"mode": args.mode}
+    steps, result, log = [], {"mode": args.mode}, {}
     try:
         for step in range(args.steps):
             torch.cuda.synchronize(); t0 = time.perf_counter()
@@ -105,6 +105,8 @@ def run_mode(args) -> dict:
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         result["error"] = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:400]
         result["error_at_step"] = len(steps)
+        result["failed_step_used_gib"] = {k: round(v, 2) for k, v in log.items()}  # up to the failing stage
+        result["torch_reserved_gib_at_failure"] = torch.cuda.memory_reserved() / 2**30
         print("stopped:", result["error"], flush=True)
     result["steps"] = steps
     timed = [s["step_s"] for s in steps[1:]]  # the first step includes warm-up

@@ -28,6 +28,8 @@ import inspect
 
 import torch
 
+from patches.decoder_inputs import (boundary_positions, decoder_of, install_decoder_slicing,  # noqa: F401
+                                    slice_decoder_inputs)
 from patches.packing import cu_seqlens_from_position_ids
 from patches.sequence_parallel import (  # noqa: F401 (re-exported)
     DpSpMesh, UlyssesGroup, _all_gather_nograd, all_to_all_heads_to_seq, all_to_all_seq_to_heads, build_dp_sp_groups,
@@ -40,7 +42,8 @@ __all__ = [
     "ULYSSES_ATTN_IMPL", "UlyssesGroup", "current_ulysses_group", "DpSpMesh", "dp_sp_rank_layout",
     "build_dp_sp_groups", "validate_ulysses_config", "repeat_kv_interleaved", "all_to_all_seq_to_heads",
     "all_to_all_heads_to_seq", "pad_and_slice_inputs", "pad_and_slice", "gather_outputs_and_unpad",
-    "apply_ulysses_patch", "ulysses_attention_forward",
+    "apply_ulysses_patch", "ulysses_attention_forward", "slice_decoder_inputs", "boundary_positions", "decoder_of",
+    "ulysses_patched",
 ]
 
 ULYSSES_ATTN_IMPL = "ulysses_varlen"
@@ -66,6 +69,13 @@ def bucket_max_seqlen(n: int, cap: int | None = None) -> int:
     ``max_seqlen`` on torch builds whose ``varlen_attn`` has no ``window_size``)."""
     b = max(16, 1 << (max(int(n), 1) - 1).bit_length())
     return min(b, int(cap)) if isinstance(cap, int) and int(n) <= cap else b
+
+
+def ulysses_patched(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or the model inside a DeepSpeed engine) was patched by :func:`apply_ulysses_patch`: its
+    decoder's attention is :data:`ULYSSES_ATTN_IMPL`."""
+    cfg = getattr(decoder_of(model), "config", None)
+    return getattr(cfg, "_attn_implementation", None) == ULYSSES_ATTN_IMPL
 
 
 class _PatchState:
@@ -121,11 +131,13 @@ class _PatchState:
 
     def boundaries(self, pos_local: torch.Tensor, g: UlyssesGroup):
         """cu_seqlens of the gathered sequence, cached per forward (all layers get the same position_ids
-        tensor; all SP ranks hit/miss the cache together, so the all-gather stays collective)."""
+        tensor; all SP ranks hit/miss the cache together, so the all-gather stays collective). ``pos_local`` is
+        ``(1, S/sp)`` or has more rows (``(C, 1, S/sp)``): :func:`boundary_positions` picks the row gathered."""
         c = self._cache
         if c is not None and c[0] is pos_local and c[1] == pos_local._version and c[2] is g:
             return c[3], c[4]
-        full = pos_local.reshape(-1) if g.size == 1 else _all_gather_nograd(pos_local.reshape(-1), g, 0)
+        row = boundary_positions(pos_local)
+        full = row if g.size == 1 else _all_gather_nograd(row, g, 0)
         cu, mx = cu_seqlens_from_position_ids(full)
         self._cache = (pos_local, pos_local._version, g, cu, mx)
         return cu, mx
@@ -281,7 +293,9 @@ def apply_ulysses_patch(model: torch.nn.Module, sp_group: UlyssesGroup | int | N
         kernel: one of ``patches.varlen.KERNELS``.
 
     Returns:
-        the same model (patched in place: ``config._attn_implementation == ULYSSES_ATTN_IMPL``).
+        the same model, patched in place: its decoder (:func:`decoder_of`; the whole model for a causal LM) has
+        ``config._attn_implementation == ULYSSES_ATTN_IMPL`` and slices its inputs inside
+        :func:`slice_decoder_inputs`; other sub-models (a vision tower) keep their attention.
 
     Raises:
         ValueError: heads not divisible by the SP size (:func:`validate_ulysses_config`), unknown kernel, or a
@@ -307,5 +321,9 @@ def apply_ulysses_patch(model: torch.nn.Module, sp_group: UlyssesGroup | int | N
     state.boundary_kwargs = (state.fixed_size == 1 or group is not None) and _takes_var_kwargs(model)
     for m in model.modules():
         m._ulysses_state = state  # plain attribute: not a parameter/buffer, not in state_dict
-    model.set_attn_implementation(ULYSSES_ATTN_IMPL)
+    # only the decoder attends over the packed (SP-sliced) text stream; encoders such as a vision tower keep their
+    # own attention (non-causal, per image)
+    decoder = decoder_of(model)
+    (decoder if hasattr(decoder, "set_attn_implementation") else model).set_attn_implementation(ULYSSES_ATTN_IMPL)
+    install_decoder_slicing(decoder)
     return model

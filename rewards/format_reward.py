@@ -19,7 +19,7 @@ ANSWER_FORMATS = ("gsm8k", "boxed")
 
 
 def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1.0, format_score: float = 0.1,
-                  answer_format: str = "gsm8k", extra_info: dict | None = None, **kwargs: Any) -> dict[str, float]:
+                  answer_format: str = "gsm8k") -> dict[str, float]:
     """Shaped reward for one response.
 
     Args:
@@ -31,8 +31,6 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
         answer_format: ``"gsm8k"`` (the last ``#### N`` marker with a number, strict GSM8K extraction) or
             ``"boxed"`` (the last closed, non-empty ``\\boxed{...}``/``\\fbox{...}``, compared with
             :func:`rewards.math.is_equiv`).
-        extra_info: unused; accepted so this is a registry scorer.
-        **kwargs: ignored.
 
     Returns:
         ``{"score": shaped reward, "acc": 1.0 if correct else 0.0, "format": 1.0 if well-formed else 0.0}``

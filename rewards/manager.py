@@ -5,7 +5,7 @@ Contract (the trainer calls it once per step, PRIME also calls :meth:`RewardMana
 * inputs read from the :class:`trainer.protocol.DataProto`: ``responses`` (B, R) int64, ``response_mask``
   (B, R) (any dtype; > 0 means a valid token), the non-tensor column named by ``reward_fn_key`` (any name,
   not only ``data_source``; case P20), ``reward_model`` (dicts with ``"ground_truth"``) and optionally
-  ``extra_info`` (passed to the scorer as ``extra_info=``).
+  ``extra_info`` (passed to the scorer as ``extra_info=`` when it takes that parameter).
 * output :class:`RewardOutput`: ``token_level_scores`` (B, R) float32, the score at the LAST valid response
   token (verl's convention; rows with no valid token get nothing and are counted), ``reward_extra_info``
   (``"score"`` plus every key that dict-returning scorers gave, one entry per row), ``metrics``.
@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 
+from rewards.options import check_scorer_options, takes_extra_info
 from rewards.pool import Outcome, ScoringPool, run_scorer
 from rewards.registry import get_scorer, registry_version, wants_data_source
 
@@ -118,8 +119,10 @@ class RewardManager:
             parameter.
         scorer: None (look up each row's ``reward_fn_key`` value in :mod:`rewards.registry`), a registry name
             (``"gsm8k_strict"``, ``"format_boxed"``, ...) or a callable
-            ``score(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``.
-        scorer_kwargs: extra keyword arguments for every scorer call (verl's ``reward_kwargs``).
+            ``score(solution_str, ground_truth, extra_info=None, <options>) -> float | dict``.
+        scorer_kwargs: the scorer options, keyword arguments of every scorer call (verl's ``reward_kwargs``);
+            checked against a fixed scorer's signature here, and against each routed scorer's by
+            :meth:`check_data_sources` (:func:`rewards.options.check_scorer_options`).
         timeout_s: per-sample time limit in seconds.
         num_workers: scorer processes; 0 scores in this process (no hard limit, see module doc); None picks
             ``min(4, os.cpu_count())``.
@@ -130,8 +133,9 @@ class RewardManager:
 
     Raises:
         KeyError: if ``scorer`` is a name that is not registered.
-        TypeError: if ``scorer`` is neither None, a str nor callable.
-        ValueError: for a non-positive ``timeout_s``, a negative ``num_workers``, or an overlong buffer that is
+        TypeError: if ``scorer`` is neither None, a str nor callable, or a fixed scorer does not take one of
+            ``scorer_kwargs`` (naming the option and the scorer).
+        ValueError: a ``scorer_kwargs`` value outside the fixed scorer's annotation; for a non-positive ``timeout_s``, a negative ``num_workers``, or an overlong buffer that is
             negative, not smaller than ``max_response_length``, or given without it, or a negative penalty factor.
     """
 
@@ -160,11 +164,34 @@ class RewardManager:
         self.scorer_name = scorer if isinstance(scorer, str) else None
         self.scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
         self.scorer_kwargs = dict(scorer_kwargs or {})
+        if self.scorer is not None:
+            check_scorer_options(self.scorer, self.scorer_kwargs, self.scorer_name)
         self.timeout_s = float(timeout_s)
         self.num_workers = num_workers
         self.start_method = start_method
         self._pool: ScoringPool | None = None
         self._pool_version = -1
+
+    @property
+    def routes_by_key(self) -> bool:
+        """True when rows are scored by their ``reward_fn_key`` value: no fixed scorer, or one that takes
+        ``data_source`` (verl's custom signature)."""
+        return self.scorer is None or wants_data_source(self.scorer)
+
+    def check_data_sources(self, values) -> None:
+        """Check, before training, every scorer that routing reaches: each distinct ``reward_fn_key`` value in
+        ``values`` must have a registered scorer that takes ``scorer_kwargs``. With a fixed scorer the values
+        are not used (its options were checked in ``__init__``).
+
+        Raises:
+            KeyError: a value without a registered scorer (naming it and the registered names).
+            TypeError, ValueError: as :func:`rewards.options.check_scorer_options`, naming the option, the
+                scorer and the data source.
+        """
+        if self.scorer is not None:
+            return
+        for value in sorted(set(values), key=repr):
+            check_scorer_options(get_scorer(value), self.scorer_kwargs, value)
 
     # ---- pool ------------------------------------------------------------------------------------------
     def _get_pool(self) -> ScoringPool:
@@ -206,9 +233,8 @@ class RewardManager:
 
     def _tasks(self, data, texts: list[str]) -> tuple[list[tuple], list[Callable]]:
         n = len(texts)
-        need_key = self.scorer is None or wants_data_source(self.scorer)
         keys = None
-        if need_key:
+        if self.routes_by_key:
             if self.reward_fn_key not in data:
                 raise KeyError(f"reward_fn_key column {self.reward_fn_key!r} is not in the batch (non-tensor "
                                f"columns: {sorted(data.non_tensor)}); set reward.reward_fn_key or pass a scorer")
@@ -219,7 +245,7 @@ class RewardManager:
         rm = data["reward_model"]
         extra = data["extra_info"] if "extra_info" in data else [None] * n
         tasks, fns = [], []
-        wants: dict[int, bool] = {}
+        wants: dict[int, tuple[bool, bool]] = {}
         for i in range(n):
             if not isinstance(rm[i], dict) or "ground_truth" not in rm[i]:
                 raise ValueError(f"row {i}: reward_model must be a dict with 'ground_truth', got {rm[i]!r:.200}")
@@ -228,11 +254,13 @@ class RewardManager:
             else:
                 key = keys[i]
                 fn = get_scorer(key)  # KeyError naming the unknown value: a config error, raised here
-            kwargs = dict(self.scorer_kwargs)
-            kwargs["extra_info"] = extra[i]
             if id(fn) not in wants:
-                wants[id(fn)] = wants_data_source(fn)
-            if wants[id(fn)]:  # verl's signature f(data_source, solution_str, ground_truth, extra_info): by name
+                wants[id(fn)] = (wants_data_source(fn), takes_extra_info(fn))
+            by_name, with_extra = wants[id(fn)]
+            kwargs = dict(self.scorer_kwargs)
+            if with_extra:
+                kwargs["extra_info"] = extra[i]
+            if by_name:  # verl's signature f(data_source, solution_str, ground_truth, extra_info): by name
                 kwargs.update(data_source=None if keys is None else keys[i], solution_str=texts[i],
                               ground_truth=rm[i]["ground_truth"])
                 tasks.append((key, (), kwargs))

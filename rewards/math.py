@@ -1,39 +1,43 @@
 """Rule scorer for MATH-style answers written in ``\\boxed{...}`` (MATH, Hendrycks et al. 2021; MATH-500).
 
 The model's final answer is the content of the LAST ``\\boxed{...}``, ``\\boxed x`` or ``\\fbox{...}`` in the
-response (case P04: ``\\fbox`` is unwrapped too). Equivalence is decided by math-verify
-(``math_verify.parse`` + ``math_verify.verify``; LaTeX is parsed by latex2sympy, an ANTLR grammar) when it is
-importable, with a string-normalising fallback otherwise.
+response (``\\fbox`` is unwrapped too). Equivalence is decided by math-verify (``math_verify.parse`` +
+``math_verify.verify``; LaTeX is parsed by latex2sympy, an ANTLR grammar) when it is importable, with a
+string-normalising fallback otherwise; see :func:`is_equiv` for the order of the checks.
+
+Correctness: math-verify rounds decimals to 6 places when it compares them (``0.333333`` == ``\\frac{1}{3}``); a
+numeric answer it accepts is compared again exactly (:mod:`rewards.math_exact`), so rounding never makes unequal
+values equal.
+
+Time: the scorer bounds its own time (:mod:`rewards.math_guards`): redundant braces are removed, answers nested
+too deep for the parser are refused before parsing, parsed expressions too big to evaluate
+(``9^{9^{9^{9}}}``) are refused before sympy evaluates them, and whatever is left runs under a hard limit
+(``timeout_seconds``, default ``TIMEOUT_SECONDS``); answers longer than ``MAX_ANSWER_CHARS`` are compared as
+normalised strings only. The :class:`rewards.manager.RewardManager` keeps its own per-sample limit on top.
 
 Safety: the model text never reaches ``eval``/``exec``/``sympy.sympify``. math-verify's plain-expression
 extractor (``ExprExtractionConfig``) calls ``sympy.parse_expr``, which uses ``eval``; it is never used here:
 only ``LatexExtractionConfig`` parses the prediction. (latex2sympy itself turns lexer NUMBER tokens into
 ``sympy.Number(text)``, which goes through ``parse_expr``: only numerals validated by the ANTLR lexer get
-there; a test checks it.) math-verify builds expressions unevaluated, but
-``verify`` then simplifies/evaluates them, which never finishes for ``\\boxed{9^{9^{9^{9}}}}`` (and cannot be
-interrupted: big-integer arithmetic holds the GIL in C). So the parsed expressions pass a guard first
-(:func:`is_tame`): bounded node count, exponents, result digits and factorial arguments; anything bigger
-scores 0. Answers longer than ``MAX_ANSWER_CHARS`` are compared as normalised strings only.
-math-verify's own ``signal.alarm`` timeouts are switched off (they only work in the main thread and would
-cancel the caller's own timer); the :class:`rewards.manager.RewardManager` enforces the time limit.
+there; a test checks it.) math-verify's own ``signal.alarm`` timeouts are switched off (whole seconds only, and
+they would cancel the caller's timer).
 """
 from __future__ import annotations
 
+import functools
 import logging
-import math as _pymath
 import re
 from fractions import Fraction
 from typing import Any
 
+from rewards.math_exact import answers_agree
+from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, structure_ok, time_bound
+
 __all__ = ["last_boxed_only_string", "remove_boxed", "normalize_answer", "is_tame", "is_equiv",
-           "compute_score", "MAX_ANSWER_CHARS"]
+           "compute_score", "MAX_ANSWER_CHARS", "TIMEOUT_SECONDS"]
 
 MAX_ANSWER_CHARS = 256  # longer boxed answers are compared as strings only (LaTeX parsing is ~1 ms/char)
-_MAX_NODES = 1000  # sympy tree size
-_MAX_EXPONENT = 10_000  # |exponent| of any power with a numeric exponent
-_MAX_DIGITS = 10_000  # log10 |base ** exponent| for numeric bases
-_MAX_FACTORIAL_ARG = 1000
-_MAX_DIGIT_RUN = 200  # digits in one literal
+TIMEOUT_SECONDS = 1.0  # default hard limit of one comparison (parse + verify + cross-check), see time_bound
 
 _BOX_PREFIXES = ("\\boxed", "\\fbox")
 _BRACE_TOKENS = re.compile(r"\\.|[{}]", re.S)  # an escaped char (``\{``) or a brace
@@ -110,7 +114,8 @@ _DEC_RE = re.compile(r"^-?(?:[0-9]{1,200}(?:\.[0-9]{0,200})?|\.[0-9]{1,200})$")
 def normalize_answer(s: Any) -> str:
     """Presentation-only normalisation of a LaTeX answer (in the spirit of Hendrycks et al.'s
     ``strip_string``): drops ``\\left``/``\\right``, spacing commands, ``$``, ``\\text{}`` wrappers, degree
-    signs, spaces and a trailing period; ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``1,000`` -> ``1000``.
+    signs, spaces and a trailing period; ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``1,000`` -> ``1000``; braces
+    that typeset as nothing (``{{x}}`` -> ``{x}``, braces around the whole answer).
     Two answers with equal normalised strings are equal. Never raises."""
     s = "" if s is None else str(s)
     s = s.strip()
@@ -126,7 +131,7 @@ def normalize_answer(s: Any) -> str:
     s = s.rstrip(".")
     if s.startswith("x=") or s.startswith("y="):
         s = s[2:]
-    return s
+    return collapse_braces(s)
 
 
 def _as_fraction(s: str) -> Fraction | None:
@@ -145,12 +150,14 @@ def _as_fraction(s: str) -> Fraction | None:
     return None
 
 
-def _string_equiv(pred: str, gold: str) -> bool:
+def _plain_verdict(pred: str, gold: str) -> bool | None:
+    """True when the normalised strings are equal; the exact comparison when both are plain numbers; else
+    None (undecided)."""
     a, b = normalize_answer(pred), normalize_answer(gold)
     if a == b:
         return True
     fa, fb = _as_fraction(a), _as_fraction(b)
-    return fa is not None and fb is not None and fa == fb
+    return None if fa is None or fb is None else fa == fb
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -178,95 +185,55 @@ def _math_verify():
     return _MV or None
 
 
-def _abs_float(expr) -> float | None:
-    """|expr| as a float (inf when too large); None if not a finite/infinite real-or-complex number."""
-    try:
-        v = expr.evalf(15)
-        return float(abs(complex(v)))
-    except OverflowError:
-        return _pymath.inf
-    except Exception:
-        return None
-
-
-def is_tame(expr) -> bool:
-    """True when a parsed (unevaluated) sympy object is small enough to compare safely.
-
-    Rejects: more than 1000 tree nodes; a power with a numeric exponent above 10^4 in size, or with a
-    numeric base whose value would have more than 10^4 digits; factorial-like functions of a number above
-    1000; non-sympy objects other than str. Each numeric sub-expression is evaluated (``evalf``, floats)
-    only after all of its own sub-expressions passed, so the check itself stays cheap. Never raises.
-    """
-    try:
-        import sympy
-        from sympy import Basic, MatrixBase, postorder_traversal
-    except Exception:
-        return False
-    if isinstance(expr, str):
-        return True
-    if isinstance(expr, MatrixBase) and not isinstance(expr, Basic):
-        return len(expr) <= _MAX_NODES and all(is_tame(e) for e in expr)
-    if not isinstance(expr, Basic):
-        return False
-    big_funcs = (sympy.factorial, sympy.factorial2, sympy.subfactorial, sympy.binomial, sympy.gamma,
-                 sympy.RisingFactorial, sympy.FallingFactorial)
-    try:
-        for count, node in enumerate(postorder_traversal(expr)):
-            if count > _MAX_NODES:
-                return False
-            if getattr(node, "is_Integer", False) and node.p.bit_length() > 3.33 * _MAX_DIGIT_RUN:
-                return False
-            if getattr(node, "is_Pow", False):
-                base, exp = node.args
-                if exp.free_symbols:
-                    continue
-                e = _abs_float(exp)
-                if e is None or e > _MAX_EXPONENT:
-                    return False
-                if not base.free_symbols:
-                    b = _abs_float(base)
-                    if b is None or (b > 1 and e * _pymath.log10(b) > _MAX_DIGITS):
-                        return False
-            elif isinstance(node, big_funcs):
-                for a in node.args:
-                    if not a.free_symbols:
-                        v = _abs_float(a)
-                        if v is None or v > _MAX_FACTORIAL_ARG:
-                            return False
-    except Exception:
-        return False
-    return True
-
-
 def _parse_latex(s: str):
     parse, _, latex_cfg = _math_verify()
     return parse("\\boxed{" + s + "}", extraction_config=[latex_cfg(boxed_match_priority=0)],
                  parsing_timeout=None)
 
 
-def is_equiv(pred: str, gold: str) -> bool:
+@functools.lru_cache(maxsize=1024)
+def _parse_gold(s: str) -> tuple:
+    """The tame parses of a reference answer (cached: every sample of a prompt has the same one)."""
+    return tuple(g for g in _parse_latex(s) if is_tame(g))
+
+
+def _verify_exact(pred: str, gold: str) -> bool:
+    """math-verify's verdict for some pair of parses, confirmed by the exact numeric cross-check."""
+    verify = _math_verify()[1]
+    gold_parsed = _parse_gold(gold)
+    pred_parsed = _parse_latex(pred)
+    if not gold_parsed or not pred_parsed or not all(is_tame(p) for p in pred_parsed):
+        return False
+    return any(verify([g], [p], timeout_seconds=None) and answers_agree(g, p) is not False
+               for g in gold_parsed for p in pred_parsed)
+
+
+def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECONDS) -> bool:
     """True when two LaTeX answers (box contents) are mathematically equal.
 
-    Uses math-verify when importable (``\\frac{1}{2}`` == ``0.5``, ``(1,2)`` == ``(1, 2)``), guarded by
-    :func:`is_tame`; otherwise or on any error, normalised string / exact fraction equality. Never raises.
+    Order: normalised strings equal -> True; both plain numbers (integers, decimals, ``a/b``, ``\\frac{a}{b}``)
+    -> exact comparison; longer than ``MAX_ANSWER_CHARS`` or nested too deep (:func:`rewards.math_guards.
+    structure_ok`) -> False; else math-verify (``\\frac{1}{2}`` == ``0.5``, ``(1,2)`` == ``(1, 2)``) on
+    :func:`is_tame` parses, with numeric answers confirmed exactly (:func:`rewards.math_exact.answers_agree`:
+    ``\\frac{1}{3}`` != ``0.333333``), all within ``timeout_seconds`` (None: no limit; see
+    :func:`rewards.math_guards.time_bound`). Without math-verify, or on any error or timeout: False.
+    Never raises.
     """
     try:
         if not isinstance(pred, str) or not isinstance(gold, str):
             return False
-        if _string_equiv(pred, gold):
-            return True
+        pred, gold = collapse_braces(pred.strip()), collapse_braces(gold.strip())
+        verdict = _plain_verdict(pred, gold)
+        if verdict is not None:
+            return verdict
         if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
             return False
-        if re.search(r"[0-9]{%d}" % (_MAX_DIGIT_RUN + 1), pred):
+        if not structure_ok(pred) or not structure_ok(gold) or _math_verify() is None:
             return False
-        mv = _math_verify()
-        if mv is None:
-            return False
-        gold_parsed = [g for g in _parse_latex(gold) if is_tame(g)]
-        pred_parsed = _parse_latex(pred)
-        if not gold_parsed or not pred_parsed or not all(is_tame(p) for p in pred_parsed):
-            return False
-        return bool(mv[1](gold_parsed, pred_parsed, timeout_seconds=None))
+        with time_bound(timeout_seconds):
+            return _verify_exact(pred, gold)
+    except ScorerTimeout:
+        return False
     except Exception:
         return False
 
@@ -280,14 +247,14 @@ def _gold_answer(ground_truth: Any) -> str:
     return gt.strip()
 
 
-def compute_score(solution_str: str, ground_truth: Any, **kwargs: Any) -> float:
+def compute_score(solution_str: str, ground_truth: Any, timeout_seconds: float | None = TIMEOUT_SECONDS) -> float:
     """1.0 if the last boxed answer in ``solution_str`` equals ``ground_truth``, else 0.0.
 
     Args:
         solution_str: the decoded model response (any length; only the last box's content is parsed).
         ground_truth: the reference answer as LaTeX (MATH-500 ``answer`` field, e.g. ``"\\frac{1}{2}"``), or a
             full solution containing ``\\boxed{...}``. Numbers are accepted too.
-        **kwargs: ignored (so the registry can pass ``extra_info``-style extras).
+        timeout_seconds: hard limit in seconds of the comparison (see :func:`is_equiv`); None: no limit.
 
     Returns:
         A Python float in {0.0, 1.0}. A response without a (closed) box scores 0.0. Never raises.
@@ -296,6 +263,6 @@ def compute_score(solution_str: str, ground_truth: Any, **kwargs: Any) -> float:
         pred = remove_boxed(last_boxed_only_string(solution_str))
         if pred is None or not pred.strip():
             return 0.0
-        return 1.0 if is_equiv(pred, _gold_answer(ground_truth)) else 0.0
+        return 1.0 if is_equiv(pred, _gold_answer(ground_truth), timeout_seconds=timeout_seconds) else 0.0
     except Exception:
         return 0.0

@@ -1,14 +1,18 @@
 """Scorer registry: names (and ``data_source`` values) -> scorer functions, plus user scorers from a file.
 
-A scorer is ``score(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; a dict must hold
-``"score"`` (other keys, e.g. ``acc``/``format``, are reported by the reward manager). Built-ins:
+A scorer is ``score(solution_str, ground_truth, extra_info=None, <options>) -> float | dict``; a dict must hold
+``"score"`` (other keys, e.g. ``acc``/``format``, are reported by the reward manager). Its options are named
+keyword parameters, set with ``reward_model.scorer_kwargs``; an option a scorer does not name is refused before
+training starts (:func:`rewards.options.check_scorer_options`). Built-ins and their options:
 
-* ``gsm8k_strict``: :mod:`rewards.gsm8k` strict (last ``#### N``); also ``openai/gsm8k``, ``gsm8k``, ``svamp``
-  (SVAMP ground truths are floats such as ``12.0``; the comparison is numeric).
-* ``gsm8k_flexible``: :mod:`rewards.gsm8k` flexible (last number); also ``synthetic/digits``.
-* ``math``: :mod:`rewards.math` (last ``\\boxed{}``, math-verify); also ``math500``, ``lighteval/MATH``,
-  ``HuggingFaceH4/MATH-500``.
-* ``format_gsm8k`` / ``format_boxed``: :mod:`rewards.format_reward` (dict with ``score``, ``acc``, ``format``).
+* ``gsm8k`` (also ``gsm8k_strict``, ``openai/gsm8k``, ``svamp``): :mod:`rewards.gsm8k`; options
+  ``method`` (``"strict"``: the last ``#### N``, default; ``"flexible"``: the last number), ``format_score``,
+  ``score``. SVAMP ground truths are floats such as ``12.0``; the comparison is numeric.
+* ``gsm8k_flexible`` (also ``synthetic/digits``): the same with ``method="flexible"`` by default.
+* ``math`` (also ``math500``, ``lighteval/MATH``, ``HuggingFaceH4/MATH-500``): :mod:`rewards.math` (last
+  ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s).
+* ``format_gsm8k`` / ``format_boxed``: :mod:`rewards.format_reward` (dict with ``score``, ``acc``, ``format``);
+  options ``correct_score``, ``format_score``.
 
 User scorers from a file follow verl's ``custom_reward_function.{path,name}``: :func:`load_custom_scorer`.
 verl-style functions ``f(data_source, solution_str, ground_truth, extra_info=None)`` are adapted.
@@ -20,7 +24,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from rewards import format_reward, gsm8k
 from rewards import math as math_reward
@@ -92,7 +96,7 @@ def list_scorers() -> list[str]:
 # ---- built-ins -------------------------------------------------------------------------------------------
 
 DEFAULT_DATA_SOURCES = {
-    "openai/gsm8k": "gsm8k_strict", "gsm8k": "gsm8k_strict", "svamp": "gsm8k_strict",
+    "openai/gsm8k": "gsm8k", "svamp": "gsm8k",
     "math500": "math", "lighteval/MATH": "math", "HuggingFaceH4/MATH-500": "math",
     "synthetic/digits": "gsm8k_flexible",
 }
@@ -102,39 +106,46 @@ def _aliases(scorer_name: str) -> tuple[str, ...]:
     return tuple(k for k, v in DEFAULT_DATA_SOURCES.items() if v == scorer_name)
 
 
-@register_scorer("gsm8k_strict", *_aliases("gsm8k_strict"))
-def gsm8k_strict(solution_str: str, ground_truth: Any, extra_info: dict | None = None, format_score: float = 0.0,
-                 score: float = 1.0, **kwargs: Any) -> float:
-    """GSM8K strict: the number after the last ``#### `` marker (see :mod:`rewards.gsm8k`)."""
-    return gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=format_score, score=score)
+_Method = Literal["strict", "flexible"]
+
+
+@register_scorer("gsm8k", "gsm8k_strict", *_aliases("gsm8k"))
+def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None, method: _Method = "strict",
+                format_score: float = 0.0, score: float = 1.0) -> float:
+    """GSM8K: the number after the last ``#### `` marker (``method="strict"``) or the last number in the
+    response (``method="flexible"``); see :func:`rewards.gsm8k.compute_score`."""
+    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score)
 
 
 @register_scorer("gsm8k_flexible", *_aliases("gsm8k_flexible"))
-def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None = None, format_score: float = 0.0,
-                   score: float = 1.0, **kwargs: Any) -> float:
-    """GSM8K flexible: the last number in the response (see :mod:`rewards.gsm8k`)."""
-    return gsm8k.compute_score(solution_str, ground_truth, method="flexible", format_score=format_score,
-                               score=score)
+def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+                   method: _Method = "flexible", format_score: float = 0.0, score: float = 1.0) -> float:
+    """GSM8K with flexible extraction by default: the last number in the response (see :mod:`rewards.gsm8k`)."""
+    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score)
 
 
 @register_scorer("math", *_aliases("math"))
-def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any) -> float:
-    """MATH: the last ``\\boxed{}`` answer, math-verify equivalence (see :mod:`rewards.math`)."""
-    return math_reward.compute_score(solution_str, ground_truth)
+def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+               timeout_seconds: float | None = math_reward.TIMEOUT_SECONDS) -> float:
+    """MATH: the last ``\\boxed{}`` answer, math-verify equivalence with an exact numeric cross-check, within
+    ``timeout_seconds`` (see :mod:`rewards.math`)."""
+    return math_reward.compute_score(solution_str, ground_truth, timeout_seconds=timeout_seconds)
 
 
 @register_scorer("format_gsm8k")
-def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any) -> dict:
+def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
+                 format_score: float = 0.1) -> dict:
     """Shaped GSM8K reward, dict with score/acc/format (see :mod:`rewards.format_reward`)."""
-    kwargs.pop("answer_format", None)
-    return format_reward.compute_score(solution_str, ground_truth, answer_format="gsm8k", **kwargs)
+    return format_reward.compute_score(solution_str, ground_truth, correct_score=correct_score,
+                                       format_score=format_score, answer_format="gsm8k")
 
 
 @register_scorer("format_boxed")
-def format_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any) -> dict:
+def format_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
+                 format_score: float = 0.1) -> dict:
     """Shaped boxed-answer reward, dict with score/acc/format (see :mod:`rewards.format_reward`)."""
-    kwargs.pop("answer_format", None)
-    return format_reward.compute_score(solution_str, ground_truth, answer_format="boxed", **kwargs)
+    return format_reward.compute_score(solution_str, ground_truth, correct_score=correct_score,
+                                       format_score=format_score, answer_format="boxed")
 
 
 # ---- user scorers from a file -----------------------------------------------------------------------------

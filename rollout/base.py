@@ -25,6 +25,8 @@ class SamplingConfig:
         stop_token_ids: extra stop tokens besides the tokenizer's EOS; the stop token is kept in the response
             and counted in ``response_mask``.
         do_sample: False forces greedy decoding (as does ``temperature == 0``).
+        ignore_eos: no stop or EOS token ends a row early: every response is ``max_new_tokens`` long (verl's
+            ``rollout.ignore_eos``; for benchmarks that need fixed lengths).
         seed: when set, the same seed (and the same inputs) gives the same samples.
 
     Raises:
@@ -39,6 +41,7 @@ class SamplingConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     do_sample: bool = True
     seed: int | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if int(self.n) < 1:

@@ -9,6 +9,7 @@ The KV cache is woken only after the weight-transfer temporaries are freed (this
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -76,7 +77,7 @@ def sync_weights(engine: RolloutEngine, named_params: Iterable, bucket_bytes: in
 @contextlib.contextmanager
 def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable], bucket_bytes: int,
                  offload_fn: Callable[[], None] | None = None, reload_fn: Callable[[], None] | None = None,
-                 sleep_level: int = 1):
+                 sleep_level: int = 1, memory_log: dict | None = None, timing_log: dict | None = None):
     """Context in which ``engine`` holds the actor's current weights and may generate.
 
     Args:
@@ -87,26 +88,56 @@ def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable],
         offload_fn: optional, called first on entry (e.g. ``lambda: offload_optimizer_states(ds_engine)``).
         reload_fn: optional, called last on exit (e.g. ``lambda: reload_optimizer_states(ds_engine)``).
         sleep_level: 1 keeps weights in CPU memory, 2 discards them (they are overwritten by the next sync).
+        memory_log: optional dict that receives the GPU memory in use (GiB, every allocator of the process, from
+            ``cudaMemGetInfo``) after each stage: ``before_wake``, ``weights_awake``, ``weights_synced``,
+            ``kv_awake``, ``generated``, ``asleep`` (nothing is recorded without CUDA).
+        timing_log: optional dict that receives the seconds of each stage, keyed as above by the state it ends in
+            (``before_wake``: optimizer offload and cache release; ``weights_awake``: waking the weights;
+            ``weights_synced``: the bucketed weight sync; ``kv_awake``: waking the KV cache; ``generated``: the
+            body of the ``with`` block; ``asleep``: sleep and cache release).
 
     Yields:
         the engine. On exit (also on error) the engine is put to sleep and the cache emptied.
     """
+    log = _StageLog(memory_log, timing_log)
     if offload_fn is not None:
         offload_fn()
     memory.empty_cache()
+    log("before_wake")
     engine.wake_up(tags=["weights"])
+    log("weights_awake")
     try:
         params = named_params_fn()
         sync_weights(engine, params, bucket_bytes)
         del params
         memory.empty_cache()
+        log("weights_synced")
         engine.wake_up(tags=["kv_cache"])
+        log("kv_awake")
         yield engine
+        log("generated")
     finally:
         engine.sleep(level=sleep_level)
         memory.empty_cache()
+        log("asleep")
         if reload_fn is not None:
             reload_fn()
+
+
+class _StageLog:
+    """Records, at each stage of :func:`rollout_mode`, the GPU memory in use and the seconds since the last stage."""
+
+    def __init__(self, memory_log: dict | None, timing_log: dict | None):
+        self.memory_log, self.timing_log = memory_log, timing_log
+        self.t = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if self.memory_log is not None:
+            memory.record_device_used(self.memory_log, stage)
+        if self.timing_log is not None:
+            now = time.perf_counter()
+            self.timing_log[stage] = now - self.t
+            self.t = now
 
 
 def iter_actor_params(module: torch.nn.Module, zero_stage: int = 0, bucket_bytes: int = 512 * 2**20,

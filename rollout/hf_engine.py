@@ -45,6 +45,21 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
+def auto_attn_implementation(model_config, on_cuda: bool) -> str:
+    """``attn_implementation="auto"``: ``"sdpa_gqa"`` on CUDA and ``"sdpa"`` elsewhere when the model class
+    supports SDPA (``_supports_sdpa``), else ``"eager"`` (e.g. Gemma-2, whose soft-capped attention has no
+    SDPA path in transformers)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        cls = AutoModelForCausalLM._model_mapping[type(model_config)]
+    except KeyError:
+        return "eager"
+    if not getattr(cls, "_supports_sdpa", False):
+        return "eager"
+    return "sdpa_gqa" if on_cuda else "sdpa"
+
+
 class HFRolloutEngine(RolloutEngine):
     """Generation engine on ``transformers.GenerationMixin.generate``.
 
@@ -61,7 +76,8 @@ class HFRolloutEngine(RolloutEngine):
         prompt_len_multiple: prompts are left-padded to a multiple of this (length bucket).
         cache_len_multiple: static cache length is rounded up to a multiple of this.
         attn_implementation: attention backend of the inference copy: ``"auto"`` (default: ``"sdpa_gqa"`` on
-            CUDA, ``"sdpa"`` elsewhere), ``"sdpa"`` (transformers' own), or ``"sdpa_gqa"``
+            CUDA, ``"sdpa"`` elsewhere, ``"eager"`` for a model without SDPA support; see
+            :func:`auto_attn_implementation`), ``"sdpa"`` (transformers' own), or ``"sdpa_gqa"``
             (:func:`sdpa_gqa_attention_forward`: grouped-query attention inside SDPA even with a padding mask,
             instead of copying the K/V cache once per query head group; 3.0x the tokens/s of ``"sdpa"`` for
             SmolLM2-135M on an H200, 512 rows x 512 new tokens, docs/benchmarks.md); any other name transformers
@@ -97,22 +113,31 @@ class HFRolloutEngine(RolloutEngine):
         self.pad_id = int(pad_token_id) if pad_token_id is not None else self.eos_ids[0]
 
         if attn_implementation == "auto":
-            attn_implementation = "sdpa_gqa" if on_cuda else "sdpa"
+            attn_implementation = auto_attn_implementation(model_config, on_cuda)
         self.attn_implementation = attn_implementation
         if attn_implementation == "sdpa_gqa":
             register_sdpa_gqa()
         model_config = copy.deepcopy(model_config)  # from_config sets _attn_implementation on the config it gets
-        self.model = AutoModelForCausalLM.from_config(model_config, dtype=self.dtype,
-                                                      attn_implementation=attn_implementation)
+        from transformers import AutoModelForImageTextToText
+
+        vision = getattr(model_config, "vision_config", None) is not None  # a vision-language model
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        self.model = auto.from_config(model_config, dtype=self.dtype, attn_implementation=attn_implementation)
         self.model.eval().requires_grad_(False)
         self.model.to(self.device)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._awake = True
 
     @classmethod
-    def from_tokenizer(cls, model_config, tokenizer, **kwargs) -> "HFRolloutEngine":
-        """Build with EOS/pad ids read from a HF tokenizer (pad falls back to EOS when the tokenizer has none)."""
-        return cls(model_config, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
+    def from_tokenizer(cls, model_config, tokenizer, model_path: str | None = None,
+                       stop_token_ids: Sequence[int] | None = None, **kwargs) -> "HFRolloutEngine":
+        """Build with the stop ids of :func:`rollout.stop_tokens.resolve_stop_token_ids` (the tokenizer's EOS, the
+        model config's and ``generation_config.json``'s ``eos_token_id``, the chat template's end-of-turn token,
+        ``stop_token_ids``) and the tokenizer's pad id (falling back to the first stop id)."""
+        from rollout.stop_tokens import resolve_stop_token_ids
+
+        stops = resolve_stop_token_ids(tokenizer, model_config, model_path, extra=stop_token_ids)
+        return cls(model_config, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id, **kwargs)
 
     # ---- weights / memory ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -169,9 +194,15 @@ class HFRolloutEngine(RolloutEngine):
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import CompileConfig
 
-        kw = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, eos_token_id=stop_ids,
+        min_new = sampling.max_new_tokens if sampling.ignore_eos else 0  # stop ids are masked out until then
+        kw = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=min_new, eos_token_id=stop_ids,
                   pad_token_id=self.pad_id, output_logits=False, return_dict_in_generate=True,
                   num_return_sequences=1, num_beams=1, use_cache=True, repetition_penalty=1.0)
+        # a vision-language model never writes its image placeholders (their count must match the images)
+        vision = [getattr(self.model.config, k, None) for k in ("image_token_id", "video_token_id",
+                                                                "vision_start_token_id", "vision_end_token_id")]
+        if any(v is not None for v in vision):
+            kw["suppress_tokens"] = [int(v) for v in vision if v is not None]
         if sampling.greedy:
             kw.update(do_sample=False)
         else:
@@ -188,12 +219,15 @@ class HFRolloutEngine(RolloutEngine):
         return 1 << int(math.floor(math.log2(rows))) if self.use_static_cache else rows
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
+                 multi_modal_inputs: list[dict] | None = None) -> RolloutOutput:
         """Sample ``n`` responses per prompt with ``model.generate``.
 
         Args:
             prompt_ids: B prompts, lists of token ids without padding.
             sampling: :class:`SamplingConfig`.
+            multi_modal_inputs: a vision-language model's per-prompt processor tensors (``pixel_values``,
+                ``image_grid_thw``; ``{}`` for a prompt without images), passed to ``generate`` with the rows.
 
         Returns:
             :class:`RolloutOutput` of (B*n, R) tensors on CPU, prompt-major, R = ``sampling.max_new_tokens``.
@@ -205,6 +239,7 @@ class HFRolloutEngine(RolloutEngine):
             raise RuntimeError("HFRolloutEngine.generate called while asleep; call wake_up() first")
         prompts = check_prompts(prompt_ids)
         rows = [p for p in prompts for _ in range(sampling.n)]  # prompt-major: n copies of prompt i contiguous
+        mm_rows = [m for m in multi_modal_inputs for _ in range(sampling.n)] if multi_modal_inputs else None
         stop_ids = list(dict.fromkeys(self.eos_ids + sampling.stop_token_ids))
         width = max(len(p) for p in prompts)
         if self.use_static_cache:
@@ -221,15 +256,17 @@ class HFRolloutEngine(RolloutEngine):
                 torch.manual_seed(int(sampling.seed))
             for start in range(0, len(rows), chunk):
                 part = rows[start:start + chunk]
-                outs.append(self._generate_chunk(part, width, gen_cfg, temp, stop_ids, sampling.max_new_tokens))
+                mm = mm_rows[start:start + chunk] if mm_rows else None
+                outs.append(self._generate_chunk(part, width, gen_cfg, temp, stop_ids, sampling.max_new_tokens, mm))
         return RolloutOutput(*(torch.cat([getattr(o, k) for o in outs]) for k in
                                ("responses", "response_mask", "rollout_log_probs")))
 
     def _generate_chunk(self, rows: list[list[int]], width: int, gen_cfg, temp: float, stop_ids: list[int],
-                        max_new_tokens: int) -> RolloutOutput:
+                        max_new_tokens: int, mm: list[dict] | None = None) -> RolloutOutput:
         real = len(rows)
         if self.use_static_cache:  # batch bucket: pad with copies of the last row
-            rows = rows + [rows[-1]] * (min(_next_pow2(real), self._rows_per_call()) - real)
+            extra = min(_next_pow2(real), self._rows_per_call()) - real
+            rows, mm = rows + [rows[-1]] * extra, (mm + [mm[-1]] * extra if mm else mm)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, p in enumerate(rows):  # left padding
@@ -239,11 +276,29 @@ class HFRolloutEngine(RolloutEngine):
 
         recorder = SampledTokenLogProbs(temp, len(rows), max_new_tokens, self.device)
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  generation_config=gen_cfg, logits_processor=LogitsProcessorList([recorder]))
+                                  generation_config=gen_cfg, logits_processor=LogitsProcessorList([recorder]),
+                                  **self._image_kwargs(ids, mm))
         tokens = out.sequences[:, width:]
         log_probs = recorder.finish(tokens)
         del out
         return finalize_responses(tokens[:real], log_probs[:real], stop_ids, self.pad_id, max_new_tokens)
+
+    def _image_kwargs(self, ids: torch.Tensor, mm: list[dict] | None) -> dict:
+        """``generate`` keywords of a vision-language chunk: the rows' image tensors concatenated in row order and
+        ``mm_token_type_ids`` (1 at image tokens); ``{}`` without images."""
+        kw = {k: v.to(self.device) for k, v in concat_image_inputs(mm or []).items()}
+        image_id = getattr(self.model.config, "image_token_id", None)
+        if kw and image_id is not None:
+            kw["mm_token_type_ids"] = (ids == image_id).long().to(self.device)
+        return kw
+
+
+def concat_image_inputs(rows: Sequence[dict | None]) -> dict:
+    """The model inputs of several rows from their processor tensors (``pixel_values``, ``image_grid_thw``, ...),
+    concatenated along dim 0 in row order (the order of their image tokens in the batch); ``{}`` when no row has
+    any."""
+    keys = sorted({k for r in rows if r for k in r})
+    return {k: torch.cat([r[k] for r in rows if r and k in r]) for k in keys}
 
 
 def sdpa_gqa_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -26,3 +26,19 @@ def empty_cache() -> None:
     gc.collect(1)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+
+
+def device_used_gib() -> float | None:
+    """GPU memory in use on the current device, in GiB, counting every allocator of every process
+    (``total - free`` from ``torch.cuda.mem_get_info``, i.e. ``cudaMemGetInfo``); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
+def record_device_used(log: dict, stage: str) -> None:
+    """``log[stage] = device_used_gib()`` when CUDA is present (no entry otherwise)."""
+    used = device_used_gib()
+    if used is not None:
+        log[stage] = used

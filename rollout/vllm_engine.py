@@ -1,11 +1,13 @@
 """vLLM rollout engine, colocated with the trainer and put to sleep while it trains.
 
-Written against vLLM's documented offline API (``vllm.LLM``, ``SamplingParams``, sleep mode); no machine of this
-project has vLLM, so it is tested with a fake ``LLM`` that records the call protocol
-(``tests/test_rollout_vllm_protocol.py``). Install with ``pip install -e .[vllm]``.
+Written against vLLM's offline API (``vllm.LLM``, ``SamplingParams``, sleep mode, ``collective_rpc``). Tested with a
+fake ``LLM`` that records the call protocol (``tests/test_rollout_vllm_protocol.py``, CPU) and for real on a GPU
+(``tests/test_rollout_vllm_gpu.py``, vLLM 0.24.0). Install with ``pip install -e .[vllm]``. vLLM runs inside the
+worker's process: set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the worker sets it when unset).
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 import torch
@@ -28,10 +30,14 @@ class VLLMRolloutEngine(RolloutEngine):
 
     Args:
         model_path: HF folder of the actor (config + tokenizer; weights may be dummy, they are synced).
-        eos_token_id: EOS id(s) used as stop tokens besides ``SamplingConfig.stop_token_ids``.
+        eos_token_id: stop id(s) of every call (the set of :func:`rollout.stop_tokens.resolve_stop_token_ids`),
+            passed to vLLM as ``stop_token_ids`` besides ``SamplingConfig.stop_token_ids``.
         pad_token_id: response filler (falls back to the first EOS id).
         tensor_model_parallel_size: vLLM TP size (``rollout.tensor_model_parallel_size``).
         gpu_memory_utilization, dtype, max_model_len, seed, enforce_eager, load_format: passed to ``vllm.LLM``.
+        logprobs_mode: vLLM's ``logprobs_mode``; ``"processed_logprobs"`` (default) returns the log-probs of the
+            temperature-scaled distribution that was sampled, which is what the trainer recomputes (vLLM's own
+            default, ``"raw_logprobs"``, ignores the temperature).
         llm_cls: the ``LLM`` class (tests pass a fake); default ``vllm.LLM``.
         sampling_params_cls: the ``SamplingParams`` class; default ``vllm.SamplingParams``.
         **llm_kwargs: extra ``vllm.LLM`` arguments.
@@ -43,8 +49,10 @@ class VLLMRolloutEngine(RolloutEngine):
     def __init__(self, model_path: str, eos_token_id: int | list[int], pad_token_id: int | None = None,
                  tensor_model_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16",
                  max_model_len: int | None = None, seed: int = 0, enforce_eager: bool = False,
-                 load_format: str = "dummy", llm_cls: Any = None, sampling_params_cls: Any = None,
-                 **llm_kwargs) -> None:
+                 load_format: str = "dummy", logprobs_mode: str = "processed_logprobs", llm_cls: Any = None,
+                 sampling_params_cls: Any = None, **llm_kwargs) -> None:
+        # colocation: the engine lives in this (the trainer's) process, so that load_weights reaches its model
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if llm_cls is None or sampling_params_cls is None:
             vllm = import_vllm()
             llm_cls = llm_cls or vllm.LLM
@@ -57,7 +65,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm = llm_cls(model=model_path, tensor_parallel_size=int(tensor_model_parallel_size),
                            gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, max_model_len=max_model_len,
                            seed=seed, enforce_eager=enforce_eager, load_format=load_format,
-                           enable_sleep_mode=True, **llm_kwargs)
+                           logprobs_mode=logprobs_mode, enable_sleep_mode=True, **llm_kwargs)
         self.llm.sleep(level=1)
 
     # ---- memory ---------------------------------------------------------------------------------------------
@@ -91,12 +99,14 @@ class VLLMRolloutEngine(RolloutEngine):
     # ---- generation -----------------------------------------------------------------------------------------
     def _sampling_params(self, sampling: SamplingConfig):
         greedy = sampling.greedy
-        return self._sampling_params_cls(
+        fixed = dict(ignore_eos=True, min_tokens=sampling.max_new_tokens) if sampling.ignore_eos else {}
+        return self._sampling_params_cls(**fixed,
             n=sampling.n, temperature=0.0 if greedy else float(sampling.temperature),
             top_p=1.0 if greedy else float(sampling.top_p),
             top_k=-1 if greedy or sampling.top_k <= 0 else int(sampling.top_k),
-            max_tokens=sampling.max_new_tokens, logprobs=0, stop_token_ids=list(sampling.stop_token_ids),
-            seed=sampling.seed)
+            max_tokens=sampling.max_new_tokens, logprobs=0,
+            stop_token_ids=list(dict.fromkeys(self.eos_ids + sampling.stop_token_ids)),
+            seed=sampling.seed, detokenize=False)  # token ids are all the trainer reads
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
         """Generate with ``LLM.generate``; outputs map to (B*n, R) tensors, prompt-major.

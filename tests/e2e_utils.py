@@ -49,3 +49,49 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class MainRun:
+    """``trainer/main.py`` started in its own session (``Popen``), its output in ``<out_dir>.log``.
+
+    ``wait_for(done)`` polls ``done()`` until it is true (the run must stay alive meanwhile); ``stepped(n)`` is
+    true once step ``n`` is in ``metrics.jsonl``; ``finish()`` waits for the exit code (the session is killed if
+    it runs over)."""
+
+    def __init__(self, out_dir: str, *overrides: str, env: dict | None = None):
+        self.out = out_dir
+        self.log = open(f"{out_dir}.log", "w+")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "trainer", "main.py"),
+                                      f"trainer.output_dir={out_dir}", *overrides], cwd=ROOT, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def text(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def wait_for(self, done, what: str, timeout: float = 300) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.text()[-5000:]
+            if done():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{what} not reached in {timeout} s\n{self.text()[-5000:]}")
+
+    def stepped(self, step: int = 1) -> bool:
+        path = os.path.join(self.out, "metrics.jsonl")
+        return os.path.exists(path) and any(r.get("step", 0) >= step and "actor/pg_loss" in r
+                                            for r in read_metrics(self.out))
+
+    def finish(self, timeout: float = 90) -> int:
+        import signal
+
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)

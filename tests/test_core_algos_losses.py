@@ -201,8 +201,9 @@ def test_agg_loss_modes_hand_values():
     assert ca.agg_loss(L, m, "token-mean").item() == pytest.approx(3.0)  # 15 / 5
     assert ca.agg_loss(L, m, "seq-mean-token-sum").item() == pytest.approx(7.5)  # (6 + 9) / 2
     assert ca.agg_loss(L, m, "seq-mean-token-mean").item() == pytest.approx(3.25)  # (2 + 4.5) / 2
-    assert ca.agg_loss(L, m, "seq-mean-token-sum-norm").item() == pytest.approx(5.0)  # 15 / 3
-    assert ca.agg_loss(L, m, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == pytest.approx(1.5)
+    assert ca.agg_loss(L, m, "seq-mean-token-sum-norm").item() == pytest.approx(2.5)  # 15 / 3 / 2
+    assert ca.agg_loss(L, m, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == pytest.approx(0.75)
+    assert ca.agg_loss(L, m, "token-sum").item() == pytest.approx(15.0)
     assert ca.agg_loss(L, m, "token-mean", global_num_tokens=10, dp_size=2).item() == pytest.approx(3.0)
     assert ca.agg_loss(L, torch.zeros_like(m), "token-mean").item() == 0.0
     with pytest.raises(ValueError, match="loss_agg_mode 'bad'"):
@@ -261,6 +262,6 @@ def test_grad_accumulation_and_dp_equivalence(mode):
     rank1 = grad_of([[4, 5], [6, 7]], dp_size=2, glob=_globals(mask))
     torch.testing.assert_close((rank0 + rank1) / 2, single, atol=1e-6, rtol=0)
     # and the buggy local normalisation differs (so the test can fail)
-    if mode != "seq-mean-token-sum-norm":
+    if mode != "token-sum":
         local = grad_of([[0, 1], [2, 3], [4, 5], [6, 7]])
         assert not torch.allclose(local, single, atol=1e-6)

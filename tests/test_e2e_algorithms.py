@@ -4,6 +4,7 @@ import math
 import pytest
 
 from tests.e2e_utils import SHORT, read_metrics, run_main
+from trainer import core_algos
 
 pytestmark = pytest.mark.slow
 
@@ -44,3 +45,55 @@ def test_ulysses_sp2_dynamic_bsz(tmp_path):
     rows = _finite_steps(out, ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"))
     # 16 rows of <= 18 tokens with a 64*2-token budget: several micro-batches per mini-batch
     assert len({r["actor/pg_loss"] for r in rows}) == 2
+
+
+ONE_STEP = ["trainer.total_training_steps=1", *SHORT[1:], "trainer.export_hf_on_end=false"]
+
+
+def _config_error(overrides):
+    """The ConfigError message validate() gives for ``overrides``, or None when the config is accepted."""
+    import os
+
+    from hydra import compose, initialize_config_dir
+
+    from tests.e2e_utils import ROOT
+    from trainer.launch import ConfigError, resolve_config, validate
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
+        cfg = resolve_config(compose("ppo_trainer", overrides=list(overrides)))
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _accepted_runs_or_refused_cleanly(tmp_path, overrides, keys):
+    err = _config_error(overrides)
+    out = str(tmp_path / "run")
+    if err is not None:  # refused before start-up: exit 2 with the check's one-line reason
+        proc = run_main(out, *overrides, check=False, timeout=120)
+        assert proc.returncode == 2 and err in proc.stderr, proc.stderr[-2000:]
+        return None
+    run_main(out, *overrides)
+    row = [r for r in read_metrics(out) if "actor/pg_loss" in r][-1]
+    for k in keys:
+        assert k in row and math.isfinite(row[k]), (k, row.get(k))
+    return row
+
+
+@pytest.mark.parametrize("est", sorted(core_algos.ADV_ESTIMATOR_REGISTRY))
+def test_p31_every_registered_estimator_runs_a_step_or_is_refused_before_start(tmp_path, est):
+    row = _accepted_runs_or_refused_cleanly(tmp_path, [f"algorithm.adv_estimator={est}", *ONE_STEP],
+                                            ("actor/pg_loss", "critic/advantages/mean"))
+    if est == "remax":  # the greedy baseline rollout ran inside the step
+        assert row is not None and "timing_s/adv_inputs/reward_baselines" in row
+    if est == "optimal_token_baseline":  # no stage makes sum_pi_squared (see README)
+        assert row is None
+
+
+@pytest.mark.parametrize("loss_mode", sorted(core_algos.POLICY_LOSS_REGISTRY))
+def test_every_registered_policy_loss_runs_a_step(tmp_path, loss_mode):
+    row = _accepted_runs_or_refused_cleanly(tmp_path, [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+                                                       *ONE_STEP], ("actor/pg_loss", "actor/ppo_kl"))
+    assert row is not None

@@ -41,7 +41,12 @@ def _step(model, opt, sched, seed):
     return lp.detach()
 
 
-def test_save_load_resumes_bit_exact(tmp_path):
+_FILES = {"torch_dist": ["dist_ckpt/metadata.json", "dist_ckpt/common.pt"],
+          "torch": ["model/mp_rank_00_000/model.pt", "optim/optim_tp0_pp0_dp0.pt"]}
+
+
+@pytest.mark.parametrize("fmt", ["torch_dist", "torch"])
+def test_save_load_resumes_bit_exact(tmp_path, fmt):
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     from trainer.megatron.checkpoint import MegatronCheckpointManager
@@ -49,7 +54,7 @@ def test_save_load_resumes_bit_exact(tmp_path):
 
     with single_process_group():
         cfg, hf, model, shape, opt, sched = _setup()
-        mgr = MegatronCheckpointManager(model, opt, sched, hf_config=cfg)
+        mgr = MegatronCheckpointManager(model, opt, sched, hf_config=cfg, ckpt_format=fmt)
         _step(model, opt, sched, 1)
         path = str(tmp_path / "global_step_1" / "actor")
         mgr.save(path)
@@ -62,7 +67,7 @@ def test_save_load_resumes_bit_exact(tmp_path):
         get_cuda_rng_tracker().set_states({k: torch.Generator().manual_seed(7).get_state() for k in tracker_saved})
         _step(model, opt, sched, 99)
         meta = mgr.load(path)
-        assert meta == {"global_step": 1, "tp_size": 1, "pp_size": 1, "dp_size": 1}
+        assert meta == {"global_step": 1, "tp_size": 1, "pp_size": 1, "dp_size": 1, "ckpt_format": fmt}
         assert all(torch.equal(get_cuda_rng_tracker().get_states()[k], v) for k, v in tracker_saved.items())
         assert torch.equal(torch.rand(3), noise_a)
         lp_b = _step(model, opt, sched, 2)
@@ -72,7 +77,8 @@ def test_save_load_resumes_bit_exact(tmp_path):
             if not k.endswith("_extra_state"):
                 assert torch.equal(v, w_a[k]), k
     names = sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
-    assert "model/mp_rank_00_000/model.pt" in names and "optim/optim_tp0_pp0_dp0.pt" in names
+    assert all(f in names for f in _FILES[fmt]) and not any(f in names for fs in _FILES.values() if fs != _FILES[fmt]
+                                                               for f in fs)
     assert "extra/extra_tp0_pp0_dp0.pt" in names and "meta.pt" in names and "huggingface/config.json" in names
     assert not os.path.exists(path + ".tmp")
 
@@ -84,7 +90,7 @@ def test_wrong_parallel_sizes_and_missing_files(tmp_path):
     with single_process_group():
         _, _, model, _, opt, sched = _setup()
         path = str(tmp_path / "global_step_3" / "actor")
-        MegatronCheckpointManager(model, opt, sched).save(path)
+        MegatronCheckpointManager(model, opt, sched, ckpt_format="torch").save(path)
         other = MegatronCheckpointManager(model, opt, sched,
                                           ranks=dict(tp=0, pp=0, dp=0, tp_size=2, pp_size=1, dp_size=1, rank=0))
         with pytest.raises(ValueError, match="tp_size': 1"):
@@ -163,3 +169,25 @@ def test_shared_adam_step_tensor_is_unshared_after_load():
     assert len({id(opt.state[p]["step"]) for p in ps}) == 4 and unshare_step_tensors(opt) == 0
     opt.step()
     assert [float(opt.state[p]["step"]) for p in ps] == [2.0] * 4
+
+
+def test_torch_format_checkpoint_still_exports_offline(tmp_path):
+    """Checkpoints written with ckpt_format=torch (and older ones, whose meta.pt has no ckpt_format) still export."""
+    from transformers import AutoModelForCausalLM
+
+    from tools.export_hf import export_checkpoint
+    from trainer.megatron.checkpoint import MegatronCheckpointManager
+    from trainer.megatron.model import single_process_group
+    from trainer.megatron.sync import iter_hf_weights
+
+    path = str(tmp_path / "global_step_1" / "actor")
+    with single_process_group():
+        cfg, _, model, shape, opt, sched = _setup()
+        _step(model, opt, sched, 1)
+        MegatronCheckpointManager(model, opt, sched, hf_config=cfg, ckpt_format="torch").save(path)
+        live = dict(iter_hf_weights(model, shape))
+    meta = torch.load(os.path.join(path, "meta.pt"), weights_only=True)
+    del meta["ckpt_format"]                       # as written before dist checkpointing existed
+    torch.save(meta, os.path.join(path, "meta.pt"))
+    sd = AutoModelForCausalLM.from_pretrained(export_checkpoint(path, str(tmp_path / "hf"), dtype="float32")).state_dict()
+    assert set(sd) == set(live) and all(torch.equal(sd[k], live[k]) for k in live)

@@ -1,5 +1,6 @@
 """The real entry point with ``trainer.strategy=megatron`` on CPU: Ray + 2 MegatronActorRefWorker processes (gloo),
-embedded tiny Llama, 2 GRPO steps, once with data parallelism 2 and once with tensor parallelism 2.
+embedded tiny Llama, 2 GRPO steps, once with data parallelism 2 and once with tensor parallelism 2; the TP=2
+run's dist checkpoint then resumes at TP=1 for a third step.
 
 ``rollout/log_prob_diff_max`` compares the rollout engine's log-probs of the sampled tokens with the Megatron
 actor's: both fp32, so a small value means the engine held the synced actor weights at every step.
@@ -32,8 +33,9 @@ def test_megatron_two_steps(tmp_path, tp):
             assert isinstance(r[key], (int, float)) and math.isfinite(r[key]), (key, r.get(key))
         assert r["rollout/log_prob_diff_max"] < 1e-4, r["rollout/log_prob_diff_max"]
     ckpt = os.path.join(out, "checkpoints", "global_step_2", "actor")
-    for t in range(tp):
-        assert os.path.isfile(os.path.join(ckpt, "model", f"mp_rank_{t:02d}_000", "model.pt"))
+    assert os.path.isfile(os.path.join(ckpt, "dist_ckpt", "metadata.json"))   # ckpt_format=torch_dist (default)
+    assert all(os.path.isfile(os.path.join(ckpt, "extra", f"extra_tp{t}_pp0_dp{d}.pt"))
+               for t in range(tp) for d in range(2 // tp))
     hf = os.path.join(out, "hf_actor")
     assert AutoModelForCausalLM.from_pretrained(hf).config.num_hidden_layers == 2
     init = load_file(os.path.join(out, "init_model", "model.safetensors"))
@@ -48,3 +50,7 @@ def test_megatron_two_steps(tmp_path, tp):
     assert set(again) == set(final)
     for k in final:
         assert torch.equal(again[k].float(), final[k].float()), k
+    if tp == 2:  # the TP=2 dist checkpoint resumes at TP=1 x DP=2 (resharded on load) for a third step
+        run_main(str(tmp_path / "resumed"), "trainer.strategy=megatron", "actor_rollout_ref.actor.use_kl_loss=true",
+                 f"trainer.resume_mode={os.path.dirname(ckpt)}", *SHORT[1:], "trainer.total_training_steps=3")
+        assert [r["step"] for r in read_metrics(str(tmp_path / "resumed")) if "actor/pg_loss" in r] == [3]

@@ -244,7 +244,7 @@ class _Rew:
 
 
 def test_controller_filter_batch_on_constructed_batch():
-    ctl = PrimeController(_cfg(), world=2, eos_token_id=2)
+    ctl = PrimeController(_cfg(), world=2, stop_token_ids=2)
     uid = ["p0", "p0", "p1", "p1", "p2", "p2", "p3", "p3"]
     responses = torch.tensor([[5, 2], [5, 2], [5, 2], [5, 2], [5, 7], [5, 2], [5, 2], [5, 0]])
     mask = torch.tensor([[1, 1]] * 7 + [[1, 0]]).float()
@@ -261,7 +261,7 @@ def test_controller_filter_batch_on_constructed_batch():
 def test_truncated_rows():
     responses = torch.tensor([[5, 2], [5, 7], [5, 0]])
     mask = torch.tensor([[1, 1], [1, 1], [1, 0]])
-    assert truncated_rows(responses, mask, eos_token_id=2).tolist() == [False, True, False]
+    assert truncated_rows(responses, mask, stop_token_ids=2).tolist() == [False, True, False]
 
 
 class _FakeWG:

@@ -1,6 +1,7 @@
 """`empty_cache(` may appear only inside rollout/memory.py::empty_cache (verl #556/#575, peer case P19).
 
-Calls of that wrapper (`memory.empty_cache()`) are allowed in rollout/ only; any other `...empty_cache(` (torch.cuda,
+Calls of that wrapper (`memory.empty_cache()`) are allowed in rollout/ and in the benchmarks of BENCH_WAKE_CALLS
+only; any other `...empty_cache(` (torch.cuda,
 accelerator, ...) anywhere in trainer/ patches/ rollout/ rewards/ tools/ fails the test.
 """
 from __future__ import annotations
@@ -12,6 +13,9 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = ["trainer", "patches", "rollout", "rewards", "tools"]
 PATTERN = re.compile(r"([\w.()]*)empty_cache\(")
+# benchmarks that drive a vLLM engine by hand call the wrapper where the rule puts it (before a wake-up), and
+# vllm_memory.py measures what breaking the rule costs
+BENCH_WAKE_CALLS = {"tools/bench/rollout.py", "tools/bench/vllm_memory.py"}
 
 
 def _function_span(path: pathlib.Path, name: str) -> tuple[int, int]:
@@ -41,6 +45,8 @@ def test_empty_cache_only_in_rollout_memory():
                 real_calls.append(text)
             continue
         if rel.startswith("rollout/") and text == "memory.empty_cache(":
+            continue
+        if rel in BENCH_WAKE_CALLS and text == "memory.empty_cache(":
             continue
         bad.append(f"{rel}:{lineno}: {text}")
     assert not bad, "empty_cache outside rollout/memory.py::empty_cache:\n" + "\n".join(bad)

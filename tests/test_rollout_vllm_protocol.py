@@ -144,8 +144,8 @@ def test_vllm_sampling_params_mapping(setup):
     _, _, _, engine = setup
     sp = engine._sampling_params(SamplingConfig(n=3, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=5,
                                                 stop_token_ids=[7], seed=1))
-    assert sp.kw == dict(n=3, temperature=0.7, top_p=0.9, top_k=-1, max_tokens=5, logprobs=0, stop_token_ids=[7],
-                         seed=1)
+    assert sp.kw == dict(n=3, temperature=0.7, top_p=0.9, top_k=-1, max_tokens=5, logprobs=0, stop_token_ids=[2, 7],
+                         seed=1, detokenize=False)
     assert engine._sampling_params(SamplingConfig(do_sample=False)).kw["temperature"] == 0.0
 
 

@@ -67,7 +67,7 @@ def _value(key: str):
     entry = match(key)
     if entry.ok:
         return entry.ok[0]
-    rules = {"strategy": "fsdp", "warmup_style": "cosine", "rollout_is": "token", "max_resp_len": None}
+    rules = {"strategy": "fsdp", "warmup_style": "cosine", "max_resp_len": None}
     return rules.get(entry.target, 1)
 
 

@@ -10,11 +10,16 @@ Usage::
 Weights come from DeepSpeed's ``deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint``
 (ZeRO 1/2/3: merges the fp32 master partitions of every rank; runs on CPU, no process group needed) or,
 for a ZeRO-0 checkpoint, from the ``module`` entry of ``mp_rank_00_model_states.pt``. A Megatron role folder
-(``trainer.strategy=megatron``; it holds ``meta.pt``) is read without megatron-core: the model shards
-``model/mp_rank_<tp>_<pp>/model.pt`` are merged over tensor/pipeline ranks and renamed to HF names
-(``trainer.megatron.weights.mcore_to_hf``); its optimizer state is not needed. Config, tokenizer,
-chat template and generation config come from ``<local_dir>/huggingface/`` written at save time. The
-output dtype defaults to the training dtype recorded in that config.
+(``trainer.strategy=megatron``; it holds ``meta.pt``) is read without megatron-core and without a process group:
+a dist checkpoint (``dist_ckpt/``, the default ``ckpt_format=torch_dist``) through
+``torch.distributed.checkpoint`` (only the model's tensors, at their global shapes, whatever TP/PP wrote them;
+``trainer.megatron.weights.dist_ckpt_to_mcore``), a ``torch``-format one by merging the shards
+``model/mp_rank_<tp>_<pp>/model.pt`` over tensor/pipeline ranks (``trainer.megatron.weights.mcore_to_hf``);
+both are renamed to HF names and the optimizer state is not read. Config, tokenizer,
+chat template and generation config come from ``<local_dir>/huggingface/`` written at save time; the model
+class is the one that config names (the class that was trained: a critic exports as
+``<Model>ForTokenClassification`` with one label). The output dtype defaults to the training dtype recorded in
+that config, and ``config.json`` records the dtype written.
 """
 
 from __future__ import annotations
@@ -60,18 +65,52 @@ def load_consolidated_state_dict(local_dir: str, tag: str | None = None) -> dict
     return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
+def load_dist_model_tensors(dist_dir: str) -> dict[str, torch.Tensor]:
+    """The model tensors of a Megatron dist checkpoint folder at their global shapes (CPU), keyed by sharded key.
+
+    Read with ``torch.distributed.checkpoint`` in one process (``no_dist``); optimizer entries
+    (``optimizer.*``) and non-tensor entries (``*_extra_state``) are skipped.
+
+    Raises: FileNotFoundError when ``dist_dir`` has no ``.metadata``.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    if not os.path.isfile(os.path.join(dist_dir, ".metadata")):
+        raise FileNotFoundError(f"{dist_dir!r} is not a dist checkpoint (no .metadata)")
+    reader = dcp.FileSystemReader(dist_dir)
+    sd = {k: torch.empty(m.size, dtype=m.properties.dtype)
+          for k, m in reader.read_metadata().state_dict_metadata.items()
+          if isinstance(m, TensorStorageMetadata) and not k.startswith("optimizer.")}
+    dcp.load(sd, storage_reader=reader, no_dist=True)
+    return sd
+
+
 def load_megatron_state_dict(local_dir: str, hf_config) -> dict:
     """Full HF-named fp32 state dict (CPU) of a Megatron role folder written by ``MegatronCheckpointManager``.
 
     Raises:
-        FileNotFoundError: ``meta.pt`` or a ``model/mp_rank_<tp>_<pp>/model.pt`` shard is missing (named).
+        FileNotFoundError: ``meta.pt``, ``dist_ckpt/.metadata`` or a ``model/mp_rank_<tp>_<pp>/model.pt`` shard is
+            missing (named).
         ValueError: a shard holds several model chunks (virtual pipeline), or the config cannot be converted.
     """
     from trainer.megatron.config import model_shape
-    from trainer.megatron.weights import mcore_to_hf
+    from trainer.megatron.weights import dist_ckpt_to_mcore, iter_hf_from_mcore
 
     meta = torch.load(os.path.join(local_dir, "meta.pt"), map_location="cpu", weights_only=True)
-    tp, pp = int(meta["tp_size"]), int(meta["pp_size"])
+    if meta.get("ckpt_format", "torch") == "torch_dist":
+        tensors = load_dist_model_tensors(os.path.join(local_dir, "dist_ckpt"))
+        mcore = dist_ckpt_to_mcore(tensors, int(hf_config.num_hidden_layers))
+        sd = dict(iter_hf_from_mcore(mcore, model_shape(hf_config, 1, 1)))
+    else:
+        sd = _merge_torch_shards(local_dir, hf_config, int(meta["tp_size"]), int(meta["pp_size"]))
+    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+
+
+def _merge_torch_shards(local_dir: str, hf_config, tp: int, pp: int) -> dict:
+    from trainer.megatron.config import model_shape
+    from trainer.megatron.weights import mcore_to_hf
+
     shards = {}
     for t in range(tp):
         for p in range(pp):
@@ -82,8 +121,25 @@ def load_megatron_state_dict(local_dir: str, hf_config) -> dict:
             if len(chunks) != 1:
                 raise ValueError(f"{f!r} holds {len(chunks)} model chunks; only one chunk per stage is supported")
             shards[(t, p)] = chunks[0]
-    sd = mcore_to_hf(shards, model_shape(hf_config, tp, pp), tp, pp)
-    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+    return mcore_to_hf(shards, model_shape(hf_config, tp, pp), tp, pp)
+
+
+_VALUE_HEADS = ("score.weight", "classifier.weight")  # the one-output token heads of transformers' models
+
+
+def model_architecture(config, state_dict: dict) -> str:
+    """The transformers class to rebuild: ``config.architectures[0]`` (``AutoModelForCausalLM`` when unset),
+    except that a causal-LM name with weights holding a token head (``score.weight``) and no ``lm_head`` (a critic
+    saved with its backbone's config) becomes ``<Model>ForTokenClassification`` with ``config.num_labels`` set
+    from the head's rows (in place)."""
+    arch = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
+    head = next((k for k in _VALUE_HEADS if k in state_dict), None)
+    if arch.endswith("ForCausalLM") and head is not None and "lm_head.weight" not in state_dict:
+        arch = arch[:-len("ForCausalLM")] + "ForTokenClassification"
+        config.num_labels = int(state_dict[head].shape[0])
+        logger.warning("the checkpoint's config names a causal LM but its weights hold a value head %r: "
+                       "exporting as %s (num_labels=%d)", head, arch, config.num_labels)
+    return arch
 
 
 def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype | None = None,
@@ -110,14 +166,15 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
     config = AutoConfig.from_pretrained(hf_dir)
     out_dtype = to_dtype(dtype if dtype is not None else (getattr(config, "dtype", None) or torch.float32))
     config.dtype = out_dtype
-    arch = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
-    cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
-    with torch.device("meta"):
-        model = cls.from_config(config) if cls.__name__.startswith("Auto") else cls(config)
     if os.path.isfile(os.path.join(local_dir, "meta.pt")):
         sd = load_megatron_state_dict(local_dir, config)
     else:
         sd = load_consolidated_state_dict(local_dir, tag)
+    arch = model_architecture(config, sd)
+    cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        model = cls.from_config(config) if cls.__name__.startswith("Auto") else cls(config)
+    model.to(out_dtype)  # save_pretrained records the model's dtype in config.json
     expected = set(model.state_dict().keys())
     tied = {k for k in expected - set(sd) if getattr(config, "tie_word_embeddings", False) and "lm_head" in k}
     missing, unexpected = expected - set(sd) - tied, set(sd) - expected

@@ -1,14 +1,17 @@
 """Config errors and the checks that depend on the training strategy (DeepSpeed vs Megatron) or on a checkpoint:
-megatron-core and TP/PP sizes, the model's head counts against TP, and a resume from another strategy or other
-parallel sizes. Everything here runs before any worker starts; ``trainer.launch`` calls it and re-exports it.
+megatron-core and TP/PP sizes, the model's head counts against TP, and a resume from another strategy, other
+parallel sizes (``torch``-format Megatron checkpoints) or another model; the reward scorers' options. Everything
+here runs before any worker starts; ``trainer.launch`` calls it and re-exports it.
 """
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from typing import Any, Callable, Sequence
 
 __all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "run_checks", "check_megatron", "check_megatron_model",
-           "check_resume_checkpoint"]
+           "check_resume_checkpoint", "check_resume_model", "check_model_files", "check_rollout_correction",
+           "reward_options", "check_reward_scorers"]
 
 
 class ConfigError(ValueError):
@@ -121,6 +124,8 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
         import torch
 
         meta = torch.load(os.path.join(actor, "meta.pt"), map_location="cpu", weights_only=True)
+        if meta.get("ckpt_format", "torch") == "torch_dist":
+            return  # a dist checkpoint reshards to this run's tensor/pipeline/data-parallel sizes on load
         m = cfg["actor_rollout_ref"]["actor"].get("megatron") or {}
         tp = _as_int(m.get("tensor_model_parallel_size", 1), "tensor_model_parallel_size", 1)
         pp = _as_int(m.get("pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", 1)
@@ -128,9 +133,30 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
         want = {"tp_size": tp, "pp_size": pp, "dp_size": world // (tp * pp)}
         saved = {k: int(meta[k]) for k in want}
         if saved != want:
-            raise ConfigError(f"trainer.resume_mode: {path!r} was saved with {saved} but this run has {want}; "
-                              "resume with the same tensor/pipeline sizes and worker count, or start from its HF "
-                              "export (tools/export_hf.py) as actor_rollout_ref.model.path")
+            raise ConfigError(f"trainer.resume_mode: {path!r} (ckpt_format=torch) was saved with {saved} but this "
+                              f"run has {want}; resume with the same tensor/pipeline sizes and worker count, or "
+                              "start from its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
+def check_resume_model(path: str, hf: dict) -> None:
+    """The actor checkpoint at ``path`` (``.../global_step_<N>``) holds the model this run builds: its saved
+    ``actor/huggingface/config.json`` agrees with ``hf`` (the run's model config as a dict) on every field of
+    ``trainer.megatron.config.MODEL_CONFIG_KEYS`` that both set. Checkpoints saved without a config pass.
+
+    Raises:
+        ConfigError: naming the checkpoint and the first differing field with both values.
+    """
+    import json
+
+    from trainer.megatron.config import model_config_difference
+
+    saved = os.path.join(path, "actor", "huggingface", "config.json")
+    if not os.path.isfile(saved):
+        return
+    with open(saved, encoding="utf-8") as f:
+        diff = model_config_difference(json.load(f), hf)
+    if diff:
+        raise ConfigError(f"trainer.resume_mode: {path!r} holds another model than actor_rollout_ref.model: {diff}")
 
 
 def check_megatron(cfg: dict, world: int) -> None:
@@ -162,6 +188,9 @@ def check_megatron(cfg: dict, world: int) -> None:
     if cp != 1:
         raise ConfigError(f"{key}.context_parallel_size={cp}: context parallelism is not wired yet (it needs "
                           "Transformer Engine's attention); use 1")
+    fmt = m.get("ckpt_format", "torch_dist")
+    if fmt not in ("torch_dist", "torch"):
+        raise ConfigError(f"{key}.ckpt_format={fmt!r}; expected torch_dist or torch")
     for sp_key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", arr["actor"]["ulysses_sequence_parallel_size"]),
                        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"])):
         if int(sp) != 1:
@@ -206,84 +235,84 @@ def check_megatron_model(cfg: dict, hf: dict) -> None:
             raise ConfigError(f"trainer.strategy=megatron: {exc}") from None
 
 
-REWARD_MANAGERS = ("naive", "batch", "dapo", "prime")  # verl's names of the managers that score rows by rule
+def check_rollout_correction(cfg: dict) -> None:
+    """``algorithm.rollout_correction`` (:class:`trainer.algos.rollout_correction.RolloutCorrection`) is valid.
+
+    Raises: ConfigError naming the key."""
+    from trainer.algos.rollout_correction import RolloutCorrection
+
+    try:
+        RolloutCorrection.from_config(cfg["algorithm"].get("rollout_correction"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def check_verl_semantics(cfg: dict) -> None:
-    """Keys that follow verl's names and meanings: the reward manager, the generation batch of dynamic sampling, the
-    LR schedule's cosine settings, validation logging and the critic's own micro-batch settings.
+def reward_options(cfg: dict) -> dict:
+    """The scorer options: ``reward_model.scorer_kwargs`` merged with verl's
+    ``reward_model.custom_reward_function.reward_kwargs``.
 
     Raises:
-        ConfigErrors: every bad value found, one line each (naming the key, the value and what was expected).
+        ConfigError: either is not a mapping, or a key is set in both to different values.
     """
-    errors = ErrorCollector()
-    for check in (_check_reward_manager, _check_gen_batch_size, _check_lr_schedules, _check_validation_keys,
-                  _check_critic_batches):
-        errors.run(check, cfg)
-    errors.raise_if_any()
+    rm = cfg.get("reward_model") or {}
+    merged: dict = {}
+    for key, opts in (("reward_model.scorer_kwargs", rm.get("scorer_kwargs")),
+                      ("reward_model.custom_reward_function.reward_kwargs",
+                       (rm.get("custom_reward_function") or {}).get("reward_kwargs"))):
+        if not isinstance(opts or {}, dict):
+            raise ConfigError(f"{key}={opts!r}; expected a mapping of scorer options")
+        for k, v in (opts or {}).items():
+            if k in merged and merged[k] != v:
+                raise ConfigError(f"scorer option {k!r} is set to {merged[k]!r} and, in {key}, to {v!r}")
+            merged[k] = v
+    return merged
 
 
-def _check_reward_manager(cfg: dict) -> None:
-    name = (cfg.get("reward_model") or {}).get("reward_manager", "naive")
-    if name not in REWARD_MANAGERS:
-        raise ConfigError(f"reward_model.reward_manager={name!r}; expected one of {list(REWARD_MANAGERS)} (each scores "
-                          "rows with the rule scorer; DAPO's overlong penalty is reward_model.overlong_buffer); for your "
-                          "own scoring use custom_reward_function.path")
+def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequence) -> Any:
+    """Build one reward manager with ``make_rm()`` and check every scorer that routing reaches: each distinct
+    ``reward_fn_key`` value in the rows of ``datasets`` (:class:`trainer.dataset.PromptDataset` or None) has a
+    registered scorer taking the scorer options. Returns the manager.
+
+    Raises:
+        ConfigError: a row without ``reward_fn_key``, a value without a scorer, or an option a scorer does not
+            take (naming the option and the scorer).
+    """
+    try:
+        manager = make_rm()
+        values = set()
+        for ds in datasets if manager.routes_by_key else ():
+            for row in ds.rows if ds is not None else ():
+                if reward_fn_key not in row:
+                    raise KeyError(f"data.reward_fn_key={reward_fn_key!r}: a row of {list(ds.files)} has no "
+                                   f"such column (columns: {sorted(k for k in row if k != 'input_ids')})")
+                values.add(row[reward_fn_key])
+        manager.check_data_sources(values)
+    except KeyError as exc:
+        raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"reward_model: {exc}") from exc
+    return manager
 
 
-def _check_gen_batch_size(cfg: dict) -> None:
-    d = cfg["data"]
-    gen, bs = d.get("gen_batch_size"), int(d["train_batch_size"])
-    if gen is None:
-        return
-    gen = _as_int(gen, "data.gen_batch_size", minimum=1)
-    if not (cfg["algorithm"].get("filter_groups") or {}).get("enable"):
-        if gen != bs:
-            raise ConfigError(f"data.gen_batch_size={gen} differs from data.train_batch_size={bs}, but generation "
-                              "batches are the training batch unless algorithm.filter_groups.enable=true (dynamic "
-                              "sampling); set them equal or enable filter_groups")
-        return
-    world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
-    if world >= 1 and gen % world:
-        raise ConfigError(f"data.gen_batch_size={gen} must be divisible by the {world} workers")
+def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:
+    """The actor's model folder against what the run needs: a vision-language model ships its processor
+    (``trainer.multimodal.check_processor``) and generates with the hf rollout engine, and a resumed checkpoint holds
+    this model (:func:`check_resume_model`).
 
+    Raises:
+        ConfigError: naming the key and the missing file or differing value.
+    """
+    from trainer.multimodal import check_processor
 
-def _check_lr_schedules(cfg: dict) -> None:
-    sections = [("actor_rollout_ref.actor.optim", cfg["actor_rollout_ref"]["actor"]["optim"]),
-                ("critic.optim", cfg["critic"]["optim"])]
-    rm_optim = ((cfg.get("reward_model") or {}).get("model") or {}).get("optim")
-    if isinstance(rm_optim, dict):
-        sections.append(("reward_model.model.optim", rm_optim))
-    for key, optim in sections:
-        ratio, cycles = optim.get("min_lr_ratio", 0.0), optim.get("num_cycles", 0.5)
-        ratio = 0.0 if ratio is None else float(ratio)
-        if not 0.0 <= ratio <= 1.0:
-            raise ConfigError(f"{key}.min_lr_ratio={ratio}; expected a fraction in [0, 1]")
-        if optim.get("lr_scheduler_type", "constant") != "cosine" and (ratio != 0.0 or float(cycles) != 0.5):
-            raise ConfigError(f"{key}.min_lr_ratio={ratio} / num_cycles={cycles} shape a cosine schedule, but "
-                              f"{key}.lr_scheduler_type={optim.get('lr_scheduler_type')}; set lr_scheduler_type=cosine")
-        warm = optim.get("lr_warmup_steps_ratio", 0.0)
-        if not 0.0 <= float(warm or 0.0) <= 1.0:
-            raise ConfigError(f"{key}.lr_warmup_steps_ratio={warm}; expected a fraction in [0, 1]")
-
-
-def _check_validation_keys(cfg: dict) -> None:
-    t = cfg["trainer"]
-    actor_keep, critic_keep = t.get("max_actor_ckpt_to_keep"), t.get("max_critic_ckpt_to_keep")
-    if critic_keep is not None and critic_keep != actor_keep:
-        raise ConfigError(f"trainer.max_critic_ckpt_to_keep={critic_keep} differs from trainer.max_actor_ckpt_to_keep="
-                          f"{actor_keep}: a checkpoint is one global_step_N folder for every role, kept or pruned "
-                          "as a whole; set trainer.max_actor_ckpt_to_keep")
-    _as_int(t.get("log_val_generations", 0), "trainer.log_val_generations", minimum=0)
-    if t.get("val_only") and not cfg["data"].get("val_files") and cfg["data"].get("train_files") is not None:
-        raise ConfigError("trainer.val_only=true needs held-out data: set data.val_files")
-
-
-def _check_critic_batches(cfg: dict) -> None:
-    c = cfg["critic"]
-    if not c.get("enable"):
-        return
-    _as_int(c.get("forward_micro_batch_size_per_gpu", 1), "critic.forward_micro_batch_size_per_gpu", minimum=1)
-    if c.get("use_dynamic_bsz"):
-        for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
-            _as_int(c.get(key, 1), f"critic.{key}", minimum=1)
+    model = cfg["actor_rollout_ref"]["model"]
+    if resume_path is not None:
+        check_resume_model(resume_path, hf)
+    if model.get("path") is not None:
+        try:
+            check_processor("actor_rollout_ref.model.path", model["path"], hf, model.get("tokenizer_path"))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    rollout = cfg["actor_rollout_ref"]["rollout"]["name"]
+    if hf.get("vision_config") and rollout != "hf":
+        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout}: image prompts of a vision-language model are "
+                          "passed to generation by the hf engine only; use rollout=hf")

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.config_checks import ConfigError, _as_int, check_megatron, run_checks
-
-# advantage estimators whose baseline is the other samples of the same prompt
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+from trainer.config_checks import ConfigError, _as_int, check_megatron, check_rollout_correction, run_checks
 
 
 def overlong_kwargs(cfg: dict) -> dict:
@@ -50,11 +47,11 @@ def validate(cfg: dict) -> None:
     Raises:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
     """
-    from trainer.config_checks import check_verl_semantics
+    from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_check_world_and_lengths, _check_rollout_engine, _check_batches, _check_numbers,
-                     _check_algorithm_names, _check_filter_groups, _check_attn_implementation, _check_strategy,
-                     _check_kernels, check_verl_semantics))
+                     _check_algorithm_names, _check_filter_groups, _check_attn_implementation,
+                     check_rollout_correction, _check_strategy, _check_kernels, check_verl_semantics))
 
 
 def _world(cfg: dict) -> int:
@@ -83,10 +80,6 @@ def _check_world_and_lengths(cfg: dict) -> None:
     n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
     if n < 1:
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}; expected >= 1")
-    est = cfg["algorithm"]["adv_estimator"]
-    if n < 2 and est in GROUP_ESTIMATORS:
-        raise ConfigError(f"algorithm.adv_estimator={est} compares the samples of one prompt, but "
-                          f"actor_rollout_ref.rollout.n={n}: every advantage would be 0; set rollout.n >= 2")
 
 
 def _check_rollout_engine(cfg: dict) -> None:
@@ -145,6 +138,9 @@ def _check_numbers(cfg: dict) -> None:
     max_skip = int(t.get("max_consecutive_skipped_steps", 5))
     if max_skip < 1:
         raise ConfigError(f"trainer.max_consecutive_skipped_steps={max_skip}; expected >= 1")
+    restarts = t.get("max_restarts", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ConfigError(f"trainer.max_restarts={restarts!r}; expected an integer >= 0")
     _as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
     if t.get("total_training_steps") is not None:
         _as_int(t["total_training_steps"], "trainer.total_training_steps", minimum=1)
@@ -153,13 +149,10 @@ def _check_numbers(cfg: dict) -> None:
 
 
 def _check_algorithm_names(cfg: dict) -> None:
-    from trainer import core_algos
+    """The estimator and policy loss (registered names and the estimator's traits), then the loss aggregation."""
+    from trainer.algo_checks import check_estimator_and_loss, check_loss_aggregation
 
-    try:
-        core_algos.get_adv_estimator_fn(cfg["algorithm"]["adv_estimator"])
-        core_algos.get_policy_loss_fn(cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"])
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    run_checks(cfg, (check_estimator_and_loss, check_loss_aggregation))
 
 
 def _check_filter_groups(cfg: dict) -> None:
@@ -213,6 +206,8 @@ def _check_kernels(cfg: dict) -> None:
     from trainer.workers.base import effective_zero_stage
     from trainer.workers.kernels import check_kernel_options
 
+    from trainer.workers.step_guard import check_ds_config_keeps_norm_check
+
     arr, ds = cfg["actor_rollout_ref"], cfg["deepspeed"]
 
     def check(model_cfg: dict) -> None:
@@ -221,6 +216,7 @@ def _check_kernels(cfg: dict) -> None:
 
     try:
         check(arr["model"])
+        check_ds_config_keeps_norm_check(ds.get("ds_config"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     from trainer.prime import prime_enabled

@@ -3,6 +3,12 @@
 A row has ``prompt`` (a list of chat messages, or a plain string), ``data_source``, ``reward_model``
 (a dict with ``ground_truth``) and optionally ``extra_info`` and ``ability``; verl's GSM8K parquet files load
 as they are. Files may be parquet or JSON-lines; they are read with the ``datasets`` library.
+
+Multimodal rows (verl's layout, for a vision-language model and its processor): an ``images`` column (``image_key``)
+holds the row's images (PIL images, ``{"bytes": ..., "path": ...}`` dicts as ``datasets`` stores them, file paths
+or raw bytes), and the prompt's text marks where each goes with an ``<image>`` placeholder. The processor renders
+the chat template and expands every image into its vision tokens, so the prompt length that the overlong filter
+compares with ``max_prompt_length`` counts the image tokens (:mod:`trainer.multimodal`).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from trainer.multimodal import image_prompt_inputs
 from trainer.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -67,6 +74,13 @@ class PromptDataset:
         filter_overlong_prompts: drop rows longer than ``max_prompt_length`` (counted and logged); otherwise
             ``truncation`` decides: ``error`` raises, ``left``/``right`` cut the prompt.
         chat_template_kwargs: extra arguments of ``apply_chat_template`` (``data.apply_chat_template_kwargs``).
+        processor: a Hugging Face processor (``apply_chat_template`` + ``__call__(text=, images=)``) for rows with
+            images; None for a text-only model.
+        image_key: the column holding a row's images.
+
+    Rows with images get ``multi_modal_inputs`` (the processor's tensors but ``input_ids`` / ``attention_mask``,
+    e.g. ``pixel_values`` and ``image_grid_thw``) when read (``ds[i]``), computed again from the images so that
+    the dataset holds no pixel tensors; other rows get ``{}`` when the dataset has a processor.
 
     Raises:
         DataError: missing/empty files, missing columns, or no usable rows.
@@ -80,6 +94,8 @@ class PromptDataset:
     truncation: str = "error"
     max_rows: int | None = None
     chat_template_kwargs: dict = field(default_factory=dict)
+    processor: Any = None
+    image_key: str = "images"
     rows: list[dict] = field(default_factory=list, init=False)
     num_filtered: int = field(default=0, init=False)
     num_invalid: int = field(default=0, init=False)
@@ -101,7 +117,7 @@ class PromptDataset:
         for row in raw:
             if self.max_rows is not None and len(self.rows) >= self.max_rows:
                 break
-            ids = self._tokenize(row)
+            ids = self.prompt_ids(row)
             if ids is None:
                 self.num_invalid += 1
                 continue
@@ -109,6 +125,10 @@ class PromptDataset:
                 if self.filter_overlong_prompts:
                     self.num_filtered += 1
                     continue
+                if row.get(self.image_key):
+                    raise DataError(f"a prompt with images has {len(ids)} tokens (image tokens included) > "
+                                    f"data.max_prompt_length={self.max_prompt_length}; image prompts cannot be cut, "
+                                    "set data.filter_overlong_prompts=True or raise max_prompt_length")
                 if self.truncation == "error":
                     raise DataError(f"a prompt has {len(ids)} tokens > data.max_prompt_length="
                                     f"{self.max_prompt_length}; set data.filter_overlong_prompts=True or "
@@ -126,11 +146,23 @@ class PromptDataset:
                             f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
                             "prompt or ground truth")
 
-    def _tokenize(self, row: dict) -> list[int] | None:
+    def prompt_ids(self, row: dict) -> list[int] | None:
+        """The prompt's token ids as the model will see them (image tokens expanded), i.e. the length the overlong
+        filter compares; None for a row without a prompt or ground truth. Does not change ``row``.
+
+        Raises:
+            DataError: a row with images but no processor, or placeholders that do not match the images.
+        """
         prompt = row.get(self.prompt_key)
         rm = row.get("reward_model")
         if not prompt or not isinstance(rm, dict) or rm.get("ground_truth") in (None, ""):
             return None
+        if row.get(self.image_key):
+            try:
+                ids, _ = image_prompt_inputs(self.processor, prompt, row[self.image_key], self.chat_template_kwargs)
+            except ValueError as exc:
+                raise DataError(f"data files {list(self.files)}: a row with {self.image_key!r}: {exc}") from exc
+            return ids
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
@@ -143,7 +175,14 @@ class PromptDataset:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> dict:
-        return self.rows[i]
+        row = self.rows[i]
+        if self.processor is None:
+            return row
+        mm = {}
+        if row.get(self.image_key):
+            _, mm = image_prompt_inputs(self.processor, row[self.prompt_key], row[self.image_key],
+                                        self.chat_template_kwargs)
+        return {**row, "multi_modal_inputs": mm}
 
 
 def collate_prompts(rows: Sequence[dict], pad_token_id: int) -> DataProto:

@@ -75,14 +75,16 @@ def make_rows(num_rows: int, seed: int, min_digits: int = 1, max_digits: int = 1
     return rows
 
 
-def write_task(out_dir: str, train_rows: int = 2240, val_rows: int = 64, seed: int = 0) -> tuple[str, str]:
-    """Write ``train.jsonl`` and ``val.jsonl`` for the synthetic task; returns their paths."""
+def write_task(out_dir: str, train_rows: int = 2240, val_rows: int = 64, seed: int = 0,
+               make=make_rows) -> tuple[str, str]:
+    """Write ``train.jsonl`` and ``val.jsonl`` of a generated task (rows from ``make(num_rows, seed)``, the synthetic
+    digits task by default); returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for name, n, s in (("train", train_rows, seed), ("val", val_rows, seed + 1)):
         path = os.path.join(out_dir, f"{name}.jsonl")
         with open(path, "w", encoding="utf-8") as f:
-            for row in make_rows(n, s):
+            for row in make(n, s):
                 f.write(json.dumps(row) + "\n")
         paths.append(path)
     return paths[0], paths[1]

@@ -25,7 +25,8 @@ import torch
 from patches.packing import (bucket_padding, cu_seqlens_from_position_ids, pack_tensor, position_ids_from_cu_seqlens,
                              unpack_tensor, unpad_input)
 from patches.ulysses import (ULYSSES_ATTN_IMPL, UlyssesGroup, current_ulysses_group, gather_outputs_and_unpad,
-                             host_packed_forward, pad_and_slice, pad_and_slice_inputs)
+                             host_packed_forward, pad_and_slice, pad_and_slice_inputs, slice_decoder_inputs,
+                             ulysses_patched)
 
 __all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits", "use_compiled_log_probs", "to_device"]
 
@@ -191,10 +192,12 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperatur
 
 def _check_batch(input_ids, attention_mask, position_ids, response_length):
     for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask), ("position_ids", position_ids)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise ValueError(f"{name} must be a (batch, seqlen) tensor, got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        if t.shape != input_ids.shape:
+        rows = name == "position_ids" and isinstance(t, torch.Tensor) and t.dim() == 3  # (B, C, L) M-RoPE rows
+        if not isinstance(t, torch.Tensor) or (t.dim() != 2 and not rows):
+            raise ValueError(f"{name} must be a (batch, seqlen) tensor{' or (batch, rows, seqlen)' * (name == 'position_ids')}"
+                             f", got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        shape = (t.shape[0], t.shape[2]) if rows else tuple(t.shape)
+        if shape != tuple(input_ids.shape):
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(input_ids.shape)} like input_ids")
     if not 0 < response_length < input_ids.shape[1]:
         raise ValueError(f"response_length must be in [1, seqlen={input_ids.shape[1]}), got {response_length}")
@@ -211,11 +214,11 @@ def _resolve_sp(model, sp: UlyssesGroup | None, use_remove_padding: bool) -> Uly
     if sp.size > 1:
         if not use_remove_padding:
             raise ValueError("ulysses sequence parallelism (sp > 1) needs use_remove_padding=True")
-        inner = getattr(model, "module", model)  # a DeepSpeed engine's own .config is DeepSpeed's, not the model's
-        impl = getattr(inner.config, "_attn_implementation", None)
-        if impl != ULYSSES_ATTN_IMPL:
+        if not ulysses_patched(model):  # (a DeepSpeed engine's own .config is DeepSpeed's; the decoder's is read)
+            inner = getattr(model, "module", model)
             raise ValueError(f"sp={sp.size} needs a model patched by patches.ulysses.apply_ulysses_patch "
-                             f"(attn implementation {ULYSSES_ATTN_IMPL!r}), got {impl!r}")
+                             f"(attn implementation {ULYSSES_ATTN_IMPL!r}), got "
+                             f"{getattr(inner.config, '_attn_implementation', None)!r}")
     return sp
 
 
@@ -271,16 +274,46 @@ def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesG
     return out, labels_local[0], pad, indices
 
 
+def _full_row_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesGroup, mm: dict, device=None):
+    """:func:`_packed_forward` for rows whose embeddings are built over the whole packed row (``mm``: the rows' image
+    inputs, concatenated in row order) or with position rows ``(B, C, L)`` (M-RoPE). The WHOLE padded row goes into
+    the model, ``position_ids`` ``(1 + C, 1, S)`` (row 0 the text positions; ``(1, S)`` without rows); its decoder
+    keeps this SP rank's slice (``slice_decoder_inputs``); every SP rank encodes every image (vision tower replicated)."""
+    dev = input_ids.device if device is None else torch.device(device)
+    rows = None
+    if position_ids.dim() == 3:
+        rows, position_ids = position_ids, torch.clamp(torch.cumsum(attention_mask, dim=1) - 1, min=0)
+    ids, _, indices, _, _ = unpad_input(input_ids, attention_mask)
+    pos = pack_tensor(position_ids, indices).unsqueeze(0)
+    if rows is not None:
+        pos = torch.cat([pos, pack_tensor(rows.transpose(1, 2), indices).T.to(pos.dtype)])  # (1 + C, nnz)
+    labels = torch.roll(ids, shifts=-1, dims=1)
+    n = ids.shape[1]
+    pad = (-n) % sp.size if n else sp.size
+    if pad:  # the SP padding: a fake sequence of its own (positions 0..pad-1 in every row)
+        ids, labels = (torch.cat([t, t.new_zeros(1, pad)], dim=1) for t in (ids, labels))
+        pos = torch.cat([pos, torch.arange(pad, dtype=pos.dtype).expand(pos.shape[0], pad)], dim=1)
+    labels_local, _ = pad_and_slice(labels, sp.size, sp.rank)
+    pos = pos.unsqueeze(1) if rows is not None else pos  # (1 + C, 1, S) or (1, S)
+    ids, pos, labels_local, indices = (to_device(t, dev) for t in (ids, pos, labels_local, indices))
+    mm = {k: to_device(v, dev) if isinstance(v, torch.Tensor) else v for k, v in mm.items()}
+    with sp.activate(), slice_decoder_inputs(sp):
+        out = model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False, **mm)
+    return out, labels_local[0], pad, indices
+
+
 def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                       response_length: int, temperature: float = 1.0, calculate_entropy: bool = False,
                       use_remove_padding: bool = True, sp: UlyssesGroup | None = None, chunk_size: int = 1024,
-                      device=None):
-    """Per-token log-probs (and entropy) of the response tokens under a causal LM.
+                      device=None, multi_modal_inputs: dict | None = None):
+    """Per-token log-probs (and entropy) of the response tokens under a causal LM (or a vision-language model).
 
     Args:
         model: a transformers causal LM (patched by ``patches.ulysses.apply_ulysses_patch`` for sp > 1).
         input_ids: ``(B, L)`` int64 ``cat(prompts, responses)``. attention_mask: ``(B, L)`` 0/1.
-        position_ids: ``(B, L)`` int64, 0 at the first valid token of every row.
+        position_ids: ``(B, L)`` int64, 0 at the first valid token of every row; or ``(B, C, L)`` rotary position
+            rows of a multimodal model (Qwen2-VL's M-RoPE: temporal, height, width; verl's layout), whose text
+            positions are then ``clamp(cumsum(attention_mask) - 1, min=0)``.
         response_length: ``R``, the response occupies the last R columns.
         temperature: logits are divided by it (as in the rollout sampler).
         calculate_entropy: also return the entropy of ``softmax(logits / temperature)``.
@@ -290,6 +323,9 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         chunk_size: tokens per float32 log-softmax chunk.
         device: the model's device when the inputs stay on the CPU (the trainer's workers pass it): packing happens
             on the CPU and no host sync is made. None: the inputs' device.
+        multi_modal_inputs: the processor's image inputs of these rows (``pixel_values`` ``(patches, D)``,
+            ``image_grid_thw`` ``(images, 3)``, ...), concatenated in row order; passed to the model with the whole
+            packed row (see :func:`_full_row_forward`). Needs ``use_remove_padding``.
 
     Returns:
         ``(log_probs (B, R) float32, entropy (B, R) float32 or None)`` on the model's device. Entries of padded
@@ -304,6 +340,8 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     B, L = input_ids.shape
     R = response_length
     if not use_remove_padding:
+        if multi_modal_inputs:
+            raise ValueError("multi_modal_inputs need use_remove_padding=True (the packed forward)")
         input_ids, attention_mask, position_ids = (to_device(t, device) for t in (input_ids, attention_mask,
                                                                                    position_ids))
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -311,7 +349,11 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         lp, ent = log_probs_from_logits(logits.reshape(B * R, -1), input_ids[:, -R:].reshape(-1), temperature,
                                         calculate_entropy, chunk_size)
         return lp.view(B, R), (ent.view(B, R) if ent is not None else None)
-    out, labels_local, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp, device)
+    if multi_modal_inputs or position_ids.dim() == 3:
+        out, labels_local, pad, indices = _full_row_forward(model, input_ids, attention_mask, position_ids, sp,
+                                                            dict(multi_modal_inputs or {}), device)
+    else:
+        out, labels_local, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp, device)
     lp, ent = log_probs_from_logits(out.logits[0], labels_local, temperature, calculate_entropy, chunk_size)
     del out
     lp = gather_outputs_and_unpad(lp, 0, pad, sp)

@@ -14,118 +14,13 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, _as_int,  # noqa: F401
-                                   check_megatron, check_megatron_model, check_resume_checkpoint, run_checks)
-from trainer.config_validate import GROUP_ESTIMATORS, detect_device, overlong_kwargs, validate  # noqa: F401
+                                   check_megatron, check_megatron_model, check_resume_checkpoint, check_reward_scorers,
+                                   reward_options, run_checks)
+from trainer.config_preflight import check_model_context, preflight  # noqa: F401
+from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
-
-
-def _model_config_dict(cfg: dict, path: str | None) -> dict:
-    """The HF config of a model folder (read as JSON, no import), or the embedded tiny model's sizes, with
-    ``actor_rollout_ref.model.override_config`` applied."""
-    model = cfg["actor_rollout_ref"]["model"]
-    if path is None:
-        out = dict(model.get("tiny") or {})
-    else:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            out = json.load(f)
-    out.update(model.get("override_config") or {})
-    return out
-
-
-def _as_list(files) -> list[str]:
-    return [files] if isinstance(files, str) else list(files or [])
-
-
-def preflight(cfg: dict) -> None:
-    """Fast checks of paths and model limits before anything heavy is imported or any worker starts.
-
-    Model folders must hold ``config.json``; data files must exist; the Ulysses size must divide the model's
-    attention heads (``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads == 0``, case P01); prompt +
-    response must fit ``max_position_embeddings``. Every section runs; their errors are raised together.
-
-    Raises:
-        ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
-    """
-    run_checks(cfg, (_check_model_paths, _check_resume, _check_data_files, _check_model_fit))
-
-
-def _check_model_paths(cfg: dict) -> None:
-    arr = cfg["actor_rollout_ref"]
-    paths = [("actor_rollout_ref.model.path", arr["model"].get("path"))]
-    if cfg["critic"].get("enable"):
-        paths.append(("critic.model.path", cfg["critic"]["model"].get("path")))
-    for key, path in paths:
-        if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
-            what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
-            raise ConfigError(f"{key}={path!r} {what}")
-    if arr["model"].get("path") is None and arr["model"].get("tiny") is None:
-        raise ConfigError("actor_rollout_ref.model.path=null with model=hf: expected a Hugging Face model folder "
-                          "(or model=tiny for the embedded tiny model)")
-
-
-def _check_resume(cfg: dict) -> None:
-    mode = cfg["trainer"]["resume_mode"]
-    if mode != "disable":
-        from trainer.checkpoint.base import resolve_resume_path
-
-        try:
-            resume_path, _ = resolve_resume_path(mode, cfg["trainer"]["default_local_dir"])
-        except (ValueError, FileNotFoundError) as exc:
-            raise ConfigError(f"trainer.resume_mode: {exc}") from exc
-        if resume_path is not None:
-            check_resume_checkpoint(cfg, resume_path)
-
-
-def _check_data_files(cfg: dict) -> None:
-    errors = ErrorCollector()
-    for key in ("train_files", "val_files"):
-        for f in _as_list(cfg["data"].get(key)):
-            if not os.path.isfile(f):
-                errors.add(f"data.{key}: file {f!r} does not exist (expected a .parquet or .jsonl file)")
-    errors.raise_if_any()
-
-
-def _check_model_fit(cfg: dict) -> None:
-    arr = cfg["actor_rollout_ref"]
-    path = arr["model"].get("path")
-    if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
-        return  # reported by _check_model_paths
-    hf = _model_config_dict(cfg, path)
-    heads = hf.get("num_attention_heads")
-    kv = hf.get("num_key_value_heads") or heads
-    for key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-                     arr["actor"]["ulysses_sequence_parallel_size"]),
-                    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"]),
-                    ("critic.ulysses_sequence_parallel_size", cfg["critic"]["ulysses_sequence_parallel_size"])):
-        sp = int(sp)
-        if sp > 1 and heads and (heads % sp or (kv % sp and sp % kv)):
-            raise ConfigError(f"{key}={sp} does not fit the model's heads (num_attention_heads={heads}, "
-                              f"num_key_value_heads={kv}): need heads % sp == 0 and (kv_heads % sp == 0 or "
-                              "sp % kv_heads == 0)")
-    if cfg["trainer"].get("strategy", "deepspeed") == "megatron":
-        check_megatron_model(cfg, hf)
-    ctx = hf.get("max_position_embeddings")
-    need = int(cfg["data"]["max_prompt_length"]) + int(cfg["data"]["max_response_length"])
-    if ctx is not None and need > int(ctx):
-        raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
-                          f"max_position_embeddings={ctx}")
-
-
-def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
-    """Prompt+response must fit the model's context; the tokenizer needs an EOS token."""
-    d = cfg["data"]
-    need = int(d["max_prompt_length"]) + int(d["max_response_length"])
-    ctx = getattr(hf_config, "max_position_embeddings", None)
-    if ctx is not None and need > int(ctx):
-        raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
-                          f"max_position_embeddings={ctx}")
-    if tokenizer.eos_token_id is None:
-        raise ConfigError(f"the tokenizer of {cfg['actor_rollout_ref']['model']['path']!r} has no EOS token; "
-                          "set one in its tokenizer_config.json")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token  # pad falls back to EOS (SmolLM2 has no pad token)
 
 
 def prepare_embedded(cfg: dict) -> None:
@@ -160,7 +55,8 @@ def resolve_config(hydra_cfg, report=None) -> dict:
 
     ``trainer.device=auto`` becomes cuda or cpu; the keys of :data:`trainer.verl_keys.VERL_KEYS` are mapped or
     removed (:func:`trainer.verl_compat.apply_verl_keys`; its warnings are logged); ``trainer.resume_mode=resume_path``
-    becomes the path of ``trainer.resume_from_path``; ``critic.enable`` is on exactly for GAE when null.
+    becomes the path of ``trainer.resume_from_path``; ``critic.enable`` (when null) is on exactly for an estimator
+    whose registry entry needs a critic (e.g. GAE).
 
     Args:
         hydra_cfg: the composed config (DictConfig or dict).
@@ -195,8 +91,11 @@ def resolve_config(hydra_cfg, report=None) -> dict:
         logger.warning(line)
     for line in got.notes:
         logger.info(line)
-    if cfg["critic"].get("enable") is None:
-        cfg["critic"]["enable"] = cfg["algorithm"]["adv_estimator"] == "gae"
+    if cfg["critic"].get("enable") is None:  # on for an estimator whose registry entry needs a critic
+        from trainer.core_algos import ADV_ESTIMATOR_SPECS
+
+        spec = ADV_ESTIMATOR_SPECS.get(cfg["algorithm"]["adv_estimator"])
+        cfg["critic"]["enable"] = bool(spec is not None and spec.needs_critic)
     if report is not None:
         report.warnings += got.warnings
         report.notes += got.notes
@@ -309,15 +208,30 @@ def load_tokenizer(cfg: dict):
     return tok
 
 
-def build_data(cfg: dict, tok):
+def load_processor(cfg: dict):
+    """The actor's processor for image rows (:func:`trainer.multimodal.load_processor`; None for a text-only
+    model) with ``custom_chat_template`` applied."""
+    from trainer.multimodal import load_processor as load
+
+    model = cfg["actor_rollout_ref"]["model"]
+    processor = load(model.get("tokenizer_path") or model["path"])
+    if processor is not None and model.get("custom_chat_template"):
+        owner = processor if hasattr(processor, "chat_template") else processor.tokenizer
+        owner.chat_template = model["custom_chat_template"]
+    return processor
+
+
+def build_data(cfg: dict, tok, processor=None):
     """The training prompt loader (``data.gen_batch_size`` prompts per batch with dynamic sampling, else
-    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (or None)."""
+    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (or None). ``processor``
+    (a vision-language model's, else None) reads the rows' images (``data.image_key``)."""
     from trainer.dataset import PromptDataset, PromptLoader
 
     d = cfg["data"]
     ds_kwargs = dict(tokenizer=tok, max_prompt_length=int(d["max_prompt_length"]), prompt_key=d["prompt_key"],
                      filter_overlong_prompts=bool(d["filter_overlong_prompts"]), truncation=d["truncation"],
-                     chat_template_kwargs=dict(d.get("apply_chat_template_kwargs") or {}))
+                     chat_template_kwargs=dict(d.get("apply_chat_template_kwargs") or {}),
+                     processor=processor, image_key=d.get("image_key", "images"))
     train_ds = PromptDataset(d["train_files"], max_rows=d.get("max_rows"), **ds_kwargs)
     val_ds = PromptDataset(d["val_files"], max_rows=d.get("val_max_rows"), **ds_kwargs) if d.get("val_files") else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -330,8 +244,15 @@ def build_data(cfg: dict, tok):
     return loader, val_ds
 
 
-def build_reward_managers(cfg: dict, tok) -> tuple:
-    """Two :class:`rewards.manager.RewardManager` (training, validation) from ``reward_model`` and ``data``."""
+def build_reward_managers(cfg: dict, tok, datasets) -> tuple:
+    """Two :class:`rewards.manager.RewardManager` (training, validation) from ``reward_model`` and ``data``; the
+    scorers that the rows of ``datasets`` reach are checked against the scorer options first
+    (:func:`trainer.config_checks.check_reward_scorers`).
+
+    Raises:
+        ConfigError: a row without ``data.reward_fn_key``, a data source without a scorer, a scorer option that a
+            scorer does not take.
+    """
     from rewards.manager import RewardManager
 
     rm, d = cfg["reward_model"], cfg["data"]
@@ -342,9 +263,9 @@ def build_reward_managers(cfg: dict, tok) -> tuple:
 
         scorer = load_custom_scorer(custom["path"], custom.get("name") or "compute_score")
     make = lambda: RewardManager(tok, reward_fn_key=d["reward_fn_key"], scorer=scorer,  # noqa: E731
-                                 scorer_kwargs=dict(rm.get("scorer_kwargs") or {}),
+                                 scorer_kwargs=reward_options(cfg),
                                  timeout_s=float(rm.get("timeout_s", 10.0)), **overlong_kwargs(cfg))
-    return make(), make()
+    return check_reward_scorers(make, d["reward_fn_key"], datasets), make()
 
 
 def run(hydra_cfg: DictConfig) -> dict:
@@ -353,6 +274,9 @@ def run(hydra_cfg: DictConfig) -> dict:
     for noisy in ("httpx", "datasets", "filelock", "urllib3", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     cfg = prestart(hydra_cfg)
+    from trainer.placement import check_placement
+
+    check_placement(cfg["trainer"])  # the workers fit this machine or the Ray cluster (PlacementError)
     prepare_embedded(cfg)
     from transformers import AutoConfig
 
@@ -365,14 +289,19 @@ def run(hydra_cfg: DictConfig) -> dict:
     hf_config = AutoConfig.from_pretrained(mpath, trust_remote_code=bool(cfg["actor_rollout_ref"]["model"].get(
         "trust_remote_code")), **dict(cfg["actor_rollout_ref"]["model"].get("override_config") or {}))
     check_model_context(cfg, hf_config, tok)
-    loader, val_ds = build_data(cfg, tok)
+    loader, val_ds = build_data(cfg, tok, load_processor(cfg))
     from trainer.ppo_trainer import RayPPOTrainer
 
-    trainer = RayPPOTrainer(cfg, tok, loader, val_ds, *build_reward_managers(cfg, tok))
+    trainer = RayPPOTrainer(cfg, tok, loader, val_ds, *build_reward_managers(cfg, tok, [loader.dataset, val_ds]))
     dynamic = bool((cfg["algorithm"].get("filter_groups") or {}).get("enable"))
     plan_run_length(cfg, len(trainer.loader), one_batch_per_step=not dynamic)
-    trainer.init_workers()
-    last = trainer.fit()
+    from trainer.interrupt import as_interrupt
+
+    try:
+        trainer.init_workers()
+        last = trainer.fit()
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
+        raise as_interrupt(exc, trainer.global_step) from None
     summary = {k: v for k, v in last.items() if not k.startswith("_")}
     os.makedirs(cfg["trainer"]["output_dir"], exist_ok=True)
     with open(os.path.join(cfg["trainer"]["output_dir"], "final_metrics.json"), "w") as f:

@@ -55,12 +55,19 @@ def report_user_error(exc: BaseException) -> None:
 
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from trainer.interrupt import as_interrupt, exit_interrupted, interrupted_by, shutdown_ray
     from trainer.launch import run
 
     try:
         run(cfg)
-    except Exception as exc:  # a user error ends the run with one line per bad value
-        if type(exc).__name__ in USER_ERRORS:
+        shutdown_ray()  # no Ray process of this run outlives it
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (trainer/interrupt.py)
+        exc = as_interrupt(exc)
+        exit_interrupted(exc.signum, exc.step, cfg.trainer.default_local_dir)
+    except Exception as exc:
+        if interrupted_by() is not None:  # a worker died of the same Ctrl-C before the driver's handler ran
+            exit_interrupted(interrupted_by(), None, cfg.trainer.default_local_dir)
+        if type(exc).__name__ in USER_ERRORS:  # a user error ends the run with one line naming the bad value
             report_user_error(exc)
             sys.exit(2)
         raise
@@ -96,5 +103,11 @@ def check_command_line(args: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.argv = [sys.argv[0], *check_command_line(sys.argv[1:])]
-    main()
+    from trainer.interrupt import as_interrupt, exit_interrupted, install_handlers
+
+    install_handlers()
+    try:
+        sys.argv = [sys.argv[0], *check_command_line(sys.argv[1:])]
+        main()
+    except KeyboardInterrupt as exc:  # before the run started
+        exit_interrupted(as_interrupt(exc).signum, None, None)

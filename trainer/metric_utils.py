@@ -102,10 +102,11 @@ class CompletionLengthStats(NamedTuple):
     loss_mask: torch.Tensor
 
 
-def completion_length_stats(completions: torch.Tensor, eos_id: int, max_len: int,
+def completion_length_stats(completions: torch.Tensor, eos_id, max_len: int,
                             mask_truncated: bool = True) -> CompletionLengthStats:
     """Completion lengths measured from the token ids BEFORE any truncation masking (case P12).
 
+    ``eos_id``: one id or a list of stop ids (the rollout's set, ``rollout.stop_tokens``); any of them ends a row.
     A row's length is the position of its first ``eos_id`` + 1 (EOS counted), or the row width if it has no EOS
     (it was truncated at ``max_len``). ``clipped_ratio`` = fraction of rows without EOS; ``mean_terminated`` = mean
     length of rows with EOS (0.0 if none). ``loss_mask`` (B, L) float32 is 1 up to and including the EOS, and all
@@ -121,7 +122,9 @@ def completion_length_stats(completions: torch.Tensor, eos_id: int, max_len: int
     B, L = completions.shape
     if L > max_len:
         raise ValueError(f"completions have width {L} > max_len={max_len}")
-    is_eos = completions == eos_id
+    from rollout.stop_tokens import as_id_list
+
+    is_eos = torch.isin(completions, torch.tensor(as_id_list(eos_id), device=completions.device))
     has_eos = is_eos.any(dim=-1)
     first = torch.where(has_eos, is_eos.int().argmax(dim=-1), torch.full((B,), L - 1, device=completions.device))
     length = (first + 1).float()

@@ -23,6 +23,8 @@ from trainer.config_checks import ConfigError, ConfigErrors
 # keys that were renamed in this framework: old dotted key -> new dotted key (verl's renames are in trainer/verl_keys)
 RENAMED_KEYS = {
     "actor_rollout_ref.actor.clip_ratio_lower": "actor_rollout_ref.actor.clip_ratio_low",
+    "algorithm.rollout_correction.tis_threshold": "algorithm.rollout_correction.rollout_is_threshold (with "
+                                                  "algorithm.rollout_correction.rollout_is=token)",
 }
 
 # dict-valued keys read as a whole (their entries are free-form arguments of a library call)

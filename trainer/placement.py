@@ -23,6 +23,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainer.protocol import DataProto
+from trainer.resources import (PlacementError, ResourceRequest, check_request, machine_resources, probe_ray_address,
+                               ray_node_resources)
 
 logger = logging.getLogger(__name__)
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,12 +34,14 @@ class WorkerFailure(RuntimeError):
     """A worker process died or raised; the message names the role and rank."""
 
 
-class PlacementError(RuntimeError):
-    """The cluster cannot place the requested world size."""
+class WorkerDied(WorkerFailure):
+    """A worker process died (killed, out of memory, its node lost): the failure ``trainer.max_restarts`` recovers
+    from (:mod:`trainer.recovery`)."""
 
 
-def init_ray(device: str, world_size: int, cpus_per_worker: int) -> None:
-    """Join ``RAY_ADDRESS`` when set, else start a local Ray sized for the run (logical CPUs)."""
+def init_ray(device: str) -> None:
+    """Join ``RAY_ADDRESS`` when set (PlacementError at once when it does not answer), else start a local Ray on
+    this machine's own CPUs and GPUs (Ray's count; never raised to fit a request: see :func:`check_placement`)."""
     if ray.is_initialized():
         return
     env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
@@ -49,41 +53,62 @@ def init_ray(device: str, world_size: int, cpus_per_worker: int) -> None:
             env[key] = os.environ[key]
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
                               "logging_level": logging.WARNING, "log_to_driver": True}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
-    else:
-        ray.init(num_cpus=max(os.cpu_count() or 1, world_size * cpus_per_worker + 1), **kwargs)
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        probe_ray_address(address)
+    try:
+        ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
+    except ConnectionError as exc:
+        raise PlacementError(f"RAY_ADDRESS={address!r}: could not join a Ray cluster there "
+                             f"({str(exc).splitlines()[0]}); start one with ray start --head, or unset RAY_ADDRESS "
+                             "for a local Ray; with Ray's token authentication set RAY_AUTH_MODE=token and the head's "
+                             "token (~/.ray/auth_token)") from None
+    from trainer.interrupt import reinstall_handlers
+
+    reinstall_handlers()  # Ctrl-C / SIGTERM of the driver (trainer/interrupt.py) over Ray's own SIGTERM handler
+
+
+def _where() -> str:
+    address = os.environ.get("RAY_ADDRESS")
+    return f"the Ray cluster at RAY_ADDRESS={address}" if address else "the local Ray"
+
+
+def check_placement(trainer_cfg: dict) -> ResourceRequest:
+    """Check the run's workers against what exists, before any worker starts (see :mod:`trainer.resources`).
+
+    Without ``RAY_ADDRESS``: against this machine (one node) before Ray starts; with it: joins the cluster and
+    checks its free CPUs/GPUs and its nodes. :func:`create_placement_group` checks the Ray cluster again.
+
+    Raises:
+        PlacementError: one line naming the request and what was found.
+    """
+    req = ResourceRequest.from_config(trainer_cfg)
+    if not os.environ.get("RAY_ADDRESS"):
+        check_request(req, machine_resources(req.device), "this machine")
+        return req
+    init_ray(req.device)
+    check_request(req, ray_node_resources(), _where(), free=ray.available_resources())
+    return req
 
 
 def create_placement_group(device: str, nnodes: int, n_gpus_per_node: int, cpus_per_worker: int,
                            timeout_s: float = 60.0):
-    """One PACK placement group with ``nnodes * n_gpus_per_node`` bundles.
+    """One placement group with ``nnodes * n_gpus_per_node`` bundles (:meth:`ResourceRequest.bundle`): PACK on
+    one node; SPREAD over the nodes when ``nnodes > 1`` (Ray places bundles on distinct nodes as evenly as it can).
 
     Raises:
-        PlacementError: when the cluster lacks the GPUs/CPUs, naming what was asked and what exists.
+        PlacementError: when the cluster lacks the CPUs, GPUs or nodes (naming what was asked and what exists), or
+            the bundles are not placed within ``timeout_s``.
     """
-    world = nnodes * n_gpus_per_node
-    if world < 1:
-        raise PlacementError(f"trainer.nnodes*trainer.n_gpus_per_node = {nnodes}*{n_gpus_per_node} = {world}; "
-                             "expected at least 1 worker")
-    have = ray.cluster_resources()
-    if device == "cuda":
-        bundle = {"GPU": 1, "CPU": cpus_per_worker}
-        if have.get("GPU", 0) < world:
-            raise PlacementError(f"trainer.nnodes*trainer.n_gpus_per_node = {world} GPUs requested but the Ray "
-                                 f"cluster has {int(have.get('GPU', 0))} GPU(s); lower trainer.n_gpus_per_node or "
-                                 "add nodes (ray start --address ...)")
-    else:
-        bundle = {"CPU": cpus_per_worker}
-    if have.get("CPU", 0) < world * cpus_per_worker:
-        raise PlacementError(f"{world} workers x {cpus_per_worker} CPUs requested but the Ray cluster has "
-                             f"{have.get('CPU', 0)} CPUs; lower trainer.n_gpus_per_node or trainer.cpus_per_worker")
-    pg = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
+    req = ResourceRequest(device, nnodes, n_gpus_per_node, cpus_per_worker)
+    check_request(req, ray_node_resources(), _where(), free=ray.available_resources())
+    bundle = req.bundle()
+    pg = placement_group([dict(bundle) for _ in range(req.world)], strategy="SPREAD" if nnodes > 1 else "PACK")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(pg)
-        raise PlacementError(f"could not place {world} bundles of {bundle} within {timeout_s:.0f} s "
-                             f"(cluster: {have})")
+        raise PlacementError(f"could not place {req.world} bundles of {bundle} within {timeout_s:.0f} s "
+                             f"(cluster: {ray.cluster_resources()})")
     return pg
 
 
@@ -120,8 +145,14 @@ class WorkerGroup:
             if rank == 0:
                 addr, port = self._get([w.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
             self.workers.append(w)
-        self.pids = self._get([w.getpid.remote() for w in self.workers], "getpid", list(range(world_size)))
+        where = self._get([w.location.remote() for w in self.workers], "location", list(range(world_size)))
+        self.pids = [w["pid"] for w in where]
+        self.node_ids = [w["node_id"] for w in where]
+        self.master_addr = f"{addr}:{port}"
         logger.info("%s workers: %s", role, ", ".join(f"rank {r} pid {p}" for r, p in enumerate(self.pids)))
+        logger.info("%s nodes: %s; rendezvous at %s", role,
+                    ", ".join(f"rank {r} on node {w['node_id'][:12]} ({w['node_ip']})" for r, w in enumerate(where)),
+                    self.master_addr)
 
     # ---- calls --------------------------------------------------------------------------------------------
     def _get(self, futures: list, method: str, ranks: list[int], timeout_s: float | None = None) -> list:
@@ -142,7 +173,7 @@ class WorkerGroup:
             try:
                 results[ref] = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                raise WorkerFailure(f"{self.role} rank {rank} died during {method}: {exc}") from exc
+                raise WorkerDied(f"{self.role} rank {rank} died during {method}: {exc}") from exc
             except ray.exceptions.RayTaskError as exc:
                 self._raise_if_a_peer_died(pending, method, f"rank {rank} raised: {str(exc)[:300]}", deadline)
                 raise WorkerFailure(f"{self.role} rank {rank} raised in {method}: {exc}") from exc
@@ -163,7 +194,7 @@ class WorkerGroup:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                raise WorkerFailure(f"{self.role} rank {pending[ref]} died during {method}: {exc} (then {seen})") \
+                raise WorkerDied(f"{self.role} rank {pending[ref]} died during {method}: {exc} (then {seen})") \
                     from exc
             except Exception:  # noqa: BLE001 (not a death: the rank that raised first is the one reported)
                 pass

@@ -13,12 +13,12 @@ import time
 from contextlib import contextmanager
 
 import numpy as np
-import torch
 
+from trainer.adv_inputs import estimator_kwargs, produce_inputs
 from trainer.config_reads import plain
 from trainer.dataset import DataExhausted, PromptLoader
 from trainer.protocol import DataProto
-from trainer.validation import extra_info_means as _extra_info_means, sampled as _sampled
+from trainer.validation import extra_info_means as _extra_info_means, sampled as _sampled, validate_and_log
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class RayPPOTrainer:
         self.need_ref = bool(config["actor_rollout_ref"]["actor"]["use_kl_loss"] or self.algo["use_kl_in_reward"])
         self.n = int(config["actor_rollout_ref"]["rollout"]["n"])
         self.global_step = 0
+        self.stop_token_ids = [tokenizer.eos_token_id]  # replaced by the rollout engine's set in init_workers
         self._stop_requested = False
         self.stop_reason = ""  # why the run ended before trainer.total_training_steps (for the final line)
         self._val_samples: list[dict] = []  # trainer.log_val_generations samples of the last validation
@@ -67,7 +68,7 @@ class RayPPOTrainer:
         from trainer.prime import PrimeController, prime_enabled
 
         if prime_enabled(config):
-            self.prime = PrimeController(config, self.world, eos_token_id=tokenizer.eos_token_id)
+            self.prime = PrimeController(config, self.world, stop_token_ids=self.stop_token_ids)
             self.loader = self.prime.oversampled_loader(self.loader)
 
     # ---- workers --------------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ class RayPPOTrainer:
 
         t = self.cfg["trainer"]
         cpus = int(t.get("cpus_per_worker", 1))
-        init_ray(self.device, self.world, cpus)
+        init_ray(self.device)
         self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus)
         share = 1.0 / (1 + int(self.use_critic) + int(self.prime is not None))  # [PRIME] PRM shares the bundles
         sp = int(self.cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"])
@@ -93,6 +94,9 @@ class RayPPOTrainer:
             self.critic_wg = WorkerGroup(CriticWorker, "critic", self.pg, self.world, self.cfg, self.device, cpus,
                                          share=share, sp_size=int(self.cfg["critic"]["ulysses_sequence_parallel_size"]))
         info = self.actor_wg.run_all("init_model")[0]
+        self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
+        if self.prime is not None:
+            self.prime.stop_token_ids = self.stop_token_ids
         if self.critic_wg is not None:
             self.critic_wg.run_all("init_model")
         if self.prime is not None:  # [PRIME]
@@ -118,10 +122,11 @@ class RayPPOTrainer:
         commit_checkpoint(self._ckpt_root(), self.global_step, t.get("max_actor_ckpt_to_keep"))
         return step_dir
 
-    def load_checkpoint(self) -> int:
+    def load_checkpoint(self, path: str | None = None) -> int:
+        """Load the checkpoint ``trainer.resume_mode`` names (or the step folder ``path``); returns its step."""
         from trainer.checkpoint.base import load_trainer_state, resolve_resume_path
 
-        path, step = resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
+        path, step = (path, -1) if path else resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
         if path is None:
             return 0
         t0 = time.perf_counter()
@@ -135,8 +140,9 @@ class RayPPOTrainer:
         self.loader.load_state_dict(loader_state)
         if self.kl_ctrl is not None and "kl_coef" in loader_state:
             self.kl_ctrl.value = float(loader_state["kl_coef"])
+        step = int(state.get("global_step", step))
         logger.warning("resumed from %s (step %d); checkpoint loaded in %.2f s", path, step, time.perf_counter() - t0)
-        return int(state.get("global_step", step))
+        return step
 
     # ---- one step -------------------------------------------------------------------------------------------
     def _balance(self, batch: DataProto) -> DataProto:
@@ -193,6 +199,9 @@ class RayPPOTrainer:
         if self.use_critic:
             with _timer("values", timing):
                 batch.union(self.critic_wg.dispatch_dp("compute_values", batch))
+        spec = None if self.prime is not None else core_algos.get_adv_estimator_spec(self.algo["adv_estimator"])
+        if spec is not None:  # the estimator's declared inputs that no stage made (ReMax: greedy baselines)
+            produce_inputs(self, batch, spec, timing)
         with _timer("adv", timing):
             if self.algo["use_kl_in_reward"]:
                 rewards, kl_m = core_algos.apply_kl_penalty(batch["token_level_scores"], batch["old_log_probs"],
@@ -205,8 +214,8 @@ class RayPPOTrainer:
             if self.prime is not None:  # [PRIME] PRM update/scores + per-source RLOO advantages
                 self.prime.compute_advantage(batch, metrics, timing)
             else:
-                core_algos.compute_advantage(batch, self.algo["adv_estimator"], gamma=float(self.algo["gamma"]),
-                                             lam=float(self.algo["lam"]), **self._adv_kwargs())
+                core_algos.compute_advantage(batch, spec.name, gamma=float(self.algo["gamma"]),
+                                             lam=float(self.algo["lam"]), **estimator_kwargs(spec, self.algo))
         if self.use_critic:
             with _timer("update_critic", timing):
                 metrics.update(_reduce(self.critic_wg.dispatch_dp_metrics("update_critic", batch)))
@@ -233,38 +242,28 @@ class RayPPOTrainer:
             rows["token_level_scores"] = rew.token_level_scores
         return rows, rew
 
-    def _adv_kwargs(self) -> dict:
-        if self.algo["adv_estimator"] in ("grpo", "dr_grpo"):
-            return {"norm_adv_by_std_in_grpo": bool(self.algo.get("norm_adv_by_std_in_grpo", True))}
-        return {}
-
     def _rollout_gap(self, batch: DataProto, metrics: dict) -> None:
-        """Gap between the engine's log-probs and the trainer's recomputed ones; optional truncated IS."""
-        m = batch["response_mask"].bool()
-        if not m.any():
-            return
-        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[m]
-        metrics["rollout/log_prob_diff_mean"] = float(diff.mean())
-        metrics["rollout/log_prob_diff_max"] = float(diff.max())
-        tis = (self.algo.get("rollout_correction") or {}).get("tis_threshold")
-        if tis:
-            w = torch.exp(batch["old_log_probs"] - batch["rollout_log_probs"]).clamp(max=float(tis))
-            batch["rollout_is_weights"] = torch.where(m, w, torch.zeros_like(w))
-            metrics["rollout/is_weight_mean"] = float(w[m].mean())
+        """Gap between the engine's log-probs and the trainer's recomputed ones; the rollout-correction stage
+        (``trainer.algos.rollout_correction``) sets ``rollout_is_weights`` when it is on."""
+        from trainer.algos.rollout_correction import RolloutCorrection, log_prob_gap_metrics, rollout_is_weights
+
+        args = (batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
+        metrics.update(log_prob_gap_metrics(*args))
+        spec = RolloutCorrection.from_config(self.algo.get("rollout_correction"))
+        if spec.enabled:
+            batch["rollout_is_weights"], m = rollout_is_weights(*args, spec)
+            metrics.update(m)
 
     # ---- validation -------------------------------------------------------------------------------------------
     def validate(self) -> dict:
         """Generate on the held-out set (``val_kwargs`` sampling) and score it: ``val/<data_source>/<metric>``
         (``acc`` is the strict accuracy, the mean over all samples). With ``trainer.val_also_greedy`` and sampled
         ``val_kwargs``, a second pass decodes one greedy response per question and logs
-        ``val/<data_source>/greedy/<metric>``, so sampled and greedy accuracy of the same weights sit side by side."""
-        if self.val_dataset is None:
-            return {}
-        metrics = self._validate_pass(greedy=False)
-        vk = self.cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
-        if self.cfg["trainer"].get("val_also_greedy") and _sampled(vk):
-            metrics.update(self._validate_pass(greedy=True))
-        return metrics
+        ``val/<data_source>/greedy/<metric>``, so sampled and greedy accuracy of the same weights sit side by side
+        (:func:`trainer.validation.validate`)."""
+        from trainer.validation import validate
+
+        return validate(self)
 
     def _validate_pass(self, greedy: bool) -> dict:
         """One generation + scoring pass over the held-out set (:func:`trainer.validation.validation_pass`)."""
@@ -282,13 +281,17 @@ class RayPPOTrainer:
         self.global_step = self.load_checkpoint()
         tracker = Tracking(t["project_name"], t["experiment_name"], t["logger"], t["output_dir"], plain(self.cfg),
                            total_steps=total, start_step=self.global_step)
+        from trainer.placement import WorkerDied
+        from trainer.recovery import Recovery
+
+        recovery = Recovery(self, tracker, int(t.get("max_restarts", 0)))
         self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}
         try:
             if t.get("val_only") or (t.get("val_before_train") and self.val_dataset is not None
                                      and self.global_step == 0):
-                last.update(self._validate_and_log(tracker, self.global_step, advance=False))
+                last.update(validate_and_log(self, tracker, self.global_step, advance=False))
                 if t.get("val_only"):
                     self.stop_reason = " (trainer.val_only: validation only)"
                     return last
@@ -296,28 +299,32 @@ class RayPPOTrainer:
             while self.global_step < total and not self._stop_requested:
                 self.global_step += 1
                 timing: dict = {}
-                with _timer("step", timing):
-                    try:
+                try:
+                    with _timer("step", timing):
                         batch, epoch = self.loader.next_batch()
                         metrics = self.train_step(batch, timing)
-                    except DataExhausted:  # dynamic sampling drew past the last epoch: verl's loop ends here too
-                        self.global_step -= 1
-                        break
-                    self._check_skipped(metrics)
-                    is_last = self.global_step == total
-                    if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
-                        with _timer("save_checkpoint", timing):
-                            self.save_checkpoint()
-                    if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
-                        with _timer("testing", timing):
-                            metrics.update(self._validate_and_log(tracker, self.global_step))
+                        self._check_skipped(metrics)
+                        is_last = self.global_step == total
+                        if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
+                            with _timer("save_checkpoint", timing):
+                                self.save_checkpoint()
+                        if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
+                            with _timer("testing", timing):
+                                metrics.update(validate_and_log(self, tracker, self.global_step))
+                except DataExhausted:  # dynamic sampling drew past the last epoch: verl's loop ends here too
+                    self.global_step -= 1
+                    break
+                except WorkerDied as exc:  # trainer.max_restarts: re-raised, or back at the last checkpoint
+                    recovery.restart(exc)
+                    continue
                 b = self._last_batch
                 metrics.update(compute_data_metrics(b, use_critic=self.use_critic,
                                                     max_response_length=int(self.cfg["data"]["max_response_length"]),
                                                     max_prompt_length=int(self.cfg["data"]["max_prompt_length"])))
                 metrics.update(compute_timing_metrics(b, timing))
                 metrics.update(compute_throughput_metrics(b, timing, n_gpus=self.world))
-                metrics.update({"training/global_step": self.global_step, "training/epoch": epoch})
+                metrics.update({"training/global_step": self.global_step, "training/epoch": epoch,
+                                **recovery.metrics()})
                 tracker.log(metrics, step=self.global_step)
                 last = metrics
             if self._stop_requested:
@@ -344,17 +351,6 @@ class RayPPOTrainer:
         epochs = self.loader.num_epochs
         return min(total, epochs * len(self.loader)) if fixed and epochs else total
 
-    def _validate_and_log(self, tracker, step: int, advance: bool = True) -> dict:
-        """:meth:`validate`, plus the first ``trainer.log_val_generations`` samples logged through ``tracker``;
-        at step 0 (before training) the metrics are logged here, later with the step's metrics."""
-        self._log_val_n, self._val_samples = int(self.cfg["trainer"].get("log_val_generations", 0) or 0), []
-        val = self.validate()
-        if self._val_samples:
-            tracker.log_generations(self._val_samples, step)
-        if not advance:
-            tracker.log({**val, "_no_advance": True}, step=step)
-        return val
-
     def _check_skipped(self, metrics: dict) -> None:
         """Stop the run when a role's optimizer steps were skipped (non-finite loss or gradient) too many times in
         a row: ``<role>/consecutive_skipped_steps`` (max over ranks) >= ``trainer.max_consecutive_skipped_steps``.
@@ -363,9 +359,9 @@ class RayPPOTrainer:
             TrainingDiverged: naming the role, the streak and the last checkpoint (which stays intact).
         """
         limit = int(self.cfg["trainer"].get("max_consecutive_skipped_steps", 5))
-        for role in ("actor", "critic"):
-            streak = metrics.get(f"{role}/consecutive_skipped_steps", 0.0)
-            if streak >= limit:
+        for key, streak in metrics.items():  # actor, critic, reward_model (PRIME)
+            role = key[:-len("/consecutive_skipped_steps")]
+            if key.endswith("/consecutive_skipped_steps") and streak >= limit:
                 from trainer.checkpoint.base import find_latest_checkpoint
 
                 raise TrainingDiverged(
@@ -379,7 +375,11 @@ class RayPPOTrainer:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        logger.warning("SIGTERM received: the run stops after the current step")
+        if self._stop_requested:  # a second SIGTERM: stop now, as Ctrl-C (trainer/interrupt.py)
+            from trainer.interrupt import RunInterrupted
+
+            raise RunInterrupted(signum, self.global_step)
+        logger.warning("SIGTERM received: the run stops after the current step (a second SIGTERM stops at once)")
         self._stop_requested = True
 
 
@@ -388,7 +388,7 @@ class TrainingDiverged(RuntimeError):
 
 
 def _reduce(per_rank: list[dict]) -> dict:
-    """Mean over ranks and micro-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks);
+    """Mean over ranks and mini-batches of each metric list (``*/grad_norm``, ``*/lr`` are equal on all ranks);
     skipped-step counts and peak memory take the maximum over ranks."""
     from trainer.metric_utils import reduce_metrics
 

@@ -65,12 +65,16 @@ def accuracy_from_reward(reward_extra_info: dict, batch_size: int) -> list[float
     return out
 
 
-def truncated_rows(responses: torch.Tensor, response_mask: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
-    """(B,) bool: the response filled all ``R`` columns and its last token is not EOS (cut by the length limit)."""
+def truncated_rows(responses: torch.Tensor, response_mask: torch.Tensor, stop_token_ids) -> torch.Tensor:
+    """(B,) bool: the response filled all ``R`` columns and its last token is no stop token (cut by the length
+    limit). ``stop_token_ids``: an id or ids (the rollout's set, see ``rollout.stop_tokens``), or None."""
+    from rollout.stop_tokens import as_id_list
+
     full = (response_mask > 0).sum(-1) == responses.shape[1]
-    if eos_token_id is None:
+    stops = as_id_list(stop_token_ids)
+    if not stops:
         return full
-    return full & (responses[:, -1] != int(eos_token_id))
+    return full & ~torch.isin(responses[:, -1], torch.tensor(stops, dtype=responses.dtype))
 
 
 class PrimeController:
@@ -79,14 +83,15 @@ class PrimeController:
     Args:
         config: the resolved config dict (``data``, ``reward_model``, ``algorithm`` keys of prime.yaml).
         world: number of workers (data-parallel x sequence-parallel).
-        eos_token_id: for the truncation flag.
+        stop_token_ids: the rollout's stop ids, for the truncation flag (the trainer sets them again once the
+            workers report the engine's set).
 
     Raises:
         ValueError: a PRIME setting is out of range (named in the message).
     """
 
-    def __init__(self, config: dict, world: int, eos_token_id: int | None = None):
-        self.cfg, self.world, self.eos = config, int(world), eos_token_id
+    def __init__(self, config: dict, world: int, stop_token_ids=None):
+        self.cfg, self.world, self.stop_token_ids = config, int(world), stop_token_ids
         d, rm, algo = config["data"], config["reward_model"], config["algorithm"]
         self.bs = int(d["train_batch_size"])
         self.n = int(config["actor_rollout_ref"]["rollout"]["n"])
@@ -158,7 +163,7 @@ class PrimeController:
 
         acc = accuracy_from_reward(reward_output.reward_extra_info, len(batch))
         batch["acc"] = torch.tensor(acc, dtype=torch.float32)
-        trunc = truncated_rows(batch["responses"], batch["response_mask"], self.eos)
+        trunc = truncated_rows(batch["responses"], batch["response_mask"], self.stop_token_ids)
         keep, m = band_filter_indices(acc, batch["uid"], keep_groups=self.bs, truncated=trunc, lower=self.lower,
                                       upper=self.upper, filter_accuracy=self.filter_accuracy,
                                       filter_truncate=self.filter_truncate)

@@ -86,6 +86,16 @@ class Tracking:
                                 data=[[step, r["input"], r["output"], r["score"]] for r in samples])
             self._wandb.log({"val/generations": table}, step=step)
 
+    def rewind_to(self, step: int) -> None:
+        """Drop the rows of steps after ``step`` (a run that went back to a checkpoint logs them again) and set
+        the progress bar to ``step``."""
+        self._file.close()
+        _keep_rows_up_to(self.path, step, fresh_at_0=False)
+        self._file = open(self.path, "a", encoding="utf-8")
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.refresh()
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -94,13 +104,14 @@ class Tracking:
             self._wandb.finish()
 
 
-def _keep_rows_up_to(path: str, step: int) -> None:
+def _keep_rows_up_to(path: str, step: int, fresh_at_0: bool = True) -> None:
     """Make ``metrics.jsonl`` hold only rows of steps <= ``step`` (a resumed run continues after them; a fresh
-    run, ``step`` 0, starts an empty file), so that reruns and resumes never leave duplicate steps."""
+    run, ``step`` 0 with ``fresh_at_0``, starts an empty file), so that reruns and resumes never leave duplicate
+    steps."""
     if not os.path.exists(path):
         return
     kept = []
-    if step > 0:
+    if step > 0 or not fresh_at_0:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 try:

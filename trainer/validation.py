@@ -8,6 +8,31 @@ import numpy as np
 from trainer.dataset import collate_prompts, pad_rows_to_multiple
 
 
+def validate(trainer) -> dict:
+    """``trainer.validate()``: the sampled pass (``trainer._validate_pass(greedy=False)``), and with
+    ``trainer.val_also_greedy`` and sampled ``val_kwargs`` the greedy pass too; {} without held-out data."""
+    if trainer.val_dataset is None:
+        return {}
+    metrics = trainer._validate_pass(greedy=False)
+    vk = trainer.cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
+    if trainer.cfg["trainer"].get("val_also_greedy") and sampled(vk):
+        metrics.update(trainer._validate_pass(greedy=True))
+    return metrics
+
+
+def validate_and_log(trainer, tracker, step: int, advance: bool = True) -> dict:
+    """``trainer.validate()``, plus the first ``trainer.log_val_generations`` samples logged through ``tracker``
+    (:class:`trainer.tracking.Tracking`); at step 0 (before training) the metrics are logged here, later with the
+    step's metrics."""
+    trainer._log_val_n, trainer._val_samples = int(trainer.cfg["trainer"].get("log_val_generations", 0) or 0), []
+    val = trainer.validate()
+    if trainer._val_samples:
+        tracker.log_generations(trainer._val_samples, step)
+    if not advance:
+        tracker.log({**val, "_no_advance": True}, step=step)
+    return val
+
+
 def validation_pass(trainer, greedy: bool) -> dict:
     """One generation + scoring pass over the held-out set: ``val/<data_source>/<metric>`` keys, or
     ``val/<data_source>/greedy/<metric>`` for the ``greedy`` pass (one greedy response per question)."""

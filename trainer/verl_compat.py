@@ -207,21 +207,6 @@ def _warmup_style(ctx: _Context, key: str, value, target: str) -> None:
     ctx.read_as(key, value, key.replace("warmup_style", "lr_scheduler_type"), quiet=True)
 
 
-def _rollout_is(ctx: _Context, key: str, value, target: str) -> None:
-    if value != "token":
-        return ctx.error(key, value, "only rollout_is=token (truncated token-level importance sampling: "
-                                     "algorithm.rollout_correction.tis_threshold) is available")
-    threshold = ctx.found.get("algorithm.rollout_correction.rollout_is_threshold", 2.0)  # verl's default
-    _set(ctx.cfg, "algorithm.rollout_correction.tis_threshold", float(threshold))
-    ctx.warn(key, value, f"read as algorithm.rollout_correction.tis_threshold={float(threshold)} "
-                         "(weights min(exp(old_log_prob - rollout_log_prob), threshold))")
-
-
-def _rollout_is_threshold(ctx: _Context, key: str, value, target: str) -> None:
-    if ctx.found.get("algorithm.rollout_correction.rollout_is") is None:
-        ctx.warn(key, value, "ignored: only used with algorithm.rollout_correction.rollout_is=token")
-
-
 def _max_samples(ctx: _Context, key: str, value, target: str) -> None:
     ctx.read_as(key, value, target, quiet=True)
     if value is None or int(value) < 0:
@@ -251,8 +236,7 @@ def _prm_max_token_len(ctx: _Context, key: str, value, target: str) -> None:
 
 
 RULES = {"deepspeed.offload_param": _offload, "deepspeed.offload_optimizer": _offload, "same_offload": _same_offload,
-         "strategy": _strategy, "grad_clip": _grad_clip, "warmup_style": _warmup_style, "rollout_is": _rollout_is,
-         "rollout_is_threshold": _rollout_is_threshold, "data.max_rows": _max_samples,
+         "strategy": _strategy, "grad_clip": _grad_clip, "warmup_style": _warmup_style, "data.max_rows": _max_samples,
          "data.val_max_rows": _max_samples, "max_resp_len": _max_resp_len,
          "reward_model_enable": _reward_model_enable, "prm_max_token_len": _prm_max_token_len}
 

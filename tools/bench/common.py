@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 __all__ = ["MODEL_CONFIGS", "hf_config", "build_model", "packed_batch", "sync", "Timer", "peak_memory_gib",
            "reset_peak_memory", "run_meta", "actor_micro_step", "deepspeed_engine", "update_setup", "kernel_options", "apply_tiny",
-           "write_json", "print_table", "pick_device", "ROOT"]
+           "write_json", "print_table", "pick_device", "DeviceMemorySampler", "ROOT"]
 
 # Architectures of the real models, random weights (hidden, layers, heads, kv heads, intermediate, vocab).
 MODEL_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -235,6 +235,76 @@ def peak_memory_gib(device) -> float | None:
     if torch.device(device).type != "cuda":
         return None
     return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+class DeviceMemorySampler:
+    """Peak memory in use on one GPU, whole device (every process and allocator: CUDA contexts, PyTorch's caching
+    allocator, vLLM's pools), sampled from outside the measured processes, so this process needs no CUDA context.
+
+    ``with DeviceMemorySampler() as m: run()`` then ``m.peak_gib``, ``m.baseline_gib`` (in use when sampling
+    began: other processes), ``m.source`` (``"nvml"`` via pynvml, ``"nvidia-smi"``, or None when neither works:
+    then both values stay None). Samples every ``interval_s`` seconds in a daemon thread, so a peak shorter than
+    that can be missed. ``index``: the GPU's NVML index (default: the first entry of ``CUDA_VISIBLE_DEVICES``
+    when it is a number, else 0; NVML numbers GPUs by PCI order, which CUDA follows only with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``)."""
+
+    def __init__(self, index: int | None = None, interval_s: float = 0.1):
+        if index is None:
+            first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+            index = int(first) if first.isdigit() else 0
+        self.index, self.interval_s = index, interval_s
+        self.peak_gib = self.baseline_gib = self.source = None
+        self._read = self._open()
+
+    def _open(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+            self.source = "nvml"
+            return lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
+        except Exception:  # no pynvml or no driver: try the command line tool
+            pass
+        import shutil
+        import subprocess
+
+        if shutil.which("nvidia-smi") is None:
+            return None
+        cmd = ["nvidia-smi", f"--id={self.index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+
+        def read():
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            return float(out.stdout.strip().splitlines()[0]) / 1024  # MiB -> GiB
+        try:
+            read()
+        except Exception:
+            return None
+        self.source = "nvidia-smi"
+        return read
+
+    def _loop(self):
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.peak_gib = max(self.peak_gib, self._read())
+            except Exception:  # a failed sample is skipped
+                pass
+
+    def __enter__(self):
+        import threading
+
+        if self._read is not None:
+            self.baseline_gib = self.peak_gib = self._read()
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._read is not None:
+            self._stop.set()
+            self._thread.join(timeout=15)
+        return False
 
 
 def run_meta(args=None, machine: str | None = None) -> dict[str, Any]:

@@ -4,6 +4,11 @@ trainer -> engine weight sync.
 Usage (GPU machine):
     python tools/bench/rollout.py --model /path/to/SmolLM2-135M-Instruct --out bench_rollout.json
     python tools/bench/rollout.py --random smollm2 --prompts 256 --n 4 --new-tokens 256 --out r.json
+    python tools/bench/rollout.py --engine hf,vllm --random qwen2-1.5b --prompts 512 --n 1 --new-tokens 512 \
+        --skip-plain --skip-sync --out r.json
+``--engine hf,vllm`` times both engines in one process on the same weights and prompts (the transformers engine
+first; its memory is returned before vLLM starts). A random-weight model is saved as an HF folder first, so that
+vLLM loads the same weights; each row then ends only at EOS or ``--new-tokens``.
 Prompts are random token ids (lengths uniform in [--min-prompt, --max-prompt]); tokens/s counts the generated
 tokens inside ``response_mask`` (EOS ends a row early). The engine is called twice: the first call includes
 ``torch.compile`` (reported as compile seconds), the second is the timed one. The sync timing builds a
@@ -17,11 +22,13 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import torch  # noqa: E402
+from transformers import LlamaConfig, Qwen2Config  # noqa: E402
 
 from rollout.base import SamplingConfig, finalize_responses  # noqa: E402
 from rollout.context import iter_actor_params, sync_weights  # noqa: E402
@@ -40,15 +47,39 @@ def _sync():
         torch.cuda.synchronize()
 
 
+RANDOM = {"smollm2": ("llama", SMOLLM2), "qwen2-1.5b": ("qwen2", QWEN2_1_5B)}
+
+
+def random_config(name: str):
+    """The HF config of a ``--random`` shape (``smollm2`` or ``qwen2-1.5b``)."""
+    kind, kw = RANDOM[name]
+    return (LlamaConfig if kind == "llama" else Qwen2Config)(**kw)
+
+
+def save_random_model(name: str, folder: str, dtype=torch.bfloat16, seed: int = 0) -> str:
+    """Write a random-weight model of shape ``name`` with the project's embedded tokenizer (token ids are
+    random, so any tokenizer serves; vLLM needs one in the folder) to ``folder``; returns ``folder``."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.embedded import build_tokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(random_config(name), dtype=dtype)
+    model.save_pretrained(folder)
+    build_tokenizer(folder)
+    return folder
+
+
 def load_model(args, device, dtype):
     """Return (config, model with weights, eos id)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if args.model:
         cfg = AutoConfig.from_pretrained(args.model)
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device)
     else:
-        cfg = LlamaConfig(**SMOLLM2)
+        cfg = random_config(args.random)
+        torch.manual_seed(0)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else cfg.eos_token_id[0]
@@ -67,6 +98,10 @@ def bench_generation(args, device, dtype) -> list[dict]:
         print(rows[-1], flush=True)
     weights = dict(model.state_dict())
     del model
+    engines = args.engine.split(",")
+    if "hf" not in engines:
+        del weights
+        return rows + [bench_vllm(args, cfg, eos, prompts, sampling)]
     for i, attn in enumerate(args.attn.split(",")):  # one engine per attention backend, one after the other
         if i:  # free the previous engine; PyTorch's caching allocator reuses its blocks for the next one
             del engine
@@ -96,7 +131,43 @@ def bench_generation(args, device, dtype) -> list[dict]:
         rows.append(dict(name="HFRolloutEngine after sleep/wake", seconds=dt, tokens=int(out.response_mask.sum()),
                          tok_per_s=int(out.response_mask.sum()) / dt))
         print(rows[-1], flush=True)
+    if "vllm" in engines:
+        del engine, out
+        gc.collect()
+        from rollout import memory
+
+        memory.empty_cache()  # the HF engine's cached blocks go back before vLLM sizes its KV cache
+        rows.append(bench_vllm(args, cfg, eos, prompts, sampling))
     return rows
+
+
+def bench_vllm(args, cfg, eos, prompts, sampling) -> dict:
+    """Time :class:`rollout.vllm_engine.VLLMRolloutEngine` on the same prompts: created asleep, woken, called
+    ``--engine-calls`` times (the first includes warm-up); also one sleep + wake cycle (seconds)."""
+    from rollout.vllm_engine import VLLMRolloutEngine
+
+    folder = args.model or save_random_model(args.random, tempfile.mkdtemp(prefix="bench_vllm_"))
+    t0 = time.perf_counter()
+    engine = VLLMRolloutEngine(folder, eos_token_id=eos, gpu_memory_utilization=args.vllm_gpu_util,
+                               max_model_len=args.max_prompt + args.new_tokens + 16, load_format="auto", seed=0)
+    build_s = time.perf_counter() - t0
+    engine.wake_up()
+    times = []
+    for _ in range(args.engine_calls):
+        _sync(); t0 = time.perf_counter()
+        out = engine.generate(prompts, sampling)
+        _sync(); times.append(time.perf_counter() - t0)
+    _sync(); t0 = time.perf_counter()
+    engine.sleep(1)
+    engine.wake_up()
+    _sync(); cycle = time.perf_counter() - t0
+    tokens = int(out.response_mask.sum())
+    row = dict(name="VLLMRolloutEngine (CUDA graphs)", seconds=times[-1], tokens=tokens, tok_per_s=tokens / times[-1],
+               first_call_s=times[0], build_s=build_s, sleep_wake_s=cycle, all_calls_s=times,
+               gpu_memory_utilization=args.vllm_gpu_util)
+    print(row, flush=True)
+    engine.sleep(1)
+    return row
 
 
 def profile_generate(engine, prompts, sampling, top: int = 15) -> dict:
@@ -177,7 +248,7 @@ def bench_sync(args, device) -> dict:
     ``--zero3``: the actor is a DeepSpeed ZeRO-3 engine (fp32 master partitions, bf16 compute copies), so every
     bucket is gathered with one ``GatheredParameters`` call over all ranks before ``load_weights``; otherwise a
     plain bf16 module on the same device (the ZeRO-0/1/2 path, no gather)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     cfg = Qwen2Config(**QWEN2_1_5B)
     stage = 3 if args.zero3 else 0
@@ -206,7 +277,10 @@ def bench_sync(args, device) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", help="HF model folder (e.g. SmolLM2-135M-Instruct); default random SmolLM2 shape")
+    ap.add_argument("--model", help="HF model folder (e.g. SmolLM2-135M-Instruct); default: --random")
+    ap.add_argument("--random", default="smollm2", choices=sorted(RANDOM), help="random-weight shape without --model")
+    ap.add_argument("--engine", default="hf", help="engines to time, comma-separated: hf, vllm")
+    ap.add_argument("--vllm-gpu-util", type=float, default=0.5, help="vLLM's gpu_memory_utilization")
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=256)

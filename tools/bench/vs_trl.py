@@ -1,35 +1,55 @@
-"""The same GRPO job run by TRL's ``GRPOTrainer`` and by this project (``trainer/main.py``): samples/s of both.
+"""The same GRPO job run by TRL's ``GRPOTrainer`` and by this project (``trainer/main.py``), side by side.
 
-Job (both frameworks, one GPU or one CPU process, transformers generation, no vLLM, no reference model/KL):
-``--batch`` prompts per step x ``--n`` samples per prompt (group size), responses up to ``--response-len`` tokens,
-one optimizer step per training step (TRL: ``per_device_train_batch_size=--micro`` rows x
+Sides (``--sides``, run one after the other, each in its own subprocess, on one GPU or one CPU process):
+
+- ``trl``: TRL ``GRPOTrainer``, generation with ``model.generate`` on the training model;
+- ``trl_vllm``: TRL with its colocated vLLM (``use_vllm=True``, ``vllm_mode="colocate"``,
+  ``vllm_enable_sleep_mode=True``, ``vllm_gpu_memory_utilization=--trl-vllm-gpu-util``);
+- ``ours_hf`` / ``ours_vllm``: ``trainer/main.py`` with ``rollout=hf`` (transformers engine, static cache +
+  ``torch.compile`` on CUDA) or ``rollout=vllm`` (``rollout.gpu_memory_utilization=--vllm-gpu-util``).
+
+``--trl-vllm`` and ``--engine hf|vllm|hf,vllm`` pick the sides when ``--sides`` is not given.
+
+The job (every side): ``--batch`` prompts per step x ``--n`` samples (group size), responses up to
+``--response-len`` tokens, one optimizer step per training step (TRL: ``per_device_train_batch_size=--micro`` x
 ``gradient_accumulation_steps = batch*n/micro``; ours: ``ppo_mini_batch_size = batch``,
 ``ppo_micro_batch_size_per_gpu = --micro``), AdamW at ``--lr`` (constant), temperature 1.0, std-normalised group
 advantages (TRL ``scale_rewards="group"``, ours ``algorithm=grpo``), token-mean loss (TRL ``loss_type="dapo"``,
-ours ``loss_agg_mode=token-mean``), ``num_iterations = ppo_epochs = 1``, ``beta = 0``. The reward is this
-project's rule scorer for the row's ``data_source`` (GSM8K strict, or the synthetic task's flexible scorer), called
-by both. Each framework runs in its own subprocess, one after the other.
+ours ``loss_agg_mode=token-mean``), one PPO epoch, no reference model or KL (``beta=0``). Rewards: this project's
+rule scorer for the row's ``data_source``, called by both. Both keep only prompts of at most
+``--max-prompt-len`` tokens.
 
-Differences that remain (printed in the JSON ``notes``): TRL generates with ``model.generate`` on the training
-model (``disable_compile=True``; ``--trl-cache-implementation static`` to try a static cache), ours with its
-rollout engine (static cache + ``torch.compile`` on CUDA); TRL trains with HF Trainer's bf16 autocast over fp32
-weights, ours with DeepSpeed ZeRO-2 bf16 (fp32 master weights); ours filters prompts longer than
-``data.max_prompt_length``, TRL does not truncate prompts.
+``--random-config qwen2-1.5b|smollm2``: the model is a random-weight one of that architecture, built here on the
+CPU and saved as an HF folder (``tools/bench/random_model.py``) with ``--tokenizer``'s tokenizer (default: the
+``--model`` folder's), the config's vocabulary set to the tokenizer's length. ``--ignore-eos`` (default on with
+``--random-config``): every response exactly ``--response-len`` tokens: TRL through ``generation_kwargs``
+(``min_tokens`` / ``min_new_tokens``), ours through ``actor_rollout_ref.rollout.ignore_eos`` when this checkout's
+rollout config has that key (otherwise ours stops at EOS, which random weights almost never sample; the measured
+tokens per step show any difference).
 
-samples/s = (batch * n) / mean step seconds over steps 2..S (step 1 holds compilation and warm-up), from
-``timing_s/step`` (ours) and the time between TRL's ``on_step_end`` callbacks (TRL); the whole-process wall time
-(model loading, Ray start, ...) is reported too.
+Reported per side (one JSON, ``--out``; a markdown table beside it, ``<out>.md``; a stacked bar chart of the step
+split, ``<out>_split.png``): samples/s, generated and trained tokens/s, the mean step split (ours: its
+``timing_s/*`` keys; TRL: timers around its methods, ``tools/bench/vs_trl_child.py`` says what each covers), peak
+GPU memory (the whole device, sampled from this process every 0.1 s by NVML or ``nvidia-smi``; and the side's
+PyTorch allocator peak), and the actor update's MFU. Step 1 (compilation, warm-up) is left out of every mean; the
+whole-process wall time is reported too. The JSON is rewritten after each side, so a run cut short keeps the
+sides that finished.
 
 Usage:
-    python tools/bench/vs_trl.py --model .models/smollm2-135m-instruct --data data/gsm8k/train.parquet \\
-        --batch 16 --n 8 --response-len 256 --steps 6 --out vs_trl.json
+    python tools/bench/vs_trl.py --model /tmp/smol_hf --data data/gsm8k/train.parquet --batch 16 --n 8 \\
+        --micro 64 --response-len 256 --sides trl_vllm,ours_hf,ours_vllm --steps 6 --out vs_trl.json
+    python tools/bench/vs_trl.py --model /tmp/smol_hf --random-config qwen2-1.5b --data data/gsm8k/train.parquet \\
+        --batch 64 --n 8 --micro 8 --response-len 512 --sides trl_vllm,ours_vllm --steps 3 --out qwen.json
     python tools/bench/vs_trl.py --tiny --out /tmp/vs_trl.json     # CPU: embedded tiny model + synthetic task
+    python tools/bench/vs_trl.py --report-from vs_trl.json --out vs_trl.json   # table + plot again
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,82 +57,169 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 
-
-# ------------------------------------------------------------------------------------------------ TRL child
-def _load_rows(path: str, max_rows: int | None):
-    import datasets
-
-    kind = "parquet" if path.endswith(".parquet") else "json"
-    ds = datasets.load_dataset(kind, data_files=path, split="train")
-    if max_rows:
-        ds = ds.select(range(min(max_rows, len(ds))))
-    keep = ["prompt", "ground_truth", "data_source"]
-    ds = ds.map(lambda r: {"prompt": [{"role": m["role"], "content": m["content"]} for m in r["prompt"]],
-                           "ground_truth": str(r["reward_model"]["ground_truth"]), "data_source": r["data_source"]})
-    return ds.remove_columns([c for c in ds.column_names if c not in keep])
+# side -> (framework, generation engine)
+SIDES = {"trl": ("trl", "transformers"), "trl_vllm": ("trl", "vllm"), "ours_hf": ("ours", "hf"),
+         "ours_vllm": ("ours", "vllm")}
+# set for the vLLM sides unless the environment has them: FlashInfer's sampler off (absent on some machines),
+# vLLM's engine in the calling process (colocation: the trainer writes the weights into its model)
+VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# TRL's colocated vLLM joins a torch.distributed group of one process
+TRL_DIST_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29513"}
 
 
-def project_reward(completions, ground_truth, data_source, **_):
-    """TRL reward function that scores with this project's rule scorer for each row's ``data_source``.
+def resolve_sides(sides: str | None, trl_vllm: bool = False, engine: str | None = None) -> list[str]:
+    """The sides to run, in order. ``sides``: comma list of :data:`SIDES` keys; otherwise TRL
+    (``trl_vllm`` when ``trl_vllm``) then ours with each engine of ``engine`` (comma list, default ``hf``).
 
-    Args: completions: list of str or of chat messages ``[{"role": "assistant", "content": str}]``.
-    Returns: list of float rewards (a dict result contributes its ``score``)."""
-    from rewards.registry import get_scorer
-
-    out = []
-    for c, gt, ds in zip(completions, ground_truth, data_source):
-        text = c if isinstance(c, str) else c[-1]["content"]
-        s = get_scorer(ds)(text, gt)
-        out.append(float(s["score"] if isinstance(s, dict) else s))
+    Raises: ValueError for an unknown side or engine, a repeated side, or ``sides`` given with the others."""
+    if sides:
+        if trl_vllm or engine:
+            raise ValueError("give either --sides or --trl-vllm/--engine, not both")
+        out = [s.strip() for s in sides.split(",") if s.strip()]
+    else:
+        engines = [e.strip() for e in (engine or "hf").split(",") if e.strip()]
+        bad = [e for e in engines if e not in ("hf", "vllm")]
+        if bad:
+            raise ValueError(f"--engine {bad[0]!r}: expected hf, vllm or hf,vllm")
+        out = ["trl_vllm" if trl_vllm else "trl"] + [f"ours_{e}" for e in engines]
+    unknown = [s for s in out if s not in SIDES]
+    if unknown or not out or len(set(out)) != len(out):
+        raise ValueError(f"--sides {sides!r}: expected distinct names from {sorted(SIDES)}")
     return out
 
 
-def run_trl(job: dict) -> dict:
-    """Run TRL's GRPOTrainer for ``job['steps']`` optimizer steps; returns step times and TRL's version."""
-    import torch
-    import trl
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    cuda = job["device"] == "cuda"
-    tok = AutoTokenizer.from_pretrained(job["model"])
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32)
-    rows = job["batch"] * job["n"]
-    ga = rows // job["micro"]
-    cfg = GRPOConfig(output_dir=job["out_dir"], max_steps=job["steps"], per_device_train_batch_size=job["micro"],
-                     gradient_accumulation_steps=ga, num_generations=job["n"],
-                     max_completion_length=job["response_len"],
-                     learning_rate=job["lr"], lr_scheduler_type="constant", warmup_steps=0, temperature=1.0,
-                     top_p=1.0, top_k=0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
-                     bf16=cuda, use_cpu=not cuda, report_to="none", save_strategy="no", logging_steps=1,
-                     seed=job["seed"], cache_implementation=job.get("trl_cache_implementation"),
-                     dataloader_num_workers=0, remove_unused_columns=False)
-    times: list[float] = []
-
-    class StepClock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            self.t = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            if cuda:
-                torch.cuda.synchronize()
-            now = time.perf_counter()
-            times.append(now - self.t)
-            self.t = now
-
-    trainer = GRPOTrainer(model=model, reward_funcs=project_reward, args=cfg,
-                          train_dataset=_load_rows(job["data"], job.get("max_rows")), processing_class=tok,
-                          callbacks=[StepClock()])
-    trainer.train()
-    logs = [h for h in trainer.state.log_history if "reward" in h]
-    return dict(framework="trl", trl_version=trl.__version__, step_seconds=times,
-                reward_mean=[h.get("reward") for h in logs],
-                completion_length=[h.get("completions/mean_length") for h in logs])
+def side_env(side: str, environ: dict | None = None) -> dict:
+    """Environment variables the bench sets for ``side`` (values already in ``environ`` win): :data:`VLLM_ENV`
+    for vLLM sides, :data:`TRL_DIST_ENV` for ``trl_vllm``."""
+    environ = os.environ if environ is None else environ
+    want = dict(VLLM_ENV) if SIDES[side][1] == "vllm" else {}
+    if side == "trl_vllm":
+        want.update(TRL_DIST_ENV)
+    return {k: environ.get(k, v) for k, v in want.items()}
 
 
-# ------------------------------------------------------------------------------------------------ parent
+def ours_ignore_eos_key(engine: str) -> bool:
+    """Whether ``configs/rollout/<engine>.yaml`` of this checkout has an ``ignore_eos`` key."""
+    from omegaconf import OmegaConf
+
+    path = os.path.join(ROOT, "configs", "rollout", f"{engine}.yaml")
+    return os.path.exists(path) and "ignore_eos" in OmegaConf.load(path)
+
+
+def ours_command(job: dict, engine: str = "hf") -> list[str]:
+    """The ``trainer/main.py`` command line with overrides matching ``job``, generating with ``engine``
+    (``hf`` or ``vllm``; vLLM with ``rollout.gpu_memory_utilization = job["ours_vllm_gpu_util"]``), then
+    ``job["ours_overrides"]`` (Hydra overrides given with ``--ours-override``; the last value of a key wins)."""
+    data_group = "synthetic" if job["data"].endswith(".jsonl") else "gsm8k"
+    cmd = [sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"data={data_group}", "model=smollm2",
+           f"actor_rollout_ref.model.path={os.path.abspath(job['model'])}",
+           f"data.train_files={os.path.abspath(job['data'])}", "data.val_files=null",
+           f"data.train_batch_size={job['batch']}", f"data.max_prompt_length={job['max_prompt_len']}",
+           f"data.max_response_length={job['response_len']}", f"data.max_rows={job.get('max_rows') or 'null'}",
+           f"actor_rollout_ref.rollout.n={job['n']}", f"actor_rollout_ref.actor.ppo_mini_batch_size={job['batch']}",
+           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={job['micro']}",
+           f"actor_rollout_ref.actor.optim.lr={job['lr']}", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+           "actor_rollout_ref.actor.use_kl_loss=false", "algorithm=grpo", f"rollout={engine}",
+           f"trainer.device={job['device']}", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+           f"trainer.cpus_per_worker={job.get('cpus', 1)}",
+           f"trainer.total_training_steps={job['steps']}", f"trainer.seed={job['seed']}",
+           "trainer.export_hf_on_end=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
+           f"trainer.output_dir={os.path.join(job['out_dir'], f'ours_{engine}')}"]
+    if engine == "vllm":
+        cmd.append(f"actor_rollout_ref.rollout.gpu_memory_utilization={job['ours_vllm_gpu_util']}")
+    if job.get("ignore_eos") and ours_ignore_eos_key(engine):
+        cmd.append("actor_rollout_ref.rollout.ignore_eos=true")
+    return cmd + list(job.get("ours_overrides") or [])
+
+
+def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) -> float:
+    """Run ``cmd`` in its own session with output to ``log``; returns wall seconds. On timeout the session gets
+    SIGINT (the trainer shuts Ray down), then SIGKILL after 15 s. Raises RuntimeError on a non-zero exit or a
+    timeout (the message holds the log's tail)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           **(env_extra or {})}
+    t0 = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc, why = proc.wait(timeout=timeout), "exited"
+        except subprocess.TimeoutExpired:
+            for sig, grace in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=grace)
+                    break
+                except (subprocess.TimeoutExpired, ProcessLookupError):
+                    continue
+            rc, why = proc.returncode, f"timed out after {timeout} s,"
+    wall = time.perf_counter() - t0
+    if rc != 0 or why != "exited":
+        with open(log, encoding="utf-8", errors="replace") as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"{os.path.basename(cmd[1])} {why} {rc}; log {log}:\n{tail}")
+    return wall
+
+
+def _run_trl_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[dict], dict, float]:
+    sjob = dict(job, use_vllm=SIDES[side][1] == "vllm", out_dir=os.path.join(work, side),
+                trl_result=os.path.join(work, f"{side}_result.json"))
+    path = os.path.join(work, f"{side}_job.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(sjob, f)
+    wall = _run([sys.executable, os.path.abspath(__file__), "--trl-child", path], os.path.join(work, f"{side}.log"),
+                timeout, side_env(side))
+    with open(sjob["trl_result"], encoding="utf-8") as f:
+        res = json.load(f)
+    extra = dict(version=f"trl {res['trl_version']}", grpo_config=res["config"], reward_mean=res["reward_mean"],
+                 peak_torch_allocated_gib=res["peak_torch_allocated_gib"],
+                 peak_torch_reserved_gib=res["peak_torch_reserved_gib"])
+    return res["steps"], extra, wall
+
+
+def _run_ours_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[dict], dict, float]:
+    from tools.bench.vs_trl_report import ours_steps
+
+    engine = SIDES[side][1]
+    cmd = ours_command(dict(job, out_dir=work), engine)
+    wall = _run(cmd, os.path.join(work, f"{side}.log"), timeout, side_env(side))
+    with open(os.path.join(work, f"ours_{engine}", "metrics.jsonl"), encoding="utf-8") as f:
+        steps = ours_steps([json.loads(line) for line in f if line.strip()], job["batch"] * job["n"])
+    peak = lambda k: max((s[k] for s in steps if s[k] is not None), default=None)
+    extra = dict(command=" ".join(cmd), reward_mean=[s["reward"] for s in steps],
+                 peak_torch_allocated_gib=peak("peak_torch_allocated_gib"),
+                 peak_torch_reserved_gib=peak("peak_torch_reserved_gib"))
+    return steps, extra, wall
+
+
+def run_side(side: str, job: dict, work: str, timeout: int, hf_config=None) -> dict:
+    """Run one side and return its row (:func:`tools.bench.vs_trl_report.summarize` plus framework, engine,
+    memory, MFU, environment and log); a failed side gives ``{"side", "framework", "engine", "error", "log"}``."""
+    from tools.bench.common import DeviceMemorySampler
+    from tools.bench.vs_trl_report import summarize, update_mfu
+
+    framework, engine = SIDES[side]
+    base = dict(side=side, framework=framework, engine=engine, env=side_env(side),
+                log=os.path.join(work, f"{side}.log"))
+    runner = _run_trl_side if framework == "trl" else _run_ours_side
+    sampler = DeviceMemorySampler() if job["device"] == "cuda" else None
+    try:
+        if sampler is not None:
+            with sampler:
+                steps, extra, wall = runner(side, job, work, timeout)
+        else:
+            steps, extra, wall = runner(side, job, work, timeout)
+        row = dict(summarize(side, steps, job["batch"] * job["n"], wall), **base, **extra)
+    except Exception as err:  # one side failing must not lose the others
+        print(f"{side} failed: {err}", flush=True)
+        return dict(base, error=str(err).splitlines()[0] if str(err) else repr(err))
+    if sampler is not None:
+        row.update(peak_gpu_used_gib=sampler.peak_gib, gpu_used_before_gib=sampler.baseline_gib,
+                   gpu_memory_source=sampler.source)
+    row["update_mfu"] = update_mfu(hf_config, row) if hf_config is not None and job["device"] == "cuda" else None
+    return row
+
+
 def tiny_assets(out_dir: str) -> tuple[str, str]:
     """The embedded tiny model folder (random Llama, the project's word-level tokenizer) and the synthetic task
     (verl layout jsonl), as ``trainer/main.py`` builds them with no overrides; returns (model dir, train file)."""
@@ -130,53 +237,60 @@ def tiny_assets(out_dir: str) -> tuple[str, str]:
     return model_dir, train
 
 
-def ours_command(job: dict) -> list[str]:
-    """The ``trainer/main.py`` command line with overrides matching ``job``."""
-    data_group = "synthetic" if job["data"].endswith(".jsonl") else "gsm8k"
-    return [sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"data={data_group}", "model=smollm2",
-            f"actor_rollout_ref.model.path={os.path.abspath(job['model'])}",
-            f"data.train_files={os.path.abspath(job['data'])}", "data.val_files=null",
-            f"data.train_batch_size={job['batch']}", f"data.max_prompt_length={job['max_prompt_len']}",
-            f"data.max_response_length={job['response_len']}", f"data.max_rows={job.get('max_rows') or 'null'}",
-            f"actor_rollout_ref.rollout.n={job['n']}", f"actor_rollout_ref.actor.ppo_mini_batch_size={job['batch']}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={job['micro']}",
-            f"actor_rollout_ref.actor.optim.lr={job['lr']}", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-            "actor_rollout_ref.actor.use_kl_loss=false", "algorithm=grpo", "rollout=hf",
-            f"trainer.device={job['device']}", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
-            f"trainer.cpus_per_worker={job.get('cpus', 1)}",
-            f"trainer.total_training_steps={job['steps']}", f"trainer.seed={job['seed']}",
-            "trainer.export_hf_on_end=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
-            f"trainer.output_dir={os.path.join(job['out_dir'], 'ours')}"]
+def notes(sides: list[str], job: dict) -> list[str]:
+    """What differs between the sides and what each number covers, for the JSON's ``notes``."""
+    out = ["step 1 is left out of every mean (compilation, warm-up); samples/s = batch*n / mean step seconds",
+           "TRL trains HF Trainer's bf16 autocast (CUDA) over fp32 weights; ours DeepSpeed ZeRO-2, bf16 with fp32 "
+           "master weights",
+           "TRL step seconds: between on_step_end callbacks; ours: timing_s/step. TRL stages: exclusive timers around "
+           "its methods (tools/bench/vs_trl_child.py); ours: trainer timers, whose 'gen' includes the weight sync "
+           "and the engine's wake-up and sleep (not timed apart)",
+           "peak_gpu_used_gib: the whole device's memory in use (every process), sampled every 0.1 s; "
+           "peak_torch_*: the side's PyTorch allocator (ours: the largest per-stage peak its workers log)"]
+    if "trl" in sides:
+        out.append("trl: model.generate on the training model (GenerationConfig disable_compile=True)")
+    if "trl_vllm" in sides:
+        out.append(f"trl_vllm: colocated vLLM, sleep mode (level 2 after each generation), gpu_memory_utilization "
+                   f"{job['trl_vllm_gpu_util']}; TRL computes old log-probs for its vLLM importance-sampling "
+                   "correction (its default)")
+    if "ours_vllm" in sides:
+        out.append(f"ours_vllm: rollout=vllm, gpu_memory_utilization {job['ours_vllm_gpu_util']}, sleep level 1")
+    rnd = job.get("random_model")
+    if rnd:
+        out.append(f"random-weight {rnd['config']} architecture with the tokenizer of {rnd['tokenizer']}: "
+                   f"vocab_size set to the tokenizer's length ({rnd['vocab_size']}), {rnd['parameters']:,} parameters")
+    if job.get("ignore_eos"):
+        out.append("ignore_eos: TRL generation_kwargs min_tokens (vLLM) / min_new_tokens (transformers) = response "
+                   "length; ours " + ("actor_rollout_ref.rollout.ignore_eos=true" if all(
+                       ours_ignore_eos_key(SIDES[s][1]) for s in sides if s.startswith("ours")) else
+                       "has no rollout.ignore_eos key in this checkout: its responses end at EOS"))
+    return out
 
 
-def _run(cmd: list[str], log: str, timeout: int) -> float:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    t0 = time.perf_counter()
-    with open(log, "w", encoding="utf-8") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        with open(log, encoding="utf-8") as f:
-            tail = f.read()[-3000:]
-        raise RuntimeError(f"{cmd[1]} exited {proc.returncode}; log {log}:\n{tail}")
-    return wall
+def write_report(doc: dict, out: str) -> None:
+    """``doc`` as JSON at ``out``, its markdown table at ``<out>.md`` (also printed), the split plot at
+    ``<out>_split.png`` (when matplotlib is installed)."""
+    from tools.bench.common import write_json
+    from tools.bench.vs_trl_report import markdown, plot_split, ratios
+
+    doc["ratios"] = ratios(doc["results"])
+    write_json(out, doc)
+    stem = os.path.splitext(out)[0]
+    text = markdown(doc)
+    with open(stem + ".md", "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text, flush=True)
+    png = plot_split(doc, stem + "_split.png")
+    print(f"wrote {stem}.md" + (f", {png}" if png else " (no plot: matplotlib absent or no split)"), flush=True)
 
 
-def summarize(name: str, step_seconds: list[float], samples_per_step: int, wall: float) -> dict:
-    """samples/s from step times, leaving out step 1 (warm-up) when there is more than one step."""
-    used = step_seconds[1:] if len(step_seconds) > 1 else step_seconds
-    mean = sum(used) / len(used) if used else float("nan")
-    return dict(framework=name, steps=len(step_seconds), mean_step_s=mean, samples_per_s=samples_per_step / mean,
-                first_step_s=step_seconds[0] if step_seconds else None, process_wall_s=wall,
-                step_seconds=step_seconds)
-
-
-def main(argv=None) -> dict:
-    from tools.bench.common import print_table, run_meta, write_json
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("Usage:")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".models/smollm2-135m-instruct", help="HF model folder")
+    ap.add_argument("--random-config", help="random-weight model of this architecture (qwen2-1.5b, smollm2, ...)")
+    ap.add_argument("--tokenizer", help="with --random-config: tokenizer folder (default: --model)")
+    ap.add_argument("--random-dir", help="with --random-config: output folder (default: <work>/random_<name>)")
     ap.add_argument("--data", default="data/gsm8k/train.parquet", help="verl-layout parquet/jsonl (prompt, "
                     "reward_model.ground_truth, data_source)")
     ap.add_argument("--max-rows", type=int, default=None, help="use only the first N rows")
@@ -184,80 +298,135 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=8, help="samples per prompt (group size)")
     ap.add_argument("--micro", type=int, default=16, help="rows per forward/backward")
     ap.add_argument("--response-len", type=int, default=256)
-    ap.add_argument("--max-prompt-len", type=int, default=256, help="ours: data.max_prompt_length")
+    ap.add_argument("--max-prompt-len", type=int, default=256, help="longest prompt kept (tokens, chat template)")
+    ap.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                    help="every response --response-len tokens (default: on with --random-config)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sides", help=f"comma list of {', '.join(SIDES)} (default: trl,ours_hf)")
+    ap.add_argument("--trl-vllm", action="store_true", help="TRL side with colocated vLLM (without --sides)")
+    ap.add_argument("--engine", help="ours' rollout engine(s) without --sides: hf, vllm or hf,vllm")
+    ap.add_argument("--trl-vllm-gpu-util", type=float, default=0.3, help="TRL vllm_gpu_memory_utilization")
+    ap.add_argument("--vllm-gpu-util", type=float, default=0.5, help="ours: rollout.gpu_memory_utilization")
+    ap.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra trainer/main.py override for ours' sides (repeatable), e.g. "
+                    "actor_rollout_ref.model.torch_compile_mode=reduce-overhead")
     ap.add_argument("--trl-cache-implementation", default=None, help="TRL GRPOConfig.cache_implementation")
-    ap.add_argument("--only", choices=["trl", "ours"], help="run one framework only")
+    ap.add_argument("--peak-flops", type=float, default=989e12, help="per-GPU peak FLOP/s for the update MFU")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
-    ap.add_argument("--timeout", type=int, default=3600, help="seconds per framework run")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per side")
+    ap.add_argument("--budget-s", type=int, default=None, help="seconds for all sides together: a side gets at "
+                    "most what is left of it (and --timeout); a side with under 30 s left is not started")
     ap.add_argument("--work-dir", default=None, help="logs and run outputs (default: next to --out)")
     ap.add_argument("--tiny", action="store_true", help="CPU: embedded tiny model + synthetic task, 3 steps")
+    ap.add_argument("--report-from", help="write the table and plot of this JSON (no runs)")
     ap.add_argument("--out", default="bench_vs_trl.json")
     ap.add_argument("--trl-child", help=argparse.SUPPRESS)  # internal: run TRL from a job JSON file
+    return ap
+
+
+def _check(args, sides: list[str], device: str) -> None:
+    """Refuse bad input before any side starts (SystemExit with a one-line message)."""
+    if not args.random_config and not os.path.exists(os.path.join(args.model, "config.json")):
+        raise SystemExit(f"error: --model: {os.path.join(args.model, 'config.json')} not found")
+    if not os.path.exists(args.data):
+        raise SystemExit(f"error: --data: {args.data} not found")
+    for name in ("batch", "n", "micro", "response_len", "max_prompt_len", "steps"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if (args.batch * args.n) % args.micro:
+        raise SystemExit(f"error: --micro ({args.micro}) must divide batch*n ({args.batch * args.n})")
+    bad = [o for o in args.ours_override if "=" not in o]
+    if bad:
+        raise SystemExit(f"error: --ours-override {bad[0]!r}: expected KEY=VALUE")
+    for flag, v in (("--trl-vllm-gpu-util", args.trl_vllm_gpu_util), ("--vllm-gpu-util", args.vllm_gpu_util)):
+        if not 0 < v <= 1:
+            raise SystemExit(f"error: {flag} must be in (0, 1], got {v}")
+    need = {"trl"} if any(SIDES[s][0] == "trl" for s in sides) else set()
+    need |= {"vllm"} if any(SIDES[s][1] == "vllm" for s in sides) else set()
+    missing = sorted(m for m in need if importlib.util.find_spec(m) is None)
+    if missing:
+        raise SystemExit(f"error: sides {','.join(sides)} need {' and '.join(missing)} (pip install "
+                         f"{' '.join('trl==1.16.0' if m == 'trl' else m for m in missing)})")
+    if "vllm" in need and device != "cuda":
+        raise SystemExit(f"error: the vLLM sides need CUDA (device {device})")
+
+
+def main(argv=None) -> dict:
+    from tools.bench.common import apply_tiny, print_table, run_meta
+
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.trl_child:
+        from tools.bench.vs_trl_child import run_trl
+
         with open(args.trl_child, encoding="utf-8") as f:
             job = json.load(f)
         res = run_trl(job)
         with open(job["trl_result"], "w", encoding="utf-8") as f:
             json.dump(res, f)
         return res
+    if args.report_from:
+        with open(args.report_from, encoding="utf-8") as f:
+            doc = json.load(f)
+        write_report(doc, args.out)
+        return doc
+    try:
+        sides = resolve_sides(args.sides, args.trl_vllm, args.engine)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}")
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     work = os.path.abspath(args.work_dir or os.path.splitext(os.path.abspath(args.out))[0] + "_work")
     os.makedirs(work, exist_ok=True)
     if args.tiny:
-        from tools.bench.common import apply_tiny
-
         model, data = tiny_assets(work)
         apply_tiny(args, ap, model=model, data=data, batch=4, n=4, micro=8, response_len=4, max_prompt_len=16,
                    steps=3, lr=1e-3)
         device = args.device or "cpu"
-    for name, p in (("--model", os.path.join(args.model, "config.json")), ("--data", args.data)):
-        if not os.path.exists(p):
-            raise SystemExit(f"error: {name}: {p} not found")
-    if (args.batch * args.n) % args.micro:
-        raise SystemExit(f"error: --micro ({args.micro}) must divide batch*n ({args.batch * args.n})")
-    job = dict(model=args.model, data=args.data, max_rows=args.max_rows, batch=args.batch, n=args.n,
-               micro=args.micro, response_len=args.response_len, max_prompt_len=args.max_prompt_len, lr=args.lr,
-               steps=args.steps, seed=args.seed, device=device, out_dir=work, cpus=1 if device == "cpu" else 4,
-               trl_cache_implementation=args.trl_cache_implementation,
-               trl_result=os.path.join(work, "trl_result.json"))
-    rows, spp = [], args.batch * args.n
-    if args.only in (None, "trl"):
-        job_path = os.path.join(work, "trl_job.json")
-        with open(job_path, "w", encoding="utf-8") as f:
-            json.dump(job, f)
-        wall = _run([sys.executable, os.path.abspath(__file__), "--trl-child", job_path],
-                    os.path.join(work, "trl.log"), args.timeout)
-        with open(job["trl_result"], encoding="utf-8") as f:
-            trl_res = json.load(f)
-        rows.append(dict(summarize("trl", trl_res["step_seconds"], spp, wall), version=trl_res["trl_version"],
-                         reward_mean=trl_res["reward_mean"]))
-    if args.only in (None, "ours"):
-        cmd = ours_command(job)
-        wall = _run(cmd, os.path.join(work, "ours.log"), args.timeout)
-        with open(os.path.join(work, "ours", "metrics.jsonl"), encoding="utf-8") as f:
-            metrics = [json.loads(line) for line in f if line.strip()]
-        steps = [m["timing_s/step"] for m in metrics if "timing_s/step" in m]
-        rows.append(dict(summarize("ours", steps, spp, wall), command=" ".join(cmd),
-                         reward_mean=[m.get("critic/score/mean") for m in metrics if "timing_s/step" in m]))
-    ratio = None
-    if len(rows) == 2:
-        ratio = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
-    print_table(rows, ["framework", "steps", "mean_step_s", "samples_per_s", "first_step_s", "process_wall_s"],
-                title=f"GRPO samples/s, {spp} samples/step ({device})")
-    if ratio is not None:
-        print(f"ours / trl samples/s ratio: {ratio:.3f}")
-    notes = ["TRL: model.generate (disable_compile=True) on the training model; ours: rollout engine "
-             "(static cache + torch.compile on CUDA, dynamic cache on CPU)",
-             "TRL: HF Trainer bf16 autocast (CUDA) over fp32 weights; ours: DeepSpeed ZeRO-2, bf16 with fp32 master",
-             "step 1 is left out of samples/s (compilation, warm-up)"]
-    doc = dict(meta=run_meta(args, machine=None), job=job, results=rows, ratio_ours_over_trl=ratio, notes=notes)
-    write_json(args.out, doc)
+    _check(args, sides, device)
+    random_model = None
+    if args.random_config:
+        from tools.bench.random_model import build_random_model, config_name
+
+        try:
+            config_name(args.random_config)
+        except ValueError as err:
+            raise SystemExit(f"error: --random-config: {err}")
+        tok = args.tokenizer or args.model
+        if not os.path.isdir(tok):
+            raise SystemExit(f"error: --tokenizer: {tok} is not a folder (the random model takes its tokenizer)")
+        args.model = args.random_dir or os.path.join(work, f"random_{args.random_config}")
+        random_model = build_random_model(args.random_config, tok, args.model, seed=args.seed)
+        print(f"random model: {random_model}", flush=True)
+    ignore_eos = bool(args.random_config) if args.ignore_eos is None else args.ignore_eos
+    job = dict(model=os.path.abspath(args.model), data=os.path.abspath(args.data), max_rows=args.max_rows,
+               batch=args.batch, n=args.n, micro=args.micro, response_len=args.response_len,
+               max_prompt_len=args.max_prompt_len, lr=args.lr, steps=args.steps, seed=args.seed, device=device,
+               out_dir=work, cpus=1 if device == "cpu" else 4, ignore_eos=ignore_eos,
+               trl_cache_implementation=args.trl_cache_implementation, trl_vllm_gpu_util=args.trl_vllm_gpu_util,
+               ours_vllm_gpu_util=args.vllm_gpu_util, ours_overrides=args.ours_override, random_model=random_model)
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(job["model"])
+    doc = dict(meta=run_meta(args), sides=sides, job=job, results=[], notes=notes(sides, job))
+    end = None if args.budget_s is None else time.monotonic() + args.budget_s
+    for side in sides:
+        left = args.timeout if end is None else min(args.timeout, int(end - time.monotonic()))
+        print(f"=== {side} (at most {left} s)", flush=True)
+        if left < 30:
+            framework, engine = SIDES[side]
+            doc["results"].append(dict(side=side, framework=framework, engine=engine,
+                                       error=f"not run: {left} s left of --budget-s {args.budget_s}"))
+        else:
+            doc["results"].append(run_side(side, job, work, left, hf_config=hf_config))
+        write_report(doc, args.out)
+    ok = [r for r in doc["results"] if not r.get("error")]
+    print_table(ok, ["side", "timed_steps", "mean_step_s", "samples_per_s", "gen_tokens_per_s",
+                     "trained_tokens_per_s", "first_step_s", "process_wall_s"],
+                title=f"GRPO, {args.batch * args.n} samples/step ({device})")
     return doc
 
 

@@ -7,7 +7,8 @@
 # Every run writes metrics.jsonl + console.log to $OUT/<name>/ when it ends (or is stopped by its timeout:
 # SIGTERM makes the trainer finish the current step and exit).
 # Use: OUT=/some/dir T_LONG=480 [RUNS="svamp_b:0 gsm8k_gae:1"] [EXTRA="hydra overrides"] bash tools/device/rl_runs.sh
-# (megatron:- and megatron_tp2:- use both GPUs; offload:N is a 3-step run with optimizer offload during rollout)
+# (megatron:-, megatron_tp2:-, megatron_ckpt:- and megatron_reshard:- use both GPUs; offload:N is a 3-step run with
+# optimizer offload during rollout)
 set -u
 OUT=${OUT:?set OUT}
 T_LONG=${T_LONG:-480}
@@ -60,6 +61,7 @@ save_resume() {  # #5: save at step 2 of a 4-step run, resume from step 2, run s
 }
 megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both GPUs saving at steps 5 and 10,
   # then a run resumed from step 5 to step 7 (compare its steps 6-7 with the first run's); logs in $OUT/<name>.tgz
+  # (RESUME_EXTRA: overrides for the resumed run only, e.g. another TP size)
   local name=$1 tag=$2; shift 2
   local d="$OUT/$name" first="/tmp/runs/${tag}1" resumed="/tmp/runs/${tag}2"
   local MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
@@ -67,7 +69,8 @@ megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both
   CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 230 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
       trainer.output_dir=$first > "$d/first.log" 2>&1
   CUDA_VISIBLE_DEVICES=0,1 timeout -s TERM -k 20 150 python3 trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
-      trainer.output_dir=$resumed trainer.resume_mode=$first/checkpoints/global_step_5 > "$d/resumed.log" 2>&1
+      trainer.output_dir=$resumed trainer.resume_mode=$first/checkpoints/global_step_5 ${RESUME_EXTRA:-} \
+      > "$d/resumed.log" 2>&1
   cp "$first/metrics.jsonl" "$d/first.jsonl" 2>/dev/null
   cp "$resumed/metrics.jsonl" "$d/resumed.jsonl" 2>/dev/null
   du -sb "$first"/checkpoints/global_step_5/* > "$d/sizes.txt" 2>&1
@@ -93,6 +96,40 @@ megatron_tp2() {  # #8 on both GPUs: the GPU check, then the save/resume pair at
   megatron_pair megatron_tp2 mt actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
       actor_rollout_ref.model.path=/tmp/qwen2_rand actor_rollout_ref.actor.entropy_coeff=0.01
 }
+megatron_ckpt() {  # #29 on both GPUs: the SmolLM2 save/resume pair (TP=1 x DP=2) with dist checkpointing and with
+  # the torch.save format: compare timing_s/save_checkpoint, "checkpoint loaded in" and sizes.txt of the two
+  mkdir -p "$OUT/megatron_dist" "$OUT/megatron_torch"
+  megatron_pair megatron_dist md actor_rollout_ref.actor.megatron.ckpt_format=torch_dist
+  megatron_pair megatron_torch mtorch actor_rollout_ref.actor.megatron.ckpt_format=torch
+}
+megatron_reshard() {  # #29 on both GPUs: a TP=2 dist checkpoint (random-weight Qwen2, as megatron_tp2) resumed at
+  # TP=1 x DP=2 (resharded on load, DistributedOptimizer state included); compare steps 6-7 with the TP=2 run
+  mkdir -p "$OUT/megatron_reshard"
+  python3 -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('/tmp/qwen2_rand', '/tmp/smol_hf')" \
+      > "$OUT/megatron_reshard/make_model.log" 2>&1
+  RESUME_EXTRA=actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 megatron_pair megatron_reshard mr \
+      actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.model.path=/tmp/qwen2_rand \
+      actor_rollout_ref.actor.entropy_coeff=0.01
+}
+vlm_colour() {  # #29 on one GPU: 20 GRPO steps of the tiny random Qwen2-VL on the generated colour task
+  # (trainer/embedded_vlm.py), Ulysses SP=1; with GPU=2 (both GPUs) SP=2. Logs and metrics in $OUT/vlm_colour.tgz
+  local gpu=$1 d="$OUT/vlm_colour" spargs="trainer.n_gpus_per_node=1"
+  [ "$gpu" = "0,1" ] && spargs="trainer.n_gpus_per_node=2 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
+  mkdir -p "$d"
+  python3 -c "from trainer.embedded_vlm import write_tiny_vlm, write_colour_task
+write_tiny_vlm('/tmp/vlm_tiny'); write_colour_task('/tmp/vlm_data', 1024, 64)" > "$d/make.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 20 480 python3 trainer/main.py trainer.device=cuda \
+      $spargs actor_rollout_ref.model.path=/tmp/vlm_tiny \
+      data.train_files=/tmp/vlm_data/train.jsonl data.val_files=/tmp/vlm_data/val.jsonl \
+      reward_model.scorer=gsm8k_flexible data.max_prompt_length=32 data.max_response_length=2 \
+      data.train_batch_size=32 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+      actor_rollout_ref.actor.use_kl_loss=true \
+      trainer.total_training_steps=20 trainer.test_freq=10 trainer.output_dir=/tmp/runs/vlm_colour ${EXTRA:-} \
+      > "$d/console.log" 2>&1
+  echo "exit $?" >> "$d/console.log"
+  cp /tmp/runs/vlm_colour/metrics.jsonl "$d/" 2>/dev/null
+  tar czf "$OUT/vlm_colour.tgz" -C "$OUT" vlm_colour && rm -rf "${OUT:?}/vlm_colour"
+}
 offload() {  # #9: 3 GRPO steps with the optimizer state offloaded during rollout (compare rollout_start memory)
   launch offload "$1" 240 data=gsm8k trainer.total_training_steps=3 \
     actor_rollout_ref.rollout.offload_optimizer_during_rollout=true
@@ -117,6 +154,9 @@ for spec in $RUNS; do
     save_resume) save_resume "$gpu" & ;;
     megatron) megatron & ;;
     megatron_tp2) megatron_tp2 & ;;
+    vlm_colour) vlm_colour "$gpu" & ;;
+    megatron_ckpt) megatron_ckpt & ;;
+    megatron_reshard) megatron_reshard & ;;
     svamp_e) launch svamp_e "$gpu" "$T_LONG" $SVAMP_E ;;  # 512-token responses (the model README's setting)
     svamp_f) launch svamp_f "$gpu" "$T_LONG" $SVAMP actor_rollout_ref.actor.optim.lr=5e-5 data.max_response_length=512 \
                reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=128 \
@@ -173,6 +213,14 @@ for spec in $RUNS; do
       RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
         trainer.val_also_greedy=true trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 $own $more ;;
     offload) offload "$gpu" ;;
+    # the same GSM8K job with each engine (rollout=hf | rollout=vllm) and each algorithm, truncated importance
+    # sampling on in both (its weights and the engine/trainer log-prob gap are logged); vLLM takes 0.15 of the GPU
+    hf_grpo|vllm_grpo|hf_gae|vllm_gae|hf_prime|vllm_prime)
+      eng=${name%%_*} alg=${name#*_} own=""
+      [ "$eng" = vllm ] && own="actor_rollout_ref.rollout.gpu_memory_utilization=${VLLM_UTIL:-0.15}"
+      [ "$alg" = prime ] && own="$own data.oversample_factor=${PRIME_OVERSAMPLE:-2.0}"
+      launch "$name" "$gpu" "$T_LONG" $GSM rollout=$eng algorithm=$alg algorithm.rollout_correction.rollout_is=token \
+        trainer.val_before_train=false trainer.test_freq=-1 $own ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
 done

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .masked import as_bool_mask, masked_sum, masked_whiten
-from .registry import AdvantageEstimator, get_adv_estimator_fn, register_adv_est
+from .registry import AdvantageEstimator, get_adv_estimator_spec, register_adv_est
 
 __all__ = ["compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_dr_grpo_outcome_advantage",
            "compute_rloo_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
@@ -91,7 +91,7 @@ def _broadcast(per_row: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) ->
     return torch.where(mask, per_row.to(dtype).unsqueeze(-1), torch.zeros((), dtype=dtype, device=mask.device))
 
 
-@register_adv_est(AdvantageEstimator.GAE)
+@register_adv_est(AdvantageEstimator.GAE, needs_critic=True, inputs=("values",))
 def compute_gae_advantage_return(token_level_rewards, response_mask, index=None, values=None, gamma=1.0,
                                  lam=1.0, **kwargs):
     """Generalised Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438), verl's multi-turn variant.
@@ -138,7 +138,7 @@ def _grpo(token_level_rewards, response_mask, index, norm_by_std: bool, epsilon:
     return adv, adv.clone()
 
 
-@register_adv_est(AdvantageEstimator.GRPO)
+@register_adv_est(AdvantageEstimator.GRPO, group_based=True, config_kwargs=("norm_adv_by_std_in_grpo",))
 def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index=None, values=None, gamma=1.0,
                                    lam=1.0, norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
                                    **kwargs):
@@ -152,7 +152,7 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index=Non
     return _grpo(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo, epsilon)
 
 
-@register_adv_est(AdvantageEstimator.DR_GRPO)
+@register_adv_est(AdvantageEstimator.DR_GRPO, group_based=True)
 def compute_dr_grpo_outcome_advantage(token_level_rewards, response_mask, index=None, values=None, gamma=1.0,
                                       lam=1.0, **kwargs):
     """Dr.GRPO advantage (Liu et al. 2025, arXiv:2503.20783): ``A_i = s_i - mean_g`` (no std division).
@@ -163,7 +163,7 @@ def compute_dr_grpo_outcome_advantage(token_level_rewards, response_mask, index=
     return _grpo(token_level_rewards, response_mask, index, False, 0.0)
 
 
-@register_adv_est(AdvantageEstimator.RLOO)
+@register_adv_est(AdvantageEstimator.RLOO, group_based=True)
 def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index=None, values=None, gamma=1.0,
                                    lam=1.0, **kwargs):
     """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): ``A_i = s_i - mean_{j != i} s_j = n/(n-1)(s_i - mean_g)``.
@@ -206,7 +206,7 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     return adv.to(dt), G.to(dt)
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
+@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE, group_based=True)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index=None,
                                                            values=None, gamma=1.0, lam=1.0, **kwargs):
     """REINFORCE++-baseline (Hu 2025): ``s_i - mean_g`` broadcast over valid tokens, then ``masked_whiten``
@@ -220,7 +220,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, 
     return adv, adv.clone()
 
 
-@register_adv_est(AdvantageEstimator.REMAX)
+@register_adv_est(AdvantageEstimator.REMAX, inputs=("reward_baselines",))
 def compute_remax_outcome_advantage(token_level_rewards, response_mask, index=None, values=None, gamma=1.0,
                                     lam=1.0, reward_baselines: torch.Tensor | None = None, **kwargs):
     """ReMax (Li et al. 2023, arXiv:2310.10505): ``returns_t = sum_{t' >= t} r_t'`` (valid tokens),
@@ -245,19 +245,21 @@ def compute_advantage(data, adv_estimator: str | AdvantageEstimator, gamma: floa
                       **kwargs):
     """Fill ``data["advantages"]`` and ``data["returns"]`` of a :class:`trainer.protocol.DataProto` in place.
 
-    Reads ``token_level_rewards``, ``response_mask``, ``uid`` (non-tensor, if present), ``values`` (if
-    present) and, for ReMax, ``reward_baselines``. Extra ``kwargs`` (e.g. ``norm_adv_by_std_in_grpo``) go to the
-    estimator. Returns ``data``. Raises ``ValueError`` for an unknown estimator name.
+    Reads ``token_level_rewards``, ``response_mask``, ``uid`` (non-tensor, if present) and the columns the
+    estimator's registry entry declares (``EstimatorSpec.inputs``, passed as keyword arguments of the same
+    name). Extra ``kwargs`` (e.g. ``norm_adv_by_std_in_grpo``) go to the estimator. Returns ``data``.
+
+    Raises:
+        ValueError: an unknown estimator name, or a declared input missing from ``data`` (named).
     """
-    fn = get_adv_estimator_fn(adv_estimator)
-    opt = {}
-    if "values" in data:
-        opt["values"] = data["values"]
-    if "reward_baselines" in data:
-        opt["reward_baselines"] = data["reward_baselines"]
+    spec = get_adv_estimator_spec(adv_estimator)
+    missing = [k for k in spec.inputs if k not in data]
+    if missing:
+        raise ValueError(f"advantage estimator {spec.name!r} needs the batch column(s) {missing}, which the batch "
+                         f"lacks (it has {sorted(data.tensor_keys())})")
     index = data["uid"] if "uid" in data else None
-    adv, ret = fn(data["token_level_rewards"], data["response_mask"], index=index, gamma=gamma, lam=lam,
-                  **opt, **kwargs)
+    adv, ret = spec.fn(data["token_level_rewards"], data["response_mask"], index=index, gamma=gamma, lam=lam,
+                       **{k: data[k] for k in spec.inputs}, **kwargs)
     data["advantages"] = adv
     data["returns"] = ret
     return data

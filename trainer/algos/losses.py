@@ -15,32 +15,37 @@ from .registry import register_policy_loss
 __all__ = ["LOSS_AGG_MODES", "agg_loss", "compute_policy_loss_vanilla", "compute_policy_loss_gspo",
            "compute_policy_loss_gpg", "compute_value_loss", "entropy_from_logits"]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean",
              global_num_tokens: int | float | torch.Tensor | None = None,
              global_num_seqs: int | float | torch.Tensor | None = None, dp_size: int = 1,
              loss_scale_factor: float | None = None) -> torch.Tensor:
-    """Aggregate a per-token loss matrix into a scalar.
+    """Aggregate a per-token loss matrix ``(batch, response_len)`` into a scalar.
 
-    Modes (``L`` = ``loss_mat`` with masked entries set to 0, ``m`` = mask):
+    Modes, as the value of ONE mini-batch (one optimizer step) with ``L`` = ``loss_mat`` with masked entries set
+    to 0, ``m`` = mask, ``N_tok`` = valid tokens, ``N_seq`` = sequences with at least one valid token:
 
-    * ``token-mean``: ``sum(L) / N_tok * dp_size``;
-    * ``seq-mean-token-sum``: ``sum_i (sum_t L_it) / N_seq * dp_size``;
-    * ``seq-mean-token-mean``: ``sum_i (sum_t L_it / |m_i|) / N_seq * dp_size`` (empty rows contribute 0);
-    * ``seq-mean-token-sum-norm`` (Dr.GRPO, as in verl): ``sum(L) / loss_scale_factor * dp_size``, where
-      ``loss_scale_factor`` defaults to the padded width ``response_len``. Pass a constant (e.g. the configured
-      ``max_response_length``) when micro-batches can have different widths (dynamic batching).
+    * ``token-mean`` (DAPO, arXiv:2503.14476): ``sum_it L_it / N_tok``;
+    * ``token-sum``: ``sum_it L_it`` (no normaliser: loss and gradient grow with the number of tokens);
+    * ``seq-mean-token-sum``: ``sum_i (sum_t L_it) / N_seq``;
+    * ``seq-mean-token-mean`` (GRPO, arXiv:2402.03300): ``sum_i (sum_t L_it / |m_i|) / N_seq``;
+    * ``seq-mean-token-sum-norm`` (Dr.GRPO, arXiv:2503.20783 eq. 3): ``sum_i (sum_t L_it) / loss_scale_factor /
+      N_seq``: the per-response ``1/|o_i|`` is replaced by a constant, the ``1/G`` mean over responses stays.
+      ``loss_scale_factor`` defaults to the padded width ``response_len``; the trainer passes a constant
+      (``actor.loss_scale_factor``, else ``rollout.response_length``) so that every micro-batch, step and
+      dynamic batch uses the same one.
 
     Gradient-accumulation / data-parallel contract: the trainer calls this once per micro-batch with
-    ``global_num_tokens`` = valid tokens of the WHOLE mini-batch (one optimizer step), summed over all its
-    micro-batches AND all data-parallel ranks, and ``global_num_seqs`` likewise (counting only sequences with at
-    least one valid token), and ``dp_size`` = number of data-parallel ranks. DeepSpeed then AVERAGES gradients
-    over the ``dp_size`` ranks, which is why the result is multiplied by ``dp_size``. With that contract, the sum
-    of the returned losses over the micro-batches of one rank, averaged over ranks, equals the single-batch loss
-    of the whole mini-batch (so do NOT also scale by 1/grad_accum). Without the globals the function normalises
-    locally (a single batch is the whole mini-batch) and ``dp_size`` must be 1.
+    ``global_num_tokens`` / ``global_num_seqs`` = the counts of the WHOLE mini-batch (over all its micro-batches
+    and all data-parallel ranks) and ``dp_size`` = number of data-parallel ranks; every mode then returns
+    ``(this micro-batch's part of the numerator) / (global denominator) * dp_size``. DeepSpeed AVERAGES
+    gradients over the ``dp_size`` ranks, hence the factor. With that contract the sum of the returned losses
+    over the micro-batches of one rank, averaged over ranks, equals the single-batch value of the whole
+    mini-batch, in value and gradient (so do NOT also scale by 1/grad_accum). Without the globals the function
+    normalises locally (a single batch is the whole mini-batch) and ``dp_size`` must be 1 for the modes that
+    need a count.
 
     Returns:
         scalar tensor (dtype of ``loss_mat``); 0 (with a graph) when nothing is valid.
@@ -51,31 +56,35 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     m = as_bool_mask(loss_mask, loss_mat)
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {list(LOSS_AGG_MODES)}")
     L = torch.where(m, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
+    if loss_agg_mode == "token-sum":
+        return L.sum() * dp_size
     if loss_agg_mode == "token-mean":
-        if global_num_tokens is None:
-            if dp_size != 1:
-                raise ValueError("agg_loss token-mean: dp_size > 1 needs global_num_tokens (valid tokens of the "
-                                 "mini-batch over all micro-batches and ranks)")
-            global_num_tokens = m.sum()
-        return L.sum() / _denominator(global_num_tokens, L) * dp_size
-    if loss_agg_mode == "seq-mean-token-sum-norm":
+        n_tok = _count(global_num_tokens, m.sum(), dp_size, loss_agg_mode, "global_num_tokens", "valid tokens")
+        return L.sum() / _denominator(n_tok, L) * dp_size
+    seq = L.sum(dim=-1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq = seq / m.sum(dim=-1).clamp(min=1).to(L.dtype)
+    elif loss_agg_mode == "seq-mean-token-sum-norm":
         if loss_scale_factor is None:
             loss_scale_factor = loss_mat.shape[-1]
-        if loss_scale_factor <= 0:
+        if not loss_scale_factor > 0:
             raise ValueError(f"loss_scale_factor must be > 0, got {loss_scale_factor}")
-        return L.sum() / loss_scale_factor * dp_size
-    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        seq = L.sum(dim=-1)
-        if loss_agg_mode == "seq-mean-token-mean":
-            seq = seq / m.sum(dim=-1).clamp(min=1).to(L.dtype)
-        if global_num_seqs is None:
-            if dp_size != 1:
-                raise ValueError(f"agg_loss {loss_agg_mode}: dp_size > 1 needs global_num_seqs (sequences with a "
-                                 "valid token in the mini-batch over all micro-batches and ranks)")
-            global_num_seqs = m.any(dim=-1).sum()
-        return seq.sum() / _denominator(global_num_seqs, L) * dp_size
-    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; expected one of {list(LOSS_AGG_MODES)}")
+        seq = seq / loss_scale_factor
+    n_seq = _count(global_num_seqs, m.any(dim=-1).sum(), dp_size, loss_agg_mode, "global_num_seqs",
+                   "sequences with a valid token")
+    return seq.sum() / _denominator(n_seq, L) * dp_size
+
+
+def _count(global_value, local_value, dp_size: int, mode: str, name: str, what: str):
+    if global_value is not None:
+        return global_value
+    if dp_size != 1:
+        raise ValueError(f"agg_loss {mode}: dp_size > 1 needs {name} ({what} in the mini-batch over all "
+                         "micro-batches and ranks)")
+    return local_value
 
 
 def _denominator(n, like: torch.Tensor) -> torch.Tensor:
@@ -166,7 +175,10 @@ def compute_policy_loss_gspo(old_log_probs, log_probs, advantages, response_mask
 
     ``log s_i = mean_t(logp - old)`` over valid tokens; token ratio ``s_it = exp(sg[log s_i] + logp_t - sg[logp_t])``
     (value ``s_i``, gradient of each token, clamped at ``exp(10)``); ``L = max(-A*s, -A*clip(s, 1-low, 1+high))``.
-    The paper's aggregation is ``seq-mean-token-mean`` (our default). Config keys as for ``vanilla``
+    ``loss_agg_mode`` applies to the per-token losses ``L_it`` (all tokens of a sequence share its ratio): the
+    paper's objective is ``seq-mean-token-mean`` (this function's default); verl's ``gspo`` always uses that mode
+    and ignores ``loss_agg_mode``, we honour the configured one (``token-mean`` weights sequences by their
+    length). Config keys as for ``vanilla``
     (GSPO uses small ranges, e.g. low 3e-4, high 4e-4). Returns ``(pg_loss, metrics)`` like ``vanilla``.
     """
     clip = _cfg(config, "clip_ratio", 0.2)

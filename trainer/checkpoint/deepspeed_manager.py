@@ -49,6 +49,29 @@ def engine_dtype(engine: Any) -> torch.dtype:
     return torch.float32
 
 
+def trained_model_config(module: Any, fallback: Any = None, dtype: torch.dtype | None = None) -> Any:
+    """A copy of the HF config that describes ``module`` as it is trained, for ``huggingface/config.json``.
+
+    The module's own ``config`` (a critic built with ``AutoModelForTokenClassification(num_labels=1)`` from a
+    causal-LM folder has ``num_labels=1`` there, unlike the folder's config), with ``architectures`` set to the
+    module's class (what ``save_pretrained`` records; the folder's config names the causal LM) and ``dtype`` to
+    the training dtype when given. ``fallback`` is used when the module is not a ``transformers.PreTrainedModel``
+    (e.g. a Megatron model); None when neither has a config.
+    """
+    from transformers import PreTrainedModel
+
+    hf_module = isinstance(module, PreTrainedModel)
+    config = module.config if hf_module else fallback
+    if config is None:
+        return None
+    cfg = config.__class__.from_dict(config.to_dict())
+    if hf_module:
+        cfg.architectures = [type(module).__name__]
+    if dtype is not None:
+        cfg.dtype = dtype
+    return cfg
+
+
 def save_hf_metadata(out_dir: str, hf_config: Any = None, tokenizer: Any = None, dtype: torch.dtype | None = None,
                      generation_config: Any = None) -> None:
     """Write ``config.json`` (with ``dtype`` = training dtype), ``generation_config.json`` and the tokenizer
@@ -94,7 +117,9 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         engine: the ``deepspeed.DeepSpeedEngine`` returned by ``deepspeed.initialize`` (with the optimizer
             and the ``lr_scheduler`` passed to it).
         tokenizer: HF tokenizer saved under ``huggingface/`` on rank 0 (None: skipped).
-        hf_config: HF ``PretrainedConfig`` saved under ``huggingface/``; default ``engine.module.config``.
+        hf_config: HF ``PretrainedConfig`` saved under ``huggingface/`` when the engine's module is not a
+            ``transformers.PreTrainedModel``; otherwise the module's own config is saved, naming its class
+            (:func:`trained_model_config`), so that ``tools/export_hf.py`` rebuilds the model that was trained.
         rank, world_size: this process's rank and the engine's world size (default: torch.distributed's).
         save_hf_metadata: write ``huggingface/`` on save (needed by ``tools/export_hf.py``).
     """
@@ -138,9 +163,10 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         self.engine.save_checkpoint(tmp, tag=f"global_step_{step}", client_state=client_state)
         atomic_torch_save(capture_rng_state(), os.path.join(tmp, f"rng_rank_{self.rank}.pt"))
         if self.rank == 0 and self.save_hf_metadata:
-            gen = getattr(getattr(self.engine, "module", None), "generation_config", None)
-            save_hf_metadata(os.path.join(tmp, HF_SUBDIR), self.hf_config, self.tokenizer,
-                             engine_dtype(self.engine), gen)
+            module = getattr(self.engine, "module", None)
+            gen = getattr(module, "generation_config", None)
+            save_hf_metadata(os.path.join(tmp, HF_SUBDIR), trained_model_config(module, self.hf_config),
+                             self.tokenizer, engine_dtype(self.engine), gen)
         barrier()  # every rank's files are in tmp
         if self.rank == 0:
             replace_dir(tmp, path)

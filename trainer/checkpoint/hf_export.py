@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trainer.checkpoint.base import barrier
-from trainer.checkpoint.deepspeed_manager import save_hf_metadata
+from trainer.checkpoint.deepspeed_manager import save_hf_metadata, trained_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +129,7 @@ def export_hf(module_or_engine: Any, out_dir: str, tokenizer: Any = None, dtype:
     if _rank() != 0:
         barrier()
         return None
-    config = module.config.__class__.from_dict(module.config.to_dict())
-    config.dtype = dtype
+    config = trained_model_config(module, dtype=dtype)
     if value_head:
         head = [k for k in sd if k.endswith(("score.weight", "classifier.weight", "value_head.weight", "v_head.weight"))]
         if not head or sd[head[0]].shape[0] != 1:

@@ -83,6 +83,25 @@ def rope_theta_of(hf_config: Any) -> float:
     return float(theta)
 
 
+# config fields that fix the weights' shapes or the forward's numerics; a checkpoint must agree on every one
+MODEL_CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias",
+                     "rms_norm_eps", "rope_theta", "rope_parameters")
+
+
+def model_config_difference(saved: Any, current: Any) -> str | None:
+    """The first of :data:`MODEL_CONFIG_KEYS` set (not None) in both configs with different values, as
+    ``"hidden_size=64 in the checkpoint, 32 in the model"``; None when they agree.
+
+    Args: HF configs as ``PretrainedConfig`` objects or ``config.json`` dicts.
+    """
+    for key in MODEL_CONFIG_KEYS:
+        a, b = _get(saved, key), _get(current, key)
+        if a is not None and b is not None and a != b:
+            return f"{key}={a!r} in the checkpoint, {b!r} in the model"
+    return None
+
+
 def padded_vocab_size(vocab_size: int, tp_size: int, divisible_by: int = 1) -> int:
     """Smallest multiple of ``tp_size * divisible_by`` that is >= ``vocab_size`` (Megatron's vocab padding).
 
@@ -166,6 +185,8 @@ def hf_to_mcore_args(hf_config: Any, tp_size: int = 1, pp_size: int = 1, params_
               bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
               persist_layer_norm=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
               init_method_std=float(_get(hf_config, "initializer_range", 0.02)))
+    if pp_size > 1:  # the dtype of the activations sent between pipeline stages
+        tc["pipeline_dtype"] = params_dtype
     gm = dict(vocab_size=s.padded_vocab_size, max_sequence_length=int(_get(hf_config, "max_position_embeddings")),
               position_embedding_type="rope", rotary_base=rope_theta_of(hf_config), rotary_percent=1.0,
               share_embeddings_and_output_weights=s.tie_word_embeddings)

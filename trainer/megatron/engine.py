@@ -10,9 +10,11 @@ call                                      MegatronEngine
 ``engine(input_ids=, attention_mask=,``   ``trainer.megatron.model.forward_logits`` (left-aligned rows,
 ``position_ids=, use_cache=)``            logits ``(B, L, vocab)`` with TP-gathered vocab) as ``.logits``
 ``backward(loss, scale_wrt_gas=False)``   ``loss.backward()`` (megatron DDP hooks fill its grad buffers)
-``step()``                                GPU: ``finalize_model_grads`` + Megatron optimizer step (it clips);
-                                          CPU: DP all-reduce (mean), TP-aware clip, torch optimizer step;
-                                          then the LR scheduler steps and gradients are zeroed
+``step()``                                GPU: :func:`megatron_guarded_step` (norm, then clip and step);
+                                          CPU: DP all-reduce (mean), TP-aware norm and clip, torch
+                                          optimizer step; both only when the norm is finite; then the LR
+                                          scheduler steps and gradients are zeroed
+``was_step_applied()``                    the last ``step`` changed the weights
 ``get_global_grad_norm()``                gradient norm before clipping of the last ``step``
 ``zero_optimization_stage()``             0 (a skipped step only zeroes the gradients)
 ``get_lr()``, ``zero_grad()``,            as DeepSpeed's
@@ -107,7 +109,7 @@ class MegatronEngine:
         module: the GPTModel, bare (CPU) or wrapped (``DistributedDataParallel(Float16Module(GPTModel))``, GPU).
         vocab_size: the HF vocabulary (padded vocab columns are dropped from the logits).
         optimizer: None (frozen reference), a torch optimizer (CPU path) or a Megatron optimizer
-            (``megatron_optimizer=True``: its ``step()`` returns ``(ok, grad_norm, num_zeros)`` and clips).
+            (``megatron_optimizer=True``: stepped by :func:`megatron_guarded_step`).
         lr_scheduler: stepped once per applied optimizer step; None for none.
         grad_clip: max global gradient norm (CPU path; the Megatron optimizer clips with its own config).
             ``<= 0`` disables clipping.
@@ -125,6 +127,7 @@ class MegatronEngine:
         self.dp_group, self.dp_size, self.tp_group, self.tp_rank = dp_group, int(dp_size), tp_group, int(tp_rank)
         self.skipped_steps = 0
         self._grad_norm: float | None = None
+        self._step_applied = False
 
     # ---- forward --------------------------------------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -169,23 +172,20 @@ class MegatronEngine:
             else:
                 self.optimizer.zero_grad(set_to_none=True)
 
+    def was_step_applied(self) -> bool:
+        """The last :meth:`step` changed the weights (as DeepSpeed's ``engine.was_step_applied``)."""
+        return self._step_applied
+
     def step(self) -> None:
         """One optimizer step on the accumulated gradients, then the LR scheduler, then zeroed gradients.
 
-        A step whose gradient norm is not finite is not applied (``skipped_steps`` grows) on the CPU path; the
-        Megatron optimizer reports its own skips (fp16 loss scaling) through its return value.
+        The gradient norm is computed before the optimizer step on both paths; a step whose norm is not finite
+        is not applied (``was_step_applied()`` is False, ``skipped_steps`` grows, the LR scheduler does not step).
         """
         if self.optimizer is None:
             raise RuntimeError("step on a frozen Megatron model (no optimizer)")
         if self.megatron_optimizer:
-            from megatron.core.distributed import finalize_model_grads
-
-            finalize_model_grads([self.module])
-            ok, grad_norm, _ = self.optimizer.step()
-            if grad_norm is None:  # megatron computes the norm only when it clips (clip_grad > 0)
-                get = getattr(self.optimizer, "get_grad_norm", None)
-                grad_norm = get() if callable(get) and ok else (0.0 if ok else float("nan"))
-            self._grad_norm = float(grad_norm)
+            self._grad_norm, ok = megatron_guarded_step(self.module, self.optimizer)
         else:
             params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
             if self.dp_size > 1:
@@ -196,12 +196,48 @@ class MegatronEngine:
             ok = math.isfinite(self._grad_norm)
             if ok:
                 self.optimizer.step()
+        self._step_applied = ok
         if ok:
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
         else:
             self.skipped_steps += 1
         self.zero_grad()
+
+
+@torch.no_grad()
+def megatron_guarded_step(model: Any, optimizer: Any) -> tuple[float, bool]:
+    """A megatron-core optimizer step that is taken only when the gradient norm is finite.
+
+    megatron-core's own ``optimizer.step()`` looks for inf/NaN only with an fp16 loss scaler; with bf16 or fp32
+    it clips by a NaN norm (a no-op) and applies the NaN gradient. Here, through the documented
+    ``MegatronOptimizer`` calls: ``finalize_model_grads`` (data-parallel reduction), ``prepare_grads()`` (main
+    gradients; True when the fp16 scaler found inf/NaN), ``get_grad_norm()`` (global L2 norm over the
+    model-parallel group, and the data-parallel group with the distributed optimizer: every rank gets the same
+    value), then, only when it is finite, clipping by that norm with ``clip_grad_by_total_norm_fp32`` (each
+    sub-optimizer's ``config.clip_grad``, as ``ChainedOptimizer.step`` does) and ``step_with_ready_grads()``.
+
+    Args:
+        model: the megatron ``DistributedDataParallel`` module.
+        optimizer: from ``megatron.core.optimizer.get_megatron_optimizer``.
+
+    Returns:
+        ``(grad_norm, applied)``: the norm before clipping (``nan``/``inf`` when not finite) and whether the
+        weights changed.
+    """
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+    finalize_model_grads([model])
+    found_inf = bool(optimizer.prepare_grads())
+    grad_norm = float("inf") if found_inf else float(optimizer.get_grad_norm())
+    if not math.isfinite(grad_norm):
+        return grad_norm, False
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        params = sub.get_parameters()
+        if params and float(sub.config.clip_grad) > 0.0:
+            clip_grad_by_total_norm_fp32(params, float(sub.config.clip_grad), grad_norm)
+    return grad_norm, bool(optimizer.step_with_ready_grads())
 
 
 @torch.no_grad()

@@ -272,3 +272,42 @@ def iter_hf_from_mcore(local_state: Mapping[str, torch.Tensor], shape: ModelShap
     for name, t in local_state.items():
         if not name.endswith("_extra_state"):
             yield from mcore_full_to_hf(name, t, shape, layer_offset)
+
+
+# ----------------------------------------------------------------------------- megatron dist checkpoint -> HF
+
+# the local layer spec's ``sharded_state_dict_keys_map`` (megatron.core.models.gpt.gpt_layer_specs
+# .get_gpt_layer_local_spec): a dist checkpoint names the layer norms as Transformer Engine's fused layers do
+DIST_KEYS_MAP = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                 "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+
+
+def dist_ckpt_to_mcore(tensors: Mapping[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """Per-layer megatron-core names (TP-merged, global layer numbers) from a dist checkpoint's model tensors.
+
+    Args:
+        tensors: the checkpoint's model tensors at their global shapes, keyed by sharded key: top-level names
+            as in the model, and ``decoder.layers.<suffix>`` of shape ``(num_layers, ...)`` (layers stacked on
+            a leading axis; layer norms named by :data:`DIST_KEYS_MAP`).
+        num_layers: the model's ``num_hidden_layers``.
+    Returns:
+        ``{name: tensor}`` with ``decoder.layers.<i>.<local-spec suffix>``, the input of :func:`mcore_full_to_hf`
+        with ``layer_offset=0``.
+    Raises:
+        ValueError: a stacked layer tensor's leading axis is not ``num_layers``.
+    """
+    inverse = {v: k for k, v in DIST_KEYS_MAP.items()}
+    out: dict[str, torch.Tensor] = {}
+    for key, t in tensors.items():
+        if not key.startswith("decoder.layers."):
+            out[key] = t
+            continue
+        suffix = key[len("decoder.layers."):]
+        for dist_prefix, local_prefix in inverse.items():
+            if suffix.startswith(dist_prefix):
+                suffix = local_prefix + suffix[len(dist_prefix):]
+        if t.shape[0] != num_layers:
+            raise ValueError(f"{key!r} stacks {t.shape[0]} layers; the config has num_hidden_layers={num_layers}")
+        for i in range(num_layers):
+            out[f"decoder.layers.{i}.{suffix}"] = t[i]
+    return out

@@ -40,28 +40,34 @@ class ActorRolloutRefWorker(DistributedWorker):
             self.ref = ModelRole.build(self, arr["model"], sp=int(arr["ref"]["ulysses_sequence_parallel_size"]),
                                        train=False)
         self._build_rollout()
-        return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id}
+        return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id,
+                "stop_token_ids": list(self.stop_token_ids)}
 
     # ---- rollout -------------------------------------------------------------------------------------------
     def _build_rollout(self) -> None:
+        from rollout.stop_tokens import resolve_stop_token_ids
+
         rc = self.rollout_cfg
         tok = self.tokenizer
-        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.stop_token_ids = resolve_stop_token_ids(tok, self.actor.hf_config, self.actor.model_path,
+                                                     extra=rc.get("stop_token_ids"))
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.stop_token_ids[0]
         if rc["name"] == "hf":
             from rollout.hf_engine import HFRolloutEngine
 
             static = rc.get("static_cache", "auto")
             static = (self.device_type == "cuda") if static == "auto" else bool(static)
-            self.engine = HFRolloutEngine.from_tokenizer(self.actor.hf_config, tok, device=self.device,
-                                                         dtype=self.param_dtype(), use_static_cache=static,
-                                                         max_batch_size=int(rc.get("max_batch_size", 256)),
-                                                         prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)),
-                                                         attn_implementation=str(rc.get("attn_implementation", "auto")))
+            self.engine = HFRolloutEngine(self.actor.hf_config, eos_token_id=self.stop_token_ids,
+                                          pad_token_id=self.pad_token_id, device=self.device,
+                                          dtype=self.param_dtype(), use_static_cache=static,
+                                          max_batch_size=int(rc.get("max_batch_size", 256)),
+                                          prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)),
+                                          attn_implementation=str(rc.get("attn_implementation", "auto")))
         elif rc["name"] == "vllm":
             from rollout.vllm_engine import VLLMRolloutEngine
 
             self.engine = VLLMRolloutEngine(
-                self.actor.model_path, eos_token_id=tok.eos_token_id, pad_token_id=self.pad_token_id,
+                self.actor.model_path, eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id,
                 tensor_model_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
                 gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
                 dtype="bfloat16" if self.param_dtype() == torch.bfloat16 else "float32",
@@ -73,7 +79,7 @@ class ActorRolloutRefWorker(DistributedWorker):
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
         ``validate``, or one greedy sample per prompt when ``greedy`` (the extra validation pass of
-        ``trainer.val_also_greedy``)."""
+        ``trainer.val_also_greedy``; ReMax's baseline rollout)."""
         from rollout.base import SamplingConfig
 
         rc = self.rollout_cfg
@@ -82,11 +88,13 @@ class ActorRolloutRefWorker(DistributedWorker):
         src = rc["val_kwargs"] if validate else rc
         return SamplingConfig(n=int(src["n"]), temperature=float(src["temperature"]), top_p=float(src["top_p"]),
                               top_k=int(src["top_k"]), max_new_tokens=int(rc["response_length"]),
-                              do_sample=bool(src["do_sample"]), seed=seed)
+                              do_sample=bool(src["do_sample"]), seed=seed,
+                              ignore_eos=bool(rc.get("ignore_eos", False)) and not validate)
 
-    def _rollout_context(self, validate: bool):
+    def _rollout_context(self, validate: bool, memory_log: dict | None = None, timing_log: dict | None = None):
         """``rollout.context.rollout_mode`` with this worker's weight source (ZeRO-gathered actor parameters);
-        the Megatron worker overrides it with TP-gathered HF tensors."""
+        the Megatron worker overrides it with TP-gathered HF tensors. ``memory_log`` receives the GPU memory in
+        use after each wake/sleep stage (see ``rollout_mode``)."""
         from rollout.context import iter_actor_params, offload_optimizer_states, reload_optimizer_states, rollout_mode
 
         rc = self.rollout_cfg
@@ -97,7 +105,8 @@ class ActorRolloutRefWorker(DistributedWorker):
         return rollout_mode(self.engine, lambda: iter_actor_params(module, stage, bucket), bucket,
                             offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
                             reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
-                            sleep_level=int(rc.get("sleep_level", 1)))
+                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log,
+                            timing_log=timing_log)
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -105,36 +114,49 @@ class ActorRolloutRefWorker(DistributedWorker):
 
         ``prompts`` holds left-padded ``input_ids``/``attention_mask`` (B, P); the result has B*n rows with
         ``prompts`` (B*n, P), ``responses``/``response_mask``/``rollout_log_probs`` (B*n, R), ``input_ids``,
-        ``attention_mask``, ``position_ids`` (B*n, P+R) and the prompt's non-tensor columns repeated.
+        ``attention_mask``, ``position_ids`` (B*n, P+R; a vision-language model's rotary rows (B*n, 3, P+R)) and
+        the prompt's non-tensor columns repeated (``multi_modal_inputs`` go to the rollout engine too).
         """
         t0 = time.perf_counter()
         validate = bool(prompts.meta.get("validate", False))
         seed = prompts.meta.get("seed")
         sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank,
-                                  greedy=validate and bool(prompts.meta.get("greedy", False)))
+                                  greedy=bool(prompts.meta.get("greedy", False)))
         ids, mask = prompts["input_ids"], prompts["attention_mask"]
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         reset_peak_memory(self.device)
-        with self._rollout_context(validate):
+        stages: dict[str, float] = {}
+        seconds: dict[str, float] = {}
+        with self._rollout_context(validate, memory_log=stages, timing_log=seconds):
             perf = {}
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
                 perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
-            out = self.engine.generate(prompt_lists, sampling)
+            mm = list(prompts["multi_modal_inputs"]) if "multi_modal_inputs" in prompts else None
+            out = self.engine.generate(prompt_lists, sampling, **({"multi_modal_inputs": mm} if mm else {}))
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
+        perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
+        perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
         n = sampling.n
         rep = prompts.repeat(n, interleave=True)
         responses = out.responses.to(torch.long)
         resp_mask = out.response_mask.to(torch.long)
         p_ids, p_mask = rep["input_ids"], rep["attention_mask"]
         attn = torch.cat([p_mask, resp_mask], dim=1)
+        input_ids = torch.cat([p_ids, responses], dim=1)
+        position_ids = torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0)
+        if "multi_modal_inputs" in rep:  # a vision-language model: its rotary position rows (B, 3, P+R)
+            from trainer.multimodal import rope_position_ids
+
+            rows = rope_position_ids(self.actor.engine, input_ids, attn, list(rep["multi_modal_inputs"]))
+            position_ids = rows if rows is not None else position_ids
         result = DataProto.from_dict({
             "prompts": p_ids,
             "responses": responses,
             "response_mask": resp_mask.float(),
             "rollout_log_probs": out.rollout_log_probs.float(),
-            "input_ids": torch.cat([p_ids, responses], dim=1),
+            "input_ids": input_ids,
             "attention_mask": attn,
-            "position_ids": torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0),
+            "position_ids": position_ids,
         }, {k: v for k, v in rep.non_tensor.items()}, meta=dict(prompts.meta))
         result.meta["timing_gen_s"] = time.perf_counter() - t0
         result.meta.update(perf)

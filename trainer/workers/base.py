@@ -83,9 +83,13 @@ class DistributedWorker:
     def ping(self) -> int:
         return self.rank
 
-    def getpid(self) -> int:
-        """This worker's process id (logged by the driver, so that a stuck or dead rank can be found)."""
-        return os.getpid()
+    def location(self) -> dict[str, Any]:
+        """Where this worker runs (logged by the driver, so that a stuck or dead rank can be found):
+        ``{"pid": process id, "node_id": Ray node id (hex), "node_ip": the node's IP as Ray reports it}``."""
+        import ray
+
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "node_ip": ray.util.get_node_ip_address()}
 
     # ---- distributed -------------------------------------------------------------------------------------
     def init_distributed(self) -> None:

@@ -86,7 +86,8 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
     def init_model(self) -> dict:
         """Build the process groups, the actor (+ optimizer), the reference model and the rollout engine.
 
-        Returns: ``{"num_params": <HF parameter count>, "pad_token_id": int}`` (as the DeepSpeed worker).
+        Returns: ``{"num_params": <HF parameter count>, "pad_token_id": int, "stop_token_ids": list[int]}`` (as the
+        DeepSpeed worker).
         Raises:
             ValueError: pipeline or context parallel size > 1; sizes that do not divide the model or world.
         """
@@ -123,7 +124,7 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         del hf_state
         self._build_rollout()
         self.attach_checkpointing(self.actor)
-        return {"num_params": n_params, "pad_token_id": self.pad_token_id}
+        return {"num_params": n_params, "pad_token_id": self.pad_token_id, "stop_token_ids": list(self.stop_token_ids)}
 
     def _build_role(self, hf_config, hf_state: dict, path: str, train: bool) -> ModelRole:
         from megatron.core import parallel_state as ps
@@ -186,7 +187,7 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         return model, optimizer, shadow
 
     # ---- rollout weights ------------------------------------------------------------------------------------
-    def _rollout_context(self, validate: bool):
+    def _rollout_context(self, validate: bool, memory_log: dict | None = None, timing_log: dict | None = None):
         """``rollout.context.rollout_mode`` fed with the actor's TP-gathered HF tensors in buckets."""
         from rollout.context import rollout_mode
         from trainer.megatron.engine import unwrap
@@ -196,7 +197,8 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         bucket = int(rc["update_weights_bucket_megabytes"]) * 2 ** 20
         model = unwrap(self.actor.engine.module)
         return rollout_mode(self.engine, lambda: iter_hf_buckets(model, self.shape, bucket), bucket,
-                            sleep_level=int(rc.get("sleep_level", 1)))
+                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log,
+                            timing_log=timing_log)
 
     @torch.no_grad()
     def weights_fingerprint(self) -> dict:
@@ -219,15 +221,17 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
     # ---- checkpoints and HF export ----------------------------------------------------------------------------
     def attach_checkpointing(self, role, value_head: bool = False) -> dict:
         """A :class:`trainer.megatron.checkpoint.MegatronCheckpointManager` for ``role`` (``save_checkpoint`` /
-        ``load_checkpoint`` are inherited: ``self.ckpt.save(dir)`` / ``self.ckpt.load(dir)``)."""
+        ``load_checkpoint`` are inherited: ``self.ckpt.save(dir)`` / ``self.ckpt.load(dir)``), writing
+        ``actor_rollout_ref.actor.megatron.ckpt_format``."""
         from trainer.megatron.checkpoint import MegatronCheckpointManager
 
         if value_head:
             raise ValueError("the Megatron path has no value-head (critic) models")
         self._trained, self._value_head = role, False
         eng = role.engine
+        fmt = (self.actor_cfg.get("megatron") or {}).get("ckpt_format", "torch_dist")
         self.ckpt = MegatronCheckpointManager(eng.module, optimizer=eng.optimizer, lr_scheduler=eng.lr_scheduler,
-                                              hf_config=role.hf_config, tokenizer=role.tokenizer)
+                                              hf_config=role.hf_config, tokenizer=role.tokenizer, ckpt_format=fmt)
         return {"num_params": sum(p.numel() for p in eng.module.parameters())}
 
     def export_hf(self, out_dir: str) -> None:

@@ -68,7 +68,8 @@ class ModelRole:
             keep = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 (must stay alive while loading)
         sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
         use_rmpad = bool(model_cfg.get("use_remove_padding", True)) or sp > 1
-        model = load_hf_model(path, hf_config if override else None, value_head, remote)
+        model = load_hf_model(path, hf_config if override else None, value_head, remote,
+                              vision_language=is_vision_language(hf_config))
         if use_rmpad:
             from patches.ulysses import apply_ulysses_patch
 
@@ -92,15 +93,17 @@ class ModelRole:
                    device=worker.device, value_head=value_head)
 
 
-def load_hf_model(path: str, hf_config, value_head: bool, trust_remote_code: bool) -> torch.nn.Module:
-    """The fp32 HF model at ``path``: a causal LM, or (``value_head``) the backbone with a one-output token head
-    (the critic; it exports as an HF model). With ``hf_config`` (an overridden config) the model is built from it."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+def load_hf_model(path: str, hf_config, value_head: bool, trust_remote_code: bool,
+                  vision_language: bool = False) -> torch.nn.Module:
+    """The fp32 HF model at ``path``: a causal LM, an image-text-to-text model (``vision_language``: its config has a
+    ``vision_config``), or (``value_head``) the backbone with a one-output token head (the critic; it exports as an
+    HF model). With ``hf_config`` (an overridden config) the model is built from it."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
 
     given = {} if hf_config is None else {"config": copy.deepcopy(hf_config)}
     if not value_head:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
-                                                    **given)
+        auto = AutoModelForImageTextToText if vision_language else AutoModelForCausalLM
+        return auto.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code, **given)
     if given:
         given["config"].num_labels = 1
     else:
@@ -148,6 +151,11 @@ def role_model_config(base: dict, role: dict, keys: tuple[str, ...]) -> dict:
     return out
 
 
+def is_vision_language(hf_config) -> bool:
+    """Whether an HF config describes a vision-language model (it carries a ``vision_config``)."""
+    return getattr(hf_config, "vision_config", None) is not None
+
+
 def use_weights_only_loads(engine) -> None:
     """Make ``engine.load_checkpoint`` read every file with ``torch.load(weights_only=True)``.
 
@@ -183,8 +191,9 @@ def make_sp_groups(world_size: int, sp: int, rank: int, hf_config) -> tuple[Any,
         return None, None, world_size, rank
     from patches.ulysses import build_dp_sp_groups, validate_ulysses_config
 
-    validate_ulysses_config(hf_config.num_attention_heads,
-                            getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads, sp)
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    validate_ulysses_config(text.num_attention_heads,
+                            getattr(text, "num_key_value_heads", None) or text.num_attention_heads, sp)
     mesh = build_dp_sp_groups(world_size, sp, rank)
     return mesh.sp, mesh.dp_group, mesh.dp_size, mesh.dp_rank
 
@@ -193,11 +202,14 @@ def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_
     """Per-token response log-probs (and entropy) of one micro-batch: (b, R) f32 each (entropy may be None)."""
     from trainer.forward import forward_log_probs
 
+    from trainer.multimodal import concat_multi_modal_inputs
+
+    mm = concat_multi_modal_inputs(mb["multi_modal_inputs"]) if "multi_modal_inputs" in mb else None
     # inputs stay on the CPU: the packed forward packs there and copies without a host sync (trainer.forward)
     return forward_log_probs(role.engine, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
                              response_length=mb["responses"].shape[1], temperature=temperature,
                              calculate_entropy=calculate_entropy, use_remove_padding=role.use_remove_padding,
-                             sp=role.sp, device=role.device)
+                             sp=role.sp, device=role.device, multi_modal_inputs=mm or None)
 
 
 def forward_batch_log_probs(role: ModelRole, data: DataProto, micro_batch_size: int, temperature: float,
@@ -208,7 +220,8 @@ def forward_batch_log_probs(role: ModelRole, data: DataProto, micro_batch_size: 
         (log_probs (B, R) f32 on CPU, entropy (B, R) f32 on CPU or None).
     """
     order = torch.arange(len(data))
-    data = data.select(["input_ids", "attention_mask", "position_ids", "responses"])
+    data = data.select(["input_ids", "attention_mask", "position_ids", "responses"],
+                       [k for k in ("multi_modal_inputs",) if k in data.non_tensor])
     data["_row"] = order
     lps, ents, rows = [], [], []
     for mb in micro_batches(data, micro_batch_size, use_dynamic_bsz, max_token_len * role.sp_size, role.dp_group):

@@ -16,7 +16,6 @@ Methods called by the controller (``trainer/prime.py``) with ``dispatch_dp`` / `
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 
 import torch
@@ -25,6 +24,7 @@ from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker
 from trainer.workers.batching import global_count, micro_batches, mini_batch_rows
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs, forward_micro, role_model_config
+from trainer.workers.step_guard import count_skip, guarded_backward, optimizer_step
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,8 @@ class PRMWorker(DistributedWorker):
         Every mini-batch of ``reward_model.mini_batch_size * rollout.n / dp`` rows is one optimizer step; the loss
         of a micro-batch is ``sum of per-sequence BCE / (rows of the mini-batch over all DP ranks) * dp`` (DeepSpeed
         averages gradients over DP ranks), so the step equals one backward over the mini-batch mean. A non-finite
-        loss skips the step on every rank (counted in ``reward_model/skipped_steps``).
+        loss or gradient norm skips the step on every rank (:mod:`trainer.workers.step_guard`; counted in
+        ``reward_model/skipped_steps`` and ``reward_model/consecutive_skipped_steps``).
 
         Returns:
             DataProto with ``rm_scores`` (B, R) f32 from the training forwards (original row order) and
@@ -109,7 +110,7 @@ class PRMWorker(DistributedWorker):
         engine.train()
         for mini in data.split(rows_per_mini):
             n_seq = global_count(float(len(mini)), dev, role.dp_group)
-            finite = True
+            finite, ce_share = torch.ones((), dtype=torch.bool, device=dev), 0.0
             for mb in micro_batches(mini, mbs, dyn, max_tok * role.sp_size, role.dp_group):
                 mask = mb["response_mask"].to(dev)
                 with torch.no_grad():
@@ -117,24 +118,20 @@ class PRMWorker(DistributedWorker):
                 lp, _ = forward_micro(role, mb, 1.0, False)
                 per_seq = prm_ce_loss(lp, ref, mask, mb["acc"].to(dev).float(), self.beta, reduction="none")
                 loss = per_seq.sum() / max(n_seq, 1.0) * role.dp_size
-                finite = finite and bool(torch.isfinite(loss.detach()))
-                engine.backward(loss, scale_wrt_gas=False)
+                finite = finite & guarded_backward(engine, loss)
                 scores.append(implicit_token_rewards(lp.detach(), ref, mask, self.beta).float().cpu())
                 rows.append(mb["_row"])
-                metrics["reward_model/ce_loss"].append(float(per_seq.detach().mean()))
-            finite = global_count(0.0 if finite else 1.0, dev) == 0.0
-            if finite:
-                engine.step()
-                gn = engine.get_global_grad_norm()
-                if gn is not None:  # None: DeepSpeed keeps no norm for ZeRO-0 without bf16; the step was taken
-                    skipped += 0 if math.isfinite(float(gn)) else 1
-                    metrics["reward_model/grad_norm"].append(float(gn))
-            else:
-                skipped += 1
-                engine.optimizer.zero_grad()
-                engine.zero_grad()
+                ce_share += float(loss.detach())
+            # this rank's share of the mini-batch mean (x dp): averaged over ranks by the controller, it is the mean
+            # CE over every sequence of the mini-batch, whatever the micro-batch split
+            metrics["reward_model/ce_loss"].append(ce_share)
+            outcome = optimizer_step(engine, finite, dev, "reward_model")
+            if outcome.grad_norm is not None:
+                metrics["reward_model/grad_norm"].append(outcome.grad_norm)
+            skipped += count_skip(role, outcome)
             metrics["reward_model/lr"].append(float(engine.get_lr()[0]))
         metrics["reward_model/skipped_steps"].append(float(skipped))
+        metrics["reward_model/consecutive_skipped_steps"].append(float(getattr(role, "consecutive_skipped", 0)))
         inv = torch.argsort(torch.cat(rows))
         out = DataProto.from_dict({"rm_scores": torch.cat(scores)[inv]})
         out.meta["metrics"] = dict(metrics)

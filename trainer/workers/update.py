@@ -4,13 +4,13 @@ Loss normalisation: every micro-batch loss is aggregated with the mini-batch's G
 sequences summed over its micro-batches and over data-parallel ranks; ``trainer.core_algos.agg_loss``), and
 multiplied by the data-parallel size because DeepSpeed averages gradients over data-parallel ranks. DeepSpeed
 runs with ``managed_gradient_accumulation: false``: each ``backward`` accumulates, and ``step`` is one
-optimizer step. The result equals one backward over the whole mini-batch (tested in tests/test_core_algos*).
+optimizer step. The result equals one backward over the whole mini-batch, for every loss_agg_mode (tested in
+tests/test_loss_normalisation.py). Logged metrics: see LOSS_METRICS below.
 With Ulysses SP the SP peers of a data-parallel rank hold the same rows; DeepSpeed averages over all
 dp*sp ranks and the gathered log-probs scale their gradient by sp (patches/ulysses.py), which nets out.
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import torch
@@ -18,6 +18,7 @@ import torch
 from trainer.protocol import DataProto
 from trainer.workers.base import reset_peak_memory, stage_peak_memory
 from trainer.workers.batching import global_count, micro_batches, mini_batch_rows
+from trainer.workers.step_guard import count_skip, guarded_backward, optimizer_step
 
 
 def _shuffle(data: DataProto, seed: int) -> DataProto:
@@ -25,12 +26,19 @@ def _shuffle(data: DataProto, seed: int) -> DataProto:
     return data.index(torch.randperm(len(data), generator=g))
 
 
-# Loss metrics whose micro-batch values are SHARES of the mini-batch loss (each micro-batch is aggregated with the
-# mini-batch's global counts and scaled by dp_size, see the module docstring): summed over the micro-batches of a
-# mini-batch they give this rank's share x dp_size, and the controller's mean over data-parallel ranks then gives
-# the mini-batch loss, independent of the micro-batch size. Other metrics (clip fractions, ppo_kl) are per
-# micro-batch means and are averaged.
-ADDITIVE_LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
+# How the per-micro-batch metric values of one mini-batch become ONE value per mini-batch and rank; the controller
+# then averages over data-parallel ranks (and mini-batches), trainer/ppo_trainer._reduce.
+# * LOSS_METRICS are the losses as optimised: each micro-batch value is aggregated with the mini-batch's global
+#   counts and scaled by dp_size (module docstring), so their sum over micro-batches, averaged over ranks, is the
+#   mini-batch loss under the configured loss_agg_mode.
+# * CONSTANT_METRICS are the same number in every micro-batch (a coefficient): averaged.
+# * every other metric is a per-token statistic: its micro-batch value is a mean over that micro-batch's valid
+#   tokens (entropy, clip fractions, approx-KL, value clip fraction, mean value; a policy loss's metrics by the
+#   registry's contract). It is weighted by the micro-batch's share of the mini-batch's valid tokens,
+#   ``value * tokens_mb / tokens_global * dp_size``, and summed: averaged over ranks that is the token mean over
+#   the whole mini-batch, whatever the loss_agg_mode, the micro-batch split and the data-parallel size.
+LOSS_METRICS = frozenset({"pg_loss", "kl_loss", "vf_loss"})
+CONSTANT_METRICS = frozenset({"kl_coef"})
 
 
 def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: float, kind: str) -> dict:
@@ -55,6 +63,7 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
     dyn = bool(cfg.get("use_dynamic_bsz", False))
     max_tok = int(cfg.get("ppo_max_token_len_per_gpu", 16384)) * role.sp_size
     agg_mode = cfg["loss_agg_mode"]
+    scale = loss_scale_factor(worker, cfg, data["response_mask"].shape[-1])
     skipped = 0
     for epoch in range(int(cfg["ppo_epochs"])):
         epoch_data = _shuffle(data, seed=epoch) if cfg.get("shuffle") else data
@@ -63,7 +72,7 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
             n_tok = global_count(mask.sum().item(), worker.device, role.dp_group)
             n_seq = global_count((mask.sum(-1) > 0).sum().item(), worker.device, role.dp_group)
             agg = dict(global_num_tokens=max(n_tok, 1.0), global_num_seqs=max(n_seq, 1.0), dp_size=role.dp_size,
-                       loss_scale_factor=float(mask.shape[-1]))
+                       loss_scale_factor=scale)
             finite = torch.ones((), dtype=torch.bool, device=worker.device)
             pending: dict[str, list] = defaultdict(list)  # this mini-batch's metric values, read once at its end
             for mb in micro_batches(mini, int(cfg["ppo_micro_batch_size_per_gpu"]), dyn, max_tok, role.dp_group):
@@ -71,47 +80,16 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                     loss, m = _actor_loss(role, mb, cfg, temperature, agg_mode, agg)
                 else:
                     loss, m = _critic_loss(role, mb, cfg, agg_mode, agg)
-                # a non-finite loss still runs backward (every rank must join the same collectives), as loss*NaN
-                # so that every gradient it touches is NaN (nan*0 is nan): the step below is then skipped by
-                # DeepSpeed's overflow check on all ranks, which also clears its gradient buffers. The factor (1 or
-                # NaN) is decided on the device, so there is no host sync per micro-batch (not torch.where: its
-                # unselected NaN branch would still send 0*NaN into the gradient).
-                ok_mb = torch.isfinite(loss.detach()).all()
-                finite = finite & ok_mb
-                factor = torch.where(ok_mb, 1.0, float("nan")).to(loss.dtype)
-                engine.backward(loss * factor, scale_wrt_gas=False)
+                finite = finite & guarded_backward(engine, loss)  # no host sync per micro-batch
+                token_share = float(mb["response_mask"].sum()) / max(n_tok, 1.0) * role.dp_size
                 for k, v in m.items():
-                    pending[k].append(v)
-            for k, vals in _read_metrics(pending).items():
-                if k in ADDITIVE_LOSS_METRICS:  # one value per mini-batch (see ADDITIVE_LOSS_METRICS)
-                    metrics[f"{kind}/{k}"].append(sum(vals))
-                else:
-                    metrics[f"{kind}/{k}"].extend(vals)
-            finite = _all_ranks_finite(finite, worker.device)
-            if finite:
-                engine.step()
-                gn = engine.get_global_grad_norm()
-                if gn is None:  # DeepSpeed keeps no norm for ZeRO-0 without bf16/fp16: the step was taken
-                    ok = True
-                else:
-                    ok = math.isfinite(float(gn))
-                    metrics[f"{kind}/grad_norm"].append(float(gn))
-            else:
-                ok = False
-                if engine.zero_optimization_stage() >= 1:
-                    # ZeRO keeps reduced gradients in its own buffers, which zero_grad() does not clear (the next
-                    # step would see the NaN); its overflow path skips the step and clears them
-                    skipped_before = engine.skipped_steps
-                    engine.step()
-                    if engine.skipped_steps == skipped_before:
-                        raise RuntimeError(f"{kind}: DeepSpeed applied an optimizer step although the loss was "
-                                           "not finite")
-                else:
-                    engine.zero_grad()
-            skipped += 0 if ok else 1
-            # the streak survives across training steps (kept on the role); the trainer stops the run when it
-            # reaches trainer.max_consecutive_skipped_steps
-            role.consecutive_skipped = 0 if ok else getattr(role, "consecutive_skipped", 0) + 1
+                    pending[k].append(v if k in LOSS_METRICS or k in CONSTANT_METRICS else v * token_share)
+            for k, vals in _read_metrics(pending).items():  # one value per mini-batch (see LOSS_METRICS)
+                metrics[f"{kind}/{k}"].append(sum(vals) / len(vals) if k in CONSTANT_METRICS else sum(vals))
+            outcome = optimizer_step(engine, finite, worker.device, kind)
+            if outcome.grad_norm is not None:
+                metrics[f"{kind}/grad_norm"].append(outcome.grad_norm)
+            skipped += count_skip(role, outcome)
             metrics[f"{kind}/lr"].append(float(engine.get_lr()[0]))
     metrics[f"{kind}/skipped_steps"].append(float(skipped))
     metrics[f"{kind}/consecutive_skipped_steps"].append(float(getattr(role, "consecutive_skipped", 0)))
@@ -120,8 +98,20 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
     return dict(metrics)
 
 
-def _all_ranks_finite(finite: torch.Tensor | bool, device) -> bool:
-    return global_count(0.0 if bool(finite) else 1.0, device) == 0.0
+def loss_scale_factor(worker, cfg: dict, width: int) -> float:
+    """The constant of ``seq-mean-token-sum-norm``: ``cfg["loss_scale_factor"]`` (verl's key), else the configured
+    ``actor_rollout_ref.rollout.response_length`` (verl's default, the padded response width), else ``width``.
+
+    Raises:
+        ValueError: a factor that is not a positive number.
+    """
+    factor = cfg.get("loss_scale_factor")
+    if factor is None:
+        rollout = ((getattr(worker, "config", None) or {}).get("actor_rollout_ref") or {}).get("rollout") or {}
+        factor = rollout.get("response_length", width)
+    if not float(factor) > 0:
+        raise ValueError(f"loss_scale_factor={factor!r}; expected a positive number")
+    return float(factor)
 
 
 def _read_metrics(pending: dict[str, list]) -> dict[str, list[float]]:
@@ -149,10 +139,9 @@ def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: st
     loss = pg_loss
     metrics = {"pg_loss": pg_loss.detach(), **pg_m}  # 0-d tensors: read once per mini-batch (_read_metrics)
     if entropy is not None:
-        ent = core_algos.agg_loss(entropy, mask, agg_mode, **agg)
-        metrics["entropy"] = ent.detach()
+        metrics["entropy"] = core_algos.masked_mean(entropy.detach(), mask)  # a token mean, not the loss term
         if entropy_coeff:
-            loss = loss - entropy_coeff * ent
+            loss = loss - entropy_coeff * core_algos.agg_loss(entropy, mask, agg_mode, **agg)
     if cfg.get("use_kl_loss"):
         ref = to_device(mb["ref_log_prob"], dev)
         kld = core_algos.kl_penalty(log_prob, ref, cfg["kl_loss_type"])

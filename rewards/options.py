@@ -1,0 +1,138 @@
+"""Scorer options: the keyword options a scorer takes, checked against its signature before training starts.
+
+A scorer's options are its named keyword parameters other than the ones the reward manager passes itself
+(``solution_str``, ``ground_truth``, ``extra_info``, ``data_source``). An option the scorer does not name is
+refused (instead of being passed into a ``**kwargs`` that drops it, so that e.g. ``method=flexible`` would
+change nothing); a scorer that declares ``**kwargs`` itself takes any option. Values are checked against the
+parameter's annotation where it is one of ``Literal[...]``, ``float``, ``int``, ``bool``, ``str`` (or a union of
+these, e.g. ``float | None``); other annotations are not checked.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from typing import Any, Callable, Literal, Mapping
+
+from rewards.registry import wants_data_source
+
+__all__ = ["PASSED_BY_MANAGER", "takes_extra_info", "scorer_label", "scorer_options", "check_scorer_options"]
+
+# parameters the reward manager fills itself; they are not options
+PASSED_BY_MANAGER = ("solution_str", "ground_truth", "extra_info", "data_source")
+
+
+def _signature(fn: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function without a signature
+        return None
+
+
+def _has_var_keyword(sig: inspect.Signature) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def takes_extra_info(fn: Callable) -> bool:
+    """True if ``fn`` can be called with ``extra_info=`` (a parameter of that name, ``**kwargs``, or no
+    readable signature); the reward manager passes the row's ``extra_info`` only then."""
+    sig = _signature(fn)
+    if sig is None or _has_var_keyword(sig):
+        return True
+    p = sig.parameters.get("extra_info")
+    return p is not None and p.kind is not p.POSITIONAL_ONLY
+
+
+def scorer_label(fn: Callable, name: str | None = None) -> str:
+    """How errors name a scorer: the registry name (or data_source value) and the function's qualified name."""
+    qual = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    return f"{name!r} ({qual})" if name else qual
+
+
+def scorer_options(fn: Callable) -> tuple[list[str], bool]:
+    """The option names ``fn`` takes (sorted) and whether it also takes any other option (``**kwargs``)."""
+    sig = _signature(fn)
+    if sig is None:
+        return [], True
+    names = sorted(p.name for p in sig.parameters.values()
+                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in PASSED_BY_MANAGER)
+    return names, _has_var_keyword(sig)
+
+
+def _matches(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` fits the annotation ``hint``; None when the annotation is not one we check."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        results = [_matches(value, h) for h in typing.get_args(hint)]
+        return None if None in results else any(results)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return None
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _check_values(fn: Callable, options: Mapping[str, Any], label: str) -> None:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: the values are not checked
+        return
+    for key, value in options.items():
+        if key in hints and _matches(value, hints[key]) is False:
+            raise ValueError(f"scorer option {key}={value!r} for scorer {label}: expected {_describe(hints[key])}")
+
+
+def check_scorer_options(fn: Callable, options: Mapping[str, Any], name: str | None = None) -> None:
+    """Check that the reward manager's call ``fn(solution_str, ground_truth, [extra_info=...], **options)`` (or,
+    for verl's signature with ``data_source``, the same by keyword) fits ``fn``'s signature.
+
+    Args:
+        fn: the scorer.
+        options: the scorer options (``reward_model.scorer_kwargs`` and
+            ``reward_model.custom_reward_function.reward_kwargs``).
+        name: the registry name or data_source value the scorer was found under, for the message.
+
+    Raises:
+        TypeError: an option the scorer does not take (naming the option, the scorer and the options it
+            takes), an option that the reward manager passes itself, or a scorer whose required parameters
+            the call leaves unfilled.
+        ValueError: an option value outside the parameter's annotation (e.g. ``method='fuzzy'`` for
+            ``Literal["strict", "flexible"]``).
+    """
+    label = scorer_label(fn, name)
+    reserved = sorted(set(options) & set(PASSED_BY_MANAGER))
+    if reserved:
+        raise TypeError(f"scorer option {reserved[0]!r} for scorer {label} is passed by the reward manager "
+                        "itself; remove it from the scorer options")
+    sig = _signature(fn)
+    if sig is None:
+        return
+    takes, any_option = scorer_options(fn)
+    unknown = [] if any_option else sorted(set(options) - set(takes))
+    if unknown:
+        raise TypeError(f"scorer option {unknown[0]!r} is not taken by scorer {label}; it takes "
+                        f"{takes or 'no options'}")
+    extra = {"extra_info": None} if takes_extra_info(fn) else {}
+    try:
+        if wants_data_source(fn):
+            sig.bind(data_source="", solution_str="", ground_truth="", **extra, **options)
+        else:
+            sig.bind("", "", **extra, **options)
+    except TypeError as exc:
+        raise TypeError(f"scorer {label} cannot be called as fn(solution_str, ground_truth, "
+                        f"extra_info=..., **options) with options {sorted(options)}: {exc}") from None
+    _check_values(fn, options, label)

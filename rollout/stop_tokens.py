@@ -1,0 +1,125 @@
+"""The one set of token ids that end a response.
+
+Chat models often end a turn with a token other than the tokenizer's EOS: Llama-3-Instruct writes
+``<|eot_id|>`` (its ``generation_config.eos_token_id`` is a list of three ids), Gemma-2-it ``<end_of_turn>``,
+ChatML models ``<|im_end|>``. A rollout that stops only at ``tokenizer.eos_token_id`` runs such models to the
+length limit and trains on (and scores) whatever follows the end of the turn. :func:`resolve_stop_token_ids`
+joins every source of "this ends the response", and every engine, the response mask, the reward placement,
+the truncation flag and the length metrics use its result.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable, Sequence
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["resolve_stop_token_ids", "chat_end_of_turn_id", "as_id_list"]
+
+_MARK = "\u2063dsrl-end-of-turn-probe\u2063"
+
+
+def as_id_list(value: Any) -> list[int]:
+    """``None`` -> ``[]``, an int -> ``[int]``, an iterable of ints -> a list (order kept, duplicates dropped).
+
+    Raises:
+        ValueError: an entry that is not an integer (or is negative).
+    """
+    if value is None:
+        return []
+    items = [value] if isinstance(value, int) or not isinstance(value, Iterable) or isinstance(value, str) \
+        else list(value)
+    out = []
+    for v in items:
+        try:
+            i = int(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"stop token id {v!r} is not an integer") from None
+        if i < 0 or (isinstance(v, float) and v != i):
+            raise ValueError(f"stop token id {v!r} must be a non-negative integer")
+        out.append(i)
+    return list(dict.fromkeys(out))
+
+
+def chat_end_of_turn_id(tokenizer) -> int | None:
+    """The special token that the chat template writes right after an assistant message, or None.
+
+    Renders ``[user, assistant]`` with ``tokenizer.apply_chat_template`` and a probe text as the assistant's
+    content, tokenizes what follows the probe, and returns the first id there that is a special (or added)
+    token: ``<|eot_id|>`` for Llama-3, ``<end_of_turn>`` for Gemma-2, ``<|im_end|>`` for ChatML. None when the
+    tokenizer has no chat template, the template cannot render that conversation, or no special token follows.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    msgs = [{"role": "user", "content": "1"}, {"role": "assistant", "content": _MARK}]
+    try:
+        text = tokenizer.apply_chat_template(msgs, tokenize=False)
+    except Exception as exc:  # a template may refuse this shape (e.g. it wants a system turn); then no id
+        logger.debug("chat template did not render a probe conversation: %s", exc)
+        return None
+    if not isinstance(text, str) or _MARK not in text:
+        return None
+    tail = text.split(_MARK, 1)[1]
+    if not tail:
+        return None
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special.update(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    for tid in tokenizer(tail, add_special_tokens=False)["input_ids"]:
+        if int(tid) in special:
+            return int(tid)
+    return None
+
+
+def _generation_config_eos(model_path: str | None) -> list[int]:
+    if not model_path or not os.path.isfile(os.path.join(model_path, "generation_config.json")):
+        return []
+    from transformers import GenerationConfig
+
+    try:
+        return as_id_list(GenerationConfig.from_pretrained(model_path).eos_token_id)
+    except (OSError, ValueError) as exc:
+        logger.warning("could not read %s/generation_config.json: %s", model_path, exc)
+        return []
+
+
+def resolve_stop_token_ids(tokenizer, hf_config=None, model_path: str | None = None,
+                           extra: Sequence[int] | None = None) -> list[int]:
+    """Every token id that ends a response, in a fixed order (first: the tokenizer's EOS).
+
+    Sources, joined: ``tokenizer.eos_token_id``; ``hf_config.eos_token_id`` (int or list);
+    ``generation_config.json``'s ``eos_token_id`` in ``model_path`` (int or list); the chat template's
+    end-of-turn token (:func:`chat_end_of_turn_id`); ``extra`` (the config key
+    ``actor_rollout_ref.rollout.stop_token_ids``).
+
+    Args:
+        tokenizer: a HF tokenizer.
+        hf_config: the model's ``PretrainedConfig`` (or None).
+        model_path: the model folder (for ``generation_config.json``), or None.
+        extra: more stop ids from the config.
+
+    Returns:
+        list[int], non-empty, without duplicates.
+
+    Raises:
+        ValueError: no source gives any id, an ``extra`` entry is not a non-negative integer, or an id is
+            outside the tokenizer's vocabulary.
+    """
+    ids = as_id_list(getattr(tokenizer, "eos_token_id", None))
+    ids += as_id_list(getattr(hf_config, "eos_token_id", None)) if hf_config is not None else []
+    ids += _generation_config_eos(model_path)
+    eot = chat_end_of_turn_id(tokenizer)
+    ids += [eot] if eot is not None else []
+    ids += as_id_list(list(extra or []))
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        raise ValueError("no stop token: the tokenizer has no eos_token_id, the model config none, and "
+                         "actor_rollout_ref.rollout.stop_token_ids is empty; set one of them")
+    vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    if hf_config is not None and getattr(hf_config, "vocab_size", None):
+        vocab = max(vocab or 0, int(hf_config.vocab_size))
+    bad = [i for i in ids if vocab is not None and i >= vocab]
+    if bad:
+        raise ValueError(f"stop token ids {bad} are outside the vocabulary (size {vocab}); check "
+                         "actor_rollout_ref.rollout.stop_token_ids and the model's eos_token_id")
+    return ids

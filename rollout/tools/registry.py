@@ -1,0 +1,122 @@
+"""Tools from config: ``rollout.multi_turn.tools`` entries and verl-style ``tool_config_path`` files.
+
+An entry is one of
+
+* a built-in name: ``python`` (:class:`rollout.tools.python_tool.PythonTool`) or ``calculator``
+  (:class:`rollout.tools.calculator.CalculatorTool`);
+* ``"pkg.module:ClassName"`` (or ``"pkg.module.ClassName"``): a :class:`rollout.tools.base.Tool` subclass (or a
+  callable returning a ``Tool``) importable from ``PYTHONPATH``;
+* a mapping ``{"class_name": <one of the above>, "config": {...}}``: ``config`` is passed as keyword arguments;
+  an optional ``tool_schema: {function: {name, description, parameters}}`` (verl's layout) overrides the tool's
+  own name, description and parameters.
+
+``tool_config_path`` names a YAML file ``{"tools": [<entry>, ...]}`` (verl's file layout; the classes must be
+this project's ``Tool`` subclasses).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Iterable, Mapping
+
+from rollout.tools.base import Tool
+
+__all__ = ["BUILTIN_TOOLS", "resolve_tools", "load_tool_config", "build_tool"]
+
+BUILTIN_TOOLS = {"python": "rollout.tools.python_tool:PythonTool",
+                 "calculator": "rollout.tools.calculator:CalculatorTool"}
+_ENTRY_KEYS = {"class_name", "config", "tool_schema"}
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers -> plain dicts/lists (other values unchanged)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return value
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _import_target(ref: str):
+    target = BUILTIN_TOOLS.get(ref, ref)
+    if ":" in target:
+        module_name, _, attr = target.partition(":")
+    elif "." in target:
+        module_name, _, attr = target.rpartition(".")
+    else:
+        raise ValueError(f"unknown tool {ref!r}; expected a built-in ({sorted(BUILTIN_TOOLS)}) or "
+                         "'pkg.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"tool {ref!r}: cannot import module {module_name!r} ({exc})") from exc
+    if not hasattr(module, attr):
+        raise ValueError(f"tool {ref!r}: module {module_name!r} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+def build_tool(entry: Any) -> Tool:
+    """One :class:`Tool` from a config entry (see the module docstring).
+
+    Raises:
+        ValueError: unknown name, unimportable module, missing class, unknown entry keys, or a bad schema
+            override; TypeError: the target does not produce a ``Tool``.
+    """
+    entry = _plain(entry)
+    if isinstance(entry, str):
+        ref, kwargs, schema = entry, {}, None
+    elif isinstance(entry, Mapping):
+        extra = set(entry) - _ENTRY_KEYS
+        if extra or "class_name" not in entry:
+            raise ValueError(f"tool entry {entry!r}: expected keys {sorted(_ENTRY_KEYS)} with class_name set")
+        ref, kwargs, schema = str(entry["class_name"]), dict(entry.get("config") or {}), entry.get("tool_schema")
+    else:
+        raise ValueError(f"tool entry {entry!r}: expected a name, 'pkg.module:ClassName' or a mapping")
+    target = _import_target(ref)
+    tool = target(**kwargs)
+    if not isinstance(tool, Tool):
+        raise TypeError(f"tool {ref!r} produced a {type(tool).__name__}, expected a rollout.tools.base.Tool")
+    if schema:
+        fn = schema.get("function", schema)
+        tool.name = fn.get("name", tool.name)
+        tool.description = fn.get("description", tool.description)
+        tool.parameters = fn.get("parameters", tool.parameters)
+        tool._check_definition()
+    return tool
+
+
+def load_tool_config(path: str) -> list:
+    """The ``tools`` list of a YAML tool config file. Raises ValueError for a missing file or another layout."""
+    import os
+
+    import yaml
+
+    if not os.path.isfile(path):
+        raise ValueError(f"rollout.multi_turn.tool_config_path={path!r} is not a file")
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
+        raise ValueError(f"{path}: expected a mapping with a list under 'tools', got {type(data).__name__}")
+    return data["tools"]
+
+
+def resolve_tools(entries: Iterable[Any] | None, tool_config_path: str | None = None) -> dict[str, Tool]:
+    """Build the tools of ``entries`` plus those of ``tool_config_path``; returns ``{name: tool}``.
+
+    Raises:
+        ValueError: a bad entry (see :func:`build_tool`), two tools with the same name, or no tool at all.
+    """
+    items = list(_plain(entries) or [])
+    if tool_config_path:
+        items += load_tool_config(tool_config_path)
+    tools: dict[str, Tool] = {}
+    for entry in items:
+        tool = build_tool(entry)
+        if tool.name in tools:
+            raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
+        tools[tool.name] = tool
+    if not tools:
+        raise ValueError("rollout.multi_turn.enable=True but no tool is configured; set "
+                         "rollout.multi_turn.tools (e.g. [python]) or rollout.multi_turn.tool_config_path")
+    return tools

@@ -1,0 +1,140 @@
+"""Offline export (tools/export_hf.py) of every role that saves, as the workers save it (case P29).
+
+A critic (value head on a tied or untied backbone) saved by the critic worker at ZeRO 0/2/3 exports offline,
+reloads as ``AutoModelForTokenClassification`` and equals the worker's online export; the saved and exported
+``config.json`` name the class that was trained; a bf16 export has bf16 tensors and ``dtype: bfloat16``; the PRM (a
+causal LM on a tied backbone) exports with ``lm_head`` equal to ``embed_tokens``. One process, gloo, world size 1.
+"""
+import json
+import os
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("deepspeed")
+transformers = pytest.importorskip("transformers")
+from safetensors import safe_open  # noqa: E402
+
+from tools.export_hf import export_checkpoint  # noqa: E402
+
+
+def _backbone(root, tie, seed=0):
+    from trainer import embedded
+
+    tok = embedded.build_tokenizer()
+    torch.manual_seed(seed)
+    conf = embedded.tiny_model_config(len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=tie)
+    path = os.path.join(root, f"backbone_{'tied' if tie else 'untied'}_{seed}")
+    transformers.AutoModelForCausalLM.from_config(conf).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _config(path, stage, ref_path=None):
+    return {"trainer": {"cpus_per_worker": 1, "total_training_steps": 2},
+            "deepspeed": {"zero_stage": stage, "bf16": False, "optimizer": "torch_adamw"},
+            "data": {"train_batch_size": 2},
+            "actor_rollout_ref": {"model": {"path": path, "use_remove_padding": True}, "rollout": {"n": 2}},
+            "critic": {"model": {"path": path}, "optim": {"lr": 1e-3, "total_training_steps": -1}, "grad_clip": 1.0,
+                       "ulysses_sequence_parallel_size": 1, "ppo_micro_batch_size_per_gpu": 2,
+                       "ppo_mini_batch_size": 2, "ppo_epochs": 1},
+            "reward_model": {"model": {"path": path, "ref_path": ref_path or path, "beta_train": 0.5,
+                                       "optim": {"lr": 1e-3, "grad_clip": 10.0}},
+                             "mini_batch_size": 2, "micro_batch_size_per_gpu": 2, "ulysses_sequence_parallel_size": 1}}
+
+
+def _tensors(folder):
+    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _config_json(folder):
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _ids(vocab):
+    return torch.randint(1, vocab, (2, 7), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("tie", [True, False])
+def test_p29_critic_checkpoint_exports_offline_like_online(tmp_path, stage, tie):
+    from trainer.workers.critic import CriticWorker
+
+    path = _backbone(str(tmp_path), tie)
+    w = CriticWorker(_config(path, stage), 0, 1, device="cpu", role="critic")
+    w.init_model()
+    role_dir = str(tmp_path / "global_step_1" / "critic")
+    w.save_checkpoint(role_dir)
+    saved = _config_json(os.path.join(role_dir, "huggingface"))
+    assert saved["architectures"] == ["LlamaForTokenClassification"]
+    assert transformers.AutoConfig.from_pretrained(os.path.join(role_dir, "huggingface")).num_labels == 1
+    online = str(tmp_path / "online")
+    w.export_hf(online)
+    offline = export_checkpoint(role_dir, str(tmp_path / "offline"))
+    a, b = _tensors(online), _tensors(offline)
+    assert set(a) == set(b) and any(k.startswith("score.") for k in a)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    vocab = saved["vocab_size"]
+    logits = []
+    for folder in (online, offline):
+        assert _config_json(folder)["architectures"] == ["LlamaForTokenClassification"]
+        model = transformers.AutoModelForTokenClassification.from_pretrained(folder).eval()
+        with torch.no_grad():
+            logits.append(model(_ids(vocab)).logits)
+    assert logits[0].shape == (2, 7, 1) and torch.equal(logits[0], logits[1])
+    bf16 = export_checkpoint(role_dir, str(tmp_path / "bf16"), dtype="bfloat16")
+    assert {t.dtype for t in _tensors(bf16).values()} == {torch.bfloat16}
+    assert _config_json(bf16)["dtype"] == "bfloat16"
+    assert transformers.AutoModelForTokenClassification.from_pretrained(bf16).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_p29_prm_tied_causal_lm_exports_with_lm_head_equal_to_embeddings(tmp_path, stage):
+    from trainer.workers.prm import PRMWorker
+
+    path, ref = _backbone(str(tmp_path), True), _backbone(str(tmp_path), True, seed=1)
+    w = PRMWorker(_config(path, stage, ref_path=ref), 0, 1, device="cpu", role="prm")
+    w.init_model()
+    role_dir = str(tmp_path / "global_step_1" / "reward")
+    w.save_checkpoint(role_dir)
+    assert _config_json(os.path.join(role_dir, "huggingface"))["architectures"] == ["LlamaForCausalLM"]
+    online = str(tmp_path / "online")
+    w.export_hf(online)
+    for dtype, name in ((None, "float32"), ("bfloat16", "bfloat16")):
+        out = export_checkpoint(role_dir, str(tmp_path / f"offline_{name}"), dtype=dtype)
+        assert _config_json(out)["dtype"] == name
+        assert {t.dtype for t in _tensors(out).values()} == {getattr(torch, name)}
+        model = transformers.AutoModelForCausalLM.from_pretrained(out)
+        assert model.dtype == getattr(torch, name)
+        assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(online)
+    offline = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "offline_float32"))
+    for (n, p), (m, q) in zip(reference.named_parameters(), offline.named_parameters()):
+        assert n == m and torch.equal(p, q), n
+
+
+def test_p29_critic_saved_with_the_actors_architectures_still_exports(tmp_path):
+    """A critic checkpoint whose ``huggingface/config.json`` names the causal LM (as written before the saved
+    config followed the trained class): the exporter takes the head from the weights."""
+    from trainer.workers.critic import CriticWorker
+
+    path = _backbone(str(tmp_path), False)
+    w = CriticWorker(_config(path, 2), 0, 1, device="cpu", role="critic")
+    w.init_model()
+    role_dir = str(tmp_path / "global_step_1" / "critic")
+    w.save_checkpoint(role_dir)
+    cfg_file = os.path.join(role_dir, "huggingface", "config.json")
+    cfg = _config_json(os.path.join(role_dir, "huggingface"))
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    with open(cfg_file, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    out = export_checkpoint(role_dir, str(tmp_path / "offline"))
+    assert _config_json(out)["architectures"] == ["LlamaForTokenClassification"]
+    model = transformers.AutoModelForTokenClassification.from_pretrained(out)
+    assert model.config.num_labels == 1

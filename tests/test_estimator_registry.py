@@ -1,0 +1,127 @@
+"""Estimator traits live in the registry; the config checks and the trainer ask it (case P31)."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_launch_checks import _cfg
+from trainer import adv_inputs, core_algos as ca
+from trainer.launch import ConfigError, resolve_config, validate
+from trainer.protocol import DataProto
+
+
+def test_traits_of_the_built_in_estimators():
+    specs = ca.ADV_ESTIMATOR_SPECS
+    assert {k for k, s in specs.items() if s.needs_critic} == {"gae"}
+    assert {k for k, s in specs.items() if s.group_based} >= {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline",
+                                                              "opo", "grpo_passk", "optimal_token_baseline"}
+    assert specs["remax"].inputs == ("reward_baselines",) and specs["gae"].inputs == ("values",)
+    assert specs["grpo"].config_kwargs == ("norm_adv_by_std_in_grpo",)
+    assert set(specs) == set(ca.ADV_ESTIMATOR_REGISTRY)
+
+
+def test_unknown_names_list_every_registered_name():
+    with pytest.raises(ConfigError) as exc:
+        validate(_cfg("algorithm.adv_estimator=grpoo"))
+    assert all(repr(name) in str(exc.value) for name in ca.ADV_ESTIMATOR_REGISTRY)
+    with pytest.raises(ConfigError) as exc:
+        validate(_cfg("actor_rollout_ref.actor.policy_loss.loss_mode=ppo"))
+    assert "policy_loss.loss_mode='ppo'" in str(exc.value)
+    assert all(repr(name) in str(exc.value) for name in ca.POLICY_LOSS_REGISTRY)
+
+
+def test_p31_estimator_whose_input_no_stage_makes_is_refused_naming_it():
+    with pytest.raises(ConfigError, match=r"optimal_token_baseline needs the batch column\(s\) \['sum_pi_squared'\]"):
+        validate(_cfg("algorithm.adv_estimator=optimal_token_baseline"))
+    with pytest.raises(ConfigError, match="gae needs a critic.*critic.enable=false"):
+        validate(_cfg("algorithm=gae", "critic.enable=false"))
+    validate(_cfg("algorithm.adv_estimator=remax"))      # its input has a producer: the greedy baseline rollout
+    validate(_cfg("algorithm=gae"))                      # critic.enable null: on for an estimator needing one
+    assert resolve_config(_hydra("algorithm=gae"))["critic"]["enable"] is True
+    assert resolve_config(_hydra("algorithm=grpo"))["critic"]["enable"] is False
+
+
+def _hydra(*overrides):
+    import os
+
+    from hydra import compose, initialize_config_dir
+
+    from tests.e2e_utils import ROOT
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
+        return compose("ppo_trainer", overrides=list(overrides))
+
+
+def test_p31_new_estimator_with_a_new_input_is_one_entry_plus_one_function():
+    """A test-only estimator whose baseline is the response length: its input and producer are declared in its
+    registry entry; the config check accepts it, the trainer's input stage makes the column, and
+    compute_advantage passes it."""
+    @ca.register_adv_est("unit_test_length_baseline",
+                         inputs={"response_lengths": lambda trainer, batch: batch["response_mask"].sum(-1)})
+    def length_baseline(token_level_rewards, response_mask, index=None, response_lengths=None, **kwargs):
+        adv = (token_level_rewards.sum(-1) - response_lengths)[:, None] * response_mask
+        return adv, adv
+
+    try:
+        validate(_cfg("algorithm.adv_estimator=unit_test_length_baseline"))
+        spec = ca.get_adv_estimator_spec("unit_test_length_baseline")
+        r = torch.tensor([[0.0, 3.0], [0.0, 1.0]])
+        batch = DataProto.from_dict({"token_level_rewards": r, "response_mask": torch.tensor([[1.0, 1], [1, 0]])})
+        timing = {}
+        adv_inputs.produce_inputs(None, batch, spec, timing)
+        ca.compute_advantage(batch, "unit_test_length_baseline")
+        assert batch["advantages"].tolist() == [[1.0, 1.0], [0.0, 0.0]]   # score - length: 3 - 2, 1 - 1
+        assert "adv_inputs/response_lengths" in timing
+    finally:
+        ca.ADV_ESTIMATOR_REGISTRY.pop("unit_test_length_baseline")
+        ca.ADV_ESTIMATOR_SPECS.pop("unit_test_length_baseline")
+
+
+def test_p31_input_without_producer_fails_with_its_name():
+    spec = ca.EstimatorSpec("x", lambda *a, **k: None, inputs=("nothing_makes_this",))
+    with pytest.raises(ValueError, match="needs the batch column 'nothing_makes_this'"):
+        adv_inputs.produce_inputs(None, DataProto.from_dict({"response_mask": torch.ones(1, 1)}), spec)
+    with pytest.raises(ValueError, match=r"remax' needs the batch column\(s\) \['reward_baselines'\]"):
+        ca.compute_advantage(DataProto.from_dict({"token_level_rewards": torch.ones(1, 1),
+                                                  "response_mask": torch.ones(1, 1)}), "remax")
+
+
+class _FakeActorGroup:
+    def __init__(self):
+        self.calls = []
+
+    def dispatch_all(self, method, prompts):
+        """Greedy 'generation': the response is the prompt's last token (a stand-in for the engine)."""
+        self.calls.append((method, prompts))
+        last = prompts["input_ids"][:, -1:]
+        return DataProto.from_dict({"responses": last, "response_mask": torch.ones_like(last).float()},
+                                   dict(prompts.non_tensor))
+
+
+def test_p31_remax_baseline_is_one_greedy_rollout_per_prompt_scored_by_the_same_reward():
+    # 3 prompts x 2 samples, rows interleaved by uid; the prompt's last token is 10 + prompt number
+    uids = ["p0", "p1", "p0", "p2", "p1", "p2"]
+    last = torch.tensor([10, 11, 10, 12, 11, 12])
+    prompts = torch.stack([torch.tensor([0, 1, int(t)]) for t in last])
+    batch = DataProto.from_dict({"prompts": prompts, "attention_mask": torch.ones(6, 5, dtype=torch.long),
+                                 "response_mask": torch.ones(6, 2)}, {"uid": uids, "data_source": ["d"] * 6})
+    scored = []
+
+    def reward_fn(rows):
+        scored.append(rows)
+        return SimpleNamespace(token_level_scores=rows["responses"].float() * 0.5)
+
+    trainer = SimpleNamespace(actor_wg=_FakeActorGroup(), reward_fn=reward_fn, world=2, global_step=3)
+    spec = ca.get_adv_estimator_spec("remax")
+    adv_inputs.produce_inputs(trainer, batch, spec)
+    assert batch["reward_baselines"].tolist() == [5.0, 5.5, 5.0, 6.0, 5.5, 6.0]
+    (method, sent), = trainer.actor_wg.calls
+    assert method == "generate_sequences" and sent.meta["greedy"] is True
+    assert len(sent) == 4 and sent["uid"].tolist()[:3] == ["p0", "p1", "p2"]  # one per prompt, padded to 2 workers
+    assert sent["input_ids"].shape == (4, 3) and sent["attention_mask"].shape == (4, 3)  # the prompt part only
+    assert len(scored) == 1 and len(scored[0]) == 3                                     # padding dropped
+    batch["token_level_rewards"] = torch.tensor([[0.0, 1.0]] * 6)
+    ca.compute_advantage(batch, "remax")
+    assert torch.equal(batch["advantages"], batch["returns"] - batch["reward_baselines"][:, None])
+

@@ -1,0 +1,175 @@
+"""Per-side summaries, ratios, the markdown table and the step-split plot of ``tools/bench/vs_trl.py``.
+
+A side's run gives one record per optimizer step: ``step_s`` (wall seconds), ``gen_tokens`` (response tokens
+generated, EOS included), ``prompt_tokens`` (prompt tokens of the same rows), ``rows`` and ``split_s`` (stage ->
+seconds). :func:`summarize` averages the timed steps (step 1, which holds compilation and warm-up, is left out
+when there is more than one step):
+
+- samples/s = ``batch * n`` / mean step seconds;
+- generated tokens/s = mean generated tokens per step / mean step seconds;
+- trained tokens/s = mean (prompt + generated) tokens per step / mean step seconds (the tokens the actor's
+  forward and backward run over, once per step here: one PPO epoch);
+- ``split_s``: mean seconds per stage, and ``other`` = mean step seconds - the stages' sum;
+- ``update_mfu``: ``trainer.metric_utils.compute_mfu`` of the ``update`` stage over the step's trained tokens,
+  each row taken at the mean row length (prompt + response), against ``peak_flops`` (989e12: H100/H200 dense
+  bf16); the attention term uses the mean length, so it is approximate.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+__all__ = ["STAGES", "ours_steps", "summarize", "update_mfu", "ratios", "markdown", "plot_split"]
+
+# stage order of the table and the plot (a side lacking one shows "-")
+STAGES = ("gen", "weight_sync", "wake_up", "sleep", "old_log_prob", "ref", "reward", "adv", "update")
+# trainer/ppo_trainer.py timer -> bench stage; other timers keep their names
+_OURS_STAGE = {"update_actor": "update"}
+_OURS_NOT_STAGES = {"step", "testing", "save_checkpoint"}
+
+
+def ours_steps(metrics: list[dict], rows: int) -> list[dict]:
+    """Step records from this project's ``metrics.jsonl`` lines (those with ``timing_s/step``).
+
+    ``gen_tokens`` = ``response_length/mean * rows``, ``prompt_tokens`` = ``prompt_length/mean * rows``;
+    ``split_s`` from the ``timing_s/<timer>`` keys (``update_actor`` -> ``update``; ``step``, ``testing`` and
+    ``save_checkpoint`` are not stages). ``gen`` covers the weight sync, the engine's wake-ups and its sleep, which
+    the trainer does not time apart. ``peak_torch_allocated_gib`` / ``_reserved_gib``: the largest
+    ``perf/max_memory_{allocated,reserved}_gb/<stage>`` of the step (None when absent, e.g. on CPU)."""
+    out = []
+    for m in metrics:
+        if "timing_s/step" not in m:
+            continue
+        split = {_OURS_STAGE.get(k[9:], k[9:]): float(v) for k, v in m.items()
+                 if k.startswith("timing_s/") and k[9:] not in _OURS_NOT_STAGES}
+        mem = {kind: [v for k, v in m.items() if k.startswith(f"perf/max_memory_{kind}_gb/")]
+               for kind in ("allocated", "reserved")}
+        out.append(dict(step_s=float(m["timing_s/step"]), rows=rows,
+                        gen_tokens=float(m.get("response_length/mean", float("nan"))) * rows,
+                        prompt_tokens=float(m.get("prompt_length/mean", float("nan"))) * rows, split_s=split,
+                        reward=m.get("critic/score/mean"),
+                        peak_torch_allocated_gib=max(mem["allocated"], default=None),
+                        peak_torch_reserved_gib=max(mem["reserved"], default=None)))
+    return out
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def summarize(side: str, steps: list[dict], samples_per_step: int, wall: float) -> dict:
+    """The side's row (see the module docstring). Raises ValueError when ``steps`` is empty."""
+    if not steps:
+        raise ValueError(f"{side}: no step records (did the run train any step?)")
+    used = steps[1:] if len(steps) > 1 else steps
+    mean = _mean(s["step_s"] for s in used)
+    gen = _mean(s["gen_tokens"] for s in used)
+    trained = gen + _mean(s["prompt_tokens"] for s in used)
+    rows = _mean(s["rows"] for s in used)
+    names = list(STAGES) + sorted({k for s in used for k in s["split_s"]} - set(STAGES))
+    split = {k: _mean(s["split_s"].get(k, 0.0) for s in used) for k in names
+             if any(k in s["split_s"] for s in used)}
+    split["other"] = mean - sum(split.values())
+    return dict(side=side, steps=len(steps), timed_steps=len(used), mean_step_s=mean, rows_per_step=rows,
+                samples_per_s=samples_per_step / mean, gen_tokens_per_step=gen, gen_tokens_per_s=gen / mean,
+                trained_tokens_per_step=trained, trained_tokens_per_s=trained / mean,
+                response_len_mean=gen / rows if rows else float("nan"), split_s=split,
+                first_step_s=steps[0]["step_s"], process_wall_s=wall, step_seconds=[s["step_s"] for s in steps])
+
+
+def update_mfu(hf_config, row: dict, peak_flops: float = 989e12) -> float | None:
+    """MFU of the row's ``update`` stage (module docstring); None without an update time or tokens."""
+    from trainer.metric_utils import compute_mfu
+
+    t, tokens, n_rows = row["split_s"].get("update"), row.get("trained_tokens_per_step"), row.get("rows_per_step")
+    if not t or t <= 0 or not tokens or not n_rows or not math.isfinite(tokens):
+        return None
+    length = tokens / n_rows
+    return compute_mfu(hf_config, int(tokens), [length] * int(n_rows), t, 1, peak_flops)
+
+
+def ratios(rows: list[dict]) -> dict[str, float]:
+    """``"<ours side>/<trl side>"`` -> ratio of samples/s, for every pair of sides that ran."""
+    ok = [r for r in rows if r.get("samples_per_s") is not None and not r.get("error")]
+    return {f"{o['side']}/{t['side']}": o["samples_per_s"] / t["samples_per_s"]
+            for o in ok if o["framework"] == "ours" for t in ok if t["framework"] == "trl"}
+
+
+def _f(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def _stage_columns(rows: list[dict]) -> list[str]:
+    """Stages present in any row: :data:`STAGES` order, then other timers by name, then ``other``."""
+    seen = {k for r in rows for k in r.get("split_s", {})}
+    return [s for s in STAGES if s in seen] + sorted(seen - set(STAGES) - {"other"}) + ["other"] * ("other" in seen)
+
+
+def markdown(doc: dict) -> str:
+    """Two markdown tables (throughput and memory; mean step split in seconds) and the ratios of ``doc``."""
+    rows = doc["results"]
+    head = ("| side | engine | timed steps | step (s) | samples/s | generated tokens/step | generated tokens/s | "
+            "trained tokens/s | peak GPU used (GiB) | peak torch allocated (GiB) | update MFU |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['side']} | {r.get('engine', '-')} | failed: {r['error'][:80]} |")
+            continue
+        mfu = r.get("update_mfu")
+        lines.append("| " + " | ".join([r["side"], r["engine"], str(r["timed_steps"]), _f(r["mean_step_s"]),
+                                         _f(r["samples_per_s"]), _f(r["gen_tokens_per_step"]),
+                                         _f(r["gen_tokens_per_s"]), _f(r["trained_tokens_per_s"]),
+                                         _f(r.get("peak_gpu_used_gib")), _f(r.get("peak_torch_allocated_gib")),
+                                         "-" if mfu is None else f"{100 * mfu:.1f}%"]) + " |")
+    cols = _stage_columns([r for r in rows if not r.get("error")])
+    lines += ["", "| side | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for r in rows:
+        if not r.get("error"):
+            lines.append(f"| {r['side']} | " + " | ".join(_f(r["split_s"].get(c), 3) for c in cols) + " |")
+    for k, v in doc.get("ratios", {}).items():
+        lines.append(f"\n{k} samples/s: **{v:.2f}x**")
+    return "\n".join(lines) + "\n"
+
+
+def plot_split(doc: dict, path: str) -> str | None:
+    """A PNG at ``path``: one stacked horizontal bar per side, the mean step seconds split by stage. Returns
+    ``path``, or None when matplotlib is absent or no side has a split."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in doc["results"] if not r.get("error") and r.get("split_s")]
+    if not rows:
+        return None
+    names = _stage_columns(rows)
+    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.55 * len(rows)))
+    cmap = plt.get_cmap("tab20")
+    order = list(STAGES) + ["other"]
+    for i, stage in enumerate(names):  # a stage keeps its colour from plot to plot
+        left = [sum(max(r["split_s"].get(s, 0.0), 0.0) for s in names[:i]) for r in rows]
+        color = cmap(order.index(stage) if stage in order else len(order) + i % (20 - len(order)))
+        ax.barh([r["side"] for r in rows], [max(r["split_s"].get(stage, 0.0), 0.0) for r in rows], left=left,
+                color=color, label=stage)
+    for y, r in enumerate(rows):
+        ax.text(r["mean_step_s"], y, f" {r['mean_step_s']:.2f} s, {r['samples_per_s']:.1f} samples/s", va="center",
+                fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.3 * max(r["mean_step_s"] for r in rows))
+    ax.set_xlabel("mean seconds per step (timed steps)")
+    job = doc.get("job", {})
+    ax.set_title(f"GRPO step split: {os.path.basename(str(job.get('model', '')))}, {job.get('batch')} prompts x "
+                 f"{job.get('n')}, {job.get('response_len')} tokens", fontsize=10)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path

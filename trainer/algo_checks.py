@@ -1,0 +1,67 @@
+"""Config checks of the algorithm: the advantage estimator, the policy loss and the loss aggregation.
+
+Called by :func:`trainer.launch.validate` before any worker starts; every error is one :class:`ConfigError` line
+naming the key, the bad value and what was expected.
+"""
+from __future__ import annotations
+
+from trainer.config_checks import ConfigError
+
+__all__ = ["check_loss_aggregation", "check_estimator_and_loss"]
+
+
+def check_loss_aggregation(cfg: dict) -> None:
+    """``loss_agg_mode`` of the actor and critic is a known mode; ``loss_scale_factor`` is null or > 0.
+
+    Raises:
+        ConfigError: naming the key, the value and the known modes.
+    """
+    from trainer.algos.losses import LOSS_AGG_MODES
+
+    for key, section in (("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]), ("critic", cfg["critic"])):
+        mode = section.get("loss_agg_mode", "token-mean")
+        if mode not in LOSS_AGG_MODES:
+            raise ConfigError(f"{key}.loss_agg_mode={mode!r}; expected one of {list(LOSS_AGG_MODES)}")
+        factor = section.get("loss_scale_factor")
+        if factor is not None:
+            try:
+                ok = float(factor) > 0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ConfigError(f"{key}.loss_scale_factor={factor!r}; expected null (rollout.response_length) "
+                                  "or a positive number")
+
+
+def check_estimator_and_loss(cfg: dict) -> None:
+    """The estimator and policy loss are registered, and the estimator's registry traits fit the config: a
+    group-based one needs ``rollout.n >= 2``, one that needs a critic needs ``critic.enable``, and every declared
+    input is made by a stage of this run or by a producer (:func:`trainer.adv_inputs.missing_inputs`).
+
+    Raises:
+        ConfigError: naming the key and value; unknown names list every registered name.
+    """
+    from trainer import core_algos
+    from trainer.adv_inputs import missing_inputs
+
+    est = cfg["algorithm"]["adv_estimator"]
+    mode = cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"]
+    if est not in core_algos.ADV_ESTIMATOR_REGISTRY:
+        raise ConfigError(f"algorithm.adv_estimator={est!r}; expected one of "
+                          f"{sorted(core_algos.ADV_ESTIMATOR_REGISTRY)}")
+    if mode not in core_algos.POLICY_LOSS_REGISTRY:
+        raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r}; expected one of "
+                          f"{sorted(core_algos.POLICY_LOSS_REGISTRY)}")
+    spec = core_algos.get_adv_estimator_spec(est)
+    n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
+    if spec.group_based and n < 2:
+        raise ConfigError(f"algorithm.adv_estimator={est} compares the samples of one prompt, but "
+                          f"actor_rollout_ref.rollout.n={n}: every advantage would be 0; set rollout.n >= 2")
+    if spec.needs_critic and cfg["critic"].get("enable") is False:  # null: on for such an estimator
+        raise ConfigError(f"algorithm.adv_estimator={est} needs a critic (its values), but critic.enable=false; "
+                          "set critic.enable=true (or leave it null)")
+    missing = missing_inputs(spec, cfg)
+    if missing:
+        raise ConfigError(f"algorithm.adv_estimator={est} needs the batch column(s) {missing}, which no stage of "
+                          "this run produces (an estimator's inputs are declared in its registry entry; a new one "
+                          "comes with its producer)")

@@ -115,6 +115,46 @@ def run_mode(args) -> dict:
     return result
 
 
+def probe(args) -> dict:
+    """Does ``empty_cache`` return a freed block to the driver, without and with a sleeping vLLM engine in this
+    process? Allocates and frees ``--fill-gib``, then records the device memory in use and PyTorch's reserved
+    memory (GiB) before and after :func:`rollout.memory.empty_cache`."""
+    import torch
+
+    from rollout import memory
+
+    torch.cuda.set_device(0)
+    out = {}
+
+    def cycle(name):
+        block = torch.empty(int(args.fill_gib * 2**30), dtype=torch.uint8, device="cuda")
+        del block
+        before = (memory.device_used_gib(), torch.cuda.memory_reserved() / 2**30)
+        memory.empty_cache()
+        after = (memory.device_used_gib(), torch.cuda.memory_reserved() / 2**30)
+        out[name] = {"used_gib_before": round(before[0], 2), "reserved_gib_before": round(before[1], 2),
+                     "used_gib_after": round(after[0], 2), "reserved_gib_after": round(after[1], 2)}
+        print(name, out[name], flush=True)
+
+    cycle("no_engine")
+    from transformers import AutoTokenizer
+
+    from rollout.base import SamplingConfig
+    from rollout.vllm_engine import VLLMRolloutEngine
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29610")
+    torch.distributed.init_process_group("nccl")
+    tok = AutoTokenizer.from_pretrained(args.model)
+    engine = VLLMRolloutEngine(args.model, eos_token_id=tok.eos_token_id, gpu_memory_utilization=args.gpu_util,
+                               max_model_len=args.prompt_len + args.new_tokens + 8, enforce_eager=args.eager, seed=0)
+    cycle("engine_asleep")
+    engine.wake_up()
+    engine.generate([[100, 200, 300]], SamplingConfig(n=1, max_new_tokens=8))
+    engine.sleep(1)
+    cycle("engine_after_wake_generate_sleep")
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="HF model folder")
@@ -126,8 +166,14 @@ def main(argv=None) -> None:
     ap.add_argument("--gpu-util", type=float, default=0.6, help="vLLM's gpu_memory_utilization")
     ap.add_argument("--fill-gib", type=float, default=70.0, help="cached GiB the training stage leaves behind")
     ap.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
+    ap.add_argument("--probe", action="store_true", help="only check whether empty_cache returns a freed block, "
+                    "without and with a sleeping engine in the process")
     ap.add_argument("--out", default="vllm_memory.json")
     args = ap.parse_args(argv)
+    if args.probe:
+        with open(args.out, "w") as f:
+            json.dump(probe(args), f, indent=1)
+        return
     if args.mode != "all":
         res = run_mode(args)
         with open(args.out, "w") as f:

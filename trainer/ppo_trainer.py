@@ -284,7 +284,6 @@ class RayPPOTrainer:
         from trainer.placement import WorkerDied
         from trainer.recovery import Recovery
 
-        recovery = Recovery(self, tracker, int(t.get("max_restarts", 0)))
         self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}
@@ -296,6 +295,7 @@ class RayPPOTrainer:
                     self.stop_reason = " (trainer.val_only: validation only)"
                     return last
             save_freq, test_freq = int(t.get("save_freq", -1)), int(t.get("test_freq", -1))
+            recovery = Recovery(self, tracker, int(t.get("max_restarts", 0)))  # the state training starts from
             while self.global_step < total and not self._stop_requested:
                 self.global_step += 1
                 timing: dict = {}

@@ -227,7 +227,12 @@ def interpolation_sources(unresolved: dict) -> dict[str, str]:
     return out
 
 
-# keys a run leaves unread because another setting switches their feature off (each covered by another script)
+def _loss_mode(cfg: dict) -> str:
+    return cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"]
+
+
+# keys a run leaves unread because another setting switches their feature off (each covered by another script, or,
+# for the settings of one policy loss, by that loss's tests in tests/test_core_algos_extra.py)
 CONDITIONAL = (
     ("critic.", lambda c: not c["critic"]["enable"], "no critic: only GAE has one"),
     ("actor_rollout_ref.actor.megatron.", lambda c: c["trainer"]["strategy"] != "megatron",
@@ -250,6 +255,13 @@ CONDITIONAL = (
      "a setting of the adaptive KL controller"),
     ("data.name", lambda c: c["trainer"]["experiment_name"] != c["data"]["name"],
      "data.name is only the default of trainer.experiment_name, which is set"),
+    ("actor_rollout_ref.actor.policy_loss.clip_cov_", lambda c: _loss_mode(c) != "clip_cov",
+     "settings of the clip_cov policy loss"),
+    ("actor_rollout_ref.actor.policy_loss.kl_cov_ratio", lambda c: _loss_mode(c) != "kl_cov",
+     "a setting of the kl_cov policy loss"),
+    ("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", lambda c: _loss_mode(c) != "kl_cov",
+     "a setting of the kl_cov policy loss"),
+    ("actor_rollout_ref.actor.tau_", lambda c: _loss_mode(c) != "sapo", "settings of the sapo policy loss"),
 )
 
 

@@ -88,8 +88,9 @@ def check_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_
     for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask), ("position_ids", position_ids)):
         rows = name == "position_ids" and isinstance(t, torch.Tensor) and t.dim() == 3  # (B, C, L) M-RoPE rows
         if not isinstance(t, torch.Tensor) or (t.dim() != 2 and not rows):
-            raise ValueError(f"{name} must be a (batch, seqlen) tensor{' or (batch, rows, seqlen)' * (name == 'position_ids')}"
-                             f", got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            alt = " or (batch, rows, seqlen)" if name == "position_ids" else ""
+            raise ValueError(f"{name} must be a (batch, seqlen) tensor{alt}, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
         shape = (t.shape[0], t.shape[2]) if rows else tuple(t.shape)
         if shape != tuple(input_ids.shape):
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(input_ids.shape)} like input_ids")

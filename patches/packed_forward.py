@@ -51,6 +51,10 @@ class PackedBatch:
             :func:`patches.packing.unpad_input`), on the model's device.
         batch_size, seqlen: ``B`` and ``L`` of the padded batch.
         pad: tokens after the ``nnz`` real ones in the row (shape-bucket padding, then SP padding).
+        bounds: ``(cu_seqlens (num_seqs + 1,) int32 on the model's device, max_seqlen int)`` of the WHOLE padded
+            row, for a host-packed batch (:func:`sp_forward` primes the patch with them); else None.
+        slice_decoder: the whole row is in ``inputs`` and the decoder takes this rank's slice
+            (:func:`sp_forward` runs the model under :func:`patches.ulysses.slice_decoder_inputs`).
     """
 
     sp: UlyssesGroup
@@ -60,8 +64,8 @@ class PackedBatch:
     batch_size: int
     seqlen: int
     pad: int
-    bounds: tuple | None = field(default=None, repr=False)  # (cu_seqlens, max_seqlen) of the whole row, host path
-    slice_decoder: bool = field(default=False, repr=False)  # the decoder takes the SP slice (whole row in)
+    bounds: tuple | None = field(default=None, repr=False)
+    slice_decoder: bool = False
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """The unshard step: this rank's per-token values back to the padded batch layout.
@@ -120,7 +124,8 @@ def pack_batch(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: 
 
     Args:
         model: a model patched by :func:`patches.ulysses.apply_ulysses_patch` (required for ``sp.size > 1``; with
-            size 1 an unpatched model gets the packed row with transformers' own packed-sequence handling).
+            size 1 an unpatched model gets the packed row as it is, and transformers' own attention finds the
+            sequences from the positions).
         input_ids: ``(B, L)`` int64, any padding. attention_mask: ``(B, L)`` 0/1, 1 at valid tokens.
         position_ids: ``(B, L)`` int64, 0 at the first valid token of every row (``clamp(cumsum(mask) - 1, 0)``);
             or rotary position rows ``(B, C, L)`` of a multimodal model (Qwen2-VL's M-RoPE: temporal, height,

@@ -46,7 +46,8 @@ class UlyssesGroup:
 
     def __post_init__(self):
         if self.size < 1 or not 0 <= self.rank < self.size:
-            raise ValueError(f"UlyssesGroup needs size >= 1 and 0 <= rank < size, got size={self.size}, rank={self.rank}")
+            raise ValueError(f"UlyssesGroup needs size >= 1 and 0 <= rank < size, got size={self.size}, "
+                             f"rank={self.rank}")
         if self.size > 1 and self.group is None:
             raise ValueError(f"UlyssesGroup of size {self.size} needs a process group, got None")
 
@@ -133,7 +134,8 @@ def build_dp_sp_groups(world_size: int, sp_size: int, rank: int, grad_scale: flo
         g = dist.new_group(ranks)
         if rank in ranks:
             my_dp = g
-    sp = UlyssesGroup(my_sp, sp_size, rank % sp_size, grad_scale) if sp_size > 1 else UlyssesGroup(grad_scale=grad_scale)
+    sp = (UlyssesGroup(my_sp, sp_size, rank % sp_size, grad_scale) if sp_size > 1
+          else UlyssesGroup(grad_scale=grad_scale))
     return DpSpMesh(sp=sp, dp_group=my_dp, dp_rank=rank // sp_size, dp_size=world_size // sp_size)
 
 

@@ -31,28 +31,31 @@ import torch
 from patches.decoder_inputs import (boundary_positions, decoder_of, install_decoder_slicing,  # noqa: F401
                                     slice_decoder_inputs)
 from patches.packing import cu_seqlens_from_position_ids
+from patches.patch_info import UlyssesPatchInfo, mark_layers_compiled, patch_info, set_static_shapes  # noqa: F401
 from patches.sequence_parallel import (  # noqa: F401 (re-exported)
     DpSpMesh, UlyssesGroup, _all_gather_nograd, all_to_all_heads_to_seq, all_to_all_seq_to_heads, build_dp_sp_groups,
     current_ulysses_group, dp_sp_rank_layout, gather_outputs_and_unpad, pad_and_slice, pad_and_slice_inputs,
     repeat_kv_interleaved, traceable_heads_to_seq, traceable_qkv_seq_to_heads, traceable_seq_to_heads,
     validate_ulysses_config)
-from patches.varlen import KERNELS, varlen_attention
+from patches.varlen import KERNELS, available_kernels, varlen_attention
 
 __all__ = [
     "ULYSSES_ATTN_IMPL", "UlyssesGroup", "current_ulysses_group", "DpSpMesh", "dp_sp_rank_layout",
     "build_dp_sp_groups", "validate_ulysses_config", "repeat_kv_interleaved", "all_to_all_seq_to_heads",
     "all_to_all_heads_to_seq", "pad_and_slice_inputs", "pad_and_slice", "gather_outputs_and_unpad",
     "apply_ulysses_patch", "ulysses_attention_forward", "slice_decoder_inputs", "boundary_positions", "decoder_of",
-    "ulysses_patched",
+    "ulysses_patched", "sequence_boundaries", "forward_takes_var_kwargs", "bucket_max_seqlen", "host_packed_forward",
+    "UlyssesPatchInfo", "patch_info", "mark_layers_compiled", "set_static_shapes",
 ]
 
 ULYSSES_ATTN_IMPL = "ulysses_varlen"
 
 
 # ---------------------------------------------------------------------------------------------- the patch
-def _takes_var_kwargs(model) -> bool:
-    """Whether the (DeepSpeed-wrapped) model's ``forward`` takes ``**kwargs`` (transformers' models do, and hand
-    them to the attention function; a remote-code model without them must not get the boundary arguments)."""
+def forward_takes_var_kwargs(model) -> bool:
+    """Whether the (DeepSpeed-wrapped: its ``.module``) model's ``forward`` takes ``**kwargs`` (transformers' models
+    do, and hand them to the attention function; a remote-code model without them must not get the boundary
+    keyword arguments, see :attr:`UlyssesPatchInfo.traceable`)."""
     inner = getattr(model, "module", model)
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(inner.forward).parameters.values())
 
@@ -84,8 +87,8 @@ class _PatchState:
     def __init__(self, group: UlyssesGroup | None, sp_size: int, kernel: str, sliding_window: int | None = None):
         self.group, self.sp_size, self.kernel, self.sliding_window = group, sp_size, kernel, sliding_window
         self.boundary_kwargs = False  # set by apply_ulysses_patch: see attention_kwargs
-        self.static_token_multiple = 0  # > 0: pad host-packed rows to buckets (trainer.workers.kernels, CUDA graphs)
-        # layers under torch.compile (set by trainer.workers.kernels.apply_kernel_options): with SP, the traced path
+        self.static_token_multiple = 0  # > 0: pad host-packed rows to buckets (CUDA graphs; set_static_shapes)
+        # layers under torch.compile (mark_layers_compiled): with SP, the traced path
         self.compiled = False
         self._cache: tuple | None = None  # (position_ids tensor, version, group, cu_seqlens, max_seqlen)
 
@@ -136,11 +139,28 @@ class _PatchState:
         c = self._cache
         if c is not None and c[0] is pos_local and c[1] == pos_local._version and c[2] is g:
             return c[3], c[4]
-        row = boundary_positions(pos_local)
-        full = row if g.size == 1 else _all_gather_nograd(row, g, 0)
-        cu, mx = cu_seqlens_from_position_ids(full)
+        cu, mx = sequence_boundaries(pos_local, g)
         self._cache = (pos_local, pos_local._version, g, cu, mx)
         return cu, mx
+
+
+def sequence_boundaries(position_ids: torch.Tensor, sp: UlyssesGroup) -> tuple[torch.Tensor, int]:
+    """The sequence boundaries of the WHOLE packed row from this SP rank's slice of its positions (collective over
+    ``sp``: every peer must call it): the text row (:func:`boundary_positions`) is all-gathered in rank order and
+    a sequence starts wherever it is 0.
+
+    Args:
+        position_ids: this rank's ``(S/sp,)``, ``(1, S/sp)`` or multi-row ``(C, 1, S/sp)`` int64 positions.
+
+    Returns:
+        ``(cu_seqlens (num_seqs + 1,) int32, max_seqlen int)`` on ``position_ids``' device (one host sync).
+
+    Raises:
+        ValueError: the gathered row does not start with 0.
+    """
+    row = boundary_positions(position_ids)
+    full = row if sp.size == 1 else _all_gather_nograd(row, sp, 0)
+    return cu_seqlens_from_position_ids(full)
 
 
 def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -158,14 +178,14 @@ def ulysses_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         ``(attn_output (1, S/sp, Hq, D), None)`` as transformers expects.
 
     Packed input whose boundaries the caller passes as ``cu_seq_lens_q`` / ``max_length_q`` keyword arguments (the
-    names transformers' flash-attention path uses; :func:`trainer.forward.forward_log_probs` passes them for a row it
+    names transformers' flash-attention path uses; :func:`patches.packed_forward.pack_batch` adds them for a row it
     packed on the host) on a model patched for a fixed SP size (1, or a bound :class:`UlyssesGroup`) takes a path
     that torch.compile traces without a graph break: no context variable, no Python-side cache; the varlen kernel
     (a custom op for PyTorch's kernel) and, with SP, torch's functional all-to-alls over the bound group
     (:func:`traceable_qkv_seq_to_heads`, :func:`traceable_heads_to_seq`). The boundaries are those of the WHOLE
     packed row (every SP rank's slice, SP padding included), as after the all-to-all each rank attends over the
     whole sequence for its heads. That path does not look up the active SP group: a caller passing these arguments
-    itself must run with the group the model was patched for (``forward_log_probs`` passes them only then).
+    itself must run with the group the model was patched for (``pack_batch`` adds them only then).
     Everything else runs eagerly (:func:`_attention_eager`; a graph break under torch.compile).
 
     Raises:
@@ -312,13 +332,11 @@ def apply_ulysses_patch(model: torch.nn.Module, sp_group: UlyssesGroup | int | N
     nk = getattr(cfg, "num_key_value_heads", None) or nq
     validate_ulysses_config(nq, nk, max(sp_size, 1))
     _register()
-    from patches.varlen import _flash_attn_fn, _torch_varlen
-
-    _flash_attn_fn(), _torch_varlen()  # resolve the kernels eagerly (torch.compile then reads them as constants)
+    available_kernels()  # resolve the kernels eagerly (torch.compile then reads them as constants)
     window = getattr(cfg, "sliding_window", None)
     state = _PatchState(group, sp_size, kernel, sliding_window=window if isinstance(window, int) else None)
     # boundaries as keyword arguments (the traced path) need an SP size fixed now: 1, or a bound group
-    state.boundary_kwargs = (state.fixed_size == 1 or group is not None) and _takes_var_kwargs(model)
+    state.boundary_kwargs = (state.fixed_size == 1 or group is not None) and forward_takes_var_kwargs(model)
     for m in model.modules():
         m._ulysses_state = state  # plain attribute: not a parameter/buffer, not in state_dict
     # only the decoder attends over the packed (SP-sliced) text stream; encoders such as a vision tower keep their

@@ -23,7 +23,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-__all__ = ["varlen_attention", "pick_kernel", "KERNELS"]
+__all__ = ["varlen_attention", "pick_kernel", "available_kernels", "KERNELS"]
 
 KERNELS = ("auto", "flash_attn", "torch_varlen", "sdpa")
 
@@ -53,6 +53,14 @@ def _torch_varlen():
         except Exception:
             _RESOLVED["torch_varlen"] = (None, ())
     return _RESOLVED["torch_varlen"]
+
+
+def available_kernels() -> tuple[str, ...]:
+    """The concrete kernels this process can import: ``"flash_attn"`` and ``"torch_varlen"`` when present (they
+    also need CUDA fp16/bf16 tensors, see :func:`pick_kernel`), and always ``"sdpa"``. Resolves both imports now
+    (``torch.compile`` then reads them as constants)."""
+    found = (("flash_attn", _flash_attn_fn() is not None), ("torch_varlen", _torch_varlen()[0] is not None))
+    return tuple(name for name, ok in found if ok) + ("sdpa",)
 
 
 def _half(t: torch.Tensor) -> bool:

@@ -18,7 +18,7 @@ import transformers as T
 import patches.ulysses as ulysses_mod
 import patches.varlen as varlen_mod
 from patches.ulysses import UlyssesGroup, apply_ulysses_patch
-from patches.varlen import _sdpa_reference, varlen_attention
+from patches.varlen import varlen_attention
 from trainer.forward import forward_log_probs, forward_values
 
 from tests.logprob_utils import assert_same, compiled_pair, lp_ent_grads
@@ -192,7 +192,7 @@ def test_compiled_layers_recompiles_stay_bounded(monkeypatch):
 # ---------------------------------------------------------------------------------------------- regressions
 def _fake_torch_varlen_without_window_size(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, scale=None):
     """A torch build's ``varlen_attn`` with ``is_causal`` and no ``window_size`` (what patches.varlen supports)."""
-    return _sdpa_reference(q, k, v, cu_q, scale, is_causal, None, 0.0)
+    return varlen_attention(q, k, v, cu_q, max_q, scale=scale, causal=is_causal, kernel="sdpa")
 
 
 def test_bucketed_max_length_keeps_a_sliding_window_that_fits_on_torch_varlen_without_window_size(monkeypatch):

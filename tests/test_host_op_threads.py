@@ -1,10 +1,10 @@
-"""trainer.forward.host_op_threads: the host-side packing of a micro-batch runs on one intra-op thread (with a large
+"""host_op_threads (patches.host, re-exported by trainer.forward): the host-side packing of a micro-batch runs on one intra-op thread (with a large
 pool its tiny ops wait for the pool and the GPU idles; docs/benchmarks.md session 8), the model's forward keeps the
 caller's thread count, and the count is restored even when packing fails."""
 import pytest
 import torch
 
-import trainer.forward as fwd
+import patches.packed_forward as packed_forward
 from tests.test_static_shapes import _batch, _model
 from trainer.forward import forward_log_probs, forward_values, host_op_threads
 
@@ -32,13 +32,13 @@ def test_host_op_threads_sets_and_restores_and_refuses_zero(two_threads):
 @pytest.mark.parametrize("value_head", [False, True], ids=["log_probs", "critic_values"])
 def test_host_packing_is_single_threaded_and_the_forward_is_not(monkeypatch, two_threads, value_head):
     seen = {}
-    real_unpad = fwd.unpad_input
+    real_unpad = packed_forward.unpad_input
 
     def unpad(*a, **k):
         seen["packing"] = torch.get_num_threads()
         return real_unpad(*a, **k)
 
-    monkeypatch.setattr(fwd, "unpad_input", unpad)
+    monkeypatch.setattr(packed_forward, "unpad_input", unpad)
     model = _model("qwen2", value_head)
     model.register_forward_pre_hook(lambda *_: seen.__setitem__("forward", torch.get_num_threads()))
     ids, mask, pos, R = _batch([(4, 4), (0, 3)], 4, 4, 0)

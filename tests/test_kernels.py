@@ -163,15 +163,15 @@ def test_boundary_kwargs_path_matches_padded_reference(monkeypatch):
 
 def test_boundary_kwargs_only_for_models_taking_var_kwargs():
     """A model whose forward has no ``**kwargs`` (e.g. remote code) is not given the boundary arguments."""
-    from patches.ulysses import _takes_var_kwargs, bucket_max_seqlen
+    from patches.ulysses import bucket_max_seqlen, forward_takes_var_kwargs
 
     class NoKwargs(torch.nn.Module):
         def forward(self, input_ids, position_ids=None, attention_mask=None, use_cache=False):
             return input_ids
 
-    assert _takes_var_kwargs(_tiny()) and not _takes_var_kwargs(NoKwargs())
+    assert forward_takes_var_kwargs(_tiny()) and not forward_takes_var_kwargs(NoKwargs())
     wrapped = types.SimpleNamespace(module=NoKwargs())  # a DeepSpeed engine's inner module is what counts
-    assert not _takes_var_kwargs(wrapped)
+    assert not forward_takes_var_kwargs(wrapped)
     assert [bucket_max_seqlen(n) for n in (0, 1, 16, 17, 1000, 1024, 1025)] == [16, 16, 16, 32, 1024, 1024, 2048]
     # a sliding window caps the bound when every sequence fits in it (Phi-3-mini's 2047), not otherwise
     assert [bucket_max_seqlen(n, cap=2047) for n in (1025, 2047, 2048, 100)] == [2047, 2047, 2048, 128]
@@ -296,11 +296,11 @@ def test_cuda_graphs_refuse_an_sp_model_without_the_traced_all_to_alls():
     size (group taken at run time) has them off and is refused before anything is compiled."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from patches.ulysses import apply_ulysses_patch
+    from patches.ulysses import apply_ulysses_patch, patch_info
 
     cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2)
     model = apply_ulysses_patch(AutoModelForCausalLM.from_config(cfg), 2)
     with pytest.raises(ValueError, match="needs a model patched with a bound SP group .*SP size 2"):
         apply_kernel_options(model, {"use_torch_compile": True, "torch_compile_mode": "reduce-overhead"})
-    assert not model._ulysses_state.compiled
+    assert not patch_info(model).compiled

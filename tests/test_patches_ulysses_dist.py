@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from transformers import (AutoModelForCausalLM, AutoModelForTokenClassification, LlamaConfig, MistralConfig,
                           Qwen2Config, Qwen3Config)
 
-from patches.ulysses import UlyssesGroup, apply_ulysses_patch, build_dp_sp_groups
+from patches.ulysses import UlyssesGroup, apply_ulysses_patch, build_dp_sp_groups, mark_layers_compiled, patch_info
 import patches.ulysses as ulysses_mod
 from trainer.forward import forward_log_probs, forward_values
 from tests.e2e_utils import free_port
@@ -82,7 +82,7 @@ def check_lm(name, mesh, world, errors, grad_scale=None, static=0, compiled=Fals
         from trainer.workers.kernels import mark_static_shapes
 
         mark_static_shapes(model, static)
-        model._ulysses_state.compiled = True  # as apply_kernel_options sets it: the traced path, run eagerly here
+        mark_layers_compiled(model)  # as apply_kernel_options does: the traced path, run eagerly here
     if compiled:  # the trainer's use_torch_compile: each decoder layer compiled (inductor), SP all-to-alls traced
         from torch._dynamo.utils import counters
 
@@ -135,7 +135,7 @@ def check_lm(name, mesh, world, errors, grad_scale=None, static=0, compiled=Fals
             assert counters["stats"]["unique_graphs"] >= n_layers, dict(counters["stats"])
         else:  # q, k and v of every layer through ONE traceable all-to-all on the host path of a model marked
             # compiled (SP > 1), none otherwise (eager SP keeps the primed path)
-            want = n_layers if host and model._ulysses_state.compiled and sp.size > 1 else 0
+            want = n_layers if host and patch_info(model).compiled and sp.size > 1 else 0
             assert len(traced) == want, f"traceable all-to-alls: {len(traced)}, expected {want}"
         torch.testing.assert_close(lp[ok], refs[mesh.dp_rank][0][ok], atol=ATOL, rtol=0)
         torch.testing.assert_close(ent[ok], refs[mesh.dp_rank][1][ok], atol=ATOL, rtol=0)

@@ -114,13 +114,13 @@ def check_vlm(mesh, world, errors):
 def check_multirow_boundaries(mesh, errors):
     """(4, 1, S/sp) positions: the all-gathered boundaries are row 0's, whatever rows 1-3 hold."""
     from patches.packing import cu_seqlens_from_position_ids
-    from patches.ulysses import _PatchState
+    from patches.ulysses import sequence_boundaries
 
     text = torch.tensor([0, 1, 2, 3, 0, 1, 0, 1, 2, 3, 4, 5])  # 3 sequences, 12 tokens (divisible by 2 and 4)
     rows = torch.stack([text, torch.zeros(12, dtype=torch.long), text.flip(0), text * 0 + 3])  # rows 1-3: not text
     n = 12 // mesh.sp.size
     local = rows[:, mesh.sp.rank * n:(mesh.sp.rank + 1) * n].unsqueeze(1)
-    cu, mx = _PatchState(None, 0, "auto").boundaries(local, mesh.sp)
+    cu, mx = sequence_boundaries(local, mesh.sp)
     want, want_mx = cu_seqlens_from_position_ids(text)
     if not (torch.equal(cu, want) and mx == want_mx):
         errors.append(f"multi-row boundaries sp={mesh.sp.size}: {cu.tolist()} != {want.tolist()}")

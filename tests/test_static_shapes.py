@@ -18,7 +18,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForTokenClassification,
                           Qwen2Config)
 
 from patches.packing import bucket_padding  # noqa: E402
-from patches.ulysses import apply_ulysses_patch  # noqa: E402
+from patches.ulysses import apply_ulysses_patch, patch_info  # noqa: E402
 from trainer.forward import forward_log_probs, forward_values  # noqa: E402
 from trainer.workers import kernels  # noqa: E402
 
@@ -141,7 +141,7 @@ def dist_group():
 @pytest.mark.parametrize("value_head", [False, True], ids=["log_probs", "critic_values"])
 def test_a_deepspeed_zero2_engine_is_bucketed_and_steps_like_the_plain_model(dist_group, value_head):
     """The workers pass the DeepSpeed engine to forward_*: its ``__getattr__`` finds the module's
-    ``_ulysses_state``, so the row is padded (17 real tokens in 3 sequences -> 32 tokens with a bucket of 16, 4
+    patch settings (``patch_info``), so the row is padded (17 real tokens in 3 sequences -> 32 tokens with a bucket of 16, 4
     sequences); one ZeRO-2 SGD step (lr 1, no clipping) moves every parameter by the unbucketed model's gradient."""
     base = _model("qwen2", value_head)
     ids, mask, pos, R = _batch([(4, 4), (0, 0), (0, 3), (3, 3)], 4, 4, 0)
@@ -153,7 +153,7 @@ def test_a_deepspeed_zero2_engine_is_bucketed_and_steps_like_the_plain_model(dis
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
            "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
     engine, *_ = dist_group.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), config=cfg)
-    assert engine._ulysses_state is model._ulysses_state and engine._ulysses_state.static_token_multiple == 16
+    assert patch_info(engine) == patch_info(model) and patch_info(engine).static_token_multiple == 16
     valid = mask[:, -R:].float()
     outs, loss = _outputs_and_loss(engine, value_head, ids, mask, pos, R)
     assert [(t, len(cu) - 1) for t, cu in seen] == [(32, 4)]

@@ -1,15 +1,15 @@
-"""The packed (remove-padding, optionally Ulysses-SP) forward used by the actor, ref, critic and PRM workers.
+"""Log-probs, entropy and critic values of the batches the actor, ref, critic and PRM workers run.
 
 Batch layout (see ``trainer/protocol.py``): ``input_ids = cat(prompts, responses)`` of shape ``(B, L)``, prompts
 left-padded, responses right-padded, the response occupying the last ``R`` columns; ``position_ids =
 clamp(cumsum(attention_mask) - 1, min=0)``. The log-prob of response token ``j`` (column ``L-R+j``) comes from the
 logits at column ``L-R+j-1``, so results are the ``[:, -R-1:-1]`` columns of the per-position "next-token" values.
 
-Packed path (``use_remove_padding=True``), per micro-batch (verl ``dp_actor._forward_micro_batch``):
-unpad -> labels = packed ids rolled by -1 (taken on the WHOLE packed row, before SP slicing) -> pad to a multiple
-of sp and slice this rank's chunk -> model forward on ``(1, L/sp)`` -> log-probs/entropy on the local chunk (logits
-are never gathered) -> all-gather over the SP group (backward scales by sp, see ``patches.ulysses``) -> unpad to
-``(B, L)`` -> response columns.
+Packed path (``use_remove_padding=True``), per micro-batch (verl ``dp_actor._forward_micro_batch``): the packing,
+the Ulysses SP slice and the gather are ``patches.packed_forward``'s (``pack_batch`` -> ``sp_forward`` ->
+``PackedBatch.gather``); here: log-probs/entropy of the local chunk's logits against the packed row's next-token
+labels (logits are never gathered), or the value head's outputs, then the response columns of the gathered
+``(B, L)`` values.
 
 Value head (critic / PRM value): ``AutoModelForTokenClassification`` with ``num_labels=1`` (and
 ``classifier_dropout=0.0``): a stock transformers class (Llama/Qwen2/Qwen3/Mistral ``...ForTokenClassification``),
@@ -17,62 +17,14 @@ so ``save_pretrained`` / ``from_pretrained`` round-trip it and the ``score`` Lin
 """
 from __future__ import annotations
 
-import contextlib
-import math
-
 import torch
 
-from patches.packing import (bucket_padding, cu_seqlens_from_position_ids, pack_tensor, position_ids_from_cu_seqlens,
-                             unpack_tensor, unpad_input)
-from patches.ulysses import (ULYSSES_ATTN_IMPL, UlyssesGroup, current_ulysses_group, gather_outputs_and_unpad,
-                             host_packed_forward, pad_and_slice, pad_and_slice_inputs, slice_decoder_inputs,
-                             ulysses_patched)
+from patches.host import host_op_threads, to_device  # noqa: F401 (re-exported: the workers' host-to-device copy)
+from patches.packed_forward import check_batch, pack_batch, resolve_sp_group, sp_forward
+from patches.sequence_parallel import UlyssesGroup
 
-__all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits", "use_compiled_log_probs", "to_device"]
-
-
-def to_device(x: torch.Tensor, device) -> torch.Tensor:
-    """Copy ``x`` to ``device`` without waiting for the GPU's queue.
-
-    A host tensor goes through pinned memory with ``non_blocking=True`` (torch's plain ``.to("cuda")`` from pageable
-    memory synchronises the stream, which stalls the GPU at every micro-batch); anything else is ``x.to(device)``.
-    ``device=None`` returns ``x``.
-    """
-    if device is None:
-        return x
-    device = torch.device(device)
-    if x.device.type == "cpu" and device.type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True)
-    return x.to(device)
-
-
-@contextlib.contextmanager
-def host_op_threads(n: int = 1):
-    """Run the block's CPU tensor ops on ``n`` intra-op threads, then restore the previous count.
-
-    The host-side packing of a micro-batch (a few ops on ``(batch, seq_len)`` int64 tensors) gains nothing from
-    intra-op parallelism, and with a large thread pool its ops wait for the pool: in a profiled actor update on one
-    H200 machine (16 cores, CUDA graphs) the GPU's longest idle gaps were spent in such host ops (``aten::index``,
-    ``repeat_interleave``, ``diff``); one thread raised the update's MFU from 38.0% to 42.2-42.8% there (16
-    micro-batches of 4k tokens per step, same machine), and on a 2-core box the packing of a 4,096-token micro-batch
-    took 24 ms on 2 threads and 0.2 ms on 1 (re-measured: 17.8 vs 0.65 ms with both cores busy with other
-    processes, about 0.2 ms either way on an idle box; docs/benchmarks.md, session 8). Ray workers with the default
-    ``trainer.cpus_per_worker=1`` already run one thread.
-
-    Raises:
-        ValueError: ``n < 1``.
-    """
-    if n < 1:
-        raise ValueError(f"host_op_threads needs n >= 1, got {n}")
-    prev = torch.get_num_threads()
-    if prev == n:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)
+__all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits", "use_compiled_log_probs", "to_device",
+           "host_op_threads"]
 
 
 def _lp_forward_chunk(x: torch.Tensor, labels: torch.Tensor, inv_t: float, want_entropy: bool):
@@ -191,115 +143,25 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperatur
 
 
 def _check_batch(input_ids, attention_mask, position_ids, response_length):
-    for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask), ("position_ids", position_ids)):
-        rows = name == "position_ids" and isinstance(t, torch.Tensor) and t.dim() == 3  # (B, C, L) M-RoPE rows
-        if not isinstance(t, torch.Tensor) or (t.dim() != 2 and not rows):
-            raise ValueError(f"{name} must be a (batch, seqlen) tensor{' or (batch, rows, seqlen)' * (name == 'position_ids')}"
-                             f", got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        shape = (t.shape[0], t.shape[2]) if rows else tuple(t.shape)
-        if shape != tuple(input_ids.shape):
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(input_ids.shape)} like input_ids")
+    check_batch(input_ids, attention_mask, position_ids)
     if not 0 < response_length < input_ids.shape[1]:
         raise ValueError(f"response_length must be in [1, seqlen={input_ids.shape[1]}), got {response_length}")
 
 
 def _resolve_sp(model, sp: UlyssesGroup | None, use_remove_padding: bool) -> UlyssesGroup:
-    state = getattr(model, "_ulysses_state", None)
-    bound = state.group if state is not None else None
-    if sp is None:
-        sp = bound if bound is not None else current_ulysses_group()
-    elif bound is not None and (bound.group is not sp.group or bound.size != sp.size):
-        raise ValueError(f"sp group (size {sp.size}) differs from the group the model was patched with "
-                         f"(size {bound.size})")
-    if sp.size > 1:
-        if not use_remove_padding:
-            raise ValueError("ulysses sequence parallelism (sp > 1) needs use_remove_padding=True")
-        if not ulysses_patched(model):  # (a DeepSpeed engine's own .config is DeepSpeed's; the decoder's is read)
-            inner = getattr(model, "module", model)
-            raise ValueError(f"sp={sp.size} needs a model patched by patches.ulysses.apply_ulysses_patch "
-                             f"(attn implementation {ULYSSES_ATTN_IMPL!r}), got "
-                             f"{getattr(inner.config, '_attn_implementation', None)!r}")
+    sp = resolve_sp_group(model, sp)
+    if sp.size > 1 and not use_remove_padding:
+        raise ValueError("ulysses sequence parallelism (sp > 1) needs use_remove_padding=True")
     return sp
 
 
-def _packed_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesGroup, device=None):
-    """Model forward on this rank's slice of the packed batch.
-
-    With ``device`` set and the inputs on the CPU, the packing (indices, the position check, labels, SP slicing and
-    the sequence boundaries the patched attention needs) runs on the CPU and only the packed rows are copied, so the
-    forward makes no host sync. Returns ``(output, labels_local (L/sp,), pad, indices (nnz,))`` on the model's
-    device."""
-    dev = input_ids.device if device is None else torch.device(device)
-    state = getattr(model, "_ulysses_state", None)
-    host = input_ids.device.type == "cpu" and device is not None
-    with (host_op_threads() if host else contextlib.nullcontext()):
-        ids, _, indices, cu_seqlens, _ = unpad_input(input_ids, attention_mask)
-        pos = pack_tensor(position_ids, indices).unsqueeze(0)
-        starts = cu_seqlens[:-1][cu_seqlens.diff() > 0].long()
-        if starts.numel() and bool((pos[0, starts] != 0).any()):
-            raise ValueError("position_ids must be 0 at the first valid token of every row (expected "
-                             "clamp(cumsum(attention_mask) - 1, min=0)); packed sequences are split where positions "
-                             "are 0")
-        labels = torch.roll(ids, shifts=-1, dims=1)  # next token in the whole packed row, before SP slicing
-        bucket = 0  # CUDA graphs (trainer.workers.kernels): pad the row to a shape bucket with fake sequences
-        if host and state is not None and state.static_token_multiple:
-            # a multiple of the SP size too, so that the SP padding below adds nothing
-            fake = bucket_padding(ids.shape[1], int(starts.numel()), math.lcm(state.static_token_multiple, sp.size))
-            if fake:
-                bucket = sum(fake)
-                fake_cu = torch.nn.functional.pad(torch.tensor(fake).cumsum(0), (1, 0))
-                ids, labels = (torch.cat([t, t.new_zeros(1, bucket)], dim=1) for t in (ids, labels))
-                pos = torch.cat([pos, position_ids_from_cu_seqlens(fake_cu)[None].to(pos.dtype)], dim=1)
-        ids_local, pos_local, sp_pad = pad_and_slice_inputs(ids, pos, sp.size, sp.rank)
-        labels_local, _ = pad_and_slice(labels, sp.size, sp.rank)
-        pad = bucket + sp_pad  # the row is [real tokens, bucket padding, SP padding]
-        bounds = None
-        if host:
-            # the boundaries of the whole padded row (what the attention would all-gather and scan on the device)
-            full = torch.cat([pos[0], torch.arange(sp_pad, dtype=pos.dtype)]) if sp_pad else pos[0]
-            cu_full, max_full = cu_seqlens_from_position_ids(full)
-            ids_local, pos_local, labels_local, indices, cu_full = (
-                to_device(t, dev) for t in (ids_local, pos_local, labels_local, indices, cu_full))
-            bounds = (cu_full, max_full)
-    primed = bounds is not None and state is not None
-    # the whole row's boundaries also go in as keyword arguments, which torch.compile traces (patches.ulysses), when
-    # the model was patched for this SP group (or for no SP)
-    kw = state.attention_kwargs(*bounds, sp=sp) if primed else {}
-    with sp.activate(), (host_packed_forward() if primed else contextlib.nullcontext()):
-        if primed:
-            state.prime(pos_local, state.resolve(), *bounds)
-        if state is not None and state.static_token_multiple:
-            torch.compiler.cudagraph_mark_step_begin()  # the previous micro-batch's graph outputs are consumed
-        out = model(input_ids=ids_local, position_ids=pos_local, attention_mask=None, use_cache=False, **kw)
-    return out, labels_local[0], pad, indices
-
-
-def _full_row_forward(model, input_ids, attention_mask, position_ids, sp: UlyssesGroup, mm: dict, device=None):
-    """:func:`_packed_forward` for rows whose embeddings are built over the whole packed row (``mm``: the rows' image
-    inputs, concatenated in row order) or with position rows ``(B, C, L)`` (M-RoPE). The WHOLE padded row goes into
-    the model, ``position_ids`` ``(1 + C, 1, S)`` (row 0 the text positions; ``(1, S)`` without rows); its decoder
-    keeps this SP rank's slice (``slice_decoder_inputs``); every SP rank encodes every image (vision tower replicated)."""
-    dev = input_ids.device if device is None else torch.device(device)
-    rows = None
-    if position_ids.dim() == 3:
-        rows, position_ids = position_ids, torch.clamp(torch.cumsum(attention_mask, dim=1) - 1, min=0)
-    ids, _, indices, _, _ = unpad_input(input_ids, attention_mask)
-    pos = pack_tensor(position_ids, indices).unsqueeze(0)
-    if rows is not None:
-        pos = torch.cat([pos, pack_tensor(rows.transpose(1, 2), indices).T.to(pos.dtype)])  # (1 + C, nnz)
-    labels = torch.roll(ids, shifts=-1, dims=1)
-    n = ids.shape[1]
-    pad = (-n) % sp.size if n else sp.size
-    if pad:  # the SP padding: a fake sequence of its own (positions 0..pad-1 in every row)
-        ids, labels = (torch.cat([t, t.new_zeros(1, pad)], dim=1) for t in (ids, labels))
-        pos = torch.cat([pos, torch.arange(pad, dtype=pos.dtype).expand(pos.shape[0], pad)], dim=1)
-    labels_local, _ = pad_and_slice(labels, sp.size, sp.rank)
-    pos = pos.unsqueeze(1) if rows is not None else pos  # (1 + C, 1, S) or (1, S)
-    ids, pos, labels_local, indices = (to_device(t, dev) for t in (ids, pos, labels_local, indices))
-    mm = {k: to_device(v, dev) if isinstance(v, torch.Tensor) else v for k, v in mm.items()}
-    with sp.activate(), slice_decoder_inputs(sp):
-        out = model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False, **mm)
-    return out, labels_local[0], pad, indices
+def _padded_forward(model, input_ids, attention_mask, position_ids, device):
+    """The plain padded forward (``use_remove_padding=False``, no SP): ``(model output (B, L, ...), input_ids on
+    the model's device)``."""
+    input_ids, attention_mask, position_ids = (to_device(t, device) for t in (input_ids, attention_mask,
+                                                                               position_ids))
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out, input_ids
 
 
 def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -322,10 +184,11 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
             must pass the same batch.
         chunk_size: tokens per float32 log-softmax chunk.
         device: the model's device when the inputs stay on the CPU (the trainer's workers pass it): packing happens
-            on the CPU and no host sync is made. None: the inputs' device.
+            on the CPU and no host sync is made (:func:`patches.packed_forward.pack_batch`). None: the inputs'
+            device.
         multi_modal_inputs: the processor's image inputs of these rows (``pixel_values`` ``(patches, D)``,
             ``image_grid_thw`` ``(images, 3)``, ...), concatenated in row order; passed to the model with the whole
-            packed row (see :func:`_full_row_forward`). Needs ``use_remove_padding``.
+            packed row (see :func:`patches.packed_forward.pack_batch`). Needs ``use_remove_padding``.
 
     Returns:
         ``(log_probs (B, R) float32, entropy (B, R) float32 or None)`` on the model's device. Entries of padded
@@ -337,29 +200,22 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     """
     _check_batch(input_ids, attention_mask, position_ids, response_length)
     sp = _resolve_sp(model, sp, use_remove_padding)
-    B, L = input_ids.shape
-    R = response_length
+    B, R = input_ids.shape[0], response_length
     if not use_remove_padding:
         if multi_modal_inputs:
             raise ValueError("multi_modal_inputs need use_remove_padding=True (the packed forward)")
-        input_ids, attention_mask, position_ids = (to_device(t, device) for t in (input_ids, attention_mask,
-                                                                                   position_ids))
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        out, input_ids = _padded_forward(model, input_ids, attention_mask, position_ids, device)
         logits = out.logits[:, -R - 1:-1]
         lp, ent = log_probs_from_logits(logits.reshape(B * R, -1), input_ids[:, -R:].reshape(-1), temperature,
                                         calculate_entropy, chunk_size)
         return lp.view(B, R), (ent.view(B, R) if ent is not None else None)
-    if multi_modal_inputs or position_ids.dim() == 3:
-        out, labels_local, pad, indices = _full_row_forward(model, input_ids, attention_mask, position_ids, sp,
-                                                            dict(multi_modal_inputs or {}), device)
-    else:
-        out, labels_local, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp, device)
-    lp, ent = log_probs_from_logits(out.logits[0], labels_local, temperature, calculate_entropy, chunk_size)
+    batch = pack_batch(model, input_ids, attention_mask, position_ids, sp, device, multi_modal_inputs)
+    out = sp_forward(model, batch)
+    lp, ent = log_probs_from_logits(out.logits[0], batch.labels, temperature, calculate_entropy, chunk_size)
     del out
-    lp = gather_outputs_and_unpad(lp, 0, pad, sp)
-    lp = unpack_tensor(lp, indices, B, L)[:, -R - 1:-1]
+    lp = batch.gather(lp)[:, -R - 1:-1]
     if ent is not None:
-        ent = unpack_tensor(gather_outputs_and_unpad(ent, 0, pad, sp), indices, B, L)[:, -R - 1:-1]
+        ent = batch.gather(ent)[:, -R - 1:-1]
     return lp, ent
 
 
@@ -382,19 +238,14 @@ def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """
     _check_batch(input_ids, attention_mask, position_ids, response_length)
     sp = _resolve_sp(model, sp, use_remove_padding)
-    B, L = input_ids.shape
     R = response_length
     if not use_remove_padding:
-        input_ids, attention_mask, position_ids = (to_device(t, device) for t in (input_ids, attention_mask,
-                                                                                   position_ids))
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        head = out.logits
+        head = _padded_forward(model, input_ids, attention_mask, position_ids, device)[0].logits
     else:
-        out, _, pad, indices = _packed_forward(model, input_ids, attention_mask, position_ids, sp, device)
-        head = out.logits
+        batch = pack_batch(model, input_ids, attention_mask, position_ids, sp, device)
+        head = sp_forward(model, batch).logits
     if head.shape[-1] != 1:
         raise ValueError(f"value model must have one output per token (num_labels=1), got {head.shape[-1]}")
     if not use_remove_padding:
         return head[:, -R - 1:-1, 0].float()
-    v = gather_outputs_and_unpad(head[0, :, 0].float(), 0, pad, sp)
-    return unpack_tensor(v, indices, B, L)[:, -R - 1:-1]
+    return batch.gather(head[0, :, 0].float())[:, -R - 1:-1]

@@ -142,6 +142,7 @@ def apply_kernel_options(model, model_cfg: dict) -> list[str]:
     if model_cfg.get("use_torch_compile"):
         import torch
 
+        from patches.patch_info import mark_layers_compiled, patch_info
         from trainer.forward import use_compiled_log_probs
 
         layers = decoder_layers(model)
@@ -149,17 +150,17 @@ def apply_kernel_options(model, model_cfg: dict) -> list[str]:
             raise ValueError(f"use_torch_compile=true: no *DecoderLayer modules in {type(model).__name__}")
         mode = compile_mode(model_cfg)
         graphs = mode in CUDAGRAPH_MODES
-        state = getattr(model, "_ulysses_state", None)
-        if graphs and state is not None and state.fixed_size > 1 and not state.boundary_kwargs:
+        info = patch_info(model)
+        if graphs and info is not None and info.sp_size > 1 and not info.traceable:
             # the all-to-alls would run eagerly between graph pieces (never run): refused before any layer is wrapped
             raise ValueError(f"torch_compile_mode={mode} with Ulysses SP needs a model patched with a bound SP group "
                              f"whose forward takes **kwargs (the traced all-to-alls); {type(model).__name__} was "
-                             f"patched with SP size {state.fixed_size} and boundary keyword arguments off")
+                             f"patched with SP size {info.sp_size} and boundary keyword arguments off")
         for layer in layers:
             # CUDA graphs: shapes start static and become dynamic on the first recompile (one graph per bucket)
             layer.compile(dynamic=None if graphs else True, mode=None if mode == "default" else mode)
-        if state is not None:  # SP: the traced all-to-alls (patches.ulysses._PatchState.attention_kwargs)
-            state.compiled = True
+        if info is not None:  # SP: the traced all-to-alls
+            mark_layers_compiled(model)
         if graphs:
             mark_static_shapes(model, STATIC_TOKEN_MULTIPLE)
         use_compiled_log_probs(True)
@@ -178,13 +179,12 @@ def mark_static_shapes(model, token_multiple: int) -> None:
         ValueError: a model not patched by :func:`patches.ulysses.apply_ulysses_patch` (no packed forward), or
             ``token_multiple < 1``.
     """
-    state = getattr(model, "_ulysses_state", None)
-    if state is None:
+    from patches.patch_info import patch_info, set_static_shapes
+
+    if patch_info(model) is None:
         raise ValueError("CUDA-graph compile needs the packed forward (use_remove_padding=true, a model patched by "
                          "patches.ulysses.apply_ulysses_patch)")
-    if int(token_multiple) < 1:
-        raise ValueError(f"token_multiple must be >= 1, got {token_multiple}")
-    state.static_token_multiple = int(token_multiple)
+    set_static_shapes(model, token_multiple)  # raises for token_multiple < 1
 
 
 def keep_graph_grads(model) -> int:

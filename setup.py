@@ -29,6 +29,7 @@ setup(
         "tqdm",
         "math-verify",
         "matplotlib",
+        "peft>=0.17",  # LoRA adapters (actor_rollout_ref.model.lora_rank)
     ],
     extras_require={
         "vllm": ["vllm>=0.8.5"],

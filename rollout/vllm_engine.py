@@ -40,6 +40,8 @@ class VLLMRolloutEngine(RolloutEngine):
             default, ``"raw_logprobs"``, ignores the temperature).
         llm_cls: the ``LLM`` class (tests pass a fake); default ``vllm.LLM``.
         sampling_params_cls: the ``SamplingParams`` class; default ``vllm.SamplingParams``.
+        lora_request_cls: the ``LoRARequest`` class of :meth:`load_lora_adapter`; default
+            ``vllm.lora.request.LoRARequest`` (needs ``enable_lora=True`` among ``llm_kwargs``).
         **llm_kwargs: extra ``vllm.LLM`` arguments.
 
     Raises:
@@ -50,7 +52,7 @@ class VLLMRolloutEngine(RolloutEngine):
                  tensor_model_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, dtype: str = "bfloat16",
                  max_model_len: int | None = None, seed: int = 0, enforce_eager: bool = False,
                  load_format: str = "dummy", logprobs_mode: str = "processed_logprobs", llm_cls: Any = None,
-                 sampling_params_cls: Any = None, **llm_kwargs) -> None:
+                 sampling_params_cls: Any = None, lora_request_cls: Any = None, **llm_kwargs) -> None:
         # colocation: the engine lives in this (the trainer's) process, so that load_weights reaches its model
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if llm_cls is None or sampling_params_cls is None:
@@ -58,6 +60,9 @@ class VLLMRolloutEngine(RolloutEngine):
             llm_cls = llm_cls or vllm.LLM
             sampling_params_cls = sampling_params_cls or vllm.SamplingParams
         self._sampling_params_cls = sampling_params_cls
+        self._lora_request_cls = lora_request_cls
+        self.lora_request = None  # the adapter every generate call uses (load_lora_adapter)
+        self._lora_ids = 0
         self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
         if not self.eos_ids:
             raise ValueError("eos_token_id is empty; expected at least one EOS id")
@@ -96,6 +101,26 @@ class VLLMRolloutEngine(RolloutEngine):
             model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
             model.load_weights(weights=weights)
 
+    def load_lora_adapter(self, path: str) -> None:
+        """Serve every later ``generate`` call with the LoRA adapter in ``path`` (a peft folder:
+        ``adapter_config.json`` + ``adapter_model.safetensors``) on top of the engine's base weights.
+
+        vLLM caches adapters by their integer id, so each call makes a ``LoRARequest`` with a new id: the adapter is
+        read again. It is loaded at once where the engine offers ``llm_engine.add_lora`` (else at the next
+        ``generate``), and the previous adapter is removed (``llm_engine.remove_lora``).
+        """
+        cls = self._lora_request_cls
+        if cls is None:
+            from vllm.lora.request import LoRARequest as cls
+        self._lora_ids += 1
+        old, self.lora_request = self.lora_request, cls(lora_name=f"actor_v{self._lora_ids}",
+                                                        lora_int_id=self._lora_ids, lora_path=path)
+        inner = getattr(self.llm, "llm_engine", None)
+        if old is not None and hasattr(inner, "remove_lora"):
+            inner.remove_lora(old.lora_int_id)
+        if hasattr(inner, "add_lora"):
+            inner.add_lora(self.lora_request)
+
     # ---- generation -----------------------------------------------------------------------------------------
     def _sampling_params(self, sampling: SamplingConfig):
         greedy = sampling.greedy
@@ -116,8 +141,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
         Raises: ValueError on empty prompts, RuntimeError if vLLM returns a wrong number of outputs."""
         prompts = check_prompts(prompt_ids)
+        lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self._sampling_params(sampling),
-                                    use_tqdm=False)
+                                    use_tqdm=False, **lora)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
         rows, lps = [], []

@@ -18,6 +18,7 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, _a
                                    reward_options, run_checks)
 from trainer.config_preflight import check_model_context, preflight  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
+from trainer.lora_checks import check_lora
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ def prestart(hydra_cfg) -> dict:
     errors = ErrorCollector(report.errors)
     errors.run(validate, cfg)
     errors.run(preflight, cfg)
+    errors.run(check_lora, cfg)  # LoRA settings (trainer/lora_checks.py)
     errors.raise_if_any()
     return cfg
 

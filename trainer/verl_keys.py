@@ -41,7 +41,6 @@ FSDP = "{actor_rollout_ref.actor,actor_rollout_ref.ref,critic.model,reward_model
 OPTIM = "{actor_rollout_ref.actor,critic,reward_model.model}.optim"
 MODEL = "{actor_rollout_ref.model,critic.model}"
 NO_FSDP = "FSDP-only: DeepSpeed ZeRO partitions the parameters itself (deepspeed group: zero_stage, offload)"
-NO_LORA = "LoRA is not supported (full fine-tuning only), so LoRA settings have nothing to act on"
 NO_PROFILE = "profiling hooks are not wired into the trainer; profile a step with tools/bench/step_profile.py"
 NO_MULTI_TURN = "multi-turn, tool and agent rollouts are not supported (one generation per prompt)"
 NO_RM = ("model-based reward models are not supported: rewards come from rule scorers (reward_model.scorer), "
@@ -133,11 +132,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "set optim.betas / optim.weight_decay, or DeepSpeed's own optimizer settings in deepspeed.ds_config",
             ok=(None, {})),
     # ---- models -------------------------------------------------------------------------------------------------------
-    VerlKey(f"{MODEL}.lora_rank", "refuse", "LoRA is not supported (full fine-tuning only)", ok=(0,)),
-    VerlKey(f"{MODEL}.{{lora_alpha,target_modules,exclude_modules}}", "ignore", NO_LORA),
-    VerlKey("actor_rollout_ref.model.lora_adapter_path", "refuse", "LoRA is not supported; merge the adapter into "
-            "the model first (peft's merge_and_unload) and pass the merged folder as actor_rollout_ref.model.path",
-            ok=(None,)),
+    VerlKey("actor_rollout_ref.model.lora_adapter_path", "refuse",
+            "training starts from new adapters; to go on from a saved one, merge it into its base first (peft's "
+            "merge_and_unload) and pass the merged folder as the model's path", ok=(None,)),
     VerlKey(f"{MODEL}.enable_activation_offload", "refuse",
             "use actor_rollout_ref.model.enable_gradient_checkpointing=true (and deepspeed=zero3 offload)", ok=(False,)),
     VerlKey(f"{MODEL}.tiled_mlp.enabled", "refuse", "tiled MLP computation is not supported", ok=(False,)),

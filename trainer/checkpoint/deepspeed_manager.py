@@ -37,6 +37,7 @@ from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, barri
 logger = logging.getLogger(__name__)
 
 HF_SUBDIR = "huggingface"
+LORA_SUBDIR = "lora_adapter"  # a LoRA role's adapter_config.json (verl's merger writes its adapter folder so)
 CLIENT_STATE_KEY = "rlhf_client_state"
 
 
@@ -122,6 +123,10 @@ class DeepSpeedCheckpointManager(CheckpointManager):
             (:func:`trained_model_config`), so that ``tools/export_hf.py`` rebuilds the model that was trained.
         rank, world_size: this process's rank and the engine's world size (default: torch.distributed's).
         save_hf_metadata: write ``huggingface/`` on save (needed by ``tools/export_hf.py``).
+
+    A LoRA model (a ``peft.PeftModel`` inside the engine) is saved without its frozen base weights (DeepSpeed's
+    ``exclude_frozen_parameters``): the folder holds the adapters, their optimizer state and
+    ``lora_adapter/adapter_config.json`` (naming the base model), and loads into an engine built from the same base.
     """
 
     def __init__(self, engine: Any, tokenizer: Any = None, hf_config: Any = None, rank: int | None = None,
@@ -137,6 +142,9 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank={self.rank} is outside world_size={self.world_size}")
         self.save_hf_metadata = save_hf_metadata
+        from trainer.workers.lora import is_lora_model
+
+        self.lora = is_lora_model(getattr(engine, "module", None))
 
     # ------------------------------------------------------------------------------------------------ save
     def save(self, path: str, step: int | None = None) -> None:
@@ -159,11 +167,18 @@ class DeepSpeedCheckpointManager(CheckpointManager):
             os.makedirs(tmp)
         barrier()
         client_state = {CLIENT_STATE_KEY: {"global_step": step, "world_size": self.world_size,
-                                           "zero_stage": int(self.engine.zero_optimization_stage())}}
-        self.engine.save_checkpoint(tmp, tag=f"global_step_{step}", client_state=client_state)
+                                           "zero_stage": int(self.engine.zero_optimization_stage()),
+                                           "lora": self.lora}}
+        self.engine.save_checkpoint(tmp, tag=f"global_step_{step}", client_state=client_state,
+                                    exclude_frozen_parameters=self.lora)
         atomic_torch_save(capture_rng_state(), os.path.join(tmp, f"rng_rank_{self.rank}.pt"))
+        if self.rank == 0 and self.lora:
+            from trainer.workers.lora import save_adapter_config
+
+            save_adapter_config(self.engine.module, os.path.join(tmp, LORA_SUBDIR))
         if self.rank == 0 and self.save_hf_metadata:
             module = getattr(self.engine, "module", None)
+            module = module.get_base_model() if self.lora else module  # the HF model inside peft's wrapper
             gen = getattr(module, "generation_config", None)
             save_hf_metadata(os.path.join(tmp, HF_SUBDIR), trained_model_config(module, self.hf_config),
                              self.tokenizer, engine_dtype(self.engine), gen)
@@ -197,7 +212,12 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         if meta.get("zero_stage", stage) != stage:
             raise ValueError(f"checkpoint {path!r} was saved with ZeRO stage {meta['zero_stage']} but the "
                              f"engine uses stage {stage}; use tools/export_hf.py to convert weights instead")
-        load_path, client = self.engine.load_checkpoint(path, tag=None, load_module_strict=True,
+        if bool(meta.get("lora", False)) != self.lora:
+            raise ValueError(f"checkpoint {path!r} was saved {'with' if meta.get('lora') else 'without'} LoRA "
+                             f"adapters but this run trains {'LoRA adapters' if self.lora else 'all weights'}; "
+                             "resume with the same actor_rollout_ref.model.lora_rank setting")
+        # a LoRA checkpoint holds the trained parameters only: the frozen base comes from the model folder
+        load_path, client = self.engine.load_checkpoint(path, tag=None, load_module_strict=not self.lora,
                                                         load_optimizer_states=load_optimizer_states,
                                                         load_lr_scheduler_states=load_lr_scheduler_states)
         if load_path is None:

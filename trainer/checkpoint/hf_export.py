@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trainer.checkpoint.base import barrier
-from trainer.checkpoint.deepspeed_manager import save_hf_metadata, trained_model_config
+from trainer.checkpoint.deepspeed_manager import LORA_SUBDIR, save_hf_metadata, trained_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -113,19 +113,28 @@ def export_hf(module_or_engine: Any, out_dir: str, tokenizer: Any = None, dtype:
         zero_stage: the engine's ZeRO stage (3 gathers partitioned parameters).
         value_head: the model is a value model (critic): its head must have one output; the config is
             written with ``num_labels=1`` so ``AutoModelForTokenClassification`` reloads it.
+    A LoRA model (``peft.PeftModel``) is written merged (``trainer.workers.lora.merged_state_dict``) as its base
+    model's class, with the adapter folder that ``peft.PeftModel.from_pretrained`` loads in ``<out_dir>/lora_adapter``.
+
     Returns:
         ``out_dir`` on rank 0, None elsewhere.
     Raises:
         ValueError: bad ``dtype``/``zero_stage``, or ``value_head`` with a head that is not one output wide.
         TypeError: a module that is not a ``PreTrainedModel`` (no ``save_pretrained``/``config``).
     """
+    from trainer.workers.lora import is_lora_model, merged_state_dict, save_adapter
+
     dtype = to_dtype(dtype)
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={zero_stage!r}; expected 0, 1, 2 or 3")
     module = unwrap_module(module_or_engine)
-    if not hasattr(module, "save_pretrained") or not hasattr(module, "config"):
+    if is_lora_model(module):  # the merged weights under the base model's names, and the adapter beside them
+        save_adapter(module, os.path.join(out_dir, LORA_SUBDIR), zero_stage, dtype, _rank())
+        sd, module = merged_state_dict(module, zero_stage, dtype, _rank()), module.get_base_model()
+    elif not hasattr(module, "save_pretrained") or not hasattr(module, "config"):
         raise TypeError(f"{type(module).__name__} is not a transformers PreTrainedModel; cannot export to HF")
-    sd = gather_full_state_dict(module, zero_stage, dtype)
+    else:
+        sd = gather_full_state_dict(module, zero_stage, dtype)
     if _rank() != 0:
         barrier()
         return None

@@ -13,6 +13,7 @@ import torch
 
 from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker, reset_peak_memory, scheduler_total_steps, stage_peak_memory
+from trainer.workers.lora import lora_enabled
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
 
 logger = logging.getLogger(__name__)
@@ -20,6 +21,8 @@ logger = logging.getLogger(__name__)
 
 class ActorRolloutRefWorker(DistributedWorker):
     """Holds the trainable actor (DeepSpeed engine), the rollout engine and the frozen reference model."""
+
+    lora = False  # the actor trains LoRA adapters (set by init_model)
 
     def init_model(self) -> dict:
         import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
@@ -30,13 +33,14 @@ class ActorRolloutRefWorker(DistributedWorker):
         self.actor_cfg, self.rollout_cfg = arr["actor"], arr["rollout"]
         algo = cfg["algorithm"]
         self.need_ref = bool(self.actor_cfg["use_kl_loss"] or algo["use_kl_in_reward"])
+        self.lora = lora_enabled(arr["model"])  # LoRA: the reference is the actor with its adapters disabled
         total = scheduler_total_steps(cfg, self.actor_cfg)
         self.actor = ModelRole.build(self, arr["model"], sp=int(self.actor_cfg["ulysses_sequence_parallel_size"]),
                                      train=True, optim_cfg=self.actor_cfg["optim"],
                                      grad_clip=float(self.actor_cfg["grad_clip"]), total_steps=total)
         self.tokenizer = self.actor.tokenizer
         self.ref = None
-        if self.need_ref:
+        if self.need_ref and not self.lora:
             self.ref = ModelRole.build(self, arr["model"], sp=int(arr["ref"]["ulysses_sequence_parallel_size"]),
                                        train=False)
         self._build_rollout()
@@ -75,6 +79,14 @@ class ActorRolloutRefWorker(DistributedWorker):
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
         self.engine.sleep(level=int(rc.get("sleep_level", 1)))
+        self.lora_sync = None
+        if self.lora:
+            from trainer.workers.lora_sync import LoraWeightSync
+
+            self.lora_sync = LoraWeightSync(self.actor.engine.module, self.engine,
+                                            int(self.config["deepspeed"]["zero_stage"]),
+                                            mode=rc.get("lora_sync", "merged"), sleep_level=int(rc.get("sleep_level", 1)),
+                                            base_model_path=self.actor.model_path)
 
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
@@ -102,7 +114,9 @@ class ActorRolloutRefWorker(DistributedWorker):
         bucket = int(rc["update_weights_bucket_megabytes"]) * 2 ** 20
         offload = bool(rc.get("offload_optimizer_during_rollout")) and not validate
         module = self.actor.engine.module
-        return rollout_mode(self.engine, lambda: iter_actor_params(module, stage, bucket), bucket,
+        source = self.lora_sync.named_params if self.lora_sync is not None else (
+            lambda b: iter_actor_params(module, stage, b))
+        return rollout_mode(self.engine, lambda: source(bucket), bucket,
                             offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
                             reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
                             sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log,
@@ -178,16 +192,20 @@ class ActorRolloutRefWorker(DistributedWorker):
 
     @torch.no_grad()
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob`` (B, R) f32 of the frozen reference model."""
-        if self.ref is None:
+        """``ref_log_prob`` (B, R) f32 of the frozen reference model (a LoRA actor with its adapters disabled)."""
+        from trainer.workers.lora import reference_mode
+
+        if self.ref is None and not self.lora:
             raise RuntimeError("the reference model was not built: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
         ref = self.config["actor_rollout_ref"]["ref"]
         mbs = int(ref["log_prob_micro_batch_size_per_gpu"])
         temp = float(self.rollout_cfg["temperature"]) or 1.0
         reset_peak_memory(self.device)
-        lp, _ = forward_batch_log_probs(self.ref, data, mbs, temp, calculate_entropy=False,
-                                        use_dynamic_bsz=bool(ref.get("log_prob_use_dynamic_bsz", False)),
-                                        max_token_len=int(ref.get("log_prob_max_token_len_per_gpu", 16384)))
+        role = self.ref if self.ref is not None else self.actor
+        with reference_mode(role.engine.module):
+            lp, _ = forward_batch_log_probs(role, data, mbs, temp, calculate_entropy=False,
+                                            use_dynamic_bsz=bool(ref.get("log_prob_use_dynamic_bsz", False)),
+                                            max_token_len=int(ref.get("log_prob_max_token_len_per_gpu", 16384)))
         return DataProto.from_dict({"ref_log_prob": lp}, meta=stage_peak_memory(self.device, "ref"))
 
     # ---- update ---------------------------------------------------------------------------------------------
@@ -203,10 +221,11 @@ class ActorRolloutRefWorker(DistributedWorker):
         """Sums of the actor's parameters (gathered under ZeRO-3) and of the rollout engine's copy; for checks
         that every data-parallel rank holds the same weights and that the engine received them."""
         from rollout.context import iter_actor_params
+        from trainer.workers.lora import iter_merged_params
 
         stage = int(self.config["deepspeed"]["zero_stage"])
-        actor = {n: float(t.double().sum()) for bucket in iter_actor_params(self.actor.engine.module, stage)
-                 for n, t in bucket}
+        weights = iter_merged_params if self.lora else iter_actor_params  # a LoRA actor: its merged weights
+        actor = {n: float(t.double().sum()) for bucket in weights(self.actor.engine.module, stage) for n, t in bucket}
         engine_model = getattr(self.engine, "model", None)
         eng = {n: float(p.double().sum()) for n, p in engine_model.named_parameters()} if engine_model is not None else {}
         return {"actor": actor, "engine": eng}
@@ -219,7 +238,12 @@ def vllm_kwargs(rollout_cfg: dict, config: dict) -> dict:
     rc = rollout_cfg
     kwargs = {"max_model_len": int(rc["prompt_length"]) + int(rc["response_length"]),
               **dict((rc.get("engine_kwargs") or {}).get("vllm") or {})}
-    override = ((config.get("actor_rollout_ref") or {}).get("model") or {}).get("override_config")
+    model = (config.get("actor_rollout_ref") or {}).get("model") or {}
+    if lora_enabled(model) and rc.get("lora_sync", "merged") == "adapter":  # vLLM applies the adapter itself
+        from trainer.workers.lora_sync import vllm_lora_kwargs
+
+        kwargs = {**vllm_lora_kwargs(int(model["lora_rank"])), **kwargs}
+    override = model.get("override_config")
     if override:
         kwargs["hf_overrides"] = {**dict(override), **dict(kwargs.get("hf_overrides") or {})}
     return kwargs

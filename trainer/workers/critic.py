@@ -6,6 +6,7 @@ import torch
 from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker, scheduler_total_steps
 from trainer.workers.batching import micro_batches
+from trainer.workers.lora import LORA_KEYS
 from trainer.workers.model_utils import ModelRole, role_model_config
 
 # critic.model keys that replace the actor's model settings when not null (verl's critic.model.*)
@@ -32,6 +33,7 @@ class CriticWorker(DistributedWorker):
         cfg = self.config
         self.critic_cfg = cfg["critic"]
         model_cfg = role_model_config(cfg["actor_rollout_ref"]["model"], self.critic_cfg["model"], CRITIC_MODEL_KEYS)
+        model_cfg.update({k: self.critic_cfg["model"].get(k) for k in LORA_KEYS})  # the critic's own LoRA (verl)
         total = scheduler_total_steps(cfg, self.critic_cfg)
         self.critic = ModelRole.build(self, model_cfg, sp=int(self.critic_cfg["ulysses_sequence_parallel_size"]),
                                       train=True, optim_cfg=self.critic_cfg["optim"],

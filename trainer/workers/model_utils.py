@@ -79,6 +79,7 @@ class ModelRole:
         from trainer.workers.kernels import apply_kernel_options
 
         apply_kernel_options(model, model_cfg)
+        model = _with_lora(worker, model, model_cfg, train, value_head)
         if train:
             opt, sched = worker.build_optimizer(model, optim_cfg, total_steps)
             engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
@@ -91,6 +92,22 @@ class ModelRole:
         return cls(engine=engine, tokenizer=tok, hf_config=hf_config, model_path=path, sp=sp_obj, sp_size=sp,
                    dp_group=dp_group, dp_size=dp_size, dp_rank=dp_rank, use_remove_padding=use_rmpad,
                    device=worker.device, value_head=value_head)
+
+
+def _with_lora(worker, model: torch.nn.Module, model_cfg: dict, train: bool, value_head: bool) -> torch.nn.Module:
+    """``model`` wrapped with LoRA adapters when a trained role's settings ask for them
+    (:func:`trainer.workers.lora.apply_lora`; the adapters are seeded with ``trainer.seed``), else ``model``."""
+    from trainer.workers.lora import LoraSettings, apply_lora, trainable_numel
+
+    settings = LoraSettings.from_model_config(model_cfg) if train else None
+    if settings is None:
+        return model
+    model = apply_lora(model, settings, value_head=value_head, seed=int(worker.config["trainer"]["seed"]),
+                       gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing")))
+    trained, total = trainable_numel(model)
+    logger.info("LoRA rank %d alpha %g on %s: %d of %d parameters trained (%.2f%%)", settings.rank, settings.alpha,
+                settings.target_modules, trained, total, 100.0 * trained / max(total, 1))
+    return model
 
 
 def load_hf_model(path: str, hf_config, value_head: bool, trust_remote_code: bool,

@@ -1,0 +1,200 @@
+"""The checks of a run's LoRA settings before any worker starts (``trainer.launch.prestart`` runs :func:`check_lora`).
+
+Each role that trains (``actor_rollout_ref.model``, and ``critic.model`` when the critic is on) may set verl's
+``lora_rank`` (0: full fine-tuning), ``lora_alpha``, ``target_modules`` (``all-linear`` or a list of module names) and
+``exclude_modules``. Refused, one line each: a rank that is not an integer >= 0, an alpha <= 0, a target or excluded
+name that no module of the model has (the message lists the model's linear modules), a name that matches only modules
+peft cannot adapt, LoRA on the Megatron path, ``rollout.lora_sync=adapter`` without vLLM or without LoRA, and a
+reference with another Ulysses size than the actor it is computed by.
+"""
+from __future__ import annotations
+
+import logging
+
+from trainer.config_checks import ConfigError, run_checks
+
+logger = logging.getLogger(__name__)
+
+ALL_LINEAR = "all-linear"
+
+
+def check_lora(cfg: dict) -> None:
+    """Every LoRA check of ``cfg`` (a resolved config); their errors are raised together.
+
+    Raises:
+        ConfigError: naming the key, the bad value and what was expected (:class:`ConfigErrors` for several).
+    """
+    run_checks(cfg, (_check_values, _check_strategy, _check_sync, _check_reference, _check_module_names))
+
+
+def lora_roles(cfg: dict) -> list[tuple[str, dict, bool]]:
+    """``(config key, model settings, value_head)`` of the roles that may train LoRA adapters: the actor, and the
+    critic when it is on."""
+    roles = [("actor_rollout_ref.model", cfg["actor_rollout_ref"]["model"], False)]
+    if cfg["critic"].get("enable"):
+        roles.append(("critic.model", cfg["critic"]["model"], True))
+    return roles
+
+
+def _rank(key: str, model_cfg: dict) -> int:
+    value = model_cfg.get("lora_rank", 0)
+    value = 0 if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{key}.lora_rank={value!r}; expected an integer >= 0 (0: train every weight, > 0: the "
+                          "LoRA rank, e.g. 32)")
+    return value
+
+
+def _names(key: str, field: str, value, allow_all_linear: bool) -> list[str] | None:
+    """The list of names of ``target_modules`` / ``exclude_modules`` (None for ``all-linear`` or null)."""
+    if value is None and not allow_all_linear:
+        return None
+    if allow_all_linear and value == ALL_LINEAR:
+        return None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
+        return list(value)
+    want = "all-linear or a list of module names, e.g. [q_proj,v_proj]" if allow_all_linear else \
+        "null or a list of module names, e.g. [lm_head]"
+    raise ConfigError(f"{key}.{field}={value!r}; expected {want}")
+
+
+def _check_values(cfg: dict) -> None:
+    for key, model_cfg, _ in lora_roles(cfg):
+        if _rank(key, model_cfg) == 0:
+            continue
+        alpha = model_cfg.get("lora_alpha")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+            raise ConfigError(f"{key}.lora_alpha={alpha!r}; expected a number > 0 (the update is scaled by "
+                              "lora_alpha / lora_rank)")
+        _names(key, "target_modules", model_cfg.get("target_modules"), allow_all_linear=True)
+        _names(key, "exclude_modules", model_cfg.get("exclude_modules"), allow_all_linear=False)
+
+
+def _ranks(cfg: dict) -> dict[str, int]:
+    out = {}
+    for key, model_cfg, _ in lora_roles(cfg):
+        try:
+            out[key] = _rank(key, model_cfg)
+        except ConfigError:  # reported by _check_values
+            out[key] = 0
+    return out
+
+
+def _check_strategy(cfg: dict) -> None:
+    strategy = cfg["trainer"].get("strategy", "deepspeed")
+    on = [k for k, r in _ranks(cfg).items() if r > 0]
+    if strategy == "megatron" and on:
+        raise ConfigError(f"{on[0]}.lora_rank={_ranks(cfg)[on[0]]} with trainer.strategy=megatron: LoRA adapters are "
+                          "built on the DeepSpeed path only; use trainer.strategy=deepspeed or lora_rank=0")
+
+
+def _check_sync(cfg: dict) -> None:
+    from trainer.workers.lora_sync import LORA_SYNC_MODES, VLLM_MAX_LORA_RANKS
+
+    rc = cfg["actor_rollout_ref"]["rollout"]
+    mode = rc.get("lora_sync", "merged")
+    if mode not in LORA_SYNC_MODES:
+        raise ConfigError(f"actor_rollout_ref.rollout.lora_sync={mode!r}; expected one of {', '.join(LORA_SYNC_MODES)}")
+    if mode != "adapter":
+        return
+    rank = _ranks(cfg)["actor_rollout_ref.model"]
+    if rc.get("name") != "vllm":
+        raise ConfigError(f"actor_rollout_ref.rollout.lora_sync=adapter needs rollout=vllm (vLLM's LoRA); "
+                          f"rollout.name={rc.get('name')} takes lora_sync=merged")
+    if rank == 0:
+        raise ConfigError("actor_rollout_ref.rollout.lora_sync=adapter needs actor_rollout_ref.model.lora_rank > 0")
+    if rank > VLLM_MAX_LORA_RANKS[-1]:
+        raise ConfigError(f"actor_rollout_ref.model.lora_rank={rank} with lora_sync=adapter: vLLM's LoRA serves ranks "
+                          f"up to {VLLM_MAX_LORA_RANKS[-1]}; use lora_sync=merged")
+
+
+def _check_reference(cfg: dict) -> None:
+    arr = cfg["actor_rollout_ref"]
+    need_ref = bool(arr["actor"].get("use_kl_loss") or cfg["algorithm"].get("use_kl_in_reward"))
+    if not need_ref or _ranks(cfg)["actor_rollout_ref.model"] == 0:
+        return
+    actor_sp = arr["actor"].get("ulysses_sequence_parallel_size", 1)
+    ref_sp = arr["ref"].get("ulysses_sequence_parallel_size", actor_sp)
+    if ref_sp != actor_sp:
+        raise ConfigError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp} with LoRA: the reference is "
+                          f"the actor with its adapters disabled and runs at the actor's size ({actor_sp}); set them "
+                          "equal")
+
+
+def _check_module_names(cfg: dict) -> None:
+    for key, model_cfg, value_head in lora_roles(cfg):
+        try:
+            rank = _rank(key, model_cfg)
+            targets = _names(key, "target_modules", model_cfg.get("target_modules"), allow_all_linear=True)
+            exclude = _names(key, "exclude_modules", model_cfg.get("exclude_modules"), allow_all_linear=False)
+        except ConfigError:  # reported by _check_values
+            continue
+        if rank == 0 or (targets is None and exclude is None):
+            continue
+        model = _meta_model(cfg, model_cfg, value_head)
+        if model is not None:
+            check_module_names(model, key, targets, exclude)
+
+
+def check_module_names(model, key: str, targets: list[str] | None, exclude: list[str] | None) -> None:
+    """Each name of ``targets`` must match (peft's rule: the module's dotted name equals it or ends with
+    ``.<name>``) a module of ``model`` that peft can adapt (a linear, embedding or convolution layer); each name of
+    ``exclude`` must match some module.
+
+    Raises:
+        ConfigError: naming the key, the names that match nothing and the model's adaptable module names.
+    """
+    modules = list(model.named_modules())
+    adaptable = [(n, m) for n, m in modules if _adaptable(m)]
+    short = sorted({n.rsplit(".", 1)[-1] for n, _ in adaptable})
+
+    def matches(name: str, pool) -> bool:
+        return any(n == name or n.endswith("." + name) for n, _ in pool)
+
+    for field, names, pool in (("target_modules", targets, adaptable), ("exclude_modules", exclude, modules)):
+        missing = [n for n in names or [] if not matches(n, pool)]
+        if missing:
+            lacks = "no linear/embedding module" if field == "target_modules" else "no module"
+            raise ConfigError(f"{key}.{field}={names}: {type(model).__name__} has {lacks} named "
+                              f"{', '.join(map(repr, missing))}; its linear and embedding modules are: {', '.join(short)}")
+
+
+def _adaptable(module) -> bool:
+    """Whether peft's LoRA can wrap ``module`` (its ``Linear``, ``Embedding`` and ``Conv`` layers, transformers'
+    ``Conv1D``)."""
+    import torch
+
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d,
+                               torch.nn.Conv3d, Conv1D))
+
+
+def _meta_model(cfg: dict, model_cfg: dict, value_head: bool):
+    """The role's model built on the meta device (no weights) from its folder's config, or from the embedded tiny
+    model's sizes; None when transformers cannot build it here (peft then checks the names when the worker starts)."""
+    import torch
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
+                              AutoModelForTokenClassification)
+
+    arr_model = cfg["actor_rollout_ref"]["model"]
+    path = model_cfg.get("path") or arr_model.get("path")
+    remote = bool(model_cfg.get("trust_remote_code", arr_model.get("trust_remote_code")))
+    try:
+        if path is None:
+            from trainer import embedded
+
+            vocab = len(embedded.SPECIAL) + len(embedded.DIGITS) + len(embedded.WORDS)  # its module names only
+            hf_config = embedded.tiny_model_config(vocab, **dict(arr_model.get("tiny") or {}))
+        else:
+            hf_config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+        if value_head:
+            hf_config.num_labels = 1
+            auto = AutoModelForTokenClassification
+        else:
+            auto = AutoModelForImageTextToText if getattr(hf_config, "vision_config", None) else AutoModelForCausalLM
+        with torch.device("meta"):
+            return auto.from_config(hf_config, trust_remote_code=remote)
+    except Exception as exc:  # noqa: BLE001 (an architecture this process cannot build: the worker's peft checks)
+        logger.info("LoRA module names not checked before start-up (%s: %s)", type(exc).__name__, exc)
+        return None

@@ -1,0 +1,329 @@
+"""LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") on a trained role, with peft.
+
+A role whose model settings have ``lora_rank > 0`` (verl's keys: ``lora_rank``, ``lora_alpha``, ``target_modules``,
+``exclude_modules``) is wrapped with ``peft.get_peft_model`` before ``deepspeed.initialize``: the base weights are
+frozen, only the adapters (and, for the critic, its value head) are given to the optimizer, so ZeRO-1/2/3 keep
+optimizer state for the adapters only. The reference model is the same module with its adapters disabled
+(``PeftModel.disable_adapter``): no second copy of the weights.
+
+The rollout engines, the HF export and ``weights_fingerprint`` see the merged weights ``W + (alpha / r) B A``
+under the base model's own parameter names: :func:`iter_merged_params` computes them bucket by bucket with peft's
+``get_delta_weight`` (the formula of ``merge_and_unload``) without changing the trained weights; under ZeRO-3 each
+bucket is gathered once. :func:`adapter_state_dict` gives the adapter alone in peft's file layout
+(``adapter_model.safetensors`` names).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+NamedTensor = tuple[str, torch.Tensor]
+
+#: the one-output token heads of transformers' ``*ForTokenClassification`` models (the critic's value head)
+VALUE_HEADS = ("score", "classifier")
+#: a role's LoRA keys (verl's names), read from ``actor_rollout_ref.model`` or ``critic.model``
+LORA_KEYS = ("lora_rank", "lora_alpha", "target_modules", "exclude_modules")
+ADAPTER = "default"  # peft's adapter name
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """A role's LoRA settings (verl's ``model`` keys).
+
+    Attributes:
+        rank: ``lora_rank``, the inner dimension r of ``B (out, r) @ A (r, in)`` (> 0).
+        alpha: ``lora_alpha``; the update is scaled by ``alpha / rank`` (peft's ``scaling``).
+        target_modules: ``"all-linear"`` (every linear layer but the output head) or a list of module names, each
+            matching a module whose dotted name equals it or ends with ``.<name>`` (peft's rule).
+        exclude_modules: module names (same rule) never adapted, or ().
+    """
+
+    rank: int
+    alpha: float
+    target_modules: str | tuple[str, ...]
+    exclude_modules: tuple[str, ...] = ()
+
+    @classmethod
+    def from_model_config(cls, model_cfg: dict) -> "LoraSettings | None":
+        """The settings of ``model_cfg`` (``actor_rollout_ref.model`` or ``critic.model``); None when ``lora_rank``
+        is 0 or unset (full fine-tuning). Values are assumed checked (:func:`trainer.workers.lora_checks`)."""
+        rank = int(model_cfg.get("lora_rank") or 0)
+        if rank <= 0:
+            return None
+        targets = model_cfg.get("target_modules") or "all-linear"
+        targets = targets if isinstance(targets, str) else tuple(str(t) for t in targets)
+        exclude = model_cfg.get("exclude_modules") or ()
+        exclude = (exclude,) if isinstance(exclude, str) else tuple(str(e) for e in exclude)
+        return cls(rank=rank, alpha=float(model_cfg.get("lora_alpha", 16)), target_modules=targets,
+                   exclude_modules=exclude)
+
+    def peft_config(self, value_head: bool = False):
+        """The ``peft.LoraConfig``: task ``CAUSAL_LM``, or ``TOKEN_CLS`` for a value model (peft then trains the
+        ``score``/``classifier`` head fully, as ``modules_to_save``; the head is kept out of the LoRA targets)."""
+        from peft import LoraConfig, TaskType
+
+        exclude = list(self.exclude_modules) + (list(VALUE_HEADS) if value_head else [])
+        return LoraConfig(task_type=TaskType.TOKEN_CLS if value_head else TaskType.CAUSAL_LM, r=self.rank,
+                          lora_alpha=self.alpha, lora_dropout=0.0, bias="none",
+                          target_modules=self.target_modules if isinstance(self.target_modules, str)
+                          else list(self.target_modules), exclude_modules=exclude or None)
+
+
+def lora_enabled(model_cfg: dict | None) -> bool:
+    """Whether a role's model settings ask for LoRA (``lora_rank > 0``)."""
+    return bool(model_cfg) and int(model_cfg.get("lora_rank") or 0) > 0
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraSettings, value_head: bool = False, seed: int = 0,
+               gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """Wrap ``model`` (a transformers model, before ``deepspeed.initialize``) with LoRA adapters.
+
+    The adapters' initial values (peft's: ``A`` Kaiming-uniform, ``B`` zero, so the wrapped model starts equal to the
+    base) are drawn from ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng``: every rank builds the same
+    adapters and the caller's RNG stream is untouched.
+
+    Returns:
+        the ``peft.PeftModel``; its base parameters have ``requires_grad=False``.
+
+    Raises:
+        ValueError: (peft's) a target module that does not exist or cannot carry an adapter.
+    """
+    from peft import get_peft_model
+
+    if gradient_checkpointing:
+        model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return get_peft_model(model, settings.peft_config(value_head))
+
+
+def is_lora_model(module: Any) -> bool:
+    """Whether ``module`` (an HF model, or a DeepSpeed engine's ``.module``) is a peft LoRA model."""
+    import sys
+
+    peft = sys.modules.get("peft")  # a module can only be a PeftModel once peft was imported
+    return peft is not None and isinstance(module, peft.PeftModel)
+
+
+def reference_mode(module: Any):
+    """Context in which ``module`` computes the reference model: a LoRA model with its adapters disabled
+    (``PeftModel.disable_adapter``); any other module as it is."""
+    return module.disable_adapter() if is_lora_model(module) else contextlib.nullcontext()
+
+
+# ---- names -------------------------------------------------------------------------------------------------------
+_PREFIX = "base_model.model."
+
+
+def hf_name(name: str) -> str | None:
+    """The base model's parameter name for a peft parameter name, or None for a parameter that has no place in the
+    base model (``lora_A``/``lora_B`` weights, the frozen ``original_module`` copy of a ``modules_to_save`` head).
+
+    ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` -> ``model.layers.0.self_attn.q_proj.weight``;
+    ``base_model.model.score.modules_to_save.default.weight`` -> ``score.weight``.
+    """
+    if name.startswith(_PREFIX):
+        name = name[len(_PREFIX):]
+    parts = name.split(".")
+    if any(p in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "original_module") for p in parts):
+        return None
+    name = name.replace(".base_layer.", ".").replace(f".modules_to_save.{ADAPTER}.", ".")
+    return name
+
+
+def _lora_layer_of(module: torch.nn.Module, param_name: str):
+    """The peft LoRA layer owning ``param_name`` when it is that layer's ``base_layer.weight``, else None."""
+    if not param_name.endswith(".base_layer.weight"):
+        return None
+    layer = module.get_submodule(param_name[:-len(".base_layer.weight")])
+    return layer if ADAPTER in getattr(layer, "lora_A", {}) else None
+
+
+@dataclass
+class _Unit:
+    """One output tensor: ``name`` (HF) from ``source`` (a parameter), merged with ``layer``'s adapter if set."""
+
+    name: str
+    source: torch.Tensor
+    layer: Any = None
+
+    def inputs(self) -> list[torch.Tensor]:
+        if self.layer is None:
+            return [self.source]
+        return [self.source, self.layer.lora_A[ADAPTER].weight, self.layer.lora_B[ADAPTER].weight]
+
+    def nbytes(self) -> int:
+        numel = getattr(self.source, "ds_numel", None)
+        return int(numel if numel is not None else self.source.numel()) * self.source.element_size()
+
+    def value(self) -> torch.Tensor:
+        """The tensor (valid while its inputs are gathered): ``W + delta`` as peft's merge computes it (a new tensor),
+        or the parameter's data."""
+        w = self.source.data
+        if self.layer is None:
+            return w
+        merged = w.clone()
+        merged += self.layer.get_delta_weight(ADAPTER).to(w.dtype)
+        return merged
+
+
+def _units(module: torch.nn.Module, changed_only: bool, merge: bool = True) -> list[_Unit]:
+    """The base model's tensors as :class:`_Unit` s, in ``named_parameters`` order (tied weights once).
+    ``changed_only``: only those that training changes (adapted weights, trainable heads); ``merge=False``: the
+    adapted weights without their adapters (the frozen base)."""
+    out = []
+    for name, p in module.named_parameters():
+        target = hf_name(name)
+        if target is None:
+            continue
+        layer = _lora_layer_of(module, name)
+        if changed_only and layer is None and not p.requires_grad:
+            continue
+        out.append(_Unit(target, p, layer if merge else None))
+    return out
+
+
+def _buckets(units: list[_Unit], bucket_bytes: int) -> Iterator[list[_Unit]]:
+    bucket, size = [], 0
+    for u in units:
+        if bucket and size + u.nbytes() > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(u)
+        size += u.nbytes()
+    if bucket:
+        yield bucket
+
+
+def iter_merged_params(module: torch.nn.Module, zero_stage: int = 0, bucket_bytes: int = 512 * 2**20,
+                       changed_only: bool = False, merge: bool = True) -> Iterator[list[NamedTensor]]:
+    """Yield the merged weights of a LoRA model as buckets of ``(hf_name, tensor)`` of at most ``bucket_bytes``
+    (a bigger tensor stands alone), the names and order of the base model's ``named_parameters``.
+
+    An adapted linear layer's weight is ``W + scaling * B @ A`` (``LoraLayer.get_delta_weight``; bitwise what
+    ``merge_and_unload`` writes), in the weight's dtype; every other tensor is the parameter itself. The trained
+    parameters are not modified. With ZeRO-3 each bucket's parameters (base weights and their ``A``, ``B``) are
+    gathered with ONE ``deepspeed.zero.GatheredParameters`` and the tensors are valid only until the next bucket is
+    requested: consume (copy) each bucket first, as ``rollout.context.sync_weights`` does.
+
+    Args:
+        module: the ``peft.PeftModel`` (``ds_engine.module``).
+        zero_stage: 0-3.
+        bucket_bytes: max bytes per bucket (> 0), counted on the full (unpartitioned) tensors.
+        changed_only: only the tensors that training changes (the adapted weights and trainable heads), for an
+            engine that already holds the rest.
+        merge: False yields the frozen base weights instead (the adapted layers' ``W`` without ``B A``), for an engine
+            that applies the adapter itself (vLLM's LoRA).
+
+    Raises:
+        ValueError: ``zero_stage`` not in 0..3, ``bucket_bytes`` <= 0, or ``module`` is not a LoRA model.
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    if not is_lora_model(module):
+        raise ValueError(f"{type(module).__name__} is not a peft LoRA model")
+    for bucket in _buckets(_units(module, changed_only, merge), bucket_bytes):
+        with _gathered([t for u in bucket for t in u.inputs()], zero_stage):
+            yield [(u.name, u.value()) for u in bucket]
+
+
+@contextlib.contextmanager
+def _gathered(params: list[torch.Tensor], zero_stage: int):
+    if zero_stage != 3:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield
+
+
+def merged_state_dict(module: torch.nn.Module, zero_stage: int, dtype: torch.dtype, rank: int = 0) -> dict | None:
+    """The merged model's full state dict on CPU in ``dtype`` on ``rank`` 0 (None elsewhere; every rank must call it
+    under ZeRO-3): :func:`iter_merged_params` plus the base model's persistent buffers."""
+    sd: dict[str, torch.Tensor] = {}
+    for bucket in iter_merged_params(module, zero_stage, 256 * 2**20):
+        if rank == 0:
+            sd.update({n: t.detach().to("cpu", dtype, copy=True) for n, t in bucket})
+    if rank != 0:
+        return None
+    keys = set(module.state_dict().keys())
+    for name, buf in module.named_buffers():
+        target = hf_name(name)
+        if target is not None and name in keys and target not in sd:
+            sd[target] = buf.detach().to("cpu", copy=True)
+    return sd
+
+
+def adapter_state_dict(module: torch.nn.Module, zero_stage: int, dtype: torch.dtype | None = None,
+                       rank: int = 0) -> dict | None:
+    """The adapter's tensors (and a critic's trained head) under peft's saved names
+    (``base_model.model.<path>.lora_A.weight``; ``peft.get_peft_model_state_dict``), on CPU (in ``dtype`` when
+    given), on ``rank`` 0; None elsewhere. Under ZeRO-3 every rank must call it (one gather of the trainable
+    parameters)."""
+    from peft import get_peft_model_state_dict
+
+    trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    with _gathered([p for _, p in trainable], zero_stage):
+        if rank != 0:
+            return None
+        own = {n: p.detach().to("cpu", dtype or p.dtype, copy=True) for n, p in trainable}
+    return dict(get_peft_model_state_dict(module, state_dict=own, adapter_name=ADAPTER))
+
+
+def peft_config_dict(module: torch.nn.Module) -> dict:
+    """The adapter's ``adapter_config.json`` content (``LoraConfig.to_dict`` made JSON-safe)."""
+    cfg = module.peft_config[ADAPTER].to_dict()
+    out = {}
+    for k, v in cfg.items():
+        if isinstance(v, set):
+            v = sorted(v)
+        elif hasattr(v, "value"):  # TaskType / PeftType enums
+            v = v.value
+        out[k] = v
+    return out
+
+
+def save_adapter_config(module: torch.nn.Module, out_dir: str, base_model_path: str | None = None) -> str:
+    """Write ``adapter_config.json`` into ``out_dir`` (``base_model_name_or_path``: ``base_model_path``, else the
+    folder the base model was loaded from); returns its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    config = peft_config_dict(module)
+    if base_model_path:
+        config["base_model_name_or_path"] = base_model_path
+    path = os.path.join(out_dir, ADAPTER_CONFIG)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    return path
+
+
+def save_adapter(module: torch.nn.Module, out_dir: str, zero_stage: int, dtype: torch.dtype | None = None,
+                 rank: int = 0, base_model_path: str | None = None) -> str | None:
+    """Write the folder ``peft.PeftModel.from_pretrained(base, out_dir)`` loads (and vLLM's ``LoRARequest``):
+    ``adapter_config.json`` (``base_model_name_or_path``: ``base_model_path`` when given) and
+    ``adapter_model.safetensors``. Every rank calls it under ZeRO-3; rank 0 writes. Returns ``out_dir`` on rank 0."""
+    from safetensors.torch import save_file
+
+    sd = adapter_state_dict(module, zero_stage, dtype, rank)
+    if rank != 0:
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(out_dir, ADAPTER_WEIGHTS))
+    save_adapter_config(module, out_dir, base_model_path)
+    return out_dir
+
+
+def trainable_numel(module: torch.nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameter counts (full sizes under ZeRO-3)."""
+    count = lambda p: int(getattr(p, "ds_numel", p.numel()))  # noqa: E731
+    params = list(module.parameters())
+    return sum(count(p) for p in params if p.requires_grad), sum(count(p) for p in params)

@@ -142,14 +142,67 @@ def model_architecture(config, state_dict: dict) -> str:
     return arch
 
 
+def lora_adapter_config(local_dir: str) -> dict | None:
+    """The ``lora_adapter/adapter_config.json`` of a role folder saved with LoRA adapters, or None."""
+    import json
+
+    from trainer.checkpoint.deepspeed_manager import LORA_SUBDIR
+    from trainer.workers.lora import ADAPTER_CONFIG
+
+    path = os.path.join(local_dir, LORA_SUBDIR, ADAPTER_CONFIG)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def merge_lora_checkpoint(local_dir: str, config, adapter_cfg: dict, sd: dict, base_model: str | None = None,
+                          adapter_dir: str | None = None):
+    """The merged model (``merge_and_unload``) of a LoRA role folder: the base model (``base_model``, else the
+    adapter config's ``base_model_name_or_path``) as the class the checkpoint's config names, wrapped with the
+    saved adapter config, given the checkpoint's fp32 adapter (and value-head) tensors ``sd`` (peft names).
+    ``adapter_dir``: also write the adapter there as the folder ``peft.PeftModel.from_pretrained`` loads.
+
+    Raises:
+        FileNotFoundError: the base model folder does not exist (pass ``--base_model``).
+        RuntimeError: the checkpoint's adapter tensors do not match the adapter built from its config.
+    """
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    base = base_model or adapter_cfg.get("base_model_name_or_path")
+    if not base or not os.path.isfile(os.path.join(base, "config.json")):
+        raise FileNotFoundError(f"{local_dir!r} holds LoRA adapters of the base model {base!r}, which is not a model "
+                                "folder here; pass its folder with --base_model")
+    arch = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
+    cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
+    model = cls.from_pretrained(base, config=config, dtype=torch.float32)
+    known = {f.name for f in __import__("dataclasses").fields(LoraConfig)}
+    peft_model = get_peft_model(model, LoraConfig(**{k: v for k, v in adapter_cfg.items() if k in known}))
+    trained = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    missing, unexpected = trained - set(sd), set(sd) - trained
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {local_dir!r} does not match its adapter config: missing "
+                           f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    peft_model.load_state_dict(sd, strict=False)
+    if adapter_dir is not None:
+        peft_model.save_pretrained(adapter_dir)
+    return peft_model.merge_and_unload()
+
+
 def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype | None = None,
-                      tag: str | None = None) -> str:
+                      tag: str | None = None, adapter: bool = False, base_model: str | None = None) -> str:
     """Write an HF folder from ``local_dir`` (a saved role folder); returns ``target_dir``.
+
+    A role saved with LoRA adapters (it holds ``lora_adapter/adapter_config.json``) is written merged into its base
+    model (:func:`merge_lora_checkpoint`); with ``adapter`` the peft adapter folder goes to
+    ``<target_dir>/lora_adapter`` as well (verl's merger writes it there).
 
     Raises:
         FileNotFoundError: no ``huggingface/config.json``, or neither a DeepSpeed (``latest``) nor a Megatron
-            (``meta.pt``) checkpoint in ``local_dir``.
+            (``meta.pt``) checkpoint in ``local_dir``; a LoRA checkpoint whose base model folder is missing.
         RuntimeError: the checkpoint's weight names do not match the model built from the config.
+        ValueError: ``adapter`` for a checkpoint without LoRA adapters.
     """
     import transformers
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
@@ -166,6 +219,13 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
     config = AutoConfig.from_pretrained(hf_dir)
     out_dtype = to_dtype(dtype if dtype is not None else (getattr(config, "dtype", None) or torch.float32))
     config.dtype = out_dtype
+    adapter_cfg = lora_adapter_config(local_dir)
+    if adapter and adapter_cfg is None:
+        raise ValueError(f"--adapter: {local_dir!r} was saved without LoRA adapters (no lora_adapter/adapter_config.json)")
+    if adapter_cfg is not None:
+        merged = merge_lora_checkpoint(local_dir, config, adapter_cfg, load_consolidated_state_dict(local_dir, tag),
+                                       base_model, os.path.join(target_dir, "lora_adapter") if adapter else None)
+        return _write_export(merged.to(out_dtype), hf_dir, target_dir, None, out_dtype)
     if os.path.isfile(os.path.join(local_dir, "meta.pt")):
         sd = load_megatron_state_dict(local_dir, config)
     else:
@@ -182,8 +242,17 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
         raise RuntimeError(f"checkpoint {local_dir!r} does not match {arch}: missing {sorted(missing)[:5]}, "
                            f"unexpected {sorted(unexpected)[:5]}")
     sd = {k: v.to(out_dtype) if v.is_floating_point() else v for k, v in sd.items()}
+    return _write_export(model, hf_dir, target_dir, sd, out_dtype)
+
+
+def _write_export(model, hf_dir: str, target_dir: str, sd: dict | None, out_dtype: torch.dtype) -> str:
+    """``model.save_pretrained`` (with ``sd`` when given) into ``target_dir`` (``config.json`` records
+    ``out_dtype``), then the generation config and the tokenizer saved in ``hf_dir``."""
+    from transformers import AutoTokenizer, GenerationConfig
+
     os.makedirs(target_dir, exist_ok=True)
-    model.save_pretrained(target_dir, state_dict=sd, safe_serialization=True)
+    model.config.dtype = out_dtype
+    model.save_pretrained(target_dir, safe_serialization=True, **({"state_dict": sd} if sd is not None else {}))
     try:
         GenerationConfig.from_pretrained(hf_dir).save_pretrained(target_dir)
     except OSError:
@@ -217,6 +286,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target_dir", required=True, help="output Hugging Face folder")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: training dtype)")
     p.add_argument("--tag", default=None, help="DeepSpeed tag inside local_dir (default: its 'latest' file)")
+    p.add_argument("--adapter", action="store_true",
+                   help="a LoRA checkpoint: also write the adapter folder peft loads to <target_dir>/lora_adapter")
+    p.add_argument("--base_model", default=None,
+                   help="a LoRA checkpoint: the base model folder (default: the one recorded at save time)")
     args = p.parse_args(argv)
     if args.backend is not None and os.path.isdir(args.local_dir):
         found = checkpoint_backend(args.local_dir)
@@ -229,7 +302,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    out = export_checkpoint(args.local_dir, args.target_dir, args.dtype, args.tag)
+    out = export_checkpoint(args.local_dir, args.target_dir, args.dtype, args.tag, adapter=args.adapter,
+                            base_model=args.base_model)
     print(f"exported {args.local_dir} -> {out}")
 
 

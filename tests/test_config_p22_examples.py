@@ -96,6 +96,7 @@ def test_p22_entry_point_rejects_unknown_key_in_one_line(tmp_path):
                            f"trainer.output_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    # no "'+key=...' adds a key" advice: an added key that nothing reads is refused too (a silent no-op otherwise)
     assert lines == ["error: unknown config key 'trainer.save_frq': it is not in configs/ppo_trainer.yaml or its "
-                     "groups (check the spelling; '+trainer.save_frq=...' adds a new key)"], lines
+                     "groups, nor one of verl's keys (check the spelling; did you mean 'trainer.save_freq'?)"], lines
     assert not os.path.exists(tmp_path / "data")    # nothing was prepared: no worker started

@@ -50,8 +50,9 @@ def test_registering_a_new_estimator_is_one_decorator():
         fn = ca.get_adv_estimator_fn("unit_test_zero")
         adv, ret = fn(torch.ones(2, 2), torch.ones(2, 2), index=np.array(["a", "b"]))
         assert adv.abs().sum() == 0
-    finally:
+    finally:  # unregistered again: the function and its registry entry
         ca.ADV_ESTIMATOR_REGISTRY.pop("unit_test_zero")
+        ca.ADV_ESTIMATOR_SPECS.pop("unit_test_zero")
 
 
 # ---------------------------------------------------------------------------------------------- masked helpers

@@ -20,9 +20,9 @@ pytestmark = pytest.mark.slow
 BASE = ["trainer.total_training_steps=4", "trainer.save_freq=2", "data.train_batch_size=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        # 8 optimizer steps per run (2 per training step): warmup 2, then cosine decay; a resumed run that
-        # repeated the warmup or used another horizon would log another actor/lr
-        "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
+        # 8 optimizer steps per run (2 per training step): warmup 1 training step (2 optimizer steps), then
+        # cosine decay; a resumed run that repeated the warmup or used another horizon would log another actor/lr
+        "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
         "actor_rollout_ref.actor.optim.total_training_steps=4"]
 NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step", "reward/time_s")
 

@@ -53,6 +53,15 @@ def _hydra(*overrides):
         return compose("ppo_trainer", overrides=list(overrides))
 
 
+def test_rollout_is_weights_count_as_made_exactly_when_the_rollout_correction_is_on():
+    # the rollout-correction stage (algorithm.rollout_correction.rollout_is) puts rollout_is_weights in the batch
+    off = adv_inputs.stage_columns(resolve_config(_cfg()))
+    on = adv_inputs.stage_columns(resolve_config(_cfg("algorithm.rollout_correction.rollout_is=token")))
+    seq = adv_inputs.stage_columns(resolve_config(_cfg("algorithm.rollout_correction.rollout_is=sequence")))
+    assert "rollout_is_weights" not in off
+    assert "rollout_is_weights" in on and "rollout_is_weights" in seq
+
+
 def test_p31_new_estimator_with_a_new_input_is_one_entry_plus_one_function():
     """A test-only estimator whose baseline is the response length: its input and producer are declared in its
     registry entry; the config check accepts it, the trainer's input stage makes the column, and

@@ -28,7 +28,7 @@ def _config(out_dir, strategy, world=1, extra=()):
             f"trainer.strategy={strategy}", f"trainer.n_gpus_per_node={world}", f"trainer.output_dir={out_dir}",
             "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-            "data.train_batch_size=4", "deepspeed=zero1", *extra])
+            "data.train_batch_size=4", "deepspeed=zero1", "trainer.total_training_steps=4", *extra])
     cfg = resolve_config(c)
     validate(cfg)
     prepare_embedded(cfg)

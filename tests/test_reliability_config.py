@@ -34,7 +34,8 @@ def assert_one_line_error(proc, *needles):
 CASES = {
     "unknown_key": (["trainer.n_gpu_per_node=2"], ["'trainer.n_gpu_per_node'", "unknown config key"]),
     "renamed_key": (["actor_rollout_ref.actor.ppo_micro_batch_size=4"],
-                    ["use 'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu'"]),
+                    ["actor_rollout_ref.actor.ppo_micro_batch_size=4: not supported",
+                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)"]),
     "unknown_group_option": (["deepspeed=zero4"], ["deepspeed/zero4"]),
     "batch_not_divisible_by_workers": (["data.train_batch_size=7"], ["data.train_batch_size=7", "2 workers"]),
     "mini_batch_does_not_divide": ([*OK_BATCH, "actor_rollout_ref.actor.ppo_mini_batch_size=3"],

@@ -3,6 +3,9 @@
 Usage::
 
     python tools/export_hf.py --local_dir ckpts/global_step_40/actor --target_dir hf_actor_step40 [--dtype bfloat16]
+    python tools/export_hf.py merge --backend deepspeed --local_dir ckpts/global_step_40/actor --target_dir hf_actor
+
+(the second form is verl's ``python -m verl.model_merger merge`` spelling; ``--backend`` must match the folder).
 
 Weights come from DeepSpeed's ``deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint``
 (ZeRO 1/2/3: merges the fp32 master partitions of every rank; runs on CPU, no process group needed) or,
@@ -192,13 +195,39 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
     return target_dir
 
 
-def main(argv: list[str] | None = None) -> None:
+def checkpoint_backend(local_dir: str) -> str:
+    """``megatron`` when the role folder holds ``meta.pt``, else ``deepspeed``."""
+    return "megatron" if os.path.isfile(os.path.join(local_dir, "meta.pt")) else "deepspeed"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, in this tool's form or as verl's model merger spells it
+    (``merge --backend deepspeed|megatron --local_dir ... --target_dir ...``).
+
+    Raises:
+        SystemExit: argparse's usage error (exit 2), e.g. verl's ``--backend fsdp`` (this framework saves DeepSpeed
+            or Megatron checkpoints) or its ``test`` operation.
+    """
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("operation", nargs="?", choices=["merge"],
+                   help="verl's model-merger spelling: merge (the only operation; the default)")
+    p.add_argument("--backend", choices=["deepspeed", "megatron"], default=None,
+                   help="the checkpoint's strategy (verl's flag; default: read from the folder)")
     p.add_argument("--local_dir", required=True, help="saved role folder: <default_local_dir>/global_step_<N>/actor")
     p.add_argument("--target_dir", required=True, help="output Hugging Face folder")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: training dtype)")
     p.add_argument("--tag", default=None, help="DeepSpeed tag inside local_dir (default: its 'latest' file)")
     args = p.parse_args(argv)
+    if args.backend is not None and os.path.isdir(args.local_dir):
+        found = checkpoint_backend(args.local_dir)
+        if found != args.backend:
+            p.error(f"--backend {args.backend}, but {args.local_dir!r} holds a {found} checkpoint "
+                    f"({'meta.pt' if found == 'megatron' else 'no meta.pt'}); use --backend {found}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     out = export_checkpoint(args.local_dir, args.target_dir, args.dtype, args.tag)
     print(f"exported {args.local_dir} -> {out}")

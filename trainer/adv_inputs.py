@@ -44,8 +44,10 @@ def stage_columns(cfg: dict, spec=None) -> dict[str, str]:
     arr = cfg["actor_rollout_ref"]
     if arr["actor"].get("use_kl_loss") or cfg["algorithm"].get("use_kl_in_reward"):
         out["ref_log_prob"] = "the reference model"
-    if ((cfg["algorithm"].get("rollout_correction") or {}).get("tis_threshold")):
-        out["rollout_is_weights"] = "algorithm.rollout_correction.tis_threshold"
+    from trainer.algos.rollout_correction import RolloutCorrection
+
+    if RolloutCorrection.from_config(cfg["algorithm"].get("rollout_correction")).enabled:
+        out["rollout_is_weights"] = "the rollout correction (algorithm.rollout_correction.rollout_is)"
     return out
 
 

@@ -6,14 +6,83 @@ here runs before any worker starts; ``trainer.launch`` calls it and re-exports i
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
-__all__ = ["ConfigError", "check_megatron", "check_megatron_model", "check_resume_checkpoint", "check_resume_model",
-           "check_model_files", "check_rollout_correction", "reward_options", "check_reward_scorers"]
+__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "run_checks", "check_megatron", "check_megatron_model",
+           "check_resume_checkpoint", "check_resume_model", "check_model_files", "check_rollout_correction",
+           "reward_options", "check_reward_scorers"]
 
 
 class ConfigError(ValueError):
     """A config value is invalid; the message names the key, the value and what was expected."""
+
+
+class ConfigErrors(ConfigError):
+    """Several config errors found in one pass; ``str()`` holds one message per line (``messages``)."""
+
+    def __init__(self, messages: list[str]):
+        self.messages = list(messages)
+        super().__init__("\n".join(self.messages))
+
+
+class ErrorCollector:
+    """Runs check functions and keeps every :class:`ConfigError` they raise, so that a run reports all of its config
+    errors at once instead of one per attempt.
+
+    A check is any callable that raises ``ConfigError`` (or :class:`ConfigErrors`) for a bad value; a check stops at
+    its own first error, the collector goes on with the next check. Identical messages are kept once.
+
+    Example::
+
+        errors = ErrorCollector()
+        errors.run(validate, cfg)
+        with errors.check():
+            preflight(cfg)
+        errors.raise_if_any()
+    """
+
+    def __init__(self, messages: list[str] | None = None):
+        self.messages: list[str] = []
+        for m in messages or []:
+            self.add(m)
+
+    def add(self, message: str) -> None:
+        """Record one message (once)."""
+        if message not in self.messages:
+            self.messages.append(message)
+
+    @contextmanager
+    def check(self):
+        """A ``with`` block whose ConfigError is recorded instead of raised (other exceptions pass through)."""
+        try:
+            yield
+        except ConfigErrors as exc:
+            for m in exc.messages:
+                self.add(m)
+        except ConfigError as exc:
+            self.add(str(exc))
+
+    def run(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``; returns its result, or None when it raised a ConfigError (recorded)."""
+        with self.check():
+            return fn(*args, **kwargs)
+        return None
+
+    def raise_if_any(self) -> None:
+        """Raise :class:`ConfigErrors` with every recorded message (a plain ConfigError when there is one)."""
+        if len(self.messages) == 1:
+            raise ConfigError(self.messages[0])
+        if self.messages:
+            raise ConfigErrors(self.messages)
+
+
+def run_checks(cfg: dict, checks) -> None:
+    """Run every ``check(cfg)`` of ``checks`` and raise all their ConfigErrors together (see :class:`ErrorCollector`)."""
+    errors = ErrorCollector()
+    for check in checks:
+        errors.run(check, cfg)
+    errors.raise_if_any()
 
 
 def _as_int(value, key: str, minimum: int | None = None) -> int:

@@ -32,6 +32,10 @@ class DataError(ValueError):
     """A data file is missing, empty, lacks a column or holds no usable rows."""
 
 
+class DataExhausted(Exception):
+    """The loader has yielded every batch of its ``num_epochs`` epochs (verl's end of ``trainer.total_epochs``)."""
+
+
 def _load_rows(files: Sequence[str]) -> list[dict]:
     import datasets
 
@@ -69,6 +73,7 @@ class PromptDataset:
         prompt_key: the column holding the prompt.
         filter_overlong_prompts: drop rows longer than ``max_prompt_length`` (counted and logged); otherwise
             ``truncation`` decides: ``error`` raises, ``left``/``right`` cut the prompt.
+        chat_template_kwargs: extra arguments of ``apply_chat_template`` (``data.apply_chat_template_kwargs``).
         processor: a Hugging Face processor (``apply_chat_template`` + ``__call__(text=, images=)``) for rows with
             images; None for a text-only model.
         image_key: the column holding a row's images.
@@ -88,6 +93,7 @@ class PromptDataset:
     filter_overlong_prompts: bool = True
     truncation: str = "error"
     max_rows: int | None = None
+    chat_template_kwargs: dict = field(default_factory=dict)
     processor: Any = None
     image_key: str = "images"
     rows: list[dict] = field(default_factory=list, init=False)
@@ -153,13 +159,14 @@ class PromptDataset:
             return None
         if row.get(self.image_key):
             try:
-                ids, _ = image_prompt_inputs(self.processor, prompt, row[self.image_key])
+                ids, _ = image_prompt_inputs(self.processor, prompt, row[self.image_key], self.chat_template_kwargs)
             except ValueError as exc:
                 raise DataError(f"data files {list(self.files)}: a row with {self.image_key!r}: {exc}") from exc
             return ids
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+        out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
+                                                 **self.chat_template_kwargs)
         if hasattr(out, "keys") and "input_ids" in out:
             out = out["input_ids"]
         return list(out)
@@ -173,7 +180,8 @@ class PromptDataset:
             return row
         mm = {}
         if row.get(self.image_key):
-            _, mm = image_prompt_inputs(self.processor, row[self.prompt_key], row[self.image_key])
+            _, mm = image_prompt_inputs(self.processor, row[self.prompt_key], row[self.image_key],
+                                        self.chat_template_kwargs)
         return {**row, "multi_modal_inputs": mm}
 
 
@@ -207,21 +215,22 @@ class PromptLoader:
     """Yields batches of ``batch_size`` prompts; its position is saved and restored for exact resumption.
 
     The order of epoch ``e`` is a permutation drawn from ``torch.Generator().manual_seed(seed + e)`` (or the
-    natural order when ``shuffle`` is false); the last incomplete batch is dropped.
+    natural order when ``shuffle`` is false); the last incomplete batch is dropped. With ``num_epochs`` the loader
+    ends after that many epochs (:class:`DataExhausted`), as verl's epoch loop over ``trainer.total_epochs`` does.
 
     Raises:
         DataError: when the dataset holds fewer rows than one batch.
     """
 
     def __init__(self, dataset: PromptDataset, batch_size: int, pad_token_id: int, shuffle: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, num_epochs: int | None = None):
         if batch_size <= 0:
             raise DataError(f"batch size {batch_size} must be positive")
         if len(dataset) < batch_size:
             raise DataError(f"dataset has {len(dataset)} usable rows, fewer than one batch "
                             f"(data.train_batch_size={batch_size})")
         self.dataset, self.batch_size, self.pad_token_id = dataset, batch_size, pad_token_id
-        self.shuffle, self.seed = shuffle, seed
+        self.shuffle, self.seed, self.num_epochs = shuffle, seed, num_epochs
         self.epoch, self.position = 0, 0
 
     def __len__(self) -> int:
@@ -235,8 +244,14 @@ class PromptLoader:
         return torch.randperm(len(self.dataset), generator=g).tolist()
 
     def next_batch(self) -> tuple[DataProto, int]:
-        """The next batch and the epoch it belongs to (epochs roll over automatically)."""
+        """The next batch and the epoch it belongs to (epochs roll over automatically).
+
+        Raises:
+            DataExhausted: every batch of ``num_epochs`` epochs was given out.
+        """
         if self.position >= len(self):
+            if self.num_epochs is not None and self.epoch + 1 >= self.num_epochs:
+                raise DataExhausted(f"all {self.num_epochs} epochs of {len(self)} batches are used up")
             self.epoch, self.position = self.epoch + 1, 0
         order = self._order(self.epoch)
         idx = order[self.position * self.batch_size:(self.position + 1) * self.batch_size]

@@ -75,7 +75,7 @@ def make_rows(num_rows: int, seed: int, min_digits: int = 1, max_digits: int = 1
     return rows
 
 
-def write_task(out_dir: str, train_rows: int = 2048, val_rows: int = 64, seed: int = 0,
+def write_task(out_dir: str, train_rows: int = 2240, val_rows: int = 64, seed: int = 0,
                make=make_rows) -> tuple[str, str]:
     """Write ``train.jsonl`` and ``val.jsonl`` of a generated task (rows from ``make(num_rows, seed)``, the synthetic
     digits task by default); returns their paths."""

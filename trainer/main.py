@@ -44,7 +44,13 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 
-USER_ERRORS = ("ConfigError", "DataError", "PlacementError", "FileNotFoundError")
+USER_ERRORS = ("ConfigError", "ConfigErrors", "DataError", "PlacementError", "FileNotFoundError")
+
+
+def report_user_error(exc: BaseException) -> None:
+    """Print a user error as ``error: <line>`` lines on stderr (a :class:`ConfigErrors` holds one per line)."""
+    for line in str(exc).splitlines() or [""]:
+        print(f"error: {line}", file=sys.stderr)
 
 
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
@@ -62,21 +68,46 @@ def main(cfg: DictConfig) -> None:
         if interrupted_by() is not None:  # a worker died of the same Ctrl-C before the driver's handler ran
             exit_interrupted(interrupted_by(), None, cfg.trainer.default_local_dir)
         if type(exc).__name__ in USER_ERRORS:  # a user error ends the run with one line naming the bad value
-            print(f"error: {exc}", file=sys.stderr)
+            report_user_error(exc)
             sys.exit(2)
         raise
 
 
+def check_command_line(args: list[str]) -> list[str]:
+    """The overrides for Hydra (:func:`trainer.overrides.prepare_overrides`). When the command line has errors,
+    the config composed from its valid part is checked too (verl keys, validate, preflight), every error is
+    printed and the process exits 2, before Hydra runs."""
+    from trainer.overrides import prepare_overrides
+
+    prepared = prepare_overrides(args)
+    if not prepared.errors:
+        return prepared.overrides
+    from trainer.config_checks import ConfigError, ErrorCollector
+
+    errors = ErrorCollector(prepared.errors)
+    keys = [o for o in prepared.overrides if "=" in o and not o.startswith("-") and
+            not o.lstrip("+~").startswith("hydra.")]
+    try:
+        from hydra import compose, initialize_config_dir
+
+        from trainer.launch import prestart
+
+        with initialize_config_dir(config_dir=os.path.join(_ROOT, "configs"), version_base="1.3"):
+            cfg = compose(config_name="ppo_trainer", overrides=keys)
+        with errors.check():
+            prestart(cfg)
+    except Exception:  # noqa: BLE001 (what does not compose is already among the command line's errors)
+        pass
+    report_user_error(ConfigError("\n".join(errors.messages)))
+    sys.exit(2)
+
+
 if __name__ == "__main__":
     from trainer.interrupt import as_interrupt, exit_interrupted, install_handlers
-    from trainer.launch import ConfigError, check_overrides
 
     install_handlers()
     try:
-        check_overrides(sys.argv[1:])
+        sys.argv = [sys.argv[0], *check_command_line(sys.argv[1:])]
         main()
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
     except KeyboardInterrupt as exc:  # before the run started
         exit_interrupted(as_interrupt(exc).signum, None, None)

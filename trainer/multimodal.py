@@ -75,8 +75,10 @@ def image_messages(prompt: str | Sequence[dict], num_images: int) -> list[dict]:
     return messages
 
 
-def image_prompt_inputs(processor: Any, prompt: str | Sequence[dict], images: Sequence[Any]) -> tuple[list[int], dict]:
-    """``(prompt token ids with image tokens expanded, multi_modal_inputs)`` of one row.
+def image_prompt_inputs(processor: Any, prompt: str | Sequence[dict], images: Sequence[Any],
+                        chat_template_kwargs: dict | None = None) -> tuple[list[int], dict]:
+    """``(prompt token ids with image tokens expanded, multi_modal_inputs)`` of one row; ``chat_template_kwargs``
+    are extra arguments of the processor's ``apply_chat_template`` (``data.apply_chat_template_kwargs``).
 
     ``multi_modal_inputs`` holds the processor's tensors except ``input_ids`` / ``attention_mask`` (e.g.
     ``pixel_values`` ``(patches, C*T*P*P)`` float32 and ``image_grid_thw`` ``(images, 3)`` int64), batch dim dropped
@@ -90,7 +92,8 @@ def image_prompt_inputs(processor: Any, prompt: str | Sequence[dict], images: Se
                          "vision-language model folder without preprocessor_config.json); train image rows with a "
                          "vision-language model and its processor")
     imgs = [load_image(x) for x in images]
-    text = processor.apply_chat_template(image_messages(prompt, len(imgs)), add_generation_prompt=True, tokenize=False)
+    text = processor.apply_chat_template(image_messages(prompt, len(imgs)), add_generation_prompt=True, tokenize=False,
+                                         **(chat_template_kwargs or {}))
     out = processor(text=[text], images=imgs, return_tensors="pt")
     ids = [int(t) for t in out["input_ids"][0]]
     mm = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}

@@ -48,7 +48,7 @@ def init_ray(device: str) -> None:
         p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
-    for key in ("TORCH_CUDA_ARCH_LIST", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE"):
+    for key in ("TORCH_CUDA_ARCH_LIST", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "DSRL_CONFIG_READS"):
         if key in os.environ:
             env[key] = os.environ[key]
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
@@ -127,6 +127,8 @@ class WorkerGroup:
     def __init__(self, cls, role: str, pg, world_size: int, config: dict, device: str, cpus_per_worker: int,
                  share: float = 1.0, sp_size: int = 1):
         self.role, self.world_size, self.sp_size = role, world_size, sp_size
+        # trainer.ray_timeout_s bounds every call of the group (0 or null: no bound)
+        self.timeout_s = float(config["trainer"].get("ray_timeout_s") or 0) or None
         if world_size % sp_size:
             raise ValueError(f"{role}: ulysses_sequence_parallel_size={sp_size} does not divide {world_size} workers")
         self.dp_size = world_size // sp_size
@@ -158,6 +160,7 @@ class WorkerGroup:
         that died is named before a peer whose call raised because of it; see :meth:`_raise_if_a_peer_died`)."""
         pending = dict(zip(futures, ranks))
         results: dict[Any, Any] = {}
+        timeout_s = getattr(self, "timeout_s", None) if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())

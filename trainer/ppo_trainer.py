@@ -13,11 +13,12 @@ import time
 from contextlib import contextmanager
 
 import numpy as np
-import torch
 
 from trainer.adv_inputs import estimator_kwargs, produce_inputs
-from trainer.dataset import PromptLoader, collate_prompts, pad_rows_to_multiple
+from trainer.config_reads import plain
+from trainer.dataset import DataExhausted, PromptLoader
 from trainer.protocol import DataProto
+from trainer.validation import extra_info_means as _extra_info_means, sampled as _sampled, validate_and_log
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class RayPPOTrainer:
         self.global_step = 0
         self.stop_token_ids = [tokenizer.eos_token_id]  # replaced by the rollout engine's set in init_workers
         self._stop_requested = False
+        self.stop_reason = ""  # why the run ended before trainer.total_training_steps (for the final line)
+        self._val_samples: list[dict] = []  # trainer.log_val_generations samples of the last validation
+        self._log_val_n = 0
         from trainer import core_algos
 
         self.kl_ctrl = core_algos.get_kl_controller(self.algo["kl_ctrl"]) if self.algo["use_kl_in_reward"] else None
@@ -114,7 +118,7 @@ class RayPPOTrainer:
         if self.prime is not None:  # [PRIME]
             self.prime.save_checkpoint(step_dir)
         extra = {"kl_coef": self.kl_ctrl.value} if self.kl_ctrl is not None else {}
-        save_trainer_state(step_dir, {**self.loader.state_dict(), **extra}, self.global_step, self.cfg)
+        save_trainer_state(step_dir, {**self.loader.state_dict(), **extra}, self.global_step, plain(self.cfg))
         commit_checkpoint(self._ckpt_root(), self.global_step, t.get("max_actor_ckpt_to_keep"))
         return step_dir
 
@@ -163,7 +167,7 @@ class RayPPOTrainer:
             pad_id = self.tokenizer.pad_token_id
             batch, rews = collect_informative_groups(
                 batch, lambda: self.loader.next_batch()[0], lambda p, k: self._generate_and_score(p, k, timing),
-                want_groups=len(batch), n=self.n, metric=str(fg.get("metric", "acc")),
+                want_groups=int((self.cfg.get("data") or {}).get("train_batch_size", len(batch))), n=self.n, metric=str(fg.get("metric", "acc")),
                 max_num_gen_batches=int(fg.get("max_num_gen_batches", 10) or 0),  # 10: the config default
                 pad_token_id=self.tokenizer.eos_token_id if pad_id is None else pad_id, metrics=metrics,
                 no_cap_limit=len(self.loader))
@@ -255,56 +259,17 @@ class RayPPOTrainer:
         """Generate on the held-out set (``val_kwargs`` sampling) and score it: ``val/<data_source>/<metric>``
         (``acc`` is the strict accuracy, the mean over all samples). With ``trainer.val_also_greedy`` and sampled
         ``val_kwargs``, a second pass decodes one greedy response per question and logs
-        ``val/<data_source>/greedy/<metric>``, so sampled and greedy accuracy of the same weights sit side by side."""
-        if self.val_dataset is None:
-            return {}
-        metrics = self._validate_pass(greedy=False)
-        vk = self.cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
-        if self.cfg["trainer"].get("val_also_greedy") and _sampled(vk):
-            metrics.update(self._validate_pass(greedy=True))
-        return metrics
+        ``val/<data_source>/greedy/<metric>``, so sampled and greedy accuracy of the same weights sit side by side
+        (:func:`trainer.validation.validate`)."""
+        from trainer.validation import validate
+
+        return validate(self)
 
     def _validate_pass(self, greedy: bool) -> dict:
-        """One generation + scoring pass over the held-out set: ``val/<data_source>/<metric>`` keys, or
-        ``val/<data_source>/greedy/<metric>`` for the ``greedy`` pass (one greedy response per question)."""
-        from trainer.metric_utils import flatten_validation_metrics, process_validation_metrics
+        """One generation + scoring pass over the held-out set (:func:`trainer.validation.validation_pass`)."""
+        from trainer.validation import validation_pass
 
-        ds = self.val_dataset
-        bs = int(self.cfg["data"].get("val_batch_size") or len(ds))
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        sources: list = []
-        uids: list = []
-        infos: dict[str, list] = {}
-        n_val = 1
-        for start in range(0, len(ds), bs):
-            rows = [ds[i] for i in range(start, min(start + bs, len(ds)))]
-            batch = collate_prompts(rows, pad_id)
-            batch["uid"] = [f"val-{start + i}" for i in range(len(batch))]
-            batch.meta.update(validate=True, greedy=greedy, seed=int(self.cfg["trainer"]["seed"]))
-            padded, _ = pad_rows_to_multiple(batch, self.world)
-            out = self.actor_wg.dispatch_all("generate_sequences", padded)
-            n_val = len(out) // len(padded)
-            out = out.index(slice(0, len(batch) * n_val))  # drop the rows that only padded the batch
-            rew = self.val_reward_fn(out)
-            sources.extend(out["data_source"].tolist())
-            uids.extend(out["uid"].tolist())
-            chunk = {"score": rew.token_level_scores.sum(-1).tolist()}
-            chunk.update({k: list(v) for k, v in rew.reward_extra_info.items() if k != "score"})
-            for k in set(infos) | set(chunk):
-                infos.setdefault(k, [None] * (len(uids) - len(out))).extend(chunk.get(k, [None] * len(out)))
-        if "acc" not in infos:
-            infos["acc"] = infos["score"]
-        metrics: dict = {}
-        src_arr = np.asarray(sources, dtype=object)
-        for src in sorted(set(sources)):
-            sel = np.nonzero(src_arr == src)[0]
-            for k, v in _extra_info_means({k: [v[i] for i in sel] for k, v in infos.items()}).items():
-                name = k[len("reward/"):-len("/mean")]  # reward/<key>/mean; a key may itself hold '/'
-                metrics[f"val/{src}/{'greedy/' if greedy else ''}{name}"] = v
-        if n_val > 1:
-            numeric = {k: v for k, v in infos.items() if all(isinstance(x, (int, float)) for x in v)}
-            metrics.update(flatten_validation_metrics(process_validation_metrics(sources, uids, numeric)))
-        return metrics
+        return validation_pass(self, greedy)
 
     # ---- loop -----------------------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -312,23 +277,25 @@ class RayPPOTrainer:
         from trainer.tracking import Tracking
 
         t = self.cfg["trainer"]
-        total = int(t["total_training_steps"])
+        total = self._last_step()
         self.global_step = self.load_checkpoint()
-        tracker = Tracking(t["project_name"], t["experiment_name"], t["logger"], t["output_dir"], self.cfg,
+        tracker = Tracking(t["project_name"], t["experiment_name"], t["logger"], t["output_dir"], plain(self.cfg),
                            total_steps=total, start_step=self.global_step)
         from trainer.placement import WorkerDied
         from trainer.recovery import Recovery
 
-        recovery = Recovery(self, tracker, int(t.get("max_restarts", 0)))
         self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}
         try:
-            if t.get("val_before_train") and self.val_dataset is not None and self.global_step == 0:
-                val = self.validate()
-                tracker.log({**val, "_no_advance": True}, step=0)
-                last.update(val)
+            if t.get("val_only") or (t.get("val_before_train") and self.val_dataset is not None
+                                     and self.global_step == 0):
+                last.update(validate_and_log(self, tracker, self.global_step, advance=False))
+                if t.get("val_only"):
+                    self.stop_reason = " (trainer.val_only: validation only)"
+                    return last
             save_freq, test_freq = int(t.get("save_freq", -1)), int(t.get("test_freq", -1))
+            recovery = Recovery(self, tracker, int(t.get("max_restarts", 0)))  # the state training starts from
             while self.global_step < total and not self._stop_requested:
                 self.global_step += 1
                 timing: dict = {}
@@ -343,7 +310,10 @@ class RayPPOTrainer:
                                 self.save_checkpoint()
                         if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
                             with _timer("testing", timing):
-                                metrics.update(self.validate())
+                                metrics.update(validate_and_log(self, tracker, self.global_step))
+                except DataExhausted:  # dynamic sampling drew past the last epoch: verl's loop ends here too
+                    self.global_step -= 1
+                    break
                 except WorkerDied as exc:  # trainer.max_restarts: re-raised, or back at the last checkpoint
                     recovery.restart(exc)
                     continue
@@ -357,6 +327,10 @@ class RayPPOTrainer:
                                 **recovery.metrics()})
                 tracker.log(metrics, step=self.global_step)
                 last = metrics
+            if self._stop_requested:
+                self.stop_reason = " (stopped early by SIGTERM)"
+            elif self.global_step < int(t["total_training_steps"]):
+                self.stop_reason = f" (trainer.total_epochs={t.get('total_epochs')} epochs of data used up)"
             if self._stop_requested and int(t.get("save_freq", -1)) > 0:
                 logger.warning("SIGTERM: saving step %d before exiting", self.global_step)
                 self.save_checkpoint()
@@ -368,6 +342,14 @@ class RayPPOTrainer:
             signal.signal(signal.SIGTERM, old_handler)
             tracker.close()
         return last
+
+    def _last_step(self) -> int:
+        """``trainer.total_training_steps``, or the step where ``trainer.total_epochs`` of data end when that comes
+        first and every step takes one loader batch (verl's epoch loop ends the run there)."""
+        total = int(self.cfg["trainer"]["total_training_steps"])
+        fixed = not (self.cfg["algorithm"].get("filter_groups") or {}).get("enable")
+        epochs = self.loader.num_epochs
+        return min(total, epochs * len(self.loader)) if fixed and epochs else total
 
     def _check_skipped(self, metrics: dict) -> None:
         """Stop the run when a role's optimizer steps were skipped (non-finite loss or gradient) too many times in
@@ -403,24 +385,6 @@ class RayPPOTrainer:
 
 class TrainingDiverged(RuntimeError):
     """Too many optimizer steps in a row were skipped because of a non-finite loss or gradient."""
-
-
-def _sampled(kwargs: dict) -> bool:
-    """True when sampling settings (``val_kwargs``) sample, by :attr:`rollout.base.SamplingConfig.greedy`'s rule."""
-    from rollout.base import SamplingConfig
-
-    return not SamplingConfig(do_sample=bool(kwargs.get("do_sample", False)),
-                              temperature=float(kwargs.get("temperature", 0.0) or 0.0)).greedy
-
-
-def _extra_info_means(info: dict) -> dict:
-    """``reward/<key>/mean`` for every numeric per-sample key (None entries and non-numeric keys skipped)."""
-    out = {}
-    for k, values in info.items():
-        nums = [float(v) for v in values if isinstance(v, (int, float, np.number))]  # bools count as 0/1
-        if nums and len(nums) == sum(v is not None for v in values):
-            out[f"reward/{k}/mean"] = float(np.mean(nums))
-    return out
 
 
 def _reduce(per_rank: list[dict]) -> dict:

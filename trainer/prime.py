@@ -136,7 +136,7 @@ class PrimeController:
         if self.n_prompts == loader.batch_size:
             return loader
         return PromptLoader(loader.dataset, self.n_prompts, loader.pad_token_id, shuffle=loader.shuffle,
-                            seed=loader.seed)
+                            seed=loader.seed, num_epochs=loader.num_epochs)
 
     def init_workers(self, pg, device: str, cpus_per_worker: int, share: float) -> dict:
         """Create and initialise the PRM worker group; returns rank 0's ``init_model`` info."""

@@ -69,6 +69,23 @@ class Tracking:
                 if advance:
                     self._bar.update(1)
 
+    def log_generations(self, samples: list[dict], step: int) -> None:
+        """Validation samples (``{"input", "output", "score"}``, :func:`generation_samples`): appended to
+        ``<output_dir>/val_generations.jsonl`` with the step, printed on the console, a wandb table with wandb."""
+        with open(os.path.join(os.path.dirname(self.path), "val_generations.jsonl"), "a", encoding="utf-8") as f:
+            for row in samples:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+        if self.console and self._bar is not None:
+            for row in samples:
+                self._bar.write(f"val sample (step {step}, score {_fmt(row['score'])}): {row['input']!r} -> "
+                                f"{row['output']!r}")
+        if self._wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=["step", "input", "output", "score"],
+                                data=[[step, r["input"], r["output"], r["score"]] for r in samples])
+            self._wandb.log({"val/generations": table}, step=step)
+
     def rewind_to(self, step: int) -> None:
         """Drop the rows of steps after ``step`` (a run that went back to a checkpoint logs them again) and set
         the progress bar to ``step``."""
@@ -118,3 +135,17 @@ def _plain(v):
 
 def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def generation_samples(tokenizer, rows, scores: list[float], limit: int) -> list[dict]:
+    """Up to ``limit`` samples ``{"input", "output", "score"}`` of a generated batch: the decoded prompt and
+    response (padding dropped; ``prompts`` (B, P) and ``responses``/``response_mask`` (B, R) columns of ``rows``)
+    and the summed token-level score."""
+    out = []
+    for i in range(min(max(limit, 0), len(rows))):
+        prompt = rows["prompts"][i][rows["attention_mask"][i][: rows["prompts"].shape[1]].bool()]
+        response = rows["responses"][i][rows["response_mask"][i].bool()]
+        out.append({"input": tokenizer.decode(prompt.tolist(), skip_special_tokens=True),
+                    "output": tokenizer.decode(response.tolist(), skip_special_tokens=True),
+                    "score": float(scores[i])})
+    return out

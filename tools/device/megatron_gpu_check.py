@@ -66,7 +66,7 @@ def _config(model_dir: str, out_dir: str, tp: int, dtype: str, world: int, devic
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
             f"data.train_batch_size={mini}", "actor_rollout_ref.actor.optim.lr=1e-5",
             "actor_rollout_ref.rollout.static_cache=false", f"data.max_prompt_length={P}",
-            f"data.max_response_length={R}"])
+            f"data.max_response_length={R}", "trainer.total_training_steps=4"])
     return resolve_config(c)
 
 

@@ -191,8 +191,7 @@ def compute_policy_loss_sapo(old_log_probs, log_probs, advantages, response_mask
     clip fractions 0.
     """
     m, log_ratio, adv = _prep(old_log_probs, log_probs, advantages, response_mask, rollout_is_weights)
-    as_t = lambda key, default: torch.tensor(float(_cfg(config, key, default)), dtype=log_probs.dtype,  # noqa: E731
-                                             device=log_probs.device)
-    tau = torch.where(adv > 0, as_t("tau_pos", 1.0), as_t("tau_neg", 1.05))
+    pos, neg = float(_cfg(config, "tau_pos", 1.0)), float(_cfg(config, "tau_neg", 1.05))
+    tau = torch.where(adv > 0, log_probs.new_tensor(pos), log_probs.new_tensor(neg))
     gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
     return _finish(-gate * adv, m, loss_agg_mode, rollout_is_weights, agg_kwargs, log_ratio)

@@ -71,8 +71,7 @@ class ActorRolloutRefWorker(DistributedWorker):
                 tensor_model_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
                 gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
                 dtype="bfloat16" if self.param_dtype() == torch.bfloat16 else "float32",
-                max_model_len=int(rc["prompt_length"]) + int(rc["response_length"]),
-                seed=int(self.config["trainer"]["seed"]) + self.rank)
+                seed=int(self.config["trainer"]["seed"]) + self.rank, **vllm_kwargs(rc, self.config))
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
         self.engine.sleep(level=int(rc.get("sleep_level", 1)))
@@ -170,9 +169,10 @@ class ActorRolloutRefWorker(DistributedWorker):
         mbs = int(self.rollout_cfg["log_prob_micro_batch_size_per_gpu"])
         temp = float(self.rollout_cfg["temperature"]) or 1.0
         reset_peak_memory(self.device)
+        rc = self.rollout_cfg
         lp, ent = forward_batch_log_probs(self.actor, data, mbs, temp, calculate_entropy=True,
-                                          use_dynamic_bsz=bool(self.actor_cfg["use_dynamic_bsz"]),
-                                          max_token_len=int(self.actor_cfg["ppo_max_token_len_per_gpu"]))
+                                          use_dynamic_bsz=bool(rc.get("log_prob_use_dynamic_bsz", False)),
+                                          max_token_len=int(rc.get("log_prob_max_token_len_per_gpu", 16384)))
         return DataProto.from_dict({"old_log_probs": lp, "entropys": ent},
                                    meta=stage_peak_memory(self.device, "old_log_prob"))
 
@@ -181,12 +181,13 @@ class ActorRolloutRefWorker(DistributedWorker):
         """``ref_log_prob`` (B, R) f32 of the frozen reference model."""
         if self.ref is None:
             raise RuntimeError("the reference model was not built: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
-        mbs = int(self.config["actor_rollout_ref"]["ref"]["log_prob_micro_batch_size_per_gpu"])
+        ref = self.config["actor_rollout_ref"]["ref"]
+        mbs = int(ref["log_prob_micro_batch_size_per_gpu"])
         temp = float(self.rollout_cfg["temperature"]) or 1.0
         reset_peak_memory(self.device)
         lp, _ = forward_batch_log_probs(self.ref, data, mbs, temp, calculate_entropy=False,
-                                        use_dynamic_bsz=bool(self.actor_cfg["use_dynamic_bsz"]),
-                                        max_token_len=int(self.actor_cfg["ppo_max_token_len_per_gpu"]))
+                                        use_dynamic_bsz=bool(ref.get("log_prob_use_dynamic_bsz", False)),
+                                        max_token_len=int(ref.get("log_prob_max_token_len_per_gpu", 16384)))
         return DataProto.from_dict({"ref_log_prob": lp}, meta=stage_peak_memory(self.device, "ref"))
 
     # ---- update ---------------------------------------------------------------------------------------------
@@ -210,3 +211,15 @@ class ActorRolloutRefWorker(DistributedWorker):
         eng = {n: float(p.double().sum()) for n, p in engine_model.named_parameters()} if engine_model is not None else {}
         return {"actor": actor, "engine": eng}
 
+
+def vllm_kwargs(rollout_cfg: dict, config: dict) -> dict:
+    """Further ``vllm.LLM`` arguments: ``max_model_len`` (prompt + response unless set), verl's engine keys collected
+    in ``rollout.engine_kwargs.vllm`` (trainer.verl_compat) and the model's ``override_config`` as vLLM's
+    ``hf_overrides``."""
+    rc = rollout_cfg
+    kwargs = {"max_model_len": int(rc["prompt_length"]) + int(rc["response_length"]),
+              **dict((rc.get("engine_kwargs") or {}).get("vllm") or {})}
+    override = ((config.get("actor_rollout_ref") or {}).get("model") or {}).get("override_config")
+    if override:
+        kwargs["hf_overrides"] = {**dict(override), **dict(kwargs.get("hf_overrides") or {})}
+    return kwargs

@@ -188,7 +188,7 @@ class DistributedWorker:
         return torch.bfloat16 if bf16 else torch.float32
 
     def build_optimizer(self, model: torch.nn.Module, optim_cfg: dict, total_steps: int):
-        """AdamW and a warmup-then-``lr_scheduler_type`` LR schedule (transformers.get_scheduler).
+        """AdamW and a warmup-then-``lr_scheduler_type`` LR schedule (:func:`_lr_scheduler`).
 
         ``deepspeed.optimizer=torch_adamw`` is ``torch.optim.AdamW`` with ``fused=True`` (one kernel per step instead
         of about ten passes over the fp32 master weights; same update rule) on CUDA with ZeRO stage <= 2 and no
@@ -216,11 +216,7 @@ class DistributedWorker:
                 opt = FusedAdam(params, adam_w_mode=True, **kw)
         else:
             raise ValueError(f"deepspeed.optimizer={kind!r}; expected torch_adamw or deepspeed_adamw")
-        name = optim_cfg.get("lr_scheduler_type", "constant")
-        warmup = int(optim_cfg.get("lr_warmup_steps", 0) or 0)
-        name = "constant_with_warmup" if name == "constant" else name
-        sched = get_scheduler(name, optimizer=opt, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1))
-        return opt, sched
+        return opt, _lr_scheduler(get_scheduler, opt, optim_cfg, total_steps)
 
 
 def effective_zero_stage(ds: dict) -> int:
@@ -241,9 +237,39 @@ def scheduler_total_steps(config: dict, role_cfg: dict) -> int:
     """
     steps = int(role_cfg["optim"].get("total_training_steps", -1))
     if steps < 0:
-        steps = int(config["trainer"]["total_training_steps"])
+        steps = config["trainer"]["total_training_steps"]
+        if steps is None:
+            raise ValueError("trainer.total_training_steps is not planned yet: call trainer.launch.plan_run_length "
+                             "(or set trainer.total_training_steps) before building a trained role")
+        steps = int(steps)
     minis = max(1, int(config["data"]["train_batch_size"]) // max(1, int(role_cfg["ppo_mini_batch_size"])))
     return max(1, steps * int(role_cfg["ppo_epochs"]) * minis)
+
+
+def _lr_scheduler(get_scheduler, opt, optim_cfg: dict, total_steps: int):
+    """Linear warmup, then ``lr_scheduler_type`` (transformers.get_scheduler), over ``total_steps`` OPTIMIZER steps.
+
+    verl's keys count TRAINING steps: ``lr_warmup_steps`` (< 0: ``lr_warmup_steps_ratio x total_training_steps``)
+    is multiplied by the optimizer steps per training step (``total_steps / optim.total_training_steps``), so the
+    warmup spans the same share of the run as in verl, whose scheduler steps once per training step. ``cosine``
+    decays to ``min_lr_ratio x lr`` over ``num_cycles`` half-waves (transformers' ``cosine_with_min_lr``, the same
+    formula as verl's ``get_cosine_schedule_with_warmup``).
+    """
+    train_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
+    per = max(1, round(total_steps / train_steps)) if train_steps > 0 else 1
+    warmup = int(optim_cfg.get("lr_warmup_steps", 0) or 0)
+    if warmup < 0:
+        warmup = int(float(optim_cfg.get("lr_warmup_steps_ratio", 0.0) or 0.0) * max(train_steps, 0))
+    name = optim_cfg.get("lr_scheduler_type", "constant")
+    kwargs = {}
+    if name == "constant":
+        name = "constant_with_warmup"
+    elif name == "cosine":
+        name = "cosine_with_min_lr"
+        kwargs = {"min_lr_rate": float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0),
+                  "num_cycles": float(optim_cfg.get("num_cycles", 0.5))}
+    return get_scheduler(name, optimizer=opt, num_warmup_steps=warmup * per, num_training_steps=max(total_steps, 1),
+                         scheduler_specific_kwargs=kwargs or None)
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

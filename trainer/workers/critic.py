@@ -6,7 +6,11 @@ import torch
 from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker, scheduler_total_steps
 from trainer.workers.batching import micro_batches
-from trainer.workers.model_utils import ModelRole
+from trainer.workers.model_utils import ModelRole, role_model_config
+
+# critic.model keys that replace the actor's model settings when not null (verl's critic.model.*)
+CRITIC_MODEL_KEYS = ("tokenizer_path", "trust_remote_code", "use_remove_padding", "enable_gradient_checkpointing",
+                     "external_lib")
 
 
 def forward_values_micro(role: ModelRole, mb: DataProto) -> torch.Tensor:
@@ -27,7 +31,7 @@ class CriticWorker(DistributedWorker):
         self.init_distributed()
         cfg = self.config
         self.critic_cfg = cfg["critic"]
-        model_cfg = dict(cfg["actor_rollout_ref"]["model"])
+        model_cfg = role_model_config(cfg["actor_rollout_ref"]["model"], self.critic_cfg["model"], CRITIC_MODEL_KEYS)
         total = scheduler_total_steps(cfg, self.critic_cfg)
         self.critic = ModelRole.build(self, model_cfg, sp=int(self.critic_cfg["ulysses_sequence_parallel_size"]),
                                       train=True, optim_cfg=self.critic_cfg["optim"],
@@ -37,12 +41,20 @@ class CriticWorker(DistributedWorker):
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> DataProto:
-        """``values`` (B, R) f32 for every row, in order."""
+        """``values`` (B, R) f32 for every row, in order: micro-batches of ``critic.forward_micro_batch_size_per_gpu``
+        rows, or with ``critic.use_dynamic_bsz`` of ``critic.forward_max_token_len_per_gpu`` tokens (x sp)."""
         self.critic.engine.eval()
-        mbs = int(self.critic_cfg["ppo_micro_batch_size_per_gpu"])
+        c = self.critic_cfg
+        mbs = int(c.get("forward_micro_batch_size_per_gpu") or c["ppo_micro_batch_size_per_gpu"])
+        max_tok = int(c.get("forward_max_token_len_per_gpu") or c.get("ppo_max_token_len_per_gpu", 32768))
         data = data.select(["input_ids", "attention_mask", "position_ids", "responses"])
-        vals = [forward_values_micro(self.critic, mb).float().cpu() for mb in micro_batches(data, mbs)]
-        return DataProto.from_dict({"values": torch.cat(vals)})
+        data["_row"] = torch.arange(len(data))
+        vals, rows = [], []
+        for mb in micro_batches(data, mbs, bool(c.get("use_dynamic_bsz")), max_tok * self.critic.sp_size,
+                                self.critic.dp_group):
+            vals.append(forward_values_micro(self.critic, mb).float().cpu())
+            rows.append(mb["_row"])
+        return DataProto.from_dict({"values": torch.cat(vals)[torch.argsort(torch.cat(rows))]})
 
     def update_critic(self, data: DataProto) -> dict:
         from trainer.workers.update import ppo_update

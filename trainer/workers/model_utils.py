@@ -1,6 +1,7 @@
 """Building one model role (actor, reference, critic, PRM) on a worker and running batched forwards."""
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -48,12 +49,17 @@ class ModelRole:
         weights are partitioned as they load. Master weights are fp32; DeepSpeed keeps bf16 copies when bf16 is on.
         """
         import deepspeed
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         path = path_override or model_cfg["path"]
-        tok = AutoTokenizer.from_pretrained(model_cfg.get("tokenizer_path") or path,
-                                            trust_remote_code=bool(model_cfg.get("trust_remote_code")))
-        hf_config = AutoConfig.from_pretrained(path, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
+        import_external_lib(model_cfg.get("external_lib"))
+        remote = bool(model_cfg.get("trust_remote_code"))
+        tok = AutoTokenizer.from_pretrained(model_cfg.get("tokenizer_path") or path, trust_remote_code=remote)
+        if model_cfg.get("custom_chat_template"):
+            tok.chat_template = model_cfg["custom_chat_template"]
+        override = dict(model_cfg.get("override_config") or {})
+        hf_config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+        apply_config_overrides(hf_config, override)
         ds_cfg = worker.ds_config(train=train, grad_clip=grad_clip)
         keep = None
         if ds_cfg["zero_optimization"]["stage"] == 3:
@@ -62,17 +68,8 @@ class ModelRole:
             keep = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 (must stay alive while loading)
         sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
         use_rmpad = bool(model_cfg.get("use_remove_padding", True)) or sp > 1
-        if value_head:  # critic: the backbone with a one-output token head (exports as an HF model)
-            from transformers import AutoModelForTokenClassification
-
-            model = AutoModelForTokenClassification.from_pretrained(
-                path, num_labels=1, dtype=torch.float32, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
-        else:  # a vision-language model (its config has a vision_config) loads as image-text-to-text
-            from transformers import AutoModelForImageTextToText
-
-            auto = AutoModelForImageTextToText if is_vision_language(hf_config) else AutoModelForCausalLM
-            model = auto.from_pretrained(path, dtype=torch.float32,
-                                         trust_remote_code=bool(model_cfg.get("trust_remote_code")))
+        model = load_hf_model(path, hf_config if override else None, value_head, remote,
+                              vision_language=is_vision_language(hf_config))
         if use_rmpad:
             from patches.ulysses import apply_ulysses_patch
 
@@ -94,6 +91,64 @@ class ModelRole:
         return cls(engine=engine, tokenizer=tok, hf_config=hf_config, model_path=path, sp=sp_obj, sp_size=sp,
                    dp_group=dp_group, dp_size=dp_size, dp_rank=dp_rank, use_remove_padding=use_rmpad,
                    device=worker.device, value_head=value_head)
+
+
+def load_hf_model(path: str, hf_config, value_head: bool, trust_remote_code: bool,
+                  vision_language: bool = False) -> torch.nn.Module:
+    """The fp32 HF model at ``path``: a causal LM, an image-text-to-text model (``vision_language``: its config has a
+    ``vision_config``), or (``value_head``) the backbone with a one-output token head (the critic; it exports as an
+    HF model). With ``hf_config`` (an overridden config) the model is built from it."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
+
+    given = {} if hf_config is None else {"config": copy.deepcopy(hf_config)}
+    if not value_head:
+        auto = AutoModelForImageTextToText if vision_language else AutoModelForCausalLM
+        return auto.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code, **given)
+    if given:
+        given["config"].num_labels = 1
+    else:
+        given["num_labels"] = 1
+    return AutoModelForTokenClassification.from_pretrained(path, dtype=torch.float32,
+                                                           trust_remote_code=trust_remote_code, **given)
+
+
+def import_external_lib(name: str | None) -> None:
+    """Import the module ``name`` (``model.external_lib``: it registers custom models with transformers), if set.
+
+    Raises:
+        ImportError: naming the module.
+    """
+    if name:
+        import importlib
+
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ImportError(f"external_lib={name!r} cannot be imported: {exc}") from exc
+
+
+def apply_config_overrides(hf_config, override: dict) -> None:
+    """Set ``override`` (``model.override_config``, verl's key) on a transformers config, in place: each entry
+    replaces the attribute of that name; a dict entry updates a sub-config (e.g. ``rope_scaling``, a ``text_config``)
+    key by key. Verl's rule (``update_model_config``)."""
+    for key, value in override.items():
+        current = getattr(hf_config, key, None)
+        if isinstance(value, dict) and current is not None and hasattr(current, "to_dict"):
+            apply_config_overrides(current, value)
+        elif isinstance(value, dict) and isinstance(current, dict):
+            setattr(hf_config, key, {**current, **value})
+        else:
+            setattr(hf_config, key, value)
+
+
+def role_model_config(base: dict, role: dict, keys: tuple[str, ...]) -> dict:
+    """A role's model settings: ``base`` (``actor_rollout_ref.model``) with the role's non-null ``keys`` over it and
+    the role's ``override_config`` merged over the base's (the critic's ``critic.model``, the PRM's
+    ``reward_model.model``)."""
+    out = dict(base)
+    out.update({k: role[k] for k in keys if role.get(k) is not None})
+    out["override_config"] = {**(base.get("override_config") or {}), **(role.get("override_config") or {})}
+    return out
 
 
 def is_vision_language(hf_config) -> bool:

@@ -23,12 +23,13 @@ import torch
 from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker
 from trainer.workers.batching import global_count, micro_batches, mini_batch_rows
-from trainer.workers.model_utils import ModelRole, forward_batch_log_probs, forward_micro
+from trainer.workers.model_utils import ModelRole, forward_batch_log_probs, forward_micro, role_model_config
 from trainer.workers.step_guard import count_skip, guarded_backward, optimizer_step
 
 logger = logging.getLogger(__name__)
 
-_MODEL_KEYS = ("tokenizer_path", "trust_remote_code", "use_remove_padding", "enable_gradient_checkpointing")
+_MODEL_KEYS = ("tokenizer_path", "trust_remote_code", "use_remove_padding", "enable_gradient_checkpointing",
+               "external_lib")
 _INPUTS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
 
@@ -42,8 +43,7 @@ class PRMWorker(DistributedWorker):
         cfg = self.config
         self.rm_cfg = rm = cfg["reward_model"]
         mc = rm["model"]
-        base = dict(cfg["actor_rollout_ref"]["model"])
-        base.update({k: mc[k] for k in _MODEL_KEYS if mc.get(k) is not None})
+        base = role_model_config(cfg["actor_rollout_ref"]["model"], mc, _MODEL_KEYS)
         path = mc.get("path") or base["path"]
         ref_path = mc.get("ref_path") or path
         self.beta = float(mc["beta_train"])
@@ -52,7 +52,9 @@ class PRMWorker(DistributedWorker):
         sp = int(rm.get("ulysses_sequence_parallel_size", 1))
         optim = dict(mc["optim"])
         minis = max(1, int(cfg["data"]["train_batch_size"]) // max(1, int(rm["mini_batch_size"])))
-        total = max(1, int(cfg["trainer"]["total_training_steps"]) * minis)  # optimizer steps of the run
+        steps = int(optim.get("total_training_steps", -1))
+        steps = int(cfg["trainer"]["total_training_steps"]) if steps < 0 else steps
+        total = max(1, steps * minis)  # optimizer steps of the run
         self.prm = ModelRole.build(self, base, sp=sp, train=True, optim_cfg=optim,
                                    grad_clip=float(optim.get("grad_clip", 10.0)),
                                    total_steps=total, path_override=path)

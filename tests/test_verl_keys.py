@@ -1,0 +1,280 @@
+"""verl's key space (issue #26): every key of verl's PPO trainer config is a key of configs/ or one row of
+trainer/verl_keys.py, passes on the command line without '+', and is mapped, warned about or refused with a line
+that says what to use instead; the README's table is generated from the same rows.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e_utils import ROOT
+from trainer.config_checks import ConfigError, ConfigErrors
+from trainer.overrides import CONFIG_DIR, FREE_FORM, check_overrides, config_groups, prepare_overrides
+from trainer.verl_compat import Report, apply_verl_keys, leaves, markdown_table, match, override_errors
+from trainer.verl_keys import VERL_KEYS
+
+KEYS_FILE = os.path.join(ROOT, "tests", "data", "verl_ppo_trainer_keys.txt")
+
+
+def verl_keys() -> list[str]:
+    with open(KEYS_FILE, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
+def _our_keys() -> set[str]:
+    """Leaf keys of configs/ over every group option (with its defaults for the other groups)."""
+    from trainer.overrides import _compose, _leaf_keys
+
+    out = set()
+    for group, options in config_groups(CONFIG_DIR).items():
+        for option in options:
+            cfg, _ = _compose(CONFIG_DIR, "ppo_trainer", [f"{group}={option}"])
+            out |= set(_leaf_keys(cfg))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return _our_keys()
+
+
+def _ours_or_below(key: str, ours: set) -> bool:
+    return key in ours or any(key.startswith(f + ".") for f in FREE_FORM)
+
+
+def test_every_verl_key_is_ours_or_a_row_of_the_table(ours):
+    missing = [k for k in verl_keys() if not _ours_or_below(k, ours) and match(k) is None]
+    assert missing == []
+
+
+def test_no_row_matches_a_key_of_ours(ours):
+    # a row applies to keys that are NOT ours (it removes them from the composed config)
+    assert sorted(k for k in ours if match(k) is not None) == []
+
+
+def test_every_row_matches_a_verl_key():
+    keys = verl_keys()
+    from trainer.verl_compat import _compiled
+
+    dead = [e.pattern for rx, e in _compiled() if not any(rx.match(k) for k in keys)]
+    assert dead == []
+
+
+def _value(key: str):
+    """A value of a verl key that its row accepts (the first silent value, else a plausible one)."""
+    entry = match(key)
+    if entry.ok:
+        return entry.ok[0]
+    rules = {"strategy": "fsdp", "warmup_style": "cosine", "max_resp_len": None}
+    return rules.get(entry.target, 1)
+
+
+def _hydra_value(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    return "{}" if v == {} else str(v)
+
+
+def test_every_verl_key_is_accepted_without_plus_and_handled(ours, tmp_path):
+    from tests.verl_scripts import composed
+
+    foreign = [k for k in verl_keys() if not _ours_or_below(k, ours)]
+    refused = {k for k in foreign if match(k).kind == "refuse"}
+    overrides = [f"{k}={_hydra_value(_value(k))}" for k in foreign if k not in refused]
+    prepared, _, resolved, report = composed([*overrides, f"trainer.output_dir={tmp_path}"])
+    assert prepared.errors == []
+    assert report.errors == []
+    assert not any(match(k) for k, _ in leaves(resolved))  # every verl key was handled and removed
+    # a refused key passes the parser too, and its error names the key and what to use instead
+    for key in sorted(refused)[:20]:
+        bad = "true" if match(key).ok == (False,) else "7"
+        errors = prepare_overrides([f"{key}={bad}"]).errors
+        assert len(errors) == 1 and errors[0].startswith(f"{key}={bad}: not supported: "), errors
+
+
+def _cfg(**over):
+    """A small resolved-config stand-in for apply_verl_keys."""
+    cfg = {"trainer": {"device": "cuda", "strategy": "deepspeed"},
+           "deepspeed": {"zero_stage": 2, "offload_param": False, "offload_optimizer": False,
+                         "optimizer": "torch_adamw"},
+           "data": {"max_response_length": 64, "max_rows": None},
+           "algorithm": {"use_prime": False},
+           "actor_rollout_ref": {"rollout": {"name": "vllm", "update_weights_bucket_megabytes": 512},
+                                 "actor": {"grad_clip": 1.0}, "model": {"tokenizer_path": None}},
+           "reward_model": {"overlong_buffer": {"enable": False, "len": 0, "penalty_factor": 1.0},
+                            "custom_reward_function": {"path": None, "name": "compute_score"}}}
+    for key, value in over.items():
+        node = cfg
+        *parents, last = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return cfg
+
+
+def test_fsdp_offload_maps_onto_deepspeed_with_a_warning():
+    cfg = _cfg(actor_rollout_ref__actor__fsdp_config={"param_offload": True, "optimizer_offload": True,
+                                                      "fsdp_size": -1, "wrap_policy": {"min_num_params": 0}},
+               actor_rollout_ref__ref__fsdp_config={"param_offload": True})
+    report = apply_verl_keys(cfg)
+    ds = cfg["deepspeed"]
+    assert ds["offload_param"] and ds["offload_optimizer"] and ds["optimizer"] == "deepspeed_adamw"
+    assert "fsdp_config" not in cfg["actor_rollout_ref"]["actor"] and "ref" not in cfg["actor_rollout_ref"]
+    text = "\n".join(report.warnings)
+    assert "actor_rollout_ref.actor.fsdp_config.param_offload=true: read as deepspeed.offload_param=true" in text
+    assert "read as deepspeed.offload_optimizer=true with deepspeed.optimizer=deepspeed_adamw" in text
+    assert "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1: ignored: FSDP-only" in text
+    assert "wrap_policy.min_num_params=0: ignored: FSDP-only" in text
+    assert report.errors == [] and len(report.warnings) == 4  # the reference follows the actor: a note only
+    assert report.notes == ["actor_rollout_ref.ref.fsdp_config.param_offload=true: follows "
+                            "deepspeed.offload_param=true"]
+
+
+def test_offload_on_cpu_has_no_effect_and_says_so():
+    cfg = _cfg(trainer__device="cpu", actor_rollout_ref__actor__fsdp_config={"optimizer_offload": True})
+    report = apply_verl_keys(cfg)
+    assert not cfg["deepspeed"]["offload_optimizer"]
+    assert report.warnings == ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true: no effect with "
+                               "trainer.device=cpu (the weights and optimizer state are in host memory already)"]
+
+
+def test_vllm_engine_keys_are_passed_to_vllm_llm():
+    cfg = _cfg(actor_rollout_ref__rollout__enable_chunked_prefill=True,
+               actor_rollout_ref__rollout__max_num_batched_tokens=8192,
+               actor_rollout_ref__rollout__cudagraph_capture_sizes=[1, 2],
+               actor_rollout_ref__rollout__engine_kwargs={"vllm": {"swap_space": 4}})
+    report = apply_verl_keys(cfg)
+    assert cfg["actor_rollout_ref"]["rollout"]["engine_kwargs"] == {"vllm": {
+        "enable_chunked_prefill": True, "max_num_batched_tokens": 8192, "swap_space": 4,
+        "compilation_config": {"cudagraph_capture_sizes": [1, 2]}}}
+    assert report.warnings == [] and len(report.notes) == 4
+    cfg = _cfg(actor_rollout_ref__rollout__enable_chunked_prefill=True)
+    cfg["actor_rollout_ref"]["rollout"]["name"] = "hf"
+    report = apply_verl_keys(cfg)
+    assert "engine_kwargs" not in cfg["actor_rollout_ref"]["rollout"]
+    assert report.warnings == ["actor_rollout_ref.rollout.enable_chunked_prefill=true: ignored: an argument of "
+                               "vllm.LLM, and this run generates with rollout.name=hf"]
+
+
+def test_vllm_worker_passes_the_collected_arguments_and_override_config():
+    from trainer.workers.actor import vllm_kwargs
+
+    rc = {"prompt_length": 8, "response_length": 4,
+          "engine_kwargs": {"vllm": {"enable_chunked_prefill": True, "max_model_len": 64}}}
+    config = {"actor_rollout_ref": {"model": {"override_config": {"rope_theta": 1e6}}}}
+    assert vllm_kwargs(rc, config) == {"max_model_len": 64, "enable_chunked_prefill": True,
+                                       "hf_overrides": {"rope_theta": 1e6}}
+    assert vllm_kwargs({"prompt_length": 8, "response_length": 4}, {}) == {"max_model_len": 12}
+
+
+def test_dapo_reward_keys_of_reward_kwargs_map_onto_overlong_buffer():
+    cfg = _cfg(reward_model__reward_kwargs={"overlong_buffer_cfg": {"enable": True, "len": 16, "penalty_factor": 0.5,
+                                                                    "log": False}, "max_resp_len": 64},
+               custom_reward_function={"path": "my.py", "name": "score"})
+    report = apply_verl_keys(cfg)
+    rm = cfg["reward_model"]
+    assert rm["overlong_buffer"] == {"enable": True, "len": 16, "penalty_factor": 0.5}
+    assert rm["custom_reward_function"] == {"path": "my.py", "name": "score"}
+    assert "reward_kwargs" not in rm and "custom_reward_function" not in cfg
+    assert report.errors == []
+    assert report.warnings == ["reward_model.reward_kwargs.overlong_buffer_cfg.log=false: ignored: the overlong "
+                               "penalty is always logged (reward/overlong_penalty_mean, reward/overlong_frac)"]
+    cfg = _cfg(reward_model__reward_kwargs={"max_resp_len": 32})
+    assert apply_verl_keys(cfg).errors == ["reward_model.reward_kwargs.max_resp_len=32: the overlong penalty counts "
+                                           "up to data.max_response_length=64; set the two equal"]
+
+
+def test_refused_keys_say_what_to_use_instead():
+    cfg = _cfg(actor_rollout_ref__model__lora_rank=8, reward_model__enable=True, actor_rollout_ref__actor__strategy="x")
+    errors = apply_verl_keys(cfg).errors
+    assert errors == ["actor_rollout_ref.actor.strategy=x: expected fsdp, fsdp2 or megatron (fsdp: DeepSpeed ZeRO "
+                      "here)",
+                      "actor_rollout_ref.model.lora_rank=8: not supported: LoRA is not supported (full fine-tuning "
+                      "only)",
+                      "reward_model.enable=true: model-based reward models are not supported: rewards come from rule "
+                      "scorers (reward_model.scorer), custom_reward_function.path, or algorithm=prime's implicit PRM"]
+    cfg = _cfg(actor_rollout_ref__model__lora_rank=0, reward_model__enable=False)  # the values that mean "off"
+    assert apply_verl_keys(cfg) == Report()
+    assert override_errors("actor_rollout_ref.actor.ppo_micro_batch_size", 4) == [
+        "actor_rollout_ref.actor.ppo_micro_batch_size=4: not supported: a global micro-batch size: set the rows per "
+        "worker with the key's _per_gpu form (actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)"]
+
+
+def test_command_line_errors_come_all_at_once():
+    with pytest.raises(ConfigErrors) as exc:
+        check_overrides(["trainer.save_frq=5", "algorithm=nope", "actor_rollout_ref.model.lora_rank=8",
+                         "reward_model.model.beta_train=0.1", "actor_rollout_ref.actor.optim.learning_rate=1"])
+    lines = exc.value.messages
+    assert len(lines) == 5, lines
+    assert lines[0].startswith("unknown option algorithm=nope (configs/algorithm/nope.yaml does not exist): "
+                               "expected one of [")
+    assert "actor_rollout_ref.model.lora_rank=8: not supported" in lines[1]
+    assert any(line.startswith("unknown config key 'trainer.save_frq'") and "did you mean 'trainer.save_freq'" in line
+               for line in lines)
+    assert "reward_model.model.beta_train: a key of algorithm=prime (PRIME); add algorithm=prime" in lines
+
+
+def test_entry_point_prints_every_config_error_before_any_worker(tmp_path):
+    """Command-line errors and the checks of the composed rest (validate, preflight) in one run, one line each."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"trainer.output_dir={tmp_path}",
+                           "trainer.save_frq=5", "actor_rollout_ref.model.lora_rank=8", "data.train_batch_size=7",
+                           "actor_rollout_ref.actor.clip_ratio_c=0.5", "data.val_files=/no/such.parquet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 5, proc.stderr[-3000:]
+    for needle in ("trainer.save_frq", "lora_rank=8", "data.train_batch_size=7", "clip_ratio_c=0.5",
+                   "/no/such.parquet"):
+        assert any(needle in e for e in errors), (needle, errors)
+    assert not os.path.exists(tmp_path / "data")
+
+
+def test_verl_habits_become_group_choices():
+    prepared = prepare_overrides(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.path=/m"])
+    assert prepared.errors == []
+    assert "rollout=vllm" in prepared.overrides and "model=hf" in prepared.overrides
+    prepared = prepare_overrides(["rollout=hf", "actor_rollout_ref.rollout.name=hf", "model=smollm2",
+                                  "actor_rollout_ref.model.path=/m"])
+    assert prepared.overrides.count("rollout=hf") == 1 and "model=hf" not in prepared.overrides
+
+
+def test_added_keys_pass_only_when_something_reads_them(tmp_path):
+    from tests.verl_scripts import composed
+
+    errors = prepare_overrides(["+trainer.my_new_key=1"]).errors
+    assert errors == ["unknown config key 'trainer.my_new_key': it is not in configs/ppo_trainer.yaml or its groups, "
+                      "nor one of verl's keys (check the spelling)"]
+    # verl's scripts add the DAPO reward keys with '+'; free-form dicts take any key
+    _, _, cfg, report = composed(["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                                  "+reward_model.reward_kwargs.overlong_buffer_cfg.len=1",
+                                  "+reward_model.scorer_kwargs.format_score=0.2", f"trainer.output_dir={tmp_path}"])
+    assert report.errors == [] and cfg["reward_model"]["overlong_buffer"]["enable"] is True
+    assert cfg["reward_model"]["overlong_buffer"]["len"] == 1 and cfg["reward_model"]["scorer_kwargs"] == {
+        "format_score": 0.2}
+
+
+def test_resume_path_mode_reads_resume_from_path(tmp_path):
+    from tests.verl_scripts import composed
+
+    _, _, cfg, report = composed(["trainer.resume_mode=resume_path",
+                                  f"trainer.resume_from_path={tmp_path}/global_step_2"])
+    assert report.errors == [] and cfg["trainer"]["resume_mode"] == f"{tmp_path}/global_step_2"
+    _, _, _, report = composed(["trainer.resume_mode=resume_path"])
+    assert report.errors == ["trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>"]
+    _, _, _, report = composed(["trainer.resume_mode=auto", f"trainer.resume_from_path={tmp_path}"])
+    assert "only read with trainer.resume_mode=resume_path" in report.errors[0]
+
+
+def test_readme_key_table_is_the_generated_one():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"<!-- verl-key-table start -->\n(.*?)\n<!-- verl-key-table end -->", text, re.S)
+    assert m, "README.md lacks the generated verl key table (python -m trainer.verl_compat --markdown)"
+    assert m.group(1) == markdown_table()
+    assert len(VERL_KEYS) == markdown_table().count("\n| `")
+
+
+def test_a_config_error_list_is_one_error_per_line():
+    assert str(ConfigErrors(["a", "b"])) == "a\nb" and isinstance(ConfigErrors(["a"]), ConfigError)

@@ -1,0 +1,150 @@
+"""The checks of a resolved config against the files it names: model folders, checkpoints to resume, data files,
+the model's heads and context against the parallel sizes and lengths, a vision-language model's processor, and
+(once the tokenizer is loaded) its EOS and stop tokens. ``trainer.launch`` runs them before any worker starts.
+
+:func:`preflight` runs every section and raises their errors together, one line each.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from trainer.config_checks import (ConfigError, ErrorCollector, check_megatron_model, check_model_files,
+                                   check_resume_checkpoint, run_checks)
+
+logger = logging.getLogger(__name__)
+
+
+def _model_config_dict(cfg: dict, path: str | None) -> dict:
+    """The HF config of a model folder (read as JSON, no import), or the embedded tiny model's sizes, with
+    ``actor_rollout_ref.model.override_config`` applied."""
+    model = cfg["actor_rollout_ref"]["model"]
+    if path is None:
+        out = dict(model.get("tiny") or {})
+    else:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            out = json.load(f)
+    out.update(model.get("override_config") or {})
+    return out
+
+
+def _as_list(files) -> list[str]:
+    return [files] if isinstance(files, str) else list(files or [])
+
+
+def preflight(cfg: dict) -> None:
+    """Fast checks of paths and model limits before anything heavy is imported or any worker starts.
+
+    Model folders must hold ``config.json``; data files must exist; the Ulysses size must divide the model's
+    attention heads (``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads == 0``, case P01); prompt +
+    response must fit ``max_position_embeddings``. Every section runs; their errors are raised together.
+
+    Raises:
+        ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
+    """
+    run_checks(cfg, (_check_model_paths, _check_resume, _check_data_files, _check_model_files, _check_model_fit))
+
+
+def _check_model_paths(cfg: dict) -> None:
+    arr = cfg["actor_rollout_ref"]
+    paths = [("actor_rollout_ref.model.path", arr["model"].get("path"))]
+    if cfg["critic"].get("enable"):
+        paths.append(("critic.model.path", cfg["critic"]["model"].get("path")))
+    for key, path in paths:
+        if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+            what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
+            raise ConfigError(f"{key}={path!r} {what}")
+    if arr["model"].get("path") is None and arr["model"].get("tiny") is None:
+        raise ConfigError("actor_rollout_ref.model.path=null with model=hf: expected a Hugging Face model folder "
+                          "(or model=tiny for the embedded tiny model)")
+
+
+def _resume_path(cfg: dict) -> str | None:
+    """The checkpoint folder ``trainer.resume_mode`` resumes from, or None (``disable``, or no checkpoint yet)."""
+    mode = cfg["trainer"]["resume_mode"]
+    if mode == "disable":
+        return None
+    from trainer.checkpoint.base import resolve_resume_path
+
+    try:
+        return resolve_resume_path(mode, cfg["trainer"]["default_local_dir"])[0]
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"trainer.resume_mode: {exc}") from exc
+
+
+def _check_resume(cfg: dict) -> None:
+    resume_path = _resume_path(cfg)
+    if resume_path is not None:
+        check_resume_checkpoint(cfg, resume_path)
+
+
+def _check_data_files(cfg: dict) -> None:
+    errors = ErrorCollector()
+    for key in ("train_files", "val_files"):
+        for f in _as_list(cfg["data"].get(key)):
+            if not os.path.isfile(f):
+                errors.add(f"data.{key}: file {f!r} does not exist (expected a .parquet or .jsonl file)")
+    errors.raise_if_any()
+
+
+def _check_model_files(cfg: dict) -> None:
+    """The actor's model folder against the run: a VLM's processor and engine, a resumed checkpoint's model."""
+    path = cfg["actor_rollout_ref"]["model"].get("path")
+    if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+        return  # reported by _check_model_paths
+    try:
+        resume_path = _resume_path(cfg)
+    except ConfigError:
+        resume_path = None  # reported by _check_resume
+    check_model_files(cfg, _model_config_dict(cfg, path), resume_path)
+
+
+def _check_model_fit(cfg: dict) -> None:
+    arr = cfg["actor_rollout_ref"]
+    path = arr["model"].get("path")
+    if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+        return  # reported by _check_model_paths
+    hf = _model_config_dict(cfg, path)
+    heads = hf.get("num_attention_heads")
+    kv = hf.get("num_key_value_heads") or heads
+    for key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                     arr["actor"]["ulysses_sequence_parallel_size"]),
+                    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"]),
+                    ("critic.ulysses_sequence_parallel_size", cfg["critic"]["ulysses_sequence_parallel_size"])):
+        sp = int(sp)
+        if sp > 1 and heads and (heads % sp or (kv % sp and sp % kv)):
+            raise ConfigError(f"{key}={sp} does not fit the model's heads (num_attention_heads={heads}, "
+                              f"num_key_value_heads={kv}): need heads % sp == 0 and (kv_heads % sp == 0 or "
+                              "sp % kv_heads == 0)")
+    if cfg["trainer"].get("strategy", "deepspeed") == "megatron":
+        check_megatron_model(cfg, hf)
+    ctx = hf.get("max_position_embeddings")
+    need = int(cfg["data"]["max_prompt_length"]) + int(cfg["data"]["max_response_length"])
+    if ctx is not None and need > int(ctx):
+        raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
+                          f"max_position_embeddings={ctx}")
+
+
+def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
+    """Prompt+response must fit the model's context; the tokenizer needs an EOS token; the stop token ids
+    (``rollout.stop_token_ids`` and the model's own, :func:`rollout.stop_tokens.resolve_stop_token_ids`) are valid."""
+    d = cfg["data"]
+    need = int(d["max_prompt_length"]) + int(d["max_response_length"])
+    ctx = getattr(hf_config, "max_position_embeddings", None)
+    if ctx is not None and need > int(ctx):
+        raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
+                          f"max_position_embeddings={ctx}")
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(f"the tokenizer of {cfg['actor_rollout_ref']['model']['path']!r} has no EOS token; "
+                          "set one in its tokenizer_config.json")
+    from rollout.stop_tokens import resolve_stop_token_ids
+
+    try:  # the set every engine stops at (the workers resolve it the same way)
+        stops = resolve_stop_token_ids(tokenizer, hf_config, cfg["actor_rollout_ref"]["model"]["path"],
+                                       extra=cfg["actor_rollout_ref"]["rollout"].get("stop_token_ids"))
+    except ValueError as exc:
+        raise ConfigError(f"actor_rollout_ref.rollout.stop_token_ids: {exc}") from None
+    logger.info("responses end at token ids %s (%s)", stops, tokenizer.convert_ids_to_tokens(stops))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # pad falls back to EOS (SmolLM2 has no pad token)

@@ -1,0 +1,234 @@
+"""The checks of a resolved config that need no file and no model: batch arithmetic, lengths, devices, estimator
+and loss names, engines, strategies and kernel options (``trainer.launch.preflight`` checks paths and models).
+
+:func:`validate` runs every section and raises their errors together, one line each.
+"""
+from __future__ import annotations
+
+import math
+
+from trainer.config_checks import ConfigError, _as_int, check_megatron, check_rollout_correction, run_checks
+
+
+def overlong_kwargs(cfg: dict) -> dict:
+    """RewardManager arguments of ``reward_model.overlong_buffer`` (verl's keys), checked.
+
+    Raises:
+        ConfigError: ``enable`` with ``len`` not in (0, data.max_response_length), or a negative penalty factor.
+    """
+    ob = cfg.get("reward_model", {}).get("overlong_buffer") or {}
+    buf = _as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")  # checked while off too (typos)
+    factor = _finite("reward_model.overlong_buffer.penalty_factor", ob.get("penalty_factor", 1.0))
+    if not ob.get("enable"):
+        return {}
+    max_len = int(cfg["data"]["max_response_length"])
+    if not 0 < buf < max_len:
+        raise ConfigError(f"reward_model.overlong_buffer.len={buf}; with enable=true expected "
+                          f"0 < len < data.max_response_length={max_len}")
+    if not factor >= 0:
+        raise ConfigError(f"reward_model.overlong_buffer.penalty_factor={factor}; expected >= 0")
+    return dict(overlong_buffer_len=buf, overlong_penalty_factor=factor, max_response_length=max_len)
+
+
+def _finite(key: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r}; expected a number") from None
+    if not math.isfinite(v):
+        raise ConfigError(f"{key}={value!r}; expected a finite number")
+    return v
+
+
+def validate(cfg: dict) -> None:
+    """Batch arithmetic, lengths, devices, estimator names, engines and kernels; every section runs and their
+    errors are raised together.
+
+    Raises:
+        ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
+    """
+    from trainer.verl_checks import check_verl_semantics
+
+    run_checks(cfg, (_check_world_and_lengths, _check_rollout_engine, _check_batches, _check_numbers,
+                     _check_algorithm_names, _check_filter_groups, _check_attn_implementation,
+                     check_rollout_correction, _check_strategy, _check_kernels, check_verl_semantics))
+
+
+def _world(cfg: dict) -> int:
+    return int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
+
+
+def detect_device() -> str:
+    """``cuda`` when torch sees a GPU, else ``cpu`` (the value of ``trainer.device=auto``)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_world_and_lengths(cfg: dict) -> None:
+    t, d = cfg["trainer"], cfg["data"]
+    if t.get("device") == "auto":  # a config that did not go through trainer.launch.resolve_config
+        t["device"] = detect_device()
+    if t["device"] not in ("cpu", "cuda"):
+        raise ConfigError(f"trainer.device={t['device']!r}; expected auto, cpu or cuda")
+    world = _world(cfg)
+    if world < 1:
+        raise ConfigError(f"trainer.nnodes*trainer.n_gpus_per_node={world}; expected >= 1")
+    for key in ("max_prompt_length", "max_response_length", "train_batch_size"):
+        if int(d[key]) <= 0:
+            raise ConfigError(f"data.{key}={d[key]}; expected a positive integer")
+    n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
+    if n < 1:
+        raise ConfigError(f"actor_rollout_ref.rollout.n={n}; expected >= 1")
+
+
+def _check_rollout_engine(cfg: dict) -> None:
+    if cfg["actor_rollout_ref"]["rollout"]["name"] != "vllm":
+        return
+    import importlib.util
+
+    missing = importlib.util.find_spec("vllm") is None
+    if cfg["trainer"]["device"] != "cuda":
+        raise ConfigError("actor_rollout_ref.rollout.name=vllm needs trainer.device=cuda (a GPU)"
+                          + (" and vLLM (pip install -e .[vllm])" if missing else "")
+                          + "; on this machine use rollout=hf (the transformers engine)")
+    if missing:
+        raise ConfigError("rollout=vllm but vLLM is not installed: pip install -e .[vllm] (or use rollout=hf)")
+
+
+def _check_batches(cfg: dict) -> None:
+    d, arr = cfg["data"], cfg["actor_rollout_ref"]
+    actor, n, world = arr["actor"], int(arr["rollout"]["n"]), _world(cfg)
+    bs, mini = int(d["train_batch_size"]), int(actor["ppo_mini_batch_size"])
+    sp = int(actor["ulysses_sequence_parallel_size"])
+    if world < 1:
+        return  # reported by _check_world_and_lengths
+    if sp < 1 or world % sp:
+        raise ConfigError(f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp} must divide the {world} "
+                          "workers (trainer.nnodes*trainer.n_gpus_per_node)")
+    dp = world // sp
+    if bs % world:
+        raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers")
+    if mini <= 0 or bs % mini:
+        raise ConfigError(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size={bs}")
+    if (mini * n) % dp:
+        raise ConfigError(f"ppo_mini_batch_size*rollout.n={mini * n} rows must be divisible by the data-parallel "
+                          f"size {dp}")
+    micro = int(actor["ppo_micro_batch_size_per_gpu"])
+    if micro <= 0:
+        raise ConfigError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}; expected >= 1")
+    # a micro-batch larger than the rank's mini-batch is clamped to it (one micro-batch); smaller must divide it
+    if not actor.get("use_dynamic_bsz") and micro < mini * n // dp and (mini * n // dp) % micro:
+        raise ConfigError(f"a mini-batch holds {mini * n // dp} rows per data-parallel rank, not divisible by "
+                          f"actor.ppo_micro_batch_size_per_gpu={micro}")
+    for sp_key, sp_val in (("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"]),
+                           ("critic.ulysses_sequence_parallel_size", cfg["critic"]["ulysses_sequence_parallel_size"])):
+        if int(sp_val) < 1 or world % int(sp_val):
+            raise ConfigError(f"{sp_key}={sp_val} must divide the {world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
+
+
+def _check_numbers(cfg: dict) -> None:
+    t, actor = cfg["trainer"], cfg["actor_rollout_ref"]["actor"]
+    for key, section in (("actor_rollout_ref.actor", actor), ("critic", cfg["critic"])):
+        for name in ("grad_clip", "entropy_coeff", "kl_loss_coef"):
+            if name in section:
+                _finite(f"{key}.{name}", section[name])
+        if float(_finite(f"{key}.optim.lr", section["optim"]["lr"])) < 0:
+            raise ConfigError(f"{key}.optim.lr={section['optim']['lr']}; expected >= 0")
+    max_skip = int(t.get("max_consecutive_skipped_steps", 5))
+    if max_skip < 1:
+        raise ConfigError(f"trainer.max_consecutive_skipped_steps={max_skip}; expected >= 1")
+    restarts = t.get("max_restarts", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ConfigError(f"trainer.max_restarts={restarts!r}; expected an integer >= 0")
+    _as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
+    if t.get("total_training_steps") is not None:
+        _as_int(t["total_training_steps"], "trainer.total_training_steps", minimum=1)
+    if float(actor["clip_ratio_c"]) <= 1.0:
+        raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={actor['clip_ratio_c']}; expected > 1")
+
+
+def _check_algorithm_names(cfg: dict) -> None:
+    """The estimator and policy loss (registered names and the estimator's traits), then the loss aggregation."""
+    from trainer.algo_checks import check_estimator_and_loss, check_loss_aggregation
+
+    run_checks(cfg, (check_estimator_and_loss, check_loss_aggregation))
+
+
+def _check_filter_groups(cfg: dict) -> None:
+    fg = cfg["algorithm"].get("filter_groups") or {}
+    n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
+    from trainer.dynamic_sampling import METRICS
+
+    # the values are checked even while the filter is off, so that a typo does not wait for enable=true
+    cap = fg.get("max_num_gen_batches", 10)
+    if isinstance(cap, bool) or not isinstance(cap, int):
+        raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches={cap!r}; expected an integer "
+                          "(<= 0: no cap)")
+    if fg.get("metric", "acc") not in METRICS:
+        raise ConfigError(f"algorithm.filter_groups.metric={fg.get('metric')!r}; expected one of {list(METRICS)}")
+    if fg.get("enable"):
+        from trainer.prime import prime_enabled
+
+        if n < 2:
+            raise ConfigError("algorithm.filter_groups.enable=true compares the responses of one prompt, but "
+                              f"actor_rollout_ref.rollout.n={n}; set rollout.n >= 2")
+        if prime_enabled(cfg):
+            raise ConfigError("algorithm.filter_groups.enable=true with algorithm=prime: PRIME filters its "
+                              "oversampled groups itself (data.oversample_factor, data.filter_accuracy, "
+                              "data.accuracy_lower_bound)")
+
+
+def _check_attn_implementation(cfg: dict) -> None:
+    rollout = cfg["actor_rollout_ref"]["rollout"]
+    attn = rollout.get("attn_implementation", "auto")
+    if rollout["name"] == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager"):
+        from transformers import AttentionInterface
+
+        known = sorted(AttentionInterface().valid_keys())  # transformers' registered attention functions
+        if attn not in known:
+            raise ConfigError(f"actor_rollout_ref.rollout.attn_implementation={attn!r}; expected auto, sdpa, sdpa_gqa, "
+                              f"eager or one of transformers' {known}")
+
+
+def _check_strategy(cfg: dict) -> None:
+    if int(cfg["deepspeed"]["zero_stage"]) not in (0, 1, 2, 3):
+        raise ConfigError(f"deepspeed.zero_stage={cfg['deepspeed']['zero_stage']}; expected 0, 1, 2 or 3")
+    strategy = cfg["trainer"].get("strategy", "deepspeed")
+    overlong_kwargs(cfg)
+    if strategy not in ("deepspeed", "megatron"):
+        raise ConfigError(f"trainer.strategy={strategy!r}; expected deepspeed or megatron")
+    if strategy == "megatron":
+        check_megatron(cfg, _world(cfg))
+
+
+def _check_kernels(cfg: dict) -> None:
+    from trainer.workers.base import effective_zero_stage
+    from trainer.workers.kernels import check_kernel_options
+
+    from trainer.workers.step_guard import check_ds_config_keeps_norm_check
+
+    arr, ds = cfg["actor_rollout_ref"], cfg["deepspeed"]
+
+    def check(model_cfg: dict) -> None:
+        check_kernel_options(model_cfg, cfg["trainer"]["device"], effective_zero_stage(ds),
+                             ds_config=ds.get("ds_config"), offload_optimizer=bool(ds.get("offload_optimizer")))
+
+    try:
+        check(arr["model"])
+        check_ds_config_keeps_norm_check(ds.get("ds_config"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    from trainer.prime import prime_enabled
+
+    if prime_enabled(cfg):  # the PRM worker builds actor_rollout_ref.model with reward_model.model's overrides
+        from trainer.workers.prm import _MODEL_KEYS
+
+        rm = cfg.get("reward_model") or {}
+        over = {k: v for k, v in (rm.get("model") or {}).items() if k in _MODEL_KEYS and v is not None}
+        try:
+            check({**arr["model"], **over})
+        except ValueError as exc:
+            keys = ", ".join(f"reward_model.model.{k}={str(v).lower()}" for k, v in over.items())
+            raise ConfigError(f"the PRIME reward model (actor_rollout_ref.model{' with ' + keys if keys else ''}): "
+                              f"{exc}") from exc

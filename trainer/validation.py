@@ -1,0 +1,99 @@
+"""Validation over the held-out set: one generation and scoring pass, and the metric helpers it shares with the
+training step (``reward/<key>/mean`` of per-sample reward fields; whether sampling settings sample).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from trainer.dataset import collate_prompts, pad_rows_to_multiple
+
+
+def validate(trainer) -> dict:
+    """``trainer.validate()``: the sampled pass (``trainer._validate_pass(greedy=False)``), and with
+    ``trainer.val_also_greedy`` and sampled ``val_kwargs`` the greedy pass too; {} without held-out data."""
+    if trainer.val_dataset is None:
+        return {}
+    metrics = trainer._validate_pass(greedy=False)
+    vk = trainer.cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
+    if trainer.cfg["trainer"].get("val_also_greedy") and sampled(vk):
+        metrics.update(trainer._validate_pass(greedy=True))
+    return metrics
+
+
+def validate_and_log(trainer, tracker, step: int, advance: bool = True) -> dict:
+    """``trainer.validate()``, plus the first ``trainer.log_val_generations`` samples logged through ``tracker``
+    (:class:`trainer.tracking.Tracking`); at step 0 (before training) the metrics are logged here, later with the
+    step's metrics."""
+    trainer._log_val_n, trainer._val_samples = int(trainer.cfg["trainer"].get("log_val_generations", 0) or 0), []
+    val = trainer.validate()
+    if trainer._val_samples:
+        tracker.log_generations(trainer._val_samples, step)
+    if not advance:
+        tracker.log({**val, "_no_advance": True}, step=step)
+    return val
+
+
+def validation_pass(trainer, greedy: bool) -> dict:
+    """One generation + scoring pass over the held-out set: ``val/<data_source>/<metric>`` keys, or
+    ``val/<data_source>/greedy/<metric>`` for the ``greedy`` pass (one greedy response per question)."""
+    from trainer.metric_utils import flatten_validation_metrics, process_validation_metrics
+    from trainer.tracking import generation_samples
+
+    ds = trainer.val_dataset
+    bs = int(trainer.cfg["data"].get("val_batch_size") or len(ds))
+    tok = trainer.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    sources: list = []
+    uids: list = []
+    infos: dict[str, list] = {}
+    n_val = 1
+    for start in range(0, len(ds), bs):
+        rows = [ds[i] for i in range(start, min(start + bs, len(ds)))]
+        batch = collate_prompts(rows, pad_id)
+        batch["uid"] = [f"val-{start + i}" for i in range(len(batch))]
+        batch.meta.update(validate=True, greedy=greedy, seed=int(trainer.cfg["trainer"]["seed"]))
+        padded, _ = pad_rows_to_multiple(batch, trainer.world)
+        out = trainer.actor_wg.dispatch_all("generate_sequences", padded)
+        n_val = len(out) // len(padded)
+        out = out.index(slice(0, len(batch) * n_val))  # drop the rows that only padded the batch
+        rew = trainer.val_reward_fn(out)
+        if not greedy:  # trainer.log_val_generations: the first samples of the sampled pass
+            trainer._val_samples += generation_samples(tok, out, rew.token_level_scores.sum(-1).tolist(),
+                                                       trainer._log_val_n - len(trainer._val_samples))
+        sources.extend(out["data_source"].tolist())
+        uids.extend(out["uid"].tolist())
+        chunk = {"score": rew.token_level_scores.sum(-1).tolist()}
+        chunk.update({k: list(v) for k, v in rew.reward_extra_info.items() if k != "score"})
+        for k in set(infos) | set(chunk):
+            infos.setdefault(k, [None] * (len(uids) - len(out))).extend(chunk.get(k, [None] * len(out)))
+    if "acc" not in infos:
+        infos["acc"] = infos["score"]
+    metrics: dict = {}
+    src_arr = np.asarray(sources, dtype=object)
+    for src in sorted(set(sources)):
+        sel = np.nonzero(src_arr == src)[0]
+        for k, v in extra_info_means({k: [v[i] for i in sel] for k, v in infos.items()}).items():
+            name = k[len("reward/"):-len("/mean")]  # reward/<key>/mean; a key may itself hold '/'
+            metrics[f"val/{src}/{'greedy/' if greedy else ''}{name}"] = v
+    if n_val > 1:
+        numeric = {k: v for k, v in infos.items() if all(isinstance(x, (int, float)) for x in v)}
+        metrics.update(flatten_validation_metrics(process_validation_metrics(sources, uids, numeric)))
+    return metrics
+
+
+def sampled(kwargs: dict) -> bool:
+    """True when sampling settings (``val_kwargs``) sample, by :attr:`rollout.base.SamplingConfig.greedy`'s rule."""
+    from rollout.base import SamplingConfig
+
+    return not SamplingConfig(do_sample=bool(kwargs.get("do_sample", False)),
+                              temperature=float(kwargs.get("temperature", 0.0) or 0.0)).greedy
+
+
+def extra_info_means(info: dict) -> dict:
+    """``reward/<key>/mean`` for every numeric per-sample key (None entries and non-numeric keys skipped)."""
+    out = {}
+    for k, values in info.items():
+        nums = [float(v) for v in values if isinstance(v, (int, float, np.number))]  # bools count as 0/1
+        if nums and len(nums) == sum(v is not None for v in values):
+            out[f"reward/{k}/mean"] = float(np.mean(nums))
+    return out

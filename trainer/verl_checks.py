@@ -1,0 +1,92 @@
+"""Config checks of the keys that follow verl's names and meanings: the reward manager, the generation batch of
+dynamic sampling, the LR schedule's cosine and warmup settings, checkpoint keeping and validation logging, and the
+critic's own micro-batch settings. :func:`trainer.config_validate.validate` runs them before any worker starts.
+"""
+from __future__ import annotations
+
+from trainer.config_checks import ConfigError, ErrorCollector, _as_int
+
+__all__ = ["REWARD_MANAGERS", "check_verl_semantics"]
+
+
+REWARD_MANAGERS = ("naive", "batch", "dapo", "prime")  # verl's names of the managers that score rows by rule
+
+
+def check_verl_semantics(cfg: dict) -> None:
+    """Keys that follow verl's names and meanings: the reward manager, the generation batch of dynamic sampling, the
+    LR schedule's cosine settings, validation logging and the critic's own micro-batch settings.
+
+    Raises:
+        ConfigErrors: every bad value found, one line each (naming the key, the value and what was expected).
+    """
+    errors = ErrorCollector()
+    for check in (_check_reward_manager, _check_gen_batch_size, _check_lr_schedules, _check_validation_keys,
+                  _check_critic_batches):
+        errors.run(check, cfg)
+    errors.raise_if_any()
+
+
+def _check_reward_manager(cfg: dict) -> None:
+    name = (cfg.get("reward_model") or {}).get("reward_manager", "naive")
+    if name not in REWARD_MANAGERS:
+        raise ConfigError(f"reward_model.reward_manager={name!r}; expected one of {list(REWARD_MANAGERS)} (each scores "
+                          "rows with the rule scorer; DAPO's overlong penalty is reward_model.overlong_buffer); for your "
+                          "own scoring use custom_reward_function.path")
+
+
+def _check_gen_batch_size(cfg: dict) -> None:
+    d = cfg["data"]
+    gen, bs = d.get("gen_batch_size"), int(d["train_batch_size"])
+    if gen is None:
+        return
+    gen = _as_int(gen, "data.gen_batch_size", minimum=1)
+    if not (cfg["algorithm"].get("filter_groups") or {}).get("enable"):
+        if gen != bs:
+            raise ConfigError(f"data.gen_batch_size={gen} differs from data.train_batch_size={bs}, but generation "
+                              "batches are the training batch unless algorithm.filter_groups.enable=true (dynamic "
+                              "sampling); set them equal or enable filter_groups")
+        return
+    world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
+    if world >= 1 and gen % world:
+        raise ConfigError(f"data.gen_batch_size={gen} must be divisible by the {world} workers")
+
+
+def _check_lr_schedules(cfg: dict) -> None:
+    sections = [("actor_rollout_ref.actor.optim", cfg["actor_rollout_ref"]["actor"]["optim"]),
+                ("critic.optim", cfg["critic"]["optim"])]
+    rm_optim = ((cfg.get("reward_model") or {}).get("model") or {}).get("optim")
+    if isinstance(rm_optim, dict):
+        sections.append(("reward_model.model.optim", rm_optim))
+    for key, optim in sections:
+        ratio, cycles = optim.get("min_lr_ratio", 0.0), optim.get("num_cycles", 0.5)
+        ratio = 0.0 if ratio is None else float(ratio)
+        if not 0.0 <= ratio <= 1.0:
+            raise ConfigError(f"{key}.min_lr_ratio={ratio}; expected a fraction in [0, 1]")
+        if optim.get("lr_scheduler_type", "constant") != "cosine" and (ratio != 0.0 or float(cycles) != 0.5):
+            raise ConfigError(f"{key}.min_lr_ratio={ratio} / num_cycles={cycles} shape a cosine schedule, but "
+                              f"{key}.lr_scheduler_type={optim.get('lr_scheduler_type')}; set lr_scheduler_type=cosine")
+        warm = optim.get("lr_warmup_steps_ratio", 0.0)
+        if not 0.0 <= float(warm or 0.0) <= 1.0:
+            raise ConfigError(f"{key}.lr_warmup_steps_ratio={warm}; expected a fraction in [0, 1]")
+
+
+def _check_validation_keys(cfg: dict) -> None:
+    t = cfg["trainer"]
+    actor_keep, critic_keep = t.get("max_actor_ckpt_to_keep"), t.get("max_critic_ckpt_to_keep")
+    if critic_keep is not None and critic_keep != actor_keep:
+        raise ConfigError(f"trainer.max_critic_ckpt_to_keep={critic_keep} differs from trainer.max_actor_ckpt_to_keep="
+                          f"{actor_keep}: a checkpoint is one global_step_N folder for every role, kept or pruned "
+                          "as a whole; set trainer.max_actor_ckpt_to_keep")
+    _as_int(t.get("log_val_generations", 0), "trainer.log_val_generations", minimum=0)
+    if t.get("val_only") and not cfg["data"].get("val_files") and cfg["data"].get("train_files") is not None:
+        raise ConfigError("trainer.val_only=true needs held-out data: set data.val_files")
+
+
+def _check_critic_batches(cfg: dict) -> None:
+    c = cfg["critic"]
+    if not c.get("enable"):
+        return
+    _as_int(c.get("forward_micro_batch_size_per_gpu", 1), "critic.forward_micro_batch_size_per_gpu", minimum=1)
+    if c.get("use_dynamic_bsz"):
+        for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
+            _as_int(c.get(key, 1), f"critic.{key}", minimum=1)

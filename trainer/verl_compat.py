@@ -1,0 +1,368 @@
+"""verl's keys on this framework: the handling of every key of :data:`trainer.verl_keys.VERL_KEYS` in a composed config.
+
+:func:`apply_verl_keys` takes the resolved config (a plain dict), finds the keys that match an entry of the table,
+removes them and, by the entry's kind, maps them onto this framework's keys, warns that they are ignored (and
+why), or records a config error that says what to use instead. ``python -m trainer.verl_compat --markdown``
+prints the README's key table from the same entries.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from trainer.verl_keys import VERL_KEYS, VerlKey
+
+R = "actor_rollout_ref.rollout"
+
+
+def _glob_to_regex(pattern: str) -> str:
+    """A dotted key pattern as a regex: ``{a,b}`` either name, ``*`` one name, ``.**`` any subtree (or none)."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "{":
+            depth, j = 1, i + 1
+            while depth:
+                depth += {"{": 1, "}": -1}.get(pattern[j], 0)
+                j += 1
+            alts, depth, start = [], 0, i + 1
+            for k in range(i + 1, j):
+                ch = pattern[k]
+                if (ch == "," and depth == 0) or k == j - 1:
+                    alts.append(pattern[start:k])
+                    start = k + 1
+                depth += {"{": 1, "}": -1}.get(ch, 0)
+            out.append("(?:" + "|".join(_glob_to_regex(a) for a in alts) + ")")
+            i = j
+        elif pattern.startswith(".**", i):
+            out.append(r"(?:\..+)?")
+            i += 3
+        elif c == "*":
+            out.append(r"[^.]+")
+            i += 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out)
+
+
+@lru_cache(maxsize=None)
+def _compiled() -> tuple[tuple[re.Pattern, VerlKey], ...]:
+    return tuple((re.compile(_glob_to_regex(e.pattern) + r"\Z"), e) for e in VERL_KEYS)
+
+
+def match(key: str) -> VerlKey | None:
+    """The first table entry whose pattern matches the dotted ``key``, or None."""
+    for rx, entry in _compiled():
+        if rx.match(key):
+            return entry
+    return None
+
+
+def same_value(value, ok) -> bool:
+    """``value == ok`` without Python's ``True == 1`` (a bool matches only a bool)."""
+    if isinstance(value, bool) or isinstance(ok, bool):
+        return isinstance(value, bool) and isinstance(ok, bool) and value == ok
+    return value == ok
+
+
+def leaves(node, prefix: str = ""):
+    """``(dotted_key, value)`` of every leaf of a nested dict; an empty dict is a leaf."""
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            yield from leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif prefix:
+        yield prefix, node
+
+
+@dataclass
+class Report:
+    """What :func:`apply_verl_keys` did: ``warnings`` and ``notes`` (one line each) and config ``errors``."""
+
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _get(cfg: dict, key: str, default=None):
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _set(cfg: dict, key: str, value) -> None:
+    node = cfg
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
+
+
+def _pop(cfg: dict, key: str) -> None:
+    """Remove ``key`` and every parent dict it leaves empty."""
+    parts = key.split(".")
+    chain = [cfg]
+    for part in parts[:-1]:
+        chain.append(chain[-1][part])
+    chain[-1].pop(parts[-1], None)
+    for depth in range(len(parts) - 1, 0, -1):
+        if chain[depth]:
+            break
+        chain[depth - 1].pop(parts[depth - 1], None)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
+
+
+class _Context:
+    """The state one :func:`apply_verl_keys` call works on: the config, every verl key found and the report."""
+
+    def __init__(self, cfg: dict, found: dict[str, object]):
+        self.cfg, self.found, self.report = cfg, found, Report()
+
+    @property
+    def device(self) -> str:
+        return str(_get(self.cfg, "trainer.device", "cpu"))
+
+    def warn(self, key: str, value, text: str) -> None:
+        self.report.warnings.append(f"{key}={_fmt(value)}: {text}")
+
+    def note(self, key: str, value, text: str) -> None:
+        self.report.notes.append(f"{key}={_fmt(value)}: {text}")
+
+    def error(self, key: str, value, text: str) -> None:
+        self.report.errors.append(f"{key}={_fmt(value)}: {text}")
+
+    def read_as(self, key: str, value, target: str, quiet: bool = False) -> None:
+        _set(self.cfg, target, value)
+        (self.note if quiet else self.warn)(key, value, f"read as {target}={_fmt(value)}")
+
+
+def _offload(ctx: _Context, key: str, value, target: str) -> None:
+    """``actor.fsdp_config.param_offload / optimizer_offload=true`` onto the deepspeed group."""
+    if not value:
+        return
+    if ctx.device == "cpu":
+        return ctx.warn(key, value, "no effect with trainer.device=cpu (the weights and optimizer state are in host "
+                                    "memory already)")
+    ds = ctx.cfg["deepspeed"]
+    from trainer.workers.base import effective_zero_stage
+
+    stage = effective_zero_stage(ds)
+    _set(ctx.cfg, target, True)
+    extra = ""  # below ZeRO-3, unused_setting_warnings says that offload_param has no effect
+    if target.endswith("offload_optimizer"):
+        extra = "" if stage >= 1 else " (ZeRO-Offload needs ZeRO stage >= 1: add deepspeed=zero2)"
+        if ds.get("optimizer", "torch_adamw") == "torch_adamw":
+            ds["optimizer"] = "deepspeed_adamw"
+            extra = " with deepspeed.optimizer=deepspeed_adamw (DeepSpeedCPUAdam; ZeRO-Offload refuses torch's " \
+                    "AdamW)" + extra
+    ctx.warn(key, value, f"read as {target}=true{extra}")
+
+
+def _same_offload(ctx: _Context, key: str, value, target: str) -> None:
+    what = "offload_param" if key.endswith("param_offload") else "offload_optimizer"
+    if value and ctx.device == "cpu":
+        return ctx.warn(key, value, "no effect with trainer.device=cpu (the weights and optimizer state are in "
+                                    "host memory already)")
+    current = bool(ctx.cfg["deepspeed"].get(what)) and ctx.device != "cpu"
+    if bool(value) == current:
+        return ctx.note(key, value, f"follows deepspeed.{what}={_fmt(current)}")
+    ctx.warn(key, value, f"ignored: every role follows deepspeed.{what}={_fmt(current)} (one DeepSpeed setting for "
+                         "the whole run; set it with actor_rollout_ref.actor.fsdp_config.* or deepspeed.*)")
+
+
+def _strategy(ctx: _Context, key: str, value, target: str) -> None:
+    role = key.rsplit(".", 1)[0]
+    if value in ("fsdp", "fsdp2"):
+        return ctx.warn(key, value, "training runs with DeepSpeed ZeRO here (the deepspeed group: zero1|zero2|zero3)")
+    if value != "megatron":
+        return ctx.error(key, value, "expected fsdp, fsdp2 or megatron (fsdp: DeepSpeed ZeRO here)")
+    if role == "actor_rollout_ref.actor":
+        return ctx.read_as(key, value, "trainer.strategy")
+    if role == "actor_rollout_ref.ref":
+        return ctx.note(key, value, "the reference model follows the actor (trainer.strategy)")
+    ctx.error(key, value, "the Megatron path has no critic or reward-model worker; leave it at fsdp (DeepSpeed)")
+
+
+def _grad_clip(ctx: _Context, key: str, value, target: str) -> None:
+    role = key[: -len(".optim.clip_grad")]
+    ctx.read_as(key, value, f"{role}.optim.grad_clip" if role.startswith("reward_model") else f"{role}.grad_clip",
+                quiet=True)
+
+
+def _warmup_style(ctx: _Context, key: str, value, target: str) -> None:
+    if value not in ("constant", "cosine"):
+        return ctx.error(key, value, "expected constant or cosine (use optim.lr_scheduler_type)")
+    ctx.read_as(key, value, key.replace("warmup_style", "lr_scheduler_type"), quiet=True)
+
+
+def _max_samples(ctx: _Context, key: str, value, target: str) -> None:
+    ctx.read_as(key, value, target, quiet=True)
+    if value is None or int(value) < 0:
+        _set(ctx.cfg, target, None)
+
+
+def _max_resp_len(ctx: _Context, key: str, value, target: str) -> None:
+    want = int(_get(ctx.cfg, "data.max_response_length"))
+    if value is not None and int(value) != want:
+        ctx.error(key, value, f"the overlong penalty counts up to data.max_response_length={want}; set the two equal")
+
+
+def _prime(cfg: dict) -> bool:
+    return bool(_get(cfg, "algorithm.use_prime", False))
+
+
+def _reward_model_enable(ctx: _Context, key: str, value, target: str) -> None:
+    if _prime(ctx.cfg):
+        return ctx.note(key, value, "the PRM of algorithm=prime is the reward model")
+    ctx.error(key, value, target)
+
+
+def _prm_max_token_len(ctx: _Context, key: str, value, target: str) -> None:
+    if not _prime(ctx.cfg):
+        return ctx.warn(key, value, "ignored: there is no reward-model worker without algorithm=prime")
+    ctx.read_as(key, value, "reward_model.max_token_len_per_gpu", quiet=True)
+
+
+RULES = {"deepspeed.offload_param": _offload, "deepspeed.offload_optimizer": _offload, "same_offload": _same_offload,
+         "strategy": _strategy, "grad_clip": _grad_clip, "warmup_style": _warmup_style, "data.max_rows": _max_samples,
+         "data.val_max_rows": _max_samples, "max_resp_len": _max_resp_len,
+         "reward_model_enable": _reward_model_enable, "prm_max_token_len": _prm_max_token_len}
+
+
+def _vllm_arg(ctx: _Context, key: str, value, entry: VerlKey) -> None:
+    if _get(ctx.cfg, f"{R}.name") != "vllm":
+        return ctx.warn(key, value, "ignored: an argument of vllm.LLM, and this run generates with rollout.name=hf")
+    rel = key[len(R) + 1:]
+    rel = rel[len("engine_kwargs.vllm."):] if rel.startswith("engine_kwargs.vllm.") else rel
+    if rel == "cudagraph_capture_sizes":
+        rel = "compilation_config.cudagraph_capture_sizes"
+    if rel != "engine_kwargs.vllm":  # an empty engine_kwargs.vllm dict adds nothing
+        _set(ctx.cfg, f"{R}.engine_kwargs.vllm.{rel}", value)
+        ctx.note(key, value, f"passed to vllm.LLM as {rel}={_fmt(value)}")
+
+
+def _apply_one(ctx: _Context, key: str, value, entry: VerlKey) -> None:
+    if any(same_value(value, ok) for ok in entry.ok):
+        return
+    if entry.kind == "ignore":
+        ctx.warn(key, value, f"ignored: {entry.note}")
+    elif entry.kind == "refuse":
+        ctx.error(key, value, f"not supported: {entry.note}")
+    elif entry.kind in ("map", "alias"):
+        target = entry.target
+        if isinstance(_get(ctx.cfg, target), dict):
+            target = f"{target}.{key.rsplit('.', 1)[1]}"
+        ctx.read_as(key, value, target, quiet=entry.kind == "alias")
+    elif entry.kind == "vllm":
+        _vllm_arg(ctx, key, value, entry)
+    elif entry.kind == "rule":
+        RULES[entry.target](ctx, key, value, entry.note if entry.target == "reward_model_enable" else entry.target)
+    else:
+        raise ValueError(f"verl key table: unknown kind {entry.kind!r} of {entry.pattern!r}")
+
+
+def apply_verl_keys(cfg: dict) -> Report:
+    """Handle every key of ``cfg`` (a resolved config, changed in place) that matches :data:`VERL_KEYS`.
+
+    The matched keys are removed; mappings set this framework's keys; ``warnings`` say what is ignored and why;
+    ``errors`` (one line each, naming key and value) say what to use instead. Entries are applied in table order,
+    so that a rule may rely on the ones above it (the reference model's offload follows the actor's).
+    """
+    from trainer.config_reads import plain
+
+    found = {key: value for key, value in leaves(plain(cfg)) if match(key) is not None}  # a walk that reads nothing
+    ctx = _Context(cfg, found)
+    for key in found:
+        _pop(cfg, key)
+    order = {e.pattern: i for i, e in enumerate(VERL_KEYS)}
+    for key, value in sorted(found.items(), key=lambda kv: order[match(kv[0]).pattern]):
+        _apply_one(ctx, key, value, match(key))
+    return ctx.report
+
+
+# rollout keys of one engine, with their group defaults: another engine leaves them unused
+ENGINE_KEYS = {"vllm": {"tensor_model_parallel_size": 1, "gpu_memory_utilization": 0.5},
+               "hf": {"static_cache": "auto", "max_batch_size": 256, "prompt_length_bucket": 64}}
+
+
+def unused_setting_warnings(cfg: dict) -> list[str]:
+    """Warnings for settings that this run's other choices leave without effect: rollout keys of the other engine
+    (set away from their defaults), ``free_cache_engine=false`` (the engine always frees its KV cache: it sleeps
+    while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, and a custom reward function's name without
+    its path."""
+    from trainer.workers.base import effective_zero_stage
+
+    rc = _get(cfg, R) or {}
+    out = []
+    ds = cfg.get("deepspeed") or {}
+    if ds.get("offload_param") and effective_zero_stage(ds) < 3:
+        out.append(f"deepspeed.offload_param=true: no effect: DeepSpeed offloads parameters with ZeRO-3 only, this run "
+                   f"has ZeRO-{effective_zero_stage(ds)} (add deepspeed=zero3)")
+    custom = _get(cfg, "reward_model.custom_reward_function") or {}
+    if not custom.get("path") and custom.get("name") not in (None, "compute_score"):
+        out.append(f"reward_model.custom_reward_function.name={custom['name']}: ignored without "
+                   "custom_reward_function.path (the file that defines it)")
+    if rc.get("free_cache_engine", True) is not True:
+        out.append(f"{R}.free_cache_engine={_fmt(rc['free_cache_engine'])}: ignored: the engine always frees its KV "
+                   "cache after generation (it sleeps while DeepSpeed trains)")
+    name = rc.get("name")
+    if name != "vllm" and rc.get("prompt_length") != _get(cfg, "data.max_prompt_length"):
+        out.append(f"{R}.prompt_length={_fmt(rc.get('prompt_length'))}: ignored: rollout.name={name} takes each "
+                   "batch's prompts as they are (data.max_prompt_length limits them); only vLLM sizes its context by it")
+    for engine, keys in ENGINE_KEYS.items():
+        if engine == name:
+            continue
+        for key, default in keys.items():
+            if key in rc and not same_value(rc[key], default):
+                out.append(f"{R}.{key}={_fmt(rc[key])}: ignored: a setting of rollout.name={engine}, and this run "
+                           f"generates with rollout.name={name}")
+    return out
+
+
+def override_errors(key: str, value) -> list[str]:
+    """Errors a command-line override ``key=value`` of a ``refuse`` entry gives before composition (the value
+    as Hydra parsed it); [] for every other key."""
+    out = []
+    for leaf, v in leaves(value, key) if isinstance(value, dict) and value else [(key, value)]:
+        entry = match(leaf)
+        if entry is not None and entry.kind == "refuse" and not any(same_value(v, ok) for ok in entry.ok):
+            out.append(f"{leaf}={_fmt(v)}: not supported: {entry.note}")
+    return out
+
+
+# ---- the README table ---------------------------------------------------------------------------------------------
+_KIND_TEXT = {"map": "mapped", "alias": "same meaning", "ignore": "ignored (warning)", "refuse": "refused",
+              "vllm": "vLLM argument", "rule": "mapped"}
+
+
+def markdown_table() -> str:
+    """The "Coming from verl" key table: one row per entry of :data:`VERL_KEYS` (pattern, handling, reason)."""
+    rows = ["| verl key | here | what happens |", "|---|---|---|"]
+    for e in VERL_KEYS:
+        kind = _KIND_TEXT[e.kind]
+        if e.kind in ("map", "alias"):
+            kind += f": `{e.target}`"
+        elif e.kind == "rule" and "." in (e.target or ""):
+            kind += f": `{e.target}`"
+        if e.ok:
+            kind += " (silent for " + ", ".join(f"`{_fmt(v)}`" for v in e.ok) + ")"
+        rows.append(f"| `{e.pattern}` | {kind} | {e.note.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m trainer.verl_compat --markdown")
+    print(markdown_table())

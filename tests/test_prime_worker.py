@@ -74,7 +74,9 @@ def _own_process_group():
     import torch.distributed as dist
 
     if dist.is_initialized():
-        dist.destroy_process_group()
+        import deepspeed.comm
+
+        deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups of the ended world
     os.environ.clear()
     os.environ.update(saved)
 

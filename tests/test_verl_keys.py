@@ -187,15 +187,17 @@ def test_dapo_reward_keys_of_reward_kwargs_map_onto_overlong_buffer():
 
 
 def test_refused_keys_say_what_to_use_instead():
-    cfg = _cfg(actor_rollout_ref__model__lora_rank=8, reward_model__enable=True, actor_rollout_ref__actor__strategy="x")
+    cfg = _cfg(actor_rollout_ref__model__lora_adapter_path="/a", reward_model__enable=True,
+               actor_rollout_ref__actor__strategy="x")
     errors = apply_verl_keys(cfg).errors
     assert errors == ["actor_rollout_ref.actor.strategy=x: expected fsdp, fsdp2 or megatron (fsdp: DeepSpeed ZeRO "
                       "here)",
-                      "actor_rollout_ref.model.lora_rank=8: not supported: LoRA is not supported (full fine-tuning "
-                      "only)",
+                      "actor_rollout_ref.model.lora_adapter_path=/a: not supported: training starts from new adapters; "
+                      "to go on from a saved one, merge it into its base first (peft's merge_and_unload) and pass the "
+                      "merged folder as the model's path",
                       "reward_model.enable=true: model-based reward models are not supported: rewards come from rule "
                       "scorers (reward_model.scorer), custom_reward_function.path, or algorithm=prime's implicit PRM"]
-    cfg = _cfg(actor_rollout_ref__model__lora_rank=0, reward_model__enable=False)  # the values that mean "off"
+    cfg = _cfg(actor_rollout_ref__model__lora_adapter_path=None, reward_model__enable=False)  # the values that mean "off"
     assert apply_verl_keys(cfg) == Report()
     assert override_errors("actor_rollout_ref.actor.ppo_micro_batch_size", 4) == [
         "actor_rollout_ref.actor.ppo_micro_batch_size=4: not supported: a global micro-batch size: set the rows per "
@@ -204,13 +206,13 @@ def test_refused_keys_say_what_to_use_instead():
 
 def test_command_line_errors_come_all_at_once():
     with pytest.raises(ConfigErrors) as exc:
-        check_overrides(["trainer.save_frq=5", "algorithm=nope", "actor_rollout_ref.model.lora_rank=8",
+        check_overrides(["trainer.save_frq=5", "algorithm=nope", "actor_rollout_ref.model.lora_adapter_path=/a",
                          "reward_model.model.beta_train=0.1", "actor_rollout_ref.actor.optim.learning_rate=1"])
     lines = exc.value.messages
     assert len(lines) == 5, lines
     assert lines[0].startswith("unknown option algorithm=nope (configs/algorithm/nope.yaml does not exist): "
                                "expected one of [")
-    assert "actor_rollout_ref.model.lora_rank=8: not supported" in lines[1]
+    assert "actor_rollout_ref.model.lora_adapter_path=/a: not supported" in lines[1]
     assert any(line.startswith("unknown config key 'trainer.save_frq'") and "did you mean 'trainer.save_freq'" in line
                for line in lines)
     assert "reward_model.model.beta_train: a key of algorithm=prime (PRIME); add algorithm=prime" in lines
@@ -219,13 +221,13 @@ def test_command_line_errors_come_all_at_once():
 def test_entry_point_prints_every_config_error_before_any_worker(tmp_path):
     """Command-line errors and the checks of the composed rest (validate, preflight) in one run, one line each."""
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"trainer.output_dir={tmp_path}",
-                           "trainer.save_frq=5", "actor_rollout_ref.model.lora_rank=8", "data.train_batch_size=7",
+                           "trainer.save_frq=5", "actor_rollout_ref.model.lora_rank=-1", "data.train_batch_size=7",
                            "actor_rollout_ref.actor.clip_ratio_c=0.5", "data.val_files=/no/such.parquet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 5, proc.stderr[-3000:]
-    for needle in ("trainer.save_frq", "lora_rank=8", "data.train_batch_size=7", "clip_ratio_c=0.5",
+    for needle in ("trainer.save_frq", "lora_rank=-1", "data.train_batch_size=7", "clip_ratio_c=0.5",
                    "/no/such.parquet"):
         assert any(needle in e for e in errors), (needle, errors)
     assert not os.path.exists(tmp_path / "data")

@@ -157,6 +157,22 @@ def check_module_names(model, key: str, targets: list[str] | None, exclude: list
             lacks = "no linear/embedding module" if field == "target_modules" else "no module"
             raise ConfigError(f"{key}.{field}={names}: {type(model).__name__} has {lacks} named "
                               f"{', '.join(map(repr, missing))}; its linear and embedding modules are: {', '.join(short)}")
+    _check_tied(model, key, targets or [])
+
+
+def _check_tied(model, key: str, targets: list[str]) -> None:
+    """A model whose output head shares the input embedding's weight (``tie_word_embeddings``) cannot take an
+    adapter on either: merging ``B A`` into the shared weight would change both, so the merged model (rollout, export)
+    would not be the trained one."""
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return
+    tied = {n: m for n, m in model.named_modules()
+            if m is not None and m in (model.get_input_embeddings(), model.get_output_embeddings())}
+    hit = [t for t in targets for n in tied if n == t or n.endswith("." + t)]
+    if hit:
+        raise ConfigError(f"{key}.target_modules={targets}: {', '.join(map(repr, hit))} shares its weight with the "
+                          "input/output embedding (tie_word_embeddings=true), and a merged adapter would change both; "
+                          "leave it out, or use a model with untied embeddings")
 
 
 def _adaptable(module) -> bool:

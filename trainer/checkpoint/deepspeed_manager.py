@@ -24,6 +24,7 @@ file system shared by all ranks (as in verl).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -169,8 +170,11 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         client_state = {CLIENT_STATE_KEY: {"global_step": step, "world_size": self.world_size,
                                            "zero_stage": int(self.engine.zero_optimization_stage()),
                                            "lora": self.lora}}
-        self.engine.save_checkpoint(tmp, tag=f"global_step_{step}", client_state=client_state,
-                                    exclude_frozen_parameters=self.lora)
+        from trainer.workers.lora import frozen_weights_excluded
+
+        with frozen_weights_excluded(self.engine.module) if self.lora else contextlib.nullcontext():
+            self.engine.save_checkpoint(tmp, tag=f"global_step_{step}", client_state=client_state,
+                                        exclude_frozen_parameters=self.lora)
         atomic_torch_save(capture_rng_state(), os.path.join(tmp, f"rng_rank_{self.rank}.pt"))
         if self.rank == 0 and self.lora:
             from trainer.workers.lora import save_adapter_config

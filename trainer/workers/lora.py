@@ -118,6 +118,28 @@ def reference_mode(module: Any):
     return module.disable_adapter() if is_lora_model(module) else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def frozen_weights_excluded(module: torch.nn.Module):
+    """Context in which ``module.state_dict()`` leaves out every frozen parameter under each of its names.
+
+    DeepSpeed's ``save_checkpoint(exclude_frozen_parameters=True)`` drops the frozen parameters it finds in
+    ``named_parameters()``, which lists a tied weight once: the other name (``lm_head.weight`` tied to the input
+    embedding) would still be saved, a full vocabulary-by-hidden matrix per checkpoint. Inside this context the
+    state dict keeps only trainable parameters and buffers.
+    """
+    frozen = {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+    def drop(_module, state_dict, prefix, _local_metadata):
+        for name in [k for k in state_dict if k[len(prefix):] in frozen]:
+            del state_dict[name]
+
+    handle = module.register_state_dict_post_hook(drop)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 # ---- names -------------------------------------------------------------------------------------------------------
 _PREFIX = "base_model.model."
 

@@ -8,7 +8,8 @@
 # SIGTERM makes the trainer finish the current step and exit).
 # Use: OUT=/some/dir T_LONG=480 [RUNS="svamp_b:0 gsm8k_gae:1"] [EXTRA="hydra overrides"] bash tools/device/rl_runs.sh
 # (megatron:-, megatron_tp2:-, megatron_ckpt:- and megatron_reshard:- use both GPUs; offload:N is a 3-step run with
-# optimizer offload during rollout)
+# optimizer offload during rollout; LoRA: RUNS="gsm8k_grpo:0 gsm8k_lora:0 svamp_full:1 svamp_lora:1", then
+# RUNS="lora_memory:0")
 set -u
 OUT=${OUT:?set OUT}
 T_LONG=${T_LONG:-480}
@@ -134,6 +135,29 @@ offload() {  # #9: 3 GRPO steps with the optimizer state offloaded during rollou
   launch offload "$1" 240 data=gsm8k trainer.total_training_steps=3 \
     actor_rollout_ref.rollout.offload_optimizer_during_rollout=true
 }
+# LoRA (issue #32): SmolLM2 GRPO with rank-32 adapters beside full fine-tuning, 30 steps each on the same data
+# (gsm8k_lora vs gsm8k_grpo; svamp_lora vs svamp_full); reward curve, timing_s/step and
+# perf/max_memory_allocated_gb/* from each metrics.jsonl. SmolLM2 ties its embeddings: all-linear leaves lm_head out.
+LORA32="actor_rollout_ref.model.lora_rank=32 actor_rollout_ref.model.lora_alpha=64
+ actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.actor.optim.lr=${LORA_LR:-1e-4}"
+lora_memory() {  # #32: random-weight Qwen2-1.5B (SmolLM2's tokenizer), ZeRO-2 on one GPU, 4 GRPO steps with the
+  # KL loss (full: a reference copy; LoRA: the actor with adapters disabled), full vs LoRA rank 32; the table of
+  # peak memory per stage and tokens/s comes from tools/bench/step_profile.py --metrics (step 1 left out)
+  local gpu=$1 d="$OUT/lora_memory"
+  mkdir -p "$d"
+  python3 tools/bench/random_model.py qwen2-1.5b --tokenizer /tmp/smol_hf --out /tmp/qwen2_15_rand > "$d/make.log" 2>&1
+  for kind in full lora; do
+    local own="actor_rollout_ref.actor.optim.lr=1e-5"
+    [ "$kind" = lora ] && own="$LORA32"
+    CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 20 400 python3 trainer/main.py $COMMON data=gsm8k deepspeed=zero2 \
+        actor_rollout_ref.model.path=/tmp/qwen2_15_rand trainer.total_training_steps=4 trainer.val_before_train=false \
+        trainer.test_freq=-1 $own trainer.output_dir=/tmp/runs/lora_memory_$kind > "$d/$kind.log" 2>&1
+    echo "exit $?" >> "$d/$kind.log"
+    cp /tmp/runs/lora_memory_$kind/metrics.jsonl "$d/$kind.jsonl" 2>/dev/null
+    python3 tools/bench/step_profile.py --metrics "$d/$kind.jsonl" --out "$d/$kind.step.json" > "$d/$kind.table.txt" 2>&1
+  done
+  tar czf "$OUT/lora_memory.tgz" -C "$OUT" lora_memory && rm -rf "${OUT:?}/lora_memory"
+}
 for spec in $RUNS; do
   name=${spec%%:*} gpu=${spec##*:}
   case $name in
@@ -213,6 +237,10 @@ for spec in $RUNS; do
       RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
         trainer.val_also_greedy=true trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 $own $more ;;
     offload) offload "$gpu" ;;
+    gsm8k_lora) launch gsm8k_lora "$gpu" "$T_LONG" $GSM $LORA32 ;;  # beside gsm8k_grpo (full fine-tuning)
+    svamp_lora) launch svamp_lora "$gpu" "$T_LONG" $SVAMP_E $LORA32 trainer.total_training_steps=30 ;;
+    svamp_full) launch svamp_full "$gpu" "$T_LONG" $SVAMP_E trainer.total_training_steps=30 ;;
+    lora_memory) lora_memory "$gpu" & ;;
     # the same GSM8K job with each engine (rollout=hf | rollout=vllm) and each algorithm, truncated importance
     # sampling on in both (its weights and the engine/trainer log-prob gap are logged); vLLM takes 0.15 of the GPU
     hf_grpo|vllm_grpo|hf_gae|vllm_gae|hf_prime|vllm_prime)

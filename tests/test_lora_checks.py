@@ -95,6 +95,11 @@ def test_adapter_sync_needs_vllm_lora_and_a_served_rank(tmp_path):
     assert line.startswith("actor_rollout_ref.rollout.lora_sync=adapter needs rollout=vllm")
     line = _error(tmp_path, "actor_rollout_ref.rollout.lora_sync=adapter")
     assert "lora_sync=adapter" in line and ("lora_rank > 0" in line or "rollout=vllm" in line)
+    cfg = _prestart(tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.tiny.tie_word_embeddings=false",
+                    "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
+    cfg["actor_rollout_ref"]["rollout"].update(name="vllm", lora_sync="adapter")
+    with pytest.raises(ConfigError, match=r"lora_sync=adapter: vLLM's LoRA does not serve an adapter on 'lm_head'"):
+        check_lora(cfg)
     assert "lora_sync='both'; expected one of merged, adapter" in _error(
         tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.rollout.lora_sync=both")
 

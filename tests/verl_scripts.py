@@ -262,6 +262,9 @@ CONDITIONAL = (
     ("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", lambda c: _loss_mode(c) != "kl_cov",
      "a setting of the kl_cov policy loss"),
     ("actor_rollout_ref.actor.tau_", lambda c: _loss_mode(c) != "sapo", "settings of the sapo policy loss"),
+    *((f"actor_rollout_ref.{key}", lambda c: not c["actor_rollout_ref"]["model"]["lora_rank"],
+       "a LoRA setting (actor_rollout_ref.model.lora_rank=0: every weight is trained)")
+      for key in ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "rollout.lora_sync")),
 )
 
 

@@ -134,6 +134,8 @@ def _check_module_names(cfg: dict) -> None:
         model = _meta_model(cfg, model_cfg, value_head)
         if model is not None:
             check_module_names(model, key, targets, exclude)
+            if not value_head:
+                _check_adapter_sync_targets(cfg, model, targets or [])
 
 
 def check_module_names(model, key: str, targets: list[str] | None, exclude: list[str] | None) -> None:
@@ -160,19 +162,32 @@ def check_module_names(model, key: str, targets: list[str] | None, exclude: list
     _check_tied(model, key, targets or [])
 
 
+def _embedding_hits(model, targets: list[str]) -> list[str]:
+    """The names of ``targets`` that match the model's input embedding or output head."""
+    ends = [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
+    names = [n for n, m in model.named_modules() if any(m is e for e in ends)]
+    return [t for t in targets if any(n == t or n.endswith("." + t) for n in names)]
+
+
 def _check_tied(model, key: str, targets: list[str]) -> None:
     """A model whose output head shares the input embedding's weight (``tie_word_embeddings``) cannot take an
     adapter on either: merging ``B A`` into the shared weight would change both, so the merged model (rollout, export)
     would not be the trained one."""
-    if not getattr(model.config, "tie_word_embeddings", False):
-        return
-    tied = {n: m for n, m in model.named_modules()
-            if m is not None and m in (model.get_input_embeddings(), model.get_output_embeddings())}
-    hit = [t for t in targets for n in tied if n == t or n.endswith("." + t)]
+    hit = _embedding_hits(model, targets) if getattr(model.config, "tie_word_embeddings", False) else []
     if hit:
         raise ConfigError(f"{key}.target_modules={targets}: {', '.join(map(repr, hit))} shares its weight with the "
                           "input/output embedding (tie_word_embeddings=true), and a merged adapter would change both; "
                           "leave it out, or use a model with untied embeddings")
+
+
+def _check_adapter_sync_targets(cfg: dict, model, targets: list[str]) -> None:
+    """vLLM's LoRA adapts the decoder's linear layers: an adapter on the embedding or the output head cannot be
+    served (``lora_sync=adapter``); the merged sync takes any target."""
+    hit = _embedding_hits(model, targets)
+    if hit and cfg["actor_rollout_ref"]["rollout"].get("lora_sync", "merged") == "adapter":
+        raise ConfigError(f"actor_rollout_ref.model.target_modules={targets} with rollout.lora_sync=adapter: vLLM's "
+                          f"LoRA does not serve an adapter on {', '.join(map(repr, hit))}; leave it out or use "
+                          "lora_sync=merged")
 
 
 def _adaptable(module) -> bool:

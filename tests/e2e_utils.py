@@ -95,3 +95,39 @@ class MainRun:
         finally:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _gloo_rank(rank: int, world: int, port: int, out_dir: str, body) -> None:
+    """One spawned rank of :func:`run_gloo_ranks`: a gloo group, ``body(rank, world, errors)``, its errors to JSON."""
+    import traceback
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    errors: list[str] = []
+    try:
+        body(rank, world, errors)
+    except Exception:
+        errors.append(traceback.format_exc())
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(errors, f)
+    dist.destroy_process_group()
+
+
+def run_gloo_ranks(world: int, body, preload: str) -> list[str]:
+    """Run ``body(rank, world, errors)`` (a module-level function of the module ``preload``) on ``world`` CPU ranks
+    of one gloo group, forked from a forkserver that imported ``preload`` once; returns every rank's recorded errors
+    (each rank records failures instead of raising, so that no rank leaves a collective early)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    mp.get_context("forkserver").set_forkserver_preload([preload])
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_gloo_rank, args=(world, free_port(), d, body), nprocs=world, join=True,
+                           start_method="forkserver")
+        return [f"rank {r}: {e}" for r in range(world) for e in json.load(open(os.path.join(d, f"rank{r}.json")))]

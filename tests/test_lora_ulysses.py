@@ -3,19 +3,13 @@ then peft wraps its linear layers (``ModelRole.build``). At SP=2 the per-token l
 adapted model, its reference (adapters disabled) and the adapters' gradients equal the SP=1 (unsharded) forward, on
 both the host-packed path (the trainer's) and the device path."""
 import copy
-import json
-import os
-import tempfile
-import traceback
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
 from patches.ulysses import apply_ulysses_patch, build_dp_sp_groups
-from tests.e2e_utils import free_port
+from tests.e2e_utils import run_gloo_ranks
 from tests.test_patches_ulysses_dist import ATOL, MODELS, R, loss_fn, make_batch
 from trainer.forward import forward_log_probs
 from trainer.workers.lora import LoraSettings, apply_lora, reference_mode
@@ -75,25 +69,12 @@ def check(name, mesh, world, host, errors):
         errors.append(f"{name} host={host}: {e}")
 
 
-def worker(rank, world, port, out_dir):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    errors = []
-    try:
-        mesh = build_dp_sp_groups(world, 2, rank)
-        check("qwen2", mesh, world, True, errors)   # host-packed (the trainer's path)
-        check("llama", mesh, world, False, errors)  # device path
-    except Exception:
-        errors.append(traceback.format_exc())
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(errors, f)
-    dist.destroy_process_group()
+def ranks(rank, world, errors):
+    mesh = build_dp_sp_groups(world, 2, rank)
+    check("qwen2", mesh, world, True, errors)   # host-packed (the trainer's path)
+    check("llama", mesh, world, False, errors)  # device path
 
 
 def test_sp2_with_lora_adapters_equals_sp1():
-    mp.get_context("forkserver").set_forkserver_preload([__name__])
-    with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(worker, args=(2, free_port(), d), nprocs=2, join=True, start_method="forkserver")
-        errors = [f"rank {r}: {e}" for r in range(2) for e in json.load(open(os.path.join(d, f"rank{r}.json")))]
+    errors = run_gloo_ranks(2, ranks, __name__)
     assert not errors, "\n".join(errors)

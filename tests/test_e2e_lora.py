@@ -4,7 +4,8 @@
   ends with the merged actor and its peft adapter folder.
 * Exact resume with LoRA on the actor (KL loss against the adapters-disabled reference) and on the GAE critic:
   an uninterrupted 4-step run saving at step 2, and a run resumed from that save; steps 3-4 metrics and the final
-  merged weights must be bit-identical (the adapter-only checkpoints bring back adapters, Adam state, LR schedule, data position, RNG).
+  merged weights must be bit-identical (the adapter-only checkpoints bring back adapters, Adam state, LR schedule,
+  data position, RNG).
 """
 import json
 import os
@@ -47,7 +48,8 @@ def test_lora_actor_and_critic_resume_exactly(tmp_path):
     assert_same_steps(full, resumed, steps=(3, 4),
                       must_have=("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/vf_loss",
                                  "critic/grad_norm", "critic/values/mean", "actor/lr"))
-    assert [r for r in read_metrics(full) if "actor/kl_loss" in r][-1]["actor/kl_loss"] > 0  # the reference (adapters disabled) differs from the actor
+    last = [r for r in read_metrics(full) if "actor/kl_loss" in r][-1]
+    assert last["actor/kl_loss"] > 0  # the reference (adapters disabled) differs from the trained actor
     assert_same_weights(full, resumed)
     for role in ("actor", "critic"):
         folder = os.path.join(full, "checkpoints", "global_step_2", role)

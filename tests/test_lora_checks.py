@@ -28,7 +28,8 @@ def _error(tmp_path, *overrides) -> str:
 
 
 def test_good_settings_pass(tmp_path):
-    cfg = _prestart(tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+    cfg = _prestart(tmp_path, "actor_rollout_ref.model.lora_rank=8",
+                    "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
                     "actor_rollout_ref.model.exclude_modules=[layers.0.self_attn.q_proj]")
     assert cfg["actor_rollout_ref"]["model"]["lora_rank"] == 8
     _prestart(tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.tiny.tie_word_embeddings=false",
@@ -73,9 +74,11 @@ def test_alpha_and_module_lists_are_checked(tmp_path, override, needle):
 
 
 def test_tied_embeddings_cannot_take_an_adapter(tmp_path):
-    line = _error(tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
+    line = _error(tmp_path, "actor_rollout_ref.model.lora_rank=8",
+                  "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
     assert "'lm_head' shares its weight with the input/output embedding (tie_word_embeddings=true)" in line
-    line = _error(tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[embed_tokens]")
+    line = _error(tmp_path, "actor_rollout_ref.model.lora_rank=8",
+                  "actor_rollout_ref.model.target_modules=[embed_tokens]")
     assert "'embed_tokens' shares its weight" in line
 
 
@@ -95,7 +98,8 @@ def test_adapter_sync_needs_vllm_lora_and_a_served_rank(tmp_path):
     assert line.startswith("actor_rollout_ref.rollout.lora_sync=adapter needs rollout=vllm")
     line = _error(tmp_path, "actor_rollout_ref.rollout.lora_sync=adapter")
     assert "lora_sync=adapter" in line and ("lora_rank > 0" in line or "rollout=vllm" in line)
-    cfg = _prestart(tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.tiny.tie_word_embeddings=false",
+    cfg = _prestart(tmp_path, "actor_rollout_ref.model.lora_rank=8",
+                    "actor_rollout_ref.model.tiny.tie_word_embeddings=false",
                     "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
     cfg["actor_rollout_ref"]["rollout"].update(name="vllm", lora_sync="adapter")
     with pytest.raises(ConfigError, match=r"lora_sync=adapter: vLLM's LoRA does not serve an adapter on 'lm_head'"):

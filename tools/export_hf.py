@@ -4,6 +4,7 @@ Usage::
 
     python tools/export_hf.py --local_dir ckpts/global_step_40/actor --target_dir hf_actor_step40 [--dtype bfloat16]
     python tools/export_hf.py merge --backend deepspeed --local_dir ckpts/global_step_40/actor --target_dir hf_actor
+    python tools/export_hf.py --local_dir ckpts/global_step_40/actor --target_dir hf_actor --adapter   # LoRA
 
 (the second form is verl's ``python -m verl.model_merger merge`` spelling; ``--backend`` must match the folder).
 
@@ -20,6 +21,11 @@ chat template and generation config come from ``<local_dir>/huggingface/`` writt
 class is the one that config names (the class that was trained: a critic exports as
 ``<Model>ForTokenClassification`` with one label). The output dtype defaults to the training dtype recorded in
 that config, and ``config.json`` records the dtype written.
+
+A role trained with LoRA adapters (its folder holds ``lora_adapter/adapter_config.json``; the checkpoint holds the
+adapters only) is rebuilt from its base model folder (recorded at save time, or ``--base_model``), given the saved
+adapters and written merged (``peft``'s ``merge_and_unload``); ``--adapter`` also writes the adapter folder that
+``peft.PeftModel.from_pretrained`` loads to ``<target_dir>/lora_adapter``.
 """
 
 from __future__ import annotations
@@ -167,6 +173,8 @@ def merge_lora_checkpoint(local_dir: str, config, adapter_cfg: dict, sd: dict, b
         FileNotFoundError: the base model folder does not exist (pass ``--base_model``).
         RuntimeError: the checkpoint's adapter tensors do not match the adapter built from its config.
     """
+    import dataclasses
+
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -177,7 +185,7 @@ def merge_lora_checkpoint(local_dir: str, config, adapter_cfg: dict, sd: dict, b
     arch = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
     cls = getattr(transformers, arch, None) or transformers.AutoModelForCausalLM
     model = cls.from_pretrained(base, config=config, dtype=torch.float32)
-    known = {f.name for f in __import__("dataclasses").fields(LoraConfig)}
+    known = {f.name for f in dataclasses.fields(LoraConfig)}
     peft_model = get_peft_model(model, LoraConfig(**{k: v for k, v in adapter_cfg.items() if k in known}))
     trained = {n for n, p in peft_model.named_parameters() if p.requires_grad}
     missing, unexpected = trained - set(sd), set(sd) - trained
@@ -205,7 +213,7 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
         ValueError: ``adapter`` for a checkpoint without LoRA adapters.
     """
     import transformers
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig
 
     if not os.path.isdir(local_dir):
         raise FileNotFoundError(f"--local_dir {local_dir!r} does not exist")
@@ -221,7 +229,8 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
     config.dtype = out_dtype
     adapter_cfg = lora_adapter_config(local_dir)
     if adapter and adapter_cfg is None:
-        raise ValueError(f"--adapter: {local_dir!r} was saved without LoRA adapters (no lora_adapter/adapter_config.json)")
+        raise ValueError(f"--adapter: {local_dir!r} was saved without LoRA adapters "
+                         "(no lora_adapter/adapter_config.json)")
     if adapter_cfg is not None:
         merged = merge_lora_checkpoint(local_dir, config, adapter_cfg, load_consolidated_state_dict(local_dir, tag),
                                        base_model, os.path.join(target_dir, "lora_adapter") if adapter else None)

@@ -158,7 +158,8 @@ def check_module_names(model, key: str, targets: list[str] | None, exclude: list
         if missing:
             lacks = "no linear/embedding module" if field == "target_modules" else "no module"
             raise ConfigError(f"{key}.{field}={names}: {type(model).__name__} has {lacks} named "
-                              f"{', '.join(map(repr, missing))}; its linear and embedding modules are: {', '.join(short)}")
+                              f"{', '.join(map(repr, missing))}; its linear and embedding modules are: "
+                              f"{', '.join(short)}")
     _check_tied(model, key, targets or [])
 
 

@@ -148,7 +148,8 @@ def hf_name(name: str) -> str | None:
     """The base model's parameter name for a peft parameter name, or None for a parameter that has no place in the
     base model (``lora_A``/``lora_B`` weights, the frozen ``original_module`` copy of a ``modules_to_save`` head).
 
-    ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` -> ``model.layers.0.self_attn.q_proj.weight``;
+    ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
+    ``model.layers.0.self_attn.q_proj.weight``;
     ``base_model.model.score.modules_to_save.default.weight`` -> ``score.weight``.
     """
     if name.startswith(_PREFIX):

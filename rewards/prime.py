@@ -8,7 +8,7 @@
 * PRIME diagnostics (``reward_model/dpo_acc``, ...).
 
 Groups are rows with the same ``uid`` (found by value, never by position). No function here touches a model.
-Reference behaviour: verl's ``recipe/prime`` (see ``shared/reference/verl-features.md`` section 5) with its known
+Reference behaviour: verl's ``recipe/prime`` with its known
 defects avoided: the last valid token gets its implicit reward, normalisation is over the whole batch, and the
 implicit-source baseline is a true leave-one-out mean (see :func:`rloo_per_token`).
 """

@@ -53,7 +53,7 @@ class LoraSettings:
     @classmethod
     def from_model_config(cls, model_cfg: dict) -> "LoraSettings | None":
         """The settings of ``model_cfg`` (``actor_rollout_ref.model`` or ``critic.model``); None when ``lora_rank``
-        is 0 or unset (full fine-tuning). Values are assumed checked (:func:`trainer.workers.lora_checks`)."""
+        is 0 or unset (full fine-tuning). Values are assumed checked (:func:`trainer.lora_checks.check_lora`)."""
         rank = int(model_cfg.get("lora_rank") or 0)
         if rank <= 0:
             return None

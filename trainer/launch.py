@@ -18,6 +18,7 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, _a
                                    reward_options, run_checks)
 from trainer.config_preflight import check_model_context, preflight  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
+from trainer.multi_turn import check_multi_turn_template, tool_schemas
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
@@ -289,6 +290,7 @@ def run(hydra_cfg: DictConfig) -> dict:
     hf_config = AutoConfig.from_pretrained(mpath, trust_remote_code=bool(cfg["actor_rollout_ref"]["model"].get(
         "trust_remote_code")), **dict(cfg["actor_rollout_ref"]["model"].get("override_config") or {}))
     check_model_context(cfg, hf_config, tok)
+    check_multi_turn_template(cfg, tok)
     loader, val_ds = build_data(cfg, tok, load_processor(cfg))
     from trainer.ppo_trainer import RayPPOTrainer
 

@@ -17,7 +17,7 @@ import torch
 from trainer.config_checks import ConfigError
 
 __all__ = ["MULTI_TURN_KEYS", "multi_turn_config", "check_multi_turn", "check_multi_turn_template", "tool_schemas",
-           "Generated", "EngineGenerator", "MultiTurnGenerator", "build_generator", "pop_generation_metrics"]
+           "Generated", "EngineGenerator", "MultiTurnGenerator", "build_generator", "generation_metrics"]
 
 KEY = "actor_rollout_ref.rollout.multi_turn"
 MULTI_TURN_KEYS = ("enable", "max_assistant_turns", "max_user_turns", "max_parallel_calls",
@@ -165,6 +165,18 @@ def build_generator(rollout_cfg: Mapping[str, Any], tokenizer, chat_template_kwa
     return MultiTurnGenerator(mt, tokenizer, chat_template_kwargs) if mt.enable else EngineGenerator()
 
 
-def pop_generation_metrics(meta: dict) -> dict[str, float]:
-    """Remove the generator's ``multi_turn/*`` and ``tool/*`` entries from a batch's ``meta`` and return them."""
-    return {k: meta.pop(k) for k in list(meta) if k.startswith(METRIC_PREFIXES)}
+def generation_metrics(batch) -> dict[str, float]:
+    """The generator's ``multi_turn/*`` and ``tool/*`` entries of ``batch.meta`` (none for single-turn rollouts).
+
+    The batch is the join of every worker's rows and ``meta`` is the first worker's, so the entries are that
+    worker's rows' figures, except ``multi_turn/num_turns/{mean,max,min}``, which come from the whole batch's
+    ``num_turns`` column.
+    """
+    meta = getattr(batch, "meta", None) or {}
+    out = {k: float(v) for k, v in meta.items() if k.startswith(METRIC_PREFIXES)}
+    turns = (getattr(batch, "non_tensor", None) or {}).get("num_turns")
+    if turns is not None and len(turns):
+        t = torch.as_tensor(turns.astype("int64"), dtype=torch.float64)
+        out.update({"multi_turn/num_turns/mean": float(t.mean()), "multi_turn/num_turns/max": float(t.max()),
+                    "multi_turn/num_turns/min": float(t.min())})
+    return out

@@ -232,7 +232,7 @@ def build_data(cfg: dict, tok, processor=None):
     ds_kwargs = dict(tokenizer=tok, max_prompt_length=int(d["max_prompt_length"]), prompt_key=d["prompt_key"],
                      filter_overlong_prompts=bool(d["filter_overlong_prompts"]), truncation=d["truncation"],
                      chat_template_kwargs=dict(d.get("apply_chat_template_kwargs") or {}),
-                     processor=processor, image_key=d.get("image_key", "images"))
+                     processor=processor, image_key=d.get("image_key", "images"), tools=tool_schemas(cfg))
     train_ds = PromptDataset(d["train_files"], max_rows=d.get("max_rows"), **ds_kwargs)
     val_ds = PromptDataset(d["val_files"], max_rows=d.get("val_max_rows"), **ds_kwargs) if d.get("val_files") else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

@@ -30,22 +30,29 @@ def prepare_embedded(cfg: dict) -> None:
     from transformers import AutoModelForCausalLM
 
     from trainer import embedded
+    from trainer.embedded_tool import embedded_task
 
     out = os.path.abspath(cfg["trainer"]["output_dir"])
     model = cfg["actor_rollout_ref"]["model"]
+    data = cfg["data"]
+    try:  # data.synthetic_task: the generated task, its tokenizer and the tiny model's warm start
+        task = embedded_task(data.get("synthetic_task", "digits"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if model.get("path") is None:
         init_dir = os.path.join(out, "init_model")
         if not os.path.exists(os.path.join(init_dir, "config.json")):
-            tok = embedded.build_tokenizer(init_dir)
+            tok = task.build_tokenizer(init_dir)
             torch.manual_seed(int(cfg["trainer"]["seed"]))
             conf = embedded.tiny_model_config(len(tok), **dict(model.get("tiny") or {}))
-            AutoModelForCausalLM.from_config(conf).save_pretrained(init_dir)
+            tiny = AutoModelForCausalLM.from_config(conf)
+            task.warm_start(tiny, tok, int(data.get("warm_start_steps", 0)), int(cfg["trainer"]["seed"]))
+            tiny.save_pretrained(init_dir)
         model["path"] = init_dir
         if cfg["critic"]["model"].get("path") is None:
             cfg["critic"]["model"]["path"] = init_dir
-    data = cfg["data"]
     if data.get("train_files") is None:
-        train, val = embedded.write_task(os.path.join(out, "data"), seed=int(data.get("seed", 0)))
+        train, val = task.write_task(os.path.join(out, "data"), int(data.get("seed", 0)))
         data["train_files"] = train
         if data.get("val_files") is None:
             data["val_files"] = val

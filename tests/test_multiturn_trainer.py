@@ -254,3 +254,26 @@ def test_tool_tokens_get_no_gradient_through_the_actor_loss(generated):
     moved = {k: v.clone() for k, v in base.items()}
     moved["advantages"][row, col] += 5.0
     assert not torch.allclose(grads(moved), ref, rtol=0, atol=1e-7)
+
+
+# ---- end to end ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_e2e_synthetic_tool_logs_finite_multi_turn_metrics(tmp_path):
+    """``python trainer/main.py data=synthetic_tool`` (Ray, 2 DeepSpeed workers, the python tool) for 2 short
+    steps: the multi-turn metrics are logged every step and finite, the tool was called."""
+    import math
+
+    from tests.e2e_utils import read_metrics, run_main
+
+    out = str(tmp_path / "run")
+    run_main(out, "data=synthetic_tool", "data.warm_start_steps=20", "trainer.total_training_steps=2",
+             "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
+             timeout=300)
+    steps = [r for r in read_metrics(out) if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        for key in ("multi_turn/num_turns/mean", "multi_turn/tool_calls/mean", "multi_turn/tool_errors",
+                    "multi_turn/tool_timeouts", "multi_turn/tool_seconds/sum", "multi_turn/tool_token_share",
+                    "tool/python/isolation_level", "critic/score/mean", "actor/pg_loss"):
+            assert isinstance(r[key], (int, float)) and math.isfinite(r[key]), (key, r.get(key))
+        assert r["multi_turn/num_turns/max"] >= 3  # some sample called the tool and got an answer

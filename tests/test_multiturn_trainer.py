@@ -87,6 +87,33 @@ def test_a_chat_template_without_a_tool_role_is_refused_at_start(template):
     check_multi_turn_template(cfg, build_chat_tokenizer())
 
 
+def test_an_unknown_synthetic_task_is_refused(tmp_path):
+    from trainer.launch import prepare_embedded
+
+    cfg = _cfg("data=synthetic_tool", "data.synthetic_task=sums", f"trainer.output_dir={tmp_path}")
+    with pytest.raises(ConfigError, match=r"data.synthetic_task='sums'; expected one of \['digits', 'arith_tool'\]"):
+        prepare_embedded(cfg)
+    assert not os.listdir(tmp_path)
+
+
+def test_the_embedded_tool_task_round_trips_through_its_tokenizer():
+    """A demonstration decodes to a program the python_block parser reads and a trajectory the scorer accepts."""
+    from rewards.arith_tool import compute_score
+    from rollout.multiturn import ToolChatTemplate
+    from rollout.tools.parsers import parse_python_block
+    from trainer.embedded_tool import build_tokenizer, demonstration, make_rows
+
+    tok = build_tokenizer()
+    row = make_rows(1, seed=5, min_digits=1, max_digits=2)[0]
+    ids, model = demonstration(tok, ToolChatTemplate(tok), row)
+    start = model.index(1)
+    text = tok.decode(ids[start:], skip_special_tokens=True)
+    x = row["extra_info"]
+    (call,) = parse_python_block(tok.decode(ids[start:start + model[start:].index(0)], skip_special_tokens=False))
+    assert call.arguments["code"].strip() == f"print( {x['a']} {x['op']} {x['b']} )"
+    assert compute_score(text, row["reward_model"]["ground_truth"]) == {"score": 1.0, "acc": 1.0, "tool_used": 1.0}
+
+
 # ---- the actor worker's generation ---------------------------------------------------------------------------------
 def _script(ctx: str, k: int) -> str:
     """Sample 0 computes with the calculator and copies the answer, 1 writes a malformed call and then answers,

@@ -164,8 +164,8 @@ def warm_start(model, tokenizer, rows: list[dict], steps: int, lr: float = 3e-3,
                seed: int = 0) -> float:
     """A short supervised pass over :func:`demonstration` trajectories (loss on the model's tokens only), in place.
 
-    A model with random weights never writes a working program by chance, so GRPO would see no reward; a few
-    dozen steps give a policy that calls the tool and copies its answer some of the time, which RL then improves.
+    A model with random weights never writes a working program by chance, so GRPO would see no reward; a short
+    pass gives a policy that calls the tool and copies its answer some of the time, which RL then trains on.
 
     Args:
         model: a causal LM (e.g. the embedded tiny Llama) on CPU.

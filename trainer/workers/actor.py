@@ -77,7 +77,7 @@ class ActorRolloutRefWorker(DistributedWorker):
         self.engine.sleep(level=int(rc.get("sleep_level", 1)))
         from trainer.multi_turn import build_generator
 
-        self.generator = build_generator(rc, tok, self.config["data"].get("apply_chat_template_kwargs"))
+        self.generator = build_generator(rc, tok, (self.config.get("data") or {}).get("apply_chat_template_kwargs"))
 
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when

@@ -3,7 +3,9 @@
 Contract (the trainer calls it once per step, PRIME also calls :meth:`RewardManager.verify`):
 
 * inputs read from the :class:`trainer.protocol.DataProto`: ``responses`` (B, R) int64, ``response_mask``
-  (B, R) (any dtype; > 0 means a valid token), the non-tensor column named by ``reward_fn_key`` (any name,
+  (B, R) (any dtype; > 0 means a token the model wrote), optionally ``attention_mask`` (B, P+R) (the response is
+  decoded under its last R columns, i.e. the whole trajectory with a multi-turn rollout's tool answers; without
+  it, under ``response_mask``), the non-tensor column named by ``reward_fn_key`` (any name,
   not only ``data_source``), ``reward_model`` (dicts with ``"ground_truth"``) and optionally
   ``extra_info`` (passed to the scorer as ``extra_info=`` when it takes that parameter).
 * output :class:`RewardOutput`: ``token_level_scores`` (B, R) float32, the score at the LAST valid response
@@ -220,16 +222,25 @@ class RewardManager:
         self.close()
 
     # ---- inputs ----------------------------------------------------------------------------------------
-    def _decode(self, data) -> tuple[list[str], torch.Tensor]:
+    def _decode(self, data) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """(texts, valid, seen): ``valid`` (B, R) bool marks the model's tokens (``response_mask``), ``seen`` (B, R)
+        bool every token of the trajectory (the response part of ``attention_mask``: tool answers included);
+        the texts are decoded under ``seen``, so that a scorer reads the tool results. One engine call per
+        sample gives ``seen == valid``."""
         responses, mask = data["responses"], data["response_mask"]
         if responses.dim() != 2 or tuple(mask.shape) != tuple(responses.shape):
             raise ValueError(f"responses {tuple(responses.shape)} and response_mask {tuple(mask.shape)} must both "
                              "be (batch, response_len)")
         valid = (mask > 0).cpu()
+        seen = valid
+        attn = data["attention_mask"] if "attention_mask" in data else None
+        if attn is not None and attn.dim() == 2 and attn.shape[0] == responses.shape[0] and \
+                attn.shape[1] >= responses.shape[1]:
+            seen = (attn[:, attn.shape[1] - responses.shape[1]:] > 0).cpu() | valid
         ids = responses.cpu()
-        rows = [ids[i][valid[i]].tolist() for i in range(ids.shape[0])]
+        rows = [ids[i][seen[i]].tolist() for i in range(ids.shape[0])]
         texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True) if rows else []
-        return list(texts), valid
+        return list(texts), valid, seen
 
     def _tasks(self, data, texts: list[str]) -> tuple[list[tuple], list[Callable]]:
         n = len(texts)
@@ -272,7 +283,7 @@ class RewardManager:
     # ---- scoring ---------------------------------------------------------------------------------------
     def _score(self, data) -> tuple[list[float], list[dict | None], dict[str, float], torch.Tensor]:
         t0 = time.perf_counter()
-        texts, valid = self._decode(data)
+        texts, valid, seen = self._decode(data)
         tasks, fns = self._tasks(data, texts)
         if self.num_workers == 0:
             outcomes = [_in_process(fn, args, kw, self.timeout_s) for fn, (_, args, kw) in zip(fns, tasks)]
@@ -310,7 +321,7 @@ class RewardManager:
                            self.timeout_s)
         metrics = {f"reward/num_{k}": float(v) for k, v in counts.items()}
         metrics["reward/time_s"] = time.perf_counter() - t0
-        return scores, dicts, metrics, valid
+        return scores, dicts, metrics, valid, seen
 
     def __call__(self, data) -> RewardOutput:
         """Score a batch; see the module docstring for the columns read.
@@ -323,12 +334,12 @@ class RewardManager:
             ValueError: ``responses``/``response_mask`` shapes disagree, or a ``reward_model`` entry has no
                 ``ground_truth``.
         """
-        scores, dicts, metrics, valid = self._score(data)
+        scores, dicts, metrics, valid, seen = self._score(data)
         responses = data["responses"]
         b, r = responses.shape
         overlong = None
         if self.overlong_buffer_len:
-            overlong = overlong_penalty(valid.sum(-1), self.max_response_length, self.overlong_buffer_len,
+            overlong = overlong_penalty(seen.sum(-1), self.max_response_length, self.overlong_buffer_len,
                                         self.overlong_penalty_factor).tolist()
             scores = [sc + pen for sc, pen in zip(scores, overlong)]
             metrics["reward/overlong_penalty_mean"] = float(sum(overlong) / b) if b else 0.0
@@ -364,7 +375,7 @@ class RewardManager:
         Raises:
             Same as :meth:`__call__`.
         """
-        scores, dicts, _, _ = self._score(data)
+        scores, dicts, _, _, _ = self._score(data)
         accs = []
         for s, d in zip(scores, dicts):
             if d is not None and "acc" in d:

@@ -200,3 +200,7 @@ def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> 
     if not callable(fn):
         raise TypeError(f"{name!r} in {path!r} is a {type(fn).__name__}, expected a function")
     return fn
+
+
+# Scorers in their own modules register themselves on import (after the registry above exists).
+from rewards import arith_tool  # noqa: E402,F401  (arith_tool, data_source synthetic/arith_tool)

@@ -12,6 +12,7 @@ compares with ``max_prompt_length`` counts the image tokens (:mod:`trainer.multi
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -62,6 +63,28 @@ def _load_rows(files: Sequence[str]) -> list[dict]:
     return rows
 
 
+def row_tools(row: dict, files: Sequence[str] = ()) -> list:
+    """A row's ``tools`` column as a list of function definitions (``[]`` when absent or empty).
+
+    Raises:
+        DataError: the column is neither a list of mappings nor the JSON text of one.
+    """
+    tools = row.get("tools")
+    if tools is None or (hasattr(tools, "__len__") and len(tools) == 0):
+        return []
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"data files {list(files)}: a row's 'tools' is not JSON ({exc.msg}): {tools[:80]!r}") \
+                from exc
+    tools = list(tools) if not isinstance(tools, (str, dict)) and hasattr(tools, "__iter__") else tools
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise DataError(f"data files {list(files)}: a row's 'tools' must be a list of function definitions "
+                        f"({{'type': 'function', 'function': {{...}}}}), got {type(tools).__name__}")
+    return tools
+
+
 @dataclass
 class PromptDataset:
     """Tokenised prompts with their reward metadata.
@@ -77,6 +100,9 @@ class PromptDataset:
         processor: a Hugging Face processor (``apply_chat_template`` + ``__call__(text=, images=)``) for rows with
             images; None for a text-only model.
         image_key: the column holding a row's images.
+        tools: OpenAI-style function definitions (``{"type": "function", "function": {...}}``) that chat prompts
+            show (``apply_chat_template(tools=...)``): the multi-turn tools' schemas, or empty. A row's own
+            ``tools`` column (a list of definitions or its JSON text) replaces them for that row.
 
     Rows with images get ``multi_modal_inputs`` (the processor's tensors but ``input_ids`` / ``attention_mask``,
     e.g. ``pixel_values`` and ``image_grid_thw``) when read (``ds[i]``), computed again from the images so that
@@ -96,6 +122,7 @@ class PromptDataset:
     chat_template_kwargs: dict = field(default_factory=dict)
     processor: Any = None
     image_key: str = "images"
+    tools: list = field(default_factory=list)
     rows: list[dict] = field(default_factory=list, init=False)
     num_filtered: int = field(default=0, init=False)
     num_invalid: int = field(default=0, init=False)
@@ -165,8 +192,9 @@ class PromptDataset:
             return ids
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        tools = row_tools(row, self.files) or list(self.tools)
         out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
-                                                 **self.chat_template_kwargs)
+                                                 **({"tools": tools} if tools else {}), **self.chat_template_kwargs)
         if hasattr(out, "keys") and "input_ids" in out:
             out = out["input_ids"]
         return list(out)

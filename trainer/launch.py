@@ -19,6 +19,7 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, _a
 from trainer.config_preflight import check_model_context, preflight  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.lora_checks import check_lora
+from trainer.multi_turn import check_multi_turn_template, tool_schemas
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
@@ -30,22 +31,29 @@ def prepare_embedded(cfg: dict) -> None:
     from transformers import AutoModelForCausalLM
 
     from trainer import embedded
+    from trainer.embedded_tool import embedded_task
 
     out = os.path.abspath(cfg["trainer"]["output_dir"])
     model = cfg["actor_rollout_ref"]["model"]
+    data = cfg["data"]
+    try:  # data.synthetic_task: the generated task, its tokenizer and the tiny model's warm start
+        task = embedded_task(data.get("synthetic_task", "digits"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if model.get("path") is None:
         init_dir = os.path.join(out, "init_model")
         if not os.path.exists(os.path.join(init_dir, "config.json")):
-            tok = embedded.build_tokenizer(init_dir)
+            tok = task.build_tokenizer(init_dir)
             torch.manual_seed(int(cfg["trainer"]["seed"]))
             conf = embedded.tiny_model_config(len(tok), **dict(model.get("tiny") or {}))
-            AutoModelForCausalLM.from_config(conf).save_pretrained(init_dir)
+            tiny = AutoModelForCausalLM.from_config(conf)
+            task.warm_start(tiny, tok, int(data.get("warm_start_steps", 0)), int(cfg["trainer"]["seed"]))
+            tiny.save_pretrained(init_dir)
         model["path"] = init_dir
         if cfg["critic"]["model"].get("path") is None:
             cfg["critic"]["model"]["path"] = init_dir
-    data = cfg["data"]
     if data.get("train_files") is None:
-        train, val = embedded.write_task(os.path.join(out, "data"), seed=int(data.get("seed", 0)))
+        train, val = task.write_task(os.path.join(out, "data"), int(data.get("seed", 0)))
         data["train_files"] = train
         if data.get("val_files") is None:
             data["val_files"] = val
@@ -233,7 +241,7 @@ def build_data(cfg: dict, tok, processor=None):
     ds_kwargs = dict(tokenizer=tok, max_prompt_length=int(d["max_prompt_length"]), prompt_key=d["prompt_key"],
                      filter_overlong_prompts=bool(d["filter_overlong_prompts"]), truncation=d["truncation"],
                      chat_template_kwargs=dict(d.get("apply_chat_template_kwargs") or {}),
-                     processor=processor, image_key=d.get("image_key", "images"))
+                     processor=processor, image_key=d.get("image_key", "images"), tools=tool_schemas(cfg))
     train_ds = PromptDataset(d["train_files"], max_rows=d.get("max_rows"), **ds_kwargs)
     val_ds = PromptDataset(d["val_files"], max_rows=d.get("val_max_rows"), **ds_kwargs) if d.get("val_files") else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -291,6 +299,7 @@ def run(hydra_cfg: DictConfig) -> dict:
     hf_config = AutoConfig.from_pretrained(mpath, trust_remote_code=bool(cfg["actor_rollout_ref"]["model"].get(
         "trust_remote_code")), **dict(cfg["actor_rollout_ref"]["model"].get("override_config") or {}))
     check_model_context(cfg, hf_config, tok)
+    check_multi_turn_template(cfg, tok)
     loader, val_ds = build_data(cfg, tok, load_processor(cfg))
     from trainer.ppo_trainer import RayPPOTrainer
 

@@ -42,7 +42,8 @@ OPTIM = "{actor_rollout_ref.actor,critic,reward_model.model}.optim"
 MODEL = "{actor_rollout_ref.model,critic.model}"
 NO_FSDP = "FSDP-only: DeepSpeed ZeRO partitions the parameters itself (deepspeed group: zero_stage, offload)"
 NO_PROFILE = "profiling hooks are not wired into the trainer; profile a step with tools/bench/step_profile.py"
-NO_MULTI_TURN = "multi-turn, tool and agent rollouts are not supported (one generation per prompt)"
+NO_MULTI_TURN = ("agent loops and interactions are not supported; tool-using rollouts are "
+                 "actor_rollout_ref.rollout.multi_turn (enable, tools, format)")
 NO_RM = ("model-based reward models are not supported: rewards come from rule scorers (reward_model.scorer), "
          "custom_reward_function.path, or algorithm=prime's implicit PRM")
 GLOBAL_MICRO = "a global micro-batch size: set the rows per worker with the key's _per_gpu form"
@@ -183,11 +184,18 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             ok=("sync",)),
     VerlKey(f"{R}.multi_stage_wake_up", "ignore",
             "the engine always wakes its weights first and its KV cache after the weights are loaded"),
-    VerlKey(f"{R}.multi_turn.enable", "refuse", NO_MULTI_TURN, ok=(False,)),
-    VerlKey(f"{R}.multi_turn.**", "ignore", f"a multi-turn setting: {NO_MULTI_TURN}"),
+    VerlKey(f"{R}.multi_turn.{{interaction_config_path,completion_callback}}", "refuse", NO_MULTI_TURN,
+            ok=(None,)),
+    VerlKey(f"{R}.multi_turn.use_inference_chat_template", "ignore",
+            "tool turns are always rendered with the tokenizer's chat template (the prompt's)", ok=(False,)),
+    VerlKey(f"{R}.multi_turn.tokenization_sanity_check_mode", "ignore",
+            "the loop keeps the token ids the engine wrote; nothing is re-tokenized to compare"),
+    VerlKey(f"{R}.multi_turn.num_repeat_rollouts", "ignore", "samples per prompt are actor_rollout_ref.rollout.n"),
     VerlKey(f"{R}.agent.{{agent_loop_config_path,custom_async_server.path}}", "refuse", NO_MULTI_TURN, ok=(None,)),
     VerlKey(f"{R}.agent.**", "ignore", f"an agent-loop setting: {NO_MULTI_TURN}"),
-    VerlKey("data.tool_config_path", "refuse", NO_MULTI_TURN, ok=(None,)),
+    VerlKey("data.tool_config_path", "refuse",
+            "the prompts show the schemas of actor_rollout_ref.rollout.multi_turn's tools (tools, tool_config_path)",
+            ok=(None,)),
     VerlKey(f"{R}.over_sample_rate", "refuse",
             "stopping generation early for a share of the requests is not supported", ok=(0, 0.0)),
     VerlKey(f"{R}.skip_rollout", "refuse", "every step generates (no replay of dumped rollouts)", ok=(False,)),

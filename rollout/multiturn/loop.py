@@ -31,7 +31,7 @@ from rollout.tools.executor import run_tool_calls, truncate_text
 from rollout.tools.parsers import get_parser
 from rollout.tools.registry import resolve_tools
 
-__all__ = ["MultiTurnResult", "multi_turn_generate", "prepare_multi_turn"]
+__all__ = ["MultiTurnResult", "build_tools", "multi_turn_generate", "prepare_multi_turn"]
 
 _SEED_STRIDE = 1_000_003  # per round: seed + stride * round + group-size bucket
 
@@ -239,10 +239,22 @@ def prepare_multi_turn(cfg: MultiTurnConfig | Mapping, tokenizer, chat_template_
         RuntimeError: a tool's :meth:`Tool.check` failed (e.g. the sandbox's isolation is below its minimum).
     """
     cfg = cfg if isinstance(cfg, MultiTurnConfig) else MultiTurnConfig.from_config(cfg)
+    return cfg, build_tools(cfg), ToolChatTemplate(tokenizer, chat_template_kwargs)
+
+
+def build_tools(cfg: MultiTurnConfig, check: bool = True) -> dict[str, Tool]:
+    """The configured tools, ``{name: tool}``, each started-up with :meth:`Tool.check` when ``check``.
+
+    Raises:
+        ValueError: an unknown tool or bad entry (:func:`rollout.tools.registry.resolve_tools`), or
+            ``format=python_block`` without a ``python`` tool.
+        RuntimeError: a tool's :meth:`Tool.check` failed.
+    """
     tools = resolve_tools(cfg.tools, cfg.tool_config_path)
     if cfg.format == "python_block" and "python" not in tools:
         raise ValueError("rollout.multi_turn.format=python_block sends code blocks to the 'python' tool, which "
                          f"is not configured (tools: {sorted(tools)}); add python to rollout.multi_turn.tools")
-    for tool in tools.values():
-        tool.check()
-    return cfg, tools, ToolChatTemplate(tokenizer, chat_template_kwargs)
+    if check:
+        for tool in tools.values():
+            tool.check()
+    return tools

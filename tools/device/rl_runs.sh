@@ -9,7 +9,7 @@
 # Use: OUT=/some/dir T_LONG=480 [RUNS="svamp_b:0 gsm8k_gae:1"] [EXTRA="hydra overrides"] bash tools/device/rl_runs.sh
 # (megatron:-, megatron_tp2:-, megatron_ckpt:- and megatron_reshard:- use both GPUs; offload:N is a 3-step run with
 # optimizer offload during rollout; LoRA: RUNS="gsm8k_grpo:0 gsm8k_lora:0 svamp_full:1 svamp_lora:1", then
-# RUNS="lora_memory:0")
+# RUNS="lora_memory:0"; tool_synthetic:N is the multi-turn tool run, hf then vllm engine)
 set -u
 OUT=${OUT:?set OUT}
 T_LONG=${T_LONG:-480}
@@ -131,6 +131,19 @@ write_tiny_vlm('/tmp/vlm_tiny'); write_colour_task('/tmp/vlm_data', 1024, 64)" >
   cp /tmp/runs/vlm_colour/metrics.jsonl "$d/" 2>/dev/null
   tar czf "$OUT/vlm_colour.tgz" -C "$OUT" vlm_colour && rm -rf "${OUT:?}/vlm_colour"
 }
+tool_synthetic() {  # On one GPU: the embedded data=synthetic_tool (tiny model, python tool, multi-turn loop), 60
+  # steps with the transformers engine, then the same with rollout=vllm; compare critic/score/mean and multi_turn/*.
+  # Where the sandbox has no user namespaces: EXTRA='actor_rollout_ref.rollout.multi_turn.tools=[{class_name:python,config:{min_isolation:process}}]'
+  local gpu=$1 eng
+  for eng in hf vllm; do
+    mkdir -p "$OUT/tool_synthetic_$eng"
+    CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 20 480 python3 trainer/main.py trainer.device=cuda \
+        trainer.n_gpus_per_node=1 data=synthetic_tool rollout=$eng trainer.total_training_steps=60 \
+        trainer.output_dir=/tmp/runs/tool_synthetic_$eng ${EXTRA:-} > "$OUT/tool_synthetic_$eng/console.log" 2>&1
+    echo "exit $?" >> "$OUT/tool_synthetic_$eng/console.log"
+    cp /tmp/runs/tool_synthetic_$eng/metrics.jsonl "$OUT/tool_synthetic_$eng/" 2>/dev/null
+  done
+}
 offload() {  # 3 GRPO steps with the optimizer state offloaded during rollout (compare rollout_start memory)
   launch offload "$1" 240 data=gsm8k trainer.total_training_steps=3 \
     actor_rollout_ref.rollout.offload_optimizer_during_rollout=true
@@ -179,6 +192,7 @@ for spec in $RUNS; do
     megatron) megatron & ;;
     megatron_tp2) megatron_tp2 & ;;
     vlm_colour) vlm_colour "$gpu" & ;;
+    tool_synthetic) tool_synthetic "$gpu" & ;;
     megatron_ckpt) megatron_ckpt & ;;
     megatron_reshard) megatron_reshard & ;;
     svamp_e) launch svamp_e "$gpu" "$T_LONG" $SVAMP_E ;;  # 512-token responses (the model README's setting)

@@ -87,6 +87,9 @@ class ActorRolloutRefWorker(DistributedWorker):
                                             int(self.config["deepspeed"]["zero_stage"]),
                                             mode=rc.get("lora_sync", "merged"), sleep_level=int(rc.get("sleep_level", 1)),
                                             base_model_path=self.actor.model_path)
+        from trainer.multi_turn import build_generator
+
+        self.generator = build_generator(rc, tok, (self.config.get("data") or {}).get("apply_chat_template_kwargs"))
 
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
@@ -130,6 +133,11 @@ class ActorRolloutRefWorker(DistributedWorker):
         ``prompts`` (B*n, P), ``responses``/``response_mask``/``rollout_log_probs`` (B*n, R), ``input_ids``,
         ``attention_mask``, ``position_ids`` (B*n, P+R; a vision-language model's rotary rows (B*n, 3, P+R)) and
         the prompt's non-tensor columns repeated (``multi_modal_inputs`` go to the rollout engine too).
+
+        With ``rollout.multi_turn.enable`` the generator is the multi-turn loop (:mod:`trainer.multi_turn`):
+        ``response_mask`` is 1 on the model's tokens only, ``attention_mask``/``position_ids`` also cover the tool
+        answers and the template's glue, ``num_turns`` (B*n,) int64 is a non-tensor column and the ``multi_turn/*``
+        and ``tool/*`` metrics are in ``meta``.
         """
         t0 = time.perf_counter()
         validate = bool(prompts.meta.get("validate", False))
@@ -146,7 +154,8 @@ class ActorRolloutRefWorker(DistributedWorker):
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
                 perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
             mm = list(prompts["multi_modal_inputs"]) if "multi_modal_inputs" in prompts else None
-            out = self.engine.generate(prompt_lists, sampling, **({"multi_modal_inputs": mm} if mm else {}))
+            gen = self.generator(self.engine, prompt_lists, sampling, **({"multi_modal_inputs": mm} if mm else {}))
+        out = gen.rollout
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
         perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
         perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
@@ -155,7 +164,7 @@ class ActorRolloutRefWorker(DistributedWorker):
         responses = out.responses.to(torch.long)
         resp_mask = out.response_mask.to(torch.long)
         p_ids, p_mask = rep["input_ids"], rep["attention_mask"]
-        attn = torch.cat([p_mask, resp_mask], dim=1)
+        attn = torch.cat([p_mask, gen.attention_mask.to(torch.long)], dim=1)  # tool answers are attended
         input_ids = torch.cat([p_ids, responses], dim=1)
         position_ids = torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0)
         if "multi_modal_inputs" in rep:  # a vision-language model: its rotary position rows (B, 3, P+R)
@@ -172,8 +181,11 @@ class ActorRolloutRefWorker(DistributedWorker):
             "attention_mask": attn,
             "position_ids": position_ids,
         }, {k: v for k, v in rep.non_tensor.items()}, meta=dict(prompts.meta))
+        if gen.num_turns is not None:
+            result["num_turns"] = gen.num_turns.numpy().astype("int64")
         result.meta["timing_gen_s"] = time.perf_counter() - t0
         result.meta.update(perf)
+        result.meta.update(gen.metrics)
         return result
 
     # ---- log-probs ------------------------------------------------------------------------------------------

@@ -1,0 +1,182 @@
+"""Tool-using rollouts in the trainer: the ``actor_rollout_ref.rollout.multi_turn`` section read and checked before
+the workers start, the tools' schemas for the prompts, and the actor worker's sequence generator.
+
+The generator is the seam between the actor worker and the rollout: :class:`EngineGenerator` makes one engine
+call per batch (one response per sample); :class:`MultiTurnGenerator` runs
+:func:`rollout.multiturn.multi_turn_generate`, where model turns alternate with tool answers. Both return a
+:class:`Generated`, whose ``attention_mask`` covers every response token (tool answers included) while the
+rollout's ``response_mask`` covers only the model's tokens; for one engine call the two are equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from trainer.config_checks import ConfigError
+
+__all__ = ["MULTI_TURN_KEYS", "multi_turn_config", "check_multi_turn", "check_multi_turn_template", "tool_schemas",
+           "Generated", "EngineGenerator", "MultiTurnGenerator", "build_generator", "generation_metrics"]
+
+KEY = "actor_rollout_ref.rollout.multi_turn"
+MULTI_TURN_KEYS = ("enable", "max_assistant_turns", "max_user_turns", "max_parallel_calls",
+                   "max_tool_response_length", "tool_response_truncate_side", "format", "tools", "tool_config_path")
+_INT_KEYS = ("max_assistant_turns", "max_user_turns", "max_parallel_calls", "max_tool_response_length")
+METRIC_PREFIXES = ("multi_turn/", "tool/")
+
+
+def multi_turn_config(rollout_cfg: Mapping[str, Any]):
+    """The :class:`rollout.multiturn.MultiTurnConfig` of ``rollout_cfg["multi_turn"]`` (defaults where absent).
+
+    Raises:
+        ConfigError: a key this section does not have, a limit that is not an integer (or null where allowed),
+            a value out of range or an unknown format / truncate side; the message names key and value.
+    """
+    from rollout.multiturn import MultiTurnConfig
+
+    mt = rollout_cfg.get("multi_turn") or {}
+    unknown = sorted(set(mt) - set(MULTI_TURN_KEYS))
+    if unknown:
+        raise ConfigError(f"{KEY} has unknown keys {unknown}; known keys: {list(MULTI_TURN_KEYS)}")
+    values = {k: mt[k] for k in MULTI_TURN_KEYS if k in mt}
+    for k in _INT_KEYS:
+        v = values.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ConfigError(f"{KEY}.{k}={v!r}; expected an integer")
+    if not isinstance(values.get("enable", False), bool):
+        raise ConfigError(f"{KEY}.enable={values['enable']!r}; expected true or false")
+    if not isinstance(values.get("tools") or [], (list, tuple)):
+        raise ConfigError(f"{KEY}.tools={values['tools']!r}; expected a list of tool entries")
+    try:
+        return MultiTurnConfig(**values)
+    except ValueError as exc:
+        raise ConfigError(f"actor_rollout_ref.{exc}" if str(exc).startswith("rollout.") else f"{KEY}: {exc}") from exc
+
+
+def _tools(cfg: dict, check: bool) -> dict:
+    from rollout.multiturn.loop import build_tools
+
+    mt = multi_turn_config(cfg["actor_rollout_ref"]["rollout"])
+    try:
+        return build_tools(mt, check=check)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise ConfigError(f"{KEY}.tools={list(mt.tools)!r}: {exc}") from exc
+
+
+def check_multi_turn(cfg: dict) -> None:
+    """Pre-start check of the section (run by :func:`trainer.config_validate.validate`): its values always, and
+    with ``enable=true`` the tools (each built and its :meth:`rollout.tools.base.Tool.check` run: unknown names,
+    unimportable classes, a sandbox weaker than required).
+
+    Raises:
+        ConfigError: one line naming the bad value.
+    """
+    mt = multi_turn_config(cfg["actor_rollout_ref"]["rollout"])
+    if mt.enable:
+        _tools(cfg, check=True)
+
+
+def check_multi_turn_template(cfg: dict, tokenizer) -> None:
+    """With ``enable=true``: the tokenizer's chat template must render ``tool`` messages (checked once the
+    tokenizer is loaded, before the workers start).
+
+    Raises:
+        ConfigError: no chat template, or one without a usable tool role (the message says what was rendered).
+    """
+    if not multi_turn_config(cfg["actor_rollout_ref"]["rollout"]).enable:
+        return
+    from rollout.multiturn import ToolChatTemplate
+
+    try:
+        ToolChatTemplate(tokenizer, dict(cfg["data"].get("apply_chat_template_kwargs") or {}))
+    except ValueError as exc:
+        raise ConfigError(f"{KEY}.enable=true: {exc} (set actor_rollout_ref.model.custom_chat_template to a "
+                          "template with a tool role)") from exc
+
+
+def tool_schemas(cfg: dict) -> list[dict]:
+    """The OpenAI-style function definitions of the configured tools, for ``apply_chat_template(tools=...)`` of
+    the prompts; ``[]`` when multi-turn rollouts are off."""
+    if not multi_turn_config(cfg["actor_rollout_ref"]["rollout"]).enable:
+        return []
+    return [tool.schema() for tool in _tools(cfg, check=False).values()]
+
+
+@dataclass
+class Generated:
+    """One generation batch of N = B*n rows, prompt-major.
+
+    Attributes:
+        rollout: :class:`rollout.base.RolloutOutput`: ``responses`` (N, R) int64, ``response_mask`` (N, R) (1 on
+            the model's tokens only), ``rollout_log_probs`` (N, R) float32 (the engine's, 0 off the model's tokens).
+        attention_mask: (N, R) int64, 1 on every response token the model reads (its own, tool answers and the
+            chat template's glue), 0 on padding.
+        num_turns: (N,) int64, verl's ``num_turns`` (model turns + tool turns + 1), or None for one engine call.
+        metrics: ``multi_turn/*`` and ``tool/*`` metrics of the batch (empty for one engine call).
+    """
+
+    rollout: Any
+    attention_mask: torch.Tensor
+    num_turns: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class EngineGenerator:
+    """One ``engine.generate`` call per batch (single-turn rollouts)."""
+
+    def __call__(self, engine, prompt_ids: list[list[int]], sampling, **engine_kwargs) -> Generated:
+        out = engine.generate(prompt_ids, sampling, **engine_kwargs)
+        return Generated(rollout=out, attention_mask=out.response_mask.to(torch.long))
+
+
+class MultiTurnGenerator:
+    """The multi-turn loop with the configured tools (built and checked once, at the worker's start).
+
+    Args:
+        mt_cfg: a :class:`rollout.multiturn.MultiTurnConfig` with ``enable=True``.
+        tokenizer: the policy's tokenizer.
+        chat_template_kwargs: the prompts' ``apply_chat_template`` arguments (``data.apply_chat_template_kwargs``).
+
+    Raises:
+        ValueError / RuntimeError: see :func:`rollout.multiturn.prepare_multi_turn`.
+    """
+
+    def __init__(self, mt_cfg, tokenizer, chat_template_kwargs: Mapping | None = None) -> None:
+        from rollout.multiturn import prepare_multi_turn
+
+        self.tokenizer = tokenizer
+        self.cfg, self.tools, self.template = prepare_multi_turn(mt_cfg, tokenizer, chat_template_kwargs)
+
+    def __call__(self, engine, prompt_ids: list[list[int]], sampling, **engine_kwargs) -> Generated:
+        from rollout.multiturn import multi_turn_generate
+
+        if engine_kwargs.get("multi_modal_inputs"):
+            raise ValueError(f"{KEY}.enable=true does not take image prompts (multi_modal_inputs); use "
+                             "single-turn rollouts for a vision-language model")
+        res = multi_turn_generate(engine, self.tokenizer, prompt_ids, sampling, self.tools, self.cfg, self.template)
+        return Generated(rollout=res.rollout, attention_mask=res.attention_mask, num_turns=res.num_turns,
+                         metrics=dict(res.metrics))
+
+
+def build_generator(rollout_cfg: Mapping[str, Any], tokenizer, chat_template_kwargs: Mapping | None = None):
+    """:class:`MultiTurnGenerator` when ``rollout_cfg.multi_turn.enable``, else :class:`EngineGenerator`."""
+    mt = multi_turn_config(rollout_cfg)
+    return MultiTurnGenerator(mt, tokenizer, chat_template_kwargs) if mt.enable else EngineGenerator()
+
+
+def generation_metrics(batch) -> dict[str, float]:
+    """The generator's ``multi_turn/*`` and ``tool/*`` entries of ``batch.meta`` (none for single-turn rollouts).
+
+    The batch is the join of every worker's rows and ``meta`` is the first worker's, so the entries are that
+    worker's rows' figures, except ``multi_turn/num_turns/{mean,max,min}``, which come from the whole batch's
+    ``num_turns`` column.
+    """
+    meta = getattr(batch, "meta", None) or {}
+    out = {k: float(v) for k, v in meta.items() if k.startswith(METRIC_PREFIXES)}
+    turns = (getattr(batch, "non_tensor", None) or {}).get("num_turns")
+    if turns is not None and len(turns):
+        t = torch.as_tensor(turns.astype("int64"), dtype=torch.float64)
+        out.update({"multi_turn/num_turns/mean": float(t.mean()), "multi_turn/num_turns/max": float(t.max()),
+                    "multi_turn/num_turns/min": float(t.min())})
+    return out

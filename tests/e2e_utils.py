@@ -95,3 +95,14 @@ class MainRun:
         finally:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def resolved_config(*overrides: str) -> dict:
+    """The composed ``configs/ppo_trainer.yaml`` with ``overrides``, resolved as a run resolves it
+    (:func:`trainer.launch.resolve_config`), for tests that build a trainer or a worker without running main."""
+    from hydra import compose, initialize_config_dir
+
+    from trainer.launch import resolve_config
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
+        return resolve_config(compose("ppo_trainer", overrides=list(overrides)))

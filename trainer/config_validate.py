@@ -158,7 +158,7 @@ def _check_algorithm_names(cfg: dict) -> None:
 def _check_filter_groups(cfg: dict) -> None:
     fg = cfg["algorithm"].get("filter_groups") or {}
     n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
-    from trainer.dynamic_sampling import METRICS
+    from trainer.hooks.dynamic_sampling import METRICS
 
     # the values are checked even while the filter is off, so that a typo does not wait for enable=true
     cap = fg.get("max_num_gen_batches", 10)
@@ -168,7 +168,7 @@ def _check_filter_groups(cfg: dict) -> None:
     if fg.get("metric", "acc") not in METRICS:
         raise ConfigError(f"algorithm.filter_groups.metric={fg.get('metric')!r}; expected one of {list(METRICS)}")
     if fg.get("enable"):
-        from trainer.prime import prime_enabled
+        from trainer.hooks.prime import prime_enabled
 
         if n < 2:
             raise ConfigError("algorithm.filter_groups.enable=true compares the responses of one prompt, but "
@@ -219,13 +219,13 @@ def _check_kernels(cfg: dict) -> None:
         check_ds_config_keeps_norm_check(ds.get("ds_config"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    from trainer.prime import prime_enabled
+    from trainer.hooks.prime import prime_enabled
 
     if prime_enabled(cfg):  # the PRM worker builds actor_rollout_ref.model with reward_model.model's overrides
-        from trainer.workers.prm import _MODEL_KEYS
+        from trainer.workers.model_utils import ROLE_MODEL_KEYS
 
         rm = cfg.get("reward_model") or {}
-        over = {k: v for k, v in (rm.get("model") or {}).items() if k in _MODEL_KEYS and v is not None}
+        over = {k: v for k, v in (rm.get("model") or {}).items() if k in ROLE_MODEL_KEYS and v is not None}
         try:
             check({**arr["model"], **over})
         except ValueError as exc:

@@ -24,7 +24,8 @@ BASE = ["trainer.total_training_steps=4", "trainer.save_freq=2", "data.train_bat
         # cosine decay; a resumed run that repeated the warmup or used another horizon would log another actor/lr
         "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
         "actor_rollout_ref.actor.optim.total_training_steps=4"]
-NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step", "reward/time_s")
+NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step", "perf/rollout_s/",
+                "reward/time_s")
 
 
 def _step_rows(out_dir):

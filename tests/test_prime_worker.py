@@ -65,6 +65,22 @@ def _ce(scores, acc):
     return float(torch.nn.functional.binary_cross_entropy_with_logits(scores.sum(-1), acc))
 
 
+@pytest.fixture(autouse=True)
+def _own_process_group():
+    """The worker joins a process group and sets MASTER_PORT in this process: end both after the test, so that a
+    later in-process group (e.g. tools/bench/common.py's) does not reuse a port that is still bound."""
+    saved = dict(os.environ)
+    yield
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        import deepspeed.comm
+
+        deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups of the ended world
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def test_prm_worker_scores_update_order_and_checkpoint(tmp_path):
     from trainer.workers.prm import PRMWorker
 

@@ -11,9 +11,24 @@ INSTRUCTION = "Let's think step by step and output the final answer after \"####
 def read_jsonl(path: str) -> list[dict]:
     """Rows of a JSON-lines file. Raises FileNotFoundError naming the path."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path!r} not found (set the input folder, e.g. --src ../shared/data/gsm8k)")
+        raise FileNotFoundError(f"{path!r} not found (--src names a folder with the dataset's <split>.jsonl files)")
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def load_split(hub_name: str, split: str, src: str | None = None, config: str | None = None) -> list[dict]:
+    """The rows of one split: from ``<src>/<split>.jsonl`` when ``src`` is given (a local copy), else from the
+    Hugging Face Hub by name through ``datasets.load_dataset(hub_name, config, split=split)`` (cached by
+    ``datasets``; offline, set ``HF_DATASETS_OFFLINE=1`` with a filled cache, or use ``src``).
+
+    Raises:
+        FileNotFoundError: ``src`` lacks ``<split>.jsonl``.
+    """
+    if src:
+        return read_jsonl(os.path.join(src, f"{split}.jsonl"))
+    import datasets
+
+    return [dict(r) for r in datasets.load_dataset(hub_name, config, split=split)]
 
 
 def make_row(data_source: str, question: str, answer: str, split: str, index: int, **extra) -> dict:

@@ -1,6 +1,7 @@
-"""GSM8K jsonl -> parquet in verl's layout (so verl's GSM8K parquet files load the same way).
+"""GSM8K -> parquet in verl's layout (so verl's GSM8K parquet files load the same way).
 
-    python tools/data_preprocess/gsm8k.py --src ../shared/data/gsm8k --out data/gsm8k
+    python tools/data_preprocess/gsm8k.py --out data/gsm8k                 # from the Hub: openai/gsm8k, "main"
+    python tools/data_preprocess/gsm8k.py --src /path/to/gsm8k --out data/gsm8k   # a local copy: train/test.jsonl
 
 Writes ``train.parquet`` (7,473 rows) and ``test.parquet`` (1,319 rows). The ground truth is the number after
 ``####`` in the reference answer, commas removed (``1,000`` -> ``1000``).
@@ -13,9 +14,10 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tools.data_preprocess.common import make_row, read_jsonl, write_parquet  # noqa: E402
+from tools.data_preprocess.common import load_split, make_row, write_parquet  # noqa: E402
 
 DATA_SOURCE = "openai/gsm8k"
+HUB_CONFIG = "main"
 
 
 def extract_answer(answer: str) -> str:
@@ -26,18 +28,20 @@ def extract_answer(answer: str) -> str:
     return m.group(1).replace(",", "").rstrip(".")
 
 
-def convert(src: str, out: str, splits=("train", "test")) -> dict[str, int]:
+def convert(src: str | None, out: str, splits=("train", "test")) -> dict[str, int]:
+    """Write ``<out>/<split>.parquet`` for each split, read from ``src`` or the Hub; returns the row counts."""
     counts = {}
     for split in splits:
         rows = [make_row(DATA_SOURCE, r["question"], extract_answer(r["answer"]), split, i, reference=r["answer"])
-                for i, r in enumerate(read_jsonl(os.path.join(src, f"{split}.jsonl")))]
+                for i, r in enumerate(load_split(DATA_SOURCE, split, src, HUB_CONFIG))]
         counts[split] = write_parquet(rows, os.path.join(out, f"{split}.parquet"))
     return counts
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--src", default=os.environ.get("GSM8K_DIR", "../shared/data/gsm8k"))
+    p.add_argument("--src", default=os.environ.get("GSM8K_DIR"),
+                   help="a local folder with train.jsonl/test.jsonl (default: $GSM8K_DIR, else the Hub)")
     p.add_argument("--out", default="data/gsm8k")
     a = p.parse_args(argv)
     print(convert(a.src, a.out))

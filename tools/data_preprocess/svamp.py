@@ -1,8 +1,11 @@
-"""SVAMP json-lines -> parquet: the FIRST 700 rows are the training split, the LAST 300 the held-out test split.
+"""SVAMP -> parquet: 700 training rows and 300 held-out test rows.
 
-    python tools/data_preprocess/svamp.py --src ../shared/data/svamp --out data/svamp
+    python tools/data_preprocess/svamp.py --out data/svamp                  # from the Hub: ChilleD/SVAMP
+    python tools/data_preprocess/svamp.py --src /path/to/svamp --out data/svamp     # a local test.jsonl
 
-SVAMP has no train split of its own; this fixed rule is ours. The prompt is ``Body + " " + Question`` with the
+The original SVAMP has 1,000 problems and no train split. With ``--src`` (the 1,000-row ``test.jsonl`` of the
+common evaluation harnesses) the FIRST 700 rows are the training split and the LAST 300 the held-out split (a fixed
+rule of ours); from the Hub, ``ChilleD/SVAMP``'s own train (700) and test (300) splits are used. The prompt is ``Body + " " + Question`` with the
 same "answer after ####" instruction as GSM8K; ground truths are numbers (``12.0`` is written ``12``).
 """
 from __future__ import annotations
@@ -12,9 +15,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tools.data_preprocess.common import make_row, read_jsonl, write_parquet  # noqa: E402
+from tools.data_preprocess.common import load_split, make_row, write_parquet  # noqa: E402
 
 DATA_SOURCE = "svamp"
+HUB_NAME = "ChilleD/SVAMP"
 TRAIN_ROWS = 700
 
 
@@ -23,17 +27,25 @@ def _number(x) -> str:
     return str(int(f)) if f.is_integer() else repr(f)
 
 
-def convert(src: str, out: str) -> dict[str, int]:
-    rows = read_jsonl(os.path.join(src, "test.jsonl"))
+def convert(src: str | None, out: str) -> dict[str, int]:
+    """Write ``<out>/train.parquet`` and ``<out>/test.parquet``; returns the row counts."""
+    if src:
+        rows = load_split(HUB_NAME, "test", src)
+        splits = ["train" if i < TRAIN_ROWS else "test" for i in range(len(rows))]
+    else:
+        train, test = load_split(HUB_NAME, "train"), load_split(HUB_NAME, "test")
+        rows, splits = train + test, ["train"] * len(train) + ["test"] * len(test)
     made = [make_row(DATA_SOURCE, f"{r['Body'].strip()} {r['Question'].strip()}", _number(r["Answer"]),
-                     "train" if i < TRAIN_ROWS else "test", i, equation=r.get("Equation")) for i, r in enumerate(rows)]
-    return {"train": write_parquet(made[:TRAIN_ROWS], os.path.join(out, "train.parquet")),
-            "test": write_parquet(made[TRAIN_ROWS:], os.path.join(out, "test.parquet"))}
+                     split, i, equation=r.get("Equation")) for i, (r, split) in enumerate(zip(rows, splits))]
+    n_train = splits.count("train")
+    return {"train": write_parquet(made[:n_train], os.path.join(out, "train.parquet")),
+            "test": write_parquet(made[n_train:], os.path.join(out, "test.parquet"))}
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--src", default=os.environ.get("SVAMP_DIR", "../shared/data/svamp"))
+    p.add_argument("--src", default=os.environ.get("SVAMP_DIR"),
+                   help="a local folder with the 1,000-row test.jsonl (default: $SVAMP_DIR, else the Hub)")
     p.add_argument("--out", default="data/svamp")
     a = p.parse_args(argv)
     print(convert(a.src, a.out))

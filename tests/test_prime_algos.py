@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from rewards.prime import implicit_token_rewards
+from rewards.verify import accuracy_from_reward
 from trainer.algos.prime import (band_filter_indices, compute_prime_advantages, last_token_mask,
                                  normalize_implicit_rewards, prime_metrics, prm_ce_loss, rloo_per_token)
-from rewards.verify import accuracy_from_reward
 from trainer.hooks.prime import PrimeHook, truncated_rows
-from trainer.roles import PRMGroup
 from trainer.protocol import DataProto
+from trainer.roles import PRMGroup
 
 NAN = float("nan")
 
@@ -292,7 +292,7 @@ class _FakeWG:
                                               ("after", ["update_rm"], -0.5), ("none", ["compute_rm_scores"], 0.5)])
 def test_controller_update_modes(mode, calls, score):
     ctl = PrimeHook(_cfg(reward_model__model={"update": mode, "loss_type": "ce"},
-                               reward_model__prime_norm="none"), world=2)
+                         reward_model__prime_norm="none"), world=2)
     ctl.prm = PRMGroup(_FakeWG())
     b = DataProto.from_dict({k: torch.ones(4, 2, dtype=torch.long) for k in
                              ("input_ids", "attention_mask", "position_ids", "responses")} |

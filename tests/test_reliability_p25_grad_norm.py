@@ -84,7 +84,7 @@ def test_p25_nan_gradient_of_a_finite_loss_is_skipped(monkeypatch, tmp_path, sta
         m = _update(engine, _data([True, True]))
         assert m["actor/skipped_steps"] == [1.0] and m["actor/consecutive_skipped_steps"] == [float(step)]
         assert _same(before, _params(engine)), "a NaN gradient reached the weights"
-        tr._check_skipped(reduce_rank_metrics([m]))                     # 1 and 2 in a row: the run goes on
+        tr._check_skipped(reduce_rank_metrics([m]))         # 1 and 2 in a row: the run goes on
     tr.global_step = 3
     with pytest.raises(TrainingDiverged, match=r"actor: 3 optimizer steps in a row.*step 3"):
         tr._check_skipped(reduce_rank_metrics([_update(engine, _data([True, True]))]))

@@ -185,11 +185,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         if informative >= want_groups or (max_num_gen_batches > 0 and batches >= max_num_gen_batches):
             break
         if max_num_gen_batches <= 0 and 0 < no_cap_limit <= batches:
-            raise RuntimeError(
-                f"dynamic sampling: {informative} of {want_groups} informative groups after {batches} generation "
-                f"batches ({generated} groups, one epoch) with algorithm.filter_groups.max_num_gen_batches="
-                f"{max_num_gen_batches} (no cap); does the reward ({metric}) ever differ within a group? Set a cap "
-                "to go on with filler groups")
+            raise _no_cap_error(informative, want_groups, batches, generated, max_num_gen_batches, metric)
         logger.info("dynamic sampling: %d of %d informative groups after %d generation batches; generating another",
                     informative, want_groups, batches)
         prompts = next_prompts()
@@ -200,6 +196,14 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
     metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0
     metrics["dynamic_sampling/filled_groups"] = float(filled)
     return batch, rewards
+
+
+def _no_cap_error(informative: int, want_groups: int, batches: int, generated: int, cap: int,
+                  metric: str) -> RuntimeError:
+    return RuntimeError(
+        f"dynamic sampling: {informative} of {want_groups} informative groups after {batches} generation "
+        f"batches ({generated} groups, one epoch) with algorithm.filter_groups.max_num_gen_batches={cap} (no cap); "
+        f"does the reward ({metric}) ever differ within a group? Set a cap to go on with filler groups")
 
 
 def _join_kept(kept: list[DataProto], dropped: list[DataProto], rows: int, filler_rows: int,

@@ -45,6 +45,8 @@ class ActorRolloutRefWorker(DistributedWorker):
 
     # ---- rollout -------------------------------------------------------------------------------------------
     def _build_rollout(self) -> None:
+        """The rollout engine (``self.engine``) and the generator over it (``self.generator``)."""
+        from rollout.generator import SingleTurnGenerator
         from rollout.stop_tokens import resolve_stop_token_ids
 
         rc = self.rollout_cfg
@@ -75,6 +77,8 @@ class ActorRolloutRefWorker(DistributedWorker):
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
         self.engine.sleep(level=int(rc.get("sleep_level", 1)))
+        # what generate_sequences asks for responses: one model turn per prompt (a rollout.generator.Generator)
+        self.generator = SingleTurnGenerator(self.engine)
 
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
@@ -110,7 +114,8 @@ class ActorRolloutRefWorker(DistributedWorker):
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``n`` responses per prompt; returns prompt-major rows with the standard columns.
+        """Generate ``n`` responses per prompt (``self.generator``, see :meth:`_build_rollout`); returns
+        prompt-major rows with the standard columns.
 
         ``prompts`` holds left-padded ``input_ids``/``attention_mask`` (B, P); the result has B*n rows with
         ``prompts`` (B*n, P), ``responses``/``response_mask``/``rollout_log_probs`` (B*n, R), ``input_ids``,
@@ -132,16 +137,17 @@ class ActorRolloutRefWorker(DistributedWorker):
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
                 perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
             mm = list(prompts["multi_modal_inputs"]) if "multi_modal_inputs" in prompts else None
-            out = self.engine.generate(prompt_lists, sampling, **({"multi_modal_inputs": mm} if mm else {}))
+            gen = self.generator.generate(prompt_lists, sampling, mm)
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
         perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
         perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
-        n = sampling.n
-        rep = prompts.repeat(n, interleave=True)
+        perf.update(gen.metrics)
+        out = gen.rollout
+        rep = prompts.repeat(sampling.n, interleave=True)
         responses = out.responses.to(torch.long)
         resp_mask = out.response_mask.to(torch.long)
         p_ids, p_mask = rep["input_ids"], rep["attention_mask"]
-        attn = torch.cat([p_mask, resp_mask], dim=1)
+        attn = torch.cat([p_mask, gen.attention_mask.to(torch.long)], dim=1)
         input_ids = torch.cat([p_ids, responses], dim=1)
         position_ids = torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0)
         if "multi_modal_inputs" in rep:  # a vision-language model: its rotary position rows (B, 3, P+R)
@@ -157,6 +163,7 @@ class ActorRolloutRefWorker(DistributedWorker):
             "input_ids": input_ids,
             "attention_mask": attn,
             "position_ids": position_ids,
+            **gen.columns,
         }, {k: v for k, v in rep.non_tensor.items()}, meta=dict(prompts.meta))
         result.meta["timing_gen_s"] = time.perf_counter() - t0
         result.meta.update(perf)

@@ -71,7 +71,7 @@ def test_loader_ends_after_its_epochs():
 
 def test_trainer_stops_where_the_epochs_end_when_each_step_takes_one_batch():
     from trainer.hooks import AlgorithmHooks
-    from trainer.hooks.dynamic_sampling import DynamicSampling
+    from trainer.hooks.dynamic_sampling import DynamicSampling, FilterGroupsConfig
     from trainer.ppo_trainer import RayPPOTrainer
 
     t = RayPPOTrainer.__new__(RayPPOTrainer)
@@ -80,7 +80,7 @@ def test_trainer_stops_where_the_epochs_end_when_each_step_takes_one_batch():
     t.cfg = {"trainer": {"total_training_steps": 100}, "algorithm": {"filter_groups": {"enable": False}}}
     t.hooks = AlgorithmHooks([])
     assert t._last_step() == 12
-    t.hooks = AlgorithmHooks([DynamicSampling({}, 2, 2, 0, 4)])  # draws a varying number of batches per step
+    t.hooks = AlgorithmHooks([DynamicSampling(FilterGroupsConfig(), 2, 2, 0, 4)])  # draws a varying number of batches per step
     assert t._last_step() == 100
 
 

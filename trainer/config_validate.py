@@ -156,18 +156,14 @@ def _check_algorithm_names(cfg: dict) -> None:
 
 
 def _check_filter_groups(cfg: dict) -> None:
-    fg = cfg["algorithm"].get("filter_groups") or {}
-    n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
-    from trainer.hooks.dynamic_sampling import METRICS
+    from trainer.hooks.dynamic_sampling import FilterGroupsConfig
 
-    # the values are checked even while the filter is off, so that a typo does not wait for enable=true
-    cap = fg.get("max_num_gen_batches", 10)
-    if isinstance(cap, bool) or not isinstance(cap, int):
-        raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches={cap!r}; expected an integer "
-                          "(<= 0: no cap)")
-    if fg.get("metric", "acc") not in METRICS:
-        raise ConfigError(f"algorithm.filter_groups.metric={fg.get('metric')!r}; expected one of {list(METRICS)}")
-    if fg.get("enable"):
+    n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
+    try:  # the values are checked even while the filter is off, so that a typo does not wait for enable=true
+        fg = FilterGroupsConfig.from_config(cfg["algorithm"].get("filter_groups"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if fg.enable:
         from trainer.hooks.prime import prime_enabled
 
         if n < 2:

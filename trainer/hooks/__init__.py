@@ -23,13 +23,13 @@ def build_hooks(config, world: int, pad_token_id: int, batches_per_epoch: int) -
         ValueError: a PRIME setting out of range, or an unknown estimator.
     """
     from trainer.hooks.critic import CriticHook
-    from trainer.hooks.dynamic_sampling import DynamicSampling
+    from trainer.hooks.dynamic_sampling import DynamicSampling, FilterGroupsConfig
     from trainer.hooks.prime import PrimeHook, prime_enabled
 
     algo = config["algorithm"]
     hooks: list[StepHook] = []
-    fg = algo.get("filter_groups") or {}
-    if fg.get("enable"):
+    fg = FilterGroupsConfig.from_config(algo.get("filter_groups"))
+    if fg.enable:
         hooks.append(DynamicSampling(fg, want_groups=int(config["data"]["train_batch_size"]),
                                      n=int(config["actor_rollout_ref"]["rollout"]["n"]), pad_token_id=pad_token_id,
                                      no_cap_limit=batches_per_epoch))

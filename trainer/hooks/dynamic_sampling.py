@@ -31,7 +31,8 @@ metrics describe the trained batch; ``timing_s/gen`` is the time of every genera
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -41,10 +42,44 @@ from trainer.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["METRICS", "DynamicSampling", "metric_values", "informative_rows", "left_pad_prompts", "concat_padded",
-           "collect_informative_groups"]
+__all__ = ["METRICS", "FilterGroupsConfig", "DynamicSampling", "metric_values", "informative_rows",
+           "left_pad_prompts", "concat_padded", "collect_informative_groups"]
 
 METRICS = ("acc", "score")
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig:
+    """``algorithm.filter_groups`` (verl's keys).
+
+    Attributes:
+        enable: dynamic sampling is on.
+        metric: the per-row value whose spread makes a group informative: ``acc`` or ``score``
+            (:func:`metric_values`).
+        max_num_gen_batches: most generation batches per step; ``<= 0``: no cap.
+
+    Raises:
+        ValueError: a cap that is not an integer, or an unknown metric (naming the key and what is expected).
+    """
+
+    enable: bool = False
+    metric: str = "acc"
+    max_num_gen_batches: int = 10
+
+    def __post_init__(self) -> None:
+        cap = self.max_num_gen_batches
+        if isinstance(cap, bool) or not isinstance(cap, int):
+            raise ValueError(f"algorithm.filter_groups.max_num_gen_batches={cap!r}; expected an integer "
+                             "(<= 0: no cap)")
+        if self.metric not in METRICS:
+            raise ValueError(f"algorithm.filter_groups.metric={self.metric!r}; expected one of {list(METRICS)}")
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> "FilterGroupsConfig":
+        """Build from the config section (None or missing keys: the defaults above, those of the YAML)."""
+        from trainer.config_reads import section_fields
+
+        return cls(**section_fields(section, cls))
 
 
 def metric_values(reward_output, metric: str, batch_size: int) -> list[float]:
@@ -221,7 +256,7 @@ class DynamicSampling(StepHook):
     """DAPO's dynamic sampling as the step's generation (see the module docstring).
 
     Args:
-        filter_groups: the ``algorithm.filter_groups`` section (``metric``, ``max_num_gen_batches``).
+        filter_groups: the ``algorithm.filter_groups`` section.
         want_groups: groups in the step's batch (``data.train_batch_size``).
         n: responses per prompt (``rollout.n``).
         pad_token_id: filler of the prompt columns when batches of different prompt widths are joined.
@@ -230,9 +265,9 @@ class DynamicSampling(StepHook):
 
     one_batch_per_step = False
 
-    def __init__(self, filter_groups, want_groups: int, n: int, pad_token_id: int, no_cap_limit: int):
-        self.metric = str(filter_groups.get("metric", "acc"))
-        self.max_num_gen_batches = int(filter_groups.get("max_num_gen_batches", 10) or 0)  # 10: the config default
+    def __init__(self, filter_groups: FilterGroupsConfig, want_groups: int, n: int, pad_token_id: int,
+                 no_cap_limit: int):
+        self.metric, self.max_num_gen_batches = filter_groups.metric, filter_groups.max_num_gen_batches
         self.want_groups, self.n, self.pad_token_id = int(want_groups), int(n), int(pad_token_id)
         self.no_cap_limit = int(no_cap_limit)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from trainer.roles import PRMGroup, Role
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["UPDATE_MODES", "PrimeHook", "prime_enabled", "truncated_rows"]
+__all__ = ["UPDATE_MODES", "PrimeConfig", "PrimeHook", "prime_enabled", "truncated_rows"]
 
 UPDATE_MODES = ("before", "after", "none")
 _PRM_INPUTS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "acc"]
@@ -59,11 +60,89 @@ def _prm_worker() -> type:
     return PRMWorker
 
 
+@dataclass(frozen=True)
+class PrimeConfig:
+    """PRIME's settings, from the ``data``, ``reward_model`` and ``algorithm`` sections (``configs/algorithm/
+    prime.yaml``; a key the config lacks keeps the default below, the YAML's).
+
+    Attributes:
+        world: workers per role (data-parallel x sequence-parallel); the oversampled prompts divide over them.
+        train_batch_size: prompt groups trained per step (``data.train_batch_size``).
+        n: responses per prompt (``actor_rollout_ref.rollout.n``), >= 2 for the leave-one-out.
+        oversample_factor: prompts drawn per step = ``train_batch_size`` x this (``data.oversample_factor``).
+        accuracy_lower_bound, accuracy_upper_bound, filter_accuracy, filter_truncate: the band filter
+            (``data.*``).
+        update: ``reward_model.model.update`` (:data:`UPDATE_MODES`); loss_type: ``reward_model.model.loss_type``.
+        prime_granularity, prime_norm, ulysses_sequence_parallel_size: ``reward_model.*``.
+        reward_dpo_coef, reward_gt_coef: the weights of the implicit and the verifiable source (``algorithm.*``).
+
+    Raises:
+        ValueError: a setting out of range (named in the message).
+    """
+
+    world: int
+    train_batch_size: int
+    n: int
+    oversample_factor: float = 1.0
+    accuracy_lower_bound: float = 0.2
+    accuracy_upper_bound: float = 0.8
+    filter_accuracy: bool = True
+    filter_truncate: bool = True
+    update: str = "before"
+    loss_type: str = "ce"
+    prime_granularity: str = "token"
+    prime_norm: str = "batch_norm"
+    ulysses_sequence_parallel_size: int = 1
+    reward_dpo_coef: float = 5.0
+    reward_gt_coef: float = 5.0
+
+    @classmethod
+    def from_config(cls, config, world: int) -> "PrimeConfig":
+        """Build from the resolved config (see the class docstring for where each key lives)."""
+        from trainer.config_reads import section_fields
+
+        rm = config["reward_model"]
+        kw = {**section_fields(config["data"], cls), **section_fields(rm.get("model"), cls),
+              **section_fields(rm, cls), **section_fields(config["algorithm"], cls)}
+        kw.update(world=int(world), train_batch_size=int(config["data"]["train_batch_size"]),
+                  n=int(config["actor_rollout_ref"]["rollout"]["n"]))
+        return cls(**kw)
+
+    @property
+    def n_prompts(self) -> int:
+        """Prompts drawn per step: ``round(train_batch_size * oversample_factor)``."""
+        return int(round(self.train_batch_size * float(self.oversample_factor)))
+
+    def __post_init__(self) -> None:
+        lower, upper = float(self.accuracy_lower_bound), float(self.accuracy_upper_bound)
+        if self.n < 2:
+            raise ValueError(f"actor_rollout_ref.rollout.n={self.n}; PRIME's leave-one-out needs n >= 2")
+        if not float(self.oversample_factor) >= 1.0:
+            raise ValueError(f"data.oversample_factor={float(self.oversample_factor)}; expected >= 1")
+        if self.n_prompts % self.world:
+            raise ValueError(f"data.train_batch_size*data.oversample_factor={self.n_prompts} prompts must divide "
+                             f"over the {self.world} workers")
+        if not 0.0 <= lower <= upper <= 1.0:
+            raise ValueError(f"data.accuracy_lower_bound={lower}, data.accuracy_upper_bound={upper}; "
+                             "expected 0 <= lower <= upper <= 1")
+        if self.update not in UPDATE_MODES:
+            raise ValueError(f"reward_model.model.update={self.update!r}; expected one of {UPDATE_MODES}")
+        if self.loss_type != "ce":
+            raise ValueError(f"reward_model.model.loss_type={self.loss_type!r}; only 'ce' is built")
+        if self.prime_granularity not in ("token", "whole"):
+            raise ValueError(f"reward_model.prime_granularity={self.prime_granularity!r}; expected token or whole")
+        if self.prime_norm not in ("batch_norm", "none"):
+            raise ValueError(f"reward_model.prime_norm={self.prime_norm!r}; expected batch_norm or none")
+        if float(self.reward_dpo_coef) == 0 and float(self.reward_gt_coef) == 0:
+            raise ValueError("algorithm.reward_dpo_coef and algorithm.reward_gt_coef are both 0: no reward source")
+
+
 class PrimeHook(StepHook):
     """PRIME's seams of the step (see the module docstring).
 
     Args:
-        config: the resolved config (``data``, ``reward_model``, ``algorithm`` keys of prime.yaml).
+        config: the resolved config (``data``, ``reward_model``, ``algorithm`` keys of prime.yaml;
+            :class:`PrimeConfig`).
         world: number of workers (data-parallel x sequence-parallel).
         stop_token_ids: the rollout's stop ids, for the truncation flag (replaced by the engine's set once the
             workers report it).
@@ -73,48 +152,13 @@ class PrimeHook(StepHook):
     """
 
     def __init__(self, config, world: int, stop_token_ids=None):
-        self.world, self.stop_token_ids = int(world), stop_token_ids
-        d, rm, algo = config["data"], config["reward_model"], config["algorithm"]
-        self.bs = int(d["train_batch_size"])
-        self.n = int(config["actor_rollout_ref"]["rollout"]["n"])
-        self.factor = float(d.get("oversample_factor", 1.0))
-        self.lower = float(d.get("accuracy_lower_bound", 0.2))
-        self.upper = float(d.get("accuracy_upper_bound", 0.8))
-        self.filter_accuracy = bool(d.get("filter_accuracy", True))
-        self.filter_truncate = bool(d.get("filter_truncate", True))
-        self.update_mode = str(rm["model"].get("update", "before"))
-        self.granularity = str(rm.get("prime_granularity", "token"))
-        self.norm = str(rm.get("prime_norm", "batch_norm"))
-        self.dpo_coef = float(algo.get("reward_dpo_coef", 5.0))
-        self.gt_coef = float(algo.get("reward_gt_coef", 5.0))
-        self._check(str(rm["model"].get("loss_type", "ce")))
-        self.role = Role("prm", _prm_worker, PRMGroup, sp_size=int(rm.get("ulysses_sequence_parallel_size", 1)),
+        self.settings = c = PrimeConfig.from_config(config, world)
+        self.stop_token_ids = stop_token_ids
+        self.bs, self.n, self.n_prompts = c.train_batch_size, c.n, c.n_prompts
+        self.role = Role("prm", _prm_worker, PRMGroup, sp_size=int(c.ulysses_sequence_parallel_size),
                          ckpt_dir="reward",
                          missing_hint="PRIME reward model folder 'reward/'; it was saved without algorithm=prime")
         self.prm: PRMGroup | None = None
-
-    def _check(self, loss_type: str) -> None:
-        if self.n < 2:
-            raise ValueError(f"actor_rollout_ref.rollout.n={self.n}; PRIME's leave-one-out needs n >= 2")
-        if not self.factor >= 1.0:
-            raise ValueError(f"data.oversample_factor={self.factor}; expected >= 1")
-        self.n_prompts = int(round(self.bs * self.factor))
-        if self.n_prompts % self.world:
-            raise ValueError(f"data.train_batch_size*data.oversample_factor={self.n_prompts} prompts must divide "
-                             f"over the {self.world} workers")
-        if not 0.0 <= self.lower <= self.upper <= 1.0:
-            raise ValueError(f"data.accuracy_lower_bound={self.lower}, data.accuracy_upper_bound={self.upper}; "
-                             "expected 0 <= lower <= upper <= 1")
-        if self.update_mode not in UPDATE_MODES:
-            raise ValueError(f"reward_model.model.update={self.update_mode!r}; expected one of {UPDATE_MODES}")
-        if loss_type != "ce":
-            raise ValueError(f"reward_model.model.loss_type={loss_type!r}; only 'ce' is built")
-        if self.granularity not in ("token", "whole"):
-            raise ValueError(f"reward_model.prime_granularity={self.granularity!r}; expected token or whole")
-        if self.norm not in ("batch_norm", "none"):
-            raise ValueError(f"reward_model.prime_norm={self.norm!r}; expected batch_norm or none")
-        if self.dpo_coef == 0 and self.gt_coef == 0:
-            raise ValueError("algorithm.reward_dpo_coef and algorithm.reward_gt_coef are both 0: no reward source")
 
     # ---- set-up -----------------------------------------------------------------------------------------------
     def roles(self) -> list[Role]:
@@ -158,9 +202,10 @@ class PrimeHook(StepHook):
         acc = accuracy_from_reward(reward_output.reward_extra_info, len(batch))
         batch["acc"] = torch.tensor(acc, dtype=torch.float32)
         trunc = truncated_rows(batch["responses"], batch["response_mask"], self.stop_token_ids)
-        keep, m = band_filter_indices(acc, batch["uid"], keep_groups=self.bs, truncated=trunc, lower=self.lower,
-                                      upper=self.upper, filter_accuracy=self.filter_accuracy,
-                                      filter_truncate=self.filter_truncate)
+        c = self.settings
+        keep, m = band_filter_indices(acc, batch["uid"], keep_groups=self.bs, truncated=trunc,
+                                      lower=float(c.accuracy_lower_bound), upper=float(c.accuracy_upper_bound),
+                                      filter_accuracy=bool(c.filter_accuracy), filter_truncate=bool(c.filter_truncate))
         metrics.update(m)
         metrics["prime/acc"] = float(np.mean(acc)) if acc else 0.0
         out = batch.index(keep)
@@ -169,11 +214,11 @@ class PrimeHook(StepHook):
 
     def _scores(self, batch: DataProto, metrics: dict) -> torch.Tensor:
         sel = batch.select(_PRM_INPUTS)
-        if self.update_mode == "none":
+        if self.settings.update == "none":
             return self.prm.compute_rm_scores(sel)["rm_scores"]
         trained, per_rank = self.prm.update_rm(sel)
         metrics.update(reduce_rank_metrics(per_rank))
-        if self.update_mode == "after":
+        if self.settings.update == "after":
             return trained["rm_scores"]
         return self.prm.compute_rm_scores(sel)["rm_scores"]
 
@@ -191,15 +236,15 @@ class PrimeHook(StepHook):
         t0 = time.perf_counter()
         mask = batch["response_mask"]
         rm = self._scores(batch, metrics).float()
-        if self.granularity == "whole":  # the sequence's implicit reward on its last valid token
+        if self.settings.prime_granularity == "whole":  # the sequence's implicit reward on its last valid token
             rm = torch.where(last_token_mask(mask), rm.sum(-1, keepdim=True), torch.zeros_like(rm))
         raw = rm
-        rm = normalize_implicit_rewards(rm, mask, self.norm)
+        rm = normalize_implicit_rewards(rm, mask, self.settings.prime_norm)
         batch["rm_scores"] = rm
         uid, acc = batch["uid"], batch["acc"]
         metrics.update(prime_metrics(raw, acc, mask, uid))
-        adv, ret = compute_prime_advantages(rm, acc, mask, uid, reward_dpo_coef=self.dpo_coef,
-                                            reward_gt_coef=self.gt_coef)
+        adv, ret = compute_prime_advantages(rm, acc, mask, uid, reward_dpo_coef=float(self.settings.reward_dpo_coef),
+                                            reward_gt_coef=float(self.settings.reward_gt_coef))
         batch["advantages"], batch["returns"] = adv, ret
         if timing is not None:
             timing["prm"] = timing.get("prm", 0.0) + time.perf_counter() - t0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.config_checks import ConfigError, _as_int, check_megatron, check_rollout_correction, run_checks
+from trainer.config_checks import ConfigError, as_int, check_megatron, check_rollout_correction, run_checks
 
 
 def overlong_kwargs(cfg: dict) -> dict:
@@ -17,7 +17,7 @@ def overlong_kwargs(cfg: dict) -> dict:
         ConfigError: ``enable`` with ``len`` not in (0, data.max_response_length), or a negative penalty factor.
     """
     ob = cfg.get("reward_model", {}).get("overlong_buffer") or {}
-    buf = _as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")  # checked while off too (typos)
+    buf = as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")  # checked while off too (typos)
     factor = _finite("reward_model.overlong_buffer.penalty_factor", ob.get("penalty_factor", 1.0))
     if not ob.get("enable"):
         return {}
@@ -141,9 +141,9 @@ def _check_numbers(cfg: dict) -> None:
     restarts = t.get("max_restarts", 0)
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
         raise ConfigError(f"trainer.max_restarts={restarts!r}; expected an integer >= 0")
-    _as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
+    as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
     if t.get("total_training_steps") is not None:
-        _as_int(t["total_training_steps"], "trainer.total_training_steps", minimum=1)
+        as_int(t["total_training_steps"], "trainer.total_training_steps", minimum=1)
     if float(actor["clip_ratio_c"]) <= 1.0:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={actor['clip_ratio_c']}; expected > 1")
 

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 __all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "as_int", "run_checks", "check_megatron",
-           "check_megatron_model", "check_resume_checkpoint", "check_resume_model", "check_model_files", "check_rollout_correction",
-           "reward_options", "check_reward_scorers"]
+           "check_megatron_model", "check_resume_checkpoint", "check_resume_model", "check_model_files",
+           "check_rollout_correction", "reward_options", "check_reward_scorers"]
 
 
 class ConfigError(ValueError):

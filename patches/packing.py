@@ -169,10 +169,10 @@ def pack_loss_spans(sample_lengths: Sequence[int], local_spans: Sequence[tuple[i
     """Offset per-sample loss spans into a packed stream, and build the packed loss mask.
 
     Sample ``i`` occupies ``[offset_i, offset_i + len_i)`` with ``offset_i = sum(len_0 .. len_{i-1})`` (the
-    cumulative length of the preceding samples -- not the end of the previous sample's last span, which is the
-    bug of peer case P14). A local span ``(start, end)`` is half-open, ``0 <= start <= end <= len_i``.
+    cumulative length of the preceding samples -- not the end of the previous sample's last span, a bug seen in
+    other packers). A local span ``(start, end)`` is half-open, ``0 <= start <= end <= len_i``.
 
-    Example (case P14): lengths ``[6, 5, 7]``, spans ``(3,5), (2,4), (4,6)`` -> ``(3,5), (8,10), (15,17)``, mask sum 6.
+    Example: lengths ``[6, 5, 7]``, spans ``(3,5), (2,4), (4,6)`` -> ``(3,5), (8,10), (15,17)``, mask sum 6.
 
     Returns:
         ``(packed_spans, loss_mask)`` with ``loss_mask`` ``(sum(lengths),)`` float32, 1 inside the spans.

@@ -107,9 +107,9 @@ class _PatchState:
         ``sp`` (the group the caller runs with; None = size 1) is not the group the model was patched for.
 
         With SP > 1 only for compiled layers (``compiled``): run eagerly, the primed path of
-        :func:`_attention_eager` measured faster (Qwen2-1.5B config, SP=2 at 8k tokens on 2 x H200: 19.6k tokens/s
-        per GPU, 2026-11-30 session 5, against 14.5-14.9k on two loans of session 6 through this path; the cause was
-        not isolated), so eager SP keeps it."""
+        :func:`_attention_eager` measured faster (Qwen2-1.5B config, SP=2 at 8k tokens on 2 x H200, 2026-11-30:
+        19.6k tokens/s per GPU, against 14.5-14.9k through this path on two fresh machines; the cause was not
+        isolated; docs/benchmarks.md, Ulysses), so eager SP keeps it."""
         if not self.boundary_kwargs:
             return {}
         size = 1 if sp is None else sp.size

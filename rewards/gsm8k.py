@@ -6,7 +6,7 @@ solution ends with a line ``#### <number>``; numbers may carry thousands separat
 Two extraction methods, with the same names as verl's ``gsm8k.compute_score``:
 
 * ``strict``: the number right after the LAST well-formed ``#### N`` marker anywhere in the text (the whole
-  text is searched: a model that keeps writing after its marker still gets credit, case P03).
+  text is searched: a model that keeps writing after its marker still gets credit).
 * ``flexible``: the last number anywhere in the text.
 
 All scans are linear in the text length: markers are found with ``str.rfind`` and numbers with regexes

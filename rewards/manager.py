@@ -4,7 +4,7 @@ Contract (the trainer calls it once per step, PRIME also calls :meth:`RewardMana
 
 * inputs read from the :class:`trainer.protocol.DataProto`: ``responses`` (B, R) int64, ``response_mask``
   (B, R) (any dtype; > 0 means a valid token), the non-tensor column named by ``reward_fn_key`` (any name,
-  not only ``data_source``; case P20), ``reward_model`` (dicts with ``"ground_truth"``) and optionally
+  not only ``data_source``), ``reward_model`` (dicts with ``"ground_truth"``) and optionally
   ``extra_info`` (passed to the scorer as ``extra_info=`` when it takes that parameter).
 * output :class:`RewardOutput`: ``token_level_scores`` (B, R) float32, the score at the LAST valid response
   token (verl's convention; rows with no valid token get nothing and are counted), ``reward_extra_info``

@@ -8,7 +8,7 @@ or it dies. Each sample has its own deadline, counted from when a worker starts 
 A worker that outlives its parent (parent SIGKILLed) notices within a second and exits.
 
 verl's PRIME manager uses a ``ProcessPoolExecutor`` with a 300 s timeout and had to terminate the pool's
-children in a ``finally`` to avoid a hang (verl #1466, see reference/verl-features.md 5.8); this pool kills
+children in a ``finally`` to avoid a hang (verl issue #1466); this pool kills
 exactly the worker that overran and keeps the others.
 
 Start method: ``fork`` (default) hands the scorer table to the children without pickling (lambdas, closures,

@@ -1,6 +1,6 @@
 """Move the actor's weights into a sleeping rollout engine and back to sleep, with the empty_cache discipline.
 
-Order (verl #987/#575, reference/verl-features.md section 4.3; peer case P19):
+Order (verl's, from its issues #987 and #575):
 enter: [offload_fn] -> empty_cache -> wake_up(["weights"]) -> load_weights per bucket -> free temporaries
        -> empty_cache -> wake_up(["kv_cache"])
 exit:  sleep(level) -> empty_cache -> [reload_fn]

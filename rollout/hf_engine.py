@@ -2,7 +2,8 @@
 
 The engine owns an inference copy of the policy built from the HF config; :meth:`HFRolloutEngine.load_weights`
 copies the trainer's weights into it in place. On CUDA it uses transformers' static KV cache with compilation of
-the decoding step (measured 13x the dynamic cache for SmolLM2-135M on an H200, ``shared/models/README.md``); the
+the decoding step (2.8x plain ``generate`` with a dynamic cache at the same 1,024-row batch, SmolLM2-135M's
+shape on one H200; docs/benchmarks.md); the
 compiled graph is only reused when shapes repeat, so every call is cut into FIXED shapes:
 
 * batch buckets: the rows (prompts x n) are split into chunks of ``max_batch_size`` and the last chunk is padded

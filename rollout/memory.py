@@ -1,6 +1,6 @@
 """The one place in the project that returns PyTorch's cached GPU memory to the driver.
 
-Rule (verl #556 -> #575, see reference/verl-features.md section 4): an inference engine that allocates outside
+Rule (verl's, from its issues #556 and #575): an inference engine that allocates outside
 PyTorch's caching allocator (vLLM's CuMemAllocator in sleep mode) cannot reuse blocks that PyTorch keeps cached,
 so the cache is emptied right before the engine wakes up and right after it sleeps - and nowhere else, so that the
 caching allocator stays fast during training. ``tests/test_rollout_empty_cache_grep.py`` checks that no other file

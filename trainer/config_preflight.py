@@ -37,7 +37,7 @@ def preflight(cfg: dict) -> None:
     """Fast checks of paths and model limits before anything heavy is imported or any worker starts.
 
     Model folders must hold ``config.json``; data files must exist; the Ulysses size must divide the model's
-    attention heads (``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads == 0``, case P01); prompt +
+    attention heads (``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads == 0``); prompt +
     response must fit ``max_position_embeddings``. Every section runs; their errors are raised together.
 
     Raises:

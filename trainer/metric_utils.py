@@ -50,7 +50,7 @@ def compute_data_metrics(batch, use_critic: bool, max_response_length: int, max_
     ``response_length/{mean,max,min,clip_ratio}``, ``response_length_non_aborted/{...}``,
     ``response/aborted_ratio`` (response length 0), ``prompt_length/{mean,max,min,clip_ratio}``.
     Lengths are counted from the attention mask; ``clip_ratio`` is the fraction of samples whose length reaches
-    the CONFIGURED maximum (``max_response_length`` / ``max_prompt_length``), not the padded width (case P11).
+    the CONFIGURED maximum (``max_response_length`` / ``max_prompt_length``), not the padded width.
 
     Raises:
         ValueError: non-positive maxima; malformed masks; ``use_critic`` without ``values``.
@@ -105,7 +105,7 @@ class CompletionLengthStats(NamedTuple):
 
 def completion_length_stats(completions: torch.Tensor, eos_id, max_len: int,
                             mask_truncated: bool = True) -> CompletionLengthStats:
-    """Completion lengths measured from the token ids BEFORE any truncation masking (case P12).
+    """Completion lengths measured from the token ids BEFORE any truncation masking.
 
     ``eos_id``: one id or a list of stop ids (the rollout's set, ``rollout.stop_tokens``); any of them ends a row.
     A row's length is the position of its first ``eos_id`` + 1 (EOS counted), or the row width if it has no EOS

@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# On a 2-GPU machine (after tools/device/prepare.sh): the GPU benchmarks of issues #4, #6 and #9, writing JSON
+# On a 2-GPU machine (after tools/device/prepare.sh): the GPU benchmarks of docs/benchmarks.md, writing JSON
 # and logs to $OUT. Phase 1 runs TRL-vs-ours on GPU 0 while GPU 1 runs the MFU, profile and 1-GPU sync benches
 # (separate GPUs, so they do not share a device); phase 2 uses both GPUs (Ulysses SP=2, ZeRO-3 sync over 2 ranks).
-# Use: OUT=/some/dir bash tools/device/benches.sh            (the first set, 2026-11-30 session 2)
-#      OUT=/some/dir GPU=1 SET=kernels bash tools/device/benches.sh   (#9: MFU with and without the fused kernels)
-#      OUT=/some/dir SET=ulysses bash tools/device/benches.sh         (#4: SP=1 vs SP=2 with --accum 4, bisection)
-#      OUT=/some/dir GPU=0 SET=sync bash tools/device/benches.sh      (#9: MFU + profile + the no-host-sync GPU test)
-#      OUT=/some/dir GPU=1 SET=mfu_base|compile bash tools/device/benches.sh  (#9: MFU without / with whole-layer
+# Use: OUT=/some/dir bash tools/device/benches.sh            (the first set, 2026-11-30)
+#      OUT=/some/dir GPU=1 SET=kernels bash tools/device/benches.sh   (MFU with and without the fused kernels)
+#      OUT=/some/dir SET=ulysses bash tools/device/benches.sh         (SP=1 vs SP=2 with --accum 4, bisection)
+#      OUT=/some/dir GPU=0 SET=sync bash tools/device/benches.sh      (MFU + profile + the no-host-sync GPU test)
+#      OUT=/some/dir GPU=1 SET=mfu_base|compile bash tools/device/benches.sh  (MFU without / with whole-layer
 #      torch.compile graphs, the compiled profile and the GPU tests)
-#      OUT=/some/dir SET=graphs bash tools/device/benches.sh   (#9: CUDA graphs, torch_compile_mode=reduce-overhead:
+#      OUT=/some/dir SET=graphs bash tools/device/benches.sh   (CUDA graphs, torch_compile_mode=reduce-overhead:
 #      MFU, its GPU tests, MFU without compile on the same machine; PART=profile: the graphed and the
 #      default-compiled MFU and profiles)
-#      OUT=/some/dir SET=ulysses_graphs bash tools/device/benches.sh  (#4: SP=1 vs SP=2 with CUDA graphs; not run yet)
-#      OUT=/some/dir SET=s6 [PART=sp|mfu] bash tools/device/benches.sh  (session 6: #4 SP with traced all-to-alls: GPU
-#      test, SP=1 vs SP=2 with CUDA graphs and compile; #9 MFU + shape profile)
-#      OUT=/some/dir SET=s7 [PART=sp|mfu] bash tools/device/benches.sh  (session 7: #4 SP=1 vs SP=2 at equal tokens
-#      per GPU; #9 MFU at 4 and 16 micro-batches per step + shape profile; GPU clocks sampled)
-#      OUT=/some/dir SET=s8 [PART=bucket|gaps] bash tools/device/benches.sh  (session 8, 1 GPU: #9 MFU without vs with
+#      OUT=/some/dir SET=ulysses_graphs bash tools/device/benches.sh  (SP=1 vs SP=2 with CUDA graphs; not run yet)
+#      OUT=/some/dir SET=s6 [PART=sp|mfu] bash tools/device/benches.sh  (SP with traced all-to-alls: GPU
+#      test, SP=1 vs SP=2 with CUDA graphs and compile; MFU + shape profile)
+#      OUT=/some/dir SET=s7 [PART=sp|mfu] bash tools/device/benches.sh  (SP=1 vs SP=2 at equal tokens
+#      per GPU; MFU at 4 and 16 micro-batches per step + shape profile; GPU clocks sampled)
+#      OUT=/some/dir SET=s8 [PART=bucket|gaps] bash tools/device/benches.sh  (1 GPU: MFU without vs with
 #      DeepSpeed's reduce bucket on one rank, and the CUDA-graph GPU tests; PART=gaps: the GPU's idle gaps in a
 #      16-micro-batch profile, MFU at 16 and 32 micro-batches per step; PART=ab: one-thread host packing vs not, same
-#      machine, alternating; PART=sp, 2 GPUs: #4 SP=1 vs SP=2 at 8k with graphs, the trainer with SP=2 + graphs)
-#      OUT=/some/dir SET=s10 bash tools/device/benches.sh  (session 10, 2 GPUs: Ulysses GPU tests, #4 SP=1 vs SP=2 at 8k
+#      machine, alternating; PART=sp, 2 GPUs: SP=1 vs SP=2 at 8k with graphs, the trainer with SP=2 + graphs)
+#      OUT=/some/dir SET=s10 bash tools/device/benches.sh  (2 GPUs: Ulysses GPU tests, SP=1 vs SP=2 at 8k
 #      with graphs at equal tokens per GPU, the trainer with SP=2 + graphs, rollout engine sdpa vs sdpa_gqa)
 set -u
 OUT=${OUT:?set OUT}
@@ -49,7 +49,7 @@ case ${SET:-first} in
       --out "$OUT/mfu_smol_compile.json" > "$OUT/mfu_smol_compile.log" 2>&1
     tar czf "$OUT/mfu.tgz" -C "$OUT" $(cd "$OUT" && ls mfu_*) && rm -f "$OUT"/mfu_*
     exit 0 ;;
-  sync)  # #9/#4 after the host-sync-free packed forward: MFU, the kernel-level profile and the no-sync GPU test
+  sync)  # after the host-sync-free packed forward: MFU, the kernel-level profile and the no-sync GPU test
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
     timeout -k 10 110 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 \
       --out "$OUT/mfu_sync.json" > "$OUT/mfu_sync.log" 2>&1
@@ -59,13 +59,13 @@ case ${SET:-first} in
     tar czf "$OUT/sync.tgz" -C "$OUT" mfu_sync.json mfu_sync.log prof_sync.json prof_sync.log gpu_tests.log \
       && rm -f "$OUT"/mfu_sync.* "$OUT"/prof_sync.* "$OUT"/gpu_tests.log
     exit 0 ;;
-  mfu_base)  # #9: the update's MFU after the host-sync-free packed forward (no fused kernels)
+  mfu_base)  # the update's MFU after the host-sync-free packed forward (no fused kernels)
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
     timeout -k 10 120 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 \
       --out "$OUT/mfu_base.json" > "$OUT/mfu_base.log" 2>&1
     tar czf "$OUT/mfu_base.tgz" -C "$OUT" mfu_base.json mfu_base.log && rm -f "$OUT"/mfu_base.json "$OUT"/mfu_base.log
     exit 0 ;;
-  compile)  # #9: torch.compile with whole-layer graphs (the attention traced, no graph break), its kernel-level
+  compile)  # torch.compile with whole-layer graphs (the attention traced, no graph break), its kernel-level
     # profile, and the GPU tests of the packed path
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
     timeout -k 10 200 python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 12 --warmup 3 --compile \
@@ -76,7 +76,7 @@ case ${SET:-first} in
     tar czf "$OUT/compile.tgz" -C "$OUT" mfu_compile.json mfu_compile.log prof_compile.json prof_compile.log \
       gpu_tests.log; rm -f "$OUT"/mfu_compile.* "$OUT"/prof_compile.* "$OUT"/gpu_tests.log
     exit 0 ;;
-  graphs)  # #9: CUDA graphs over the compiled layers (one GPU, nothing else on it)
+  graphs)  # CUDA graphs over the compiled layers (one GPU, nothing else on it)
     export CUDA_VISIBLE_DEVICES=${GPU:-0}
     M="python3 tools/bench/mfu.py --deepspeed --models qwen2-1.5b --iters 16 --warmup 8"
     P="python3 tools/bench/step_profile.py --profile --model qwen2-1.5b --tokens 4096"
@@ -119,8 +119,8 @@ case ${SET:-first} in
         --compile-mode reduce-overhead --out "$OUT/mfu_smol_graphs.json" > "$OUT/mfu_smol_graphs.log" 2>&1
     fi
     exit 0 ;;
-  s6)  # session 6, 2 GPUs: #4's GPU test of SP=2 with the functional all-to-alls (eager, compiled, CUDA graphs),
-    # SP=1 vs SP=2 with CUDA graphs and with torch.compile (all-to-alls traced into the layers); PART=mfu: #9's MFU
+  s6)  # 2 GPUs: the GPU test of SP=2 with the functional all-to-alls (eager, compiled, CUDA graphs),
+    # SP=1 vs SP=2 with CUDA graphs and with torch.compile (all-to-alls traced into the layers); PART=mfu: the MFU
     # with graphs and a profile recording the copies' shapes (GPU 0)
     if [ "${PART:-sp}" = sp ]; then
       timeout -k 10 170 python3 -m pytest -q -m gpu tests/test_ulysses_graphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
@@ -146,12 +146,12 @@ case ${SET:-first} in
         > "$OUT/prof_graphs.log" 2>&1
     fi
     exit 0 ;;
-  s8)  # session 8, 1 GPU: #9 ZeRO-2 on one rank without DeepSpeed's reduce bucket (reduce_bucket_size=1: one
+  s8)  # 1 GPU: ZeRO-2 on one rank without DeepSpeed's reduce bucket (reduce_bucket_size=1: one
     # gradient copy per backward instead of two; overlap_comm off) vs the trainer's default (5e8-element bucket +
     # overlap_comm), CUDA graphs, 16 micro-batches per step; then no bucket at 4; the CUDA-graph GPU tests. (Run at
     # 09cfd54, where no bucket was briefly the default: 23.8% vs 37.3% MFU, reverted.) GPU clocks: smi.csv.
     sample_clocks
-    if [ "${PART:-bucket}" = sp ]; then  # 2 GPUs: #4 SP=1 vs SP=2 at 8k with CUDA graphs and equal tokens per GPU
+    if [ "${PART:-bucket}" = sp ]; then  # 2 GPUs: SP=1 vs SP=2 at 8k with CUDA graphs and equal tokens per GPU
       # (after the one-thread host packing), then the trainer itself with SP=2 and CUDA graphs (tiny model, 2 ranks)
       timeout -k 10 ${T_ULYSSES:-170} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192 --tokens-per-gpu \
         --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode reduce-overhead --timeout 120 \
@@ -189,9 +189,9 @@ case ${SET:-first} in
       > "$OUT/mfu_nobucket_accum4.log" 2>&1
     timeout -k 10 120 python3 -m pytest -q -m gpu tests/test_cudagraphs_gpu.py > "$OUT/gpu_tests.log" 2>&1
     exit 0 ;;
-  s10)  # session 10, 2 GPUs, after the fused q/k/v all-to-all (one exchange for q, k and v per layer): the Ulysses GPU
+  s10)  # 2 GPUs, after the fused q/k/v all-to-all (one exchange for q, k and v per layer): the Ulysses GPU
     # tests (NCCL, 2 ranks: SP=2 vs SP=1 with varlen_attn in bf16; traced all-to-alls eager / compiled / CUDA graphs),
-    # #4 SP=1 vs SP=2 at 8k with CUDA graphs and equal tokens per GPU, the trainer itself with SP=2 + graphs; then on
+    # SP=1 vs SP=2 at 8k with CUDA graphs and equal tokens per GPU, the trainer itself with SP=2 + graphs; then on
     # GPU 0 the HF rollout engine with sdpa vs sdpa_gqa (rollout.attn_implementation). One archive: $OUT/s10.tgz.
     sample_clocks
     W=$OUT/s10; mkdir -p "$W"
@@ -207,8 +207,8 @@ case ${SET:-first} in
     cp "$OUT/smi.csv" "$W/" 2>/dev/null
     tar czf "$OUT/s10.tgz" -C "$OUT" s10 && rm -rf "$W"
     exit 0 ;;
-  s7)  # session 7, 2 GPUs. PART=sp: #4 SP=1 vs SP=2 with each GPU holding the same tokens (--tokens-per-gpu: the
-    # trainer's budget ppo_max_token_len_per_gpu x sp), CUDA graphs then eager. PART=mfu (GPU 0): #9 MFU with graphs at
+  s7)  # 2 GPUs. PART=sp: SP=1 vs SP=2 with each GPU holding the same tokens (--tokens-per-gpu: the
+    # trainer's budget ppo_max_token_len_per_gpu x sp), CUDA graphs then eager. PART=mfu (GPU 0): MFU with graphs at
     # 4 and 16 micro-batches per optimizer step, then the profile recording the copies' shapes. GPU clocks, power
     # and throttle reasons are sampled every 0.5 s throughout (smi.csv).
     sample_clocks
@@ -229,7 +229,7 @@ case ${SET:-first} in
         > "$OUT/prof_graphs.log" 2>&1
     fi
     exit 0 ;;
-  ulysses_graphs)  # #4: SP=1 vs SP=2 with CUDA graphs (before the functional all-to-alls: never run)
+  ulysses_graphs)  # SP=1 vs SP=2 with CUDA graphs (before the functional all-to-alls: never run)
     timeout -k 10 ${T_ULYSSES:-300} python3 tools/bench/ulysses.py --models qwen2-1.5b --tokens 8192,16384 \
       --iters 8 --warmup 3 --accum 4 --no-search --equiv-tokens 0 --compile-mode reduce-overhead --timeout 150 \
       --out "$OUT/ulysses_graphs.json" > "$OUT/ulysses_graphs.log" 2>&1

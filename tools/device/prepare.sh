@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine (no internet): join SmolLM2's GGUF halves (.mA/, .mB/, from ../shared/tools/device-model.sh),
+# On the GPU machine (no internet): join SmolLM2's GGUF halves (.mA/, .mB/, carried to the machine),
 # check the sha256, convert to a trainable HF folder at /tmp/smol_hf, and preprocess GSM8K/SVAMP from .gdata/
-# (copies of ../shared/data, git-ignored) into data/.
+# (the GSM8K/SVAMP jsonl files carried to the machine, git-ignored) into data/.
 set -euo pipefail
 if [ ! -f /tmp/smol_hf/model.safetensors ]; then
   cat /tmp/smol.gguf.part0 .mB/smol.gguf.part1 > /tmp/smol.gguf

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a GPU machine with 2 GPUs (after tools/device/prepare.sh): the GPU runs of issues #3, #5, #7 and #12, run
+# On a GPU machine with 2 GPUs (after tools/device/prepare.sh): the GPU runs of docs/results.md, run
 # CONCURRENTLY (SmolLM2-135M steps are launch-bound, so several runs share one H200 well; each run has its own
 # Ray instance and sees one GPU through CUDA_VISIBLE_DEVICES). Step times measured here are therefore
 # slower than a run alone on the GPU; compare them only within this batch.
@@ -20,7 +20,7 @@ COMMON="trainer.device=cuda trainer.n_gpus_per_node=1 model=smollm2 actor_rollou
  actor_rollout_ref.actor.use_kl_loss=true trainer.export_hf_on_end=false ${EXTRA:-}"
 GSM="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.total_training_steps=30 trainer.val_before_train=true
  trainer.test_freq=15 data.val_max_rows=300 data.val_batch_size=150"
-# SVAMP: held-out validation sampled at T=0.7 with 2 samples per question (the baseline in ../shared/models/README.md
+# SVAMP: held-out validation sampled at T=0.7 with 2 samples per question (the model card's baseline
 # was measured with sampling); runs until its timeout, validating every 10 steps.
 SVAMP="data=svamp trainer.total_training_steps=500 trainer.val_before_train=true trainer.test_freq=10
  data.val_batch_size=150 actor_rollout_ref.rollout.val_kwargs.n=2 actor_rollout_ref.rollout.val_kwargs.do_sample=true
@@ -45,7 +45,7 @@ launch() {  # name gpu timeout_s overrides... (RUN_DIR=name: write into /tmp/run
 
 # RUNS: which runs and on which GPU, as name:gpu (default: the first batch of 2026-11-30)
 RUNS=${RUNS:-"gsm8k_grpo:0 gsm8k_gae:0 svamp_a:0 gsm8k_prime:1 svamp_b:1 save_resume:1"}
-save_resume() {  # #5: save at step 2 of a 4-step run, resume from step 2, run steps 3-4 (compare with the first)
+save_resume() {  # save at step 2 of a 4-step run, resume from step 2, run steps 3-4 (compare with the first)
   local gpu=$1 SR="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.total_training_steps=4 trainer.save_freq=2"
   mkdir -p "$OUT/save_resume"
   CUDA_VISIBLE_DEVICES=$gpu timeout -k 20 300 python3 trainer/main.py $COMMON $SR trainer.output_dir=/tmp/runs/sr1 \
@@ -82,12 +82,12 @@ megatron_check() {  # name: the GPU check on both GPUs (TP=1/TP=2 log-probs, upd
   CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 240 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
       --model /tmp/smol_hf --out "$OUT/$1/check.json" > "$OUT/$1/check.log" 2>&1
 }
-megatron() {  # #8 on both GPUs: the GPU check, then the save/resume pair of SmolLM2 on the Megatron path
+megatron() {  # on both GPUs: the GPU check, then the save/resume pair of SmolLM2 on the Megatron path
   # (TP=1 x DP=2: SmolLM2's 9 heads do not split over TP=2)
   megatron_check megatron
   megatron_pair megatron mg actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1
 }
-megatron_tp2() {  # #8 on both GPUs: the GPU check, then the save/resume pair at TP=2 (a random-weight Qwen2 config
+megatron_tp2() {  # on both GPUs: the GPU check, then the save/resume pair at TP=2 (a random-weight Qwen2 config
   # with SmolLM2's tokenizer: 8 heads, 2 KV heads split over 2; no reward signal, the mechanics only)
   megatron_check megatron_tp2
   python3 -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('/tmp/qwen2_rand', '/tmp/smol_hf')" \
@@ -96,13 +96,13 @@ megatron_tp2() {  # #8 on both GPUs: the GPU check, then the save/resume pair at
   megatron_pair megatron_tp2 mt actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
       actor_rollout_ref.model.path=/tmp/qwen2_rand actor_rollout_ref.actor.entropy_coeff=0.01
 }
-megatron_ckpt() {  # #29 on both GPUs: the SmolLM2 save/resume pair (TP=1 x DP=2) with dist checkpointing and with
+megatron_ckpt() {  # on both GPUs: the SmolLM2 save/resume pair (TP=1 x DP=2) with dist checkpointing and with
   # the torch.save format: compare timing_s/save_checkpoint, "checkpoint loaded in" and sizes.txt of the two
   mkdir -p "$OUT/megatron_dist" "$OUT/megatron_torch"
   megatron_pair megatron_dist md actor_rollout_ref.actor.megatron.ckpt_format=torch_dist
   megatron_pair megatron_torch mtorch actor_rollout_ref.actor.megatron.ckpt_format=torch
 }
-megatron_reshard() {  # #29 on both GPUs: a TP=2 dist checkpoint (random-weight Qwen2, as megatron_tp2) resumed at
+megatron_reshard() {  # on both GPUs: a TP=2 dist checkpoint (random-weight Qwen2, as megatron_tp2) resumed at
   # TP=1 x DP=2 (resharded on load, DistributedOptimizer state included); compare steps 6-7 with the TP=2 run
   mkdir -p "$OUT/megatron_reshard"
   python3 -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('/tmp/qwen2_rand', '/tmp/smol_hf')" \
@@ -111,7 +111,7 @@ megatron_reshard() {  # #29 on both GPUs: a TP=2 dist checkpoint (random-weight 
       actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.model.path=/tmp/qwen2_rand \
       actor_rollout_ref.actor.entropy_coeff=0.01
 }
-vlm_colour() {  # #29 on one GPU: 20 GRPO steps of the tiny random Qwen2-VL on the generated colour task
+vlm_colour() {  # on one GPU: 20 GRPO steps of the tiny random Qwen2-VL on the generated colour task
   # (trainer/embedded_vlm.py), Ulysses SP=1; with GPU=2 (both GPUs) SP=2. Logs and metrics in $OUT/vlm_colour.tgz
   local gpu=$1 d="$OUT/vlm_colour" spargs="trainer.n_gpus_per_node=1"
   [ "$gpu" = "0,1" ] && spargs="trainer.n_gpus_per_node=2 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
@@ -130,7 +130,7 @@ write_tiny_vlm('/tmp/vlm_tiny'); write_colour_task('/tmp/vlm_data', 1024, 64)" >
   cp /tmp/runs/vlm_colour/metrics.jsonl "$d/" 2>/dev/null
   tar czf "$OUT/vlm_colour.tgz" -C "$OUT" vlm_colour && rm -rf "${OUT:?}/vlm_colour"
 }
-offload() {  # #9: 3 GRPO steps with the optimizer state offloaded during rollout (compare rollout_start memory)
+offload() {  # 3 GRPO steps with the optimizer state offloaded during rollout (compare rollout_start memory)
   launch offload "$1" 240 data=gsm8k trainer.total_training_steps=3 \
     actor_rollout_ref.rollout.offload_optimizer_during_rollout=true
 }
@@ -178,9 +178,9 @@ for spec in $RUNS; do
                actor_rollout_ref.rollout.temperature=0.7 actor_rollout_ref.actor.optim.lr=7e-5 ;;  # svamp_j, lr 7e-5
     # 1,024 samples per step (4x svamp_h), generated in one call of 1,024 rows; saved every 8 steps and on
     # SIGTERM; NAME_more resumes NAME from its last save in a later call (no step-0 validation)
-    # svamp_r / svamp_s: svamp_l / svamp_o again after the 3x faster sdpa_gqa decoding (session 10), validated
+    # svamp_r / svamp_s: svamp_l / svamp_o again after the 3x faster sdpa_gqa decoding, validated
     # both ways (T=0.7 x 2 and greedy)
-    # svamp_t / svamp_u (session 11): svamp_s / svamp_r with the lr decayed to 0 by a cosine over 40 steps
+    # svamp_t / svamp_u: svamp_s / svamp_r with the lr decayed to 0 by a cosine over 40 steps
     # (svamp_s peaked at step 16 at lr 1e-4 and then degraded; svamp_r peaked at step 24)
     # svamp_w: svamp_u with DAPO dynamic sampling (groups whose answers all agree are dropped and more batches of
     # 64 prompts generated, at most 3 per step)

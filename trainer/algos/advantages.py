@@ -13,7 +13,7 @@ Every estimator has the same keyword signature::
 * returns ``advantages`` and ``returns``, both ``(batch, response_len)`` with the dtype of the rewards, and
   exactly 0 at masked positions.
 
-Group-based estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) share these rules (spec, case P09):
+Group-based estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) share these rules:
 a row whose ``response_mask`` is all zero neither contributes to nor receives group statistics (its advantage
 is 0); a group with fewer than 2 valid members, or whose valid members all have the same score, gives
 advantage exactly 0 (never NaN/inf). Group statistics are computed in float64.

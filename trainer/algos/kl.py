@@ -34,7 +34,7 @@ def _kl_forward(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -
         return 0.5 * (log_prob - ref_log_prob).square()
     if kind in ("low_var_kl", "k3"):
         # Clamp the exponent *before* exp: clamp's gradient outside the range is 0, so saturated entries get
-        # gradient 0 instead of 0 * inf = NaN (case P05). Computed in float32 even for bf16 inputs.
+        # gradient 0 instead of 0 * inf = NaN. Computed in float32 even for bf16 inputs.
         y = (ref_log_prob.float() - log_prob.float()).clamp(-K3_INPUT_CLAMP, K3_INPUT_CLAMP)
         k3 = (torch.expm1(y) - y).clamp(0.0, K3_OUTPUT_CLAMP)
         return k3.to(torch.promote_types(log_prob.dtype, ref_log_prob.dtype))
@@ -120,7 +120,7 @@ def apply_kl_penalty(token_level_scores: torch.Tensor, old_log_probs: torch.Tens
     """In-reward KL (``algorithm.use_kl_in_reward``): ``rewards = scores - beta * kld`` on valid tokens.
 
     ``kld = kl_penalty(old_log_probs, ref_log_prob)`` with masked positions replaced by 0 through ``where``
-    (a NaN log-prob at a masked position cannot leak, case P06). ``current_kl`` = mean over rows with at least
+    (a NaN log-prob at a masked position cannot leak). ``current_kl`` = mean over rows with at least
     one valid token of the per-row masked mean of ``kld``. If ``update_kl_ctrl``, calls
     ``kl_ctrl.update(current_kl, n_steps=batch)`` after reading ``beta`` (as verl does).
 

@@ -1,7 +1,7 @@
 """Checkpoint layout, tracker, retention, RNG and trainer-state helpers shared by every backend (the crash-safe
 writes they use: :mod:`trainer.checkpoint.atomic`).
 
-Layout on disk (verl's, see reference/verl-features.md section 2)::
+Layout on disk (verl's)::
 
     <default_local_dir>/
         latest_checkpointed_iteration.txt     # integer step, written LAST, atomically
@@ -14,7 +14,7 @@ Save order used by the trainer: each role's ``manager.save(step, <step_dir>/<rol
 :func:`save_trainer_state` -> :func:`write_tracker` -> :func:`apply_retention`. :func:`commit_checkpoint`
 does the last two. A crash anywhere before the tracker is written leaves the previous checkpoint as the one
 :func:`find_latest_checkpoint` returns, and retention never runs before the new checkpoint is complete
-(peer case P16; verl #4873 deleted the old checkpoint first).
+(verl deleted the old checkpoint first, its issue #4873).
 
 A step folder counts as *complete* when its ``data.pt`` exists (written after every role, atomically).
 """

@@ -15,9 +15,9 @@ Model, optimizer and LR scheduler go through DeepSpeed's own ``engine.save_check
 ``engine.load_checkpoint`` (deepspeed 0.19: ``save_checkpoint(save_dir, tag=None, client_state={},
 save_latest=True, exclude_frozen_parameters=False)``; the scheduler given to ``deepspeed.initialize`` is
 stored as ``lr_scheduler`` in the model-states file). ``load`` passes ``load_optimizer_states=True`` and
-``load_lr_scheduler_states=True`` explicitly, so a resumed run never repeats warmup (peer case P17).
+``load_lr_scheduler_states=True`` explicitly, so a resumed run never repeats warmup.
 
-Atomicity (peer case P16): everything is written into ``<role>.tmp`` and renamed to ``<role>`` only after
+Atomicity: everything is written into ``<role>.tmp`` and renamed to ``<role>`` only after
 every rank finished; a save that raises leaves an older ``<role>`` folder untouched. The folder must be on a
 file system shared by all ranks (as in verl).
 """

@@ -39,6 +39,7 @@ import torch
 from rewards.options import check_scorer_options, takes_extra_info
 from rewards.pool import Outcome, ScoringPool, run_scorer
 from rewards.registry import get_scorer, registry_version, wants_data_source
+from rewards.verify import as_accuracy
 
 __all__ = ["RewardOutput", "RewardManager"]
 
@@ -376,14 +377,4 @@ class RewardManager:
             Same as :meth:`__call__`.
         """
         scores, dicts, _, _, _ = self._score(data)
-        accs = []
-        for s, d in zip(scores, dicts):
-            if d is not None and "acc" in d:
-                try:
-                    a = float(d["acc"])
-                except (TypeError, ValueError):
-                    a = 0.0
-                accs.append(a if math.isfinite(a) else 0.0)
-            else:
-                accs.append(s)
-        return accs
+        return [as_accuracy(d["acc"]) if d is not None and "acc" in d else s for s, d in zip(scores, dicts)]

@@ -131,3 +131,14 @@ def run_gloo_ranks(world: int, body, preload: str) -> list[str]:
         mp.start_processes(_gloo_rank, args=(world, free_port(), d, body), nprocs=world, join=True,
                            start_method="forkserver")
         return [f"rank {r}: {e}" for r in range(world) for e in json.load(open(os.path.join(d, f"rank{r}.json")))]
+
+
+def resolved_config(*overrides: str) -> dict:
+    """The composed ``configs/ppo_trainer.yaml`` with ``overrides``, resolved as a run resolves it
+    (:func:`trainer.launch.resolve_config`), for tests that build a trainer or a worker without running main."""
+    from hydra import compose, initialize_config_dir
+
+    from trainer.launch import resolve_config
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
+        return resolve_config(compose("ppo_trainer", overrides=list(overrides)))

@@ -4,8 +4,9 @@ Two methods, with what each covers:
 
 * Static, every group option (this file): each name on the path of every leaf key must appear in the code
   (trainer/, rollout/, rewards/, patches/) as a string that is read: a subscript ``x["name"]``, the key of
-  ``.get/.pop/.setdefault("name")``, ``getattr(x, "name")`` (and the code's accessors), ``"name" in x``, or a
-  tuple/list of names the code loops over. Keys inside a
+  ``.get/.pop/.setdefault("name")``, ``getattr(x, "name")`` (and the code's accessors), ``"name" in x``, a
+  tuple/list of names the code loops over, or a field of a typed config section (a dataclass whose fields are read
+  from the config by name through ``trainer.config_reads.section_fields``). Keys inside a
   free-form dict (``trainer.overrides.FREE_FORM``) count through that dict. This finds a key that nothing reads
   anywhere (``trainer.total_epochs``, ``reward_model.reward_manager``, ``trainer.ray_timeout_s`` were such keys);
   it cannot tell a key from another of the same name (``enable``, ``path``).
@@ -56,8 +57,16 @@ def _literals(tree: ast.AST) -> set[str]:
             out.add(const(node.left))
         elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             out |= {const(e) for e in node.elts}
+        elif isinstance(node, ast.ClassDef) and _reads_section_fields(node):
+            out |= {a.target.id for a in node.body if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)}
     out.discard(None)
     return out
+
+
+def _reads_section_fields(cls: ast.ClassDef) -> bool:
+    """The class builds itself from a config section by its field names (``section_fields(section, cls)``)."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "section_fields"
+               for n in ast.walk(cls))
 
 
 def unread_by_name(keys, literals: set[str]) -> list[str]:

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 from rewards.manager import RewardOutput
 from tests.e2e_utils import ROOT, SHORT, read_metrics, run_main
-from trainer.dynamic_sampling import (collect_informative_groups, concat_padded, informative_rows, left_pad_prompts,
-                                      metric_values)
+from trainer.hooks.dynamic_sampling import (collect_informative_groups, concat_padded, informative_rows,
+                                            left_pad_prompts, metric_values)
 from trainer.launch import ConfigError, validate
 from trainer.protocol import DataProto
 

@@ -70,18 +70,16 @@ def make_reward(extra_by_call=None, metrics_by_call=None):
 
 
 def make_trainer(rows, bs, cap=10, actor=None, reward_fn=None):
+    from tests.e2e_utils import resolved_config
     from trainer.ppo_trainer import RayPPOTrainer
 
-    tr = RayPPOTrainer.__new__(RayPPOTrainer)
-    tr.cfg = {"trainer": {"seed": 1, "balance_batch": True},
-              "algorithm": {"filter_groups": {"enable": True, "metric": "acc", "max_num_gen_batches": cap},
-                            "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0, "use_kl_in_reward": False}}
-    tr.algo = tr.cfg["algorithm"]
-    tr.tokenizer = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
-    tr.loader = PromptLoader(rows, bs, 0, shuffle=False)
-    tr.n, tr.global_step, tr.prime, tr.need_ref, tr.use_critic = N, 1, None, False, False
-    tr.actor_wg = actor or FakeActor()
-    tr.reward_fn = reward_fn or make_reward()
+    cfg = resolved_config("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
+                          f"algorithm.filter_groups.max_num_gen_batches={cap}", f"actor_rollout_ref.rollout.n={N}",
+                          f"data.train_batch_size={bs}", "trainer.seed=1", "trainer.balance_batch=true")
+    tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
+    tr = RayPPOTrainer(cfg, tok, PromptLoader(rows, bs, 0, shuffle=False), None, reward_fn or make_reward(), None)
+    tr.global_step = 1
+    tr.roles.attach("actor", actor or FakeActor())
     return tr
 
 
@@ -92,9 +90,9 @@ def test_filler_batches_with_different_non_tensor_columns():
             _row(2, "mixed", 3), _row(3, "mixed", 3)]
     tr = make_trainer(rows, bs=2)
     batch, _ = tr.loader.next_batch()
-    metrics = tr.train_step(batch, {})  # KeyError: 'ability' in DataProto.concat today
+    trained, metrics = tr.train_step(batch, {})  # KeyError: 'ability' in DataProto.concat today
     assert metrics["dynamic_sampling/num_gen_batches"] == 2.0
-    assert len(tr._last_batch) == 4
+    assert len(trained) == 4
 
 
 def test_peak_gen_memory_of_a_batch_without_kept_rows_is_kept():
@@ -102,7 +100,7 @@ def test_peak_gen_memory_of_a_batch_without_kept_rows_is_kept():
     key = "perf/max_memory_allocated_gb/gen"
     tr = make_trainer(rows, bs=2, actor=FakeActor(perf={1: {key: 5.0}, 2: {key: 1.0}}))
     batch, _ = tr.loader.next_batch()
-    metrics = tr.train_step(batch, {})
+    _, metrics = tr.train_step(batch, {})
     assert metrics["dynamic_sampling/num_gen_batches"] == 2.0
     assert metrics[key] == 5.0  # today 1.0: batch 1 contributed no rows, so its meta is dropped
 
@@ -112,8 +110,8 @@ def test_gen_time_per_token_uses_the_generated_tokens():
     tr = make_trainer(rows, bs=2, actor=FakeActor(sleep=0.05))
     batch, _ = tr.loader.next_batch()
     timing = {}
-    tr.train_step(batch, timing)
-    out = compute_timing_metrics(tr._last_batch, timing)
+    trained, _ = tr.train_step(batch, timing)
+    out = compute_timing_metrics(trained, timing)
     generated_response_tokens = 2 * 2 * N * R  # 2 generation batches of 2 prompts x N responses x R tokens
     assert out["timing_per_token_ms/gen"] == pytest.approx(timing["gen"] * 1000 / generated_response_tokens)
 
@@ -123,7 +121,7 @@ def test_reward_counts_over_all_generated_batches():
     rew = make_reward(metrics_by_call={2: {"reward/num_timeouts": 4.0, "reward/time_s": 3.0}})
     tr = make_trainer(rows, bs=2, reward_fn=rew)
     batch, _ = tr.loader.next_batch()
-    m = tr.train_step(batch, {})
+    _, m = tr.train_step(batch, {})
     assert m["reward/num_timeouts"] == 4.0   # today 2.0 (mean of 0 and 4)
     assert m["reward/time_s"] == 4.0         # today 2.0, while timing_s/reward sums both batches
 
@@ -140,5 +138,5 @@ def test_extra_info_key_absent_from_first_batch_is_still_logged():
         return out
     tr = make_trainer(rows, bs=2, reward_fn=drop_first)
     batch, _ = tr.loader.next_batch()
-    m = tr.train_step(batch, {})
+    _, m = tr.train_step(batch, {})
     assert m["reward/format/mean"] == 1.0   # today missing: keys are taken from rews[0] only

@@ -89,7 +89,7 @@ def test_validation_keeps_reward_keys_that_hold_a_slash():
     stub = types.SimpleNamespace(
         val_dataset=rows, world=2, tokenizer=types.SimpleNamespace(pad_token_id=0, eos_token_id=1),
         cfg={"data": {"val_batch_size": 3}, "trainer": {"seed": 1}}, val_reward_fn=reward,
-        actor_wg=types.SimpleNamespace(dispatch_all=lambda method, batch: batch))
+        roles=types.SimpleNamespace(rollout=types.SimpleNamespace(generate_sequences=lambda batch: batch)))
     m = RayPPOTrainer._validate_pass(stub, greedy=True)
     # batches of 3 and 1 rows (acc True, False, True | True)
     assert m == {"val/a/b/greedy/score": 1.0, "val/a/b/greedy/acc": 0.75, "val/a/b/greedy/fmt/ok": 1.0,

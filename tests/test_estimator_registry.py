@@ -121,11 +121,17 @@ def test_p31_remax_baseline_is_one_greedy_rollout_per_prompt_scored_by_the_same_
         scored.append(rows)
         return SimpleNamespace(token_level_scores=rows["responses"].float() * 0.5)
 
-    trainer = SimpleNamespace(actor_wg=_FakeActorGroup(), reward_fn=reward_fn, world=2, global_step=3)
+    from trainer.hooks.base import StepContext
+    from trainer.roles import Roles, actor_role
+
+    actor_wg = _FakeActorGroup()
+    roles = Roles([actor_role(resolve_config(_cfg()))])
+    roles.attach("actor", actor_wg)
+    step = StepContext(global_step=3, world=2, roles=roles, reward_fn=reward_fn)
     spec = ca.get_adv_estimator_spec("remax")
-    adv_inputs.produce_inputs(trainer, batch, spec)
+    adv_inputs.produce_inputs(step, batch, spec)
     assert batch["reward_baselines"].tolist() == [5.0, 5.5, 5.0, 6.0, 5.5, 6.0]
-    (method, sent), = trainer.actor_wg.calls
+    (method, sent), = actor_wg.calls
     assert method == "generate_sequences" and sent.meta["greedy"] is True
     assert len(sent) == 4 and sent["uid"].tolist()[:3] == ["p0", "p1", "p2"]  # one per prompt, padded to 2 workers
     assert sent["input_ids"].shape == (4, 3) and sent["attention_mask"].shape == (4, 3)  # the prompt part only

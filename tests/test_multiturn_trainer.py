@@ -133,7 +133,7 @@ def _worker(tok, rollout_cfg):
     w = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     w.rollout_cfg, w.tokenizer, w.rank, w.device = rollout_cfg, tok, 0, torch.device("cpu")
     w.engine = ScriptedEngine(tok, _script)
-    w.generator = build_generator(rollout_cfg, tok, {})
+    w.generator = build_generator(w.engine, rollout_cfg, tok, {})
     w._rollout_context = lambda validate, memory_log=None, timing_log=None: nullcontext()
     return w
 

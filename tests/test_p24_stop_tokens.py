@@ -176,7 +176,7 @@ def test_p24_chat_end_of_turn_stops_every_consumer(build, tmp_path):
     assert scores.tolist() == [[1.0, 0.0, 0.0, 0.0]]
 
     # PRIME's truncation flag: a full-width row that ends with the end-of-turn token was not cut
-    from trainer.prime import truncated_rows
+    from trainer.hooks.prime import truncated_rows
 
     full = torch.tensor([[9, 9, 9, eot], [9, 9, 9, 9]])
     flags = truncated_rows(full, torch.ones_like(full), worker.stop_token_ids)

@@ -1,4 +1,5 @@
-"""PRIME pure functions (rewards/prime.py) and controller logic without workers (trainer/prime.py).
+"""PRIME pure functions (rewards/prime.py, trainer/algos/prime.py) and the hook's logic without workers
+(trainer/hooks/prime.py).
 
 Hand-computed examples: implicit token reward, PRM cross-entropy and its gradient, per-source RLOO combination
 (and a brute-force leave-one-out check), batch normalisation, the accuracy-band filter, PRIME metrics.
@@ -10,10 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from rewards.prime import (band_filter_indices, compute_prime_advantages, implicit_token_rewards, last_token_mask,
-                           normalize_implicit_rewards, prime_metrics, prm_ce_loss, rloo_per_token)
-from trainer.prime import PrimeController, accuracy_from_reward, truncated_rows
+from rewards.prime import implicit_token_rewards
+from rewards.verify import accuracy_from_reward
+from trainer.algos.prime import (band_filter_indices, compute_prime_advantages, last_token_mask,
+                                 normalize_implicit_rewards, prime_metrics, prm_ce_loss, rloo_per_token)
+from trainer.hooks.prime import PrimeHook, truncated_rows
 from trainer.protocol import DataProto
+from trainer.roles import PRMGroup
 
 NAN = float("nan")
 
@@ -230,12 +234,12 @@ def _cfg(**over):
 
 def test_controller_config_errors():
     with pytest.raises(ValueError, match="n >= 2"):
-        PrimeController(_cfg(actor_rollout_ref__rollout={"n": 1}), world=2)
+        PrimeHook(_cfg(actor_rollout_ref__rollout={"n": 1}), world=2)
     with pytest.raises(ValueError, match="divide over the 4 workers"):
-        PrimeController(_cfg(data__oversample_factor=1.5), world=4)
+        PrimeHook(_cfg(data__oversample_factor=1.5), world=4)
     with pytest.raises(ValueError, match="reward_model.model.update='sideways'"):
-        PrimeController(_cfg(reward_model__model={"update": "sideways"}), world=2)
-    assert PrimeController(_cfg(), world=2).n_prompts == 4
+        PrimeHook(_cfg(reward_model__model={"update": "sideways"}), world=2)
+    assert PrimeHook(_cfg(), world=2).n_prompts == 4
 
 
 class _Rew:
@@ -244,7 +248,7 @@ class _Rew:
 
 
 def test_controller_filter_batch_on_constructed_batch():
-    ctl = PrimeController(_cfg(), world=2, stop_token_ids=2)
+    ctl = PrimeHook(_cfg(), world=2, stop_token_ids=2)
     uid = ["p0", "p0", "p1", "p1", "p2", "p2", "p3", "p3"]
     responses = torch.tensor([[5, 2], [5, 2], [5, 2], [5, 2], [5, 7], [5, 2], [5, 2], [5, 0]])
     mask = torch.tensor([[1, 1]] * 7 + [[1, 0]]).float()
@@ -252,7 +256,7 @@ def test_controller_filter_batch_on_constructed_batch():
     # accs: p0 [1,1] (too easy), p1 [1,0] ok, p2 [1,0] but row 4 truncated (no EOS), p3 [0,1] ok
     rew = _Rew({"score": [0.1, 0.1, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0], "acc": [1, True, None, None, 1, 0, 0, 1]})
     metrics = {}
-    out = ctl.filter_batch(batch, rew, metrics)
+    out = ctl.band_filter(batch, rew, metrics)
     assert out["uid"].tolist() == ["p1", "p1", "p3", "p3"]
     assert out["acc"].tolist() == [1.0, 0.0, 0.0, 1.0]
     assert metrics["prime/acc"] == pytest.approx(5 / 8) and metrics["prime/truncated_groups"] == 1.0
@@ -287,16 +291,16 @@ class _FakeWG:
 @pytest.mark.parametrize("mode,calls,score", [("before", ["update_rm", "compute_rm_scores"], 0.5),
                                               ("after", ["update_rm"], -0.5), ("none", ["compute_rm_scores"], 0.5)])
 def test_controller_update_modes(mode, calls, score):
-    ctl = PrimeController(_cfg(reward_model__model={"update": mode, "loss_type": "ce"},
-                               reward_model__prime_norm="none"), world=2)
-    ctl.wg = _FakeWG()
+    ctl = PrimeHook(_cfg(reward_model__model={"update": mode, "loss_type": "ce"},
+                         reward_model__prime_norm="none"), world=2)
+    ctl.prm = PRMGroup(_FakeWG())
     b = DataProto.from_dict({k: torch.ones(4, 2, dtype=torch.long) for k in
                              ("input_ids", "attention_mask", "position_ids", "responses")} |
                             {"response_mask": torch.ones(4, 2), "acc": torch.tensor([1.0, 0.0, 1.0, 1.0])},
                             {"uid": ["a", "a", "b", "b"]})
     metrics = {}
-    ctl.compute_advantage(b, metrics)
-    assert ctl.wg.calls == calls
+    ctl.prime_advantage(b, metrics)
+    assert ctl.prm.wg.calls == calls
     assert torch.equal(b["rm_scores"], torch.full((4, 2), score))
     assert b["advantages"].shape == (4, 2) and torch.isfinite(b["advantages"]).all()
     assert ("reward_model/ce_loss" in metrics) == (mode != "none")

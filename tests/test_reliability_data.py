@@ -92,8 +92,12 @@ def test_duplicated_uids_in_the_data_do_not_merge_groups(tmp_path, tok):
             seen["uid"] = list(data["uid"])
             raise Stop
 
-    tr = RayPPOTrainer.__new__(RayPPOTrainer)
-    tr.cfg, tr.global_step, tr.actor_wg = {"trainer": {"seed": 1}}, 3, FakeGroup()
+    from tests.e2e_utils import resolved_config
+    from trainer.dataset import PromptLoader
+
+    tr = RayPPOTrainer(resolved_config("trainer.seed=1"), tok, PromptLoader(ds, 4, tok.pad_token_id), None, None, None)
+    tr.global_step = 3
+    tr.roles.attach("actor", FakeGroup())
     with pytest.raises(Stop):
         tr.train_step(batch, {})
     assert seen["uid"] == ["3-0", "3-1", "3-2", "3-3"]

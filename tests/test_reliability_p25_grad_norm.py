@@ -71,7 +71,8 @@ def _same(a, b):
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_p25_nan_gradient_of_a_finite_loss_is_skipped(monkeypatch, tmp_path, stage, bf16):
-    from trainer.ppo_trainer import TrainingDiverged, _reduce
+    from trainer.metric_utils import reduce_rank_metrics
+    from trainer.ppo_trainer import TrainingDiverged
 
     _init_dist()
     monkeypatch.setattr(update, "_actor_loss", _actor_stub)
@@ -83,10 +84,10 @@ def test_p25_nan_gradient_of_a_finite_loss_is_skipped(monkeypatch, tmp_path, sta
         m = _update(engine, _data([True, True]))
         assert m["actor/skipped_steps"] == [1.0] and m["actor/consecutive_skipped_steps"] == [float(step)]
         assert _same(before, _params(engine)), "a NaN gradient reached the weights"
-        tr._check_skipped(_reduce([m]))                     # 1 and 2 in a row: the run goes on
+        tr._check_skipped(reduce_rank_metrics([m]))         # 1 and 2 in a row: the run goes on
     tr.global_step = 3
     with pytest.raises(TrainingDiverged, match=r"actor: 3 optimizer steps in a row.*step 3"):
-        tr._check_skipped(_reduce([_update(engine, _data([True, True]))]))
+        tr._check_skipped(reduce_rank_metrics([_update(engine, _data([True, True]))]))
     assert _same(before, _params(engine))
     # the skipped steps left no gradient, Adam moment or LR-schedule step behind: a clean update now equals a clean
     # update of a fresh engine
@@ -137,11 +138,11 @@ def test_p25_nan_gradient_on_one_rank_skips_on_all_ranks():
 
 def test_p25_prm_nan_gradient_is_skipped(monkeypatch, tmp_path):
     """PRIME's PRM update (ZeRO-0, fp32): same guard, counted in reward_model/(consecutive_)skipped_steps."""
-    import rewards.prime
+    import trainer.algos.prime as prime_algos
     from tests.test_prime_worker import _batch, _config, _make_models
     from trainer.workers.prm import PRMWorker
 
-    real = rewards.prime.prm_ce_loss
+    real = prime_algos.prm_ce_loss
 
     def nan_grad_ce(*args, **kwargs):
         per_seq = real(*args, **kwargs)
@@ -153,12 +154,12 @@ def test_p25_prm_nan_gradient_is_skipped(monkeypatch, tmp_path):
     w = PRMWorker(cfg, 0, 1, device="cpu", role="prm")
     w.init_model()
     before = [p.detach().clone() for p in w.prm.engine.module.parameters()]
-    monkeypatch.setattr(rewards.prime, "prm_ce_loss", nan_grad_ce)
+    monkeypatch.setattr(prime_algos, "prm_ce_loss", nan_grad_ce)
     for streak in (1.0, 2.0):                   # one mini-batch per update (2 prompts x n=2 rows)
         m = w.update_rm(_batch(vocab)).meta["metrics"]
         assert m["reward_model/skipped_steps"] == [1.0] and m["reward_model/consecutive_skipped_steps"] == [streak]
     assert _same(before, list(w.prm.engine.module.parameters()))
-    monkeypatch.setattr(rewards.prime, "prm_ce_loss", real)
+    monkeypatch.setattr(prime_algos, "prm_ce_loss", real)
     m = w.update_rm(_batch(vocab)).meta["metrics"]
     assert m["reward_model/skipped_steps"] == [0.0] and m["reward_model/consecutive_skipped_steps"] == [0.0]
     assert not _same(before, list(w.prm.engine.module.parameters()))

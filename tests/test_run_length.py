@@ -70,14 +70,17 @@ def test_loader_ends_after_its_epochs():
 
 
 def test_trainer_stops_where_the_epochs_end_when_each_step_takes_one_batch():
+    from trainer.hooks import AlgorithmHooks
+    from trainer.hooks.dynamic_sampling import DynamicSampling, FilterGroupsConfig
     from trainer.ppo_trainer import RayPPOTrainer
 
     t = RayPPOTrainer.__new__(RayPPOTrainer)
     rows = _Rows({"input_ids": [3], "prompt": "p", "reward_model": {"ground_truth": "1"}} for _ in range(8))
     t.loader = PromptLoader(rows, 2, 0, num_epochs=3)
     t.cfg = {"trainer": {"total_training_steps": 100}, "algorithm": {"filter_groups": {"enable": False}}}
+    t.hooks = AlgorithmHooks([])
     assert t._last_step() == 12
-    t.cfg["algorithm"]["filter_groups"]["enable"] = True  # dynamic sampling draws a varying number of batches
+    t.hooks = AlgorithmHooks([DynamicSampling(FilterGroupsConfig(), 2, 2, 0, 4)])  # draws a varying number of batches per step
     assert t._last_step() == 100
 
 
@@ -164,6 +167,7 @@ def test_gen_batch_size_and_reward_manager_are_checked():
 
 
 def test_val_only_validates_once_and_stops(tmp_path, monkeypatch):
+    from trainer.hooks import AlgorithmHooks
     from trainer.ppo_trainer import RayPPOTrainer
 
     t = RayPPOTrainer.__new__(RayPPOTrainer)
@@ -173,6 +177,7 @@ def test_val_only_validates_once_and_stops(tmp_path, monkeypatch):
              "algorithm": {"filter_groups": {"enable": False}}}
     t.loader, t.val_dataset, t.global_step, t.stop_reason = PromptLoader(_Rows([{}] * 4), 2, 0), [1], 0, ""
     t._stop_requested = False
+    t.hooks = AlgorithmHooks([])
     monkeypatch.setattr(t, "validate", lambda: {"val/x/acc": 0.5}, raising=False)
     monkeypatch.setattr(t, "train_step", lambda *a: pytest.fail("val_only trained"), raising=False)
     assert t.fit() == {"val/x/acc": 0.5} and t.global_step == 0 and "val_only" in t.stop_reason

@@ -93,10 +93,10 @@ def fake_forward_values(role, mb):
 
 def patch(monkeypatch):
     """Route the update loop's forwards and ``global_count`` to the fakes above."""
-    from trainer.workers import critic, model_utils, step_guard, update
+    from trainer.workers import model_utils, step_guard, update
 
     monkeypatch.setattr(model_utils, "forward_micro", fake_forward_micro)
-    monkeypatch.setattr(critic, "forward_values_micro", fake_forward_values)
+    monkeypatch.setattr(update, "forward_values_micro", fake_forward_values)
     for module in (update, step_guard):  # the update loop's counts and the step guard's finiteness flag
         monkeypatch.setattr(module, "global_count", lambda value, device=None, group=None:
                             _HOLDER["c"].sum(value))
@@ -107,9 +107,9 @@ def run_update(rows: DataProto, cfg: dict, kind: str, dp: int, n: int = 1, w: fl
     """``ppo_update`` over ``rows`` split contiguously over ``dp`` simulated ranks (patch() first).
 
     Returns ``(metrics, grads)``: the metrics reduced over ranks as the controller does
-    (``trainer.ppo_trainer._reduce``), and the rank-averaged gradient of ``w`` of each optimizer step.
+    (``trainer.metric_utils.reduce_rank_metrics``), and the rank-averaged gradient of ``w`` of each optimizer step.
     """
-    from trainer.ppo_trainer import _reduce
+    from trainer.metric_utils import reduce_rank_metrics
     from trainer.workers import update
 
     collective = _Collective(dp)
@@ -137,5 +137,5 @@ def run_update(rows: DataProto, cfg: dict, kind: str, dp: int, n: int = 1, w: fl
         t.join()
     if errors:
         raise errors[0]
-    return _reduce(results), grads
+    return reduce_rank_metrics(results), grads
 

@@ -2,9 +2,10 @@
 
 An estimator's registry entry (:class:`trainer.algos.registry.EstimatorSpec`) declares its ``inputs``. Each is
 either made by a stage of the step (:func:`stage_columns`: the rollout, the actor's log-prob pass, the critic)
-or by a producer, ``fn(trainer, batch) -> tensor`` run just before the advantage stage: the built-in ones are
-registered here with :func:`register_adv_input` (ReMax's greedy ``reward_baselines``), an estimator may bring its
-own in its entry (``register_adv_est(..., inputs={"col": fn})``). :func:`missing_inputs` is what the config check
+or by a producer, ``fn(step, batch) -> tensor`` run just before the advantage stage (``step``: the
+:class:`trainer.hooks.base.StepContext`): the built-in ones are registered here with :func:`register_adv_input`
+(ReMax's greedy ``reward_baselines``), an estimator may bring its own in its entry
+(``register_adv_est(..., inputs={"col": fn})``). :func:`missing_inputs` is what the config check
 asks, so an estimator whose input nobody makes is refused before start-up, naming the column.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ ADV_INPUT_PRODUCERS: dict[str, Callable] = {}
 
 
 def register_adv_input(column: str) -> Callable[[Callable], Callable]:
-    """Decorator registering ``fn(trainer, batch) -> tensor`` as the producer of the batch column ``column``."""
+    """Decorator registering ``fn(step, batch) -> tensor`` as the producer of the batch column ``column``
+    (``step``: the :class:`trainer.hooks.base.StepContext` of the training step)."""
     def decorator(fn: Callable) -> Callable:
         ADV_INPUT_PRODUCERS[column] = fn
         return fn
@@ -57,8 +59,9 @@ def missing_inputs(spec, cfg: dict) -> list[str]:
     return [k for k in spec.inputs if k not in made]
 
 
-def produce_inputs(trainer, batch, spec, timing: dict | None = None) -> None:
+def produce_inputs(step, batch, spec, timing: dict | None = None) -> None:
     """Run the producer of every declared input of ``spec`` that ``batch`` lacks; the column is set in place.
+    ``step`` (a :class:`trainer.hooks.base.StepContext`) is passed to each producer.
 
     A producer's wall time goes to ``timing["adv_inputs/<column>"]`` (seconds).
 
@@ -75,7 +78,7 @@ def produce_inputs(trainer, batch, spec, timing: dict | None = None) -> None:
             raise ValueError(f"advantage estimator {spec.name!r} needs the batch column {column!r}, which no stage "
                              "produced")
         t0 = time.perf_counter()
-        batch[column] = fn(trainer, batch)
+        batch[column] = fn(step, batch)
         if timing is not None:
             timing[f"adv_inputs/{column}"] = time.perf_counter() - t0
 
@@ -86,13 +89,13 @@ def estimator_kwargs(spec, algorithm_cfg: dict) -> dict:
 
 
 @register_adv_input("reward_baselines")
-def greedy_reward_baselines(trainer, batch) -> torch.Tensor:
+def greedy_reward_baselines(step, batch) -> torch.Tensor:
     """ReMax's baseline (Li et al. 2023, arXiv:2310.10505): the reward of ONE greedy response per prompt.
 
     The prompts of ``batch`` (one per ``uid``, its first row's ``prompts`` and prompt attention mask and its
-    non-tensor columns) are generated again by the actor's rollout engine with greedy decoding (``meta["greedy"]``,
-    ``rollout.response_length`` new tokens) and scored by the trainer's own reward function
-    (``trainer.reward_fn``, the same as the sampled responses); each row gets its prompt's greedy score.
+    non-tensor columns) are generated again by the rollout group (``step.generate``) with greedy decoding
+    (``meta["greedy"]``, ``rollout.response_length`` new tokens) and scored by the step's own reward function
+    (``step.reward_fn``, the same as the sampled responses); each row gets its prompt's greedy score.
 
     Returns:
         ``(len(batch),)`` float32 summed token-level scores of the greedy responses.
@@ -109,9 +112,9 @@ def greedy_reward_baselines(trainer, batch) -> torch.Tensor:
     rows = batch.index(np.asarray(list(first.values())))
     P = rows["prompts"].shape[1]
     prompts = DataProto.from_dict({"input_ids": rows["prompts"], "attention_mask": rows["attention_mask"][:, :P]},
-                                  dict(rows.non_tensor), meta={"greedy": True, "seed": trainer.global_step})
-    padded, _ = pad_rows_to_multiple(prompts, trainer.world)
-    out = trainer.actor_wg.dispatch_all("generate_sequences", padded).index(slice(0, len(prompts)))
-    scores = trainer.reward_fn(out).token_level_scores.sum(-1).float()
+                                  dict(rows.non_tensor), meta={"greedy": True, "seed": step.global_step})
+    padded, _ = pad_rows_to_multiple(prompts, step.world)
+    out = step.generate(padded).index(slice(0, len(prompts)))
+    scores = step.reward_fn(out).token_level_scores.sum(-1).float()
     by_uid = dict(zip(out["uid"].tolist(), scores))
     return torch.stack([by_uid[u] for u in uids]).float()

@@ -9,9 +9,9 @@ import os
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
-__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "run_checks", "check_megatron", "check_megatron_model",
-           "check_resume_checkpoint", "check_resume_model", "check_model_files", "check_rollout_correction",
-           "reward_options", "check_reward_scorers"]
+__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "as_int", "run_checks", "check_megatron",
+           "check_megatron_model", "check_resume_checkpoint", "check_resume_model", "check_model_files",
+           "check_rollout_correction", "reward_options", "check_reward_scorers"]
 
 
 class ConfigError(ValueError):
@@ -85,7 +85,7 @@ def run_checks(cfg: dict, checks) -> None:
     errors.raise_if_any()
 
 
-def _as_int(value, key: str, minimum: int | None = None) -> int:
+def as_int(value, key: str, minimum: int | None = None) -> int:
     """``int(value)`` for a config key, or a ConfigError naming the key, the value and what was expected."""
     try:
         out = int(value)
@@ -127,8 +127,8 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
         if meta.get("ckpt_format", "torch") == "torch_dist":
             return  # a dist checkpoint reshards to this run's tensor/pipeline/data-parallel sizes on load
         m = cfg["actor_rollout_ref"]["actor"].get("megatron") or {}
-        tp = _as_int(m.get("tensor_model_parallel_size", 1), "tensor_model_parallel_size", 1)
-        pp = _as_int(m.get("pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", 1)
+        tp = as_int(m.get("tensor_model_parallel_size", 1), "tensor_model_parallel_size", 1)
+        pp = as_int(m.get("pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", 1)
         world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
         want = {"tp_size": tp, "pp_size": pp, "dp_size": world // (tp * pp)}
         saved = {k: int(meta[k]) for k in want}
@@ -177,7 +177,7 @@ def check_megatron(cfg: dict, world: int) -> None:
         found = False
     if not found:
         raise ConfigError("trainer.strategy=megatron but megatron-core is not importable: pip install -e .[megatron]")
-    tp, pp, cp = (_as_int(m.get(k, 1), f"{key}.{k}", minimum=1)
+    tp, pp, cp = (as_int(m.get(k, 1), f"{key}.{k}", minimum=1)
                   for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
     if world % (tp * pp):
         raise ConfigError(f"{key}.tensor_model_parallel_size*pipeline_model_parallel_size={tp}*{pp} must divide the "

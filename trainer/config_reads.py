@@ -105,6 +105,22 @@ def _wrap(value, path: str):
     return value
 
 
+def section_fields(section, cls, **renamed) -> dict:
+    """The values of ``section`` (a config mapping, None: empty) for the fields of the dataclass ``cls`` that it
+    sets, as keyword arguments for ``cls(...)``: a key the section lacks keeps the field's default. ``renamed``
+    maps a field to the section's key when they differ. Each key is read through the mapping (so a
+    :class:`TrackedDict` records it)."""
+    import dataclasses
+
+    section = section if section is not None else {}
+    out = {}
+    for f in dataclasses.fields(cls):
+        key = renamed.get(f.name, f.name)
+        if key in section:
+            out[f.name] = section[key]
+    return out
+
+
 def plain(cfg):
     """A plain deep copy of ``cfg`` (dicts and lists), recording nothing (for saving or logging the config)."""
     if isinstance(cfg, dict):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.config_checks import ConfigError, _as_int, check_megatron, check_rollout_correction, run_checks
+from trainer.config_checks import ConfigError, as_int, check_megatron, check_rollout_correction, run_checks
 
 
 def overlong_kwargs(cfg: dict) -> dict:
@@ -17,7 +17,7 @@ def overlong_kwargs(cfg: dict) -> dict:
         ConfigError: ``enable`` with ``len`` not in (0, data.max_response_length), or a negative penalty factor.
     """
     ob = cfg.get("reward_model", {}).get("overlong_buffer") or {}
-    buf = _as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")  # checked while off too (typos)
+    buf = as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")  # checked while off too (typos)
     factor = _finite("reward_model.overlong_buffer.penalty_factor", ob.get("penalty_factor", 1.0))
     if not ob.get("enable"):
         return {}
@@ -143,9 +143,9 @@ def _check_numbers(cfg: dict) -> None:
     restarts = t.get("max_restarts", 0)
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
         raise ConfigError(f"trainer.max_restarts={restarts!r}; expected an integer >= 0")
-    _as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
+    as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
     if t.get("total_training_steps") is not None:
-        _as_int(t["total_training_steps"], "trainer.total_training_steps", minimum=1)
+        as_int(t["total_training_steps"], "trainer.total_training_steps", minimum=1)
     if float(actor["clip_ratio_c"]) <= 1.0:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={actor['clip_ratio_c']}; expected > 1")
 
@@ -158,19 +158,15 @@ def _check_algorithm_names(cfg: dict) -> None:
 
 
 def _check_filter_groups(cfg: dict) -> None:
-    fg = cfg["algorithm"].get("filter_groups") or {}
-    n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
-    from trainer.dynamic_sampling import METRICS
+    from trainer.hooks.dynamic_sampling import FilterGroupsConfig
 
-    # the values are checked even while the filter is off, so that a typo does not wait for enable=true
-    cap = fg.get("max_num_gen_batches", 10)
-    if isinstance(cap, bool) or not isinstance(cap, int):
-        raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches={cap!r}; expected an integer "
-                          "(<= 0: no cap)")
-    if fg.get("metric", "acc") not in METRICS:
-        raise ConfigError(f"algorithm.filter_groups.metric={fg.get('metric')!r}; expected one of {list(METRICS)}")
-    if fg.get("enable"):
-        from trainer.prime import prime_enabled
+    n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
+    try:  # the values are checked even while the filter is off, so that a typo does not wait for enable=true
+        fg = FilterGroupsConfig.from_config(cfg["algorithm"].get("filter_groups"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if fg.enable:
+        from trainer.hooks.prime import prime_enabled
 
         if n < 2:
             raise ConfigError("algorithm.filter_groups.enable=true compares the responses of one prompt, but "
@@ -221,13 +217,13 @@ def _check_kernels(cfg: dict) -> None:
         check_ds_config_keeps_norm_check(ds.get("ds_config"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    from trainer.prime import prime_enabled
+    from trainer.hooks.prime import prime_enabled
 
     if prime_enabled(cfg):  # the PRM worker builds actor_rollout_ref.model with reward_model.model's overrides
-        from trainer.workers.prm import _MODEL_KEYS
+        from trainer.workers.model_utils import ROLE_MODEL_KEYS
 
         rm = cfg.get("reward_model") or {}
-        over = {k: v for k, v in (rm.get("model") or {}).items() if k in _MODEL_KEYS and v is not None}
+        over = {k: v for k, v in (rm.get("model") or {}).items() if k in ROLE_MODEL_KEYS and v is not None}
         try:
             check({**arr["model"], **over})
         except ValueError as exc:

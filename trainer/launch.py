@@ -13,7 +13,7 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, _as_int,  # noqa: F401
+from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as_int,  # noqa: F401
                                    check_megatron, check_megatron_model, check_resume_checkpoint, check_reward_scorers,
                                    reward_options, run_checks)
 from trainer.config_preflight import check_model_context, preflight  # noqa: F401
@@ -157,7 +157,7 @@ def plan_run_length(cfg: dict, batches_per_epoch: int, one_batch_per_step: bool 
         ``trainer.total_training_steps``.
     """
     t = cfg["trainer"]
-    epochs = _as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
+    epochs = as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
     data_steps = epochs * int(batches_per_epoch)
     set_steps = t.get("total_training_steps") is not None
     total = int(t["total_training_steps"]) if set_steps else data_steps

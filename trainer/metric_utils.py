@@ -16,7 +16,8 @@ from trainer.multi_turn import generation_metrics
 
 __all__ = ["compute_data_metrics", "completion_length_stats", "CompletionLengthStats", "compute_timing_metrics",
            "compute_throughput_metrics", "flops_per_token", "compute_mfu", "process_validation_metrics",
-           "flatten_validation_metrics", "reduce_metrics", "bootstrap_metric"]
+           "flatten_validation_metrics", "reduce_metrics", "reduce_rank_metrics", "extra_info_means",
+           "reward_output_metrics", "bootstrap_metric"]
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
@@ -349,3 +350,42 @@ def reduce_metrics(metric_lists: dict[str, list[float]], agg: dict[str, str] | N
         vals = [float(v) for v in values]
         out[key] = float(_AGG[agg.get(key, "mean")](vals)) if vals else float("nan")
     return out
+
+
+def reduce_rank_metrics(per_rank: list[dict[str, list[float]]]) -> dict[str, float]:
+    """One float per key from the ``{metric: [values]}`` dicts of every rank of a worker group (an update's
+    metrics: one value per mini-batch and rank). Mean over ranks and mini-batches (``*/grad_norm``, ``*/lr`` are
+    equal on all ranks); skipped-step counts and peak memory (``perf/max_memory*``) take the maximum over ranks."""
+    merged: dict[str, list[float]] = {}
+    for m in per_rank:
+        for k, v in m.items():
+            merged.setdefault(k, []).extend(v)
+    agg = {k: ("max" if k.endswith("skipped_steps") or k.startswith("perf/max_memory") else "mean") for k in merged}
+    return reduce_metrics(merged, agg)
+
+
+def extra_info_means(info: dict[str, list]) -> dict[str, float]:
+    """``reward/<key>/mean`` for every numeric per-sample key of a reward's ``reward_extra_info`` (None entries and
+    non-numeric keys skipped; bools count as 0/1)."""
+    out = {}
+    for k, values in info.items():
+        nums = [float(v) for v in values if isinstance(v, (int, float, np.number))]
+        if nums and len(nums) == sum(v is not None for v in values):
+            out[f"reward/{k}/mean"] = float(np.mean(nums))
+    return out
+
+
+def reward_output_metrics(outputs: Sequence) -> dict[str, float]:
+    """The reward metrics of one training step from the :class:`rewards.manager.RewardOutput` of every generation
+    batch (more than one with dynamic sampling), over every generated row: the scorer's ``metrics`` (counts
+    ``reward/num_*`` and ``reward/time_s`` summed, rates averaged over the equal-size batches) and
+    :func:`extra_info_means` of ``reward_extra_info`` (a batch that lacks a key gives None rows)."""
+    metrics: dict[str, float] = {}
+    for key in dict.fromkeys(k for r in outputs for k in r.metrics):
+        vals = [r.metrics[key] for r in outputs if key in r.metrics]
+        additive = key.startswith("reward/num_") or key == "reward/time_s"
+        metrics[key] = float(np.sum(vals) if additive else np.mean(vals))
+    keys = dict.fromkeys(k for r in outputs for k in r.reward_extra_info)
+    metrics.update(extra_info_means({k: [v for r in outputs for v in (
+        r.reward_extra_info[k] if k in r.reward_extra_info else [None] * len(r.token_level_scores))] for k in keys}))
+    return metrics

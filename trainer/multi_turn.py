@@ -1,23 +1,24 @@
 """Tool-using rollouts in the trainer: the ``actor_rollout_ref.rollout.multi_turn`` section read and checked before
 the workers start, the tools' schemas for the prompts, and the actor worker's sequence generator.
 
-The generator is the seam between the actor worker and the rollout: :class:`EngineGenerator` makes one engine
-call per batch (one response per sample); :class:`MultiTurnGenerator` runs
-:func:`rollout.multiturn.multi_turn_generate`, where model turns alternate with tool answers. Both return a
-:class:`Generated`, whose ``attention_mask`` covers every response token (tool answers included) while the
-rollout's ``response_mask`` covers only the model's tokens; for one engine call the two are equal.
+The generator (:mod:`rollout.generator`) is the seam between the actor worker and the rollout:
+:class:`rollout.generator.SingleTurnGenerator` makes one engine call per batch (one response per sample);
+:class:`MultiTurnGenerator` runs :func:`rollout.multiturn.multi_turn_generate`, where model turns alternate with
+tool answers. Both return a :class:`rollout.generator.Generation`, whose ``attention_mask`` covers every response
+token (tool answers included) while the rollout's ``response_mask`` covers only the model's tokens; for one engine
+call the two are equal.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
 
+from rollout.generator import Generation, Generator, SingleTurnGenerator
 from trainer.config_checks import ConfigError
 
 __all__ = ["MULTI_TURN_KEYS", "multi_turn_config", "check_multi_turn", "check_multi_turn_template", "tool_schemas",
-           "Generated", "EngineGenerator", "MultiTurnGenerator", "build_generator", "generation_metrics"]
+           "MultiTurnGenerator", "build_generator", "generation_metrics"]
 
 KEY = "actor_rollout_ref.rollout.multi_turn"
 MULTI_TURN_KEYS = ("enable", "max_assistant_turns", "max_user_turns", "max_parallel_calls",
@@ -103,66 +104,49 @@ def tool_schemas(cfg: dict) -> list[dict]:
     return [tool.schema() for tool in _tools(cfg, check=False).values()]
 
 
-@dataclass
-class Generated:
-    """One generation batch of N = B*n rows, prompt-major.
-
-    Attributes:
-        rollout: :class:`rollout.base.RolloutOutput`: ``responses`` (N, R) int64, ``response_mask`` (N, R) (1 on
-            the model's tokens only), ``rollout_log_probs`` (N, R) float32 (the engine's, 0 off the model's tokens).
-        attention_mask: (N, R) int64, 1 on every response token the model reads (its own, tool answers and the
-            chat template's glue), 0 on padding.
-        num_turns: (N,) int64, verl's ``num_turns`` (model turns + tool turns + 1), or None for one engine call.
-        metrics: ``multi_turn/*`` and ``tool/*`` metrics of the batch (empty for one engine call).
-    """
-
-    rollout: Any
-    attention_mask: torch.Tensor
-    num_turns: torch.Tensor | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class EngineGenerator:
-    """One ``engine.generate`` call per batch (single-turn rollouts)."""
-
-    def __call__(self, engine, prompt_ids: list[list[int]], sampling, **engine_kwargs) -> Generated:
-        out = engine.generate(prompt_ids, sampling, **engine_kwargs)
-        return Generated(rollout=out, attention_mask=out.response_mask.to(torch.long))
-
-
-class MultiTurnGenerator:
-    """The multi-turn loop with the configured tools (built and checked once, at the worker's start).
+class MultiTurnGenerator(Generator):
+    """The multi-turn loop (:func:`rollout.multiturn.multi_turn_generate`) with the configured tools, built and
+    checked once, at the worker's start. Its :class:`rollout.generator.Generation` has ``response_mask`` 1 on the
+    model's tokens only, ``attention_mask`` on every response token (tool answers and template glue included), the
+    non-tensor column ``num_turns`` (B*n,) int64 (verl's: model turns + tool turns + 1) and the ``multi_turn/*`` and
+    ``tool/*`` metrics.
 
     Args:
+        engine: the rollout engine.
         mt_cfg: a :class:`rollout.multiturn.MultiTurnConfig` with ``enable=True``.
         tokenizer: the policy's tokenizer.
         chat_template_kwargs: the prompts' ``apply_chat_template`` arguments (``data.apply_chat_template_kwargs``).
 
     Raises:
-        ValueError / RuntimeError: see :func:`rollout.multiturn.prepare_multi_turn`.
+        ValueError / RuntimeError: see :func:`rollout.multiturn.prepare_multi_turn`; ``generate`` raises
+            ValueError for image prompts.
     """
 
-    def __init__(self, mt_cfg, tokenizer, chat_template_kwargs: Mapping | None = None) -> None:
+    def __init__(self, engine, mt_cfg, tokenizer, chat_template_kwargs: Mapping | None = None) -> None:
         from rollout.multiturn import prepare_multi_turn
 
+        super().__init__(engine)
         self.tokenizer = tokenizer
         self.cfg, self.tools, self.template = prepare_multi_turn(mt_cfg, tokenizer, chat_template_kwargs)
 
-    def __call__(self, engine, prompt_ids: list[list[int]], sampling, **engine_kwargs) -> Generated:
+    def generate(self, prompt_ids, sampling, multi_modal_inputs: list | None = None) -> Generation:
         from rollout.multiturn import multi_turn_generate
 
-        if engine_kwargs.get("multi_modal_inputs"):
+        if multi_modal_inputs:
             raise ValueError(f"{KEY}.enable=true does not take image prompts (multi_modal_inputs); use "
                              "single-turn rollouts for a vision-language model")
-        res = multi_turn_generate(engine, self.tokenizer, prompt_ids, sampling, self.tools, self.cfg, self.template)
-        return Generated(rollout=res.rollout, attention_mask=res.attention_mask, num_turns=res.num_turns,
-                         metrics=dict(res.metrics))
+        res = multi_turn_generate(self.engine, self.tokenizer, prompt_ids, sampling, self.tools, self.cfg,
+                                  self.template)
+        return Generation(res.rollout, res.attention_mask.to(torch.long),
+                          non_tensor={"num_turns": res.num_turns.numpy().astype("int64")}, metrics=dict(res.metrics))
 
 
-def build_generator(rollout_cfg: Mapping[str, Any], tokenizer, chat_template_kwargs: Mapping | None = None):
-    """:class:`MultiTurnGenerator` when ``rollout_cfg.multi_turn.enable``, else :class:`EngineGenerator`."""
+def build_generator(engine, rollout_cfg: Mapping[str, Any], tokenizer,
+                    chat_template_kwargs: Mapping | None = None) -> Generator:
+    """:class:`MultiTurnGenerator` when ``rollout_cfg.multi_turn.enable``, else
+    :class:`rollout.generator.SingleTurnGenerator` (one engine call per batch)."""
     mt = multi_turn_config(rollout_cfg)
-    return MultiTurnGenerator(mt, tokenizer, chat_template_kwargs) if mt.enable else EngineGenerator()
+    return MultiTurnGenerator(engine, mt, tokenizer, chat_template_kwargs) if mt.enable else SingleTurnGenerator(engine)
 
 
 def generation_metrics(batch) -> dict[str, float]:

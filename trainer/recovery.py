@@ -5,7 +5,8 @@ training step, :meth:`Recovery.restart`, called from the driver loop:
 
 1. stops the run with that failure when ``N`` restarts were used already (``N = 0``: at once, naming the role
    and rank, as without recovery);
-2. tears the worker groups down (every role's Ray actors) and removes the placement group;
+2. tears the worker groups down (every role's Ray actors, ``RayPPOTrainer.roles``) and removes the placement
+   group;
 3. re-creates them (``RayPPOTrainer.init_workers``: the placement is checked again, so a lost node makes the
    restart fail unless the remaining nodes still fit the run);
 4. loads the newest complete checkpoint (model, optimizer, scheduler, data loader position, KL coefficient), or,
@@ -79,9 +80,7 @@ class Recovery:
         from ray.util.placement_group import remove_placement_group
 
         tr = self.trainer
-        for wg in (tr.actor_wg, tr.critic_wg, getattr(tr.prime, "wg", None)):
-            if wg is not None:
-                wg.shutdown()
+        tr.roles.shutdown()
         if getattr(tr, "pg", None) is not None:
             remove_placement_group(tr.pg)
             tr.pg = None

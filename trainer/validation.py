@@ -1,5 +1,5 @@
-"""Validation over the held-out set: one generation and scoring pass, and the metric helpers it shares with the
-training step (``reward/<key>/mean`` of per-sample reward fields; whether sampling settings sample).
+"""Validation over the held-out set: one generation and scoring pass per decoding mode (sampled ``val_kwargs``,
+and greedy with ``trainer.val_also_greedy``), and whether sampling settings sample.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def validate_and_log(trainer, tracker, step: int, advance: bool = True) -> dict:
 def validation_pass(trainer, greedy: bool) -> dict:
     """One generation + scoring pass over the held-out set: ``val/<data_source>/<metric>`` keys, or
     ``val/<data_source>/greedy/<metric>`` for the ``greedy`` pass (one greedy response per question)."""
-    from trainer.metric_utils import flatten_validation_metrics, process_validation_metrics
+    from trainer.metric_utils import extra_info_means, flatten_validation_metrics, process_validation_metrics
     from trainer.tracking import generation_samples
 
     ds = trainer.val_dataset
@@ -53,7 +53,7 @@ def validation_pass(trainer, greedy: bool) -> dict:
         batch["uid"] = [f"val-{start + i}" for i in range(len(batch))]
         batch.meta.update(validate=True, greedy=greedy, seed=int(trainer.cfg["trainer"]["seed"]))
         padded, _ = pad_rows_to_multiple(batch, trainer.world)
-        out = trainer.actor_wg.dispatch_all("generate_sequences", padded)
+        out = trainer.roles.rollout.generate_sequences(padded)
         n_val = len(out) // len(padded)
         out = out.index(slice(0, len(batch) * n_val))  # drop the rows that only padded the batch
         rew = trainer.val_reward_fn(out)
@@ -87,13 +87,3 @@ def sampled(kwargs: dict) -> bool:
 
     return not SamplingConfig(do_sample=bool(kwargs.get("do_sample", False)),
                               temperature=float(kwargs.get("temperature", 0.0) or 0.0)).greedy
-
-
-def extra_info_means(info: dict) -> dict:
-    """``reward/<key>/mean`` for every numeric per-sample key (None entries and non-numeric keys skipped)."""
-    out = {}
-    for k, values in info.items():
-        nums = [float(v) for v in values if isinstance(v, (int, float, np.number))]  # bools count as 0/1
-        if nums and len(nums) == sum(v is not None for v in values):
-            out[f"reward/{k}/mean"] = float(np.mean(nums))
-    return out

@@ -4,7 +4,7 @@ critic's own micro-batch settings. :func:`trainer.config_validate.validate` runs
 """
 from __future__ import annotations
 
-from trainer.config_checks import ConfigError, ErrorCollector, _as_int
+from trainer.config_checks import ConfigError, ErrorCollector, as_int
 
 __all__ = ["REWARD_MANAGERS", "check_verl_semantics"]
 
@@ -39,7 +39,7 @@ def _check_gen_batch_size(cfg: dict) -> None:
     gen, bs = d.get("gen_batch_size"), int(d["train_batch_size"])
     if gen is None:
         return
-    gen = _as_int(gen, "data.gen_batch_size", minimum=1)
+    gen = as_int(gen, "data.gen_batch_size", minimum=1)
     if not (cfg["algorithm"].get("filter_groups") or {}).get("enable"):
         if gen != bs:
             raise ConfigError(f"data.gen_batch_size={gen} differs from data.train_batch_size={bs}, but generation "
@@ -77,7 +77,7 @@ def _check_validation_keys(cfg: dict) -> None:
         raise ConfigError(f"trainer.max_critic_ckpt_to_keep={critic_keep} differs from trainer.max_actor_ckpt_to_keep="
                           f"{actor_keep}: a checkpoint is one global_step_N folder for every role, kept or pruned "
                           "as a whole; set trainer.max_actor_ckpt_to_keep")
-    _as_int(t.get("log_val_generations", 0), "trainer.log_val_generations", minimum=0)
+    as_int(t.get("log_val_generations", 0), "trainer.log_val_generations", minimum=0)
     if t.get("val_only") and not cfg["data"].get("val_files") and cfg["data"].get("train_files") is not None:
         raise ConfigError("trainer.val_only=true needs held-out data: set data.val_files")
 
@@ -86,7 +86,7 @@ def _check_critic_batches(cfg: dict) -> None:
     c = cfg["critic"]
     if not c.get("enable"):
         return
-    _as_int(c.get("forward_micro_batch_size_per_gpu", 1), "critic.forward_micro_batch_size_per_gpu", minimum=1)
+    as_int(c.get("forward_micro_batch_size_per_gpu", 1), "critic.forward_micro_batch_size_per_gpu", minimum=1)
     if c.get("use_dynamic_bsz"):
         for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
-            _as_int(c.get(key, 1), f"critic.{key}", minimum=1)
+            as_int(c.get(key, 1), f"critic.{key}", minimum=1)

@@ -7,7 +7,7 @@ framework (config checks, the trainer's input stages, the config-error messages)
     def my_est(token_level_rewards, response_mask, index=None, old_log_probs=None, epsilon=1e-6, **kwargs): ...
 
 An input that no stage produces yet comes with its producer, ``inputs={"my_col": fn}``, where
-``fn(trainer, batch) -> tensor`` (see :mod:`trainer.adv_inputs`). Names follow verl (``algorithm.adv_estimator``,
+``fn(step, batch) -> tensor`` (see :mod:`trainer.adv_inputs`). Names follow verl (``algorithm.adv_estimator``,
 ``actor.policy_loss.loss_mode``).
 """
 from __future__ import annotations
@@ -37,7 +37,8 @@ class EstimatorSpec:
         group_based: its baseline is the other responses of the same prompt (needs ``rollout.n >= 2``).
         inputs: batch columns it reads besides ``token_level_rewards``, ``response_mask`` and ``uid``, passed as
             keyword arguments of the same name.
-        producers: ``{column: fn(trainer, batch) -> tensor}`` for inputs no built-in stage produces.
+        producers: ``{column: fn(step, batch) -> tensor}`` for inputs no built-in stage produces (``step``: the
+            training step's :class:`trainer.hooks.base.StepContext`).
         config_kwargs: ``algorithm.<key>`` values passed as keyword arguments when set.
     """
 

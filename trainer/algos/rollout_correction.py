@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
-__all__ = ["RolloutCorrection", "LEVELS", "rollout_is_weights", "log_prob_gap_metrics"]
+__all__ = ["RolloutCorrection", "LEVELS", "apply_rollout_correction", "rollout_is_weights",
+           "log_prob_gap_metrics"]
 
 LEVELS = ("token", "sequence")
 _LOG_BOUND = 20.0
@@ -126,3 +127,22 @@ def log_prob_gap_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.T
         return {}
     diff = (old_log_probs.float() - rollout_log_probs.float()).abs()[m]
     return {"rollout/log_prob_diff_mean": float(diff.mean()), "rollout/log_prob_diff_max": float(diff.max())}
+
+
+def apply_rollout_correction(batch, spec: RolloutCorrection) -> dict[str, float]:
+    """The rollout-correction stage of a training step, after the old log-probs: sets ``rollout_is_weights``
+    (B, R) f32 in ``batch`` when ``spec`` is enabled (:func:`rollout_is_weights`; the policy losses multiply their
+    per-token terms by it). Returns the stage's metrics: the gap :func:`log_prob_gap_metrics` (always) and the
+    weights' statistics.
+
+    Args:
+        batch: a :class:`trainer.protocol.DataProto` with ``old_log_probs``, ``rollout_log_probs`` and
+            ``response_mask`` (B, R).
+        spec: ``algorithm.rollout_correction``.
+    """
+    args = (batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
+    metrics = log_prob_gap_metrics(*args)
+    if spec.enabled:
+        batch["rollout_is_weights"], m = rollout_is_weights(*args, spec)
+        metrics.update(m)
+    return metrics

@@ -1,4 +1,4 @@
-"""Checkpoints: layout/tracker/retention/RNG helpers (base), the DeepSpeed manager and the HF export."""
+"""Checkpoints: layout/tracker/retention/RNG helpers (base), crash-safe writes (atomic), the DeepSpeed manager and the HF export."""
 
 from trainer.checkpoint.base import (TRACKER_FILE, CheckpointManager, apply_retention, capture_rng_state,
                                      commit_checkpoint, find_latest_checkpoint, is_complete_checkpoint,

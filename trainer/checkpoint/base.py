@@ -1,4 +1,5 @@
-"""Checkpoint layout, tracker, retention, RNG and trainer-state helpers shared by every backend.
+"""Checkpoint layout, tracker, retention, RNG and trainer-state helpers shared by every backend (the crash-safe
+writes they use: :mod:`trainer.checkpoint.atomic`).
 
 Layout on disk (verl's)::
 
@@ -26,11 +27,12 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 import torch
+
+from trainer.checkpoint.atomic import atomic_torch_save, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -93,73 +95,7 @@ def _check_step(step: Any) -> None:
         raise ValueError(f"global step must be an int >= 0, got {step!r}")
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder + ``os.replace``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync_dir(folder)
-
-
-def atomic_torch_save(obj: Any, path: str) -> None:
-    """``torch.save(obj, path)`` through a temp file + ``os.replace``: ``path`` is old or new, never partial."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".pt", dir=folder)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 # --------------------------------------------------------------------------------------------- tracker
-
-
-def barrier() -> None:
-    """``torch.distributed.barrier()`` when a process group exists; a no-op in a single process."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-
-
-def replace_dir(tmp: str, path: str) -> None:
-    """Move a completely written folder ``tmp`` to ``path``, replacing an older ``path`` (one rank calls it).
-
-    The old folder is moved aside first and deleted only after the new one is in place, so a crash leaves
-    either the old or the new checkpoint under ``path`` (or the old one under ``path + ".old"``).
-    """
-    old = path + ".old"
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(path):
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_tracker(root: str, step: int) -> None:

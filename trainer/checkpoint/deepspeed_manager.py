@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.base import (CheckpointManager, atomic_torch_save, barrier, capture_rng_state, parse_step,
-                                     replace_dir, restore_rng_state)
+from trainer.checkpoint.atomic import atomic_torch_save, barrier, replace_dir
+from trainer.checkpoint.base import CheckpointManager, capture_rng_state, parse_step, restore_rng_state
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.base import barrier
+from trainer.checkpoint.atomic import barrier
 from trainer.checkpoint.deepspeed_manager import LORA_SUBDIR, save_hf_metadata, trained_model_config
 
 logger = logging.getLogger(__name__)

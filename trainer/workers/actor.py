@@ -49,6 +49,7 @@ class ActorRolloutRefWorker(DistributedWorker):
 
     # ---- rollout -------------------------------------------------------------------------------------------
     def _build_rollout(self) -> None:
+        """The rollout engine (``self.engine``) and the generator over it (``self.generator``)."""
         from rollout.stop_tokens import resolve_stop_token_ids
 
         rc = self.rollout_cfg
@@ -89,7 +90,10 @@ class ActorRolloutRefWorker(DistributedWorker):
                                             base_model_path=self.actor.model_path)
         from trainer.multi_turn import build_generator
 
-        self.generator = build_generator(rc, tok, (self.config.get("data") or {}).get("apply_chat_template_kwargs"))
+        # what generate_sequences asks for responses (a rollout.generator.Generator): one model turn per prompt,
+        # or the multi-turn tool loop with rollout.multi_turn.enable
+        self.generator = build_generator(self.engine, rc, tok,
+                                         (self.config.get("data") or {}).get("apply_chat_template_kwargs"))
 
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
@@ -127,7 +131,8 @@ class ActorRolloutRefWorker(DistributedWorker):
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``n`` responses per prompt; returns prompt-major rows with the standard columns.
+        """Generate ``n`` responses per prompt (``self.generator``, see :meth:`_build_rollout`); returns
+        prompt-major rows with the standard columns.
 
         ``prompts`` holds left-padded ``input_ids``/``attention_mask`` (B, P); the result has B*n rows with
         ``prompts`` (B*n, P), ``responses``/``response_mask``/``rollout_log_probs`` (B*n, R), ``input_ids``,
@@ -154,13 +159,13 @@ class ActorRolloutRefWorker(DistributedWorker):
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
                 perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
             mm = list(prompts["multi_modal_inputs"]) if "multi_modal_inputs" in prompts else None
-            gen = self.generator(self.engine, prompt_lists, sampling, **({"multi_modal_inputs": mm} if mm else {}))
-        out = gen.rollout
+            gen = self.generator.generate(prompt_lists, sampling, mm)
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
         perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
         perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
-        n = sampling.n
-        rep = prompts.repeat(n, interleave=True)
+        perf.update(gen.metrics)
+        out = gen.rollout
+        rep = prompts.repeat(sampling.n, interleave=True)
         responses = out.responses.to(torch.long)
         resp_mask = out.response_mask.to(torch.long)
         p_ids, p_mask = rep["input_ids"], rep["attention_mask"]
@@ -180,12 +185,10 @@ class ActorRolloutRefWorker(DistributedWorker):
             "input_ids": input_ids,
             "attention_mask": attn,
             "position_ids": position_ids,
-        }, {k: v for k, v in rep.non_tensor.items()}, meta=dict(prompts.meta))
-        if gen.num_turns is not None:
-            result["num_turns"] = gen.num_turns.numpy().astype("int64")
+            **gen.columns,
+        }, {**rep.non_tensor, **gen.non_tensor}, meta=dict(prompts.meta))
         result.meta["timing_gen_s"] = time.perf_counter() - t0
         result.meta.update(perf)
-        result.meta.update(gen.metrics)
         return result
 
     # ---- log-probs ------------------------------------------------------------------------------------------

@@ -8,19 +8,7 @@ from trainer.workers.base import DistributedWorker, scheduler_total_steps
 from trainer.workers.batching import micro_batches
 from trainer.workers.lora import LORA_KEYS
 from trainer.workers.model_utils import ModelRole, role_model_config
-
-# critic.model keys that replace the actor's model settings when not null (verl's critic.model.*)
-CRITIC_MODEL_KEYS = ("tokenizer_path", "trust_remote_code", "use_remove_padding", "enable_gradient_checkpointing",
-                     "external_lib")
-
-
-def forward_values_micro(role: ModelRole, mb: DataProto) -> torch.Tensor:
-    """Values of the response positions of one micro-batch: (b, R) f32."""
-    from trainer.forward import forward_values
-
-    return forward_values(role.engine, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
-                          response_length=mb["responses"].shape[1], use_remove_padding=role.use_remove_padding,
-                          sp=role.sp, device=role.device)
+from trainer.workers.update import forward_values_micro, ppo_update
 
 
 class CriticWorker(DistributedWorker):
@@ -32,7 +20,7 @@ class CriticWorker(DistributedWorker):
         self.init_distributed()
         cfg = self.config
         self.critic_cfg = cfg["critic"]
-        model_cfg = role_model_config(cfg["actor_rollout_ref"]["model"], self.critic_cfg["model"], CRITIC_MODEL_KEYS)
+        model_cfg = role_model_config(cfg["actor_rollout_ref"]["model"], self.critic_cfg["model"])
         model_cfg.update({k: self.critic_cfg["model"].get(k) for k in LORA_KEYS})  # the critic's own LoRA (verl)
         total = scheduler_total_steps(cfg, self.critic_cfg)
         self.critic = ModelRole.build(self, model_cfg, sp=int(self.critic_cfg["ulysses_sequence_parallel_size"]),
@@ -59,7 +47,5 @@ class CriticWorker(DistributedWorker):
         return DataProto.from_dict({"values": torch.cat(vals)[torch.argsort(torch.cat(rows))]})
 
     def update_critic(self, data: DataProto) -> dict:
-        from trainer.workers.update import ppo_update
-
         n = int(self.config["actor_rollout_ref"]["rollout"]["n"])
         return ppo_update(self, self.critic, data, self.critic_cfg, n=n, temperature=1.0, kind="critic")

@@ -82,33 +82,40 @@ def check_kernel_options(model_cfg: dict, device: str, zero_stage: int, key: str
         raise ValueError(f"{key}.torch_compile_mode={mode!r}; expected one of {', '.join(COMPILE_MODES)}")
     if mode != "default" and not model_cfg.get("use_torch_compile"):
         raise ValueError(f"{key}.torch_compile_mode={mode} needs {key}.use_torch_compile=true")
-    if mode in CUDAGRAPH_MODES and device != "cuda":
+    if mode in CUDAGRAPH_MODES:
+        _check_cudagraph_mode(mode, model_cfg, device, zero_stage, key, ds_config, offload_optimizer)
+    if model_cfg.get("use_torch_compile") and int(zero_stage) == 3:
+        raise ValueError(f"{key}.use_torch_compile=true does not work with deepspeed.zero_stage=3 (ZeRO-3 gathers "
+                         "parameters in hooks inside the compiled layers); use ZeRO stage <= 2 or turn it off")
+
+
+def _check_cudagraph_mode(mode: str, model_cfg: dict, device: str, zero_stage: int, key: str, ds_config: dict | None,
+                          offload_optimizer: bool) -> None:
+    """The settings a CUDA-graph ``torch_compile_mode`` needs (see :func:`check_kernel_options`)."""
+    if device != "cuda":
         raise ValueError(f"{key}.torch_compile_mode={mode} records CUDA graphs and needs trainer.device=cuda, got "
                          f"{device!r}")
-    if mode in CUDAGRAPH_MODES and int(zero_stage) != 2:
+    if int(zero_stage) != 2:
         raise ValueError(f"{key}.torch_compile_mode={mode} needs ZeRO stage 2 (deepspeed.zero_stage, or "
                          "deepspeed.ds_config.zero_optimization.stage when set; its gradient hooks copy each gradient "
                          f"out of the CUDA graphs' memory; verified on a GPU), got stage {zero_stage}")
-    if mode in CUDAGRAPH_MODES and offload_optimizer:
+    if offload_optimizer:
         raise ValueError(f"{key}.torch_compile_mode={mode} with deepspeed.offload_optimizer=true is not supported "
                          "(ZeRO-Offload copies gradients to the CPU in its hooks; not run with CUDA graphs)")
     contiguous = ((ds_config or {}).get("zero_optimization") or {}).get("contiguous_gradients", True)
-    if mode in CUDAGRAPH_MODES and not contiguous:
+    if not contiguous:
         raise ValueError(f"{key}.torch_compile_mode={mode} with deepspeed.ds_config zero_optimization."
                          "contiguous_gradients=false fails (DeepSpeed keeps the gradients that the CUDA graphs' next "
                          "replay overwrites); leave contiguous_gradients on")
-    if mode in CUDAGRAPH_MODES and model_cfg.get("enable_gradient_checkpointing"):
+    if model_cfg.get("enable_gradient_checkpointing"):
         raise ValueError(f"{key}.torch_compile_mode={mode} with {key}.enable_gradient_checkpointing=true is not "
                          "supported (the recompute would replay graphs inside the backward; not run)")
     rmpad = model_cfg.get("use_remove_padding", True)
-    if mode in CUDAGRAPH_MODES and not bool(rmpad):  # read as ModelRole.build reads it
+    if not bool(rmpad):  # read as ModelRole.build reads it
         # mark_static_shapes needs the packed forward: refused here rather than in every worker after loading
         raise ValueError(f"{key}.torch_compile_mode={mode} needs {key}.use_remove_padding=true (CUDA graphs pad the "
                          f"packed rows to shape buckets; the padded-batch forward has no buckets), got "
                          f"{str(rmpad).lower()}")
-    if model_cfg.get("use_torch_compile") and int(zero_stage) == 3:
-        raise ValueError(f"{key}.use_torch_compile=true does not work with deepspeed.zero_stage=3 (ZeRO-3 gathers "
-                         "parameters in hooks inside the compiled layers); use ZeRO stage <= 2 or turn it off")
 
 
 def decoder_layers(model) -> list:

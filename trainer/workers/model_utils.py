@@ -158,7 +158,13 @@ def apply_config_overrides(hf_config, override: dict) -> None:
             setattr(hf_config, key, value)
 
 
-def role_model_config(base: dict, role: dict, keys: tuple[str, ...]) -> dict:
+# keys of a role's own model section (verl's critic.model.*, PRIME's reward_model.model.*) that replace the actor's
+# model settings (actor_rollout_ref.model) when not null
+ROLE_MODEL_KEYS = ("tokenizer_path", "trust_remote_code", "use_remove_padding", "enable_gradient_checkpointing",
+                   "external_lib")
+
+
+def role_model_config(base: dict, role: dict, keys: tuple[str, ...] = ROLE_MODEL_KEYS) -> dict:
     """A role's model settings: ``base`` (``actor_rollout_ref.model``) with the role's non-null ``keys`` over it and
     the role's ``override_config`` merged over the base's (the critic's ``critic.model``, the PRM's
     ``reward_model.model``)."""

@@ -5,11 +5,11 @@ from a model path (``reward_model.model.path`` / ``ref_path``; default: the acto
 the packed, ``use_cache=False`` forward of :func:`trainer.forward.forward_log_probs` at temperature 1 (the PRM
 models the data, not the sampler).
 
-Methods called by the controller (``trainer/prime.py``) with ``dispatch_dp`` / ``dispatch_dp_metrics``:
+Methods called by the controller (``trainer/hooks/prime.py``, through :class:`trainer.roles.PRMGroup`):
 
 * ``compute_rm_scores(data)`` -> ``rm_scores`` (B, R) f32 = ``beta * (log pi_phi - log pi_ref)`` per token;
 * ``update_rm(data)`` -> one pass over mini-batches of ``reward_model.mini_batch_size`` prompts with the PRM
-  cross-entropy (:func:`rewards.prime.prm_ce_loss`); returns ``rm_scores`` from the training forward (PRIME's
+  cross-entropy (:func:`trainer.algos.prime.prm_ce_loss`); returns ``rm_scores`` from the training forward (PRIME's
   ``update: after``, in the original row order even with dynamic micro-batches) and ``meta["metrics"]``;
 * ``save_checkpoint`` / ``load_checkpoint`` (a :class:`DeepSpeedCheckpointManager`, like the actor's).
 """
@@ -28,8 +28,6 @@ from trainer.workers.step_guard import count_skip, guarded_backward, optimizer_s
 
 logger = logging.getLogger(__name__)
 
-_MODEL_KEYS = ("tokenizer_path", "trust_remote_code", "use_remove_padding", "enable_gradient_checkpointing",
-               "external_lib")
 _INPUTS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
 
 
@@ -43,7 +41,7 @@ class PRMWorker(DistributedWorker):
         cfg = self.config
         self.rm_cfg = rm = cfg["reward_model"]
         mc = rm["model"]
-        base = role_model_config(cfg["actor_rollout_ref"]["model"], mc, _MODEL_KEYS)
+        base = role_model_config(cfg["actor_rollout_ref"]["model"], mc)
         path = mc.get("path") or base["path"]
         ref_path = mc.get("ref_path") or path
         self.beta = float(mc["beta_train"])
@@ -93,7 +91,8 @@ class PRMWorker(DistributedWorker):
             DataProto with ``rm_scores`` (B, R) f32 from the training forwards (original row order) and
             ``meta["metrics"]``: ``{reward_model/ce_loss, reward_model/grad_norm, reward_model/lr, ...: [floats]}``.
         """
-        from rewards.prime import implicit_token_rewards, prm_ce_loss
+        from rewards.prime import implicit_token_rewards
+        from trainer.algos.prime import prm_ce_loss
 
         if "acc" not in data:
             raise KeyError("update_rm needs the column 'acc' (batch,) float32 of verified accuracies")

@@ -21,13 +21,23 @@ from trainer.workers.batching import global_count, micro_batches, mini_batch_row
 from trainer.workers.step_guard import count_skip, guarded_backward, optimizer_step
 
 
+def forward_values_micro(role, mb: DataProto) -> torch.Tensor:
+    """Values of the response positions of one micro-batch of a critic ``role``
+    (:class:`trainer.workers.model_utils.ModelRole` with a value head): (b, R) f32."""
+    from trainer.forward import forward_values
+
+    return forward_values(role.engine, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
+                          response_length=mb["responses"].shape[1], use_remove_padding=role.use_remove_padding,
+                          sp=role.sp, device=role.device)
+
+
 def _shuffle(data: DataProto, seed: int) -> DataProto:
     g = torch.Generator().manual_seed(seed)
     return data.index(torch.randperm(len(data), generator=g))
 
 
 # How the per-micro-batch metric values of one mini-batch become ONE value per mini-batch and rank; the controller
-# then averages over data-parallel ranks (and mini-batches), trainer/ppo_trainer._reduce.
+# then averages over data-parallel ranks (and mini-batches), trainer.metric_utils.reduce_rank_metrics.
 # * LOSS_METRICS are the losses as optimised: each micro-batch value is aggregated with the mini-batch's global
 #   counts and scaled by dp_size (module docstring), so their sum over micro-batches, averaged over ranks, is the
 #   mini-batch loss under the configured loss_agg_mode.
@@ -155,7 +165,6 @@ def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: st
 def _critic_loss(role, mb: DataProto, cfg: dict, agg_mode: str, agg: dict):
     from trainer import core_algos
     from trainer.forward import to_device
-    from trainer.workers.critic import forward_values_micro
 
     dev = role.device
     mask = to_device(mb["response_mask"], dev)

@@ -10,7 +10,7 @@ Rules (verl's ``dapo_ray_trainer`` where it defines one):
 
 * a group is the rows sharing a ``uid`` (one prompt's ``n`` responses, contiguous, prompt-major); it is
   *informative* when its metric values are not all equal (``std > 0``), or when it has a single row;
-* the metric is ``acc`` (the scorer's strict correctness, else the score: :func:`trainer.prime.accuracy_from_reward`)
+* the metric is ``acc`` (the scorer's strict correctness, else the score: :func:`rewards.verify.accuracy_from_reward`)
   or ``score`` (the sequence's summed token-level score, shaping included);
 * generation batches of ``train_batch_size`` prompts are drawn from the loader until enough informative groups
   exist; the first ``train_batch_size`` of them, in generation order, form the step's batch;
@@ -31,27 +31,66 @@ metrics describe the trained batch; ``timing_s/gen`` is the time of every genera
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from trainer.hooks.base import StepContext, StepHook
 from trainer.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["METRICS", "FilterGroupsConfig", "DynamicSampling", "metric_values", "informative_rows",
+           "left_pad_prompts", "concat_padded", "collect_informative_groups"]
+
 METRICS = ("acc", "score")
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig:
+    """``algorithm.filter_groups`` (verl's keys).
+
+    Attributes:
+        enable: dynamic sampling is on.
+        metric: the per-row value whose spread makes a group informative: ``acc`` or ``score``
+            (:func:`metric_values`).
+        max_num_gen_batches: most generation batches per step; ``<= 0``: no cap.
+
+    Raises:
+        ValueError: a cap that is not an integer, or an unknown metric (naming the key and what is expected).
+    """
+
+    enable: bool = False
+    metric: str = "acc"
+    max_num_gen_batches: int = 10
+
+    def __post_init__(self) -> None:
+        cap = self.max_num_gen_batches
+        if isinstance(cap, bool) or not isinstance(cap, int):
+            raise ValueError(f"algorithm.filter_groups.max_num_gen_batches={cap!r}; expected an integer "
+                             "(<= 0: no cap)")
+        if self.metric not in METRICS:
+            raise ValueError(f"algorithm.filter_groups.metric={self.metric!r}; expected one of {list(METRICS)}")
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> "FilterGroupsConfig":
+        """Build from the config section (None or missing keys: the defaults above, those of the YAML)."""
+        from trainer.config_reads import section_fields
+
+        return cls(**section_fields(section, cls))
 
 
 def metric_values(reward_output, metric: str, batch_size: int) -> list[float]:
     """Per-row values of ``metric`` from a :class:`rewards.manager.RewardOutput`: ``acc`` as
-    :func:`trainer.prime.accuracy_from_reward`, ``score`` the row's summed ``token_level_scores`` (B,) f32.
+    :func:`rewards.verify.accuracy_from_reward`, ``score`` the row's summed ``token_level_scores`` (B,) f32.
 
     Raises:
         ValueError: unknown ``metric`` (the message lists the known ones), or values of the wrong length.
     """
     if metric == "acc":
-        from trainer.prime import accuracy_from_reward
+        from rewards.verify import accuracy_from_reward
 
         return accuracy_from_reward(reward_output.reward_extra_info, batch_size)
     if metric == "score":
@@ -181,21 +220,60 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         if informative >= want_groups or (max_num_gen_batches > 0 and batches >= max_num_gen_batches):
             break
         if max_num_gen_batches <= 0 and 0 < no_cap_limit <= batches:
-            raise RuntimeError(
-                f"dynamic sampling: {informative} of {want_groups} informative groups after {batches} generation "
-                f"batches ({generated} groups, one epoch) with algorithm.filter_groups.max_num_gen_batches="
-                f"{max_num_gen_batches} (no cap); does the reward ({metric}) ever differ within a group? Set a cap "
-                "to go on with filler groups")
+            raise _no_cap_error(informative, want_groups, batches, generated, max_num_gen_batches, metric)
         logger.info("dynamic sampling: %d of %d informative groups after %d generation batches; generating another",
                     informative, want_groups, batches)
         prompts = next_prompts()
     filled = max(0, want_groups - informative)
-    pool = list(kept)  # every batch's part, even an empty one: the join keeps every batch's perf/max_* peaks
-    if filled:  # the cap was hit: the first uninformative groups keep the batch's shape
-        pool.append(concat_padded([p for p in dropped if len(p)], pad_token_id).index(slice(0, filled * n)))
-    batch = concat_padded(pool, pad_token_id).index(slice(0, want_groups * n))
+    batch = _join_kept(kept, dropped, want_groups * n, filled * n, pad_token_id)
     batch.meta["gen_response_tokens"] = gen_tokens
     metrics["dynamic_sampling/num_gen_batches"] = float(batches)
     metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0
     metrics["dynamic_sampling/filled_groups"] = float(filled)
     return batch, rewards
+
+
+def _no_cap_error(informative: int, want_groups: int, batches: int, generated: int, cap: int,
+                  metric: str) -> RuntimeError:
+    return RuntimeError(
+        f"dynamic sampling: {informative} of {want_groups} informative groups after {batches} generation "
+        f"batches ({generated} groups, one epoch) with algorithm.filter_groups.max_num_gen_batches={cap} (no cap); "
+        f"does the reward ({metric}) ever differ within a group? Set a cap to go on with filler groups")
+
+
+def _join_kept(kept: list[DataProto], dropped: list[DataProto], rows: int, filler_rows: int,
+               pad_token_id: int) -> DataProto:
+    """The first ``rows`` rows of every batch's informative part, then (when the cap was hit) ``filler_rows`` rows
+    of the first uninformative groups, which keep the batch's shape. Every batch's part takes part in the join,
+    even an empty one, so that the result keeps every batch's ``perf/max_*`` peaks."""
+    pool = list(kept)
+    if filler_rows:
+        pool.append(concat_padded([p for p in dropped if len(p)], pad_token_id).index(slice(0, filler_rows)))
+    return concat_padded(pool, pad_token_id).index(slice(0, rows))
+
+
+class DynamicSampling(StepHook):
+    """DAPO's dynamic sampling as the step's generation (see the module docstring).
+
+    Args:
+        filter_groups: the ``algorithm.filter_groups`` section.
+        want_groups: groups in the step's batch (``data.train_batch_size``).
+        n: responses per prompt (``rollout.n``).
+        pad_token_id: filler of the prompt columns when batches of different prompt widths are joined.
+        no_cap_limit: without a cap, the generation batches after which a step fails (one epoch of the loader).
+    """
+
+    one_batch_per_step = False
+
+    def __init__(self, filter_groups: FilterGroupsConfig, want_groups: int, n: int, pad_token_id: int,
+                 no_cap_limit: int):
+        self.metric, self.max_num_gen_batches = filter_groups.metric, filter_groups.max_num_gen_batches
+        self.want_groups, self.n, self.pad_token_id = int(want_groups), int(n), int(pad_token_id)
+        self.no_cap_limit = int(no_cap_limit)
+
+    def generate(self, step: StepContext, prompts: DataProto) -> tuple[DataProto, list]:
+        return collect_informative_groups(prompts, step.next_prompts, step.generate_and_score,
+                                          want_groups=self.want_groups, n=self.n, metric=self.metric,
+                                          max_num_gen_batches=self.max_num_gen_batches,
+                                          pad_token_id=self.pad_token_id, metrics=step.metrics,
+                                          no_cap_limit=self.no_cap_limit)

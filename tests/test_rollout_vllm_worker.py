@@ -23,7 +23,7 @@ def test_actor_builds_vllm_engine_asleep_with_config_values(monkeypatch):
           "response_length": 32, "sleep_level": 2}
     worker = types.SimpleNamespace(
         rollout_cfg=rc, tokenizer=types.SimpleNamespace(pad_token_id=None, eos_token_id=7),
-        actor=types.SimpleNamespace(model_path="/models/m", hf_config=None), config={"trainer": {"seed": 5}}, rank=1,
+        actor=types.SimpleNamespace(model_path="/models/m", hf_config=None), config={"trainer": {"seed": 5}}, rank=1, lora=False,
         device_type="cuda", device=torch.device("cpu"), param_dtype=lambda: torch.bfloat16)
     ActorRolloutRefWorker._build_rollout(worker)
     kw = made["kw"]

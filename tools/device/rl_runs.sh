@@ -136,9 +136,10 @@ tool_synthetic() {  # On one GPU: the embedded data=synthetic_tool (tiny model, 
   # Where the sandbox has no user namespaces: EXTRA='actor_rollout_ref.rollout.multi_turn.tools=[{class_name:python,config:{min_isolation:process}}]'
   local gpu=$1 eng
   for eng in hf vllm; do
+    local engine_group="rollout=$eng"
     mkdir -p "$OUT/tool_synthetic_$eng"
     CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 20 480 python3 trainer/main.py trainer.device=cuda \
-        trainer.n_gpus_per_node=1 data=synthetic_tool rollout=$eng trainer.total_training_steps=60 \
+        trainer.n_gpus_per_node=1 data=synthetic_tool $engine_group trainer.total_training_steps=60 \
         trainer.output_dir=/tmp/runs/tool_synthetic_$eng ${EXTRA:-} > "$OUT/tool_synthetic_$eng/console.log" 2>&1
     echo "exit $?" >> "$OUT/tool_synthetic_$eng/console.log"
     cp /tmp/runs/tool_synthetic_$eng/metrics.jsonl "$OUT/tool_synthetic_$eng/" 2>/dev/null

@@ -11,17 +11,11 @@ of the SP size) with M-RoPE positions ``(B, 3, L)`` from the model's own ``get_r
 * the boundaries the attention all-gathers from multi-row position ids ``(4, 1, S/sp)`` are those of row 0.
 """
 import copy
-import json
-import os
-import tempfile
-import traceback
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.e2e_utils import free_port
+from tests.e2e_utils import run_gloo_ranks
 
 IMG, VS, VE, V = 7, 5, 6, 40
 P, R = 14, 4
@@ -126,30 +120,18 @@ def check_multirow_boundaries(mesh, errors):
         errors.append(f"multi-row boundaries sp={mesh.sp.size}: {cu.tolist()} != {want.tolist()}")
 
 
-def worker(rank, world, port, out_dir):
+def body(rank, world, errors):
+    """One gloo rank (run by :func:`tests.e2e_utils.run_gloo_ranks`): SP=2 and SP=4 against SP=1."""
     from patches.ulysses import build_dp_sp_groups
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    errors = []
-    try:
-        for sp in (2, 4):
-            mesh = build_dp_sp_groups(world, sp, rank)
-            check_multirow_boundaries(mesh, errors)
-            check_vlm(mesh, world, errors)
-    except Exception:
-        errors.append(traceback.format_exc())
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(errors, f)
-    dist.destroy_process_group()
+    for sp in (2, 4):
+        mesh = build_dp_sp_groups(world, sp, rank)
+        check_multirow_boundaries(mesh, errors)
+        check_vlm(mesh, world, errors)
 
 
 def test_qwen2_vl_ulysses_sp2_sp4_equal_sp1():
-    mp.get_context("forkserver").set_forkserver_preload([__name__])
-    with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(worker, args=(4, free_port(), d), nprocs=4, join=True, start_method="forkserver")
-        errors = [f"rank {r}: {e}" for r in range(4) for e in json.load(open(os.path.join(d, f"rank{r}.json")))]
+    errors = run_gloo_ranks(4, body, __name__)
     assert not errors, "\n".join(errors)
 
 

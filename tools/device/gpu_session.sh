@@ -45,7 +45,7 @@ case $step in
       && (cd /tmp/vsite && xz -dc /tmp/vllm.tar.xz | tar x) \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite .vC/*.whl || exit 1
     python3 -c "import vllm; print('vllm', vllm.__version__)"
-    VLLM_GPU_REPORT=$OUT/vllm_gpu.json timeout -k 10 ${TEST_S:-300} python3 -m pytest -m gpu -x -q -s \
+    VLLM_GPU_REPORT=$OUT/vllm_gpu.json timeout -k 10 ${TEST_S:-300} python3 -m pytest -m gpu -q -s \
       tests/test_rollout_vllm_gpu.py -p no:cacheprovider 2>&1 | tail -n 60 | tee "$OUT/vllm_gpu_tests.log"
     start_runs $RUNS_VLLM ${EXTRA_RUNS:-vlm_colour:0}
     echo "started: $RUNS_VLLM ${EXTRA_RUNS:-vlm_colour:0}" ;;

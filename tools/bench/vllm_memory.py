@@ -78,6 +78,10 @@ def run_mode(args) -> dict:
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
+    for p in model.parameters():  # optimizer state allocated up front (as DeepSpeed does), so that it never
+        p.grad = torch.zeros_like(p)  # lands inside the freed filler block and pins that segment in the cache
+    opt.step()
+    opt.zero_grad(set_to_none=True)
     engine = VLLMRolloutEngine(args.model, eos_token_id=tok.eos_token_id, gpu_memory_utilization=args.gpu_util,
                                max_model_len=args.prompt_len + args.new_tokens + 8, enforce_eager=args.eager, seed=0)
     if args.mode == "none":

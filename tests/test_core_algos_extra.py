@@ -119,3 +119,31 @@ def test_sapo_soft_gate():
 
 def test_micro_batch_local_trait():
     assert {k for k, s in ca.POLICY_LOSS_SPECS.items() if s.micro_batch_local} == {"clip_cov", "kl_cov"}
+
+
+def test_dppo_tv_masks_tokens_that_left_the_tv_region_in_their_advantage_direction():
+    # p_old 0.5 everywhere; p [0.6, 0.7, 0.3, 0.7], A [+1, +1, -1, -1], TV threshold 0.15:
+    # +0.1 kept; +0.2 with A>0 masked; -0.2 with A<0 masked; +0.2 with A<0 kept (it moves against its push)
+    lg = math.log
+    old, logp, adv = [[lg(0.5)] * 4], [[lg(0.6), lg(0.7), lg(0.3), lg(0.7)]], [[1.0, 1.0, -1.0, -1.0]]
+    loss, grad, m = _call("dppo_tv", old, logp, adv, clip_ratio=0.15, clip_ratio_c=3.0)
+    assert loss == pytest.approx((-1.2 * lg(0.6) + 1.4 * lg(0.7)) / 4)  # -A * sg(ratio) * logp, token mean
+    close(grad, [[-1.2 / 4, 0.0, 0.0, 1.4 / 4]])
+    assert (m["pg_clipfrac"], m["pg_clipfrac_lower"]) == (pytest.approx(0.5), 0.0)
+    _, grad, m = _call("dppo_tv", old, logp, adv, clip_ratio=0.15, clip_ratio_c=1.1)  # the weight truncated
+    close(grad, [[-1.1 / 4, 0.0, 0.0, 1.1 / 4]])
+    assert m["pg_clipfrac_lower"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        _call("dppo_tv", old, logp, adv, clip_ratio_c=0.0)
+
+
+def test_dppo_kl_masks_by_the_binary_kl_in_the_advantage_direction():
+    lg = math.log
+    kl = lambda q, p: q * lg(q / p) + (1 - q) * lg((1 - q) / (1 - p))  # noqa: E731  binary KL(old || new)
+    assert kl(0.5, 0.6) == pytest.approx(0.0204, abs=1e-4) and kl(0.5, 0.8) == pytest.approx(0.2231, abs=1e-4)
+    # threshold 0.05: A>0 up by KL 0.02 kept; A>0 up by 0.22 masked; A>0 down (p 0.2) kept; A<0 down by 0.22 masked
+    old, logp = [[lg(0.5)] * 4], [[lg(0.6), lg(0.8), lg(0.2), lg(0.2)]]
+    loss, grad, m = _call("dppo_kl", old, logp, [[1.0, 1.0, 1.0, -1.0]], clip_ratio=0.05, clip_ratio_c=3.0)
+    assert loss == pytest.approx((-1.2 * lg(0.6) - 0.4 * lg(0.2)) / 4)
+    close(grad, [[-1.2 / 4, 0.0, -0.4 / 4, 0.0]])
+    assert m["pg_clipfrac"] == pytest.approx(0.5)

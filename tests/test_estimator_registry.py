@@ -32,8 +32,18 @@ def test_unknown_names_list_every_registered_name():
 
 
 def test_p31_estimator_whose_input_no_stage_makes_is_refused_naming_it():
-    with pytest.raises(ConfigError, match=r"optimal_token_baseline needs the batch column\(s\) \['sum_pi_squared'\]"):
-        validate(_cfg("algorithm.adv_estimator=optimal_token_baseline"))
+    @ca.register_adv_est("unit_test_unmade_input", inputs=("no_stage_makes_this",))
+    def unmade(token_level_rewards, response_mask, index=None, no_stage_makes_this=None, **kwargs):
+        return token_level_rewards, token_level_rewards
+
+    try:
+        with pytest.raises(ConfigError, match=r"unit_test_unmade_input needs the batch column\(s\) "
+                                              r"\['no_stage_makes_this'\]"):
+            validate(_cfg("algorithm.adv_estimator=unit_test_unmade_input"))
+    finally:
+        ca.ADV_ESTIMATOR_REGISTRY.pop("unit_test_unmade_input")
+        ca.ADV_ESTIMATOR_SPECS.pop("unit_test_unmade_input")
+    validate(_cfg("algorithm.adv_estimator=optimal_token_baseline"))  # the actor's log-prob pass makes its input
     with pytest.raises(ConfigError, match="gae needs a critic.*critic.enable=false"):
         validate(_cfg("algorithm=gae", "critic.enable=false"))
     validate(_cfg("algorithm.adv_estimator=remax"))      # its input has a producer: the greedy baseline rollout

@@ -54,6 +54,32 @@ def test_optimal_token_baseline_hand_values():
         ca.get_adv_estimator_fn("optimal_token_baseline")(r, m, index=np.array(["a", "a"]), old_log_probs=old)
 
 
+def test_gdpo_normalises_each_component_in_its_group_then_whitens_the_weighted_sum():
+    # group a (3 rows): components [[1, 0], [0, 1], [1, 1]]; group b: [[1, 0], [1, 0]] (constant: 0); an empty row.
+    # a, component 1 [1, 0, 1]: mean 2/3, unbiased std 1/sqrt 3 -> [1, -2, 1] / sqrt 3; component 2 [0, 1, 1] ->
+    # [-2, 1, 1] / sqrt 3. Weights [1, 2]: sums [-sqrt 3, 0, sqrt 3, 0, 0] over 5 one-token rows; the token
+    # whitening (mean 0, unbiased var 6/4) gives [-sqrt 2, 0, sqrt 2, 0, 0].
+    r, m = _last_token_rewards([9, 9, 9, 9, 9, 9], [1, 1, 1, 1, 1, 0], 2)  # the summed score is not read
+    comps = torch.tensor([[1.0, 0], [0, 1], [1, 1], [1, 0], [1, 0], [5, 5]])
+    idx = np.array(["a", "a", "a", "b", "b", "a"])
+    gdpo = ca.get_adv_estimator_fn("gdpo")
+    adv, ret = gdpo(r, m, index=idx, reward_components=comps, gdpo_reward_weights=[1.0, 2.0], epsilon=0.0)
+    s2 = math.sqrt(2.0)
+    close(adv, [[-s2, 0], [0, 0], [s2, 0], [0, 0], [0, 0], [0, 0]], atol=1e-5)
+    assert torch.equal(adv, ret)
+    # equal weights: [-1, -1, 2] / sqrt 3 -> whitened by sqrt(6 / 3 / 4): [-1, -1, 2] * sqrt(2 / 3)
+    adv, _ = gdpo(r, m, index=idx, reward_components=comps, epsilon=0.0)
+    k = math.sqrt(2 / 3)
+    close(adv[:, 0], [-k, -k, 2 * k, 0, 0, 0], atol=1e-5)
+    spec = ca.get_adv_estimator_spec("gdpo")
+    assert spec.inputs == ("reward_components",) and spec.group_based
+    assert spec.config_kwargs == ("norm_adv_by_std_in_grpo", "gdpo_reward_weights")
+    with pytest.raises(ValueError, match=r"gdpo needs reward_components of shape \(6, K >= 1\), got None"):
+        gdpo(r, m, index=idx)
+    with pytest.raises(ValueError, match="gdpo_reward_weights has 1 weights for 2 reward components"):
+        gdpo(r, m, index=idx, reward_components=comps, gdpo_reward_weights=[1.0])
+
+
 # ---------------------------------------------------------------------------------------------- policy losses
 def _call(name, old, logp, adv, mask=None, mode="token-mean", **cfg):
     logp = torch.tensor(logp, dtype=torch.float64, requires_grad=True)

@@ -14,7 +14,8 @@ P, R = 5, 4
 
 
 def test_sum_pi_squared_hand_values_from_the_chunked_pass():
-    # softmax([0, ln 3]) = [1/4, 3/4]: sum p^2 = 10/16; at temperature 2 the logits are halved: p = [1, sqrt 3] / (1 + sqrt 3)
+    # softmax([0, ln 3]) = [1/4, 3/4]: sum p^2 = 10/16; at temperature 2 the logits are halved:
+    # p = [1, sqrt 3] / (1 + sqrt 3)
     logits = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0]], requires_grad=True)
     labels = torch.tensor([1, 0])
     lp, ent, spp = log_probs_from_logits(logits, labels, calculate_entropy=True, calculate_sum_pi_squared=True)

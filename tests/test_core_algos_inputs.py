@@ -4,13 +4,13 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
 
 from tests.e2e_utils import resolved_config, run_gloo_ranks
+from tests.test_forward import CONFIGS, P, R
+from tests.test_forward import batch as _batch
 from trainer import adv_inputs
 from trainer.forward import forward_log_probs, log_probs_from_logits
-
-P, R = 5, 4
 
 
 def test_sum_pi_squared_hand_values_from_the_chunked_pass():
@@ -34,19 +34,7 @@ def test_sum_pi_squared_hand_values_from_the_chunked_pass():
 
 def _tiny_lm():
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, tie_word_embeddings=False)
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
-
-
-def _batch():
-    """(3, P+R) left-padded prompts and right-padded responses; 17 tokens (odd: SP pads the packed row)."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 64, (3, P + R), generator=g)
-    mask = torch.zeros(3, P + R, dtype=torch.long)
-    for i, (p, r) in enumerate([(5, 4), (2, 2), (3, 1)]):
-        mask[i, P - p:P + r] = 1
-    return ids, mask, (mask.cumsum(1) - 1).clamp(min=0), mask[:, P:].bool()
+    return AutoModelForCausalLM.from_config(CONFIGS["llama"](), attn_implementation="sdpa", dtype=torch.float32)
 
 
 def _reference(model):

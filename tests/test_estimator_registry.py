@@ -163,6 +163,7 @@ def test_gdpo_config_needs_component_keys_and_takes_no_penalty_of_the_summed_sco
     assert adv_inputs.reward_component_keys(cfg) == ("acc", "format")
     assert "reward_components" in adv_inputs.stage_columns(cfg, ca.get_adv_estimator_spec("gdpo"))
     validate(_cfg(gdpo, keys, "algorithm.gdpo_reward_weights=[1.0,0.5]"))
+    validate(_cfg(gdpo, keys, "reward_model.reward_manager=gdpo"))  # verl's manager keeping the components
     for bad, msg in ((["algorithm.gdpo_reward_weights=[1.0]"], r"gdpo_reward_weights=\[1.0\]; expected null or 2 "
                                                                r"finite numbers"),
                      (["algorithm.gdpo_reward_keys=[acc,acc]"], "expected a list of distinct non-empty names"),

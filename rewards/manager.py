@@ -10,7 +10,9 @@ Contract (the trainer calls it once per step, PRIME also calls :meth:`RewardMana
   ``extra_info`` (passed to the scorer as ``extra_info=`` when it takes that parameter).
 * output :class:`RewardOutput`: ``token_level_scores`` (B, R) float32, the score at the LAST valid response
   token (verl's convention; rows with no valid token get nothing and are counted), ``reward_extra_info``
-  (``"score"`` plus every key that dict-returning scorers gave, one entry per row), ``metrics``.
+  (``"score"`` plus every key that dict-returning scorers gave, one entry per row), ``metrics``, and with
+  ``component_keys`` the named reward components ``reward_components`` (B, K) float32 (multi-reward estimators
+  such as GDPO normalise each on its own).
 
 Soft overlong punishment (DAPO, Yu et al. 2025, arXiv:2503.14476, eq. 13; verl's ``reward_model.overlong_buffer``):
 with ``overlong_buffer_len = B > 0`` and ``max_response_length = L``, a response of ``n`` valid tokens gets
@@ -32,10 +34,11 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
+from rewards.components import check_component_keys, component_matrix
 from rewards.options import check_scorer_options, takes_extra_info
 from rewards.pool import Outcome, ScoringPool, run_scorer
 from rewards.registry import get_scorer, registry_version, wants_data_source
@@ -60,11 +63,15 @@ class RewardOutput:
             (float result, error, timeout).
         metrics: ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``, ``reward/num_dicts``,
             ``reward/num_empty_responses`` (counts), ``reward/score_mean``, ``reward/time_s`` (seconds).
+        reward_components: (batch, K) float32 on the device of ``responses``, column k the value of the manager's
+            ``component_keys[k]`` in each row's scorer dict (0.0 where the scorer failed or timed out, or the value
+            is not finite); None without ``component_keys``.
     """
 
     token_level_scores: torch.Tensor
     reward_extra_info: dict[str, list] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    reward_components: torch.Tensor | None = None
 
 
 class _AlarmTimeout(BaseException):  # not an Exception: run_scorer must not swallow it
@@ -133,19 +140,22 @@ class RewardManager:
         overlong_buffer_len: DAPO's soft overlong punishment buffer in tokens (0: off); see the module doc.
         overlong_penalty_factor: the penalty at ``max_response_length`` tokens (>= 0).
         max_response_length: the rollout's response limit in tokens; required when ``overlong_buffer_len > 0``.
+        component_keys: names of reward components to return as ``RewardOutput.reward_components`` (verl's
+            ``algorithm.gdpo_reward_keys``): each row's scorer must return a dict holding them (besides ``score``).
 
     Raises:
         KeyError: if ``scorer`` is a name that is not registered.
         TypeError: if ``scorer`` is neither None, a str nor callable, or a fixed scorer does not take one of
             ``scorer_kwargs`` (naming the option and the scorer).
         ValueError: a ``scorer_kwargs`` value outside the fixed scorer's annotation; for a non-positive ``timeout_s``, a negative ``num_workers``, or an overlong buffer that is
-            negative, not smaller than ``max_response_length``, or given without it, or a negative penalty factor.
+            negative, not smaller than ``max_response_length``, or given without it, or a negative penalty factor;
+            ``component_keys`` that are not distinct non-empty strings.
     """
 
     def __init__(self, tokenizer: Any, reward_fn_key: str = "data_source", scorer: str | Callable | None = None,
                  scorer_kwargs: dict | None = None, timeout_s: float = 10.0, num_workers: int | None = None,
                  start_method: str = "fork", overlong_buffer_len: int = 0, overlong_penalty_factor: float = 1.0,
-                 max_response_length: int | None = None):
+                 max_response_length: int | None = None, component_keys: Sequence[str] = ()):
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if num_workers is None:
@@ -160,6 +170,7 @@ class RewardManager:
                              f"{max_response_length!r}; expected 0 (off) or 0 < len < max_response_length")
         if not float(overlong_penalty_factor) >= 0:
             raise ValueError(f"overlong_penalty_factor={overlong_penalty_factor!r}; expected >= 0")
+        self.component_keys = check_component_keys(component_keys)
         self.overlong_buffer_len, self.overlong_penalty_factor = buf, float(overlong_penalty_factor)
         self.max_response_length = None if max_response_length is None else int(max_response_length)
         self.tokenizer = tokenizer
@@ -282,7 +293,8 @@ class RewardManager:
         return tasks, fns
 
     # ---- scoring ---------------------------------------------------------------------------------------
-    def _score(self, data) -> tuple[list[float], list[dict | None], dict[str, float], torch.Tensor]:
+    def _score(self, data) -> tuple[list[float], list[dict | None], dict[str, float], torch.Tensor, torch.Tensor,
+                                    list[bool]]:
         t0 = time.perf_counter()
         texts, valid, seen = self._decode(data)
         tasks, fns = self._tasks(data, texts)
@@ -292,6 +304,7 @@ class RewardManager:
             outcomes = self._get_pool().run(tasks, self.timeout_s)
         scores: list[float] = []
         dicts: list[dict | None] = []
+        ran: list[bool] = []  # the scorer returned (no error, no timeout)
         counts = {"errors": 0, "nan": 0, "timeouts": 0, "dicts": 0}
         first_error = None
         for status, payload, _ in outcomes:
@@ -314,6 +327,7 @@ class RewardManager:
                     score = 0.0
             scores.append(float(score))
             dicts.append(d)
+            ran.append(status not in ("timeout", "error"))
         if first_error is not None:
             logger.warning("reward: %d scorer error(s) in a batch of %d; first: %s", counts["errors"],
                            len(outcomes), first_error)
@@ -322,7 +336,7 @@ class RewardManager:
                            self.timeout_s)
         metrics = {f"reward/num_{k}": float(v) for k, v in counts.items()}
         metrics["reward/time_s"] = time.perf_counter() - t0
-        return scores, dicts, metrics, valid, seen
+        return scores, dicts, metrics, valid, seen, ran
 
     def __call__(self, data) -> RewardOutput:
         """Score a batch; see the module docstring for the columns read.
@@ -335,7 +349,7 @@ class RewardManager:
             ValueError: ``responses``/``response_mask`` shapes disagree, or a ``reward_model`` entry has no
                 ``ground_truth``.
         """
-        scores, dicts, metrics, valid, seen = self._score(data)
+        scores, dicts, metrics, valid, seen, ran = self._score(data)
         responses = data["responses"]
         b, r = responses.shape
         overlong = None
@@ -364,7 +378,12 @@ class RewardManager:
                     extra[k][i] = v
         if overlong is not None:
             extra["overlong_reward"] = overlong
-        return RewardOutput(token_level_scores=out.to(responses.device), reward_extra_info=extra, metrics=metrics)
+        comps = None
+        if self.component_keys:
+            comps, nan = component_matrix(dicts, ran, self.component_keys)
+            metrics["reward/num_nan_components"] = float(nan)
+        return RewardOutput(token_level_scores=out.to(responses.device), reward_extra_info=extra, metrics=metrics,
+                            reward_components=None if comps is None else comps.to(responses.device))
 
     def verify(self, data) -> list[float]:
         """Per-row accuracy (PRIME's ``verify``): the ``"acc"`` of a dict result, else the score; 0.0 for rows
@@ -376,5 +395,5 @@ class RewardManager:
         Raises:
             Same as :meth:`__call__`.
         """
-        scores, dicts, _, _, _ = self._score(data)
+        scores, dicts, *_ = self._score(data)
         return [as_accuracy(d["acc"]) if d is not None and "acc" in d else s for s, d in zip(scores, dicts)]

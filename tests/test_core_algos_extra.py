@@ -54,6 +54,32 @@ def test_optimal_token_baseline_hand_values():
         ca.get_adv_estimator_fn("optimal_token_baseline")(r, m, index=np.array(["a", "a"]), old_log_probs=old)
 
 
+def test_gdpo_normalises_each_component_in_its_group_then_whitens_the_weighted_sum():
+    # group a (3 rows): components [[1, 0], [0, 1], [1, 1]]; group b: [[1, 0], [1, 0]] (constant: 0); an empty row.
+    # a, component 1 [1, 0, 1]: mean 2/3, unbiased std 1/sqrt 3 -> [1, -2, 1] / sqrt 3; component 2 [0, 1, 1] ->
+    # [-2, 1, 1] / sqrt 3. Weights [1, 2]: sums [-sqrt 3, 0, sqrt 3, 0, 0] over 5 one-token rows; the token
+    # whitening (mean 0, unbiased var 6/4) gives [-sqrt 2, 0, sqrt 2, 0, 0].
+    r, m = _last_token_rewards([9, 9, 9, 9, 9, 9], [1, 1, 1, 1, 1, 0], 2)  # the summed score is not read
+    comps = torch.tensor([[1.0, 0], [0, 1], [1, 1], [1, 0], [1, 0], [5, 5]])
+    idx = np.array(["a", "a", "a", "b", "b", "a"])
+    gdpo = ca.get_adv_estimator_fn("gdpo")
+    adv, ret = gdpo(r, m, index=idx, reward_components=comps, gdpo_reward_weights=[1.0, 2.0], epsilon=0.0)
+    s2 = math.sqrt(2.0)
+    close(adv, [[-s2, 0], [0, 0], [s2, 0], [0, 0], [0, 0], [0, 0]], atol=1e-5)
+    assert torch.equal(adv, ret)
+    # equal weights: [-1, -1, 2] / sqrt 3 -> whitened by sqrt(6 / 3 / 4): [-1, -1, 2] * sqrt(2 / 3)
+    adv, _ = gdpo(r, m, index=idx, reward_components=comps, epsilon=0.0)
+    k = math.sqrt(2 / 3)
+    close(adv[:, 0], [-k, -k, 2 * k, 0, 0, 0], atol=1e-5)
+    spec = ca.get_adv_estimator_spec("gdpo")
+    assert spec.inputs == ("reward_components",) and spec.group_based
+    assert spec.config_kwargs == ("norm_adv_by_std_in_grpo", "gdpo_reward_weights")
+    with pytest.raises(ValueError, match=r"gdpo needs reward_components of shape \(6, K >= 1\), got None"):
+        gdpo(r, m, index=idx)
+    with pytest.raises(ValueError, match="gdpo_reward_weights has 1 weights for 2 reward components"):
+        gdpo(r, m, index=idx, reward_components=comps, gdpo_reward_weights=[1.0])
+
+
 # ---------------------------------------------------------------------------------------------- policy losses
 def _call(name, old, logp, adv, mask=None, mode="token-mean", **cfg):
     logp = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
@@ -119,3 +145,31 @@ def test_sapo_soft_gate():
 
 def test_micro_batch_local_trait():
     assert {k for k, s in ca.POLICY_LOSS_SPECS.items() if s.micro_batch_local} == {"clip_cov", "kl_cov"}
+
+
+def test_dppo_tv_masks_tokens_that_left_the_tv_region_in_their_advantage_direction():
+    # p_old 0.5 everywhere; p [0.6, 0.7, 0.3, 0.7], A [+1, +1, -1, -1], TV threshold 0.15:
+    # +0.1 kept; +0.2 with A>0 masked; -0.2 with A<0 masked; +0.2 with A<0 kept (it moves against its push)
+    lg = math.log
+    old, logp, adv = [[lg(0.5)] * 4], [[lg(0.6), lg(0.7), lg(0.3), lg(0.7)]], [[1.0, 1.0, -1.0, -1.0]]
+    loss, grad, m = _call("dppo_tv", old, logp, adv, clip_ratio=0.15, clip_ratio_c=3.0)
+    assert loss == pytest.approx((-1.2 * lg(0.6) + 1.4 * lg(0.7)) / 4)  # -A * sg(ratio) * logp, token mean
+    close(grad, [[-1.2 / 4, 0.0, 0.0, 1.4 / 4]])
+    assert (m["pg_clipfrac"], m["pg_clipfrac_lower"]) == (pytest.approx(0.5), 0.0)
+    _, grad, m = _call("dppo_tv", old, logp, adv, clip_ratio=0.15, clip_ratio_c=1.1)  # the weight truncated
+    close(grad, [[-1.1 / 4, 0.0, 0.0, 1.1 / 4]])
+    assert m["pg_clipfrac_lower"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        _call("dppo_tv", old, logp, adv, clip_ratio_c=0.0)
+
+
+def test_dppo_kl_masks_by_the_binary_kl_in_the_advantage_direction():
+    lg = math.log
+    kl = lambda q, p: q * lg(q / p) + (1 - q) * lg((1 - q) / (1 - p))  # noqa: E731  binary KL(old || new)
+    assert kl(0.5, 0.6) == pytest.approx(0.0204, abs=1e-4) and kl(0.5, 0.8) == pytest.approx(0.2231, abs=1e-4)
+    # threshold 0.05: A>0 up by KL 0.02 kept; A>0 up by 0.22 masked; A>0 down (p 0.2) kept; A<0 down by 0.22 masked
+    old, logp = [[lg(0.5)] * 4], [[lg(0.6), lg(0.8), lg(0.2), lg(0.2)]]
+    loss, grad, m = _call("dppo_kl", old, logp, [[1.0, 1.0, 1.0, -1.0]], clip_ratio=0.05, clip_ratio_c=3.0)
+    assert loss == pytest.approx((-1.2 * lg(0.6) - 0.4 * lg(0.2)) / 4)
+    close(grad, [[-1.2 / 4, 0.0, -0.4 / 4, 0.0]])
+    assert m["pg_clipfrac"] == pytest.approx(0.5)

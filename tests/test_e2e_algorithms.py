@@ -78,19 +78,37 @@ def _accepted_runs_or_refused_cleanly(tmp_path, overrides, keys):
     return row
 
 
+def _two_component_reward(tmp_path):
+    """A verl-style scorer file returning a dict with the score and two components, and GDPO's keys for them."""
+    path = tmp_path / "two_components.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    acc = float(solution_str.strip() == str(ground_truth))\n"
+                    "    digit = float(solution_str.strip()[:1].isdigit())\n"
+                    "    return {'score': acc + 0.5 * digit, 'acc': acc, 'digit': digit}\n")
+    return [f"reward_model.custom_reward_function.path={path}", "algorithm.gdpo_reward_keys=[acc,digit]",
+            "algorithm.gdpo_reward_weights=[1.0,0.5]"]
+
+
+ESTIMATOR_SETTINGS = {"gdpo": _two_component_reward}  # what an estimator needs besides its name
+
+
 @pytest.mark.parametrize("est", sorted(core_algos.ADV_ESTIMATOR_REGISTRY))
 def test_p31_every_registered_estimator_runs_a_step_or_is_refused_before_start(tmp_path, est):
     from trainer.algos.registry import get_adv_estimator_spec
 
-    row = _accepted_runs_or_refused_cleanly(tmp_path, [f"algorithm.adv_estimator={est}", *ONE_STEP],
+    extra = ESTIMATOR_SETTINGS[est](tmp_path) if est in ESTIMATOR_SETTINGS else []
+    row = _accepted_runs_or_refused_cleanly(tmp_path, [f"algorithm.adv_estimator={est}", *extra, *ONE_STEP],
                                             ("actor/pg_loss", "actor/grad_norm", "critic/advantages/mean",
                                              "critic/score/mean"))
     if row is not None:  # a critic is started (and trained) exactly for the estimators that read values
         assert ("critic/vf_loss" in row) == get_adv_estimator_spec(est).needs_critic, sorted(row)
     if est == "remax":  # the greedy baseline rollout ran inside the step
         assert row is not None and "timing_s/adv_inputs/reward_baselines" in row
-    if est == "optimal_token_baseline":  # no stage makes sum_pi_squared (see README)
-        assert row is None
+    if est == "optimal_token_baseline":  # sum_pi_squared came from the actor's log-prob pass
+        assert row is not None
+    if est == "gdpo":  # the components reached the estimator; its batch whitening centres the advantages
+        assert row is not None and {"reward/acc/mean", "reward/digit/mean"} <= set(row)
+        assert abs(row["critic/advantages/mean"]) < 1e-4, row["critic/advantages/mean"]
 
 
 @pytest.mark.parametrize("loss_mode", sorted(core_algos.POLICY_LOSS_REGISTRY))

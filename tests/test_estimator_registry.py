@@ -32,8 +32,18 @@ def test_unknown_names_list_every_registered_name():
 
 
 def test_p31_estimator_whose_input_no_stage_makes_is_refused_naming_it():
-    with pytest.raises(ConfigError, match=r"optimal_token_baseline needs the batch column\(s\) \['sum_pi_squared'\]"):
-        validate(_cfg("algorithm.adv_estimator=optimal_token_baseline"))
+    @ca.register_adv_est("unit_test_unmade_input", inputs=("no_stage_makes_this",))
+    def unmade(token_level_rewards, response_mask, index=None, no_stage_makes_this=None, **kwargs):
+        return token_level_rewards, token_level_rewards
+
+    try:
+        with pytest.raises(ConfigError, match=r"unit_test_unmade_input needs the batch column\(s\) "
+                                              r"\['no_stage_makes_this'\]"):
+            validate(_cfg("algorithm.adv_estimator=unit_test_unmade_input"))
+    finally:
+        ca.ADV_ESTIMATOR_REGISTRY.pop("unit_test_unmade_input")
+        ca.ADV_ESTIMATOR_SPECS.pop("unit_test_unmade_input")
+    validate(_cfg("algorithm.adv_estimator=optimal_token_baseline"))  # the actor's log-prob pass makes its input
     with pytest.raises(ConfigError, match="gae needs a critic.*critic.enable=false"):
         validate(_cfg("algorithm=gae", "critic.enable=false"))
     validate(_cfg("algorithm.adv_estimator=remax"))      # its input has a producer: the greedy baseline rollout
@@ -140,3 +150,29 @@ def test_p31_remax_baseline_is_one_greedy_rollout_per_prompt_scored_by_the_same_
     ca.compute_advantage(batch, "remax")
     assert torch.equal(batch["advantages"], batch["returns"] - batch["reward_baselines"][:, None])
 
+
+
+def test_gdpo_config_needs_component_keys_and_takes_no_penalty_of_the_summed_score():
+    gdpo = "algorithm.adv_estimator=gdpo"
+    with pytest.raises(ConfigError, match=r"adv_estimator=gdpo normalises each reward component on its own: set "
+                                          r"algorithm.gdpo_reward_keys=\[\.\.\.\]"):
+        validate(_cfg(gdpo))
+    keys = "algorithm.gdpo_reward_keys=[acc,format]"
+    cfg = resolve_config(_cfg(gdpo, keys, "reward=format"))
+    validate(cfg)
+    assert adv_inputs.reward_component_keys(cfg) == ("acc", "format")
+    assert "reward_components" in adv_inputs.stage_columns(cfg, ca.get_adv_estimator_spec("gdpo"))
+    validate(_cfg(gdpo, keys, "algorithm.gdpo_reward_weights=[1.0,0.5]"))
+    validate(_cfg(gdpo, keys, "reward_model.reward_manager=gdpo"))  # verl's manager keeping the components
+    for bad, msg in ((["algorithm.gdpo_reward_weights=[1.0]"], r"gdpo_reward_weights=\[1.0\]; expected null or 2 "
+                                                               r"finite numbers"),
+                     (["algorithm.gdpo_reward_keys=[acc,acc]"], "expected a list of distinct non-empty names"),
+                     (["algorithm.use_kl_in_reward=true"], "the KL penalty goes into the summed reward"),
+                     (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=1"],
+                      "return a length component from the scorer")):
+        with pytest.raises(ConfigError, match=msg):
+            validate(_cfg(gdpo, keys, *bad))
+    with pytest.raises(ConfigError, match=r"gdpo_reward_keys=\['acc'\] is set, but algorithm.adv_estimator=grpo "
+                                          r"does not read reward components"):
+        validate(_cfg("algorithm.gdpo_reward_keys=[acc]"))
+    assert adv_inputs.reward_component_keys(resolve_config(_cfg())) == ()

@@ -250,3 +250,41 @@ def test_512_short_responses_are_fast(tok):
             elapsed = time.perf_counter() - t0
         assert out.token_level_scores.sum().item() == expected
         assert elapsed < 1.0, elapsed  # measured 0.03-0.09 s on 2 busy cores
+
+
+def _components(solution_str, ground_truth, extra_info=None, **kwargs):
+    if "boom" in solution_str:
+        raise RuntimeError("boom")
+    acc = float(solution_str.split()[-1] == ground_truth)
+    fmt = float("nan") if "nan" in solution_str else float(solution_str.startswith("the"))
+    return {"score": acc + 0.5 * fmt, "acc": acc, "format": fmt, "note": "text is fine outside the components"}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_named_reward_components_in_key_order(tok, num_workers):
+    data = make_batch(["the answer is 42", "42", "7", "boom", "the nan 42"])
+    with RewardManager(tok, scorer=_components, num_workers=num_workers, component_keys=["format", "acc"]) as rm:
+        out = rm(data)
+    # a failing scorer's row gets 0 (as its score); a non-finite component 0, counted
+    assert out.reward_components.tolist() == [[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0]]
+    assert out.reward_components.dtype == torch.float32
+    assert out.metrics["reward/num_nan_components"] == 1.0 and out.metrics["reward/num_errors"] == 1.0
+    with RewardManager(tok, scorer=_components, num_workers=0) as rm:
+        assert rm(data).reward_components is None  # no keys asked for
+
+
+def test_reward_components_that_a_scorer_does_not_return_fail_naming_them(tok):
+    data = make_batch(["the answer is 42", "42"])
+    with RewardManager(tok, scorer=_components, num_workers=0, component_keys=["acc", "length"]) as rm:
+        with pytest.raises(ValueError, match=r"row 0: the scorer's dict lacks the reward component 'length' \(its "
+                                             r"keys: \['acc', 'format', 'note', 'score'\]\)"):
+            rm(data)
+    with RewardManager(tok, scorer=_components, num_workers=0, component_keys=["note"]) as rm:
+        with pytest.raises(ValueError, match="reward component 'note' = 'text is fine"):
+            rm(data)
+    with RewardManager(tok, scorer=_stub_one, num_workers=0, component_keys=["acc"]) as rm:
+        with pytest.raises(ValueError, match="the scorer returned a number for row 0; it must return a dict"):
+            rm(data)
+    for bad in (["acc", "acc"], ["", "acc"], [3]):
+        with pytest.raises(ValueError, match="expected distinct non-empty strings"):
+            RewardManager(tok, scorer=_components, num_workers=0, component_keys=bad)

@@ -1,7 +1,9 @@
 """The batch columns an advantage estimator reads, and who makes them.
 
 An estimator's registry entry (:class:`trainer.algos.registry.EstimatorSpec`) declares its ``inputs``. Each is
-either made by a stage of the step (:func:`stage_columns`: the rollout, the actor's log-prob pass, the critic)
+either made by a stage of the step (:func:`stage_columns`: the rollout, the actor's log-prob pass, the critic;
+the log-prob pass adds ``sum_pi_squared``, the reward stage ``reward_components``, only for an estimator that
+reads them)
 or by a producer, ``fn(step, batch) -> tensor`` run just before the advantage stage (``step``: the
 :class:`trainer.hooks.base.StepContext`): the built-in ones are registered here with :func:`register_adv_input`
 (ReMax's greedy ``reward_baselines``), an estimator may bring its own in its entry
@@ -17,10 +19,14 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ADV_INPUT_PRODUCERS", "register_adv_input", "stage_columns", "missing_inputs", "produce_inputs",
-           "estimator_kwargs", "greedy_reward_baselines"]
+__all__ = ["ADV_INPUT_PRODUCERS", "LOG_PROB_PASS_OPTIONAL", "register_adv_input", "stage_columns", "missing_inputs",
+           "produce_inputs", "estimator_kwargs", "log_prob_pass_columns", "reward_component_keys",
+           "greedy_reward_baselines"]
 
 ADV_INPUT_PRODUCERS: dict[str, Callable] = {}
+
+#: columns the actor's log-prob pass adds only for an estimator that reads them (the logits are at hand there)
+LOG_PROB_PASS_OPTIONAL = ("sum_pi_squared",)
 
 
 def register_adv_input(column: str) -> Callable[[Callable], Callable]:
@@ -40,6 +46,10 @@ def stage_columns(cfg: dict, spec=None) -> dict[str, str]:
                                       "position_ids", "rollout_log_probs", "token_level_scores")}
     out.update(old_log_probs="the actor's log-prob pass", entropys="the actor's log-prob pass",
                token_level_rewards="the reward stage")
+    if spec is not None:
+        out.update({k: "the actor's log-prob pass" for k in LOG_PROB_PASS_OPTIONAL if k in spec.inputs})
+    if reward_component_keys(cfg):
+        out["reward_components"] = "the reward stage (algorithm.gdpo_reward_keys)"
     critic = cfg["critic"].get("enable")
     if critic or (critic is None and spec is not None and spec.needs_critic):
         out["values"] = "the critic (critic.enable=true)"
@@ -81,6 +91,27 @@ def produce_inputs(step, batch, spec, timing: dict | None = None) -> None:
         batch[column] = fn(step, batch)
         if timing is not None:
             timing[f"adv_inputs/{column}"] = time.perf_counter() - t0
+
+
+def _reads(cfg: dict, column: str) -> bool:
+    """Whether the configured estimator (``algorithm.adv_estimator``) declares ``column`` as an input (False for a
+    name the registry lacks)."""
+    from trainer import core_algos  # registers the built-in estimators
+
+    spec = core_algos.ADV_ESTIMATOR_SPECS.get(str(cfg["algorithm"]["adv_estimator"]))
+    return spec is not None and column in spec.inputs
+
+
+def log_prob_pass_columns(cfg: dict) -> tuple[str, ...]:
+    """The optional columns of the actor's log-prob pass (:data:`LOG_PROB_PASS_OPTIONAL`) that the configured
+    estimator reads."""
+    return tuple(k for k in LOG_PROB_PASS_OPTIONAL if _reads(cfg, k))
+
+
+def reward_component_keys(cfg: dict) -> tuple[str, ...]:
+    """The scorer-dict keys the training reward returns as ``reward_components`` (B, K): ``algorithm.gdpo_reward_keys``
+    when the configured estimator reads that column, else ()."""
+    return tuple(cfg["algorithm"].get("gdpo_reward_keys") or ()) if _reads(cfg, "reward_components") else ()
 
 
 def estimator_kwargs(spec, algorithm_cfg: dict) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from trainer.config_checks import ConfigError
 
-__all__ = ["check_loss_aggregation", "check_estimator_and_loss"]
+__all__ = ["check_loss_aggregation", "check_estimator_and_loss", "check_reward_components"]
 
 
 def check_loss_aggregation(cfg: dict) -> None:
@@ -60,8 +60,48 @@ def check_estimator_and_loss(cfg: dict) -> None:
     if spec.needs_critic and cfg["critic"].get("enable") is False:  # null: on for such an estimator
         raise ConfigError(f"algorithm.adv_estimator={est} needs a critic (its values), but critic.enable=false; "
                           "set critic.enable=true (or leave it null)")
+    check_reward_components(cfg, spec)
     missing = missing_inputs(spec, cfg)
     if missing:
         raise ConfigError(f"algorithm.adv_estimator={est} needs the batch column(s) {missing}, which no stage of "
                           "this run produces (an estimator's inputs are declared in its registry entry; a new one "
                           "comes with its producer)")
+
+
+def check_reward_components(cfg: dict, spec) -> None:
+    """``algorithm.gdpo_reward_keys`` / ``gdpo_reward_weights`` against the estimator ``spec``: an estimator that
+    reads ``reward_components`` (GDPO) needs distinct keys and, if given, one finite weight per key, and takes no
+    penalty that only the summed score would carry (``use_kl_in_reward``, ``reward_model.overlong_buffer``); any
+    other estimator takes neither key.
+
+    Raises:
+        ConfigError: naming the key, the value and what was expected.
+    """
+    import math
+
+    algo, est = cfg["algorithm"], cfg["algorithm"]["adv_estimator"]
+    keys, weights = algo.get("gdpo_reward_keys"), algo.get("gdpo_reward_weights")
+    if "reward_components" not in spec.inputs:
+        for name, value in (("gdpo_reward_keys", keys), ("gdpo_reward_weights", weights)):
+            if value is not None:
+                raise ConfigError(f"algorithm.{name}={value!r} is set, but algorithm.adv_estimator={est} does not "
+                                  "read reward components (gdpo does); remove it or set algorithm.adv_estimator=gdpo")
+        return
+    if not keys:
+        raise ConfigError(f"algorithm.adv_estimator={est} normalises each reward component on its own: set "
+                          "algorithm.gdpo_reward_keys=[...] to keys of the dict your scorer returns (besides 'score'), "
+                          "e.g. [acc,format] with reward=format")
+    if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) and k for k in keys) \
+            or len(set(keys)) != len(keys):
+        raise ConfigError(f"algorithm.gdpo_reward_keys={keys!r}; expected a list of distinct non-empty names")
+    if weights is not None and (not isinstance(weights, (list, tuple)) or len(weights) != len(keys) or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights)):
+        raise ConfigError(f"algorithm.gdpo_reward_weights={weights!r}; expected null or {len(keys)} finite numbers, "
+                          f"one per algorithm.gdpo_reward_keys entry {list(keys)}")
+    if algo.get("use_kl_in_reward"):
+        raise ConfigError(f"algorithm.use_kl_in_reward=true with algorithm.adv_estimator={est}: the KL penalty goes "
+                          "into the summed reward, which gdpo does not read; use actor_rollout_ref.actor.use_kl_loss")
+    if ((cfg.get("reward_model") or {}).get("overlong_buffer") or {}).get("enable"):
+        raise ConfigError(f"reward_model.overlong_buffer.enable=true with algorithm.adv_estimator={est}: the penalty "
+                          "goes into the summed score, which gdpo does not read; return a length component from the "
+                          "scorer and list it in algorithm.gdpo_reward_keys")

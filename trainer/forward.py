@@ -27,15 +27,18 @@ __all__ = ["forward_log_probs", "forward_values", "log_probs_from_logits", "use_
            "host_op_threads"]
 
 
-def _lp_forward_chunk(x: torch.Tensor, labels: torch.Tensor, inv_t: float, want_entropy: bool):
-    """Float32 ``(log_prob, entropy or empty, lse)`` of one ``(n, V)`` chunk (no autograd)."""
+def _lp_forward_chunk(x: torch.Tensor, labels: torch.Tensor, inv_t: float, want_entropy: bool,
+                      want_sum_sq: bool = False):
+    """Float32 ``(log_prob, entropy or empty, lse, sum of p^2 or empty)`` of one ``(n, V)`` chunk (no autograd)."""
     z = x.float() * inv_t
     lse = torch.logsumexp(z, dim=-1)
     lp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
-    if not want_entropy:
-        return lp, lse.new_zeros(0), lse
-    ent = lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1)
-    return lp, ent, lse
+    empty = lse.new_zeros(0)
+    if not (want_entropy or want_sum_sq):
+        return lp, empty, lse, empty
+    p = torch.exp(z - lse.unsqueeze(-1))
+    ent = lse - (p * z).sum(-1) if want_entropy else empty
+    return lp, ent, lse, ((p * p).sum(-1) if want_sum_sq else empty)
 
 
 def _lp_backward_chunk(x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, ent: torch.Tensor,
@@ -77,28 +80,31 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
     Forward saves only the per-token ``logsumexp`` and entropy ``(N,)`` besides the logits the graph already holds;
     backward recomputes ``softmax`` chunk by chunk. No float32 copy of the whole ``(N, V)`` logits is ever alive,
-    and each pass reads the logits once (verl's fused log-prob kernels follow the same idea).
+    and each pass reads the logits once (verl's fused log-prob kernels follow the same idea). The optional
+    ``sum_v p_v^2`` per token comes from the same pass and carries no gradient.
     """
 
     @staticmethod
-    def forward(ctx, logits, labels, temperature: float, want_entropy: bool, chunk_size: int):
+    def forward(ctx, logits, labels, temperature: float, want_entropy: bool, chunk_size: int, want_sum_sq: bool):
         inv_t = 1.0 / temperature
-        lps, ents, lses = [], [], []
+        lps, ents, lses, sqs = [], [], [], []
         for s in range(0, logits.shape[0], chunk_size):
-            lp, ent, lse = _KERNELS["forward"](logits[s:s + chunk_size], labels[s:s + chunk_size], inv_t,
-                                               want_entropy)
+            lp, ent, lse, sq = _KERNELS["forward"](logits[s:s + chunk_size], labels[s:s + chunk_size], inv_t,
+                                                   want_entropy, want_sum_sq)
             lps.append(lp)
             ents.append(ent)
             lses.append(lse)
+            sqs.append(sq)
         lp, lse = torch.cat(lps), torch.cat(lses)
         ent = torch.cat(ents) if want_entropy else lp.new_zeros(0)
+        sq = torch.cat(sqs) if want_sum_sq else lp.new_zeros(0)
         ctx.save_for_backward(logits, labels, lse, ent)
         ctx.inv_t, ctx.want_entropy, ctx.chunk_size = inv_t, want_entropy, chunk_size
-        ctx.mark_non_differentiable(lse)
-        return lp, ent, lse
+        ctx.mark_non_differentiable(lse, sq)
+        return lp, ent, lse, sq
 
     @staticmethod
-    def backward(ctx, g_lp, g_ent, _g_lse):
+    def backward(ctx, g_lp, g_ent, _g_lse, _g_sq):
         logits, labels, lse, ent = ctx.saved_tensors
         n = logits.shape[0]
         g_lp = torch.zeros(n, device=logits.device) if g_lp is None else g_lp.float()
@@ -110,23 +116,27 @@ class _ChunkedLogProbs(torch.autograd.Function):
             grad[s:s + c] = _KERNELS["backward"](logits[s:s + c], labels[s:s + c], lse[s:s + c],
                                                  ent[s:s + c] if want_ent else lse[s:s + c], g_lp[s:s + c],
                                                  g_ent[s:s + c], ctx.inv_t, want_ent)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
-                          calculate_entropy: bool = False, chunk_size: int = 1024):
+                          calculate_entropy: bool = False, chunk_size: int = 1024,
+                          calculate_sum_pi_squared: bool = False):
     """Per-token log-probs (and entropy) of ``labels`` under ``softmax(logits / temperature)``, memory-aware.
 
     ``log_prob = z[label] - logsumexp(z)`` and ``entropy = logsumexp(z) - sum(softmax(z) * z)`` with
     ``z = logits / temperature``, computed in float32 one chunk of ``chunk_size`` tokens at a time, forward and
     backward (a hand-written backward: ``d lp/dz = onehot - p``, ``d H/dz = p (E[z] - z)``), so no float32 copy
     of the ``(N, V)`` logits is kept. ``use_compiled_log_probs`` fuses each chunk's math with ``torch.compile``.
+    With ``calculate_sum_pi_squared`` the same pass gives ``sum_v softmax(z)_v^2`` per token (the optimal token
+    baseline's input; verl's ``calculate_sum_pi_squared_from_logits``), without gradient.
 
     Args:
         logits: ``(N, V)`` any float dtype. labels: ``(N,)`` int64 in ``[0, V)``.
 
     Returns:
-        ``(log_probs (N,) float32, entropy (N,) float32 or None)``; differentiable w.r.t. ``logits``.
+        ``(log_probs (N,) float32, entropy (N,) float32 or None)``; differentiable w.r.t. ``logits``. With
+        ``calculate_sum_pi_squared``: ``(log_probs, entropy or None, sum_pi_squared (N,) float32 in (0, 1])``.
 
     Raises:
         ValueError: on shape mismatch or a non-positive temperature / chunk size.
@@ -137,9 +147,12 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperatur
         raise ValueError(f"temperature ({temperature}) and chunk_size ({chunk_size}) must be > 0")
     if logits.shape[0] == 0:
         empty = logits.new_zeros(0, dtype=torch.float32)
-        return empty, (empty if calculate_entropy else None)
-    lp, ent, _ = _ChunkedLogProbs.apply(logits, labels, float(temperature), bool(calculate_entropy), int(chunk_size))
-    return lp, (ent if calculate_entropy else None)
+        out = empty, (empty if calculate_entropy else None)
+        return (*out, empty) if calculate_sum_pi_squared else out
+    lp, ent, _, sq = _ChunkedLogProbs.apply(logits, labels, float(temperature), bool(calculate_entropy),
+                                            int(chunk_size), bool(calculate_sum_pi_squared))
+    out = lp, (ent if calculate_entropy else None)
+    return (*out, sq) if calculate_sum_pi_squared else out
 
 
 def _check_batch(input_ids, attention_mask, position_ids, response_length):
@@ -167,7 +180,7 @@ def _padded_forward(model, input_ids, attention_mask, position_ids, device):
 def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                       response_length: int, temperature: float = 1.0, calculate_entropy: bool = False,
                       use_remove_padding: bool = True, sp: UlyssesGroup | None = None, chunk_size: int = 1024,
-                      device=None, multi_modal_inputs: dict | None = None):
+                      device=None, multi_modal_inputs: dict | None = None, calculate_sum_pi_squared: bool = False):
     """Per-token log-probs (and entropy) of the response tokens under a causal LM (or a vision-language model).
 
     Args:
@@ -189,9 +202,12 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         multi_modal_inputs: the processor's image inputs of these rows (``pixel_values`` ``(patches, D)``,
             ``image_grid_thw`` ``(images, 3)``, ...), concatenated in row order; passed to the model with the whole
             packed row (see :func:`patches.packed_forward.pack_batch`). Needs ``use_remove_padding``.
+        calculate_sum_pi_squared: also return ``sum_v softmax(logits / temperature)_v^2`` per response token, from
+            the same chunked pass (:func:`log_probs_from_logits`); with SP it is gathered like the log-probs.
 
     Returns:
-        ``(log_probs (B, R) float32, entropy (B, R) float32 or None)`` on the model's device. Entries of padded
+        ``(log_probs (B, R) float32, entropy (B, R) float32 or None)`` on the model's device, and a third
+        ``sum_pi_squared (B, R) float32`` (no gradient) with ``calculate_sum_pi_squared``. Entries of padded
         response tokens are meaningless (mask them with ``response_mask``). Differentiable (use under grad in the
         actor update).
 
@@ -206,17 +222,16 @@ def forward_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
             raise ValueError("multi_modal_inputs need use_remove_padding=True (the packed forward)")
         out, input_ids = _padded_forward(model, input_ids, attention_mask, position_ids, device)
         logits = out.logits[:, -R - 1:-1]
-        lp, ent = log_probs_from_logits(logits.reshape(B * R, -1), input_ids[:, -R:].reshape(-1), temperature,
-                                        calculate_entropy, chunk_size)
-        return lp.view(B, R), (ent.view(B, R) if ent is not None else None)
+        stats = log_probs_from_logits(logits.reshape(B * R, -1), input_ids[:, -R:].reshape(-1), temperature,
+                                      calculate_entropy, chunk_size, calculate_sum_pi_squared)
+        return tuple(t.view(B, R) if t is not None else None for t in stats)
     batch = pack_batch(model, input_ids, attention_mask, position_ids, sp, device, multi_modal_inputs)
     out = sp_forward(model, batch)
-    lp, ent = log_probs_from_logits(out.logits[0], batch.labels, temperature, calculate_entropy, chunk_size)
+    stats = log_probs_from_logits(out.logits[0], batch.labels, temperature, calculate_entropy, chunk_size,
+                                  calculate_sum_pi_squared)
     del out
-    lp = batch.gather(lp)[:, -R - 1:-1]
-    if ent is not None:
-        ent = batch.gather(ent)[:, -R - 1:-1]
-    return lp, ent
+    # per-token values of the local SP slice, gathered into (B, L) rows; the response columns
+    return tuple(batch.gather(t)[:, -R - 1:-1] if t is not None else None for t in stats)
 
 
 def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

@@ -272,10 +272,12 @@ def build_reward_managers(cfg: dict, tok, datasets) -> tuple:
         from rewards.registry import load_custom_scorer
 
         scorer = load_custom_scorer(custom["path"], custom.get("name") or "compute_score")
-    make = lambda: RewardManager(tok, reward_fn_key=d["reward_fn_key"], scorer=scorer,  # noqa: E731
-                                 scorer_kwargs=reward_options(cfg),
-                                 timeout_s=float(rm.get("timeout_s", 10.0)), **overlong_kwargs(cfg))
-    return check_reward_scorers(make, d["reward_fn_key"], datasets), make()
+    make = lambda keys=(): RewardManager(tok, reward_fn_key=d["reward_fn_key"], scorer=scorer,  # noqa: E731
+                                         scorer_kwargs=reward_options(cfg), timeout_s=float(rm.get("timeout_s", 10.0)),
+                                         component_keys=keys, **overlong_kwargs(cfg))
+    from trainer.adv_inputs import reward_component_keys  # the training rewards' components (GDPO)
+
+    return check_reward_scorers(lambda: make(reward_component_keys(cfg)), d["reward_fn_key"], datasets), make()
 
 
 def run(hydra_cfg: DictConfig) -> dict:

@@ -146,7 +146,8 @@ class RayPPOTrainer:
     def _generate_and_score(self, step: StepContext, prompts: DataProto, k: int):
         """Generate ``rollout.n`` responses per prompt of the step's ``k``-th prompt batch (1-based; more than one
         only with dynamic sampling) and score them. Returns ``(rows, reward_output)``; ``rows`` carries ``uid``
-        (one per prompt group, unique within the step) and ``token_level_scores`` (B*n, R) f32."""
+        (one per prompt group, unique within the step), ``token_level_scores`` (B*n, R) f32 and, when the reward
+        returns named components (GDPO's ``algorithm.gdpo_reward_keys``), ``reward_components`` (B*n, K) f32."""
         base = self.global_step + int(self.cfg["trainer"]["seed"]) * 100003
         prompts.meta.update(seed=base + (k - 1) * 7919)
         tag = f"{self.global_step}-" if k == 1 else f"{self.global_step}.{k}-"
@@ -156,6 +157,8 @@ class RayPPOTrainer:
         with step.timer("reward"):
             rew = self.reward_fn(rows)
             rows["token_level_scores"] = rew.token_level_scores
+            if rew.reward_components is not None:
+                rows["reward_components"] = rew.reward_components
         return rows, rew
 
     def _balance(self, batch: DataProto) -> DataProto:

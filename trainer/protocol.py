@@ -20,6 +20,8 @@ name                  shape        meaning
 ``old_log_probs``     (B, R) f32   log-probs of the actor before the update (recomputed)
 ``ref_log_prob``      (B, R) f32   log-probs of the reference model
 ``values``            (B, R) f32   critic values
+``sum_pi_squared``    (B, R) f32   ``sum_v pi_v^2`` of the actor per token (only for an estimator reading it)
+``reward_components`` (B, K) f32   named reward components (``algorithm.gdpo_reward_keys``; GDPO only)
 ``token_level_scores`` (B, R) f32  rule/model reward placed on the last valid response token
 ``token_level_rewards`` (B, R) f32 scores minus the in-reward KL penalty (if any)
 ``advantages``        (B, R) f32

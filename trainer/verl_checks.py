@@ -9,7 +9,7 @@ from trainer.config_checks import ConfigError, ErrorCollector, as_int
 __all__ = ["REWARD_MANAGERS", "check_verl_semantics"]
 
 
-REWARD_MANAGERS = ("naive", "batch", "dapo", "prime")  # verl's names of the managers that score rows by rule
+REWARD_MANAGERS = ("naive", "batch", "dapo", "prime", "gdpo")  # verl's names of the managers that score rows by rule
 
 
 def check_verl_semantics(cfg: dict) -> None:

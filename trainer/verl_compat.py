@@ -235,10 +235,21 @@ def _prm_max_token_len(ctx: _Context, key: str, value, target: str) -> None:
     ctx.read_as(key, value, "reward_model.max_token_len_per_gpu", quiet=True)
 
 
+def _sum_pi_squared(ctx: _Context, key: str, value, target: str) -> None:
+    from trainer.adv_inputs import log_prob_pass_columns
+
+    est = _get(ctx.cfg, "algorithm.adv_estimator")
+    if "sum_pi_squared" in log_prob_pass_columns(ctx.cfg):
+        return ctx.note(key, value, f"computed: algorithm.adv_estimator={est} reads it")
+    ctx.warn(key, value, f"ignored: sum_pi_squared is computed only for an estimator that reads it "
+                         f"(optimal_token_baseline), not for algorithm.adv_estimator={est}")
+
+
 RULES = {"deepspeed.offload_param": _offload, "deepspeed.offload_optimizer": _offload, "same_offload": _same_offload,
          "strategy": _strategy, "grad_clip": _grad_clip, "warmup_style": _warmup_style, "data.max_rows": _max_samples,
          "data.val_max_rows": _max_samples, "max_resp_len": _max_resp_len,
-         "reward_model_enable": _reward_model_enable, "prm_max_token_len": _prm_max_token_len}
+         "reward_model_enable": _reward_model_enable, "prm_max_token_len": _prm_max_token_len,
+         "sum_pi_squared": _sum_pi_squared}
 
 
 def _vllm_arg(ctx: _Context, key: str, value, entry: VerlKey) -> None:

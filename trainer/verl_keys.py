@@ -88,8 +88,12 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("{actor_rollout_ref.actor,actor_rollout_ref.ref}.{entropy_from_logits_with_chunking,entropy_checkpointing}",
             "ignore", ENTROPY),
     VerlKey(f"{A}.calculate_entropy", "ignore", "the entropy is always computed (logged as actor/entropy)", ok=(True,)),
-    VerlKey(f"{A}.{{calculate_sum_pi_squared,sum_pi_squared_checkpointing}}", "refuse",
-            "the sum-of-squared-probabilities statistics (optimal token baseline) are not computed here", ok=(False,)),
+    VerlKey(f"{A}.calculate_sum_pi_squared", "rule",
+            "sum_pi_squared is computed by the actor's log-prob pass exactly when algorithm.adv_estimator reads it "
+            "(optimal_token_baseline)", "sum_pi_squared", ok=(False,)),
+    VerlKey(f"{A}.sum_pi_squared_checkpointing", "ignore",
+            "sum_pi_squared comes from the log-prob pass without gradient, which keeps no graph to checkpoint",
+            ok=(False,)),
     VerlKey(f"{{{A},{C}}}.checkpoint.**", "ignore",
             "a checkpoint always holds model, optimizer and extra state (verl's default) plus the HF config and "
             "tokenizer; full HF weights: trainer.export_hf_on_end or tools/export_hf.py merge"),

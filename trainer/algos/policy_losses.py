@@ -1,6 +1,6 @@
 """More policy losses (``actor.policy_loss.loss_mode``, verl's names): CISPO, GMPO (``geo_mean``), Clip-Cov,
-KL-Cov and SAPO. Same call signature and return as :func:`trainer.algos.losses.compute_policy_loss_vanilla`;
-``loss_mat`` inputs are ``(batch, response_len)`` float, masks ``(batch, response_len)``; every loss is
+KL-Cov, SAPO and DPPO (``dppo_tv``, ``dppo_kl``). Same call signature and return as
+:func:`trainer.algos.losses.compute_policy_loss_vanilla`; ``loss_mat`` inputs are ``(batch, response_len)`` float, masks ``(batch, response_len)``; every loss is
 aggregated with the configured ``loss_agg_mode`` through :func:`trainer.algos.losses.agg_loss` (so it follows
 the global-count contract of the update loop), and every metric is a mean over the call's valid tokens.
 """
@@ -13,7 +13,8 @@ from .masked import as_bool_mask, masked_mean
 from .registry import register_policy_loss
 
 __all__ = ["compute_policy_loss_cispo", "compute_policy_loss_geo_mean", "compute_policy_loss_clip_cov",
-           "compute_policy_loss_kl_cov", "compute_policy_loss_sapo"]
+           "compute_policy_loss_kl_cov", "compute_policy_loss_sapo", "compute_policy_loss_dppo_tv",
+           "compute_policy_loss_dppo_kl"]
 
 
 def _prep(old_log_probs, log_probs, advantages, response_mask, rollout_is_weights):
@@ -195,3 +196,76 @@ def compute_policy_loss_sapo(old_log_probs, log_probs, advantages, response_mask
     tau = torch.where(adv > 0, log_probs.new_tensor(pos), log_probs.new_tensor(neg))
     gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
     return _finish(-gate * adv, m, loss_agg_mode, rollout_is_weights, agg_kwargs, log_ratio)
+
+
+def _dppo(old_log_probs, log_probs, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, agg_kwargs,
+          outside):
+    """DPPO's masked policy gradient; ``outside(logp, old, up, low, high) -> bool (B, R)`` (detached log-probs;
+    ``up``: ``A > 0``): the token left its trust region in the direction its advantage pushes."""
+    m, log_ratio, adv = _prep(old_log_probs, log_probs, advantages, response_mask, rollout_is_weights)
+    low, high = _clip_range(config)
+    c = float(_cfg(config, "clip_ratio_c", 3.0))
+    if not c > 0:
+        raise ValueError(f"clip_ratio_c (DPPO's importance-weight truncation) must be > 0, got {c}")
+    ratio = torch.exp(log_ratio)
+    with torch.no_grad():
+        keep = m & ~outside(log_probs.detach(), old_log_probs.detach(), adv > 0, low, high)
+    zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+    lp = torch.where(m, log_probs, zero)
+    loss = torch.where(keep, -adv * torch.clamp(ratio, max=c).detach() * lp, zero)
+    with torch.no_grad():
+        masked = masked_mean((m & ~keep).float(), m)
+        truncated = masked_mean((keep & (ratio > c)).float(), m)
+    return _finish(loss, m, loss_agg_mode, rollout_is_weights, agg_kwargs, log_ratio, masked, truncated)
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(old_log_probs, log_probs, advantages, response_mask,
+                                loss_agg_mode: str = "token-mean", config=None, rollout_is_weights=None,
+                                **agg_kwargs):
+    """DPPO-Binary-TV (Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement Learning",
+    arXiv:2602.04879; verl's ``dppo_tv``): PPO's ratio clip replaced by a trust region on the total variation of
+    the binary distribution (sampled token vs the rest), ``|p - p_old|`` with ``p = exp(logp)``.
+
+    A token is masked (no gradient) when it left the region in the direction its advantage pushes:
+    ``A > 0`` and ``p - p_old > clip_ratio_high``, or ``A <= 0`` and ``p - p_old < -clip_ratio_low``. Else
+    ``L = -A * sg(min(ratio, clip_ratio_c)) * logp`` (the gradient of ``-A * ratio``, with the importance weight
+    truncated at ``clip_ratio_c``, as verl does instead of the dual clip).
+
+    Config: ``clip_ratio(_low/_high)`` are the TV thresholds here (verl's example: 0.15), ``clip_ratio_c`` the
+    truncation (3.0 by default; the paper suggests a large one, e.g. 20). Returns ``(pg_loss, metrics)``:
+    ``pg_clipfrac`` = share of valid tokens masked, ``pg_clipfrac_lower`` = share kept whose ratio was
+    truncated, ``ppo_kl`` = mean ``old - logp``.
+
+    Raises:
+        ValueError: ``clip_ratio_c <= 0``; mis-shaped ``rollout_is_weights``.
+    """
+    def outside(logp, old, up, low, high):
+        delta = torch.exp(logp) - torch.exp(old)
+        return torch.where(up, delta > high, delta < -low)
+
+    return _dppo(old_log_probs, log_probs, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+                 agg_kwargs, outside)
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(old_log_probs, log_probs, advantages, response_mask,
+                                loss_agg_mode: str = "token-mean", config=None, rollout_is_weights=None,
+                                **agg_kwargs):
+    """DPPO-Binary-KL (Qi et al. 2026, arXiv:2602.04879; verl's ``dppo_kl``): as ``dppo_tv`` with the KL of the
+    binary distributions, ``D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))``.
+
+    A token is masked when ``A > 0``, ``p > p_old`` and ``D > clip_ratio_high``, or ``A <= 0``, ``p < p_old`` and
+    ``D > clip_ratio_low``; else ``L = -A * sg(min(ratio, clip_ratio_c)) * logp``. Config as ``dppo_tv`` with the
+    KL thresholds in ``clip_ratio(_low/_high)`` (verl's example: 0.05). Metrics as ``dppo_tv``.
+
+    Raises:
+        ValueError: ``clip_ratio_c <= 0``; mis-shaped ``rollout_is_weights``.
+    """
+    def outside(logp, old, up, low, high):
+        p, p_old = torch.exp(logp), torch.exp(old)
+        d = p_old * (old - logp) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+        return torch.where(up, (d > high) & (p > p_old), (d > low) & (p < p_old))
+
+    return _dppo(old_log_probs, log_probs, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+                 agg_kwargs, outside)

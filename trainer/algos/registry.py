@@ -81,6 +81,7 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GRPO_PASSK = "grpo_passk"
     OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    GDPO = "gdpo"
 
 
 def _key(name) -> str:

@@ -194,16 +194,22 @@ class ActorRolloutRefWorker(DistributedWorker):
     # ---- log-probs ------------------------------------------------------------------------------------------
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (B, R) f32 and ``entropys`` (B, R) f32 of the current actor."""
+        """``old_log_probs`` (B, R) f32 and ``entropys`` (B, R) f32 of the current actor, and ``sum_pi_squared``
+        (B, R) f32 (``sum_v pi_v^2`` per token, from the same chunked pass over the logits) when the configured
+        advantage estimator reads it (:func:`trainer.adv_inputs.log_prob_pass_columns`)."""
+        from trainer.adv_inputs import log_prob_pass_columns
+
         mbs = int(self.rollout_cfg["log_prob_micro_batch_size_per_gpu"])
         temp = float(self.rollout_cfg["temperature"]) or 1.0
         reset_peak_memory(self.device)
         rc = self.rollout_cfg
-        lp, ent = forward_batch_log_probs(self.actor, data, mbs, temp, calculate_entropy=True,
-                                          use_dynamic_bsz=bool(rc.get("log_prob_use_dynamic_bsz", False)),
-                                          max_token_len=int(rc.get("log_prob_max_token_len_per_gpu", 16384)))
-        return DataProto.from_dict({"old_log_probs": lp, "entropys": ent},
-                                   meta=stage_peak_memory(self.device, "old_log_prob"))
+        spp = "sum_pi_squared" in log_prob_pass_columns(self.config)
+        lp, ent, *rest = forward_batch_log_probs(self.actor, data, mbs, temp, calculate_entropy=True,
+                                                 use_dynamic_bsz=bool(rc.get("log_prob_use_dynamic_bsz", False)),
+                                                 max_token_len=int(rc.get("log_prob_max_token_len_per_gpu", 16384)),
+                                                 calculate_sum_pi_squared=spp)
+        cols = {"old_log_probs": lp, "entropys": ent, **({"sum_pi_squared": rest[0]} if spp else {})}
+        return DataProto.from_dict(cols, meta=stage_peak_memory(self.device, "old_log_prob"))
 
     @torch.no_grad()
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

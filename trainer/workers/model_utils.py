@@ -221,8 +221,10 @@ def make_sp_groups(world_size: int, sp: int, rank: int, hf_config) -> tuple[Any,
     return mesh.sp, mesh.dp_group, mesh.dp_size, mesh.dp_rank
 
 
-def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_entropy: bool):
-    """Per-token response log-probs (and entropy) of one micro-batch: (b, R) f32 each (entropy may be None)."""
+def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_entropy: bool,
+                  calculate_sum_pi_squared: bool = False):
+    """Per-token response log-probs (and entropy) of one micro-batch: (b, R) f32 each (entropy may be None); a third
+    ``sum_pi_squared`` (b, R) f32 with ``calculate_sum_pi_squared`` (see :func:`trainer.forward.forward_log_probs`)."""
     from trainer.forward import forward_log_probs
 
     from trainer.multimodal import concat_multi_modal_inputs
@@ -232,27 +234,27 @@ def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_
     return forward_log_probs(role.engine, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
                              response_length=mb["responses"].shape[1], temperature=temperature,
                              calculate_entropy=calculate_entropy, use_remove_padding=role.use_remove_padding,
-                             sp=role.sp, device=role.device, multi_modal_inputs=mm or None)
+                             sp=role.sp, device=role.device, multi_modal_inputs=mm or None,
+                             calculate_sum_pi_squared=calculate_sum_pi_squared)
 
 
 def forward_batch_log_probs(role: ModelRole, data: DataProto, micro_batch_size: int, temperature: float,
-                            calculate_entropy: bool, use_dynamic_bsz: bool = False, max_token_len: int = 16384):
+                            calculate_entropy: bool, use_dynamic_bsz: bool = False, max_token_len: int = 16384,
+                            calculate_sum_pi_squared: bool = False):
     """Log-probs (and entropy) of every row of ``data`` in micro-batches, in the original row order.
 
     Returns:
-        (log_probs (B, R) f32 on CPU, entropy (B, R) f32 on CPU or None).
+        (log_probs (B, R) f32 on CPU, entropy (B, R) f32 on CPU or None), and a third ``sum_pi_squared`` (B, R) f32
+        on CPU with ``calculate_sum_pi_squared``.
     """
     order = torch.arange(len(data))
     data = data.select(["input_ids", "attention_mask", "position_ids", "responses"],
                        [k for k in ("multi_modal_inputs",) if k in data.non_tensor])
     data["_row"] = order
-    lps, ents, rows = [], [], []
+    parts, rows = [], []
     for mb in micro_batches(data, micro_batch_size, use_dynamic_bsz, max_token_len * role.sp_size, role.dp_group):
-        lp, ent = forward_micro(role, mb, temperature, calculate_entropy)
-        lps.append(lp.float().cpu())
-        ents.append(ent.float().cpu() if ent is not None else None)
+        stats = forward_micro(role, mb, temperature, calculate_entropy, calculate_sum_pi_squared)
+        parts.append([t.float().cpu() if t is not None else None for t in stats])
         rows.append(mb["_row"])
     inv = torch.argsort(torch.cat(rows))
-    lp = torch.cat(lps)[inv]
-    ent = torch.cat(ents)[inv] if calculate_entropy else None
-    return lp, ent
+    return tuple(torch.cat(col)[inv] if col[0] is not None else None for col in zip(*parts))

@@ -246,11 +246,12 @@ def _clean(x):
 
 
 def _cell(v) -> str:
-    """One markdown table cell: floats to 4 significant digits, dicts as ``k: v; ...``, lists joined by ``->``."""
+    """One markdown table cell: floats to 4 significant digits (whole numbers from 1,000 up), dicts as
+    ``k: v; ...``, lists joined by ``->``."""
     if v is None:
         return "-"
     if isinstance(v, float):
-        return str(v) if not math.isfinite(v) else (f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}")
+        return str(v) if not math.isfinite(v) else (f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}")
     if isinstance(v, dict):
         return "; ".join(f"{k}: {_cell(x)}" for k, x in v.items()) or "-"
     if isinstance(v, (list, tuple)):
@@ -279,6 +280,9 @@ def markdown(doc: dict) -> str:
              f"{', '.join(m['installed']) or 'neither vLLM nor TRL'}; commit {m.get('commit') or '-'}; "
              f"mode {m['mode']}; model {m.get('model_path') or m.get('model') or '-'}.", "",
              f"Command: `{m['command']}`", ""]
+    if m["mode"] == "tiny":
+        lines += ["Tiny mode: the scripts' CPU smoke tests; the figures only show that each script runs end to end.",
+                  ""]
     lines += markdown_table([dict(benchmark=e["name"], status=e["status"], seconds=e.get("seconds"),
                                   note=e.get("reason") or e["what"]) for e in doc["benches"]])
     for e in doc["benches"]:

@@ -13,7 +13,7 @@ Results go to ``--out DIR``:
 
 Usage:
     python tools/bench/run_all.py --out bench_out                               # the whole suite, full sizes
-    python tools/bench/run_all.py --out bench_out --quick                       # smaller sizes, about 20 min
+    python tools/bench/run_all.py --out bench_out --quick                       # smaller sizes, fewer iterations
     python tools/bench/run_all.py --out bench_out --model HuggingFaceTB/SmolLM2-135M-Instruct --only rollout,vs_trl
     python tools/bench/run_all.py --out bench_out --only rl_runs --model /path/to/smollm2 --runs "svamp_e:0"
     python tools/bench/run_all.py --out /tmp/bench --tiny --only mfu,step_profile     # CPU smoke test
@@ -316,7 +316,7 @@ def _parser() -> argparse.ArgumentParser:
                     "without it the rollout benchmarks use random weights and the others are skipped")
     ap.add_argument("--data", default="data/gsm8k/train.parquet", help="verl-layout prompts for vs_trl")
     size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller sizes and fewer iterations (about 20 min)")
+    size.add_argument("--quick", action="store_true", help="smaller sizes and fewer iterations")
     size.add_argument("--tiny", action="store_true", help="the scripts' CPU smoke tests (--tiny) only")
     ap.add_argument("--timeout", type=float, help="seconds per benchmark for every one (default: each its own)")
     ap.add_argument("--runs", default="", help="RL runs of tools/bench/rl_runs.sh for the rl_runs entry, as "

@@ -1,9 +1,8 @@
 """The benchmark suite that ``tools/bench/run_all.py`` runs: for each benchmark, the script and its arguments in
 each mode, what the machine must have for it to run, and which figures of its JSON go into the summary table.
 
-Modes: ``full`` (the settings of docs/benchmarks.md), ``quick`` (smaller sizes and fewer iterations: the whole suite
-in about 20 minutes on one H200) and ``tiny`` (the scripts' own ``--tiny`` CPU smoke tests; the benchmarks without
-one are skipped). A benchmark without an entry for a mode in :attr:`Bench.timeout_s` has no such mode.
+Modes: ``full`` (the settings of docs/benchmarks.md), ``quick`` (smaller sizes and fewer iterations) and ``tiny``
+(the scripts' own ``--tiny`` CPU smoke tests; the benchmarks without one are skipped). A benchmark without an entry for a mode in :attr:`Bench.timeout_s` has no such mode.
 
 Requirements (:attr:`Bench.needs`, checked by :func:`skip_reason` before anything starts): ``cuda`` (one GPU),
 ``2gpus``, ``vllm`` / ``trl`` (importable), ``model`` (``--model`` given and resolved to a local folder), ``data``

@@ -47,6 +47,18 @@ def test_ok_bench_summary_and_whole_json(tmp_path):
     assert e["log"] == os.path.join("logs", "good.log") and e["seconds"] < 30
 
 
+def test_nan_in_a_script_json_stays_strict_json(tmp_path):
+    code = "import json, sys; json.dump({'rows': [{'x': float('nan'), 'y': float('inf')}]}, open(sys.argv[1], 'w'))"
+    e = run_all.run_bench(_bench("nan", code), _ctx(tmp_path), _logs(tmp_path), [])
+    assert e["status"] == "ok" and e["summary"] == [{"x": "NaN", "y": "Infinity"}]
+    run_all.write_results(dict(meta=dict(date="d", host="h", python="3", installed=[], mode="full", command="c"),
+                               benches=[e]), str(tmp_path))
+
+    def refuse(token):
+        raise AssertionError(f"non-standard JSON token {token}")
+    json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+
+
 def test_failure_reports_exit_code_and_error_line(tmp_path):
     code = "import sys; print('working'); sys.stderr.write('ValueError: bad size 7\\n'); sys.exit(3)"
     e = run_all.run_bench(_bench("bad", code), _ctx(tmp_path), _logs(tmp_path), [])
@@ -156,7 +168,7 @@ def test_summary_error_keeps_the_json(tmp_path):
 
 
 def test_collect_hook_writes_the_output(tmp_path):
-    def collect(ctx, out):
+    def collect(ctx, out, started):
         with open(out, "w") as f:
             json.dump({"rows": [{"collected": True}]}, f)
     b = Bench("col", "fake", (), _py("pass"), {"full": 60}, lambda d: d["rows"], collect=collect)
@@ -212,15 +224,20 @@ def test_collect_runs(tmp_path):
     rows = [{"step": 1, "timing_s/step": 9.0, "critic/score/mean": 0.1, "val/openai/gsm8k/acc": 0.2},
             {"step": 2, "timing_s/step": 2.0, "critic/score/mean": 0.3},
             {"step": 3, "timing_s/step": 4.0, "critic/score/mean": 0.5, "val/openai/gsm8k/acc": 0.4}]
+    rows.append({"step": 4, "timing_s/step": float("nan"), "critic/score/mean": float("nan")})  # not counted
     (runs / "gsm8k_grpo" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut')
     (runs / "gsm8k_grpo" / "console.log").write_text("...\nexit 124\n")
     (runs / "save_resume" / "first.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (runs / "old_batch").mkdir()
+    (runs / "old_batch" / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    os.utime(runs / "old_batch" / "metrics.jsonl", (time.time() - 3600,) * 2)
     out = tmp_path / "rl_runs.json"
-    suite.collect_runs(str(runs), str(out))
+    suite.collect_runs(str(runs), str(out), since=time.time() - 60)
     got = {r["run"]: r for r in json.loads(out.read_text())["runs"]}
     assert got["gsm8k_grpo"] == dict(run="gsm8k_grpo", exit=124, steps=3, first_score=0.1, last_score=0.5,
                                      val={"val/openai/gsm8k/acc": [0.2, 0.4]}, mean_step_s=3.0)
     assert got["save_resume/first"]["steps"] == 1 and got["save_resume/first"]["exit"] is None
+    assert "old_batch" not in got  # an earlier batch in the same folder
     with pytest.raises(FileNotFoundError):
         suite.collect_runs(str(tmp_path / "none"), str(out))
 

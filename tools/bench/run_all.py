@@ -155,9 +155,10 @@ def _env_for(bench: Bench, ctx: Context, gpu_ids: list[str]) -> dict:
 
 
 def _read_json(path: str):
+    """A script's JSON, NaN and Infinity read as strings (so results.json stays strict JSON); None if unreadable."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return json.load(f, parse_constant=str)
     except (OSError, ValueError):
         return None
 
@@ -177,7 +178,7 @@ def run_bench(bench: Bench, ctx: Context, logs_dir: str, gpu_ids: list[str], tim
     env = _env_for(bench, ctx, gpu_ids)
     entry.update(commands=[shlex.join(c) for c in commands], log=os.path.relpath(log, os.path.dirname(logs_dir)),
                  timeout_s=limit)
-    start = time.monotonic()
+    start, started = time.monotonic(), time.time()
     rc, timed_out = 0, False
     for argv in commands:
         rc, timed_out = run_command(argv, log, limit - (time.monotonic() - start), env, grace_s)
@@ -185,7 +186,7 @@ def run_bench(bench: Bench, ctx: Context, logs_dir: str, gpu_ids: list[str], tim
             break
     if bench.collect is not None and not os.path.exists(out):
         try:
-            bench.collect(ctx, out)
+            bench.collect(ctx, out, started)
         except Exception as exc:  # a collection error is reported like a script error
             entry["collect_error"] = f"{type(exc).__name__}: {exc}"
     entry.update(seconds=round(time.monotonic() - start, 1), returncode=rc)
@@ -234,17 +235,6 @@ def make_meta(args, machine: dict, ctx: Context, model_error: str | None) -> dic
 
 
 # ------------------------------------------------------------------------------------------------ output
-def _clean(x):
-    """``x`` with non-finite floats as strings (strict JSON)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
 def _cell(v) -> str:
     """One markdown table cell: floats to 4 significant digits (whole numbers from 1,000 up), dicts as
     ``k: v; ...``, lists joined by ``->``."""
@@ -298,7 +288,7 @@ def markdown(doc: dict) -> str:
 
 def write_results(doc: dict, out_dir: str) -> None:
     """Write ``results.json`` and ``results.md`` into ``out_dir`` (each replaced whole, never half-written)."""
-    for name, text in (("results.json", json.dumps(_clean(doc), indent=1, allow_nan=False, default=str)),
+    for name, text in (("results.json", json.dumps(doc, indent=1, allow_nan=False, default=str)),
                        ("results.md", markdown(doc))):
         tmp = os.path.join(out_dir, name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:

@@ -76,8 +76,9 @@ class Bench:
         gpus: CUDA devices the benchmark is given (``CUDA_VISIBLE_DEVICES`` is narrowed to the first ``gpus``;
             0: all of them).
         env: ``ctx -> {name: value}``, extra environment variables for its commands (None: none).
-        collect: ``(ctx, out_json) -> None``, run after the commands: writes ``out_json`` itself (for commands
-            that leave their results elsewhere, e.g. the RL runs' metrics files). None: the last command writes it.
+        collect: ``(ctx, out_json, started) -> None``, run after the commands (``started``: their start, epoch
+            seconds): writes ``out_json`` itself, for commands that leave their results elsewhere (the RL runs'
+            metrics files). None: the last command writes it.
         timeout_fn: ``ctx -> seconds``, used instead of ``timeout_s[mode]`` when the limit depends on the context.
     """
 
@@ -90,7 +91,7 @@ class Bench:
     tiny_needs: tuple[str, ...] = ()
     gpus: int = 1
     env: Callable[[Context], "dict[str, str]"] | None = None
-    collect: Callable[[Context, str], None] | None = None
+    collect: Callable[[Context, str, float], None] | None = None
     timeout_fn: Callable[[Context], int] | None = None
 
     def timeout(self, ctx: Context) -> int:
@@ -322,7 +323,7 @@ RL_RUNS = Bench("rl_runs", "the GRPO/GAE/PRIME runs of docs/results.md (tools/be
                 ("cuda", "model", "runs"), _rl_runs,
                 {"full": 0, "quick": 0},  # the modes offered; the limit is timeout_fn's
                 _runs_rows, gpus=0, env=_rl_runs_env,
-                collect=lambda ctx, out: collect_runs(ctx.out("rl_runs", ""), out),
+                collect=lambda ctx, out, started: collect_runs(ctx.out("rl_runs", ""), out, since=started),
                 # rl_runs.sh stops each run at T_LONG; the runs of a batch go concurrently, the paired ones
                 # (save/resume, Megatron) one after the other within about 15 minutes
                 timeout_fn=lambda ctx: ctx.run_timeout_s + 900)
@@ -351,7 +352,7 @@ def _read_jsonl(path: str) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
-                row = json.loads(line)
+                row = json.loads(line, parse_constant=str)  # NaN as "NaN": strict JSON out
             except ValueError:  # a line cut off by a stopped run
                 continue
             if isinstance(row, dict):
@@ -372,12 +373,15 @@ def _exit_code(folder: str) -> int | None:
 def run_summary(name: str, rows: list[dict], exit_code: int | None) -> dict:
     """One run's row: steps logged, ``critic/score/mean`` at the first and last step, each validation accuracy
     (``val/<source>/[greedy/]acc``) at its first and last validation, mean ``timing_s/step`` without step 1."""
-    steps = [r for r in rows if "timing_s/step" in r]
-    scores = [r["critic/score/mean"] for r in steps if "critic/score/mean" in r]
+    def num(v):
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    steps = [r for r in rows if num(r.get("timing_s/step")) is not None]
+    scores = [r["critic/score/mean"] for r in steps if num(r.get("critic/score/mean")) is not None]
     val: dict[str, list] = {}
     for r in rows:
         for k, v in r.items():
-            if k.startswith("val/") and k.endswith("/acc"):
+            if k.startswith("val/") and k.endswith("/acc") and num(v) is not None:
                 val.setdefault(k, []).append(v)
     times = [r["timing_s/step"] for r in steps[1:]] or [r["timing_s/step"] for r in steps]
     return dict(run=name, exit=exit_code, steps=len(steps), first_score=scores[0] if scores else None,
@@ -385,14 +389,17 @@ def run_summary(name: str, rows: list[dict], exit_code: int | None) -> dict:
                 mean_step_s=sum(times) / len(times) if times else None)
 
 
-def collect_runs(runs_dir: str, out_json: str) -> None:
+def collect_runs(runs_dir: str, out_json: str, since: float | None = None) -> None:
     """Write ``out_json``: ``{"runs_dir", "runs": [run_summary, ...]}`` over every metrics file that
     ``tools/bench/rl_runs.sh`` left in ``runs_dir`` (``<run>/metrics.jsonl``; paired runs: ``<run>/<part>.jsonl``,
-    named ``<run>/<part>``). Raises FileNotFoundError when ``runs_dir`` does not exist."""
+    named ``<run>/<part>``), leaving out files last written before ``since`` (epoch seconds: earlier batches in
+    the same folder). Raises FileNotFoundError when ``runs_dir`` does not exist."""
     runs = []
     for folder in sorted(glob.glob(os.path.join(runs_dir, "*", ""))):
         name = os.path.basename(os.path.dirname(folder))
         for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+            if since is not None and os.path.getmtime(path) < since:
+                continue
             stem = os.path.splitext(os.path.basename(path))[0]
             label = name if stem == "metrics" else f"{name}/{stem}"
             runs.append(run_summary(label, _read_jsonl(path), _exit_code(folder)))

@@ -242,6 +242,34 @@ def test_collect_runs(tmp_path):
         suite.collect_runs(str(tmp_path / "none"), str(out))
 
 
+FAKE_TRAINER = """#!/usr/bin/env bash
+# stands in for python: trainer/main.py ... trainer.output_dir=DIR writes one step into DIR/metrics.jsonl
+for a in "$@"; do case $a in trainer.output_dir=*) d=${a#trainer.output_dir=} ;; esac; done
+mkdir -p "$d" && echo '{"step": 1, "timing_s/step": 2.0, "critic/score/mean": 0.25}' > "$d/metrics.jsonl"
+echo "args: $*"
+"""
+
+
+def test_rl_runs_script_through_run_all(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_TRAINER)
+    fake.chmod(0o755)
+    model = tmp_path / "smol"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setattr(run_all, "probe_machine", lambda python: dict(gpus=1, gpu_names=["Fake"],
+                                                                      gpu_memory_gib=[80.0]))
+    out = tmp_path / "res"
+    assert run_all.main(["--out", str(out), "--only", "rl_runs", "--runs", "gsm8k_grpo:0 svamp_e:0",
+                         "--model", str(model), "--python", str(fake), "--run-timeout", "60"]) == 0
+    [e] = json.loads((out / "results.json").read_text())["benches"]
+    assert e["status"] == "ok", e
+    assert [(r["run"], r["exit"], r["steps"], r["last_score"]) for r in e["summary"]] == [
+        ("gsm8k_grpo", 0, 1, 0.25), ("svamp_e", 0, 1, 0.25)]
+    log = (out / "raw" / "rl_runs" / "svamp_e" / "console.log").read_text()
+    assert f"actor_rollout_ref.model.path={model}" in log and "data=svamp" in log and "max_response_length=512" in log
+
+
 # ------------------------------------------------------------------------------------------------ the real suite
 class _Parsed(Exception):
     pass

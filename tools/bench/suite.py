@@ -285,9 +285,10 @@ def _rl_runs(ctx, out):
 
 
 def _rl_runs_env(ctx: Context) -> dict[str, str]:
-    """Environment of ``tools/bench/rl_runs.sh``: the runs, the model folder, where the runs write, their limit."""
+    """Environment of ``tools/bench/rl_runs.sh``: the runs, the model folder, where the runs write, their limit,
+    the interpreter."""
     return {"RUNS": ctx.runs, "MODEL": ctx.model or "", "OUT": ctx.out("rl_runs", ""),
-            "T_LONG": str(ctx.run_timeout_s)}
+            "T_LONG": str(ctx.run_timeout_s), "PYTHON": ctx.python}
 
 
 VS_TRL = Bench("vs_trl", "the same GRPO job by TRL's GRPOTrainer and by trainer/main.py: samples/s, step split",

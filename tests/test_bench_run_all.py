@@ -44,7 +44,8 @@ def test_ok_bench_summary_and_whole_json(tmp_path):
     e = run_all.run_bench(_bench("good", WRITE), _ctx(tmp_path), _logs(tmp_path), ["0"])
     assert e["status"] == "ok" and e["reason"] == "" and e["returncode"] == 0
     assert e["summary"] == [{"x": 1.5, "y": "a"}] and e["result"] == {"rows": [{"x": 1.5, "y": "a"}]}
-    assert e["log"] == os.path.join("logs", "good.log") and e["seconds"] < 30
+    assert e["log"] == os.path.join("logs", "good.log") and e["output"] == os.path.join("raw", "good.json")
+    assert e["seconds"] < 30
 
 
 def test_nan_in_a_script_json_stays_strict_json(tmp_path):
@@ -189,6 +190,7 @@ def test_main_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
     assert [(e["name"], e["status"]) for e in doc["benches"]] == [("good", "ok"), ("bad", "failed"),
                                                                    ("gpu2", "skipped")]
     assert doc["meta"]["gpu_names"] == ["Fake GPU"] and doc["meta"]["mode"] == "full"
+    assert doc["meta"]["command"] == f"python tools/bench/run_all.py --out {out}"
     md = (out / "results.md").read_text()
     assert "| good | ok |" in md and "| gpu2 | skipped | - | needs 2 GPUs, found 1 |" in md
     assert "| x | y |" in md and "| 1.5 | a |" in md and "Fake GPU (80 GiB)" in md

@@ -171,8 +171,9 @@ def run_bench(bench: Bench, ctx: Context, logs_dir: str, gpu_ids: list[str], tim
         return entry
     out = ctx.out(bench.name)
     log = os.path.join(logs_dir, f"{bench.name}.log")
-    if os.path.exists(out):
-        os.remove(out)  # an old file must not pass for this run's output
+    for old in (out, log):  # an old file must not pass for this run's output or log
+        if os.path.exists(old):
+            os.remove(old)
     commands = bench.commands(ctx, out)
     limit = float(timeout_s if timeout_s is not None else bench.timeout(ctx))
     env = _env_for(bench, ctx, gpu_ids)
@@ -190,10 +191,10 @@ def run_bench(bench: Bench, ctx: Context, logs_dir: str, gpu_ids: list[str], tim
         except Exception as exc:  # a collection error is reported like a script error
             entry["collect_error"] = f"{type(exc).__name__}: {exc}"
     entry.update(seconds=round(time.monotonic() - start, 1), returncode=rc)
-    return _finish(entry, bench, out, log, timed_out)
+    return _finish(entry, bench, out, log, timed_out, os.path.dirname(logs_dir))
 
 
-def _finish(entry: dict, bench: Bench, out: str, log: str, timed_out: bool) -> dict:
+def _finish(entry: dict, bench: Bench, out: str, log: str, timed_out: bool, out_dir: str) -> dict:
     doc = _read_json(out)
     rc = entry["returncode"]
     if timed_out:
@@ -206,7 +207,7 @@ def _finish(entry: dict, bench: Bench, out: str, log: str, timed_out: bool) -> d
     else:
         entry.update(status="ok", reason="")
     if doc is not None:
-        entry["output"] = out
+        entry["output"] = os.path.relpath(out, out_dir)
         try:
             entry["summary"] = bench.summarize(doc)
         except Exception as exc:  # a script's JSON changed shape: keep the JSON, say why there is no summary
@@ -225,10 +226,11 @@ def git_commit() -> str | None:
         return None
 
 
-def make_meta(args, machine: dict, ctx: Context, model_error: str | None) -> dict:
-    """Provenance of the suite run: date, command, host, python, the probe's versions and GPUs, commit, inputs."""
+def make_meta(args, argv: list[str], machine: dict, ctx: Context, model_error: str | None) -> dict:
+    """Provenance of the suite run: date, command (``argv``: its arguments), host, python, the probe's versions
+    and GPUs, commit, inputs."""
     return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                command=shlex.join([os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)] + sys.argv[1:]),
+                command=shlex.join(["python", os.path.relpath(os.path.abspath(__file__), ROOT)] + list(argv)),
                 host=platform.node(), python=platform.python_version(), commit=git_commit(), mode=ctx.mode,
                 model=args.model, model_path=ctx.model, model_error=model_error, data=ctx.data,
                 installed=sorted(ctx.installed), **machine)
@@ -270,6 +272,8 @@ def markdown(doc: dict) -> str:
              f"{', '.join(m['installed']) or 'neither vLLM nor TRL'}; commit {m.get('commit') or '-'}; "
              f"mode {m['mode']}; model {m.get('model_path') or m.get('model') or '-'}.", "",
              f"Command: `{m['command']}`", ""]
+    if m.get("error"):
+        lines += [f"The {m['error']}: every benchmark that needs a GPU was skipped.", ""]
     if m["mode"] == "tiny":
         lines += ["Tiny mode: the scripts' CPU smoke tests; the figures only show that each script runs end to end.",
                   ""]
@@ -360,7 +364,7 @@ def main(argv=None) -> int:
     os.makedirs(ctx.raw_dir, exist_ok=True)
     logs = os.path.join(os.path.abspath(args.out), "logs")
     os.makedirs(logs, exist_ok=True)
-    doc = dict(meta=make_meta(args, machine, ctx, model_error), benches=[])
+    doc = dict(meta=make_meta(args, sys.argv[1:] if argv is None else argv, machine, ctx, model_error), benches=[])
     gpu_ids = visible_gpus(machine.get("gpus", 0))
     for i, bench in enumerate(benches, 1):
         print(f"[{i}/{len(benches)}] {bench.name} ...", flush=True)

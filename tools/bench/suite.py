@@ -313,7 +313,7 @@ BENCHES: list[Bench] = [
     Bench("vllm_memory", "vLLM colocated with training: the empty_cache rule, without it, and overdone",
           ("cuda", "vllm", "model"), _vllm_memory, {"full": 600, "quick": 400}, _vllm_memory_rows),
     Bench("ulysses", "Ulysses SP=1 vs SP=2 at equal tokens per GPU, and the SP=2 vs SP=1 log-prob check",
-          ("cuda", "2gpus"), _ulysses, {"full": 600, "quick": 400, "tiny": 600}, _ulysses_rows, gpus=2),
+          ("cuda", "2gpus"), _ulysses, {"full": 900, "quick": 400, "tiny": 600}, _ulysses_rows, gpus=2),
     Bench("ulysses_search", "the longest trainable sequence at SP=1 and SP=2 (doubling, then bisection)",
           ("cuda", "2gpus"), _ulysses_search, {"full": 900}, _ulysses_rows, gpus=2),
     VS_TRL,

@@ -1,10 +1,15 @@
 """The preprocessing tools read a split from a local copy (--src) or by Hub name through ``datasets``."""
 import json
+import os
 
 import datasets
 import pandas as pd
+import pytest
 
-from tools.data_preprocess import gsm8k, svamp
+from rewards.registry import get_scorer
+from tools.data_preprocess import common, gsm8k, math500, svamp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _jsonl(path, rows):
@@ -43,3 +48,67 @@ def test_svamp_local_rule_and_hub_splits(tmp_path, monkeypatch):
     assert svamp.convert(None, str(tmp_path / "b")) == {"train": 1, "test": 2}
     df = pd.read_parquet(tmp_path / "b" / "train.parquet")
     assert df["prompt"][0][0]["content"].startswith("b0 q0?") and df["reward_model"][0]["ground_truth"] == "0"
+
+
+MATH_FIXTURE = os.path.join(os.path.dirname(__file__), "data", "math_tiny")
+
+
+def _math_rows(path):
+    df = pd.read_parquet(path)
+    return [(r["data_source"], r["reward_model"]["ground_truth"], r["prompt"][0]["content"], r["extra_info"])
+            for _, r in df.iterrows()]
+
+
+def test_math500_local_copy_answers_and_held_out_problems(tmp_path):
+    counts = math500.convert(MATH_FIXTURE, str(tmp_path))
+    # train: one row without a boxed answer and one MATH-500 problem are left out
+    assert counts == {"train": 3, "train_no_answer": 1, "train_in_test": 1, "test": 3, "test_no_answer": 0}
+    train, test = _math_rows(tmp_path / "train.parquet"), _math_rows(tmp_path / "test.parquet")
+    assert [t[1] for t in train] == ["9", "2", "5"]  # last box wins; "\boxed 5" form
+    assert [t[1] for t in test] == ["\\frac{1}{2}", "\\left( 2, \\frac{\\pi}{2} \\right)", "7"]  # answer field, \fbox
+    assert {t[0] for t in train} == {"lighteval/MATH"} and {t[0] for t in test} == {"HuggingFaceH4/MATH-500"}
+    for source, truth, prompt, extra in train + test:
+        assert prompt.endswith("output the final answer within \\boxed{}.")
+        # the math scorer gives the reference solution full marks against the written ground truth
+        assert get_scorer(source)(extra["solution"], truth) == 1.0
+    assert test[0][3]["unique_id"] == "test/prealgebra/made-up-1.json" and train[0][3]["type"] == "Algebra"
+
+
+def test_math500_from_the_hub_by_name(tmp_path, monkeypatch):
+    local = {split: common.read_jsonl(os.path.join(MATH_FIXTURE, f"{split}.jsonl")) for split in ("train", "test")}
+    asked = []
+
+    def load(name, config=None, split=None):
+        asked.append((name, config, split))
+        return datasets.Dataset.from_list(local[split])
+    monkeypatch.setattr(datasets, "load_dataset", load)
+    assert math500.convert(None, str(tmp_path / "hub"))["train"] == 3
+    assert asked == [("HuggingFaceH4/MATH-500", None, "test"), ("DigitalLearningGmbH/MATH-lighteval", None, "train")]
+    math500.convert(MATH_FIXTURE, str(tmp_path / "local"))
+    for split in ("train", "test"):
+        assert _math_rows(tmp_path / "hub" / f"{split}.parquet") == _math_rows(tmp_path / "local" / f"{split}.parquet")
+
+
+def test_math500_test_split_only_and_bad_split(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "test.jsonl").write_text(open(os.path.join(MATH_FIXTURE, "test.jsonl")).read())
+    assert math500.convert(str(src), str(tmp_path / "o"), splits=("test",)) == {"test": 3, "test_no_answer": 0}
+    assert not (tmp_path / "o" / "train.parquet").exists()
+    with pytest.raises(FileNotFoundError, match="train.jsonl"):
+        math500.convert(str(src), str(tmp_path / "o"))
+    with pytest.raises(SystemExit) as exc:
+        math500.main(["--src", str(src), "--splits", "dev", "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "unknown split 'dev'" in capsys.readouterr().err
+
+
+def test_math500_data_config_reads_the_written_files():
+    from hydra import compose, initialize_config_dir
+
+    from trainer.launch import resolve_config, validate
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
+        cfg = compose(config_name="ppo_trainer", overrides=["data=math500"])
+    validate(resolve_config(cfg))
+    assert (cfg.data.train_files, cfg.data.val_files) == (f"{math500.DEFAULT_OUT}/train.parquet",
+                                                          f"{math500.DEFAULT_OUT}/test.parquet")

@@ -6,6 +6,7 @@ import os
 from typing import Iterable
 
 INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -31,11 +32,13 @@ def load_split(hub_name: str, split: str, src: str | None = None, config: str | 
     return [dict(r) for r in datasets.load_dataset(hub_name, config, split=split)]
 
 
-def make_row(data_source: str, question: str, answer: str, split: str, index: int, **extra) -> dict:
-    """One row: ``prompt`` (chat messages), ``data_source``, ``ability``, ``reward_model``, ``extra_info``."""
+def make_row(data_source: str, question: str, answer: str, split: str, index: int,
+             instruction: str = INSTRUCTION, **extra) -> dict:
+    """One row: ``prompt`` (chat messages: the question, then ``instruction``), ``data_source``, ``ability``,
+    ``reward_model``, ``extra_info``."""
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": f"{question.strip()} {INSTRUCTION}"}],
+        "prompt": [{"role": "user", "content": f"{question.strip()} {instruction}"}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(answer)},
         "extra_info": {"split": split, "index": index, "question": question, **extra},

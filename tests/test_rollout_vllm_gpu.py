@@ -4,6 +4,8 @@ embeddings, greedy outputs against the transformers engine, log-probs against a 
 Needs CUDA, vLLM and an HF model folder (``SMOLLM2_DIR``, default ``/tmp/smol_hf``; SmolLM2-135M-Instruct has tied
 embeddings). vLLM runs in this process: set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the worker does the same).
 Run: ``python -m pytest -m gpu tests/test_rollout_vllm_gpu.py -s`` (``-s`` prints the measured figures).
+The memory checks read the device-wide figure (``cudaMemGetInfo``: vLLM's CuMem allocator is outside PyTorch's
+accounting), so they need the GPU to themselves; they are skipped, with the reason, when other processes hold memory.
 """
 from __future__ import annotations
 
@@ -151,6 +153,20 @@ def _recompute_log_probs(ds_engine, stage, prompts, out):
     return torch.cat(diffs)
 
 
+def _others_gib() -> float:
+    """GPU memory (GiB) held by other processes: the device-wide figure less this process's, where NVML can tell
+    them apart; 0.0 where it cannot (PID namespaces hide the processes)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # no NVML binding or no access: nothing to tell
+        return 0.0
+    return sum((p.usedGpuMemory or 0) for p in procs if p.pid != os.getpid()) / 2**30
+
+
 def test_vllm_asleep_at_creation_then_lifecycle_frees_memory(setup):
     from rollout import memory
     from rollout.base import SamplingConfig
@@ -162,11 +178,14 @@ def test_vllm_asleep_at_creation_then_lifecycle_frees_memory(setup):
     after = memory.device_used_gib()
     _report("memory_gib/stages", {k: round(v, 2) for k, v in log.items()})
     assert out.responses.shape == (16, 32) and out.response_mask.sum() > 0
+    assert len(calls) > 1, "the weights should arrive in several buckets"
+    others = _others_gib()
+    if others > 1.5:
+        pytest.skip(f"other processes hold {others:.1f} GiB of this GPU; the device-wide memory checks need it alone")
     assert s["asleep"] - s["before"] < 4.0, "the engine should be asleep (weights and KV cache freed) at creation"
     assert log["kv_awake"] - log["weights_synced"] > 5.0, "the KV cache should be allocated at wake"
     assert log["asleep"] < log["kv_awake"] - 5.0, "sleep should return the KV cache"
     assert after < log["kv_awake"] - 5.0
-    assert len(calls) > 1, "the weights should arrive in several buckets"
     del ds
 
 

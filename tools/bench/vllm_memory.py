@@ -57,7 +57,8 @@ def _train_stage(model, opt, rows, fill_gib: float, memory, every_stage: bool) -
     torch.cuda.synchronize(); t["update_s"] = time.perf_counter() - t0
     if every_stage:
         memory.empty_cache()
-    t["reserved_after_update_gib"] = torch.cuda.memory_reserved() / 2**30
+    t["reserved_after_update_gib"] = torch.cuda.memory_reserved() / 2**30  # counts vLLM's pool too (asleep or not)
+    t["allocated_after_update_gib"] = torch.cuda.memory_allocated() / 2**30
     return t
 
 
@@ -78,10 +79,13 @@ def run_mode(args) -> dict:
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
-    for p in model.parameters():  # optimizer state allocated up front (as DeepSpeed does), so that it never
-        p.grad = torch.zeros_like(p)  # lands inside the freed filler block and pins that segment in the cache
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    # One update before the filler is ever allocated: what an update keeps alive afterwards (AdamW's state, the
+    # autograd thread's cuBLAS workspace) is then allocated outside the filler's segment. A live block inside that
+    # segment would pin all of it in PyTorch's cache, beyond the reach of empty_cache, in every mode.
+    warm = torch.randint(100, tok.vocab_size, (args.prompts, args.prompt_len + args.new_tokens), device="cuda")
+    _train_stage(model, opt, warm, 0.0, memory, False)
+    del warm
+    memory.empty_cache()
     engine = VLLMRolloutEngine(args.model, eos_token_id=tok.eos_token_id, gpu_memory_utilization=args.gpu_util,
                                max_model_len=args.prompt_len + args.new_tokens + 8, enforce_eager=args.eager, seed=0)
     if args.mode == "none":

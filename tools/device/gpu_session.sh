@@ -3,11 +3,12 @@
 # (wheels, model halves and vLLM parts travel one per call, see ../README of the device tool).
 #   bash tools/device/gpu_session.sh wheels        (carry .whl)   install the Python wheels into /tmp/site
 #   bash tools/device/gpu_session.sh model_a       (carry .mA)    first half of SmolLM2's GGUF
-#   bash tools/device/gpu_session.sh model_b       (carry .mB .gdata) second half, convert, preprocess GSM8K/SVAMP,
-#                                                   then start the transformers-engine RL runs in the background
+#   bash tools/device/gpu_session.sh model_b       (carry .mB .gdata) second half, convert, preprocess GSM8K/SVAMP
 #   bash tools/device/gpu_session.sh vllm_a|vllm_b (carry .vA / .vB)
-#   bash tools/device/gpu_session.sh vllm_c        (carry .vC)    install vLLM, its GPU tests, then the vLLM RL runs
-#                                                   and EXTRA_RUNS (default: the tiny VLM's 20-step colour task)
+#   bash tools/device/gpu_session.sh vllm_c        (carry .vC)    install vLLM, its GPU tests (on the GPU alone: their
+#                                                   memory checks are device-wide), then the RL runs of both engines
+#                                                   and EXTRA_RUNS (default: the tiny VLM's 20-step colour task),
+#                                                   started LAUNCH_GAP_S (default 90) apart, vLLM's first
 #   bash tools/device/gpu_session.sh wait_runs     collect the RL runs into $OUT when they end (or at WAIT_S)
 #   bash tools/device/gpu_session.sh bench_memory  vllm_memory.py: the empty_cache rule, broken and overdone
 #   bash tools/device/gpu_session.sh bench_rollout rollout.py --engine hf,vllm, SmolLM2 and a random Qwen2-1.5B
@@ -34,9 +35,7 @@ case $step in
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv ;;
   model_a) cp .mA/smol.gguf.part0 /tmp/ && ls -la /tmp/smol.gguf.part0 ;;
   model_b)
-    bash tools/device/prepare.sh
-    start_runs $RUNS_HF
-    echo "started: $RUNS_HF" ;;
+    bash tools/device/prepare.sh ;;
   vllm_a) cp .vA/* /tmp/ ;;
   vllm_b) cp .vB/* /tmp/ ;;
   vllm_c)
@@ -47,8 +46,8 @@ case $step in
     python3 -c "import vllm; print('vllm', vllm.__version__)"
     VLLM_GPU_REPORT=$OUT/vllm_gpu.json timeout -k 10 ${TEST_S:-300} python3 -m pytest -m gpu -q -s \
       tests/test_rollout_vllm_gpu.py -p no:cacheprovider 2>&1 | tail -n 60 | tee "$OUT/vllm_gpu_tests.log"
-    start_runs $RUNS_VLLM ${EXTRA_RUNS:-vlm_colour:0}
-    echo "started: $RUNS_VLLM ${EXTRA_RUNS:-vlm_colour:0}" ;;
+    LAUNCH_GAP_S=${LAUNCH_GAP_S:-90} start_runs $RUNS_VLLM $RUNS_HF ${EXTRA_RUNS:-vlm_colour:0}
+    echo "started: $RUNS_VLLM $RUNS_HF ${EXTRA_RUNS:-vlm_colour:0}" ;;
   wait_runs)
     end=$(( $(date +%s) + ${WAIT_S:-420} ))
     while pgrep -f "trainer/main.py" > /dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done

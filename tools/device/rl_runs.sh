@@ -6,7 +6,7 @@
 #   GPU 0: gsm8k_grpo, gsm8k_gae, svamp_a          GPU 1: gsm8k_prime, svamp_b, save/resume pair
 # Every run writes metrics.jsonl + console.log to $OUT/<name>/ when it ends (or is stopped by its timeout:
 # SIGTERM makes the trainer finish the current step and exit).
-# Use: OUT=/some/dir T_LONG=480 [RUNS="svamp_b:0 gsm8k_gae:1"] [EXTRA="hydra overrides"] bash tools/device/rl_runs.sh
+# Use: OUT=/some/dir T_LONG=480 [LAUNCH_GAP_S=90] [RUNS="svamp_b:0 gsm8k_gae:1"] [EXTRA="hydra overrides"] bash tools/device/rl_runs.sh
 # (megatron:-, megatron_tp2:-, megatron_ckpt:- and megatron_reshard:- use both GPUs; offload:N is a 3-step run with
 # optimizer offload during rollout; LoRA: RUNS="gsm8k_grpo:0 gsm8k_lora:0 svamp_full:1 svamp_lora:1", then
 # RUNS="lora_memory:0"; tool_synthetic:N is the multi-turn tool run, hf then vllm engine)
@@ -266,6 +266,10 @@ for spec in $RUNS; do
         trainer.val_before_train=false trainer.test_freq=-1 $own ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
+  # vLLM measures its free memory while it starts: other processes that allocate or free GPU memory meanwhile make
+  # it refuse to start ("No available memory for the cache blocks", "Error in memory profiling"), so runs sharing a
+  # GPU start LAUNCH_GAP_S apart
+  sleep "${LAUNCH_GAP_S:-0}"
 done
 wait
 nvidia-smi --query-gpu=name,memory.used --format=csv > "$OUT/nvidia_smi.txt" 2>&1

@@ -124,7 +124,7 @@ write_tiny_vlm('/tmp/vlm_tiny'); write_colour_task('/tmp/vlm_data', 1024, 64)" >
       data.train_files=/tmp/vlm_data/train.jsonl data.val_files=/tmp/vlm_data/val.jsonl \
       reward_model.scorer=gsm8k_flexible data.max_prompt_length=32 data.max_response_length=2 \
       data.train_batch_size=32 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
-      actor_rollout_ref.actor.use_kl_loss=true \
+      actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.optim.lr=5e-3 \
       trainer.total_training_steps=20 trainer.test_freq=10 trainer.output_dir=/tmp/runs/vlm_colour ${EXTRA:-} \
       > "$d/console.log" 2>&1
   echo "exit $?" >> "$d/console.log"

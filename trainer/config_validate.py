@@ -102,13 +102,15 @@ def _check_batches(cfg: dict) -> None:
     d, arr = cfg["data"], cfg["actor_rollout_ref"]
     actor, n, world = arr["actor"], int(arr["rollout"]["n"]), _world(cfg)
     bs, mini = int(d["train_batch_size"]), int(actor["ppo_mini_batch_size"])
-    sp = int(actor["ulysses_sequence_parallel_size"])
     if world < 1:
         return  # reported by _check_world_and_lengths
-    if sp < 1 or world % sp:
-        raise ConfigError(f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp} must divide the {world} "
-                          "workers (trainer.nnodes*trainer.n_gpus_per_node)")
-    dp = world // sp
+    for role, section in (("actor_rollout_ref.actor", actor), ("actor_rollout_ref.ref", arr["ref"]),
+                          ("critic", cfg["critic"])):
+        sp_val = section["ulysses_sequence_parallel_size"]
+        if int(sp_val) < 1 or world % int(sp_val):
+            raise ConfigError(f"{role}.ulysses_sequence_parallel_size={sp_val} must divide the {world} workers "
+                              "(trainer.nnodes*trainer.n_gpus_per_node)")
+    dp = world // int(actor["ulysses_sequence_parallel_size"])
     if bs % world:
         raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers")
     if mini <= 0 or bs % mini:
@@ -123,10 +125,6 @@ def _check_batches(cfg: dict) -> None:
     if not actor.get("use_dynamic_bsz") and micro < mini * n // dp and (mini * n // dp) % micro:
         raise ConfigError(f"a mini-batch holds {mini * n // dp} rows per data-parallel rank, not divisible by "
                           f"actor.ppo_micro_batch_size_per_gpu={micro}")
-    for sp_key, sp_val in (("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"]),
-                           ("critic.ulysses_sequence_parallel_size", cfg["critic"]["ulysses_sequence_parallel_size"])):
-        if int(sp_val) < 1 or world % int(sp_val):
-            raise ConfigError(f"{sp_key}={sp_val} must divide the {world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
 
 
 def _check_numbers(cfg: dict) -> None:

@@ -114,14 +114,17 @@ class OffPolicyPipeline:
         trainer: the :class:`trainer.ppo_trainer.RayPPOTrainer`, its workers started (its loader, roles,
             ``_tag_prompts`` and ``_last_step`` are used).
         placement: the run's :class:`trainer.rollout_placement.RolloutPlacement` (``separate``).
+        weights: the :class:`WeightPush` to use (default: one made between the trainer's actor and rollout roles).
     """
 
-    def __init__(self, trainer, placement):
+    def __init__(self, trainer, placement, weights: WeightPush | None = None):
         self.tr, self.s = trainer, int(placement.staleness)
         self.rollout = trainer.roles.rollout
-        timeout = float(trainer.cfg["trainer"].get("ray_timeout_s") or 0) or None
-        backend = "nccl" if trainer.device == "cuda" and placement.rollout_bundles else "gloo"
-        self.weights = WeightPush(trainer.roles.actor, self.rollout, backend, timeout)
+        if weights is None:
+            timeout = float(trainer.cfg["trainer"].get("ray_timeout_s") or 0) or None
+            backend = "nccl" if trainer.device == "cuda" and placement.rollout_bundles else "gloo"
+            weights = WeightPush(trainer.roles.actor, self.rollout, backend, timeout)
+        self.weights = weights
         self.rollout.version_for = self._version_for_call
         self.trace = ChromeTrace(placement.trace_file) if placement.trace_file else None
         self.reset()

@@ -195,11 +195,11 @@ def test_batch_k_is_made_with_the_weights_of_step_k_minus_1_minus_s(s):
         assert rollout.made[k][:2] == (max(0, k - 1 - s), k)           # weights version, k-th loader batch
         assert out[k][0]["async/staleness"] == min(s, k - 1)
         assert out[k][1]["position"] == k                              # a checkpoint resumes after batch k
-        assert out[k][2] == sorted({max(0, j - 1 - s) for j in range(k + 1, min(k + s, 6) + 1)})
-    # each version is pushed once, before the first batch that needs it starts
-    assert [p[0] for p in weights.pushes] == sorted({max(0, k - 1 - s) for k in range(1, 7)})
+        assert out[k][2] == list(range(max(0, k - s), k))              # the versions of steps k+1 .. k+s
+    # each version is pushed once, at the next step's start (before the first batch that needs it starts)
+    assert [p[0] for p in weights.pushes] == list(range(6))
     for version, _, started in weights.pushes:
-        assert min(k for k in range(1, 7) if max(0, k - 1 - s) == version) not in started
+        assert (1 if version == 0 else version + 1 + s) not in started  # the first batch made with it
     assert out[1][0]["async/gen_overlap_s"] == 0.0  # no previous step
 
 

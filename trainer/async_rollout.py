@@ -6,13 +6,14 @@ generated with version ``v(k) = max(floor, k - 1 - s)`` (``s`` = staleness; ``fl
 at when the rollout's checkpoint lacks the versions its batches in flight need), so its ``async/staleness`` is
 ``k - 1 - v(k)`` <= s. Each step ``k``:
 
-1. push the actor's weights (version ``k - 1``) when a batch about to be started needs them, then start the
+1. push the actor's weights (version ``k - 1``; the batch of step ``k + s`` is made with them), then start the
    generations of batches ``k .. k + s`` not started yet (:meth:`OffPolicyPipeline.next_batch`);
 2. the step waits for batch ``k`` (:meth:`OffPolicyPipeline.collect`), scores it, recomputes the old log-probs
    with the actor (the policy the update starts from), weights the policy gradient by truncated importance
    sampling between the rollout's log-probs and the old ones (``algorithm.rollout_correction.rollout_is=auto``:
    on when s >= 1), and updates, while the rollout workers generate batch ``k + 1 .. k + s``;
-3. :meth:`OffPolicyPipeline.step_done` releases the versions no batch needs any more.
+3. :meth:`OffPolicyPipeline.step_done` releases the versions no batch after step ``k`` needs (the rollout keeps
+   those of steps ``k + 1 .. k + s``: up to ``s`` copies of the weights in its CPU memory, and one in the engine).
 
 Checkpoints: the data loader's position is saved as it was before the first batch not yet trained was drawn
 (:meth:`OffPolicyPipeline.loader_state`) and the rollout role saves the versions of the batches in flight, so a
@@ -144,12 +145,11 @@ class OffPolicyPipeline:
         return max(int(self.floor or 0), step - 1 - self.s)
 
     def _start(self, trained: int) -> None:
-        """At the first step after ``trained`` steps: use the rollout's saved versions when they cover the batches
-        to start, else generate them with the current weights (``floor = trained``)."""
+        """At the first step after ``trained`` steps: use the rollout's saved versions when they cover the next
+        ``s`` batches, else generate those with the current weights (``floor = trained``)."""
         held = set(self.rollout.held_versions())
         self.floor = 0
-        last = min(trained + self.s, self.tr._last_step())
-        needed = {self.version_for(j) for j in range(trained + 1, last + 1)}
+        needed = {self.version_for(j) for j in range(trained + 1, trained + self.s + 1)}
         if needed and not needed <= held:
             self.floor = trained
         self.weights.newest = max(held) if held else -1
@@ -157,13 +157,12 @@ class OffPolicyPipeline:
             logger.warning("the rollout holds weight versions %s, not %s: the batches in flight are generated "
                            "again with the weights of step %d", sorted(held), sorted(needed), trained)
 
-    def _keep_from(self, version: int) -> int:
-        return min([version, *(b.version for b in self.pending.values())])
-
     def _push(self, version: int, timing: dict | None) -> None:
+        """Push the actor's weights after ``version`` steps; the rollout keeps the versions of the batches not
+        trained yet (those of steps ``version + 1 ..``)."""
         t0 = time.time()
         with timed("sync_weights", timing if timing is not None else {}):
-            self.weights.push(version, self._keep_from(version))
+            self.weights.push(version, self.version_for(version + 1))
         if self.trace is not None:
             self.trace.event("sync_weights", "actor", t0, time.time(), {"weights_version": version})
 
@@ -182,18 +181,19 @@ class OffPolicyPipeline:
 
     # ---- the step -----------------------------------------------------------------------------------------------
     def next_batch(self, step: int, timing: dict) -> tuple[DataProto, int]:
-        """Start the generations of batches ``step .. step + s`` not started yet (pushing the actor's weights,
-        version ``step - 1``, first when they need it); returns batch ``step``'s prompts and epoch."""
+        """Push the actor's weights (version ``step - 1``: the batch of step ``step + s`` needs them, and so does a
+        checkpoint of this step, even when that batch lies past the run's end), then start the generations of
+        batches ``step .. step + s`` not started yet; returns batch ``step``'s prompts and epoch."""
         if self.floor is None:
             self._start(step - 1)
+        if self.weights.newest < step - 1:
+            self._push(step - 1, timing)
         last = min(step + self.s, self.tr._last_step())
         for j in range(max([step - 1, *self.pending]) + 1, last + 1):
             version = self.version_for(j)
-            if version > self.weights.newest:
-                if version != step - 1:  # only the actor's current weights can be sent
-                    raise RuntimeError(f"step {step}: the batch of step {j} needs weights version {version}, which "
-                                       f"the rollout does not hold (newest: {self.weights.newest})")
-                self._push(version, timing)
+            if version > self.weights.newest:  # only the actor's current weights can be sent
+                raise RuntimeError(f"step {step}: the batch of step {j} needs weights version {version}, which the "
+                                   f"rollout does not hold (newest: {self.weights.newest})")
             self.loader_states[j] = dict(self.tr.loader.state_dict())
             prompts, epoch = self.tr.loader.next_batch()
             self.tr._tag_prompts(prompts, j, 1)
@@ -233,10 +233,9 @@ class OffPolicyPipeline:
             self.trace.event("train_step", "actor", *self.last_train, {"step": step})
             self.trace.event("update_actor", "actor", *update_window, {"step": step})
         self.step_version = None
-        keep = self._keep_from(self.version_for(step + 1))
         for j in [j for j in self.loader_states if j <= step]:
             del self.loader_states[j]
-        self.rollout.release_below(keep)
+        self.rollout.release_below(self.version_for(step + 1))
 
     def loader_state(self) -> dict:
         """The data loader's position after the last trained batch (before the first batch in flight was drawn)."""

@@ -382,6 +382,18 @@ def test_good_settings_pass_and_rollout_is_auto_follows_the_staleness():
     assert [c["algorithm"]["rollout_correction"]["rollout_is"] for c in (on, off, explicit)] == ["token", None, None]
 
 
+def test_colocated_engine_settings_warn_with_separate_placement():
+    from trainer.rollout_placement import separate_placement_warnings
+
+    sep = ["trainer.rollout_placement=separate"]
+    assert separate_placement_warnings(_cfg(*sep)) == []
+    got = separate_placement_warnings(_cfg(*sep, "actor_rollout_ref.rollout.offload_optimizer_during_rollout=true",
+                                           "actor_rollout_ref.rollout.sleep_level=2"))
+    assert [w.split(":")[0] for w in got] == ["actor_rollout_ref.rollout.offload_optimizer_during_rollout=true",
+                                             "actor_rollout_ref.rollout.sleep_level=2"]
+    assert separate_placement_warnings(_cfg("actor_rollout_ref.rollout.sleep_level=2")) == []
+
+
 def test_separate_placement_without_enough_cpus_stops_before_ray_starts(tmp_path):
     from tests.test_reliability_config import assert_one_line_error, run_cli
     from trainer.resources import machine_resources

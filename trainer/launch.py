@@ -96,9 +96,10 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     elif path:
         got.errors.append(f"trainer.resume_from_path={path!r} is only read with trainer.resume_mode=resume_path "
                           f"(trainer.resume_mode={mode}); set both, or drop resume_from_path")
-    from trainer.rollout_placement import resolve_async_defaults
+    from trainer.rollout_placement import resolve_async_defaults, separate_placement_warnings
 
     resolve_async_defaults(cfg)  # rollout_correction.rollout_is=auto: on exactly with trainer.async.staleness >= 1
+    got.warnings += separate_placement_warnings(cfg)
     for line in got.warnings:
         logger.warning(line)
     for line in got.notes:

@@ -25,7 +25,8 @@ from trainer.config_checks import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PLACEMENTS", "RolloutPlacement", "check_rollout_placement", "resolve_async_defaults"]
+__all__ = ["PLACEMENTS", "RolloutPlacement", "check_rollout_placement", "resolve_async_defaults",
+           "separate_placement_warnings"]
 
 PLACEMENTS = ("colocated", "separate")
 _N_GPUS = "actor_rollout_ref.rollout.n_gpus"
@@ -122,6 +123,25 @@ def check_rollout_placement(cfg: dict) -> None:
         raise ConfigError(f"trainer.async.staleness={rp.staleness} with algorithm.filter_groups.enable=true: "
                           "dynamic sampling draws more prompt batches during a step, which the pipelined rollout "
                           "has already run past; use trainer.async.staleness=0")
+
+
+def separate_placement_warnings(cfg: dict) -> list[str]:
+    """Warnings for the colocated engine's settings that ``separate`` placement leaves without effect (its engine
+    never sleeps and the actor never generates): ``rollout.offload_optimizer_during_rollout=true`` and a
+    ``rollout.sleep_level`` other than the default 1."""
+    try:
+        if not RolloutPlacement.from_config(cfg).separate:
+            return []
+    except ConfigError:
+        return []
+    rc, out = cfg["actor_rollout_ref"]["rollout"], []
+    if rc.get("offload_optimizer_during_rollout"):
+        out.append("actor_rollout_ref.rollout.offload_optimizer_during_rollout=true: no effect with "
+                   "trainer.rollout_placement=separate (the actor's workers never generate)")
+    if int(rc.get("sleep_level", 1)) != 1:
+        out.append(f"actor_rollout_ref.rollout.sleep_level={rc['sleep_level']}: no effect with "
+                   "trainer.rollout_placement=separate (the rollout workers' engine never sleeps)")
+    return out
 
 
 def resolve_async_defaults(cfg: dict) -> None:

@@ -48,12 +48,13 @@ def validate(cfg: dict) -> None:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
     """
     from trainer.multi_turn import check_multi_turn
+    from trainer.rollout_placement import check_rollout_placement
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_check_world_and_lengths, _check_rollout_engine, _check_batches, _check_numbers,
                      _check_algorithm_names, _check_filter_groups, _check_attn_implementation,
                      check_rollout_correction, _check_strategy, _check_kernels, check_verl_semantics,
-                     check_multi_turn))
+                     check_multi_turn, check_rollout_placement))
 
 
 def _world(cfg: dict) -> int:

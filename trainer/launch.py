@@ -96,6 +96,10 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     elif path:
         got.errors.append(f"trainer.resume_from_path={path!r} is only read with trainer.resume_mode=resume_path "
                           f"(trainer.resume_mode={mode}); set both, or drop resume_from_path")
+    from trainer.rollout_placement import resolve_async_defaults, separate_placement_warnings
+
+    resolve_async_defaults(cfg)  # rollout_correction.rollout_is=auto: on exactly with trainer.async.staleness >= 1
+    got.warnings += separate_placement_warnings(cfg)
     for line in got.warnings:
         logger.warning(line)
     for line in got.notes:
@@ -287,8 +291,10 @@ def run(hydra_cfg: DictConfig) -> dict:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     cfg = prestart(hydra_cfg)
     from trainer.placement import check_placement
+    from trainer.rollout_placement import RolloutPlacement
 
-    check_placement(cfg["trainer"])  # the workers fit this machine or the Ray cluster (PlacementError)
+    # the workers fit this machine or the Ray cluster (PlacementError)
+    check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
     prepare_embedded(cfg)
     from transformers import AutoConfig
 

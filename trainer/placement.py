@@ -9,7 +9,8 @@ Dispatch modes (how a method's batch is split over ranks and gathered back):
 * ``run_all``: the same arguments to every rank (init, save, load); returns the list of results.
 * ``dispatch_dp``: split rows into ``dp`` equal chunks; SP peers of a data-parallel rank (``rank // sp``)
   receive the same chunk; results are concatenated from the first SP rank of each data-parallel rank.
-* ``dispatch_all``: split rows over every rank (generation is not sequence-parallel).
+* ``dispatch_all``: split rows over every rank (generation is not sequence-parallel); ``submit_all`` does the same
+  without waiting (a :class:`PendingCall`, e.g. the pipelined rollout of ``trainer.async.staleness``).
 """
 from __future__ import annotations
 
@@ -73,16 +74,19 @@ def _where() -> str:
     return f"the Ray cluster at RAY_ADDRESS={address}" if address else "the local Ray"
 
 
-def check_placement(trainer_cfg: dict) -> ResourceRequest:
+def check_placement(trainer_cfg: dict, rollout_bundles: int = 0) -> ResourceRequest:
     """Check the run's workers against what exists, before any worker starts (see :mod:`trainer.resources`).
 
     Without ``RAY_ADDRESS``: against this machine (one node) before Ray starts; with it: joins the cluster and
     checks its free CPUs/GPUs and its nodes. :func:`create_placement_group` checks the Ray cluster again.
 
+    ``rollout_bundles``: bundles of rollout workers of their own (:attr:`trainer.rollout_placement.
+    RolloutPlacement.rollout_bundles`).
+
     Raises:
         PlacementError: one line naming the request and what was found.
     """
-    req = ResourceRequest.from_config(trainer_cfg)
+    req = ResourceRequest.from_config(trainer_cfg, rollout_bundles)
     if not os.environ.get("RAY_ADDRESS"):
         check_request(req, machine_resources(req.device), "this machine")
         return req
@@ -92,22 +96,23 @@ def check_placement(trainer_cfg: dict) -> ResourceRequest:
 
 
 def create_placement_group(device: str, nnodes: int, n_gpus_per_node: int, cpus_per_worker: int,
-                           timeout_s: float = 60.0):
-    """One placement group with ``nnodes * n_gpus_per_node`` bundles (:meth:`ResourceRequest.bundle`): PACK on
-    one node; SPREAD over the nodes when ``nnodes > 1`` (Ray places bundles on distinct nodes as evenly as it can).
+                           timeout_s: float = 60.0, rollout_bundles: int = 0):
+    """One placement group with ``nnodes * n_gpus_per_node`` bundles (:meth:`ResourceRequest.bundle`), then
+    ``rollout_bundles`` more for rollout workers of their own: PACK on one node; SPREAD over the nodes when
+    ``nnodes > 1`` (Ray places bundles on distinct nodes as evenly as it can).
 
     Raises:
         PlacementError: when the cluster lacks the CPUs, GPUs or nodes (naming what was asked and what exists), or
             the bundles are not placed within ``timeout_s``.
     """
-    req = ResourceRequest(device, nnodes, n_gpus_per_node, cpus_per_worker)
+    req = ResourceRequest(device, nnodes, n_gpus_per_node, cpus_per_worker, rollout_bundles)
     check_request(req, ray_node_resources(), _where(), free=ray.available_resources())
     bundle = req.bundle()
-    pg = placement_group([dict(bundle) for _ in range(req.world)], strategy="SPREAD" if nnodes > 1 else "PACK")
+    pg = placement_group([dict(bundle) for _ in range(req.bundles)], strategy="SPREAD" if nnodes > 1 else "PACK")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(pg)
-        raise PlacementError(f"could not place {req.world} bundles of {bundle} within {timeout_s:.0f} s "
+        raise PlacementError(f"could not place {req.bundles} bundles of {bundle} within {timeout_s:.0f} s "
                              f"(cluster: {ray.cluster_resources()})")
     return pg
 
@@ -116,16 +121,19 @@ class WorkerGroup:
     """``world_size`` Ray actors of ``cls`` (one per bundle) forming one DeepSpeed process group.
 
     Args:
-        cls: a :class:`trainer.workers.base.DistributedWorker` subclass.
+        cls: a :class:`trainer.workers.base.DistributedWorker` subclass; its ``CONCURRENCY_GROUPS`` attribute
+            (``{name: threads}``), when set, gives the Ray actor those concurrency groups (methods marked with
+            ``ray.method(concurrency_group=name)`` run there, beside the default group's one call at a time).
         role: name used in errors and logs (actor, critic, ...).
         share: fraction of each bundle this role takes (roles colocated on a bundle share it).
+        bundle_offset: rank ``r`` runs on bundle ``bundle_offset + r``.
     """
 
     #: seconds to wait, after one rank raised, for another rank's call to end in its process's death (reported instead)
     PEER_DEATH_GRACE_S = 10.0
 
     def __init__(self, cls, role: str, pg, world_size: int, config: dict, device: str, cpus_per_worker: int,
-                 share: float = 1.0, sp_size: int = 1):
+                 share: float = 1.0, sp_size: int = 1, bundle_offset: int = 0):
         self.role, self.world_size, self.sp_size = role, world_size, sp_size
         # trainer.ray_timeout_s bounds every call of the group (0 or null: no bound)
         self.timeout_s = float(config["trainer"].get("ray_timeout_s") or 0) or None
@@ -135,12 +143,13 @@ class WorkerGroup:
         opts: dict[str, Any] = {"num_cpus": cpus_per_worker * share}
         if device == "cuda":
             opts["num_gpus"] = share
-        remote = ray.remote(cls)
+        groups = getattr(cls, "CONCURRENCY_GROUPS", None)
+        remote = ray.remote(concurrency_groups=dict(groups))(cls) if groups else ray.remote(cls)
         self.workers = []
         addr = port = None
         for rank in range(world_size):
             w = remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=rank), name=None, **opts).remote(
+                placement_group=pg, placement_group_bundle_index=bundle_offset + rank), name=None, **opts).remote(
                 config, rank, world_size, addr, port, device, role)
             if rank == 0:
                 addr, port = self._get([w.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
@@ -215,9 +224,16 @@ class WorkerGroup:
         return self._get(futures, method, list(range(self.world_size)))
 
     def dispatch_all(self, method: str, data: DataProto) -> DataProto:
+        return self.submit_all(method, data).result()
+
+    def submit_all(self, method: str, data: DataProto) -> "PendingCall":
+        """``dispatch_all`` without waiting: the rows are split over every rank and the call started."""
         chunks = data.chunk(self.world_size)
-        futures = [getattr(w, method).remote(c) for w, c in zip(self.workers, chunks)]
-        return DataProto.concat(self._get(futures, method, list(range(self.world_size))))
+        return PendingCall(self, method, [getattr(w, method).remote(c) for w, c in zip(self.workers, chunks)])
+
+    def start_all(self, method: str, *args, **kwargs) -> "PendingCall":
+        """``run_all`` without waiting (the same arguments to every rank)."""
+        return PendingCall(self, method, [getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
     def shutdown(self) -> None:
         for w in self.workers:
@@ -225,3 +241,23 @@ class WorkerGroup:
                 ray.kill(w)
             except Exception:  # already dead
                 pass
+
+
+class PendingCall:
+    """A call started on every rank of a :class:`WorkerGroup` and not waited for yet.
+
+    ``result()`` waits with the group's rules (:meth:`WorkerGroup._get`: a dead rank raises :class:`WorkerDied`
+    naming the role, rank and method) and returns the ranks' results joined (:meth:`DataProto.concat`) when they
+    are batches, else the list of results; ``done()`` is true once every rank returned.
+    """
+
+    def __init__(self, group: WorkerGroup, method: str, futures: list):
+        self.group, self.method, self.futures = group, method, futures
+
+    def done(self) -> bool:
+        ready, _ = ray.wait(list(self.futures), num_returns=len(self.futures), timeout=0)
+        return len(ready) == len(self.futures)
+
+    def result(self):
+        outs = self.group._get(self.futures, self.method, list(range(len(self.futures))))
+        return DataProto.concat(outs) if outs and all(isinstance(o, DataProto) for o in outs) else outs

@@ -5,7 +5,9 @@ One step (:meth:`RayPPOTrainer.train_step`): prompts -> rollout + rewards -> the
 reward (optional) -> advantages -> the algorithm's updates (critic) -> actor update. The algorithm (PRIME, dynamic
 sampling, the critic, the estimator) plugs in through :mod:`trainer.hooks`; the worker groups are the run's
 :class:`trainer.roles.Roles`. :meth:`RayPPOTrainer.fit` loops over steps with metrics, checkpoints every
-``save_freq`` steps and validation every ``test_freq`` steps.
+``save_freq`` steps and validation every ``test_freq`` steps. With ``trainer.rollout_placement=separate`` the
+rollout role generates on its own workers, ``trainer.async.staleness`` batches ahead of the update
+(:class:`trainer.async_rollout.OffPolicyPipeline`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from trainer.hooks import StepContext, build_hooks
 from trainer.hooks.base import timed
 from trainer.metric_utils import reduce_rank_metrics, reward_output_metrics
 from trainer.protocol import DataProto
-from trainer.roles import Roles, actor_role
+from trainer.roles import Roles, actor_role, rollout_role
 from trainer.validation import sampled, validate_and_log
 
 logger = logging.getLogger(__name__)
@@ -64,18 +66,28 @@ class RayPPOTrainer:
         self.hooks = build_hooks(config, self.world, pad, len(train_loader))
         self.loader = self.hooks.wrap_loader(train_loader)
         need_ref = bool(config["actor_rollout_ref"]["actor"]["use_kl_loss"] or self.algo["use_kl_in_reward"])
-        self.roles = Roles([actor_role(config), *self.hooks.roles()], ref_from_actor=need_ref)
+        rollout = rollout_role(config, self.world)  # None: the engine is colocated in the actor's workers
+        self.roles = Roles([actor_role(config), *self.hooks.roles(), *([rollout] if rollout else [])],
+                           ref_from_actor=need_ref)
+        self.pipeline = None  # the OffPolicyPipeline of a separate rollout role (init_workers)
 
     # ---- workers --------------------------------------------------------------------------------------------
     def init_workers(self) -> None:
         """Start Ray, place the run's bundles and start every role's workers (again after a restart)."""
         from trainer.placement import create_placement_group, init_ray
+        from trainer.rollout_placement import RolloutPlacement
 
         t = self.cfg["trainer"]
         cpus = int(t.get("cpus_per_worker", 1))
+        placement = RolloutPlacement.from_config(self.cfg)
         init_ray(self.device)
-        self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus)
+        self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus,
+                                         rollout_bundles=placement.rollout_bundles)
         infos = self.roles.start(self.pg, self.world, self.cfg, self.device, cpus)
+        if placement.separate:
+            from trainer.async_rollout import OffPolicyPipeline
+
+            self.pipeline = OffPolicyPipeline(self, placement)
         info = infos["actor"][0]
         self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
         self.hooks.workers_ready(self.roles, infos)
@@ -93,7 +105,8 @@ class RayPPOTrainer:
         step_dir = os.path.join(self._ckpt_root(), f"global_step_{self.global_step}")
         self.roles.save(step_dir)
         extra = {"kl_coef": self.kl_ctrl.value} if self.kl_ctrl is not None else {}
-        save_trainer_state(step_dir, {**self.loader.state_dict(), **extra}, self.global_step, plain(self.cfg))
+        loader = self.pipeline.loader_state() if self.pipeline is not None else self.loader.state_dict()
+        save_trainer_state(step_dir, {**loader, **extra}, self.global_step, plain(self.cfg))
         commit_checkpoint(self._ckpt_root(), self.global_step, t.get("max_actor_ckpt_to_keep"))
         return step_dir
 
@@ -106,6 +119,8 @@ class RayPPOTrainer:
             return 0
         t0 = time.perf_counter()
         self.roles.load(path)
+        if self.pipeline is not None:
+            self.pipeline.reset()  # the batches in flight are generated again
         state = load_trainer_state(path)
         loader_state = state["dataloader"]
         self.loader.load_state_dict(loader_state)
@@ -132,7 +147,10 @@ class RayPPOTrainer:
             self._token_level_rewards(step, batch)
             self.hooks.compute_advantage(step, batch)
         self.hooks.update(step, batch)
+        started = time.time()
         self._update_actor(step, batch)
+        if self.pipeline is not None:
+            self.pipeline.step_done(self.global_step, (started, time.time()))
         # per-stage peak GPU memory reported by the workers (max over ranks; trainer/workers/base.stage_peak_memory)
         step.metrics.update({k: batch.meta.pop(k) for k in list(batch.meta) if k.startswith("perf/")})
         return batch, step.metrics
@@ -147,19 +165,25 @@ class RayPPOTrainer:
         """Generate ``rollout.n`` responses per prompt of the step's ``k``-th prompt batch (1-based; more than one
         only with dynamic sampling) and score them. Returns ``(rows, reward_output)``; ``rows`` carries ``uid``
         (one per prompt group, unique within the step), ``token_level_scores`` (B*n, R) f32 and, when the reward
-        returns named components (GDPO's ``algorithm.gdpo_reward_keys``), ``reward_components`` (B*n, K) f32."""
-        base = self.global_step + int(self.cfg["trainer"]["seed"]) * 100003
-        prompts.meta.update(seed=base + (k - 1) * 7919)
-        tag = f"{self.global_step}-" if k == 1 else f"{self.global_step}.{k}-"
-        prompts["uid"] = [f"{tag}{i}" for i in range(len(prompts))]
+        returns named components (GDPO's ``algorithm.gdpo_reward_keys``), ``reward_components`` (B*n, K) f32. The
+        pipelined rollout started the first batch earlier (:meth:`OffPolicyPipeline.collect`; ``timing_s/gen`` is
+        then the wait for it)."""
+        self._tag_prompts(prompts, self.global_step, k)
         with step.timer("gen"):
-            rows = step.generate(prompts)
+            rows = self.pipeline.collect(step) if self.pipeline is not None and k == 1 else step.generate(prompts)
         with step.timer("reward"):
             rew = self.reward_fn(rows)
             rows["token_level_scores"] = rew.token_level_scores
             if rew.reward_components is not None:
                 rows["reward_components"] = rew.reward_components
         return rows, rew
+
+    def _tag_prompts(self, prompts: DataProto, step: int, k: int) -> None:
+        """The sampling seed (``meta["seed"]``) and ``uid`` column of the ``k``-th prompt batch of ``step``."""
+        base = step + int(self.cfg["trainer"]["seed"]) * 100003
+        prompts.meta.update(seed=base + (k - 1) * 7919)
+        tag = f"{step}-" if k == 1 else f"{step}.{k}-"
+        prompts["uid"] = [f"{tag}{i}" for i in range(len(prompts))]
 
     def _balance(self, batch: DataProto) -> DataProto:
         """Reorder rows so that every data-parallel rank gets a similar number of tokens (``trainer.balance_batch``)."""
@@ -284,7 +308,8 @@ class RayPPOTrainer:
         save_freq, test_freq = int(t.get("save_freq", -1)), int(t.get("test_freq", -1))
         timing: dict = {}
         with timed("step", timing):
-            prompts, epoch = self.loader.next_batch()
+            prompts, epoch = self.pipeline.next_batch(self.global_step, timing) if self.pipeline is not None \
+                else self.loader.next_batch()
             batch, metrics = self.train_step(prompts, timing)
             self._check_skipped(metrics)
             is_last = self.global_step == total

@@ -92,9 +92,11 @@ class Recovery:
         import ray
 
         from trainer.resources import ResourceRequest
+        from trainer.rollout_placement import RolloutPlacement
 
-        req = ResourceRequest.from_config(self.trainer.cfg["trainer"])
-        need = {"CPU": req.world * req.cpus_per_worker, **({"GPU": req.world} if req.device == "cuda" else {})}
+        cfg = self.trainer.cfg
+        req = ResourceRequest.from_config(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
+        need = {"CPU": req.bundles * req.cpus_per_worker, **({"GPU": req.bundles} if req.device == "cuda" else {})}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             free = ray.available_resources()

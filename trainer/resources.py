@@ -3,7 +3,9 @@
 A run asks for ``trainer.nnodes`` nodes, each hosting ``trainer.n_gpus_per_node`` workers; every worker takes one
 bundle of ``trainer.cpus_per_worker`` CPUs (+ 1 GPU with ``trainer.device=cuda``). The roles of a worker slot
 (actor+rollout+ref, critic, PRIME's PRM) split its bundle (``1/roles`` of its CPUs and GPU each), so a run needs
-exactly ``nnodes * n_gpus_per_node`` bundles. :func:`check_request` compares that with:
+exactly ``nnodes * n_gpus_per_node`` bundles, plus the bundles of rollout workers placed on their own
+(``trainer.rollout_placement=separate`` with an integer ``actor_rollout_ref.rollout.n_gpus``;
+:mod:`trainer.rollout_placement`). :func:`check_request` compares that with:
 
 * this machine, before a local Ray starts (its CPUs from the process's CPU affinity, its GPUs from CUDA; one node);
 * the Ray cluster, once joined (``RAY_ADDRESS``) or started: the CPUs and GPUs not in use, and each alive node's
@@ -32,27 +34,36 @@ class ResourceRequest:
         nnodes: nodes (``trainer.nnodes``).
         workers_per_node: workers per node (``trainer.n_gpus_per_node``).
         cpus_per_worker: logical Ray CPUs per worker bundle (``trainer.cpus_per_worker``).
+        rollout_bundles: bundles of rollout workers of their own (``trainer.rollout_placement=separate``), one
+            worker each, beside the ``nnodes * workers_per_node`` bundles of the other roles.
     """
 
     device: str
     nnodes: int
     workers_per_node: int
     cpus_per_worker: int
+    rollout_bundles: int = 0
 
     @classmethod
-    def from_config(cls, trainer_cfg: dict) -> "ResourceRequest":
-        """Raises PlacementError for non-integer or non-positive counts."""
+    def from_config(cls, trainer_cfg: dict, rollout_bundles: int = 0) -> "ResourceRequest":
+        """Raises PlacementError for non-integer or non-positive counts. ``rollout_bundles``: see the class."""
         vals = {}
         for key in ("nnodes", "n_gpus_per_node", "cpus_per_worker"):
             v = trainer_cfg.get(key, 1)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlacementError(f"trainer.{key}={v!r}; expected an integer >= 1")
             vals[key] = v
-        return cls(trainer_cfg.get("device", "cpu"), vals["nnodes"], vals["n_gpus_per_node"], vals["cpus_per_worker"])
+        return cls(trainer_cfg.get("device", "cpu"), vals["nnodes"], vals["n_gpus_per_node"], vals["cpus_per_worker"],
+                   int(rollout_bundles))
 
     @property
     def world(self) -> int:
         return self.nnodes * self.workers_per_node
+
+    @property
+    def bundles(self) -> int:
+        """Every bundle of the run: the roles' ``world`` and the rollout workers' own."""
+        return self.world + self.rollout_bundles
 
     def bundle(self) -> dict[str, float]:
         """One worker's Ray bundle."""
@@ -60,8 +71,11 @@ class ResourceRequest:
 
     def describe(self) -> str:
         gpu = " + 1 GPU" if self.device == "cuda" else ""
-        return (f"{self.world} workers x {self.cpus_per_worker} CPUs{gpu} (trainer.nnodes={self.nnodes} x "
-                f"trainer.n_gpus_per_node={self.workers_per_node}, trainer.cpus_per_worker={self.cpus_per_worker})")
+        rollout = (f" + {self.rollout_bundles} rollout workers (trainer.rollout_placement=separate, "
+                   f"actor_rollout_ref.rollout.n_gpus={self.rollout_bundles})") if self.rollout_bundles else ""
+        return (f"{self.bundles} workers x {self.cpus_per_worker} CPUs{gpu} (trainer.nnodes={self.nnodes} x "
+                f"trainer.n_gpus_per_node={self.workers_per_node}{rollout}, "
+                f"trainer.cpus_per_worker={self.cpus_per_worker})")
 
 
 def machine_resources(device: str) -> list[dict[str, float]]:
@@ -101,13 +115,13 @@ def check_request(req: ResourceRequest, nodes: list[dict[str, float]], where: st
     """
     have = free if free is not None else {k: sum(n.get(k, 0.0) for n in nodes) for k in ("CPU", "GPU")}
     state = "free " if free is not None else ""
-    need_cpu = req.world * req.cpus_per_worker
+    need_cpu = req.bundles * req.cpus_per_worker
     if have.get("CPU", 0.0) < need_cpu:
         raise PlacementError(f"{req.describe()} = {need_cpu} CPUs requested, but {where} has "
                              f"{_num(have.get('CPU', 0.0))} {state}CPUs; lower trainer.n_gpus_per_node or "
                              "trainer.cpus_per_worker, or add nodes")
-    if req.device == "cuda" and have.get("GPU", 0.0) < req.world:
-        raise PlacementError(f"{req.world} GPUs requested ({req.describe()}), but {where} has "
+    if req.device == "cuda" and have.get("GPU", 0.0) < req.bundles:
+        raise PlacementError(f"{req.bundles} GPUs requested ({req.describe()}), but {where} has "
                              f"{_num(have.get('GPU', 0.0))} {state}GPU(s); lower trainer.n_gpus_per_node or add "
                              "nodes (ray start --address ...)")
     per_node = {"CPU": req.workers_per_node * req.cpus_per_worker}

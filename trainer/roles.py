@@ -7,9 +7,9 @@ the algorithm's hooks add theirs (the critic, PRIME's PRM; :mod:`trainer.hooks`)
 
 Three uses of the policy have their own names, so that each can move without the step changing:
 :attr:`Roles.actor` (the trained policy), :attr:`Roles.rollout` (generation) and :attr:`Roles.ref` (reference
-log-probs; None when no KL term needs them). Today all three are the actor's workers (rollout engine and
-reference model colocated in them); generation placed on other devices, or a reference that is the actor with its
-adapters disabled, changes what these return, not the step.
+log-probs; None when no KL term needs them). All three are the actor's workers (rollout engine and reference model
+colocated in them), except with ``trainer.rollout_placement=separate``, where :attr:`Roles.rollout` is the rollout
+role's own workers (:class:`RolloutGroup`, :func:`rollout_role`); the step is the same either way.
 
 Every call on a group goes through a typed client (:class:`ActorGroup`, :class:`CriticGroup`, :class:`PRMGroup`);
 each method says how its batch is split over ranks (:class:`trainer.placement.WorkerGroup`'s dispatch modes).
@@ -25,7 +25,8 @@ from trainer.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Role", "Roles", "GroupClient", "ActorGroup", "CriticGroup", "PRMGroup", "actor_role"]
+__all__ = ["Role", "Roles", "GroupClient", "ActorGroup", "CriticGroup", "PRMGroup", "RolloutGroup", "actor_role",
+           "rollout_role"]
 
 
 class GroupClient:
@@ -111,6 +112,55 @@ class PRMGroup(GroupClient):
         return DataProto.concat([outs[d * sp] for d in range(dp)]), [o.meta["metrics"] for o in outs]
 
 
+class RolloutGroup(GroupClient):
+    """The rollout workers of ``trainer.rollout_placement=separate`` (:class:`trainer.workers.rollout.
+    RolloutWorker`), fed by the actor's weight pushes (:class:`trainer.async_rollout.WeightPush`).
+
+    Attributes:
+        version_for: ``prompts -> weights version`` for calls whose prompts name none (``meta["weights_version"]``):
+            validation, ReMax's greedy baselines; set by :class:`trainer.async_rollout.OffPolicyPipeline`.
+    """
+
+    version_for: Callable[[DataProto], int] | None = None
+
+    def submit(self, prompts: DataProto):
+        """Start generating ``prompts`` (any row count: padded up to a multiple of the workers and cut back) and
+        return a handle whose ``result()`` waits for the rows (:class:`trainer.placement.PendingCall`)."""
+        from trainer.dataset import pad_rows_to_multiple
+
+        if "weights_version" not in prompts.meta:
+            prompts.meta["weights_version"] = int(self.version_for(prompts))
+        padded, pad = pad_rows_to_multiple(prompts, self.wg.world_size)
+        pending = self.wg.submit_all("generate_sequences", padded)
+        return _CutRows(pending, len(prompts), len(padded)) if pad else pending
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """:meth:`submit` and wait: the rows of :meth:`ActorGroup.generate_sequences`."""
+        return self.submit(prompts).result()
+
+    def held_versions(self) -> list[int]:
+        """The weight versions rank 0 holds."""
+        return self.wg.run_all("held_versions")[0]
+
+    def release_below(self, version: int) -> None:
+        self.wg.run_all("release_below", int(version))
+
+
+class _CutRows:
+    """A pending generation of prompts padded from ``prompts`` to ``padded`` rows: the result keeps the responses
+    of the first ``prompts`` (their samples come first, prompt-major)."""
+
+    def __init__(self, pending, prompts: int, padded: int):
+        self.pending, self.prompts, self.padded = pending, prompts, padded
+
+    def done(self) -> bool:
+        return self.pending.done()
+
+    def result(self) -> DataProto:
+        rows = self.pending.result()
+        return rows.index(slice(0, self.prompts * (len(rows) // self.padded)))
+
+
 @dataclass(frozen=True)
 class Role:
     """One worker group of the run.
@@ -123,6 +173,10 @@ class Role:
         ckpt_dir: its folder inside a ``global_step_N`` checkpoint; None: it saves nothing.
         missing_hint: when set, loading a checkpoint without ``ckpt_dir`` raises FileNotFoundError with this
             reason (a role that older checkpoints may lack).
+        world: its workers; None: the run's world (one per bundle of the shared roles).
+        share: the share of its bundle each of its workers takes; None: a role sharing the run's bundles with
+            the other such roles (each takes an equal part of what roles with a ``share`` leave there).
+        bundle_offset: its rank ``r`` runs on bundle ``bundle_offset + r``.
     """
 
     name: str
@@ -131,6 +185,9 @@ class Role:
     sp_size: int = 1
     ckpt_dir: str | None = None
     missing_hint: str = ""
+    world: int | None = None
+    share: float | None = None
+    bundle_offset: int = 0
 
 
 class Roles:
@@ -169,9 +226,10 @@ class Roles:
         return self.groups["actor"]
 
     @property
-    def rollout(self) -> ActorGroup:
-        """The group that generates responses (the actor's workers, engine colocated with sleep/wake)."""
-        return self.groups["actor"]
+    def rollout(self) -> ActorGroup | RolloutGroup:
+        """The group that generates responses: the rollout role's workers when the run has one
+        (``trainer.rollout_placement=separate``), else the actor's (engine colocated with sleep/wake)."""
+        return self.groups.get("rollout") or self.groups["actor"]
 
     @property
     def ref(self) -> ActorGroup | None:
@@ -180,14 +238,18 @@ class Roles:
 
     # ---- start-up, checkpoints, teardown ----------------------------------------------------------------------
     def start(self, pg, world: int, config: Any, device: str, cpus_per_worker: int) -> dict[str, list[dict]]:
-        """Create every role's worker group on the placement group ``pg`` (the roles split each bundle: ``1/len``
-        of its CPUs and GPU each), then build their models; returns ``{role: [per-rank init info]}``."""
+        """Create every role's worker group on the placement group ``pg``, then build their models; returns
+        ``{role: [per-rank init info]}``. The roles without a ``share`` split each of the first ``world`` bundles
+        equally (``1/len`` of its CPUs and GPU each), after the shares of the roles with one placed there."""
         from trainer.placement import WorkerGroup
 
-        share = 1.0 / len(self.specs)
+        shared = [r for r in self.specs if r.share is None]
+        reserved = sum(r.share for r in self.specs if r.share is not None and r.bundle_offset < world)
+        share = (1.0 - reserved) / max(1, len(shared))
         for r in self.specs:
-            self.attach(r.name, WorkerGroup(r.worker(), r.name, pg, world, config, device, cpus_per_worker,
-                                            share=share, sp_size=r.sp_size))
+            self.attach(r.name, WorkerGroup(r.worker(), r.name, pg, r.world or world, config, device, cpus_per_worker,
+                                            share=share if r.share is None else r.share, sp_size=r.sp_size,
+                                            bundle_offset=r.bundle_offset))
         return {r.name: self.groups[r.name].init_model() for r in self.specs}
 
     def save(self, step_dir: str) -> None:
@@ -246,3 +308,24 @@ def actor_role(config) -> Role:
     if strategy == "megatron":
         sp = int(actor["megatron"]["tensor_model_parallel_size"])
     return Role("actor", _actor_worker(strategy), ActorGroup, sp_size=sp, ckpt_dir="actor")
+
+
+def _rollout_worker() -> type:
+    from trainer.workers.rollout import RolloutWorker
+
+    return RolloutWorker
+
+
+def rollout_role(config, world: int) -> Role | None:
+    """The rollout workers' :class:`Role` with ``trainer.rollout_placement=separate`` (checkpoint folder
+    ``rollout/``: the weight versions the batches in flight were generated with), else None.
+
+    ``actor_rollout_ref.rollout.n_gpus`` = N >= 1: N workers on the bundles after the ``world`` of the other roles;
+    0 < f < 1: one worker taking ``f`` of the first bundle (:class:`trainer.rollout_placement.RolloutPlacement`)."""
+    from trainer.rollout_placement import RolloutPlacement
+
+    rp = RolloutPlacement.from_config(config)
+    if not rp.separate:
+        return None
+    return Role("rollout", _rollout_worker, RolloutGroup, ckpt_dir="rollout", world=rp.workers, share=rp.share,
+                bundle_offset=world if rp.rollout_bundles else 0)

@@ -120,8 +120,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "ignore", NO_PROFILE),
     VerlKey("trainer.profile_steps", "ignore", NO_PROFILE),
     VerlKey("actor_rollout_ref.hybrid_engine", "refuse",
-            "the actor, its rollout engine and the reference always share one worker (verl's hybrid engine)",
-            ok=(True,)),
+            "the actor and the reference share one worker; to give the rollout engine workers of its own (verl's "
+            "hybrid_engine=false), set trainer.rollout_placement=separate", ok=(True,)),
     VerlKey("actor_rollout_ref.nccl_timeout", "ignore",
             "process groups use torch's default timeout; trainer.ray_timeout_s bounds every worker call"),
     # ---- optimizer --------------------------------------------------------------------------------------------------

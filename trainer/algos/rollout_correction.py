@@ -61,7 +61,8 @@ class RolloutCorrection:
         """Build from the config section (None or missing keys: defaults)."""
         s = dict(section or {})
         level = s.get("rollout_is")
-        return cls(rollout_is=None if level in (None, "", "none", "null") else str(level),
+        # auto: trainer.launch.resolve_config makes it token with trainer.async.staleness >= 1, else off
+        return cls(rollout_is=None if level in (None, "", "none", "null", "auto") else str(level),
                    rollout_is_threshold=s.get("rollout_is_threshold", 2.0),
                    rollout_is_batch_normalize=bool(s.get("rollout_is_batch_normalize", False)))
 

@@ -2,7 +2,9 @@
 
 Methods called by the single controller (how each splits its batch is declared in ``trainer/placement.py``):
 ``init_model``, ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``, ``update_actor``,
-``save_checkpoint``, ``load_checkpoint``, ``export_hf``.
+``save_checkpoint``, ``load_checkpoint``, ``export_hf``; with ``trainer.rollout_placement=separate`` the engine lives
+in the rollout workers instead (:mod:`trainer.workers.rollout`) and the actor pushes its weights to them
+(:class:`trainer.workers.weight_sync.WeightSender`).
 """
 from __future__ import annotations
 
@@ -13,14 +15,17 @@ import torch
 
 from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker, reset_peak_memory, scheduler_total_steps, stage_peak_memory
+from trainer.workers.generation import call_sampling, generation_rows, prompt_lists, sampling_config
 from trainer.workers.lora import lora_enabled
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
+from trainer.workers.weight_sync import WeightSender
 
 logger = logging.getLogger(__name__)
 
 
-class ActorRolloutRefWorker(DistributedWorker):
-    """Holds the trainable actor (DeepSpeed engine), the rollout engine and the frozen reference model."""
+class ActorRolloutRefWorker(WeightSender, DistributedWorker):
+    """Holds the trainable actor (DeepSpeed engine), the rollout engine (colocated placement) and the frozen
+    reference model."""
 
     lora = False  # the actor trains LoRA adapters (set by init_model)
 
@@ -49,7 +54,8 @@ class ActorRolloutRefWorker(DistributedWorker):
 
     # ---- rollout -------------------------------------------------------------------------------------------
     def _build_rollout(self) -> None:
-        """The rollout engine (``self.engine``) and the generator over it (``self.generator``)."""
+        """The stop and pad ids; with colocated placement the rollout engine (``self.engine``, asleep) and the
+        generator over it (``self.generator``); with ``separate`` both stay None (the rollout workers hold them)."""
         from rollout.stop_tokens import resolve_stop_token_ids
 
         rc = self.rollout_cfg
@@ -57,30 +63,12 @@ class ActorRolloutRefWorker(DistributedWorker):
         self.stop_token_ids = resolve_stop_token_ids(tok, self.actor.hf_config, self.actor.model_path,
                                                      extra=rc.get("stop_token_ids"))
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.stop_token_ids[0]
-        if rc["name"] == "hf":
-            from rollout.hf_engine import HFRolloutEngine
-
-            static = rc.get("static_cache", "auto")
-            static = (self.device_type == "cuda") if static == "auto" else bool(static)
-            self.engine = HFRolloutEngine(self.actor.hf_config, eos_token_id=self.stop_token_ids,
-                                          pad_token_id=self.pad_token_id, device=self.device,
-                                          dtype=self.param_dtype(), use_static_cache=static,
-                                          max_batch_size=int(rc.get("max_batch_size", 256)),
-                                          prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)),
-                                          attn_implementation=str(rc.get("attn_implementation", "auto")))
-        elif rc["name"] == "vllm":
-            from rollout.vllm_engine import VLLMRolloutEngine
-
-            self.engine = VLLMRolloutEngine(
-                self.actor.model_path, eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id,
-                tensor_model_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
-                gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
-                dtype="bfloat16" if self.param_dtype() == torch.bfloat16 else "float32",
-                seed=int(self.config["trainer"]["seed"]) + self.rank, **vllm_kwargs(rc, self.config))
-        else:
-            raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
+        self.engine = self.generator = self.lora_sync = None
+        if separate_rollout(self.config):
+            return
+        self.engine = build_engine(rc, self.config, self.actor.hf_config, self.actor.model_path, self.stop_token_ids,
+                                   self.pad_token_id, self.device, self.device_type, self.param_dtype(), self.rank)
         self.engine.sleep(level=int(rc.get("sleep_level", 1)))
-        self.lora_sync = None
         if self.lora:
             from trainer.workers.lora_sync import LoraWeightSync
 
@@ -96,19 +84,8 @@ class ActorRolloutRefWorker(DistributedWorker):
                                          (self.config.get("data") or {}).get("apply_chat_template_kwargs"))
 
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
-        """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when
-        ``validate``, or one greedy sample per prompt when ``greedy`` (the extra validation pass of
-        ``trainer.val_also_greedy``; ReMax's baseline rollout)."""
-        from rollout.base import SamplingConfig
-
-        rc = self.rollout_cfg
-        if greedy:
-            return SamplingConfig(n=1, max_new_tokens=int(rc["response_length"]), do_sample=False, seed=seed)
-        src = rc["val_kwargs"] if validate else rc
-        return SamplingConfig(n=int(src["n"]), temperature=float(src["temperature"]), top_p=float(src["top_p"]),
-                              top_k=int(src["top_k"]), max_new_tokens=int(rc["response_length"]),
-                              do_sample=bool(src["do_sample"]), seed=seed,
-                              ignore_eos=bool(rc.get("ignore_eos", False)) and not validate)
+        """:func:`trainer.workers.generation.sampling_config` of this worker's rollout settings."""
+        return sampling_config(self.rollout_cfg, validate, seed, greedy)
 
     def _rollout_context(self, validate: bool, memory_log: dict | None = None, timing_log: dict | None = None):
         """``rollout.context.rollout_mode`` with this worker's weight source (ZeRO-gathered actor parameters);
@@ -144,13 +121,11 @@ class ActorRolloutRefWorker(DistributedWorker):
         answers and the template's glue, ``num_turns`` (B*n,) int64 is a non-tensor column and the ``multi_turn/*``
         and ``tool/*`` metrics are in ``meta``.
         """
+        if self.generator is None:
+            raise RuntimeError("trainer.rollout_placement=separate: the rollout workers generate, not the actor")
         t0 = time.perf_counter()
         validate = bool(prompts.meta.get("validate", False))
-        seed = prompts.meta.get("seed")
-        sampling = self._sampling(validate, None if seed is None else int(seed) * 1009 + self.rank,
-                                  greedy=bool(prompts.meta.get("greedy", False)))
-        ids, mask = prompts["input_ids"], prompts["attention_mask"]
-        prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        sampling = call_sampling(self.rollout_cfg, prompts, self.rank)
         reset_peak_memory(self.device)
         stages: dict[str, float] = {}
         seconds: dict[str, float] = {}
@@ -159,34 +134,13 @@ class ActorRolloutRefWorker(DistributedWorker):
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
                 perf["perf/memory_allocated_gb/rollout_start"] = torch.cuda.memory_allocated(self.device) / 2**30
             mm = list(prompts["multi_modal_inputs"]) if "multi_modal_inputs" in prompts else None
-            gen = self.generator.generate(prompt_lists, sampling, mm)
+            gen = self.generator.generate(prompt_lists(prompts), sampling, mm)
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
         perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
         perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
         perf.update(gen.metrics)
-        out = gen.rollout
-        rep = prompts.repeat(sampling.n, interleave=True)
-        responses = out.responses.to(torch.long)
-        resp_mask = out.response_mask.to(torch.long)
-        p_ids, p_mask = rep["input_ids"], rep["attention_mask"]
-        attn = torch.cat([p_mask, gen.attention_mask.to(torch.long)], dim=1)  # tool answers are attended
-        input_ids = torch.cat([p_ids, responses], dim=1)
-        position_ids = torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0)
-        if "multi_modal_inputs" in rep:  # a vision-language model: its rotary position rows (B, 3, P+R)
-            from trainer.multimodal import rope_position_ids
-
-            rows = rope_position_ids(self.actor.engine, input_ids, attn, list(rep["multi_modal_inputs"]))
-            position_ids = rows if rows is not None else position_ids
-        result = DataProto.from_dict({
-            "prompts": p_ids,
-            "responses": responses,
-            "response_mask": resp_mask.float(),
-            "rollout_log_probs": out.rollout_log_probs.float(),
-            "input_ids": input_ids,
-            "attention_mask": attn,
-            "position_ids": position_ids,
-            **gen.columns,
-        }, {**rep.non_tensor, **gen.non_tensor}, meta=dict(prompts.meta))
+        result = generation_rows(prompts, gen, sampling.n,
+                                 rope_model=self.actor.engine if "multi_modal_inputs" in prompts else None)
         result.meta["timing_gen_s"] = time.perf_counter() - t0
         result.meta.update(perf)
         return result
@@ -250,6 +204,40 @@ class ActorRolloutRefWorker(DistributedWorker):
         engine_model = getattr(self.engine, "model", None)
         eng = {n: float(p.double().sum()) for n, p in engine_model.named_parameters()} if engine_model is not None else {}
         return {"actor": actor, "engine": eng}
+
+
+def separate_rollout(config: dict) -> bool:
+    """``trainer.rollout_placement=separate``: the rollout engine runs in rollout workers of its own."""
+    return (config.get("trainer") or {}).get("rollout_placement", "colocated") == "separate"
+
+
+def build_engine(rc: dict, config: dict, hf_config, model_path: str, stop_token_ids: list[int], pad_token_id: int,
+                 device: torch.device, device_type: str, dtype: torch.dtype, rank: int):
+    """The rollout engine ``rc["name"]`` names (``hf``: :class:`rollout.hf_engine.HFRolloutEngine`, ``vllm``:
+    :class:`rollout.vllm_engine.VLLMRolloutEngine`, created asleep) for the model ``model_path`` / ``hf_config``.
+
+    Raises:
+        ValueError: an unknown engine name.
+    """
+    if rc["name"] == "hf":
+        from rollout.hf_engine import HFRolloutEngine
+
+        static = rc.get("static_cache", "auto")
+        static = (device_type == "cuda") if static == "auto" else bool(static)
+        return HFRolloutEngine(hf_config, eos_token_id=stop_token_ids, pad_token_id=pad_token_id, device=device,
+                               dtype=dtype, use_static_cache=static, max_batch_size=int(rc.get("max_batch_size", 256)),
+                               prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)),
+                               attn_implementation=str(rc.get("attn_implementation", "auto")))
+    if rc["name"] == "vllm":
+        from rollout.vllm_engine import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(
+            model_path, eos_token_id=stop_token_ids, pad_token_id=pad_token_id,
+            tensor_model_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
+            gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
+            dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
+            seed=int(config["trainer"]["seed"]) + rank, **vllm_kwargs(rc, config))
+    raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
 
 
 def vllm_kwargs(rollout_cfg: dict, config: dict) -> dict:

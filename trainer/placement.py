@@ -42,7 +42,10 @@ class WorkerDied(WorkerFailure):
 
 def init_ray(device: str) -> None:
     """Join ``RAY_ADDRESS`` when set (PlacementError at once when it does not answer), else start a local Ray on
-    this machine's own CPUs and GPUs (Ray's count; never raised to fit a request: see :func:`check_placement`)."""
+    this machine's own CPUs and GPUs (Ray's count; never raised to fit a request: see :func:`check_placement`).
+
+    Without ``RAY_ADDRESS`` the local Ray is always a new one (``address="local"``): a bare ``ray.init()`` would join
+    the last cluster that ``ray start`` left on this machine, or hang for minutes on one that has since stopped."""
     if ray.is_initialized():
         return
     env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
@@ -58,7 +61,7 @@ def init_ray(device: str) -> None:
     if address:
         probe_ray_address(address)
     try:
-        ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
+        ray.init(address=address or "local", **kwargs)
     except ConnectionError as exc:
         raise PlacementError(f"RAY_ADDRESS={address!r}: could not join a Ray cluster there "
                              f"({str(exc).splitlines()[0]}); start one with ray start --head, or unset RAY_ADDRESS "

@@ -1,0 +1,30 @@
+"""trainer.placement.init_ray: which Ray the driver joins."""
+from __future__ import annotations
+
+import pytest
+
+from trainer import placement
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    calls = []
+    monkeypatch.setattr(placement.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(placement.ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr("trainer.interrupt.reinstall_handlers", lambda: None)
+    return calls
+
+
+def test_without_ray_address_a_new_local_ray_starts_and_no_ray_start_cluster_is_joined(fake_ray, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    placement.init_ray("cpu")
+    assert fake_ray[0]["address"] == "local"  # a bare ray.init() would join the last `ray start` cluster
+    assert fake_ray[0]["runtime_env"]["env_vars"]["DS_ACCELERATOR"] == "cpu"
+
+
+def test_ray_address_is_joined_after_its_probe(fake_ray, monkeypatch):
+    probed = []
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6391")
+    monkeypatch.setattr(placement, "probe_ray_address", probed.append)
+    placement.init_ray("cuda")
+    assert probed == ["10.0.0.1:6391"] and fake_ray[0]["address"] == "10.0.0.1:6391"

@@ -255,6 +255,13 @@ for spec in $RUNS; do
     gsm8k_lora) launch gsm8k_lora "$gpu" "$T_LONG" $GSM $LORA32 ;;  # beside gsm8k_grpo (full fine-tuning)
     svamp_lora) launch svamp_lora "$gpu" "$T_LONG" $SVAMP_E $LORA32 trainer.total_training_steps=30 ;;
     svamp_full) launch svamp_full "$gpu" "$T_LONG" $SVAMP_E trainer.total_training_steps=30 ;;
+    # async on one GPU: the rollout worker shares it (rollout.n_gpus=0.3), staleness 1 beside the same job on-policy
+    # (svamp_onpolicy); engine from ASYNC_ENGINE (hf or vllm); compare critic/score/mean, val accuracy, timing_s/step
+    svamp_onpolicy|svamp_async)
+      own="trainer.rollout_placement=separate actor_rollout_ref.rollout.n_gpus=0.3 trainer.async.staleness=1"
+      [ "$name" = svamp_onpolicy ] && own=""
+      launch "$name" "$gpu" "$T_LONG" $SVAMP trainer.total_training_steps=30 actor_rollout_ref.actor.optim.lr=5e-5 \
+        rollout=${ASYNC_ENGINE:-hf} $own ;;
     lora_memory) lora_memory "$gpu" & ;;
     # the same GSM8K job with each engine (rollout=hf | rollout=vllm) and each algorithm, truncated importance
     # sampling on in both (its weights and the engine/trainer log-prob gap are logged); vLLM takes 0.15 of the GPU

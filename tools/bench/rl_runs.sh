@@ -277,6 +277,10 @@ for spec in $RUNS; do
         trainer.val_before_train=false trainer.test_freq=-1 $own ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
+  # vLLM measures its free memory while it starts: other processes that allocate or free GPU memory meanwhile make
+  # it refuse to start ("No available memory for the cache blocks", "Error in memory profiling"), so runs sharing a
+  # GPU start LAUNCH_GAP_S apart
+  sleep "${LAUNCH_GAP_S:-0}"
 done
 wait
 nvidia-smi --query-gpu=name,memory.used --format=csv > "$OUT/nvidia_smi.txt" 2>&1

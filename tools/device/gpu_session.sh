@@ -9,7 +9,8 @@
 #                                                   memory checks are device-wide), then the RL runs of both engines
 #                                                   and EXTRA_RUNS (default: the tiny VLM's 20-step colour task),
 #                                                   started LAUNCH_GAP_S (default 90) apart, vLLM's first
-#   bash tools/device/gpu_session.sh wait_runs     collect the RL runs into $OUT when they end (or at WAIT_S)
+#   bash tools/device/gpu_session.sh wait_runs     pack the RL runs' logs and metrics into $OUT/runs.tgz when they end
+#                                                   (or at WAIT_S; unfinished runs with their logs so far)
 #   bash tools/device/gpu_session.sh bench_memory  vllm_memory.py: the empty_cache rule, broken and overdone
 #   bash tools/device/gpu_session.sh bench_rollout rollout.py --engine hf,vllm, SmolLM2 and a random Qwen2-1.5B
 # Background runs write under /tmp/eng (they outlive the call that starts them; setsid).
@@ -52,7 +53,7 @@ case $step in
     end=$(( $(date +%s) + ${WAIT_S:-420} ))
     while pgrep -f "trainer/main.py" > /dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
     pgrep -f "trainer/main.py" > /dev/null && echo "runs still going at WAIT_S" || echo "all runs ended"
-    for f in /tmp/eng/*.tgz; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+    tar czf "$OUT/runs.tgz" -C /tmp/eng --exclude='*.tgz' . 2>/dev/null  # logs and metrics (checkpoints: /tmp/runs)
     tail -n 3 /tmp/eng/*/console.log 2>/dev/null | tail -n 40
     ls -la /tmp/eng ;;
   bench_memory)

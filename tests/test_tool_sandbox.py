@@ -199,3 +199,38 @@ def test_min_isolation_refuses_a_weaker_level():
     with pytest.raises(ValueError, match="unknown sandbox isolation level"):
         PythonTool(min_isolation="chroot")
     assert ISOLATION_LEVELS.index(LEVEL) == int(_tool(LEVEL).metrics()["tool/python/isolation_level"])
+
+
+def test_isolation_probe_that_times_out_is_retried_and_a_failed_probe_is_named_in_the_refusal(monkeypatch):
+    """A busy machine must not silently lower the detected isolation: a probe that runs out of time is tried again
+    with a longer limit, and when a level still fails, the python tool's refusal says how it failed."""
+    from rollout.tools import python_tool, sandbox
+    from rollout.tools.sandbox import SandboxResult
+
+    calls = []
+
+    def fake_run(code, limits, isolation):
+        calls.append((isolation, limits.wall_s))
+        if len(calls) == 1:  # the first probe of the strongest level times out; its retry works
+            return SandboxResult(status="timeout", stdout="", stderr="", exit_code=None, seconds=limits.wall_s,
+                                 isolation=isolation)
+        return SandboxResult(status="ok", stdout="42\n", stderr="", exit_code=0, seconds=0.2, isolation=isolation)
+
+    monkeypatch.setattr(sandbox, "run_python", fake_run)
+    monkeypatch.setattr(sandbox, "_DETECTED", [])
+    monkeypatch.setattr(sandbox, "_FAILURES", {})
+    top = "namespace" if os.geteuid() == 0 else "userns"
+    assert sandbox.detect_isolation() == top
+    assert calls == [(top, 20), (top, 120)]
+
+    def failing(code, limits, isolation):
+        return SandboxResult(status="sandbox_error", stdout="", stderr="sandbox setup failed: EPERM unshare\n",
+                             exit_code=None, seconds=0.1, isolation=isolation)
+
+    monkeypatch.setattr(sandbox, "run_python", failing)
+    monkeypatch.setattr(sandbox, "_DETECTED", [])
+    monkeypatch.setattr(sandbox, "_FAILURES", {})
+    assert sandbox.detect_isolation() == "process"
+    with pytest.raises(RuntimeError, match=rf"probes of the stronger levels: {top}: sandbox_error after 0.1 s: "
+                                           r"sandbox setup failed: EPERM unshare"):
+        python_tool.PythonTool(min_isolation="userns").check()

@@ -11,8 +11,8 @@ metric ``tool/python/isolation_level`` (index in ``ISOLATION_LEVELS``: 0 process
 from __future__ import annotations
 
 from rollout.tools.base import Tool, ToolError, ToolTimeoutError
-from rollout.tools.sandbox import (ISOLATION_LEVELS, SandboxLimits, SandboxResult, detect_isolation, isolation_rank,
-                                   run_python)
+from rollout.tools.sandbox import (ISOLATION_LEVELS, SandboxLimits, SandboxResult, detect_isolation,
+                                   isolation_failures, isolation_rank, run_python)
 
 __all__ = ["PythonTool"]
 
@@ -64,9 +64,11 @@ class PythonTool(Tool):
         """
         level = self.isolation or detect_isolation()
         if isolation_rank(level) < isolation_rank(self.min_isolation):
+            failed = "; ".join(f"{k}: {v}" for k, v in isolation_failures().items())
             raise RuntimeError(
                 f"python tool: the strongest sandbox isolation on this machine is {level!r}, below "
-                f"min_isolation={self.min_isolation!r} (levels, weakest first: {list(ISOLATION_LEVELS)}); run "
+                f"min_isolation={self.min_isolation!r} (levels, weakest first: {list(ISOLATION_LEVELS)}"
+                + (f"; probes of the stronger levels: {failed}" if failed else "") + "); run "
                 "as root or enable unprivileged user namespaces, or accept the weaker level with the tool "
                 f"entry {{class_name: python, config: {{min_isolation: {level}}}}}")
         self.isolation = level

@@ -154,6 +154,7 @@ class _UidPool:
 
 _UIDS = _UidPool()
 _DETECTED: list[str] = []
+_FAILURES: dict[str, str] = {}
 _DETECT_LOCK = threading.Lock()
 
 
@@ -325,19 +326,31 @@ def run_python(code: str, limits: SandboxLimits | None = None, isolation: str | 
 def detect_isolation() -> str:
     """The strongest level of :data:`ISOLATION_LEVELS` that runs a probe program here (cached per process).
 
-    ``namespace`` and ``uid`` are tried only as root, ``userns`` only as non-root; ``process`` always works.
+    ``namespace`` and ``uid`` are tried only as root, ``userns`` only as non-root; ``process`` always works. A probe
+    that runs out of time (a busy machine) is tried once more with a longer limit before its level is given up; why
+    each stronger level failed is kept for error messages (:func:`isolation_failures`).
     """
     with _DETECT_LOCK:
         if _DETECTED:
             return _DETECTED[0]
         root = os.geteuid() == 0
         candidates = ("namespace", "uid") if root else ("userns",)
-        probe = SandboxLimits(wall_s=20, cpu_s=10)
         for level in candidates:
-            res = run_python("print(6 * 7)", probe, isolation=level)
+            for probe in (SandboxLimits(wall_s=20, cpu_s=10), SandboxLimits(wall_s=120, cpu_s=60)):
+                res = run_python("print(6 * 7)", probe, isolation=level)
+                if res.status != "timeout":
+                    break
             if res.status == "ok" and res.stdout.strip() == "42":
                 _DETECTED.append(level)
                 break
+            tail = (res.stderr.strip().splitlines() or [""])[-1][:200]
+            _FAILURES[level] = f"{res.status} after {res.seconds:.1f} s" + (f": {tail}" if tail else "")
         else:
             _DETECTED.append("process")
         return _DETECTED[0]
+
+
+def isolation_failures() -> dict[str, str]:
+    """Why each level stronger than the detected one failed its probe (level -> status, seconds, last stderr line);
+    empty before :func:`detect_isolation` has run or when the strongest candidate worked."""
+    return dict(_FAILURES)

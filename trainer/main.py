@@ -56,9 +56,11 @@ def report_user_error(exc: BaseException) -> None:
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from trainer.interrupt import as_interrupt, exit_interrupted, interrupted_by, shutdown_ray
+    from trainer.config_types import check_run_config
     from trainer.launch import run
 
     try:
+        check_run_config(cfg)
         run(cfg)
         shutdown_ray()  # no Ray process of this run outlives it
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (trainer/interrupt.py)

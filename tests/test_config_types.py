@@ -1,0 +1,47 @@
+"""trainer.config_types: value types against the packaged defaults, before anything starts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from trainer.config_checks import ConfigErrors
+from trainer.config_types import check_types, type_errors
+
+DEFAULTS = {"data": {"train_batch_size": 32, "max_rows": None, "name": "gsm8k"},
+            "trainer": {"save_freq": -1, "val_before_train": True, "ray_timeout_s": 0.0},
+            "actor_rollout_ref": {"rollout": {"n_gpus": 1, "temperature": 1.0}}}
+
+
+@pytest.mark.parametrize("section,key,value,want", [
+    ("data", "train_batch_size", "abc", "an integer"), ("data", "train_batch_size", 1.5, "an integer"),
+    ("data", "train_batch_size", True, "an integer"), ("trainer", "save_freq", None, "an integer"),
+    ("trainer", "val_before_train", "yes", "true or false"), ("trainer", "ray_timeout_s", "1m", "a number"),
+])
+def test_a_value_of_the_wrong_type_is_named_with_the_default(section, key, value, want):
+    cfg = {section: {key: value}}
+    assert type_errors(cfg, DEFAULTS) == [f"{section}.{key}={value!r}; expected {want} (default "
+                                          f"{DEFAULTS[section][key]!r})"]
+
+
+def test_values_of_the_right_type_and_unchecked_keys_pass():
+    cfg = {"data": {"train_batch_size": 16, "max_rows": 100, "name": "svamp", "extra": "x"},
+           "trainer": {"save_freq": 2.0, "val_before_train": False, "ray_timeout_s": 5},
+           "actor_rollout_ref": {"rollout": {"n_gpus": 0.3, "temperature": 0}}, "new_section": {"a": 1}}
+    check_types(cfg, DEFAULTS)
+
+
+def test_every_wrong_value_is_reported_at_once():
+    with pytest.raises(ConfigErrors) as info:
+        check_types({"data": {"train_batch_size": "x"}, "trainer": {"save_freq": "y"}}, DEFAULTS)
+    assert len(info.value.messages) == 2
+
+
+@pytest.mark.parametrize("override,line", [
+    ("trainer.save_freq=abc", "error: trainer.save_freq='abc'; expected an integer (default -1)"),
+    ("data.train_batch_size=1.5", "error: data.train_batch_size=1.5; expected an integer (default 32)"),
+])
+def test_main_stops_in_one_line_before_anything_starts(override, line):
+    proc = subprocess.run([sys.executable, "trainer/main.py", override], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line]

@@ -1,0 +1,85 @@
+"""Value types against the packaged defaults: a key whose default is an integer takes an integer, a number takes
+a number, a boolean a boolean. Checked on the Hydra config before anything starts, so that ``data.train_batch_size=abc``
+or ``trainer.save_freq=1.5`` stop in one line naming the key instead of failing deep inside a worker."""
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.config_checks import ConfigErrors
+
+# keys whose integer default also accepts a fraction (documented in configs/ppo_trainer.yaml)
+FRACTIONAL_INTS = frozenset({"actor_rollout_ref.rollout.n_gpus"})
+
+
+def _expected(default: Any) -> str | None:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a number"
+    return None  # strings, null and containers take what their own checks allow
+
+
+def _fits(value: Any, default: Any, key: str) -> bool:
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(default, int) and key not in FRACTIONAL_INTS:
+        return isinstance(value, int) or float(value).is_integer()
+    return True
+
+
+def type_errors(cfg: dict, defaults: dict, prefix: str = "") -> list[str]:
+    """One message per leaf of ``cfg`` whose value does not have the type of the same key in ``defaults``
+    (``key=value; expected an integer (default D)``). Keys missing from ``defaults`` and defaults that are null,
+    strings or containers are not checked here; a null value is accepted only where the default is null."""
+    errors: list[str] = []
+    for key, value in cfg.items():
+        if key not in defaults:
+            continue
+        path, default = f"{prefix}{key}", defaults[key]
+        if isinstance(value, dict) and isinstance(default, dict):
+            errors += type_errors(value, default, f"{path}.")
+            continue
+        want = _expected(default)
+        if want is not None and not _fits(value, default, path):
+            errors.append(f"{path}={value!r}; expected {want} (default {default!r})")
+    return errors
+
+
+def check_types(cfg: dict, defaults: dict) -> None:
+    """Raise :class:`ConfigErrors` with every message of :func:`type_errors` (nothing when all fit)."""
+    errors = type_errors(cfg, defaults)
+    if errors:
+        raise ConfigErrors(errors)
+
+
+def packaged_defaults() -> dict | None:
+    """The packaged config with this run's config-group choices (``algorithm=``, ``model=``, ...) and none of its
+    value overrides, unresolved (interpolations stay strings); None outside a Hydra app."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return None
+    choices = HydraConfig.get().runtime.choices
+    overrides = [f"{k}={v}" for k, v in choices.items() if not k.startswith("hydra") and v is not None]
+    return OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=overrides), resolve=False)
+
+
+def check_run_config(cfg) -> None:
+    """:func:`check_types` of a Hydra run config (a ``DictConfig``) against :func:`packaged_defaults`; a config
+    whose interpolations do not resolve is left to the launcher's own error."""
+    from omegaconf import OmegaConf
+
+    defaults = packaged_defaults()
+    if defaults is None:
+        return
+    try:
+        values = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # noqa: BLE001 - reported by trainer.launch with the key that does not resolve
+        return
+    check_types(values, defaults)

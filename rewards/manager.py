@@ -260,7 +260,7 @@ class RewardManager:
         if self.routes_by_key:
             if self.reward_fn_key not in data:
                 raise KeyError(f"reward_fn_key column {self.reward_fn_key!r} is not in the batch (non-tensor "
-                               f"columns: {sorted(data.non_tensor)}); set reward.reward_fn_key or pass a scorer")
+                               f"columns: {sorted(data.non_tensor)}); set data.reward_fn_key or pass a scorer")
             keys = data[self.reward_fn_key]
         if "reward_model" not in data:
             raise KeyError(f"column 'reward_model' (dicts with 'ground_truth') is not in the batch; non-tensor "

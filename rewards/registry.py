@@ -84,7 +84,7 @@ def get_scorer(name: str) -> Scorer:
         return _REGISTRY[name]
     except (KeyError, TypeError):
         raise KeyError(f"no reward scorer registered for {name!r}; registered: {sorted(_REGISTRY)}. "
-                       "Register one with rewards.registry.register_scorer, pass reward.scorer=<name>, or "
+                       "Register one with rewards.registry.register_scorer, pass reward_model.scorer=<name>, or "
                        "load one with custom_reward_function.path") from None
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from trainer.config_checks import ConfigErrors
+from trainer.config_checks import ConfigError, ConfigErrors
 from trainer.config_types import check_types, type_errors
 
 DEFAULTS = {"data": {"train_batch_size": 32, "max_rows": None, "name": "gsm8k"},
@@ -45,3 +45,26 @@ def test_every_wrong_value_is_reported_at_once():
 def test_main_stops_in_one_line_before_anything_starts(override, line):
     proc = subprocess.run([sys.executable, "trainer/main.py", override], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line]
+
+
+@pytest.mark.parametrize("override,line", [
+    ("actor_rollout_ref.rollout.temperature=-1", "actor_rollout_ref.rollout.temperature=-1; expected >= 0 (0: greedy)"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature=-0.5",
+     "actor_rollout_ref.rollout.val_kwargs.temperature=-0.5; expected >= 0 (0: greedy)"),
+    ("trainer.max_actor_ckpt_to_keep=abc", "trainer.max_actor_ckpt_to_keep='abc'; expected an integer"),
+    ("trainer.max_critic_ckpt_to_keep=-2", "trainer.max_critic_ckpt_to_keep=-2; expected an integer >= 0"),
+])
+def test_values_read_only_after_start_up_are_checked_before_it(override, line):
+    """A negative temperature, or a checkpoint retention that is no count, used to stop a run only after its
+    workers had started (the temperature at the first generation, the retention after the first save)."""
+    from hydra import compose, initialize_config_dir
+
+    from trainer.config_validate import validate
+    from trainer.launch import resolve_config
+    from trainer.overrides import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = resolve_config(compose(config_name="ppo_trainer", overrides=[override]))
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert str(info.value).splitlines()[0] == line

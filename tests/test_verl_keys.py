@@ -280,3 +280,13 @@ def test_readme_key_table_is_the_generated_one():
 
 def test_a_config_error_list_is_one_error_per_line():
     assert str(ConfigErrors(["a", "b"])) == "a\nb" and isinstance(ConfigErrors(["a"]), ConfigError)
+
+
+@pytest.mark.parametrize("use_prime", [True, False])
+def test_use_kl_in_reward_with_prime_warns_that_it_has_no_effect(use_prime):
+    """verl's PRIME recipe sets use_kl_in_reward=True; PRIME's advantages never read the penalised rewards."""
+    from trainer.verl_compat import unused_setting_warnings
+
+    cfg = _cfg(algorithm={"use_prime": use_prime, "use_kl_in_reward": True})
+    hits = [w for w in unused_setting_warnings(cfg) if w.startswith("algorithm.use_kl_in_reward=true")]
+    assert len(hits) == (1 if use_prime else 0)

@@ -145,6 +145,14 @@ def _check_numbers(cfg: dict) -> None:
     as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
     if t.get("total_training_steps") is not None:
         as_int(t["total_training_steps"], "trainer.total_training_steps", minimum=1)
+    for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
+        if t.get(key) is not None:
+            as_int(t[key], f"trainer.{key}", minimum=0)
+    rollout = cfg["actor_rollout_ref"]["rollout"]
+    for key, section in (("actor_rollout_ref.rollout", rollout),
+                         ("actor_rollout_ref.rollout.val_kwargs", rollout.get("val_kwargs") or {})):
+        if "temperature" in section and float(_finite(f"{key}.temperature", section["temperature"])) < 0:
+            raise ConfigError(f"{key}.temperature={section['temperature']}; expected >= 0 (0: greedy)")
     if float(actor["clip_ratio_c"]) <= 1.0:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={actor['clip_ratio_c']}; expected > 1")
 

@@ -311,8 +311,8 @@ ENGINE_KEYS = {"vllm": {"tensor_model_parallel_size": 1, "gpu_memory_utilization
 def unused_setting_warnings(cfg: dict) -> list[str]:
     """Warnings for settings that this run's other choices leave without effect: rollout keys of the other engine
     (set away from their defaults), ``free_cache_engine=false`` (the engine always frees its KV cache: it sleeps
-    while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, and a custom reward function's name without
-    its path."""
+    while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, a custom reward function's name without
+    its path, and ``use_kl_in_reward`` with PRIME (whose advantages never read the penalised rewards)."""
     from trainer.workers.base import effective_zero_stage
 
     rc = _get(cfg, R) or {}
@@ -325,6 +325,12 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
     if not custom.get("path") and custom.get("name") not in (None, "compute_score"):
         out.append(f"reward_model.custom_reward_function.name={custom['name']}: ignored without "
                    "custom_reward_function.path (the file that defines it)")
+    from trainer.hooks.prime import prime_enabled
+
+    if (cfg.get("algorithm") or {}).get("use_kl_in_reward") and prime_enabled(cfg):
+        out.append("algorithm.use_kl_in_reward=true: no effect with algorithm=prime: PRIME's advantages are built from "
+                   "the verified and the implicit process rewards, not from token_level_rewards where that penalty "
+                   "goes (use actor_rollout_ref.actor.use_kl_loss=true for a KL term)")
     if rc.get("free_cache_engine", True) is not True:
         out.append(f"{R}.free_cache_engine={_fmt(rc['free_cache_engine'])}: ignored: the engine always frees its KV "
                    "cache after generation (it sleeps while DeepSpeed trains)")

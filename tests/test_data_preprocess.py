@@ -112,3 +112,21 @@ def test_math500_data_config_reads_the_written_files():
     validate(resolve_config(cfg))
     assert (cfg.data.train_files, cfg.data.val_files) == (f"{math500.DEFAULT_OUT}/train.parquet",
                                                           f"{math500.DEFAULT_OUT}/test.parquet")
+
+
+def test_an_empty_source_split_writes_nothing_and_keeps_the_existing_file(tmp_path, capsys):
+    """An empty test.jsonl used to overwrite data/<name>/test.parquet with 0 rows; a missing one gave a traceback."""
+    from tools.data_preprocess import math500
+
+    out, src = tmp_path / "out", tmp_path / "src"
+    src.mkdir()
+    (src / "test.jsonl").write_text("")
+    out.mkdir()
+    (out / "test.parquet").write_bytes(b"kept")
+    with pytest.raises(SystemExit) as info:
+        math500.main(["--src", str(src), "--splits", "test", "--out", str(out)])
+    assert info.value.code == 2 and (out / "test.parquet").read_bytes() == b"kept"
+    assert "no rows to write to" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        math500.main(["--src", str(tmp_path / "missing"), "--out", str(out)])
+    assert "test.jsonl' not found" in capsys.readouterr().err

@@ -46,10 +46,26 @@ def make_row(data_source: str, question: str, answer: str, split: str, index: in
 
 
 def write_parquet(rows: Iterable[dict], path: str) -> int:
-    """Write rows to ``path`` as parquet (via ``datasets``); returns the number of rows."""
+    """Write rows to ``path`` as parquet (via ``datasets``); returns the number of rows.
+
+    Raises:
+        ValueError: no rows (nothing is written, so a file already at ``path`` is kept).
+    """
     import datasets
 
     rows = list(rows)
+    if not rows:
+        raise ValueError(f"no rows to write to {path} (an empty or unusable source split); nothing written"
+                         + (", the existing file is kept" if os.path.exists(path) else ""))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     datasets.Dataset.from_list(rows).to_parquet(path)
     return len(rows)
+
+
+def run_cli(parser, convert_fn, *args) -> None:
+    """Print ``convert_fn(*args)``; a missing source file or an empty split ends the tool with one line
+    (``parser.error``: usage plus the message, exit 2) instead of a traceback."""
+    try:
+        print(convert_fn(*args))
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))

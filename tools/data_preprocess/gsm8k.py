@@ -14,7 +14,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tools.data_preprocess.common import load_split, make_row, write_parquet  # noqa: E402
+from tools.data_preprocess.common import load_split, make_row, run_cli, write_parquet  # noqa: E402
 
 DATA_SOURCE = "openai/gsm8k"
 HUB_CONFIG = "main"
@@ -44,7 +44,7 @@ def main(argv=None) -> None:
                    help="a local folder with train.jsonl/test.jsonl (default: $GSM8K_DIR, else the Hub)")
     p.add_argument("--out", default="data/gsm8k")
     a = p.parse_args(argv)
-    print(convert(a.src, a.out))
+    run_cli(p, convert, a.src, a.out)
 
 
 if __name__ == "__main__":

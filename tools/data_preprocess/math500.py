@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from rewards.math import last_boxed_only_string, remove_boxed  # noqa: E402
-from tools.data_preprocess.common import BOXED_INSTRUCTION, load_split, make_row, write_parquet  # noqa: E402
+from tools.data_preprocess.common import BOXED_INSTRUCTION, load_split, make_row, run_cli, write_parquet  # noqa: E402
 
 TEST_HUB = "HuggingFaceH4/MATH-500"
 TRAIN_HUB = "DigitalLearningGmbH/MATH-lighteval"
@@ -93,10 +93,7 @@ def main(argv=None) -> None:
     p.add_argument("--splits", default="train,test", help="comma list: train, test (default both)")
     p.add_argument("--out", default=DEFAULT_OUT)
     a = p.parse_args(argv)
-    try:
-        print(convert(a.src, a.out, tuple(s.strip() for s in a.splits.split(",") if s.strip())))
-    except ValueError as exc:
-        p.error(str(exc))
+    run_cli(p, convert, a.src, a.out, tuple(s.strip() for s in a.splits.split(",") if s.strip()))
 
 
 if __name__ == "__main__":

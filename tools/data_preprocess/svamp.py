@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tools.data_preprocess.common import load_split, make_row, write_parquet  # noqa: E402
+from tools.data_preprocess.common import load_split, make_row, run_cli, write_parquet  # noqa: E402
 
 DATA_SOURCE = "svamp"
 HUB_NAME = "ChilleD/SVAMP"
@@ -48,7 +48,7 @@ def main(argv=None) -> None:
                    help="a local folder with the 1,000-row test.jsonl (default: $SVAMP_DIR, else the Hub)")
     p.add_argument("--out", default="data/svamp")
     a = p.parse_args(argv)
-    print(convert(a.src, a.out))
+    run_cli(p, convert, a.src, a.out)
 
 
 if __name__ == "__main__":

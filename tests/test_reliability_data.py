@@ -32,6 +32,15 @@ def test_empty_file_names_the_path(tmp_path, tok):
         PromptDataset(str(p), tok, max_prompt_length=16)
 
 
+def test_parquet_with_columns_but_no_rows_says_so(tmp_path, tok):
+    import datasets
+
+    p = tmp_path / "zero.parquet"
+    datasets.Dataset.from_dict({"prompt": [], "reward_model": []}).to_parquet(str(p))
+    with pytest.raises(DataError, match=r"zero\.parquet' has no rows"):
+        PromptDataset(str(p), tok, max_prompt_length=16)
+
+
 def test_rows_without_prompt_or_ground_truth_are_skipped_and_counted(tmp_path, tok):
     rows = [_row(), {**_row(), "prompt": []}, _row(gt=""), {**_row(), "reward_model": {}}, _row("last of 2 ?", "2"),
             {**_row(), "reward_model": None}]

@@ -37,6 +37,16 @@ class DataExhausted(Exception):
     """The loader has yielded every batch of its ``num_epochs`` epochs (verl's end of ``trainer.total_epochs``)."""
 
 
+def _parquet_rows(path: str) -> int | None:
+    """The row count in a parquet file's footer; None when the footer cannot be read (reported by the loader)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # noqa: BLE001 - not a parquet file: datasets names the problem
+        return None
+
+
 def _load_rows(files: Sequence[str]) -> list[dict]:
     import datasets
 
@@ -49,6 +59,8 @@ def _load_rows(files: Sequence[str]) -> list[dict]:
         ext = os.path.splitext(path)[1].lower()
         if ext == ".parquet":
             kind = "parquet"
+            if _parquet_rows(path) == 0:
+                raise DataError(f"data file {path!r} has no rows (a parquet file with its columns but 0 rows)")
         elif ext in (".jsonl", ".json"):
             kind = "json"
         else:

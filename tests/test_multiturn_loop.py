@@ -131,6 +131,11 @@ def test_turn_limits():
     _, res = _run(counting_script, ["calls=5"], max_assistant_turns=2)
     assert res.num_turns.tolist() == [4] and res.tool_calls.tolist() == [1]
     assert res.metrics["multi_turn/stop_reason/max_assistant_turns"] == 1.0
+    # a last turn that calls no tool ended the trajectory itself, also when it is the last turn allowed
+    _, res = _run(counting_script, ["calls=1"], max_assistant_turns=2)
+    assert res.num_turns.tolist() == [4] and res.tool_calls.tolist() == [1]
+    assert res.metrics["multi_turn/stop_reason/no_tool_call"] == 1.0
+    assert res.metrics["multi_turn/stop_reason/max_assistant_turns"] == 0.0
     _, res = _run(counting_script, ["calls=5"], max_user_turns=2)
     assert res.num_turns.tolist() == [6] and res.tool_calls.tolist() == [2]
     assert res.metrics["multi_turn/stop_reason/max_user_turns"] == 1.0

@@ -119,12 +119,12 @@ def _end_of_turn(row: _Row, stops: set[int], width: int, cfg: MultiTurnConfig, t
     if not turn or len(row.ids) >= width or turn[-1] not in stops:
         row.stop_reason = "length"
         return []
-    if cfg.max_assistant_turns is not None and row.assistant_turns >= cfg.max_assistant_turns:
-        row.stop_reason = "max_assistant_turns"
-        return []
     calls = parse(tokenizer.decode(turn, skip_special_tokens=False))
-    if not calls:
+    if not calls:  # the model ended the trajectory itself, whatever turn this is
         row.stop_reason = "no_tool_call"
+        return []
+    if cfg.max_assistant_turns is not None and row.assistant_turns >= cfg.max_assistant_turns:
+        row.stop_reason = "max_assistant_turns"  # it asked for a tool that the turn limit does not allow
         return []
     if cfg.max_user_turns is not None and row.user_turns >= cfg.max_user_turns:
         row.stop_reason = "max_user_turns"

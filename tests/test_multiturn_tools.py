@@ -76,6 +76,20 @@ def test_calculator_refuses(expr, msg):
     assert time.perf_counter() - t0 < 1.0
 
 
+@pytest.mark.parametrize("limit", [1000, 100_000])
+def test_calculator_nesting_limit_does_not_depend_on_the_recursion_limit(limit):
+    """Libraries (and other tests) raise ``sys.setrecursionlimit``; the refusal must not move with it."""
+    import sys
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        with pytest.raises(ToolError, match="nested too deeply"):
+            evaluate("-" * 650 + "1")
+        assert evaluate("-" * 550 + "1") == "1" and evaluate("+".join(["1"] * 500)) == "500"
+    finally:
+        sys.setrecursionlimit(old)
+
+
 # ---- parsers -----------------------------------------------------------------------------------------------
 
 def test_hermes_several_calls_and_malformed_ones():

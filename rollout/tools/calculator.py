@@ -17,10 +17,11 @@ from fractions import Fraction
 
 from rollout.tools.base import Tool, ToolError
 
-__all__ = ["CalculatorTool", "evaluate", "MAX_DIGITS", "MAX_EXPRESSION_CHARS"]
+__all__ = ["CalculatorTool", "evaluate", "MAX_DIGITS", "MAX_EXPRESSION_CHARS", "MAX_NESTING"]
 
 MAX_DIGITS = 4000  # Python refuses int -> str beyond 4300 digits by default
 MAX_EXPRESSION_CHARS = 2000
+MAX_NESTING = 600  # nesting deeper than this is refused, whatever sys.getrecursionlimit() is
 _MAX_BITS = int(MAX_DIGITS * math.log2(10))
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
@@ -72,6 +73,16 @@ _FUNCS = {"abs": (abs, 1, 1), "round": (_round, 1, 2), "min": (min, 1, 64), "max
           "sqrt": (_sqrt, 1, 1)}
 
 
+def _depth(tree: ast.AST) -> int:
+    """Nesting depth of ``tree``, walked with an explicit stack (no recursion)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        stack.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
 def _eval(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Expression):
         return _eval(node.body)
@@ -111,7 +122,8 @@ def evaluate(expression: str) -> str:
     separates function arguments).
 
     Raises:
-        ToolError: a syntax error, a refused construct, division by zero, or a result beyond ``MAX_DIGITS``.
+        ToolError: a syntax error, a refused construct, division by zero, nesting deeper than ``MAX_NESTING``, or a
+            result beyond ``MAX_DIGITS``.
     """
     if not isinstance(expression, str) or not expression.strip():
         raise ToolError("expression must be a non-empty string")
@@ -119,6 +131,8 @@ def evaluate(expression: str) -> str:
         raise ToolError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(expression.strip().replace("^", "**"), mode="eval")
+        if _depth(tree) > MAX_NESTING:
+            raise ToolError(f"expression nested too deeply (more than {MAX_NESTING} levels)")
         return _format(_eval(tree))
     except SyntaxError as exc:
         raise ToolError(f"cannot parse expression: {exc.msg}") from None

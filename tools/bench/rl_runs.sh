@@ -4,7 +4,8 @@
 # GPU (SmolLM2-135M steps are launch-bound), each with its own Ray instance and CUDA_VISIBLE_DEVICES; step times of
 # runs that shared a GPU compare only with each other.
 #   RUNS="gsm8k_grpo:0 svamp_e:1" MODEL=HuggingFaceTB/SmolLM2-135M-Instruct OUT=runs_out bash tools/bench/rl_runs.sh
-# RUNS: name:gpu pairs (the run names are the cases below; megatron*:- use the GPUs of PAIR, default 0,1).
+# RUNS: name:gpu pairs (the run names are the cases below; megatron*:- use the GPUs of PAIR, default 0,1, and
+# MG_GPUS of them, default 2: PAIR=0 MG_GPUS=1 runs the Megatron save/resume pairs on one GPU).
 # MODEL: an HF model folder or Hub repository id (fetched once through huggingface_hub). Data: data/gsm8k and
 # data/svamp (python tools/data_preprocess/gsm8k.py --out data/gsm8k; svamp.py --out data/svamp).
 # Each run stops at T_LONG seconds (default 480; SIGTERM: the trainer finishes its step, saves if save_freq > 0);
@@ -73,7 +74,7 @@ megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both
   local name=$1 tag=$2; shift 2
   local d="$OUT/$name" first="$RUN_ROOT/${tag}1" resumed="$RUN_ROOT/${tag}2"
   local MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
-   trainer.n_gpus_per_node=2 trainer.save_freq=5 $*"
+   trainer.n_gpus_per_node=${MG_GPUS:-2} trainer.save_freq=5 $*"
   CUDA_VISIBLE_DEVICES=$PAIR timeout -s TERM -k 20 230 $PY trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
       trainer.output_dir=$first > "$d/first.log" 2>&1
   CUDA_VISIBLE_DEVICES=$PAIR timeout -s TERM -k 20 150 $PY trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
@@ -261,11 +262,14 @@ for spec in $RUNS; do
     svamp_full) launch svamp_full "$gpu" "$T_LONG" $SVAMP_E trainer.total_training_steps=30 ;;
     # async on one GPU: the rollout worker shares it (rollout.n_gpus=0.3), staleness 1 beside the same job on-policy
     # (svamp_onpolicy); engine from ASYNC_ENGINE (hf or vllm); compare critic/score/mean, val accuracy, timing_s/step
-    svamp_onpolicy|svamp_async)
+    # (svamp_onpolicy); engine from ASYNC_ENGINE (hf or vllm), svamp_async_vllm: vLLM in the rollout worker
+    svamp_onpolicy|svamp_async|svamp_async_vllm)
       own="trainer.rollout_placement=separate actor_rollout_ref.rollout.n_gpus=0.3 trainer.async.staleness=1"
+      eng=${ASYNC_ENGINE:-hf}
       [ "$name" = svamp_onpolicy ] && own=""
+      [ "$name" = svamp_async_vllm ] && eng=vllm own="$own actor_rollout_ref.rollout.gpu_memory_utilization=${VLLM_UTIL:-0.15}"
       launch "$name" "$gpu" "$T_LONG" $SVAMP trainer.total_training_steps=30 actor_rollout_ref.actor.optim.lr=5e-5 \
-        rollout=${ASYNC_ENGINE:-hf} $own ;;
+        rollout=$eng $own ;;
     lora_memory) lora_memory "$gpu" & ;;
     # the same GSM8K job with each engine (rollout=hf | rollout=vllm) and each algorithm, truncated importance
     # sampling on in both (its weights and the engine/trainer log-prob gap are logged); vLLM takes 0.15 of the GPU

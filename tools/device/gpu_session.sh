@@ -9,10 +9,13 @@
 #                                                   memory checks are device-wide), then the RL runs of both engines
 #                                                   and EXTRA_RUNS (default: the tiny VLM's 20-step colour task),
 #                                                   started LAUNCH_GAP_S (default 90) apart, vLLM's first
+#                                                   (INSTALL_ONLY=1: install vLLM, nothing else)
+#   RUNS="a:0 b:0" bash tools/device/gpu_session.sh runs   start rl_runs.sh runs in the background
 #   bash tools/device/gpu_session.sh wait_runs     pack the RL runs' logs and metrics into $OUT/runs.tgz when they end
 #                                                   (or at WAIT_S; unfinished runs with their logs so far)
 #   bash tools/device/gpu_session.sh bench_memory  vllm_memory.py: the empty_cache rule, broken and overdone
 #   bash tools/device/gpu_session.sh bench_rollout rollout.py --engine hf,vllm, SmolLM2 and a random Qwen2-1.5B
+#                                                   (ROLL_MODELS="smol qwen" picks them)
 # Background runs write under /tmp/eng (they outlive the call that starts them; setsid).
 set -u
 step=${1:?step}
@@ -45,10 +48,14 @@ case $step in
       && (cd /tmp/vsite && xz -dc /tmp/vllm.tar.xz | tar x) \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite .vC/*.whl || exit 1
     python3 -c "import vllm; print('vllm', vllm.__version__)"
+    [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
     VLLM_GPU_REPORT=$OUT/vllm_gpu.json timeout -k 10 ${TEST_S:-300} python3 -m pytest -m gpu -q -s \
       tests/test_rollout_vllm_gpu.py -p no:cacheprovider 2>&1 | tail -n 60 | tee "$OUT/vllm_gpu_tests.log"
     LAUNCH_GAP_S=${LAUNCH_GAP_S:-90} start_runs $RUNS_VLLM $RUNS_HF ${EXTRA_RUNS:-vlm_colour:0}
     echo "started: $RUNS_VLLM $RUNS_HF ${EXTRA_RUNS:-vlm_colour:0}" ;;
+  runs)  # RUNS (name:gpu pairs) in the background, LAUNCH_GAP_S (default 60) apart; then wait_runs
+    LAUNCH_GAP_S=${LAUNCH_GAP_S:-60} start_runs ${RUNS:?set RUNS}
+    echo "started: $RUNS" ;;
   wait_runs)
     end=$(( $(date +%s) + ${WAIT_S:-420} ))
     while pgrep -f "trainer/main.py" > /dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
@@ -60,12 +67,14 @@ case $step in
     timeout -k 10 ${MEM_S:-300} python3 tools/bench/vllm_memory.py --model /tmp/smol_hf --eager \
       --out "$OUT/vllm_memory.json" 2>&1 | tail -n 30 ;;
   bench_rollout)
+    case " ${ROLL_MODELS:-smol qwen} " in *" smol "*)
     timeout -k 10 ${ROLL_S:-240} python3 tools/bench/rollout.py --engine hf,vllm --model /tmp/smol_hf --prompts 512 \
       --n 1 --new-tokens 512 --skip-plain --skip-sync --attn sdpa_gqa --vllm-gpu-util 0.4 \
-      --out "$OUT/rollout_smollm2.json" 2>&1 | tail -n 8
+      --out "$OUT/rollout_smollm2.json" 2>&1 | tail -n 8 ;; esac
+    case " ${ROLL_MODELS:-smol qwen} " in *" qwen "*)
     timeout -k 10 ${ROLL_S:-240} python3 tools/bench/rollout.py --engine hf,vllm --random qwen2-1.5b --prompts 512 \
       --n 1 --new-tokens 512 --skip-plain --skip-sync --attn sdpa_gqa --vllm-gpu-util 0.4 \
-      --out "$OUT/rollout_qwen2_1.5b.json" 2>&1 | tail -n 8 ;;
+      --out "$OUT/rollout_qwen2_1.5b.json" 2>&1 | tail -n 8 ;; esac ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 exit 0

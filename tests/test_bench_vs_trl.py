@@ -397,3 +397,18 @@ def test_budget_leaves_sides_unstarted_and_says_so(tmp_path):
     (row,) = doc["results"]
     assert row["side"] == "ours_hf" and row["error"].startswith("not run:") and "of --budget-s 5" in row["error"]
     assert json.loads(out.read_text())["results"][0]["error"].startswith("not run")
+
+
+def test_a_side_stopped_in_shut_down_after_its_last_step_keeps_its_steps(tmp_path):
+    """A process that wrote every step and then outlived its time limit (slow shut-down) still counts, with a note;
+    one that had not written them is a failed side."""
+    import sys
+
+    from tools.bench.vs_trl import SideTimeout, _run_finished
+
+    cmd = [sys.executable, "-c", "import time; print('steps done', flush=True); time.sleep(60)"]
+    wall, note = _run_finished(cmd, str(tmp_path / "a.log"), 2, None, lambda: True)
+    assert wall == 2.0 and "shutting down" in note
+    with pytest.raises(SideTimeout, match="timed out after 2 s"):
+        _run_finished(cmd, str(tmp_path / "b.log"), 2, None, lambda: False)
+    assert _run_finished([sys.executable, "-c", "pass"], str(tmp_path / "c.log"), 30, None, lambda: False)[1] is None

@@ -133,10 +133,14 @@ def ours_command(job: dict, engine: str = "hf") -> list[str]:
     return cmd + list(job.get("ours_overrides") or [])
 
 
+class SideTimeout(RuntimeError):
+    """A side's process ran past its time limit (it may have finished its steps and been stopped in shut-down)."""
+
+
 def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) -> float:
     """Run ``cmd`` in its own session with output to ``log``; returns wall seconds. On timeout the session gets
     SIGINT (the trainer shuts Ray down), then SIGKILL after 15 s. Raises RuntimeError on a non-zero exit or a
-    timeout (the message holds the log's tail)."""
+    timeout (:class:`SideTimeout`; the message holds the log's tail)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            **(env_extra or {})}
     t0 = time.perf_counter()
@@ -157,8 +161,20 @@ def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) 
     if rc != 0 or why != "exited":
         with open(log, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-3000:]
-        raise RuntimeError(f"{os.path.basename(cmd[1])} {why} {rc}; log {log}:\n{tail}")
+        kind = SideTimeout if why != "exited" else RuntimeError
+        raise kind(f"{os.path.basename(cmd[1])} {why} {rc}; log {log}:\n{tail}")
     return wall
+
+
+def _run_finished(cmd: list[str], log: str, timeout: int, env_extra: dict | None, done) -> tuple[float, str | None]:
+    """:func:`_run`, except that a timeout after ``done()`` became true (every step written) is kept as a result:
+    returns (wall seconds, a note saying the process was stopped in shut-down, or None)."""
+    try:
+        return _run(cmd, log, timeout, env_extra), None
+    except SideTimeout:
+        if not done():
+            raise
+        return float(timeout), f"all steps written; stopped after {timeout} s while shutting down"
 
 
 def _run_trl_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[dict], dict, float]:
@@ -167,13 +183,14 @@ def _run_trl_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[d
     path = os.path.join(work, f"{side}_job.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(sjob, f)
-    wall = _run([sys.executable, os.path.abspath(__file__), "--trl-child", path], os.path.join(work, f"{side}.log"),
-                timeout, side_env(side))
+    wall, note = _run_finished([sys.executable, os.path.abspath(__file__), "--trl-child", path],
+                               os.path.join(work, f"{side}.log"), timeout, side_env(side),
+                               lambda: os.path.exists(sjob["trl_result"]))
     with open(sjob["trl_result"], encoding="utf-8") as f:
         res = json.load(f)
     extra = dict(version=f"trl {res['trl_version']}", grpo_config=res["config"], reward_mean=res["reward_mean"],
                  peak_torch_allocated_gib=res["peak_torch_allocated_gib"],
-                 peak_torch_reserved_gib=res["peak_torch_reserved_gib"])
+                 peak_torch_reserved_gib=res["peak_torch_reserved_gib"], **({"note": note} if note else {}))
     return res["steps"], extra, wall
 
 
@@ -182,13 +199,24 @@ def _run_ours_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[
 
     engine = SIDES[side][1]
     cmd = ours_command(dict(job, out_dir=work), engine)
-    wall = _run(cmd, os.path.join(work, f"{side}.log"), timeout, side_env(side))
-    with open(os.path.join(work, f"ours_{engine}", "metrics.jsonl"), encoding="utf-8") as f:
-        steps = ours_steps([json.loads(line) for line in f if line.strip()], job["batch"] * job["n"])
+    metrics = os.path.join(work, f"ours_{engine}", "metrics.jsonl")
+
+    def read() -> list[dict]:
+        with open(metrics, encoding="utf-8") as f:
+            return ours_steps([json.loads(line) for line in f if line.strip()], job["batch"] * job["n"])
+
+    def all_written() -> bool:
+        try:
+            return len(read()) >= job["steps"]
+        except (OSError, ValueError, KeyError):
+            return False
+
+    wall, note = _run_finished(cmd, os.path.join(work, f"{side}.log"), timeout, side_env(side), all_written)
+    steps = read()
     peak = lambda k: max((s[k] for s in steps if s[k] is not None), default=None)
     extra = dict(command=" ".join(cmd), reward_mean=[s["reward"] for s in steps],
                  peak_torch_allocated_gib=peak("peak_torch_allocated_gib"),
-                 peak_torch_reserved_gib=peak("peak_torch_reserved_gib"))
+                 peak_torch_reserved_gib=peak("peak_torch_reserved_gib"), **({"note": note} if note else {}))
     return steps, extra, wall
 
 

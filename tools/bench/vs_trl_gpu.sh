@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# TRL vs this project on one H200, both jobs in one call of under 10 minutes (tools/bench/vs_trl.py).
+# TRL vs this project on one H200 (tools/bench/vs_trl.py), one job per call of under 10 minutes.
 # Needs on the machine: torch, DeepSpeed, Ray, transformers, trl 1.16 and vLLM importable from PYTHONPATH below,
 # SmolLM2-135M-Instruct as an HF folder at $SMOL and GSM8K at data/gsm8k/train.parquet
 # (tools/device/gpu_session.sh steps wheels, model_a, model_b, vllm_a..vllm_c).
-#   OUT=/some/dir bash tools/bench/vs_trl_gpu.sh        both jobs; PART=smol or PART=qwen runs one
+#   PART=smol OUT=/some/dir bash tools/bench/vs_trl_gpu.sh     job 1 (about 330 s: three sides of about 100 s each)
+#   PART=qwen OUT=/some/dir bash tools/bench/vs_trl_gpu.sh     job 2 (up to BUDGET_S; a 1.5B side takes minutes)
+#   PART=all runs both in one call, which only fits when BUDGET_S allows (job 1 leaves QWEN_RESERVE_S to job 2).
 # Job 1 (smol): SmolLM2-135M, GSM8K, 16 prompts x 8 samples, up to 256 tokens, micro-batch 64, SMOL_STEPS (4)
 #   steps: SMOL_SIDES (trl_vllm,ours_hf,ours_vllm).
 # Job 2 (qwen): random-weight Qwen2-1.5B architecture with SmolLM2's tokenizer, GSM8K prompts, QWEN_BATCH (64)
 #   x 8, exactly 512 tokens (ignore_eos), micro-batch 8, QWEN_STEPS (2) steps: QWEN_SIDES (trl_vllm,ours_vllm).
-# BUDGET_S (default 570) bounds the whole script: each side gets at most what is left (vs_trl.py --budget-s), job 1
-# leaving QWEN_RESERVE_S (330) to job 2 when both run; a side cut short is reported as failed, the sides before it
-# kept. Files in $OUT (at most 8): smol.json/.md/_split.png, qwen.json/.md/_split.png, logs.tgz (every side's
-# log), console.log.
+# BUDGET_S (default 570) bounds the whole script: each side gets at most what is left (vs_trl.py --budget-s); a
+# side cut short before its last step is reported as failed (one stopped while shutting down after its last step
+# keeps its steps, with a note), the sides before it kept. Files in $OUT (at most 8): smol.json/.md/_split.png,
+# qwen.json/.md/_split.png, logs.tgz (every side's log), console.log.
 set -u
 OUT=${OUT:-/tmp/out}
 SMOL=${SMOL:-/tmp/smol_hf}
-PART=${PART:-all}
+PART=${PART:-smol}
 BUDGET_S=${BUDGET_S:-570}
 QWEN_RESERVE_S=${QWEN_RESERVE_S:-330}
 SMOL_STEPS=${SMOL_STEPS:-4}
@@ -35,7 +37,7 @@ if [ "$PART" != qwen ]; then
   reserve=0; [ "$PART" = all ] && reserve=$QWEN_RESERVE_S
   b=$(( $(left) - reserve - 15 ))
   timeout -k 10 $(( b + 40 )) python3 tools/bench/vs_trl.py --model "$SMOL" "${common[@]}" --batch 16 --micro 64 \
-    --response-len 256 --steps "$SMOL_STEPS" --sides "$SMOL_SIDES" --timeout 150 --budget-s "$b" \
+    --response-len 256 --steps "$SMOL_STEPS" --sides "$SMOL_SIDES" --timeout 170 --budget-s "$b" \
     --work-dir /tmp/vs/smol --out "$OUT/smol.json"
 fi
 if [ "$PART" != smol ]; then
@@ -44,7 +46,7 @@ if [ "$PART" != smol ]; then
   b=$(( $(left) - 30 ))
   timeout -k 10 $(( b + 40 )) python3 tools/bench/vs_trl.py --model "$SMOL" --random-config qwen2-1.5b \
     --random-dir /tmp/qwen2_rand "${common[@]}" --batch "$QWEN_BATCH" --micro 8 --response-len 512 \
-    --steps "$QWEN_STEPS" --sides "$QWEN_SIDES" --timeout 300 --budget-s "$b" --work-dir /tmp/vs/qwen \
+    --steps "$QWEN_STEPS" --sides "$QWEN_SIDES" --timeout 270 --budget-s "$b" --work-dir /tmp/vs/qwen \
     --out "$OUT/qwen.json"
 fi
 (cd /tmp/vs && tar czf "$OUT/logs.tgz" $(ls -d */*.log 2>/dev/null))

@@ -58,8 +58,9 @@ case $step in
     echo "started: $RUNS" ;;
   wait_runs)
     end=$(( $(date +%s) + ${WAIT_S:-420} ))
-    while pgrep -f "trainer/main.py" > /dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
-    pgrep -f "trainer/main.py" > /dev/null && echo "runs still going at WAIT_S" || echo "all runs ended"
+    # rl_runs.sh lives until its last run ends (runs start LAUNCH_GAP_S apart, some after a model is built)
+    while pgrep -f "bench/rl_runs.sh" > /dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
+    pgrep -f "bench/rl_runs.sh" > /dev/null && echo "runs still going at WAIT_S" || echo "all runs ended"
     tar czf "$OUT/runs.tgz" -C /tmp/eng --exclude='*.tgz' . 2>/dev/null  # logs and metrics (checkpoints: /tmp/runs)
     tail -n 3 /tmp/eng/*/console.log 2>/dev/null | tail -n 40
     ls -la /tmp/eng ;;

@@ -98,7 +98,7 @@ def gsm8k_rows(doc: dict) -> list[dict]:
             last = max(r["exports"], key=lambda e: e["mark_s"])
             res = (results.get(ckpt_id(r["side"], r["seed"], last["mark_s"])) or {}).get("gsm8k")
             if res:
-                out.append(dict(model=f"{r['side']} seed {r['seed']}, {last['mark_s'] / 60:g} min "
+                out.append(dict(model=f"{r['side']} seed {r['seed']}, {_min(last['mark_s'])} min "
                                       f"(step {last['global_step']})", **_pick(res)))
     return out
 
@@ -109,6 +109,10 @@ def _pick(res: dict) -> dict:
 
 def _pct(v) -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{100 * v:.2f}"
+
+
+def _min(seconds: float) -> str:
+    return f"{seconds / 60:.2f}".rstrip("0").rstrip(".")
 
 
 def _cell(stats: dict) -> str:
@@ -126,17 +130,20 @@ def markdown(doc: dict) -> str:
              "| minutes | TRL acc | ours acc | TRL format | ours format | ours >= TRL - spread |", "|---|---|---|---|---|---|"]
     for r in rows:
         ok = "-" if r["ok"] is None else ("yes" if r["ok"] else "**no**")
-        lines.append(f"| {r['mark_s'] / 60:g} | {_cell(r['trl']['acc'])} | {_cell(r['ours']['acc'])} | "
+        lines.append(f"| {_min(r['mark_s'])} | {_cell(r['trl']['acc'])} | {_cell(r['ours']['acc'])} | "
                      f"{_cell(r['trl']['format'])} | {_cell(r['ours']['format'])} | {ok} |")
     tg = targets(rows)
-    lines += ["", f"- At every mark ours >= TRL - spread: **{'met' if tg['every_mark'] else 'not met'}** "
-                  f"({tg['marks_checked']} marks checked; failed at {tg['marks_failed'] or 'none'} s)"]
+    verdict = "not checked (no mark has both sides)" if not tg["marks_checked"] else \
+        f"**{'met' if tg['every_mark'] else 'not met'}** ({tg['marks_checked']} marks checked; failed at " \
+        f"{tg['marks_failed'] or 'none'} s)"
+    lines += ["", f"- At every mark ours >= TRL - spread: {verdict}"]
     if tg.get("half_time") is not None:
         at = tg["ours_reaches_trl_best_at_s"]
-        lines.append(f"- TRL's best mean accuracy {_pct(tg['trl_best_acc'])}% first at {tg['trl_best_mark_s'] / 60:g} "
-                     f"min; ours reaches it {'never' if at is None else f'at {at / 60:g} min'}: half-time target "
+        when = "never" if at is None else f"at {_min(at)} min"
+        lines.append(f"- TRL's best mean accuracy {_pct(tg['trl_best_acc'])}% first at {_min(tg['trl_best_mark_s'])} "
+                     f"min; ours reaches it {when}: half-time target "
                      f"**{'met' if tg['half_time'] else 'not met'}** (ours' best {_pct(tg['ours_best_acc'])}% at "
-                     f"{tg['ours_best_mark_s'] / 60:g} min)")
+                     f"{_min(tg['ours_best_mark_s'])} min)")
     lines += ["", "| run | steps | first save (s) | saves | stopped | process wall (s) |", "|---|---|---|---|---|---|"]
     for r in doc.get("runs", []):
         ex = sorted(r.get("exports") or [], key=lambda e: e["mark_s"])
@@ -189,7 +196,7 @@ def plot(doc: dict, path: str) -> str | None:
     axes[0].legend(fontsize=8)
     job = doc["job"]
     fig.suptitle(f"GRPO on SVAMP: {job['batch']} prompts x {job['n']}, lr {job['lr']:g}, {job['response_len']} tokens, "
-                 f"budget {job['budget_s'] / 60:g} min", fontsize=10)
+                 f"budget {_min(job['budget_s'])} min", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

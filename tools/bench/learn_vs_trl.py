@@ -124,9 +124,10 @@ def _stop(proc: subprocess.Popen, first: int) -> None:
 
 
 def run_until_final_mark(cmd: list[str], log: str, env_extra: dict, exports_root: str, final_mark_s: float,
-                         limit_s: float, poll_s: float = 1.0) -> dict:
+                         limit_s: float, poll_s: float = 1.0, exit_wait_s: float = 0.0) -> dict:
     """Run ``cmd`` in its own session (output to ``log``) until its manifest (``exports_root``) lists a mark >=
-    ``final_mark_s``, it exits, or ``limit_s`` seconds pass; then stop it (:func:`_stop`).
+    ``final_mark_s``, it exits, or ``limit_s`` seconds pass; then stop it (:func:`_stop`), after waiting up to
+    ``exit_wait_s`` seconds for it to end by itself once the last mark is saved (TRL's callback ends its run).
 
     Returns ``{"wall_s", "rc", "stop"}``: ``stop`` is ``last mark saved``, ``exited`` or ``time limit``."""
     from trainer.hf_exports import read_entries
@@ -144,7 +145,7 @@ def run_until_final_mark(cmd: list[str], log: str, env_extra: dict, exports_root
             if any(e["mark_s"] >= final_mark_s for e in read_entries(exports_root)):
                 stop = "last mark saved"
                 try:
-                    proc.wait(timeout=30)  # TRL's callback ends its run by itself
+                    proc.wait(timeout=exit_wait_s)
                 except subprocess.TimeoutExpired:
                     pass
                 break
@@ -177,7 +178,8 @@ def run_side(side: str, seed: int, job: dict, work: str) -> dict:
         row["command"] = " ".join(cmd)
         env = side_env(f"ours_{job['ours_engine']}") if job["device"] == "cuda" else {}
     root = os.path.join(out_dir, EXPORTS_SUBDIR)
-    row.update(run_until_final_mark(cmd, log, env, root, job["budget_s"], job["budget_s"] + job["grace_s"]))
+    row.update(run_until_final_mark(cmd, log, env, root, job["budget_s"], job["budget_s"] + job["grace_s"],
+                                    exit_wait_s=30.0 if side == "trl" else 0.0))
     row["exports"] = read_entries(root)
     if side == "trl" and os.path.exists(tjob["trl_result"]):
         with open(tjob["trl_result"], encoding="utf-8") as f:

@@ -411,3 +411,22 @@ def test_ours_side_on_the_cpu_saves_at_its_marks_and_is_scored(tmp_path):
     assert res["base"]["svamp"]["n"] == 4 and res["base"]["gsm8k"]["n"] == 4
     assert "gsm8k" in res["ours_s1_t000030"] and not doc["eval"]["errors"]
     assert (tmp_path / "learn.md").exists()
+
+
+def test_merge_docs_joins_runs_of_calls_with_the_same_job(tmp_path):
+    full = _synthetic_doc()
+    paths = []
+    for side, seed in (("trl", 1), ("ours", 1), ("ours", 2)):
+        d = dict(full, runs=[r for r in full["runs"] if (r["side"], r["seed"]) == (side, seed)],
+                 job=dict(full["job"], seeds=[seed], sides=[side]))
+        paths.append(str(tmp_path / f"{side}{seed}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump(d, f)
+    doc = learn_vs_trl.merge_docs(paths)
+    assert [(r["side"], r["seed"]) for r in doc["runs"]] == [("trl", 1), ("ours", 1), ("ours", 2)]
+    assert doc["job"]["seeds"] == [1, 2] and doc["job"]["sides"] == ["trl", "ours"] and "eval" not in doc
+    other = dict(full, job=dict(full["job"], lr=1e-4))
+    with open(tmp_path / "other.json", "w") as f:
+        json.dump(other, f)
+    with pytest.raises(SystemExit, match="differs .* in lr"):
+        learn_vs_trl.merge_docs([paths[0], str(tmp_path / "other.json")])

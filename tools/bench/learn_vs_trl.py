@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,7 +164,8 @@ def run_side(side: str, seed: int, job: dict, work: str) -> dict:
     from trainer.hf_exports import EXPORTS_SUBDIR, read_entries
 
     out_dir = os.path.join(work, f"{side}_s{seed}")
-    os.makedirs(out_dir, exist_ok=True)
+    shutil.rmtree(out_dir, ignore_errors=True)  # a manifest left by an earlier call would end this run at once
+    os.makedirs(out_dir)
     log = os.path.join(work, f"{side}_s{seed}.log")
     row = dict(side=side, seed=seed, log=log, out_dir=out_dir)
     if side == "trl":
@@ -246,6 +248,27 @@ def run_eval(doc: dict, work: str, args, limit_s: float) -> dict:
     return out
 
 
+def merge_docs(paths: list[str]) -> dict:
+    """One document from several of this tool's JSON files (e.g. one seed and side per call): the first file's
+    job and split, every file's runs (seeds and sides as listed there).
+
+    Raises: SystemExit when a file's job differs from the first's in a key other than seeds and sides."""
+    docs = []
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            docs.append(json.load(f))
+    doc = dict(docs[0], runs=[r for d in docs for r in d.get("runs", [])])
+    doc.pop("eval", None)
+    same = {k: v for k, v in doc["job"].items() if k not in ("seeds", "sides")}
+    for p, d in zip(paths[1:], docs[1:]):
+        bad = sorted(k for k in same if d["job"].get(k) != same[k])
+        if bad:
+            raise SystemExit(f"error: --eval-from {p}: its job differs from {paths[0]}'s in {', '.join(bad)}")
+    doc["job"] = dict(doc["job"], seeds=sorted({r["seed"] for r in doc["runs"]}),
+                      sides=[s for s in SIDES if any(r["side"] == s for r in doc["runs"])])
+    return doc
+
+
 def write_report(doc: dict, out: str) -> None:
     """``doc`` as JSON at ``out``, its markdown at ``<out>.md`` (printed too) and the plot at ``<out>.png``."""
     from tools.bench.common import write_json
@@ -298,10 +321,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-gpu-util", type=float, default=0.5)
     ap.add_argument("--eval-max-prompt-len", type=int, default=1024, help="longest prompt scored (tokens)")
     ap.add_argument("--eval-limit-s", type=int, default=1800, help="seconds for the whole evaluation")
+    ap.add_argument("--total-budget-s", type=int, default=None, help="seconds for the whole tool: a run is not "
+                    "started when less than its budget + grace is left, the evaluation gets what is left")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--work-dir", default=None, help="runs, checkpoints and logs (default: next to --out)")
     ap.add_argument("--report-from", help="write the table and plot of this JSON (no runs)")
-    ap.add_argument("--eval-from", help="score the runs of this JSON again (no training)")
+    ap.add_argument("--eval-from", help="comma list of this tool's JSON files: score their runs together (no "
+                    "training); the job is the first file's")
+    ap.add_argument("--skip-eval", action="store_true", help="train only (score later with --eval-from)")
     ap.add_argument("--out", default="learn_vs_trl.json")
     ap.add_argument("--trl-child", help=argparse.SUPPRESS)  # internal: a TRL run from a job JSON file
     ap.add_argument("--evaluate", help=argparse.SUPPRESS)  # internal: the evaluator from a job JSON file
@@ -386,18 +413,23 @@ def main(argv=None) -> dict:
         return done
     work = os.path.abspath(args.work_dir or os.path.splitext(os.path.abspath(args.out))[0] + "_work")
     os.makedirs(work, exist_ok=True)
+    end = None if args.total_budget_s is None else time.monotonic() + args.total_budget_s
     if args.eval_from:
-        with open(args.eval_from, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = merge_docs([p for p in args.eval_from.split(",") if p])
     else:
-        doc = _train_all(args, work, run_meta(args))
-    doc["eval"] = run_eval(doc, work, args, args.eval_limit_s)
+        doc = _train_all(args, work, run_meta(args), end)
+    if args.skip_eval:
+        write_report(doc, args.out)
+        return doc
+    limit = args.eval_limit_s if end is None else min(args.eval_limit_s, end - time.monotonic() - 10)
+    doc["eval"] = run_eval(doc, work, args, limit)
     write_report(doc, args.out)
     return doc
 
 
-def _train_all(args, work: str, meta: dict) -> dict:
-    """Check the input, then every (seed, side) run in turn; the report document (rewritten after each run)."""
+def _train_all(args, work: str, meta: dict, end: float | None = None) -> dict:
+    """Check the input, then every (seed, side) run in turn (one with less than its budget + grace left before
+    ``end``, a ``time.monotonic()`` value, is reported as not run); the report document (rewritten after each)."""
     sides, seeds, mk = _check(args)
     try:
         split = check_split(args.train, args.test, _expected_rows(args.expect_rows))
@@ -419,6 +451,11 @@ def _train_all(args, work: str, meta: dict) -> dict:
     for seed in seeds:
         for side in sides:
             print(f"=== {side} seed {seed} ({args.budget_s} s budget)", flush=True)
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left < args.budget_s + args.grace_s:
+                doc["runs"].append(dict(side=side, seed=seed, exports=[], wall_s=0.0, stop="not run",
+                                        error=f"not run: {left:.0f} s left of --total-budget-s"))
+                continue
             row = run_side(side, seed, job, work)
             print(f"{side} seed {seed}: {len(row['exports'])} saves, {row['stop']}, {row['wall_s']:.0f} s"
                   + (f"; {row['error']}" if row.get("error") else ""), flush=True)

@@ -32,6 +32,8 @@ Usage:
     python tools/bench/learn_vs_trl.py --model /tmp/smol_hf --train data/svamp/train.parquet \\
         --test data/svamp/test.parquet --gsm8k data/gsm8k/test.parquet --budget-s 720 --every-s 120 \\
         --seeds 1,2 --out learn.json
+    python tools/bench/learn_vs_trl.py --seeds 1 --sides trl --skip-eval --work-dir W --out W/trl1.json ...
+    python tools/bench/learn_vs_trl.py --eval-from W/trl1.json,W/ours1.json --work-dir W --out W/learn.json
     python tools/bench/learn_vs_trl.py --report-from learn.json --out learn.json     # table + plot again
 """
 from __future__ import annotations
@@ -271,20 +273,13 @@ def merge_docs(paths: list[str]) -> dict:
 
 def write_report(doc: dict, out: str) -> None:
     """``doc`` as JSON at ``out``, its markdown at ``<out>.md`` (printed too) and the plot at ``<out>.png``."""
-    from tools.bench.common import write_json
+    from tools.bench.common import write_report_files
     from tools.bench.learn_report import mark_table, markdown, plot, targets
 
     if doc.get("eval"):
         doc["table"] = mark_table(doc)
         doc["targets"] = targets(doc["table"])
-    write_json(out, doc)
-    stem = os.path.splitext(out)[0]
-    text = markdown(doc)
-    with open(stem + ".md", "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text, flush=True)
-    png = plot(doc, stem + ".png")
-    print(f"wrote {stem}.md" + (f", {png}" if png else " (no plot: matplotlib absent or nothing scored)"), flush=True)
+    write_report_files(doc, out, markdown(doc), plot, os.path.splitext(out)[0] + ".png")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -383,14 +378,10 @@ def _expected_rows(text: str) -> tuple[int, int] | None:
 def _internal(args) -> dict | None:
     """The child modes (--trl-child, --evaluate) and --report-from; None for a normal run."""
     if args.trl_child:
+        from tools.bench.common import run_job_file
         from tools.bench.learn_vs_trl_child import run_trl_learn
 
-        with open(args.trl_child, encoding="utf-8") as f:
-            job = json.load(f)
-        res = run_trl_learn(job)
-        with open(job["trl_result"], "w", encoding="utf-8") as f:
-            json.dump(res, f)
-        return res
+        return run_job_file(args.trl_child, run_trl_learn)
     if args.evaluate:
         from tools.bench.learn_eval import evaluate
 

@@ -148,6 +148,8 @@ def _check_numbers(cfg: dict) -> None:
     for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
         if t.get(key) is not None:
             as_int(t[key], f"trainer.{key}", minimum=0)
+    if t.get("export_hf_freq_s") is not None:
+        _finite("trainer.export_hf_freq_s", t["export_hf_freq_s"])  # <= 0: off
     rollout = cfg["actor_rollout_ref"]["rollout"]
     for key, section in (("actor_rollout_ref.rollout", rollout),
                          ("actor_rollout_ref.rollout.val_kwargs", rollout.get("val_kwargs") or {})):

@@ -5,9 +5,9 @@ One step (:meth:`RayPPOTrainer.train_step`): prompts -> rollout + rewards -> the
 reward (optional) -> advantages -> the algorithm's updates (critic) -> actor update. The algorithm (PRIME, dynamic
 sampling, the critic, the estimator) plugs in through :mod:`trainer.hooks`; the worker groups are the run's
 :class:`trainer.roles.Roles`. :meth:`RayPPOTrainer.fit` loops over steps with metrics, checkpoints every
-``save_freq`` steps and validation every ``test_freq`` steps. With ``trainer.rollout_placement=separate`` the
-rollout role generates on its own workers, ``trainer.async.staleness`` batches ahead of the update
-(:class:`trainer.async_rollout.OffPolicyPipeline`).
+``save_freq`` steps, HF exports at wall-clock marks (``export_hf_freq_s``, :mod:`trainer.hf_exports`) and
+validation every ``test_freq`` steps. With ``trainer.rollout_placement=separate`` the rollout role generates on its
+own workers, ``trainer.async.staleness`` batches ahead of the update (:class:`trainer.async_rollout.OffPolicyPipeline`).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import numpy as np
 from trainer.config_reads import plain
 from trainer.dataset import DataExhausted, PromptLoader
 from trainer.hooks import StepContext, build_hooks
+from trainer.hf_exports import TimedHFExports
 from trainer.hooks.base import timed
 from trainer.metric_utils import reduce_rank_metrics, reward_output_metrics
 from trainer.protocol import DataProto
@@ -58,6 +59,7 @@ class RayPPOTrainer:
         self._log_val_n = 0
         self.kl_ctrl = core_algos.get_kl_controller(self.algo["kl_ctrl"]) if self.algo["use_kl_in_reward"] else None
         self.rollout_correction = RolloutCorrection.from_config(self.algo.get("rollout_correction"))
+        self.hf_exports = TimedHFExports.from_config(t)  # trainer.export_hf_freq_s (None: off)
         vk = config["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
         if t.get("val_also_greedy") and not sampled(vk):
             logger.warning("trainer.val_also_greedy=true does nothing: actor_rollout_ref.rollout.val_kwargs already "
@@ -316,6 +318,9 @@ class RayPPOTrainer:
             if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
                 with timed("save_checkpoint", timing):
                     self.save_checkpoint()
+            if self.hf_exports is not None and self.hf_exports.due():
+                with timed("export_hf", timing):
+                    self.hf_exports.export(self.roles.actor.export_hf, self.global_step)
             if test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
                 with timed("testing", timing):
                     metrics.update(validate_and_log(self, tracker, self.global_step))

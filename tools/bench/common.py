@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 __all__ = ["MODEL_CONFIGS", "hf_config", "build_model", "packed_batch", "sync", "Timer", "peak_memory_gib",
            "reset_peak_memory", "run_meta", "actor_micro_step", "deepspeed_engine", "update_setup", "kernel_options", "apply_tiny",
-           "write_json", "print_table", "pick_device", "DeviceMemorySampler", "ROOT"]
+           "write_json", "write_report_files", "run_job_file", "print_table", "pick_device", "DeviceMemorySampler", "ROOT"]
 
 # Architectures of the real models, random weights (hidden, layers, heads, kv heads, intermediate, vocab).
 MODEL_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -343,6 +343,30 @@ def write_json(path: str | None, doc: dict) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(_clean(doc), f, indent=1, allow_nan=False, default=str)
     print(f"wrote {path}", flush=True)
+
+
+def run_job_file(path: str, fn) -> dict:
+    """A child process's work: the job dict in the JSON file ``path``, ``res = fn(job)`` written as JSON to
+    ``job["trl_result"]``; returns ``res``."""
+    with open(path, encoding="utf-8") as f:
+        job = json.load(f)
+    res = fn(job)
+    with open(job["trl_result"], "w", encoding="utf-8") as f:
+        json.dump(res, f)
+    return res
+
+
+def write_report_files(doc: dict, out: str, text: str, plot_fn, png_path: str) -> str | None:
+    """``doc`` as JSON at ``out`` (:func:`write_json`), ``text`` (markdown) at ``<out stem>.md`` and printed, and
+    ``plot_fn(doc, png_path)`` (returns the path, or None when it drew nothing); returns the PNG path or None."""
+    write_json(out, doc)
+    stem = os.path.splitext(out)[0]
+    with open(stem + ".md", "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text, flush=True)
+    png = plot_fn(doc, png_path)
+    print(f"wrote {stem}.md" + (f", {png}" if png else " (no plot: matplotlib absent or nothing to draw)"), flush=True)
+    return png
 
 
 def _fmt(v) -> str:

@@ -298,18 +298,11 @@ def notes(sides: list[str], job: dict) -> list[str]:
 def write_report(doc: dict, out: str) -> None:
     """``doc`` as JSON at ``out``, its markdown table at ``<out>.md`` (also printed), the split plot at
     ``<out>_split.png`` (when matplotlib is installed)."""
-    from tools.bench.common import write_json
+    from tools.bench.common import write_report_files
     from tools.bench.vs_trl_report import markdown, plot_split, ratios
 
     doc["ratios"] = ratios(doc["results"])
-    write_json(out, doc)
-    stem = os.path.splitext(out)[0]
-    text = markdown(doc)
-    with open(stem + ".md", "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text, flush=True)
-    png = plot_split(doc, stem + "_split.png")
-    print(f"wrote {stem}.md" + (f", {png}" if png else " (no plot: matplotlib absent or no split)"), flush=True)
+    write_report_files(doc, out, markdown(doc), plot_split, os.path.splitext(out)[0] + "_split.png")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -387,14 +380,10 @@ def main(argv=None) -> dict:
     ap = _parser()
     args = ap.parse_args(argv)
     if args.trl_child:
+        from tools.bench.common import run_job_file
         from tools.bench.vs_trl_child import run_trl
 
-        with open(args.trl_child, encoding="utf-8") as f:
-            job = json.load(f)
-        res = run_trl(job)
-        with open(job["trl_result"], "w", encoding="utf-8") as f:
-            json.dump(res, f)
-        return res
+        return run_job_file(args.trl_child, run_trl)
     if args.report_from:
         with open(args.report_from, encoding="utf-8") as f:
             doc = json.load(f)

@@ -25,16 +25,16 @@ __all__ = ["STAGES", "ours_steps", "summarize", "update_mfu", "ratios", "markdow
 STAGES = ("gen", "weight_sync", "wake_up", "sleep", "old_log_prob", "ref", "reward", "adv", "update")
 # trainer/ppo_trainer.py timer -> bench stage; other timers keep their names
 _OURS_STAGE = {"update_actor": "update"}
-_OURS_NOT_STAGES = {"step", "testing", "save_checkpoint"}
+_OURS_NOT_STAGES = {"step", "testing", "save_checkpoint", "export_hf"}
 
 
 def ours_steps(metrics: list[dict], rows: int) -> list[dict]:
     """Step records from this project's ``metrics.jsonl`` lines (those with ``timing_s/step``).
 
     ``gen_tokens`` = ``response_length/mean * rows``, ``prompt_tokens`` = ``prompt_length/mean * rows``;
-    ``split_s`` from the ``timing_s/<timer>`` keys (``update_actor`` -> ``update``; ``step``, ``testing`` and
-    ``save_checkpoint`` are not stages). ``gen`` covers the weight sync, the engine's wake-ups and its sleep, which
-    the trainer does not time apart. ``peak_torch_allocated_gib`` / ``_reserved_gib``: the largest
+    ``split_s`` from the ``timing_s/<timer>`` keys (``update_actor`` -> ``update``; ``step``, ``testing``,
+    ``save_checkpoint`` and ``export_hf`` are not stages). ``gen`` covers the weight sync, the engine's wake-ups
+    and its sleep, which the trainer does not time apart. ``peak_torch_allocated_gib`` / ``_reserved_gib``: the largest
     ``perf/max_memory_{allocated,reserved}_gb/<stage>`` of the step (None when absent, e.g. on CPU)."""
     out = []
     for m in metrics:

@@ -1,0 +1,203 @@
+"""Curves, the table, the targets and the plot of ``tools/bench/learn_vs_trl.py``.
+
+A run (one side, one seed) gives checkpoints at wall-clock marks (seconds since its process started); the evaluator
+scores each on the held-out set (``svamp``) and the base model once (time 0, shared by every run). The value of a
+run at mark ``t`` is its checkpoint with the largest mark <= ``t`` (a checkpoint is saved at the first step end at or
+after its mark, so its real time, ``elapsed_s``, can be later); a run with none yet is at the base model.
+
+Per mark and side: the mean over seeds and the spread (half the range over seeds; 0 with one seed).
+Targets (:func:`targets`):
+
+- **at every mark** ours' mean strict accuracy >= TRL's mean - the larger of the two spreads;
+- **half the time**: the first mark where ours' mean reaches TRL's best mean (over the marks) is at most half the
+  first mark where TRL reaches it.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["ckpt_id", "run_values", "mark_table", "targets", "gsm8k_rows", "markdown", "plot"]
+
+SET = "svamp"
+
+
+def ckpt_id(side: str, seed: int, mark_s: float) -> str:
+    """The evaluator's name of a checkpoint: ``<side>_s<seed>_t<mark, 6 digits>``."""
+    return f"{side}_s{seed}_t{int(round(mark_s)):06d}"
+
+
+def run_values(run: dict, results: dict, marks: list[float], name: str = SET) -> dict[float, dict | None]:
+    """``{mark: evaluator result of the run's state at that mark}`` (module docstring); a mark whose checkpoint
+    was not scored gives None. ``results``: the evaluator's ``results`` ({checkpoint id: {set: result}})."""
+    out = {}
+    exports = sorted(run.get("exports") or [], key=lambda e: e["mark_s"])
+    for t in marks:
+        upto = [e for e in exports if e["mark_s"] <= t]
+        key = ckpt_id(run["side"], run["seed"], upto[-1]["mark_s"]) if upto else "base"
+        out[t] = (results.get(key) or {}).get(name)
+    return out
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return dict(mean=None, spread=None, values=[])
+    return dict(mean=sum(values) / len(values), spread=(max(values) - min(values)) / 2, values=values)
+
+
+def mark_table(doc: dict, name: str = SET) -> list[dict]:
+    """One row per mark (0 = the base model, then every mark of the job): per side ``acc`` and ``format`` stats
+    over the seeds whose value exists, and ``ok`` (ours' mean >= TRL's - the larger spread; None when a side has
+    no value)."""
+    results = (doc.get("eval") or {}).get("results") or {}
+    marks = [float(m) for m in doc["job"]["marks_s"]]
+    runs = [r for r in doc.get("runs", []) if not r.get("error") or r.get("exports")]
+    vals = {id(r): run_values(r, results, marks, name) for r in runs}
+    base = (results.get("base") or {}).get(name)
+    rows = []
+    for t in [0.0] + marks:
+        row = dict(mark_s=t)
+        for side in ("trl", "ours"):
+            got = [base] * (base is not None) if t == 0 else \
+                [vals[id(r)][t] for r in runs if r["side"] == side and vals[id(r)][t] is not None]
+            row[side] = {k: _stats([g[k] for g in got]) for k in ("acc", "format")}
+        a, b = row["ours"]["acc"], row["trl"]["acc"]
+        row["ok"] = None if a["mean"] is None or b["mean"] is None else \
+            a["mean"] >= b["mean"] - max(a["spread"], b["spread"]) - 1e-12
+        rows.append(row)
+    return rows
+
+
+def targets(rows: list[dict]) -> dict:
+    """The two targets of the module docstring from :func:`mark_table` rows (marks > 0 only)."""
+    later = [r for r in rows if r["mark_s"] > 0]
+    checked = [r for r in later if r["ok"] is not None]
+    out = dict(every_mark=bool(checked) and all(r["ok"] for r in checked), marks_checked=len(checked),
+               marks_failed=[r["mark_s"] for r in checked if not r["ok"]])
+    trl = [(r["mark_s"], r["trl"]["acc"]["mean"]) for r in later if r["trl"]["acc"]["mean"] is not None]
+    ours = [(r["mark_s"], r["ours"]["acc"]["mean"]) for r in later if r["ours"]["acc"]["mean"] is not None]
+    if not trl or not ours:
+        return dict(out, half_time=None)
+    best = max(a for _, a in trl)
+    t_trl = min(t for t, a in trl if a == best)
+    reach = [t for t, a in ours if a >= best - 1e-12]
+    t_ours = min(reach) if reach else None
+    best_ours = max(a for _, a in ours)
+    return dict(out, trl_best_acc=best, trl_best_mark_s=t_trl, ours_reaches_trl_best_at_s=t_ours,
+                ours_best_acc=best_ours, ours_best_mark_s=min(t for t, a in ours if a == best_ours),
+                half_time=t_ours is not None and t_ours <= t_trl / 2)
+
+
+def gsm8k_rows(doc: dict) -> list[dict]:
+    """GSM8K (strict) of the base model and of each run's last checkpoint: ``{"model", "acc", "format", "n"}``."""
+    results = (doc.get("eval") or {}).get("results") or {}
+    out = []
+    if (results.get("base") or {}).get("gsm8k"):
+        out.append(dict(model="base", **_pick(results["base"]["gsm8k"])))
+    for r in doc.get("runs", []):
+        if r.get("exports"):
+            last = max(r["exports"], key=lambda e: e["mark_s"])
+            res = (results.get(ckpt_id(r["side"], r["seed"], last["mark_s"])) or {}).get("gsm8k")
+            if res:
+                out.append(dict(model=f"{r['side']} seed {r['seed']}, {_min(last['mark_s'])} min "
+                                      f"(step {last['global_step']})", **_pick(res)))
+    return out
+
+
+def _pick(res: dict) -> dict:
+    return {k: res.get(k) for k in ("acc", "format", "n")}
+
+
+def _pct(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{100 * v:.2f}"
+
+
+def _min(seconds: float) -> str:
+    return f"{seconds / 60:.2f}".rstrip("0").rstrip(".")
+
+
+def _cell(stats: dict) -> str:
+    if stats["mean"] is None:
+        return "-"
+    vals = "/".join(_pct(v) for v in stats["values"])
+    return f"{_pct(stats['mean'])} ({vals})" if len(stats["values"]) > 1 else _pct(stats["mean"])
+
+
+def markdown(doc: dict) -> str:
+    """The held-out table per mark, the targets, the runs and the GSM8K before/after table."""
+    rows, job = mark_table(doc), doc["job"]
+    lines = [f"Held-out SVAMP ({job.get('test_rows', '?')} rows), greedy, strict accuracy and format compliance (%); "
+             "mean over seeds (each seed's value):", "",
+             "| minutes | TRL acc | ours acc | TRL format | ours format | ours >= TRL - spread |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ok = "-" if r["ok"] is None else ("yes" if r["ok"] else "**no**")
+        lines.append(f"| {_min(r['mark_s'])} | {_cell(r['trl']['acc'])} | {_cell(r['ours']['acc'])} | "
+                     f"{_cell(r['trl']['format'])} | {_cell(r['ours']['format'])} | {ok} |")
+    tg = targets(rows)
+    verdict = "not checked (no mark has both sides)" if not tg["marks_checked"] else \
+        f"**{'met' if tg['every_mark'] else 'not met'}** ({tg['marks_checked']} marks checked; failed at " \
+        f"{tg['marks_failed'] or 'none'} s)"
+    lines += ["", f"- At every mark ours >= TRL - spread: {verdict}"]
+    if tg.get("half_time") is not None:
+        at = tg["ours_reaches_trl_best_at_s"]
+        when = "never" if at is None else f"at {_min(at)} min"
+        lines.append(f"- TRL's best mean accuracy {_pct(tg['trl_best_acc'])}% first at {_min(tg['trl_best_mark_s'])} "
+                     f"min; ours reaches it {when}: half-time target "
+                     f"**{'met' if tg['half_time'] else 'not met'}** (ours' best {_pct(tg['ours_best_acc'])}% at "
+                     f"{_min(tg['ours_best_mark_s'])} min)")
+    lines += ["", "| run | steps | first save (s) | saves | stopped | process wall (s) |", "|---|---|---|---|---|---|"]
+    for r in doc.get("runs", []):
+        ex = sorted(r.get("exports") or [], key=lambda e: e["mark_s"])
+        first = f"{ex[0]['elapsed_s']:.0f}" if ex else "-"
+        lines.append(f"| {r['side']} seed {r['seed']} | {ex[-1]['global_step'] if ex else '-'} | {first} | "
+                     f"{len(ex)} | {r.get('error') or r.get('stop', '-')} | {r.get('wall_s', 0):.0f} |")
+    g = gsm8k_rows(doc)
+    if g:
+        lines += ["", "GSM8K test, greedy, strict (%):", "", "| model | acc | format | rows |", "|---|---|---|---|"]
+        lines += [f"| {x['model']} | {_pct(x['acc'])} | {_pct(x['format'])} | {x['n']} |" for x in g]
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict, path: str) -> str | None:
+    """PNG at ``path``: held-out strict accuracy (left) and format compliance (right) against wall-clock minutes
+    (each checkpoint at its real time; the base model at 0), one line per run. Returns ``path``, or None when
+    matplotlib is absent or nothing was scored."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    results = (doc.get("eval") or {}).get("results") or {}
+    base = (results.get("base") or {}).get(SET)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    drawn = 0
+    styles = {"trl": "tab:orange", "ours": "tab:blue"}
+    for r in doc.get("runs", []):
+        pts = [(0.0, base)] if base else []
+        for e in sorted(r.get("exports") or [], key=lambda e: e["mark_s"]):
+            res = (results.get(ckpt_id(r["side"], r["seed"], e["mark_s"])) or {}).get(SET)
+            if res:
+                pts.append((e["elapsed_s"] / 60, res))
+        if not pts:
+            continue
+        drawn += 1
+        for ax, key in zip(axes, ("acc", "format")):
+            ax.plot([p[0] for p in pts], [100 * p[1][key] for p in pts], marker="o", color=styles.get(r["side"]),
+                    linestyle="-" if r["seed"] == doc["job"]["seeds"][0] else "--",
+                    label=f"{'TRL' if r['side'] == 'trl' else 'ours'} seed {r['seed']}")
+    if not drawn:
+        plt.close(fig)
+        return None
+    for ax, title in zip(axes, ("held-out strict accuracy (%)", "format compliance (%)")):
+        ax.set_xlabel("wall-clock minutes since process start")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    job = doc["job"]
+    fig.suptitle(f"GRPO on SVAMP: {job['batch']} prompts x {job['n']}, lr {job['lr']:g}, {job['response_len']} tokens, "
+                 f"budget {_min(job['budget_s'])} min", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

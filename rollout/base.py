@@ -159,6 +159,11 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy ``(hf_name, full tensor)`` pairs into the engine's model (names as in the HF ``state_dict``)."""
 
+    def weights_updated(self) -> None:
+        """Called once after the last ``load_weights`` call of a weight update (by
+        :func:`rollout.context.sync_weights`): an engine that keeps anything computed with the old weights (a
+        prefix cache's KV blocks) drops it here. Default: nothing to drop."""
+
 
 WAKE_TAGS = ("weights", "kv_cache")
 

@@ -53,7 +53,8 @@ def bucket_named_tensors(pairs: Iterable, bucket_bytes: int) -> Iterator[list[Na
 
 
 def sync_weights(engine: RolloutEngine, named_params: Iterable, bucket_bytes: int) -> int:
-    """Stream weights into ``engine`` with one ``load_weights`` call per bucket; returns the number of calls.
+    """Stream weights into ``engine`` with one ``load_weights`` call per bucket, then ``engine.weights_updated()``
+    once (cached state from the old weights is dropped); returns the number of ``load_weights`` calls.
 
     Args:
         engine: the rollout engine (awake for "weights").
@@ -71,6 +72,9 @@ def sync_weights(engine: RolloutEngine, named_params: Iterable, bucket_bytes: in
         engine.load_weights(bucket)
         calls += 1
         del bucket
+    updated = getattr(engine, "weights_updated", None)  # engines not derived from RolloutEngine may lack it
+    if updated is not None:
+        updated()
     return calls
 
 

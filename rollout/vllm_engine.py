@@ -72,6 +72,7 @@ class VLLMRolloutEngine(RolloutEngine):
                            seed=seed, enforce_eager=enforce_eager, load_format=load_format,
                            logprobs_mode=logprobs_mode, enable_sleep_mode=True, **llm_kwargs)
         self.llm.sleep(level=1)
+        self._kv_awake = False  # sleep dropped the KV cache and reset the prefix cache
 
     # ---- memory ---------------------------------------------------------------------------------------------
     def sleep(self, level: int = 1) -> None:
@@ -81,11 +82,13 @@ class VLLMRolloutEngine(RolloutEngine):
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         self.llm.sleep(level=level)
+        self._kv_awake = False
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """``LLM.wake_up(tags=...)``; one tag per call (as OpenRLHF does) so weights come before the KV cache."""
         for tag in check_tags(tags):
             self.llm.wake_up(tags=[tag])
+            self._kv_awake = self._kv_awake or tag == "kv_cache"
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Pass one bucket of ``(hf_name, tensor)`` to the vLLM model's ``load_weights`` (vLLM maps HF names,
@@ -100,6 +103,19 @@ class VLLMRolloutEngine(RolloutEngine):
         else:
             model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
             model.load_weights(weights=weights)
+
+    def weights_updated(self) -> None:
+        """``LLM.reset_prefix_cache()``: vLLM's automatic prefix caching (on by default) would otherwise serve
+        prompt prefixes, e.g. a chat template's system turn shared by every prompt, from KV blocks computed with
+        the old weights. Only while the KV cache is awake: ``sleep`` resets the prefix cache itself, so an engine
+        that sleeps between updates (colocated) has nothing cached; one that stays awake (a rollout worker of
+        ``trainer.rollout_placement=separate``) needs the reset.
+
+        Raises: RuntimeError when vLLM refuses the reset (it does while requests are running)."""
+        reset = getattr(self.llm, "reset_prefix_cache", None)
+        if self._kv_awake and reset is not None and reset() is False:
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests still "
+                               "running?); generating now would reuse KV blocks of the old weights")
 
     def load_lora_adapter(self, path: str) -> None:
         """Serve every later ``generate`` call with the LoRA adapter in ``path`` (a peft folder:

@@ -42,6 +42,10 @@ class FakeLLM:
     def wake_up(self, tags=None):
         self.log.append(("wake_up", tuple(tags)))
 
+    def reset_prefix_cache(self):
+        self.log.append(("reset_prefix_cache",))
+        return getattr(self, "reset_ok", True)
+
     def collective_rpc(self, fn, args=()):
         return [fn(self.worker, *args)]
 
@@ -208,3 +212,24 @@ def test_p19_memory_returned_before_wake_up():
 
     with rollout_mode(Engine(), lambda: [], bucket_bytes=1 << 20):
         pass
+
+
+def test_an_awake_engine_drops_its_prefix_cache_after_a_weight_update(setup):
+    """A rollout worker's engine stays awake between updates (separate placement): prompt prefixes cached with the
+    old weights must not serve the next generation. The colocated cycle (asleep while syncing) resets in sleep."""
+    from rollout.context import sync_weights
+
+    log, actor, state, engine = setup
+    engine.wake_up()
+    log.clear()
+    sync_weights(engine, iter_actor_params(actor, 0, 300), 300)
+    assert [e[0] for e in log] == ["load_weights", "load_weights", "reset_prefix_cache"]
+    engine.sleep(1)
+    engine.wake_up(["weights"])
+    log.clear()
+    sync_weights(engine, iter_actor_params(actor, 0, 300), 300)
+    assert [e[0] for e in log] == ["load_weights", "load_weights"]  # asleep KV cache: nothing cached to drop
+    engine.wake_up(["kv_cache"])
+    engine.llm.reset_ok = False
+    with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
+        sync_weights(engine, iter_actor_params(actor, 0, 300), 300)

@@ -203,6 +203,8 @@ class DistributedWorker:
                   weight_decay=float(optim_cfg.get("weight_decay", 0.0)))
         if kind == "torch_adamw":
             ds = self.config["deepspeed"]
+            from trainer.config.deepspeed import effective_zero_stage
+
             fused = self.device_type == "cuda" and not ds.get("offload_optimizer") and effective_zero_stage(ds) <= 2
             opt = torch.optim.AdamW(params, fused=True, **kw) if fused else torch.optim.AdamW(params, **kw)
         elif kind == "deepspeed_adamw":
@@ -217,13 +219,6 @@ class DistributedWorker:
         else:
             raise ValueError(f"deepspeed.optimizer={kind!r}; expected torch_adamw or deepspeed_adamw")
         return opt, _lr_scheduler(get_scheduler, opt, optim_cfg, total_steps)
-
-
-def effective_zero_stage(ds: dict) -> int:
-    """The ZeRO stage a run's ``deepspeed`` config section trains with: ``ds_config.zero_optimization.stage`` when
-    set (the workers merge ``deepspeed.ds_config`` into DeepSpeed's config last), else ``zero_stage``."""
-    zero = (ds.get("ds_config") or {}).get("zero_optimization") or {}
-    return int(zero.get("stage", ds.get("zero_stage", 0)))
 
 
 def scheduler_total_steps(config: dict, role_cfg: dict) -> int:

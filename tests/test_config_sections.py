@@ -1,19 +1,22 @@
 """The typed config sections (trainer/config/): built from every group option of the packaged config, defaults only
 in configs/, one-line errors naming the dotted key, every field read by some code, and what workers receive."""
+import ast
 import dataclasses
 import os
 import pickle
 
 import pytest
 
+from tests.e2e_utils import ROOT
 from trainer.config import (ActorConfig, CriticConfig, DeepSpeedConfig, ModelConfig, OptimConfig, RolloutConfig,
                             Section, actor_worker_config, check_sections, critic_worker_config,
                             rollout_worker_config)
+from trainer.config.prm import PRMWorkerConfig, prm_worker_config
 from trainer.config.workers import ActorWorkerConfig, CriticWorkerConfig, RolloutWorkerConfig, WorkerRuntime
 from trainer.config_checks import ConfigError, ConfigErrors
 from trainer.overrides import CONFIG_DIR, config_groups
 
-WORKER_CONFIGS = (WorkerRuntime, ActorWorkerConfig, CriticWorkerConfig, RolloutWorkerConfig)
+WORKER_CONFIGS = (WorkerRuntime, ActorWorkerConfig, CriticWorkerConfig, RolloutWorkerConfig, PRMWorkerConfig)
 
 
 def _sections() -> list[type]:
@@ -126,7 +129,7 @@ def test_the_critic_model_is_its_own_section_over_the_actors():
     assert critic.total_steps == 4 * 32 // 32 and critic.rollout_n == 8
 
 
-def test_reading_a_field_records_its_key_and_building_records_nothing(tmp_path, monkeypatch):
+def test_reading_a_field_records_its_key_and_building_only_what_its_checks_read(tmp_path, monkeypatch):
     import trainer.config_reads as cr
 
     cfg = _cfg()
@@ -137,3 +140,35 @@ def test_reading_a_field_records_its_key_and_building_records_nothing(tmp_path, 
     assert not os.listdir(tmp_path)
     assert model.use_remove_padding is True
     assert cr.read_keys(str(tmp_path)) == {"actor_rollout_ref.model.use_remove_padding"}
+    DeepSpeedConfig.from_dict(cr.TrackedDict(cfg["deepspeed"]), "deepspeed")  # its check reads three keys
+    assert cr.read_keys(str(tmp_path)) - {"actor_rollout_ref.model.use_remove_padding"} == {
+        "deepspeed.zero_stage", "deepspeed.optimizer", "deepspeed.ds_config"}
+
+
+def _attributes_read_outside_the_config_package() -> set[str]:
+    from tests.test_config_reads import ACCESSORS, CODE
+
+    out = set()
+    for folder in CODE:
+        for base, _, files in os.walk(os.path.join(ROOT, folder)):
+            if os.path.relpath(base, ROOT).replace(os.sep, "/").startswith("trainer/config"):
+                continue
+            for name in (f for f in files if f.endswith(".py")):
+                with open(os.path.join(base, name), encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                        out.add(node.attr)
+                    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                            node.func.id in ACCESSORS:  # the policy losses read their options by name
+                        out |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+    return out
+
+
+def test_every_field_of_a_section_is_read_by_code_outside_the_config_package():
+    """A key read only to fill a field that nothing reads would be a config key that nothing reads (the static
+    scan of tests/test_config_reads.py counts every section field as read because of this test)."""
+    used = _attributes_read_outside_the_config_package()
+    unread = {f"{cls.__name__}.{f.name}" for cls in (*_sections(), *WORKER_CONFIGS)
+              for f in dataclasses.fields(cls) if f.name not in used}
+    assert unread == set()

@@ -195,7 +195,7 @@ def _check_kernels(cfg: dict) -> None:
     from trainer.hooks.prime import prime_enabled
 
     if prime_enabled(cfg):  # the PRM worker builds actor_rollout_ref.model with reward_model.model's overrides
-        from trainer.workers.model_utils import ROLE_MODEL_KEYS
+        from trainer.config.model import ROLE_MODEL_KEYS
 
         rm = cfg.get("reward_model") or {}
         over = {k: v for k, v in (rm.get("model") or {}).items() if k in ROLE_MODEL_KEYS and v is not None}

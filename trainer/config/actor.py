@@ -178,8 +178,3 @@ class CriticConfig(Section):
             for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
                 as_int(getattr(self, name), f"{key}.{name}", minimum=1)
         _check_agg_mode(key, self.loss_agg_mode)
-
-    @property
-    def forward_token_budget(self) -> int | None:
-        """Tokens of a dynamic value-forward micro-batch: ``forward_max_token_len_per_gpu``, else the update's."""
-        return self.forward_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu

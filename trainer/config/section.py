@@ -7,8 +7,9 @@ runs the section's own :meth:`Section.check`. There are no defaults in Python: e
 :data:`ABSENT_OK`, None when the section lacks it).
 
 Which keys a run reads (:mod:`trainer.config_reads`, ``DSRL_CONFIG_READS``): building a section reads its keys
-without recording them; a field counts as read when code reads the attribute (in the driver or in a worker, the
-section survives pickling), so a key that fills a field nothing uses stays unread.
+without recording them; a field counts as read when code reads the attribute (its :meth:`Section.check`, or code
+in the driver or a worker: the section survives pickling), so a key that fills a field nothing uses stays
+unread.
 """
 from __future__ import annotations
 
@@ -87,13 +88,13 @@ class Section:
         from trainer.config_reads import tracking
 
         out = cls(**values)
+        if tracking():  # a value a check reads counts as read: a setting the check refuses is no silent no-op
+            object.__setattr__(out, "_paths", dict(paths))
         object.__setattr__(out, "_given", given or {})
         try:
             out.check(key)
         finally:
             object.__delattr__(out, "_given")
-        if tracking():
-            object.__setattr__(out, "_paths", dict(paths))
         return out
 
     def given(self, name: str):

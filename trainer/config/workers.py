@@ -161,10 +161,10 @@ def rollout_worker_config(cfg: dict) -> RolloutWorkerConfig:
 
 
 def check_sections(cfg: dict) -> None:
-    """Build every section the run's workers receive (the critic's when ``critic.enable``; the PRIME reward
-    model's ``optim`` when present), so that their checks run before anything starts; every error is raised
-    together (:class:`trainer.config_checks.ConfigErrors`, one line each)."""
-    from trainer.config.actor import OptimConfig
+    """Build every section the run's workers receive (the critic's when ``critic.enable``; PRIME's reward model's
+    when ``reward_model.model`` has an ``optim``), so that their checks run before anything starts; every error is
+    raised together (:class:`trainer.config_checks.ConfigErrors`, one line each)."""
+    from trainer.config.prm import PRMConfig, PRMModelConfig
     from trainer.config_checks import ErrorCollector
 
     arr, errors = cfg[ARR], ErrorCollector()
@@ -176,7 +176,8 @@ def check_sections(cfg: dict) -> None:
         errors.run(CriticConfig.from_dict, cfg["critic"], "critic")
         if model is not None:
             errors.run(model.for_role, cfg["critic"]["model"], "critic.model", True)
-    rm_optim = ((cfg.get("reward_model") or {}).get("model") or {}).get("optim")
-    if isinstance(rm_optim, dict):
-        errors.run(OptimConfig.from_dict, rm_optim, "reward_model.model.optim")
+    rm = cfg.get("reward_model") or {}
+    if isinstance((rm.get("model") or {}).get("optim"), dict):
+        errors.run(PRMConfig.from_dict, rm, "reward_model")
+        errors.run(PRMModelConfig.from_dict, rm["model"], "reward_model.model")
     errors.raise_if_any()

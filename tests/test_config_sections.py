@@ -94,6 +94,21 @@ def test_a_bad_value_is_one_line_naming_the_dotted_key(cls, key, name, value, li
     assert str(info.value) == line
 
 
+@pytest.mark.parametrize("override,line", [
+    ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name='sglang'; expected hf or vllm"),
+    ("deepspeed.optimizer=sgd", "deepspeed.optimizer='sgd'; expected torch_adamw or deepspeed_adamw"),
+    ("reward_model.model.beta_train=0", "reward_model.model.beta_train=0; expected > 0"),
+])
+def test_values_a_worker_refused_are_refused_before_start_up(override, line):
+    """These values used to stop a run only inside a worker, after Ray and the workers had started."""
+    from trainer.config_validate import validate
+
+    cfg = _cfg("algorithm=prime", override, planned=False)
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert line in getattr(info.value, "messages", [str(info.value)])
+
+
 def test_a_nested_section_names_its_whole_path_and_a_missing_key_is_named():
     cfg = _cfg()
     actor = cfg["actor_rollout_ref"]["actor"]

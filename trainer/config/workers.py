@@ -12,7 +12,8 @@ from trainer.config.model import ModelConfig
 from trainer.config.rollout import RolloutConfig
 
 __all__ = ["WorkerRuntime", "ActorWorkerConfig", "CriticWorkerConfig", "RolloutWorkerConfig", "actor_worker_config",
-           "critic_worker_config", "rollout_worker_config", "runtime_kwargs", "scheduler_total_steps"]
+           "critic_worker_config", "rollout_worker_config", "runtime_kwargs", "scheduler_total_steps",
+           "needs_reference", "check_sections"]
 
 ARR = "actor_rollout_ref"
 
@@ -90,6 +91,11 @@ class RolloutWorkerConfig(WorkerRuntime):
     chat_template_kwargs: dict
 
 
+def needs_reference(cfg: dict) -> bool:
+    """Whether a KL term needs reference log-probs: ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``."""
+    return bool(cfg[ARR]["actor"]["use_kl_loss"] or cfg["algorithm"]["use_kl_in_reward"])
+
+
 def runtime_kwargs(cfg: dict) -> dict:
     """The :class:`WorkerRuntime` fields of the run config ``cfg``."""
     t = cfg["trainer"]
@@ -131,7 +137,7 @@ def actor_worker_config(cfg: dict) -> ActorWorkerConfig:
         **runtime_kwargs(cfg), model=ModelConfig.from_dict(arr["model"], f"{ARR}.model"), actor=actor,
         ref=RefConfig.from_dict(arr["ref"], f"{ARR}.ref"), rollout=RolloutConfig.from_dict(arr["rollout"],
                                                                                            f"{ARR}.rollout"),
-        megatron=megatron, need_ref=bool(actor.use_kl_loss or cfg["algorithm"]["use_kl_in_reward"]),
+        megatron=megatron, need_ref=needs_reference(cfg),
         separate_rollout=t["rollout_placement"] == "separate",
         sum_pi_squared="sum_pi_squared" in log_prob_pass_columns(cfg),
         chat_template_kwargs=dict(cfg["data"]["apply_chat_template_kwargs"] or {}),

@@ -64,7 +64,7 @@ class Section:
         if not isinstance(section, Mapping):
             raise ConfigError(f"{key}={section!r}; expected a mapping")
         hints = typing.get_type_hints(cls)
-        values, paths = {}, {}
+        values, paths, given = {}, {}, {}
         for f in dataclasses.fields(cls):
             path = paths[f.name] = f"{key}.{f.name}"
             if not _has(section, f.name):
@@ -73,18 +73,22 @@ class Section:
                     continue
                 raise ConfigError(f"{path} is missing; expected the key of the packaged config (configs/)")
             build = f.metadata.get("build")
-            raw = _raw(section, f.name)
+            raw = given[f.name] = _raw(section, f.name)
             if build:
                 values[f.name] = build(section[f.name] if f.metadata["records_reads"] else raw, path)
             else:
                 values[f.name] = convert(raw, hints[f.name], path)
-        return cls.made(values, paths, key, given={k: _raw(section, k) for k in values if _has(section, k)})
+        return cls.made(values, paths, key, given)
 
     @classmethod
     def made(cls, values: dict, paths: dict[str, str], key: str, given: dict | None = None):
-        """``cls(**values)`` with its reads recorded under ``paths`` (field -> dotted key) when
-        ``DSRL_CONFIG_READS`` is set, after :meth:`check` passed (``given``: the values as the config wrote them,
-        for the messages of :meth:`check`, see :meth:`given`)."""
+        """``cls(**values)``, checked by :meth:`check` (``given``: the values as the config wrote them, for its
+        messages, see :meth:`given`); with ``DSRL_CONFIG_READS`` set, each field read (by the check too) is
+        recorded under ``paths`` (field -> dotted key).
+
+        Raises:
+            ConfigError: from :meth:`check`.
+        """
         from trainer.config_reads import tracking
 
         out = cls(**values)

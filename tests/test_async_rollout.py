@@ -86,8 +86,11 @@ def test_rollout_worker_generates_with_the_version_its_prompts_name():
     loads = []
     w = RolloutWorker.__new__(RolloutWorker)
     w.rank, w.loaded_version, w.versions = 0, None, WeightVersions(timeout_s=5)
-    w.rollout_cfg = {"n": 2, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "do_sample": True, "response_length": 3,
-                     "val_kwargs": {}, "update_weights_bucket_megabytes": 1}
+    from trainer.config import RolloutConfig
+    from trainer.config.packaged import packaged_section
+
+    w.rollout_cfg = packaged_section(RolloutConfig, "actor_rollout_ref.rollout", ["data.max_response_length=3"], n=2,
+                                     update_weights_bucket_megabytes=1)
     w.engine = types.SimpleNamespace(load_weights=lambda b: loads.append([n for n, _ in b]))
 
     def generate(prompt_ids, sampling, mm):
@@ -288,20 +291,24 @@ def test_roles_place_the_rollout_on_bundles_of_its_own_or_a_share_of_the_first(m
     import trainer.placement as placement
     from trainer.roles import Roles, actor_role, rollout_role
 
-    made = {}
+    made, received = {}, {}
 
     class FakeGroup:
-        def __init__(self, cls, role, pg, world_size, config, device, cpus, share=1.0, sp_size=1, bundle_offset=0):
+        def __init__(self, cls, role, pg, world_size, config, device, cpus, share=1.0, sp_size=1, bundle_offset=0,
+                     timeout_s=None):
             made[role] = (world_size, share, bundle_offset)
+            received[role] = type(config).__name__
 
         def run_all(self, method):
             return [{}]
 
     monkeypatch.setattr(placement, "WorkerGroup", FakeGroup)
-    cfg = _cfg("trainer.rollout_placement=separate", f"actor_rollout_ref.rollout.n_gpus={n_gpus}")
+    cfg = _cfg("trainer.rollout_placement=separate", f"actor_rollout_ref.rollout.n_gpus={n_gpus}",
+               "trainer.total_training_steps=2")  # a planned run: the workers' configs are built at start
     roles = Roles([actor_role(cfg), rollout_role(cfg, world)])
     roles.start(None, world, cfg, "cpu", 1)
     assert {r: m[1] for r, m in made.items()} == shares
+    assert received == {"actor": "ActorWorkerConfig", "rollout": "RolloutWorkerConfig"}  # never the whole config
     assert made["rollout"] == (1, shares["rollout"], bundles) and made["actor"][0] == world
     assert RolloutPlacement.from_config(cfg).rollout_bundles == (1 if n_gpus >= 1 else 0)
     assert rollout_role(_cfg(), world) is None

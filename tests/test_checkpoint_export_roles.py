@@ -34,16 +34,20 @@ def _backbone(root, tie, seed=0):
 
 
 def _config(path, stage, ref_path=None):
-    return {"trainer": {"cpus_per_worker": 1, "total_training_steps": 2},
-            "deepspeed": {"zero_stage": stage, "bf16": False, "optimizer": "torch_adamw"},
-            "data": {"train_batch_size": 2},
-            "actor_rollout_ref": {"model": {"path": path, "use_remove_padding": True}, "rollout": {"n": 2}},
-            "critic": {"model": {"path": path}, "optim": {"lr": 1e-3, "total_training_steps": -1}, "grad_clip": 1.0,
-                       "ulysses_sequence_parallel_size": 1, "ppo_micro_batch_size_per_gpu": 2,
-                       "ppo_mini_batch_size": 2, "ppo_epochs": 1},
-            "reward_model": {"model": {"path": path, "ref_path": ref_path or path, "beta_train": 0.5,
-                                       "optim": {"lr": 1e-3, "grad_clip": 10.0}},
-                             "mini_batch_size": 2, "micro_batch_size_per_gpu": 2, "ulysses_sequence_parallel_size": 1}}
+    """The critic's worker config (``ref_path`` given: the PRM's) of the packaged config with this model."""
+    from trainer.config.packaged import packaged_config
+    from trainer.config.prm import prm_worker_config
+    from trainer.config.workers import critic_worker_config
+
+    common = [f"actor_rollout_ref.model.path={path}", "trainer.cpus_per_worker=1", "trainer.total_training_steps=2",
+              f"deepspeed.zero_stage={stage}", "deepspeed.bf16=false", "data.train_batch_size=2",
+              "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+    if ref_path is None:
+        return critic_worker_config(packaged_config([*common, "algorithm=gae", "critic.optim.lr=1e-3"], 1))
+    return prm_worker_config(packaged_config([*common, "algorithm=prime", f"reward_model.model.ref_path={ref_path}",
+                                              "reward_model.model.beta_train=0.5", "reward_model.model.optim.lr=1e-3",
+                                              "reward_model.mini_batch_size=2"], 1))
 
 
 def _tensors(folder):

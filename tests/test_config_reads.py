@@ -6,8 +6,9 @@ Two methods, with what each covers:
   (trainer/, rollout/, rewards/, patches/) as a string that is read: a subscript ``x["name"]``, the key of
   ``.get/.pop/.setdefault("name")``, ``getattr(x, "name")`` (and the code's accessors), ``"name" in x``, a
   tuple/list of names the code loops over, or a field of a typed config section (a dataclass whose fields are read
-  from the config by name through ``trainer.config_reads.section_fields``). Keys inside a
-  free-form dict (``trainer.overrides.FREE_FORM``) count through that dict. This finds a key that nothing reads
+  from the config by name through ``trainer.config_reads.section_fields``, or a ``trainer.config.section.Section``,
+  each of whose fields tests/test_config_sections.py finds read as an attribute outside ``trainer/config/``). Keys
+  inside a free-form dict (``trainer.overrides.FREE_FORM``) count through that dict. This finds a key that nothing reads
   anywhere (``trainer.total_epochs``, ``reward_model.reward_manager``, ``trainer.ray_timeout_s`` were such keys);
   it cannot tell a key from another of the same name (``enable``, ``path``).
 * Dynamic, per verl script (tests/test_verl_scripts.py): the keys read through the config object during a real
@@ -64,9 +65,11 @@ def _literals(tree: ast.AST) -> set[str]:
 
 
 def _reads_section_fields(cls: ast.ClassDef) -> bool:
-    """The class builds itself from a config section by its field names (``section_fields(section, cls)``)."""
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "section_fields"
-               for n in ast.walk(cls))
+    """The class builds itself from a config section by its field names (``section_fields(section, cls)``, or a
+    ``Section`` subclass: ``Section.from_dict``)."""
+    return any(isinstance(b, ast.Name) and b.id == "Section" for b in cls.bases) or any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "section_fields"
+        for n in ast.walk(cls))
 
 
 def unread_by_name(keys, literals: set[str]) -> list[str]:

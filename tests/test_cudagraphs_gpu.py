@@ -90,9 +90,12 @@ def test_cuda_graph_compile_under_deepspeed_zero2_matches_eager(fresh_dynamo, ze
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    cfg = {"deepspeed": {"zero_stage": 2, "bf16": False, "ds_config": {"zero_optimization": zero}},
-           "trainer": {"cpus_per_worker": 1}}
-    w = DistributedWorker(cfg, rank=0, world_size=1, master_addr=os.environ["MASTER_ADDR"],
+    from trainer.config import DeepSpeedConfig, WorkerRuntime
+    from trainer.config.packaged import packaged_section
+
+    ds = packaged_section(DeepSpeedConfig, "deepspeed", ["deepspeed=zero2"], bf16=False,
+                          ds_config={"zero_optimization": zero})
+    w = DistributedWorker(WorkerRuntime(deepspeed=ds, seed=1, cpus_per_worker=1), rank=0, world_size=1, master_addr=os.environ["MASTER_ADDR"],
                           master_port=int(os.environ["MASTER_PORT"]), device="cuda")
     w.init_distributed()
     base = _model()

@@ -277,8 +277,11 @@ def test_vllm_adapter_sync_sends_the_base_once_then_a_new_lora_request_each_step
     _, base = base_folder(tmp_path)
     state = {n: torch.zeros_like(p) for n, p in base.named_parameters()}
     log = []
-    kw = vllm_kwargs({"prompt_length": 8, "response_length": 4, "lora_sync": "adapter"},
-                     {"actor_rollout_ref": {"model": {"lora_rank": 4}}})
+    from trainer.config import ModelConfig, RolloutConfig
+    from trainer.config.packaged import packaged_section
+
+    kw = vllm_kwargs(packaged_section(RolloutConfig, "actor_rollout_ref.rollout", ["rollout=vllm"], lora_sync="adapter"),
+                     packaged_section(ModelConfig, "actor_rollout_ref.model", lora_rank=4))
     assert (kw["enable_lora"], kw["max_loras"], kw["max_lora_rank"]) == (True, 1, 8)  # 4 rounded up to vLLM's 8
     vllm = VLLMRolloutEngine(str(tmp_path / "base"), eos_token_id=2, llm_cls=lambda **k: LoraLLM(log, state, **k),
                              sampling_params_cls=FakeSamplingParams, lora_request_cls=LoRARequest, **kw)

@@ -82,7 +82,7 @@ def test_p23_update_equals_full_batch_for_every_mode_split_and_dp(monkeypatch, m
     # the constant comes from rollout.response_length (10, not the padded width 6) unless loss_scale_factor is set
     for scale, expect_scale in ((None, 10.0), (7.0, 7.0)):
         metrics, grads = run_update(rows, _actor_cfg(mode, micro, dyn, scale), "actor", dp, w=w,
-                                    worker_config={"actor_rollout_ref": {"rollout": {"response_length": 10}}})
+                                    response_length=10)
         ref_x, ref_e = _reference(mode, X, m, expect_scale), _reference(mode, E, m, expect_scale)
         assert metrics["actor/pg_loss"] == pytest.approx(w * ref_x, rel=1e-6, abs=1e-7)  # metrics are read as float32
         assert grads == [pytest.approx(ref_x - c * ref_e, rel=1e-6, abs=1e-7)]

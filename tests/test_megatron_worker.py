@@ -19,6 +19,13 @@ P, R = 6, 5
 
 
 def _config(out_dir, strategy, world=1, extra=()):
+    """The actor worker's config (:class:`trainer.config.workers.ActorWorkerConfig`) of :func:`_run_config`."""
+    from trainer.config.workers import actor_worker_config
+
+    return actor_worker_config(_run_config(out_dir, strategy, world, extra))
+
+
+def _run_config(out_dir, strategy, world=1, extra=()):
     from hydra import compose, initialize_config_dir
 
     from trainer.launch import prepare_embedded, resolve_config, validate
@@ -179,7 +186,9 @@ def test_export_hf_loads_with_from_pretrained(workers, tmp_path):
 def test_pipeline_parallel_is_refused_by_the_worker(workers):
     from trainer.workers.megatron_actor import MegatronActorRefWorker
 
-    cfg = _config(workers["out"], "megatron")
-    cfg["actor_rollout_ref"]["actor"]["megatron"]["pipeline_model_parallel_size"] = 2
+    from trainer.config.workers import actor_worker_config
+
+    cfg = _run_config(workers["out"], "megatron")
+    cfg["actor_rollout_ref"]["actor"]["megatron"]["pipeline_model_parallel_size"] = 2  # past the launch checks
     with pytest.raises(ValueError, match="pipeline_model_parallel_size=2"):
-        MegatronActorRefWorker(cfg, 0, 1).init_model()
+        MegatronActorRefWorker(actor_worker_config(cfg), 0, 1).init_model()

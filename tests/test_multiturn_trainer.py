@@ -127,13 +127,22 @@ def _script(ctx: str, k: int) -> str:
     return calls[k] + "<|im_end|>"
 
 
+def _rollout(response_length: int, **values):
+    """The packaged rollout section (hf engine, n=8, sampling at temperature 1) with ``values`` over it."""
+    from trainer.config import RolloutConfig
+    from trainer.config.packaged import packaged_section
+
+    return packaged_section(RolloutConfig, "actor_rollout_ref.rollout",
+                            [f"data.max_response_length={response_length}"], **values)
+
+
 def _worker(tok, rollout_cfg):
     from trainer.workers.actor import ActorRolloutRefWorker
 
     w = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     w.rollout_cfg, w.tokenizer, w.rank, w.device = rollout_cfg, tok, 0, torch.device("cpu")
     w.engine = ScriptedEngine(tok, _script)
-    w.generator = build_generator(w.engine, rollout_cfg, tok, {})
+    w.generator = build_generator(w.engine, rollout_cfg.multi_turn, tok, {})
     w._rollout_context = lambda validate, memory_log=None, timing_log=None: nullcontext()
     return w
 
@@ -158,10 +167,9 @@ def _prompts(tok, questions):
 @pytest.fixture(scope="module")
 def generated():
     tok = build_chat_tokenizer()
-    rollout_cfg = {"n": 4, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "do_sample": True, "response_length": 256,
-                   "val_kwargs": {}, "name": "hf",
-                   "multi_turn": {"enable": True, "max_assistant_turns": 2, "max_tool_response_length": 64,
-                                  "tools": ["calculator", "tests.test_multiturn_trainer:HangingTool"]}}
+    rollout_cfg = _rollout(256, n=4, multi_turn={"enable": True, "max_assistant_turns": 2,
+                                                 "max_tool_response_length": 64,
+                                                 "tools": ["calculator", "tests.test_multiturn_trainer:HangingTool"]})
     w = _worker(tok, rollout_cfg)
     prompts = _prompts(tok, ["What is 123456 * 654321?", "What is 777 * 999?"])
     return tok, w, prompts, w.generate_sequences(prompts)
@@ -194,8 +202,7 @@ def test_generate_sequences_masks_turns_and_metrics(generated):
 
 def test_single_turn_generation_is_one_engine_call():
     tok = build_chat_tokenizer()
-    rollout_cfg = {"n": 2, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "do_sample": True, "response_length": 64,
-                   "val_kwargs": {}, "name": "hf", "multi_turn": {"enable": False}}
+    rollout_cfg = _rollout(64, n=2)
     w = _worker(tok, rollout_cfg)
     out = w.generate_sequences(_prompts(tok, ["What is 12 * 34?"]))
     P = out["prompts"].shape[1]
@@ -259,9 +266,12 @@ def test_tool_tokens_get_no_gradient_through_the_actor_loss(generated):
     mask = out["response_mask"]
     not_model = mask == 0
     assert ((out["attention_mask"][:, P:] == 1) & not_model).any()
-    cfg = {"entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.1,
-           "clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
-           "policy_loss": {"loss_mode": "vanilla"}}
+    from trainer.config import ActorConfig
+    from trainer.config.packaged import packaged_section
+
+    cfg = packaged_section(ActorConfig, "actor_rollout_ref.actor", entropy_coeff=0.01, use_kl_loss=True,
+                           kl_loss_type="low_var_kl", kl_loss_coef=0.1, clip_ratio=0.2, clip_ratio_low=0.2,
+                           clip_ratio_high=0.2, clip_ratio_c=3.0, policy_loss={"loss_mode": "vanilla"})
     base = {"old_log_probs": out["rollout_log_probs"] - 0.05,
             "advantages": torch.linspace(-1, 1, 8)[:, None].expand_as(mask).clone(),
             "ref_log_prob": out["rollout_log_probs"] - 0.1}

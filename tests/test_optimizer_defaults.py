@@ -6,12 +6,15 @@ import os
 import pytest
 import torch
 
+from trainer.config import DeepSpeedConfig, OptimConfig, WorkerRuntime
+from trainer.config.packaged import packaged_section
 from trainer.workers.base import DistributedWorker
 
 
 def _worker(device, stage=2, **ds):
     env = dict(os.environ)
-    cfg = {"deepspeed": {"zero_stage": stage, "optimizer": "torch_adamw", **ds}, "trainer": {"cpus_per_worker": 1}}
+    section = packaged_section(DeepSpeedConfig, "deepspeed", [f"deepspeed.zero_stage={stage}"], **ds)
+    cfg = WorkerRuntime(deepspeed=section, seed=1, cpus_per_worker=1)
     try:
         return DistributedWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29999, device=device)
     finally:  # the constructor exports MASTER_ADDR, RANK, DS_ACCELERATOR...; keep this process's environment
@@ -42,6 +45,7 @@ def test_torch_adamw_is_fused_on_cuda_with_zero_up_to_2(monkeypatch, device, sta
             super().__init__(params, **kw)
 
     monkeypatch.setattr(torch.optim, "AdamW", Recorder)
-    opt, _ = _worker(device, stage, **ds).build_optimizer(torch.nn.Linear(4, 4), {"lr": 1e-3}, total_steps=5)
+    opt, _ = _worker(device, stage, **ds).build_optimizer(
+        torch.nn.Linear(4, 4), packaged_section(OptimConfig, "actor_rollout_ref.actor.optim", lr=1e-3), total_steps=5)
     assert isinstance(opt, Recorder) and bool(seen.get("fused")) is fused
     assert seen["lr"] == 1e-3

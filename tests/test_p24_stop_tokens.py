@@ -56,10 +56,16 @@ def _rig(model, target: int) -> None:
 
 
 def _worker(tok, hf_config, path, name="hf", stop_token_ids=None):
-    rc = {"name": name, "static_cache": False, "max_batch_size": 8, "prompt_length_bucket": 8,
-          "attn_implementation": "auto", "tensor_model_parallel_size": 1, "gpu_memory_utilization": 0.3,
-          "prompt_length": 8, "response_length": 4, "sleep_level": 1, "stop_token_ids": stop_token_ids or []}
-    return types.SimpleNamespace(rollout_cfg=rc, tokenizer=tok, config={"trainer": {"seed": 0}}, rank=0, lora=False,
+    from trainer.config.packaged import packaged_config
+    from trainer.config.workers import actor_worker_config
+
+    r = "actor_rollout_ref.rollout"
+    config = actor_worker_config(packaged_config([
+        f"rollout={name}", f"{r}.max_batch_size=8", f"{r}.prompt_length_bucket=8", "data.max_prompt_length=8",
+        "data.max_response_length=4", f"{r}.gpu_memory_utilization=0.3", "trainer.seed=0",
+        f"{r}.stop_token_ids=[{','.join(map(str, stop_token_ids or []))}]",
+        *([f"{r}.static_cache=false"] if name == "hf" else [])], 1))
+    return types.SimpleNamespace(rollout_cfg=config.rollout, tokenizer=tok, config=config, rank=0, lora=False,
                                  actor=types.SimpleNamespace(hf_config=hf_config, model_path=str(path)),
                                  device_type="cpu", device=torch.device("cpu"), param_dtype=lambda: torch.float32)
 

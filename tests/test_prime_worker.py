@@ -35,15 +35,19 @@ def _make_models(root):
     return len(tok), paths
 
 
-def _config(prm, ref, dynamic):
-    return {"trainer": {"cpus_per_worker": 1, "total_training_steps": 4},
-            "deepspeed": {"zero_stage": 2, "bf16": False, "optimizer": "torch_adamw"},
-            "data": {"train_batch_size": 2},
-            "actor_rollout_ref": {"model": {"path": prm, "use_remove_padding": True}, "rollout": {"n": 2}},
-            "reward_model": {"model": {"path": prm, "ref_path": ref, "beta_train": 0.5,
-                                       "optim": {"lr": 1e-3, "grad_clip": 10.0}},
-                             "mini_batch_size": 2, "micro_batch_size_per_gpu": 2, "use_dynamic_bsz": dynamic,
-                             "max_token_len_per_gpu": 12, "ulysses_sequence_parallel_size": 1}}
+def _config(prm, ref, dynamic, zero_stage=2):
+    """The PRM worker's config of the packaged algorithm=prime config with these models and small batches."""
+    from trainer.config.packaged import packaged_config
+    from trainer.config.prm import prm_worker_config
+
+    return prm_worker_config(packaged_config([
+        "algorithm=prime", f"actor_rollout_ref.model.path={prm}", "trainer.cpus_per_worker=1",
+        "trainer.total_training_steps=4", f"deepspeed.zero_stage={zero_stage}", "deepspeed.bf16=false",
+        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", f"reward_model.model.path={prm}",
+        f"reward_model.model.ref_path={ref}", "reward_model.model.beta_train=0.5", "reward_model.model.optim.lr=1e-3",
+        "reward_model.mini_batch_size=2", "reward_model.micro_batch_size_per_gpu=2",
+        f"reward_model.use_dynamic_bsz={str(dynamic).lower()}", "reward_model.max_token_len_per_gpu=12"],
+        planned_steps=1))
 
 
 def _batch(vocab):

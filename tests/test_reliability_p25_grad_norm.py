@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 deepspeed = pytest.importorskip("deepspeed")
 
-from tests.test_reliability_skip import CFG, _engine, _init_dist, _params, run_two_ranks  # noqa: E402
+from tests.test_reliability_skip import _engine, _init_dist, _params, run_two_ranks, section  # noqa: E402
 from trainer.protocol import DataProto  # noqa: E402
 from trainer.workers import update  # noqa: E402
 
@@ -51,8 +51,8 @@ def _update(engine, data, kind="actor", dp_size=1):
     role = getattr(engine, "_test_role", None) or SimpleNamespace(engine=engine, dp_size=dp_size, dp_group=None,
                                                                   sp_size=1, device=torch.device("cpu"))
     engine._test_role = role
-    return update.ppo_update(SimpleNamespace(device=torch.device("cpu")), role, data, CFG, n=1, temperature=1.0,
-                             kind=kind)
+    return update.ppo_update(SimpleNamespace(device=torch.device("cpu")), role, data, section(kind), n=1,
+                             temperature=1.0, kind=kind)
 
 
 def _trainer(tmp_path, limit):
@@ -149,9 +149,7 @@ def test_p25_prm_nan_gradient_is_skipped(monkeypatch, tmp_path):
         return (0 * per_seq).sqrt()
 
     vocab, (prm, ref) = _make_models(str(tmp_path))
-    cfg = _config(prm, ref, dynamic=False)
-    cfg["deepspeed"]["zero_stage"] = 0
-    w = PRMWorker(cfg, 0, 1, device="cpu", role="prm")
+    w = PRMWorker(_config(prm, ref, dynamic=False, zero_stage=0), 0, 1, device="cpu", role="prm")
     w.init_model()
     before = [p.detach().clone() for p in w.prm.engine.module.parameters()]
     monkeypatch.setattr(prime_algos, "prm_ce_loss", nan_grad_ce)

@@ -20,6 +20,16 @@ from trainer.workers.base import free_port  # noqa: E402
 CFG = {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 1, "loss_agg_mode": "token-mean"}
 
 
+def section(kind: str = "actor"):
+    """The actor's (critic's) section of the packaged config with :data:`CFG` over it."""
+    from trainer.config import ActorConfig, CriticConfig
+    from trainer.config.packaged import packaged_section
+
+    if kind == "actor":
+        return packaged_section(ActorConfig, "actor_rollout_ref.actor", **CFG)
+    return packaged_section(CriticConfig, "critic", ["algorithm=gae"], **CFG)
+
+
 def _init_dist(rank=0, world=1, port=None):
     if torch.distributed.is_initialized():
         return
@@ -65,7 +75,7 @@ def _run(engine, data, dp_size=1):
                                                                   sp_size=1, device=torch.device("cpu"))
     engine._test_role = role
     worker = SimpleNamespace(device=torch.device("cpu"))
-    return update.ppo_update(worker, role, data, CFG, n=1, temperature=1.0, kind="actor")
+    return update.ppo_update(worker, role, data, section(), n=1, temperature=1.0, kind="actor")
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -19,11 +19,16 @@ def test_actor_builds_vllm_engine_asleep_with_config_values(monkeypatch):
             made["calls"].append(("sleep", level))
 
     monkeypatch.setattr(vllm_engine, "import_vllm", lambda: types.SimpleNamespace(LLM=LLM, SamplingParams=dict))
-    rc = {"name": "vllm", "tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.4, "prompt_length": 64,
-          "response_length": 32, "sleep_level": 2}
+    from trainer.config.packaged import packaged_config
+    from trainer.config.workers import actor_worker_config
+
+    r = "actor_rollout_ref.rollout"
+    config = actor_worker_config(packaged_config([
+        "rollout=vllm", f"{r}.tensor_model_parallel_size=2", f"{r}.gpu_memory_utilization=0.4",
+        "data.max_prompt_length=64", "data.max_response_length=32", f"{r}.sleep_level=2", "trainer.seed=5"], 1))
     worker = types.SimpleNamespace(
-        rollout_cfg=rc, tokenizer=types.SimpleNamespace(pad_token_id=None, eos_token_id=7),
-        actor=types.SimpleNamespace(model_path="/models/m", hf_config=None), config={"trainer": {"seed": 5}}, rank=1, lora=False,
+        rollout_cfg=config.rollout, tokenizer=types.SimpleNamespace(pad_token_id=None, eos_token_id=7),
+        actor=types.SimpleNamespace(model_path="/models/m", hf_config=None), config=config, rank=1, lora=False,
         device_type="cuda", device=torch.device("cpu"), param_dtype=lambda: torch.bfloat16)
     ActorRolloutRefWorker._build_rollout(worker)
     kw = made["kw"]

@@ -87,10 +87,13 @@ def test_trainer_stops_where_the_epochs_end_when_each_step_takes_one_batch():
 def _lrs(optim_cfg, total_steps):
     from transformers import get_scheduler
 
+    from trainer.config import OptimConfig
+    from trainer.config.packaged import packaged_section
     from trainer.workers.base import _lr_scheduler
 
+    optim = packaged_section(OptimConfig, "actor_rollout_ref.actor.optim", **optim_cfg)  # the rest: the defaults
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = _lr_scheduler(get_scheduler, opt, optim_cfg, total_steps)
+    sched = _lr_scheduler(get_scheduler, opt, optim, total_steps)
     out = []
     for _ in range(total_steps):
         out.append(opt.param_groups[0]["lr"])

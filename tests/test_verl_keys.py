@@ -159,14 +159,18 @@ def test_vllm_engine_keys_are_passed_to_vllm_llm():
 
 
 def test_vllm_worker_passes_the_collected_arguments_and_override_config():
+    from trainer.config import ModelConfig, RolloutConfig
+    from trainer.config.packaged import packaged_section
     from trainer.workers.actor import vllm_kwargs
 
-    rc = {"prompt_length": 8, "response_length": 4,
-          "engine_kwargs": {"vllm": {"enable_chunked_prefill": True, "max_model_len": 64}}}
-    config = {"actor_rollout_ref": {"model": {"override_config": {"rope_theta": 1e6}}}}
-    assert vllm_kwargs(rc, config) == {"max_model_len": 64, "enable_chunked_prefill": True,
-                                       "hf_overrides": {"rope_theta": 1e6}}
-    assert vllm_kwargs({"prompt_length": 8, "response_length": 4}, {}) == {"max_model_len": 12}
+    lengths = ["rollout=vllm", "data.max_prompt_length=8", "data.max_response_length=4"]
+    rc = packaged_section(RolloutConfig, "actor_rollout_ref.rollout", lengths,
+                          engine_kwargs={"vllm": {"enable_chunked_prefill": True, "max_model_len": 64}})
+    model = packaged_section(ModelConfig, "actor_rollout_ref.model", override_config={"rope_theta": 1e6})
+    assert vllm_kwargs(rc, model) == {"max_model_len": 64, "enable_chunked_prefill": True,
+                                      "hf_overrides": {"rope_theta": 1e6}}
+    assert vllm_kwargs(packaged_section(RolloutConfig, "actor_rollout_ref.rollout", lengths),
+                       packaged_section(ModelConfig, "actor_rollout_ref.model")) == {"max_model_len": 12}
 
 
 def test_dapo_reward_keys_of_reward_kwargs_map_onto_overlong_buffer():

@@ -103,14 +103,22 @@ def patch(monkeypatch):
 
 
 def run_update(rows: DataProto, cfg: dict, kind: str, dp: int, n: int = 1, w: float = 0.5,
-               worker_config: dict | None = None) -> tuple[dict, list[float]]:
-    """``ppo_update`` over ``rows`` split contiguously over ``dp`` simulated ranks (patch() first).
+               response_length: int | None = None) -> tuple[dict, list[float]]:
+    """``ppo_update`` over ``rows`` split contiguously over ``dp`` simulated ranks (patch() first); ``cfg``: the
+    entries of the actor's (or critic's) section that differ from the packaged defaults.
 
     Returns ``(metrics, grads)``: the metrics reduced over ranks as the controller does
     (``trainer.metric_utils.reduce_rank_metrics``), and the rank-averaged gradient of ``w`` of each optimizer step.
     """
+    from trainer.config import ActorConfig, CriticConfig
+    from trainer.config.packaged import packaged_section
     from trainer.metric_utils import reduce_rank_metrics
     from trainer.workers import update
+
+    if kind == "actor":
+        section = packaged_section(ActorConfig, "actor_rollout_ref.actor", **cfg)
+    else:
+        section = packaged_section(CriticConfig, "critic", ["algorithm=gae"], **cfg)
 
     collective = _Collective(dp)
     _HOLDER["c"] = collective
@@ -124,8 +132,9 @@ def run_update(rows: DataProto, cfg: dict, kind: str, dp: int, n: int = 1, w: fl
         try:
             role = SimpleNamespace(engine=FakeEngine(w, collective, grads), dp_size=dp, dp_group=None, sp_size=1,
                                    device=torch.device("cpu"))
-            worker = SimpleNamespace(device=torch.device("cpu"), config=worker_config or {})
-            results[rank] = update.ppo_update(worker, role, parts[rank], cfg, n=n, temperature=1.0, kind=kind)
+            worker = SimpleNamespace(device=torch.device("cpu"))
+            results[rank] = update.ppo_update(worker, role, parts[rank], section, n=n, temperature=1.0, kind=kind,
+                                              response_length=response_length)
         except BaseException as exc:  # surface in the main thread
             errors.append(exc)
             collective.barrier.abort()

@@ -7,30 +7,7 @@ from __future__ import annotations
 
 from trainer.config_checks import ConfigError
 
-__all__ = ["check_loss_aggregation", "check_estimator_and_loss", "check_reward_components"]
-
-
-def check_loss_aggregation(cfg: dict) -> None:
-    """``loss_agg_mode`` of the actor and critic is a known mode; ``loss_scale_factor`` is null or > 0.
-
-    Raises:
-        ConfigError: naming the key, the value and the known modes.
-    """
-    from trainer.algos.losses import LOSS_AGG_MODES
-
-    for key, section in (("actor_rollout_ref.actor", cfg["actor_rollout_ref"]["actor"]), ("critic", cfg["critic"])):
-        mode = section.get("loss_agg_mode", "token-mean")
-        if mode not in LOSS_AGG_MODES:
-            raise ConfigError(f"{key}.loss_agg_mode={mode!r}; expected one of {list(LOSS_AGG_MODES)}")
-        factor = section.get("loss_scale_factor")
-        if factor is not None:
-            try:
-                ok = float(factor) > 0
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise ConfigError(f"{key}.loss_scale_factor={factor!r}; expected null (rollout.response_length) "
-                                  "or a positive number")
+__all__ = ["check_estimator_and_loss", "check_reward_components"]
 
 
 def check_estimator_and_loss(cfg: dict) -> None:
@@ -45,13 +22,9 @@ def check_estimator_and_loss(cfg: dict) -> None:
     from trainer.adv_inputs import missing_inputs
 
     est = cfg["algorithm"]["adv_estimator"]
-    mode = cfg["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"]
     if est not in core_algos.ADV_ESTIMATOR_REGISTRY:
         raise ConfigError(f"algorithm.adv_estimator={est!r}; expected one of "
                           f"{sorted(core_algos.ADV_ESTIMATOR_REGISTRY)}")
-    if mode not in core_algos.POLICY_LOSS_REGISTRY:
-        raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r}; expected one of "
-                          f"{sorted(core_algos.POLICY_LOSS_REGISTRY)}")
     spec = core_algos.get_adv_estimator_spec(est)
     n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
     if spec.group_based and n < 2:

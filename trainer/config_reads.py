@@ -28,6 +28,17 @@ def _record(path: str) -> None:
         f.write(path + "\n")
 
 
+def tracking() -> bool:
+    """Whether this process records the keys it reads (``DSRL_CONFIG_READS`` is set)."""
+    return bool(os.environ.get(ENV))
+
+
+def record_read(path: str) -> None:
+    """Record that the key ``path`` (dotted) was read, when :func:`tracking` (typed config sections call it when a
+    field is read, :class:`trainer.config.section.Section`)."""
+    _record(path)
+
+
 class TrackedDict(dict):
     """A dict that records the dotted path of every key read from it (see the module docstring).
 

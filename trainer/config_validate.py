@@ -47,14 +47,14 @@ def validate(cfg: dict) -> None:
     Raises:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
     """
+    from trainer.config.workers import check_sections
     from trainer.multi_turn import check_multi_turn
     from trainer.rollout_placement import check_rollout_placement
     from trainer.verl_checks import check_verl_semantics
 
-    run_checks(cfg, (_check_world_and_lengths, _check_rollout_engine, _check_batches, _check_numbers,
-                     _check_algorithm_names, _check_filter_groups, _check_attn_implementation,
-                     check_rollout_correction, _check_strategy, _check_kernels, check_verl_semantics,
-                     check_multi_turn, check_rollout_placement))
+    run_checks(cfg, (_check_world_and_lengths, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
+                     _check_algorithm_names, _check_filter_groups, check_rollout_correction, _check_strategy,
+                     _check_kernels, check_verl_semantics, check_multi_turn, check_rollout_placement))
 
 
 def _world(cfg: dict) -> int:
@@ -80,9 +80,6 @@ def _check_world_and_lengths(cfg: dict) -> None:
     for key in ("max_prompt_length", "max_response_length", "train_batch_size"):
         if int(d[key]) <= 0:
             raise ConfigError(f"data.{key}={d[key]}; expected a positive integer")
-    n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
-    if n < 1:
-        raise ConfigError(f"actor_rollout_ref.rollout.n={n}; expected >= 1")
 
 
 def _check_rollout_engine(cfg: dict) -> None:
@@ -121,7 +118,7 @@ def _check_batches(cfg: dict) -> None:
                           f"size {dp}")
     micro = int(actor["ppo_micro_batch_size_per_gpu"])
     if micro <= 0:
-        raise ConfigError(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}; expected >= 1")
+        return  # reported by the actor's section (trainer.config.actor.ActorConfig)
     # a micro-batch larger than the rank's mini-batch is clamped to it (one micro-batch); smaller must divide it
     if not actor.get("use_dynamic_bsz") and micro < mini * n // dp and (mini * n // dp) % micro:
         raise ConfigError(f"a mini-batch holds {mini * n // dp} rows per data-parallel rank, not divisible by "
@@ -129,13 +126,7 @@ def _check_batches(cfg: dict) -> None:
 
 
 def _check_numbers(cfg: dict) -> None:
-    t, actor = cfg["trainer"], cfg["actor_rollout_ref"]["actor"]
-    for key, section in (("actor_rollout_ref.actor", actor), ("critic", cfg["critic"])):
-        for name in ("grad_clip", "entropy_coeff", "kl_loss_coef"):
-            if name in section:
-                _finite(f"{key}.{name}", section[name])
-        if float(_finite(f"{key}.optim.lr", section["optim"]["lr"])) < 0:
-            raise ConfigError(f"{key}.optim.lr={section['optim']['lr']}; expected >= 0")
+    t = cfg["trainer"]
     max_skip = int(t.get("max_consecutive_skipped_steps", 5))
     if max_skip < 1:
         raise ConfigError(f"trainer.max_consecutive_skipped_steps={max_skip}; expected >= 1")
@@ -150,20 +141,14 @@ def _check_numbers(cfg: dict) -> None:
             as_int(t[key], f"trainer.{key}", minimum=0)
     if t.get("export_hf_freq_s") is not None:
         _finite("trainer.export_hf_freq_s", t["export_hf_freq_s"])  # <= 0: off
-    rollout = cfg["actor_rollout_ref"]["rollout"]
-    for key, section in (("actor_rollout_ref.rollout", rollout),
-                         ("actor_rollout_ref.rollout.val_kwargs", rollout.get("val_kwargs") or {})):
-        if "temperature" in section and float(_finite(f"{key}.temperature", section["temperature"])) < 0:
-            raise ConfigError(f"{key}.temperature={section['temperature']}; expected >= 0 (0: greedy)")
-    if float(actor["clip_ratio_c"]) <= 1.0:
-        raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={actor['clip_ratio_c']}; expected > 1")
 
 
 def _check_algorithm_names(cfg: dict) -> None:
-    """The estimator and policy loss (registered names and the estimator's traits), then the loss aggregation."""
-    from trainer.algo_checks import check_estimator_and_loss, check_loss_aggregation
+    """The estimator (its registered name and traits; the policy loss and the loss aggregation are the actor's
+    section's, :class:`trainer.config.actor.ActorConfig`)."""
+    from trainer.algo_checks import check_estimator_and_loss
 
-    run_checks(cfg, (check_estimator_and_loss, check_loss_aggregation))
+    check_estimator_and_loss(cfg)
 
 
 def _check_filter_groups(cfg: dict) -> None:
@@ -186,21 +171,7 @@ def _check_filter_groups(cfg: dict) -> None:
                               "data.accuracy_lower_bound)")
 
 
-def _check_attn_implementation(cfg: dict) -> None:
-    rollout = cfg["actor_rollout_ref"]["rollout"]
-    attn = rollout.get("attn_implementation", "auto")
-    if rollout["name"] == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager"):
-        from transformers import AttentionInterface
-
-        known = sorted(AttentionInterface().valid_keys())  # transformers' registered attention functions
-        if attn not in known:
-            raise ConfigError(f"actor_rollout_ref.rollout.attn_implementation={attn!r}; expected auto, sdpa, sdpa_gqa, "
-                              f"eager or one of transformers' {known}")
-
-
 def _check_strategy(cfg: dict) -> None:
-    if int(cfg["deepspeed"]["zero_stage"]) not in (0, 1, 2, 3):
-        raise ConfigError(f"deepspeed.zero_stage={cfg['deepspeed']['zero_stage']}; expected 0, 1, 2 or 3")
     strategy = cfg["trainer"].get("strategy", "deepspeed")
     overlong_kwargs(cfg)
     if strategy not in ("deepspeed", "megatron"):
@@ -210,10 +181,8 @@ def _check_strategy(cfg: dict) -> None:
 
 
 def _check_kernels(cfg: dict) -> None:
-    from trainer.workers.base import effective_zero_stage
+    from trainer.config.deepspeed import effective_zero_stage
     from trainer.workers.kernels import check_kernel_options
-
-    from trainer.workers.step_guard import check_ds_config_keeps_norm_check
 
     arr, ds = cfg["actor_rollout_ref"], cfg["deepspeed"]
 
@@ -223,13 +192,12 @@ def _check_kernels(cfg: dict) -> None:
 
     try:
         check(arr["model"])
-        check_ds_config_keeps_norm_check(ds.get("ds_config"))
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     from trainer.hooks.prime import prime_enabled
 
     if prime_enabled(cfg):  # the PRM worker builds actor_rollout_ref.model with reward_model.model's overrides
-        from trainer.workers.model_utils import ROLE_MODEL_KEYS
+        from trainer.config.model import ROLE_MODEL_KEYS
 
         rm = cfg.get("reward_model") or {}
         over = {k: v for k, v in (rm.get("model") or {}).items() if k in ROLE_MODEL_KEYS and v is not None}

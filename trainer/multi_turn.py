@@ -141,11 +141,10 @@ class MultiTurnGenerator(Generator):
                           non_tensor={"num_turns": res.num_turns.numpy().astype("int64")}, metrics=dict(res.metrics))
 
 
-def build_generator(engine, rollout_cfg: Mapping[str, Any], tokenizer,
+def build_generator(engine, mt, tokenizer,
                     chat_template_kwargs: Mapping | None = None) -> Generator:
-    """:class:`MultiTurnGenerator` when ``rollout_cfg.multi_turn.enable``, else
-    :class:`rollout.generator.SingleTurnGenerator` (one engine call per batch)."""
-    mt = multi_turn_config(rollout_cfg)
+    """:class:`MultiTurnGenerator` when ``mt`` (``rollout.multi_turn``, a :class:`rollout.multiturn.MultiTurnConfig`)
+    is enabled, else :class:`rollout.generator.SingleTurnGenerator` (one engine call per batch)."""
     return MultiTurnGenerator(engine, mt, tokenizer, chat_template_kwargs) if mt.enable else SingleTurnGenerator(engine)
 
 

@@ -130,16 +130,17 @@ class WorkerGroup:
         role: name used in errors and logs (actor, critic, ...).
         share: fraction of each bundle this role takes (roles colocated on a bundle share it).
         bundle_offset: rank ``r`` runs on bundle ``bundle_offset + r``.
+        worker_config: what each worker's constructor receives (its role's typed config, picklable).
+        timeout_s: the bound of every call of the group (``trainer.ray_timeout_s``); None: none.
     """
 
     #: seconds to wait, after one rank raised, for another rank's call to end in its process's death (reported instead)
     PEER_DEATH_GRACE_S = 10.0
 
-    def __init__(self, cls, role: str, pg, world_size: int, config: dict, device: str, cpus_per_worker: int,
-                 share: float = 1.0, sp_size: int = 1, bundle_offset: int = 0):
+    def __init__(self, cls, role: str, pg, world_size: int, worker_config: Any, device: str, cpus_per_worker: int,
+                 share: float = 1.0, sp_size: int = 1, bundle_offset: int = 0, timeout_s: float | None = None):
         self.role, self.world_size, self.sp_size = role, world_size, sp_size
-        # trainer.ray_timeout_s bounds every call of the group (0 or null: no bound)
-        self.timeout_s = float(config["trainer"].get("ray_timeout_s") or 0) or None
+        self.timeout_s = timeout_s
         if world_size % sp_size:
             raise ValueError(f"{role}: ulysses_sequence_parallel_size={sp_size} does not divide {world_size} workers")
         self.dp_size = world_size // sp_size
@@ -153,7 +154,7 @@ class WorkerGroup:
         for rank in range(world_size):
             w = remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=bundle_offset + rank), name=None, **opts).remote(
-                config, rank, world_size, addr, port, device, role)
+                worker_config, rank, world_size, addr, port, device, role)
             if rank == 0:
                 addr, port = self._get([w.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
             self.workers.append(w)

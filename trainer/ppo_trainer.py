@@ -67,7 +67,9 @@ class RayPPOTrainer:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.hooks = build_hooks(config, self.world, pad, len(train_loader))
         self.loader = self.hooks.wrap_loader(train_loader)
-        need_ref = bool(config["actor_rollout_ref"]["actor"]["use_kl_loss"] or self.algo["use_kl_in_reward"])
+        from trainer.config.workers import needs_reference
+
+        need_ref = needs_reference(config)
         rollout = rollout_role(config, self.world)  # None: the engine is colocated in the actor's workers
         self.roles = Roles([actor_role(config), *self.hooks.roles(), *([rollout] if rollout else [])],
                            ref_from_actor=need_ref)

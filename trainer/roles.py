@@ -169,6 +169,8 @@ class Role:
         name: the group's name in logs and errors (``actor``, ``critic``, ``prm``).
         worker: returns the worker class (imported when the group is created).
         client: the typed client class of its calls.
+        worker_config: ``run config -> what each of its workers receives`` (a frozen dataclass of
+            :mod:`trainer.config.workers`, built when the group starts; no worker receives the whole config).
         sp_size: ranks per data-parallel rank that receive the same rows (Ulysses SP, or TP on Megatron).
         ckpt_dir: its folder inside a ``global_step_N`` checkpoint; None: it saves nothing.
         missing_hint: when set, loading a checkpoint without ``ckpt_dir`` raises FileNotFoundError with this
@@ -182,6 +184,7 @@ class Role:
     name: str
     worker: Callable[[], type]
     client: type[GroupClient]
+    worker_config: Callable[[dict], Any]
     sp_size: int = 1
     ckpt_dir: str | None = None
     missing_hint: str = ""
@@ -246,10 +249,11 @@ class Roles:
         shared = [r for r in self.specs if r.share is None]
         reserved = sum(r.share for r in self.specs if r.share is not None and r.bundle_offset < world)
         share = (1.0 - reserved) / max(1, len(shared))
+        timeout_s = float(config["trainer"]["ray_timeout_s"] or 0) or None  # every call of a group; 0/null: none
         for r in self.specs:
-            self.attach(r.name, WorkerGroup(r.worker(), r.name, pg, r.world or world, config, device, cpus_per_worker,
-                                            share=share if r.share is None else r.share, sp_size=r.sp_size,
-                                            bundle_offset=r.bundle_offset))
+            self.attach(r.name, WorkerGroup(r.worker(), r.name, pg, r.world or world, r.worker_config(config),
+                                            device, cpus_per_worker, share=share if r.share is None else r.share,
+                                            sp_size=r.sp_size, bundle_offset=r.bundle_offset, timeout_s=timeout_s))
         return {r.name: self.groups[r.name].init_model() for r in self.specs}
 
     def save(self, step_dir: str) -> None:
@@ -302,12 +306,15 @@ def actor_role(config) -> Role:
 
     ``trainer.strategy=megatron`` uses the Megatron worker, whose tensor-parallel peers of a data-parallel rank
     receive the same rows; the DeepSpeed worker's Ulysses peers do."""
-    strategy = config["trainer"].get("strategy", "deepspeed")
+    from trainer.config.workers import actor_worker_config
+
+    strategy = config["trainer"]["strategy"]
     actor = config["actor_rollout_ref"]["actor"]
     sp = int(actor["ulysses_sequence_parallel_size"])
     if strategy == "megatron":
         sp = int(actor["megatron"]["tensor_model_parallel_size"])
-    return Role("actor", _actor_worker(strategy), ActorGroup, sp_size=sp, ckpt_dir="actor")
+    return Role("actor", _actor_worker(strategy), ActorGroup, sp_size=sp, ckpt_dir="actor",
+                worker_config=actor_worker_config)
 
 
 def _rollout_worker() -> type:
@@ -322,10 +329,11 @@ def rollout_role(config, world: int) -> Role | None:
 
     ``actor_rollout_ref.rollout.n_gpus`` = N >= 1: N workers on the bundles after the ``world`` of the other roles;
     0 < f < 1: one worker taking ``f`` of the first bundle (:class:`trainer.rollout_placement.RolloutPlacement`)."""
+    from trainer.config.workers import rollout_worker_config
     from trainer.rollout_placement import RolloutPlacement
 
     rp = RolloutPlacement.from_config(config)
     if not rp.separate:
         return None
     return Role("rollout", _rollout_worker, RolloutGroup, ckpt_dir="rollout", world=rp.workers, share=rp.share,
-                bundle_offset=world if rp.rollout_bundles else 0)
+                bundle_offset=world if rp.rollout_bundles else 0, worker_config=rollout_worker_config)

@@ -1,6 +1,7 @@
 """Config checks of the keys that follow verl's names and meanings: the reward manager, the generation batch of
-dynamic sampling, the LR schedule's cosine and warmup settings, checkpoint keeping and validation logging, and the
-critic's own micro-batch settings. :func:`trainer.config_validate.validate` runs them before any worker starts.
+dynamic sampling, checkpoint keeping and validation logging (the LR schedules and the critic's batches are checked
+by their sections, :mod:`trainer.config.actor`). :func:`trainer.config_validate.validate` runs them before any
+worker starts.
 """
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ REWARD_MANAGERS = ("naive", "batch", "dapo", "prime", "gdpo")  # verl's names of
 
 
 def check_verl_semantics(cfg: dict) -> None:
-    """Keys that follow verl's names and meanings: the reward manager, the generation batch of dynamic sampling, the
-    LR schedule's cosine settings, validation logging and the critic's own micro-batch settings.
+    """Keys that follow verl's names and meanings: the reward manager, the generation batch of dynamic sampling,
+    checkpoint keeping and validation logging.
 
     Raises:
         ConfigErrors: every bad value found, one line each (naming the key, the value and what was expected).
     """
     errors = ErrorCollector()
-    for check in (_check_reward_manager, _check_gen_batch_size, _check_lr_schedules, _check_validation_keys,
-                  _check_critic_batches):
+    for check in (_check_reward_manager, _check_gen_batch_size, _check_validation_keys):
         errors.run(check, cfg)
     errors.raise_if_any()
 
@@ -51,25 +51,6 @@ def _check_gen_batch_size(cfg: dict) -> None:
         raise ConfigError(f"data.gen_batch_size={gen} must be divisible by the {world} workers")
 
 
-def _check_lr_schedules(cfg: dict) -> None:
-    sections = [("actor_rollout_ref.actor.optim", cfg["actor_rollout_ref"]["actor"]["optim"]),
-                ("critic.optim", cfg["critic"]["optim"])]
-    rm_optim = ((cfg.get("reward_model") or {}).get("model") or {}).get("optim")
-    if isinstance(rm_optim, dict):
-        sections.append(("reward_model.model.optim", rm_optim))
-    for key, optim in sections:
-        ratio, cycles = optim.get("min_lr_ratio", 0.0), optim.get("num_cycles", 0.5)
-        ratio = 0.0 if ratio is None else float(ratio)
-        if not 0.0 <= ratio <= 1.0:
-            raise ConfigError(f"{key}.min_lr_ratio={ratio}; expected a fraction in [0, 1]")
-        if optim.get("lr_scheduler_type", "constant") != "cosine" and (ratio != 0.0 or float(cycles) != 0.5):
-            raise ConfigError(f"{key}.min_lr_ratio={ratio} / num_cycles={cycles} shape a cosine schedule, but "
-                              f"{key}.lr_scheduler_type={optim.get('lr_scheduler_type')}; set lr_scheduler_type=cosine")
-        warm = optim.get("lr_warmup_steps_ratio", 0.0)
-        if not 0.0 <= float(warm or 0.0) <= 1.0:
-            raise ConfigError(f"{key}.lr_warmup_steps_ratio={warm}; expected a fraction in [0, 1]")
-
-
 def _check_validation_keys(cfg: dict) -> None:
     t = cfg["trainer"]
     actor_keep, critic_keep = t.get("max_actor_ckpt_to_keep"), t.get("max_critic_ckpt_to_keep")
@@ -80,13 +61,3 @@ def _check_validation_keys(cfg: dict) -> None:
     as_int(t.get("log_val_generations", 0), "trainer.log_val_generations", minimum=0)
     if t.get("val_only") and not cfg["data"].get("val_files") and cfg["data"].get("train_files") is not None:
         raise ConfigError("trainer.val_only=true needs held-out data: set data.val_files")
-
-
-def _check_critic_batches(cfg: dict) -> None:
-    c = cfg["critic"]
-    if not c.get("enable"):
-        return
-    as_int(c.get("forward_micro_batch_size_per_gpu", 1), "critic.forward_micro_batch_size_per_gpu", minimum=1)
-    if c.get("use_dynamic_bsz"):
-        for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
-            as_int(c.get(key, 1), f"critic.{key}", minimum=1)

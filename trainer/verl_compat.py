@@ -156,7 +156,7 @@ def _offload(ctx: _Context, key: str, value, target: str) -> None:
         return ctx.warn(key, value, "no effect with trainer.device=cpu (the weights and optimizer state are in host "
                                     "memory already)")
     ds = ctx.cfg["deepspeed"]
-    from trainer.workers.base import effective_zero_stage
+    from trainer.config.deepspeed import effective_zero_stage
 
     stage = effective_zero_stage(ds)
     _set(ctx.cfg, target, True)
@@ -313,7 +313,7 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
     (set away from their defaults), ``free_cache_engine=false`` (the engine always frees its KV cache: it sleeps
     while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, a custom reward function's name without
     its path, and ``use_kl_in_reward`` with PRIME (whose advantages never read the penalised rewards)."""
-    from trainer.workers.base import effective_zero_stage
+    from trainer.config.deepspeed import effective_zero_stage
 
     rc = _get(cfg, R) or {}
     out = []

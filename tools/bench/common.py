@@ -111,17 +111,20 @@ def deepspeed_engine(model, device: torch.device, zero_stage: int, lr: float, ds
     as the trainer's ``deepspeed.ds_config``. Sets MASTER_ADDR/PORT if unset."""
     import deepspeed
 
+    from trainer.config import DeepSpeedConfig, OptimConfig, WorkerRuntime
+    from trainer.config.packaged import packaged_section
     from trainer.workers.base import DistributedWorker, free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    cfg = {"deepspeed": {"zero_stage": zero_stage, "bf16": "auto", "optimizer": "torch_adamw",
-                         "ds_config": ds_config or {}},
-           "trainer": {"cpus_per_worker": max(1, torch.get_num_threads())}}
+    ds = packaged_section(DeepSpeedConfig, "deepspeed", [f"deepspeed.zero_stage={zero_stage}"],
+                          ds_config=ds_config or None)
+    cfg = WorkerRuntime(deepspeed=ds, seed=1, cpus_per_worker=max(1, torch.get_num_threads()))
     w = DistributedWorker(cfg, rank=0, world_size=1, master_addr=os.environ["MASTER_ADDR"],
                           master_port=int(os.environ["MASTER_PORT"]), device=device.type)
     w.init_distributed()
-    opt, sched = w.build_optimizer(model, {"lr": lr}, total_steps=10 ** 6)
+    optim = packaged_section(OptimConfig, "actor_rollout_ref.actor.optim", lr=lr)
+    opt, sched = w.build_optimizer(model, optim, total_steps=10 ** 6)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=w.ds_config(train=True))
     return engine
 

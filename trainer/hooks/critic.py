@@ -22,8 +22,10 @@ def _critic_worker() -> type:
 
 def critic_role(critic_cfg) -> Role:
     """The critic's :class:`trainer.roles.Role` (checkpoint folder ``critic/``)."""
+    from trainer.config.workers import critic_worker_config
+
     return Role("critic", _critic_worker, CriticGroup, sp_size=int(critic_cfg["ulysses_sequence_parallel_size"]),
-                ckpt_dir="critic")
+                ckpt_dir="critic", worker_config=critic_worker_config)
 
 
 class CriticHook(StepHook):

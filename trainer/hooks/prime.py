@@ -155,8 +155,10 @@ class PrimeHook(StepHook):
         self.settings = c = PrimeConfig.from_config(config, world)
         self.stop_token_ids = stop_token_ids
         self.bs, self.n, self.n_prompts = c.train_batch_size, c.n, c.n_prompts
+        from trainer.config.prm import prm_worker_config
+
         self.role = Role("prm", _prm_worker, PRMGroup, sp_size=int(c.ulysses_sequence_parallel_size),
-                         ckpt_dir="reward",
+                         ckpt_dir="reward", worker_config=prm_worker_config,
                          missing_hint="PRIME reward model folder 'reward/'; it was saved without algorithm=prime")
         self.prm: PRMGroup | None = None
 

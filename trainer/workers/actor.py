@@ -14,7 +14,7 @@ import time
 import torch
 
 from trainer.protocol import DataProto
-from trainer.workers.base import DistributedWorker, reset_peak_memory, scheduler_total_steps, stage_peak_memory
+from trainer.workers.base import DistributedWorker, reset_peak_memory, stage_peak_memory
 from trainer.workers.generation import call_sampling, generation_rows, prompt_lists, sampling_config
 from trainer.workers.lora import lora_enabled
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 class ActorRolloutRefWorker(WeightSender, DistributedWorker):
     """Holds the trainable actor (DeepSpeed engine), the rollout engine (colocated placement) and the frozen
-    reference model."""
+    reference model; ``config`` is a :class:`trainer.config.workers.ActorWorkerConfig`."""
 
     lora = False  # the actor trains LoRA adapters (set by init_model)
 
@@ -34,20 +34,16 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
 
         self.init_distributed()
         cfg = self.config
-        arr = cfg["actor_rollout_ref"]
-        self.actor_cfg, self.rollout_cfg = arr["actor"], arr["rollout"]
-        algo = cfg["algorithm"]
-        self.need_ref = bool(self.actor_cfg["use_kl_loss"] or algo["use_kl_in_reward"])
-        self.lora = lora_enabled(arr["model"])  # LoRA: the reference is the actor with its adapters disabled
-        total = scheduler_total_steps(cfg, self.actor_cfg)
-        self.actor = ModelRole.build(self, arr["model"], sp=int(self.actor_cfg["ulysses_sequence_parallel_size"]),
-                                     train=True, optim_cfg=self.actor_cfg["optim"],
-                                     grad_clip=float(self.actor_cfg["grad_clip"]), total_steps=total)
+        self.actor_cfg, self.rollout_cfg = cfg.actor, cfg.rollout
+        self.need_ref = cfg.need_ref
+        self.lora = lora_enabled(cfg.model)  # LoRA: the reference is the actor with its adapters disabled
+        a = cfg.actor
+        self.actor = ModelRole.build(self, cfg.model, sp=a.ulysses_sequence_parallel_size, train=True,
+                                     optim_cfg=a.optim, grad_clip=a.grad_clip, total_steps=cfg.total_steps)
         self.tokenizer = self.actor.tokenizer
         self.ref = None
         if self.need_ref and not self.lora:
-            self.ref = ModelRole.build(self, arr["model"], sp=int(arr["ref"]["ulysses_sequence_parallel_size"]),
-                                       train=False)
+            self.ref = ModelRole.build(self, cfg.model, sp=cfg.ref.ulysses_sequence_parallel_size, train=False)
         self._build_rollout()
         return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id,
                 "stop_token_ids": list(self.stop_token_ids)}
@@ -61,27 +57,25 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         rc = self.rollout_cfg
         tok = self.tokenizer
         self.stop_token_ids = resolve_stop_token_ids(tok, self.actor.hf_config, self.actor.model_path,
-                                                     extra=rc.get("stop_token_ids"))
+                                                     extra=list(rc.stop_token_ids))
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.stop_token_ids[0]
         self.engine = self.generator = self.lora_sync = None
-        if separate_rollout(self.config):
+        if self.config.separate_rollout:
             return
-        self.engine = build_engine(rc, self.config, self.actor.hf_config, self.actor.model_path, self.stop_token_ids,
+        self.engine = build_engine(self.config, self.actor.hf_config, self.actor.model_path, self.stop_token_ids,
                                    self.pad_token_id, self.device, self.device_type, self.param_dtype(), self.rank)
-        self.engine.sleep(level=int(rc.get("sleep_level", 1)))
+        self.engine.sleep(level=rc.sleep_level)
         if self.lora:
             from trainer.workers.lora_sync import LoraWeightSync
 
-            self.lora_sync = LoraWeightSync(self.actor.engine.module, self.engine,
-                                            int(self.config["deepspeed"]["zero_stage"]),
-                                            mode=rc.get("lora_sync", "merged"), sleep_level=int(rc.get("sleep_level", 1)),
+            self.lora_sync = LoraWeightSync(self.actor.engine.module, self.engine, self.config.deepspeed.zero_stage,
+                                            mode=rc.lora_sync, sleep_level=rc.sleep_level,
                                             base_model_path=self.actor.model_path)
         from trainer.multi_turn import build_generator
 
         # what generate_sequences asks for responses (a rollout.generator.Generator): one model turn per prompt,
         # or the multi-turn tool loop with rollout.multi_turn.enable
-        self.generator = build_generator(self.engine, rc, tok,
-                                         (self.config.get("data") or {}).get("apply_chat_template_kwargs"))
+        self.generator = build_generator(self.engine, rc.multi_turn, tok, self.config.chat_template_kwargs)
 
     def _sampling(self, validate: bool, seed: int | None, greedy: bool = False):
         """:func:`trainer.workers.generation.sampling_config` of this worker's rollout settings."""
@@ -94,17 +88,16 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         from rollout.context import iter_actor_params, offload_optimizer_states, reload_optimizer_states, rollout_mode
 
         rc = self.rollout_cfg
-        stage = int(self.config["deepspeed"]["zero_stage"])
-        bucket = int(rc["update_weights_bucket_megabytes"]) * 2 ** 20
-        offload = bool(rc.get("offload_optimizer_during_rollout")) and not validate
+        stage = self.config.deepspeed.zero_stage
+        bucket = rc.update_weights_bucket_megabytes * 2 ** 20
+        offload = rc.offload_optimizer_during_rollout and not validate
         module = self.actor.engine.module
         source = self.lora_sync.named_params if self.lora_sync is not None else (
             lambda b: iter_actor_params(module, stage, b))
         return rollout_mode(self.engine, lambda: source(bucket), bucket,
                             offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
                             reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
-                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log,
-                            timing_log=timing_log)
+                            sleep_level=rc.sleep_level, memory_log=memory_log, timing_log=timing_log)
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -136,7 +129,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
             mm = list(prompts["multi_modal_inputs"]) if "multi_modal_inputs" in prompts else None
             gen = self.generator.generate(prompt_lists(prompts), sampling, mm)
         perf.update(stage_peak_memory(self.device, "val_gen" if validate else "gen"))
-        perf.update({f"perf/{self.rollout_cfg['name']}_{k}_gib": v for k, v in stages.items()})
+        perf.update({f"perf/{self.rollout_cfg.name}_{k}_gib": v for k, v in stages.items()})
         perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
         perf.update(gen.metrics)
         result = generation_rows(prompts, gen, sampling.n,
@@ -151,16 +144,13 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         """``old_log_probs`` (B, R) f32 and ``entropys`` (B, R) f32 of the current actor, and ``sum_pi_squared``
         (B, R) f32 (``sum_v pi_v^2`` per token, from the same chunked pass over the logits) when the configured
         advantage estimator reads it (:func:`trainer.adv_inputs.log_prob_pass_columns`)."""
-        from trainer.adv_inputs import log_prob_pass_columns
-
-        mbs = int(self.rollout_cfg["log_prob_micro_batch_size_per_gpu"])
-        temp = float(self.rollout_cfg["temperature"]) or 1.0
-        reset_peak_memory(self.device)
         rc = self.rollout_cfg
-        spp = "sum_pi_squared" in log_prob_pass_columns(self.config)
-        lp, ent, *rest = forward_batch_log_probs(self.actor, data, mbs, temp, calculate_entropy=True,
-                                                 use_dynamic_bsz=bool(rc.get("log_prob_use_dynamic_bsz", False)),
-                                                 max_token_len=int(rc.get("log_prob_max_token_len_per_gpu", 16384)),
+        reset_peak_memory(self.device)
+        spp = self.config.sum_pi_squared
+        lp, ent, *rest = forward_batch_log_probs(self.actor, data, rc.log_prob_micro_batch_size_per_gpu,
+                                                 rc.temperature or 1.0, calculate_entropy=True,
+                                                 use_dynamic_bsz=rc.log_prob_use_dynamic_bsz,
+                                                 max_token_len=rc.log_prob_max_token_len_per_gpu,
                                                  calculate_sum_pi_squared=spp)
         cols = {"old_log_probs": lp, "entropys": ent, **({"sum_pi_squared": rest[0]} if spp else {})}
         return DataProto.from_dict(cols, meta=stage_peak_memory(self.device, "old_log_prob"))
@@ -172,15 +162,14 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
 
         if self.ref is None and not self.lora:
             raise RuntimeError("the reference model was not built: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
-        ref = self.config["actor_rollout_ref"]["ref"]
-        mbs = int(ref["log_prob_micro_batch_size_per_gpu"])
-        temp = float(self.rollout_cfg["temperature"]) or 1.0
+        ref = self.config.ref
         reset_peak_memory(self.device)
         role = self.ref if self.ref is not None else self.actor
         with reference_mode(role.engine.module):
-            lp, _ = forward_batch_log_probs(role, data, mbs, temp, calculate_entropy=False,
-                                            use_dynamic_bsz=bool(ref.get("log_prob_use_dynamic_bsz", False)),
-                                            max_token_len=int(ref.get("log_prob_max_token_len_per_gpu", 16384)))
+            lp, _ = forward_batch_log_probs(role, data, ref.log_prob_micro_batch_size_per_gpu,
+                                            self.rollout_cfg.temperature or 1.0, calculate_entropy=False,
+                                            use_dynamic_bsz=ref.log_prob_use_dynamic_bsz,
+                                            max_token_len=ref.log_prob_max_token_len_per_gpu)
         return DataProto.from_dict({"ref_log_prob": lp}, meta=stage_peak_memory(self.device, "ref"))
 
     # ---- update ---------------------------------------------------------------------------------------------
@@ -188,8 +177,9 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         """PPO-family actor update over mini-batches / micro-batches / epochs; returns metric lists."""
         from trainer.workers.update import ppo_update
 
-        return ppo_update(self, self.actor, data, self.actor_cfg, n=int(self.rollout_cfg["n"]),
-                          temperature=float(self.rollout_cfg["temperature"]) or 1.0, kind="actor")
+        return ppo_update(self, self.actor, data, self.actor_cfg, n=self.rollout_cfg.n,
+                          temperature=self.rollout_cfg.temperature or 1.0, kind="actor",
+                          response_length=self.rollout_cfg.response_length)
 
     @torch.no_grad()
     def weights_fingerprint(self) -> dict:
@@ -198,7 +188,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         from rollout.context import iter_actor_params
         from trainer.workers.lora import iter_merged_params
 
-        stage = int(self.config["deepspeed"]["zero_stage"])
+        stage = self.config.deepspeed.zero_stage
         weights = iter_merged_params if self.lora else iter_actor_params  # a LoRA actor: its merged weights
         actor = {n: float(t.double().sum()) for bucket in weights(self.actor.engine.module, stage) for n, t in bucket}
         engine_model = getattr(self.engine, "model", None)
@@ -206,53 +196,42 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         return {"actor": actor, "engine": eng}
 
 
-def separate_rollout(config: dict) -> bool:
-    """``trainer.rollout_placement=separate``: the rollout engine runs in rollout workers of its own."""
-    return (config.get("trainer") or {}).get("rollout_placement", "colocated") == "separate"
-
-
-def build_engine(rc: dict, config: dict, hf_config, model_path: str, stop_token_ids: list[int], pad_token_id: int,
+def build_engine(config, hf_config, model_path: str, stop_token_ids: list[int], pad_token_id: int,
                  device: torch.device, device_type: str, dtype: torch.dtype, rank: int):
-    """The rollout engine ``rc["name"]`` names (``hf``: :class:`rollout.hf_engine.HFRolloutEngine`, ``vllm``:
-    :class:`rollout.vllm_engine.VLLMRolloutEngine`, created asleep) for the model ``model_path`` / ``hf_config``.
-
-    Raises:
-        ValueError: an unknown engine name.
-    """
-    if rc["name"] == "hf":
+    """The rollout engine ``config.rollout.name`` names (``hf``: :class:`rollout.hf_engine.HFRolloutEngine`,
+    ``vllm``: :class:`rollout.vllm_engine.VLLMRolloutEngine`, created asleep) for the model ``model_path`` /
+    ``hf_config``; ``config``: the worker's :class:`trainer.config.workers.ActorWorkerConfig` or
+    :class:`trainer.config.workers.RolloutWorkerConfig` (the engine name is checked by its section)."""
+    rc = config.rollout
+    if rc.name == "hf":
         from rollout.hf_engine import HFRolloutEngine
 
-        static = rc.get("static_cache", "auto")
-        static = (device_type == "cuda") if static == "auto" else bool(static)
+        static = (device_type == "cuda") if rc.static_cache == "auto" else bool(rc.static_cache)
         return HFRolloutEngine(hf_config, eos_token_id=stop_token_ids, pad_token_id=pad_token_id, device=device,
-                               dtype=dtype, use_static_cache=static, max_batch_size=int(rc.get("max_batch_size", 256)),
-                               prompt_len_multiple=int(rc.get("prompt_length_bucket", 64)),
-                               attn_implementation=str(rc.get("attn_implementation", "auto")))
-    if rc["name"] == "vllm":
-        from rollout.vllm_engine import VLLMRolloutEngine
+                               dtype=dtype, use_static_cache=static, max_batch_size=rc.max_batch_size,
+                               prompt_len_multiple=rc.prompt_length_bucket,
+                               attn_implementation=rc.attn_implementation or "auto")  # None: the vllm group's
+    from rollout.vllm_engine import VLLMRolloutEngine
 
-        return VLLMRolloutEngine(
-            model_path, eos_token_id=stop_token_ids, pad_token_id=pad_token_id,
-            tensor_model_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
-            gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
-            dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
-            seed=int(config["trainer"]["seed"]) + rank, **vllm_kwargs(rc, config))
-    raise ValueError(f"actor_rollout_ref.rollout.name={rc['name']!r}; expected hf or vllm")
+    return VLLMRolloutEngine(model_path, eos_token_id=stop_token_ids, pad_token_id=pad_token_id,
+                             tensor_model_parallel_size=rc.tensor_model_parallel_size,
+                             gpu_memory_utilization=rc.gpu_memory_utilization,
+                             dtype="bfloat16" if dtype == torch.bfloat16 else "float32", seed=config.seed + rank,
+                             **vllm_kwargs(rc, config.model))
 
 
-def vllm_kwargs(rollout_cfg: dict, config: dict) -> dict:
-    """Further ``vllm.LLM`` arguments: ``max_model_len`` (prompt + response unless set), verl's engine keys collected
-    in ``rollout.engine_kwargs.vllm`` (trainer.verl_compat) and the model's ``override_config`` as vLLM's
-    ``hf_overrides``."""
+def vllm_kwargs(rollout_cfg, model) -> dict:
+    """Further ``vllm.LLM`` arguments of a :class:`trainer.config.rollout.RolloutConfig` and the policy's
+    :class:`trainer.config.model.ModelConfig`: ``max_model_len`` (prompt + response unless set), verl's engine keys
+    collected in ``rollout.engine_kwargs.vllm`` (trainer.verl_compat), vLLM's LoRA with ``lora_sync=adapter`` and
+    the model's ``override_config`` as vLLM's ``hf_overrides``."""
     rc = rollout_cfg
-    kwargs = {"max_model_len": int(rc["prompt_length"]) + int(rc["response_length"]),
-              **dict((rc.get("engine_kwargs") or {}).get("vllm") or {})}
-    model = (config.get("actor_rollout_ref") or {}).get("model") or {}
-    if lora_enabled(model) and rc.get("lora_sync", "merged") == "adapter":  # vLLM applies the adapter itself
+    kwargs = {"max_model_len": rc.prompt_length + rc.response_length,
+              **dict((rc.engine_kwargs or {}).get("vllm") or {})}
+    if lora_enabled(model) and rc.lora_sync == "adapter":  # vLLM applies the adapter itself
         from trainer.workers.lora_sync import vllm_lora_kwargs
 
-        kwargs = {**vllm_lora_kwargs(int(model["lora_rank"])), **kwargs}
-    override = model.get("override_config")
-    if override:
-        kwargs["hf_overrides"] = {**dict(override), **dict(kwargs.get("hf_overrides") or {})}
+        kwargs = {**vllm_lora_kwargs(int(model.lora_rank)), **kwargs}
+    if model.override_config:
+        kwargs["hf_overrides"] = {**model.override_config, **dict(kwargs.get("hf_overrides") or {})}
     return kwargs

@@ -57,13 +57,14 @@ class DistributedWorker:
     """Sets up the environment of one rank; subclasses build models in ``init_model``.
 
     Args:
-        config: the whole resolved trainer config as a plain dict.
+        config: what this worker's role receives (a :class:`trainer.config.workers.WorkerRuntime` subclass:
+            its sections, ``deepspeed``, ``seed``, ``cpus_per_worker``).
         rank, world_size: this worker's place in its group.
         master_addr, master_port: rank 0's rendezvous address (None on rank 0: it picks them).
         device: ``cpu`` or ``cuda``.
     """
 
-    def __init__(self, config: dict, rank: int, world_size: int, master_addr: str | None = None,
+    def __init__(self, config, rank: int, world_size: int, master_addr: str | None = None,
                  master_port: int | None = None, device: str = "cpu", role: str = "worker"):
         self.config, self.rank, self.world_size, self.device_type, self.role = config, rank, world_size, device, role
         if master_addr is None:
@@ -73,7 +74,7 @@ class DistributedWorker:
                            "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"})
         if device == "cpu":
             os.environ["DS_ACCELERATOR"] = "cpu"
-            torch.set_num_threads(max(1, int(config["trainer"].get("cpus_per_worker", 1))))
+            torch.set_num_threads(config.cpus_per_worker)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._dist_ready = False
 
@@ -135,7 +136,7 @@ class DistributedWorker:
         from trainer.checkpoint.hf_export import export_hf
 
         export_hf(self._trained.engine, out_dir, tokenizer=self._trained.tokenizer, dtype=self.param_dtype(),
-                  zero_stage=int(self.config["deepspeed"]["zero_stage"]), value_head=self._value_head)
+                  zero_stage=self.config.deepspeed.zero_stage, value_head=self._value_head)
 
     # ---- DeepSpeed config --------------------------------------------------------------------------------
     def ds_config(self, train: bool, grad_clip: float = 1.0) -> dict[str, Any]:
@@ -145,12 +146,9 @@ class DistributedWorker:
         ``backward`` accumulates, every ``step`` is an optimizer step; losses arrive already normalised
         (see ``trainer.core_algos.agg_loss``).
         """
-        ds = self.config["deepspeed"]
-        stage = int(ds["zero_stage"])
-        if stage not in (0, 1, 2, 3):
-            raise ValueError(f"deepspeed.zero_stage={stage}; expected 0, 1, 2 or 3")
-        bf16 = ds.get("bf16", "auto")
-        bf16 = (self.device_type == "cuda") if bf16 == "auto" else bool(bf16)
+        ds = self.config.deepspeed
+        stage = ds.zero_stage
+        bf16 = ds.bf16_on(self.device_type)
         if not train:
             stage = 3 if stage == 3 else 0
         zero: dict[str, Any] = {"stage": stage}
@@ -159,12 +157,12 @@ class DistributedWorker:
             # with CUDA graphs: 32.6% vs 29.6% without, same H200; docs/benchmarks.md); costs about 4.5 x
             # reduce_bucket_size of gradient buffers. Off again with deepspeed.ds_config.
             zero["overlap_comm"] = True
-        if train and ds.get("offload_optimizer"):
+        if train and ds.offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": self.device_type == "cuda"}
         if stage == 3:
             zero.update({"stage3_param_persistence_threshold": 1e4,
                          "stage3_gather_16bit_weights_on_model_save": True})
-            if ds.get("offload_param"):
+            if ds.offload_param:
                 zero["offload_param"] = {"device": "cpu", "pin_memory": self.device_type == "cuda"}
         cfg: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": 1,
@@ -178,75 +176,45 @@ class DistributedWorker:
         }
         if train:
             cfg["gradient_clipping"] = float(grad_clip)
-        if ds.get("ds_config"):
-            cfg = _deep_merge(cfg, dict(ds["ds_config"]))
+        if ds.ds_config:
+            cfg = _deep_merge(cfg, ds.ds_config)
         return cfg
 
     def param_dtype(self) -> torch.dtype:
-        bf16 = self.config["deepspeed"].get("bf16", "auto")
-        bf16 = (self.device_type == "cuda") if bf16 == "auto" else bool(bf16)
-        return torch.bfloat16 if bf16 else torch.float32
+        return torch.bfloat16 if self.config.deepspeed.bf16_on(self.device_type) else torch.float32
 
-    def build_optimizer(self, model: torch.nn.Module, optim_cfg: dict, total_steps: int):
+    def build_optimizer(self, model: torch.nn.Module, optim_cfg, total_steps: int):
         """AdamW and a warmup-then-``lr_scheduler_type`` LR schedule (:func:`_lr_scheduler`).
 
         ``deepspeed.optimizer=torch_adamw`` is ``torch.optim.AdamW`` with ``fused=True`` (one kernel per step instead
         of about ten passes over the fp32 master weights; same update rule) on CUDA with ZeRO stage <= 2 and no
         optimizer offload, the default (multi-tensor) implementation otherwise (ZeRO-3's partitioned step was not
         run with the fused kernel).
+
+        Args:
+            optim_cfg: the role's :class:`trainer.config.actor.OptimConfig`.
+            total_steps: optimizer steps of the whole run (the schedule's length).
         """
         from transformers import get_scheduler
 
-        kind = self.config["deepspeed"].get("optimizer", "torch_adamw")
+        ds = self.config.deepspeed
         params = [p for p in model.parameters() if p.requires_grad]
-        kw = dict(lr=float(optim_cfg["lr"]), betas=tuple(optim_cfg.get("betas", (0.9, 0.999))),
-                  weight_decay=float(optim_cfg.get("weight_decay", 0.0)))
-        if kind == "torch_adamw":
-            ds = self.config["deepspeed"]
-            fused = self.device_type == "cuda" and not ds.get("offload_optimizer") and effective_zero_stage(ds) <= 2
+        kw = dict(lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay)
+        if ds.optimizer == "torch_adamw":
+            fused = self.device_type == "cuda" and not ds.offload_optimizer and ds.effective_zero_stage <= 2
             opt = torch.optim.AdamW(params, fused=True, **kw) if fused else torch.optim.AdamW(params, **kw)
-        elif kind == "deepspeed_adamw":
-            if self.config["deepspeed"].get("offload_optimizer"):
-                from deepspeed.ops.adam import DeepSpeedCPUAdam
+        elif ds.offload_optimizer:  # deepspeed_adamw (the section allows these two)
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-                opt = DeepSpeedCPUAdam(params, adamw_mode=True, **kw)
-            else:
-                from deepspeed.ops.adam import FusedAdam
-
-                opt = FusedAdam(params, adam_w_mode=True, **kw)
+            opt = DeepSpeedCPUAdam(params, adamw_mode=True, **kw)
         else:
-            raise ValueError(f"deepspeed.optimizer={kind!r}; expected torch_adamw or deepspeed_adamw")
+            from deepspeed.ops.adam import FusedAdam
+
+            opt = FusedAdam(params, adam_w_mode=True, **kw)
         return opt, _lr_scheduler(get_scheduler, opt, optim_cfg, total_steps)
 
 
-def effective_zero_stage(ds: dict) -> int:
-    """The ZeRO stage a run's ``deepspeed`` config section trains with: ``ds_config.zero_optimization.stage`` when
-    set (the workers merge ``deepspeed.ds_config`` into DeepSpeed's config last), else ``zero_stage``."""
-    zero = (ds.get("ds_config") or {}).get("zero_optimization") or {}
-    return int(zero.get("stage", ds.get("zero_stage", 0)))
-
-
-def scheduler_total_steps(config: dict, role_cfg: dict) -> int:
-    """Optimizer steps of a whole run for the LR schedule of one trained role (actor or critic).
-
-    ``role_cfg['optim']['total_training_steps']`` (filled from ``trainer.total_training_steps`` when -1) counts
-    TRAINING steps; DeepSpeed steps the scheduler once per optimizer step, and one training step makes
-    ``ppo_epochs * train_batch_size / ppo_mini_batch_size`` of them. Setting the key explicitly lets a run
-    stopped early (``trainer.total_training_steps`` smaller) keep the schedule of the full run, so that
-    resuming it is exact.
-    """
-    steps = int(role_cfg["optim"].get("total_training_steps", -1))
-    if steps < 0:
-        steps = config["trainer"]["total_training_steps"]
-        if steps is None:
-            raise ValueError("trainer.total_training_steps is not planned yet: call trainer.launch.plan_run_length "
-                             "(or set trainer.total_training_steps) before building a trained role")
-        steps = int(steps)
-    minis = max(1, int(config["data"]["train_batch_size"]) // max(1, int(role_cfg["ppo_mini_batch_size"])))
-    return max(1, steps * int(role_cfg["ppo_epochs"]) * minis)
-
-
-def _lr_scheduler(get_scheduler, opt, optim_cfg: dict, total_steps: int):
+def _lr_scheduler(get_scheduler, opt, optim_cfg, total_steps: int):
     """Linear warmup, then ``lr_scheduler_type`` (transformers.get_scheduler), over ``total_steps`` OPTIMIZER steps.
 
     verl's keys count TRAINING steps: ``lr_warmup_steps`` (< 0: ``lr_warmup_steps_ratio x total_training_steps``)
@@ -255,19 +223,19 @@ def _lr_scheduler(get_scheduler, opt, optim_cfg: dict, total_steps: int):
     decays to ``min_lr_ratio x lr`` over ``num_cycles`` half-waves (transformers' ``cosine_with_min_lr``, the same
     formula as verl's ``get_cosine_schedule_with_warmup``).
     """
-    train_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
+    o = optim_cfg
+    train_steps = o.total_training_steps or -1
     per = max(1, round(total_steps / train_steps)) if train_steps > 0 else 1
-    warmup = int(optim_cfg.get("lr_warmup_steps", 0) or 0)
+    warmup = o.lr_warmup_steps or 0
     if warmup < 0:
-        warmup = int(float(optim_cfg.get("lr_warmup_steps_ratio", 0.0) or 0.0) * max(train_steps, 0))
-    name = optim_cfg.get("lr_scheduler_type", "constant")
+        warmup = int((o.lr_warmup_steps_ratio or 0.0) * max(train_steps, 0))
+    name = o.lr_scheduler_type
     kwargs = {}
     if name == "constant":
         name = "constant_with_warmup"
     elif name == "cosine":
         name = "cosine_with_min_lr"
-        kwargs = {"min_lr_rate": float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0),
-                  "num_cycles": float(optim_cfg.get("num_cycles", 0.5))}
+        kwargs = {"min_lr_rate": o.min_lr_ratio or 0.0, "num_cycles": o.num_cycles}
     return get_scheduler(name, optimizer=opt, num_warmup_steps=warmup * per, num_training_steps=max(total_steps, 1),
                          scheduler_specific_kwargs=kwargs or None)
 

@@ -9,23 +9,22 @@ from trainer.protocol import DataProto
 __all__ = ["sampling_config", "call_sampling", "prompt_lists", "generation_rows"]
 
 
-def sampling_config(rollout_cfg: dict, validate: bool, seed: int | None, greedy: bool = False):
-    """The call's :class:`rollout.base.SamplingConfig`: the rollout settings, ``val_kwargs`` when ``validate``, or
-    one greedy sample per prompt when ``greedy`` (the extra validation pass of ``trainer.val_also_greedy``; ReMax's
-    baseline rollout)."""
+def sampling_config(rollout_cfg, validate: bool, seed: int | None, greedy: bool = False):
+    """The call's :class:`rollout.base.SamplingConfig` of a :class:`trainer.config.rollout.RolloutConfig`: the
+    rollout settings, ``val_kwargs`` when ``validate``, or one greedy sample per prompt when ``greedy`` (the extra
+    validation pass of ``trainer.val_also_greedy``; ReMax's baseline rollout)."""
     from rollout.base import SamplingConfig
 
     rc = rollout_cfg
     if greedy:
-        return SamplingConfig(n=1, max_new_tokens=int(rc["response_length"]), do_sample=False, seed=seed)
-    src = rc["val_kwargs"] if validate else rc
-    return SamplingConfig(n=int(src["n"]), temperature=float(src["temperature"]), top_p=float(src["top_p"]),
-                          top_k=int(src["top_k"]), max_new_tokens=int(rc["response_length"]),
-                          do_sample=bool(src["do_sample"]), seed=seed,
-                          ignore_eos=bool(rc.get("ignore_eos", False)) and not validate)
+        return SamplingConfig(n=1, max_new_tokens=rc.response_length, do_sample=False, seed=seed)
+    src = rc.val_kwargs if validate else rc
+    return SamplingConfig(n=src.n, temperature=src.temperature, top_p=src.top_p, top_k=src.top_k,
+                          max_new_tokens=rc.response_length, do_sample=src.do_sample, seed=seed,
+                          ignore_eos=rc.ignore_eos and not validate)
 
 
-def call_sampling(rollout_cfg: dict, prompts: DataProto, rank: int):
+def call_sampling(rollout_cfg, prompts: DataProto, rank: int):
     """:func:`sampling_config` of a ``generate_sequences`` call, from the prompts' ``meta`` (``validate``,
     ``greedy``, ``seed``; the seed of rank ``rank`` is ``seed * 1009 + rank``)."""
     seed = prompts.meta.get("seed")

@@ -26,8 +26,6 @@ NamedTensor = tuple[str, torch.Tensor]
 
 #: the one-output token heads of transformers' ``*ForTokenClassification`` models (the critic's value head)
 VALUE_HEADS = ("score", "classifier")
-#: a role's LoRA keys (verl's names), read from ``actor_rollout_ref.model`` or ``critic.model``
-LORA_KEYS = ("lora_rank", "lora_alpha", "target_modules", "exclude_modules")
 ADAPTER = "default"  # peft's adapter name
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -51,17 +49,17 @@ class LoraSettings:
     exclude_modules: tuple[str, ...] = ()
 
     @classmethod
-    def from_model_config(cls, model_cfg: dict) -> "LoraSettings | None":
-        """The settings of ``model_cfg`` (``actor_rollout_ref.model`` or ``critic.model``); None when ``lora_rank``
-        is 0 or unset (full fine-tuning). Values are assumed checked (:func:`trainer.lora_checks.check_lora`)."""
-        rank = int(model_cfg.get("lora_rank") or 0)
-        if rank <= 0:
+    def from_model_config(cls, model_cfg) -> "LoraSettings | None":
+        """The settings of a role's :class:`trainer.config.model.ModelConfig` (``actor_rollout_ref.model``, or
+        ``critic.model`` over it); None when ``lora_rank`` is 0 or null (full fine-tuning). Values are assumed
+        checked (:func:`trainer.lora_checks.check_lora`); null target_modules means all-linear."""
+        if not lora_enabled(model_cfg):
             return None
-        targets = model_cfg.get("target_modules") or "all-linear"
+        targets = model_cfg.target_modules or "all-linear"
         targets = targets if isinstance(targets, str) else tuple(str(t) for t in targets)
-        exclude = model_cfg.get("exclude_modules") or ()
+        exclude = model_cfg.exclude_modules or ()
         exclude = (exclude,) if isinstance(exclude, str) else tuple(str(e) for e in exclude)
-        return cls(rank=rank, alpha=float(model_cfg.get("lora_alpha", 16)), target_modules=targets,
+        return cls(rank=int(model_cfg.lora_rank), alpha=float(model_cfg.lora_alpha), target_modules=targets,
                    exclude_modules=exclude)
 
     def peft_config(self, value_head: bool = False):
@@ -76,9 +74,9 @@ class LoraSettings:
                           else list(self.target_modules), exclude_modules=exclude or None)
 
 
-def lora_enabled(model_cfg: dict | None) -> bool:
-    """Whether a role's model settings ask for LoRA (``lora_rank > 0``)."""
-    return bool(model_cfg) and int(model_cfg.get("lora_rank") or 0) > 0
+def lora_enabled(model_cfg) -> bool:
+    """Whether a role's :class:`trainer.config.model.ModelConfig` asks for LoRA (``lora_rank > 0``)."""
+    return int(model_cfg.lora_rank or 0) > 0
 
 
 def apply_lora(model: torch.nn.Module, settings: LoraSettings, value_head: bool = False, seed: int = 0,

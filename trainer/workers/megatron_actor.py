@@ -40,17 +40,9 @@ import os
 import torch
 
 from trainer.workers.actor import ActorRolloutRefWorker
-from trainer.workers.base import scheduler_total_steps
 from trainer.workers.model_utils import ModelRole
 
 logger = logging.getLogger(__name__)
-
-
-def megatron_parallel_sizes(config: dict) -> tuple[int, int, int]:
-    """``(tensor, pipeline, context)`` parallel sizes from ``actor_rollout_ref.actor.megatron``."""
-    m = config["actor_rollout_ref"]["actor"].get("megatron") or {}
-    return (int(m.get("tensor_model_parallel_size", 1)), int(m.get("pipeline_model_parallel_size", 1)),
-            int(m.get("context_parallel_size", 1)))
 
 
 def load_hf_state(path: str) -> dict[str, torch.Tensor]:
@@ -74,12 +66,13 @@ def load_hf_state(path: str) -> dict[str, torch.Tensor]:
 
 
 class MegatronActorRefWorker(ActorRolloutRefWorker):
-    """Trainable megatron-core actor, the rollout engine and a frozen megatron-core reference model."""
+    """Trainable megatron-core actor, the rollout engine and a frozen megatron-core reference model; ``config`` is a
+    :class:`trainer.config.workers.ActorWorkerConfig` with its ``megatron`` section."""
 
     # ---- setup ----------------------------------------------------------------------------------------------
     def param_dtype(self) -> torch.dtype:
         """``actor_rollout_ref.actor.megatron.bf16``: ``auto`` = bf16 on CUDA, fp32 on CPU."""
-        bf16 = (self.config["actor_rollout_ref"]["actor"].get("megatron") or {}).get("bf16", "auto")
+        bf16 = self.config.megatron.bf16
         bf16 = (self.device_type == "cuda") if bf16 == "auto" else bool(bf16)
         return torch.bfloat16 if bf16 else torch.float32
 
@@ -96,27 +89,27 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         from trainer.megatron.model import init_megatron_parallel
 
         cfg = self.config
-        arr = cfg["actor_rollout_ref"]
-        self.actor_cfg, self.rollout_cfg = arr["actor"], arr["rollout"]
-        tp, pp, cp = megatron_parallel_sizes(cfg)
+        self.actor_cfg, self.rollout_cfg = cfg.actor, cfg.rollout
+        m = cfg.megatron
+        tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
         if pp != 1 or cp != 1:
             raise ValueError(f"actor_rollout_ref.actor.megatron: pipeline_model_parallel_size={pp}, "
                              f"context_parallel_size={cp}; only 1 is supported (tensor parallelism only)")
         self.init_distributed()  # torch.distributed (gloo on CPU, nccl on GPU), as the DeepSpeed worker
-        init_megatron_parallel(tp, pp, seed=int(cfg["trainer"]["seed"]))
+        init_megatron_parallel(tp, pp, seed=cfg.seed)
         if self.device.type == "cpu":
             from trainer.megatron.engine import install_cpu_tp_compat
 
             install_cpu_tp_compat()
-        mc = arr["model"]
-        path = mc["path"]
-        trust = bool(mc.get("trust_remote_code"))
-        self.tokenizer = AutoTokenizer.from_pretrained(mc.get("tokenizer_path") or path, trust_remote_code=trust)
+        mc = cfg.model
+        path = mc.path
+        trust = mc.trust_remote_code
+        self.tokenizer = AutoTokenizer.from_pretrained(mc.tokenizer_path or path, trust_remote_code=trust)
         hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
-        if mc.get("enable_gradient_checkpointing"):
+        if mc.enable_gradient_checkpointing:
             logger.warning("model.enable_gradient_checkpointing is ignored on the Megatron path")
         hf_state = load_hf_state(path)
-        self.need_ref = bool(self.actor_cfg["use_kl_loss"] or cfg["algorithm"]["use_kl_in_reward"])
+        self.need_ref = cfg.need_ref
         self.actor = self._build_role(hf_config, hf_state, path, train=True)
         self.ref = self._build_role(hf_config, hf_state, path, train=False) if self.need_ref else None
         n_params = sum(t.numel() for n, t in hf_state.items()
@@ -143,7 +136,7 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
             model = Float16Module(tcfg, model)  # casts inputs/outputs; RMSNorm weights follow the params dtype
         optimizer = sched = None
         megatron_opt = False
-        grad_clip = float(self.actor_cfg["grad_clip"])
+        grad_clip = self.actor_cfg.grad_clip
         if not train:
             model.requires_grad_(False)
             model.eval()
@@ -151,8 +144,7 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
             model, optimizer, sched = self._megatron_ddp_optimizer(model, tcfg, dtype, grad_clip)
             megatron_opt = True
         else:  # CPU (tests): bare model + the DeepSpeed path's AdamW and LR schedule
-            optimizer, sched = self.build_optimizer(model, self.actor_cfg["optim"],
-                                                    scheduler_total_steps(self.config, self.actor_cfg))
+            optimizer, sched = self.build_optimizer(model, self.actor_cfg.optim, self.config.total_steps)
         if megatron_opt:
             sched = ShadowLRScheduler(optimizer, sched)
         engine = MegatronEngine(model, shape.vocab_size, optimizer=optimizer, lr_scheduler=sched,
@@ -169,21 +161,19 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        m = self.actor_cfg.get("megatron") or {}
-        optim = self.actor_cfg["optim"]
-        use_dist = bool(m.get("use_distributed_optimizer", True))
+        optim = self.actor_cfg.optim
+        use_dist = self.config.megatron.use_distributed_optimizer
         ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                 use_distributed_optimizer=use_dist)
         model = DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=model)
-        betas = tuple(optim.get("betas", (0.9, 0.999)))
-        ocfg = OptimizerConfig(optimizer="adam", lr=float(optim["lr"]), weight_decay=float(optim.get("weight_decay", 0.0)),
+        betas = optim.betas
+        ocfg = OptimizerConfig(optimizer="adam", lr=optim.lr, weight_decay=optim.weight_decay,
                                adam_beta1=float(betas[0]), adam_beta2=float(betas[1]),
                                bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
                                use_distributed_optimizer=use_dist, clip_grad=grad_clip)
         optimizer = get_megatron_optimizer(ocfg, [model])
         # the LR schedule of the DeepSpeed path, run on a one-parameter shadow optimizer
-        _, shadow = self.build_optimizer(torch.nn.Linear(1, 1, bias=False), optim,
-                                         scheduler_total_steps(self.config, self.actor_cfg))
+        _, shadow = self.build_optimizer(torch.nn.Linear(1, 1, bias=False), optim, self.config.total_steps)
         return model, optimizer, shadow
 
     # ---- rollout weights ------------------------------------------------------------------------------------
@@ -194,10 +184,10 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         from trainer.megatron.sync import iter_hf_buckets
 
         rc = self.rollout_cfg
-        bucket = int(rc["update_weights_bucket_megabytes"]) * 2 ** 20
+        bucket = rc.update_weights_bucket_megabytes * 2 ** 20
         model = unwrap(self.actor.engine.module)
         return rollout_mode(self.engine, lambda: iter_hf_buckets(model, self.shape, bucket), bucket,
-                            sleep_level=int(rc.get("sleep_level", 1)), memory_log=memory_log,
+                            sleep_level=rc.sleep_level, memory_log=memory_log,
                             timing_log=timing_log)
 
     @torch.no_grad()
@@ -229,7 +219,7 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
             raise ValueError("the Megatron path has no value-head (critic) models")
         self._trained, self._value_head = role, False
         eng = role.engine
-        fmt = (self.actor_cfg.get("megatron") or {}).get("ckpt_format", "torch_dist")
+        fmt = self.config.megatron.ckpt_format
         self.ckpt = MegatronCheckpointManager(eng.module, optimizer=eng.optimizer, lr_scheduler=eng.lr_scheduler,
                                               hf_config=role.hf_config, tokenizer=role.tokenizer, ckpt_format=fmt)
         return {"num_params": sum(p.numel() for p in eng.module.parameters())}

@@ -40,24 +40,21 @@ class ModelRole:
     value_head: bool = False
 
     @classmethod
-    def build(cls, worker, model_cfg: dict, sp: int, train: bool, optim_cfg: dict | None = None,
-              grad_clip: float = 1.0, total_steps: int = 1, value_head: bool = False,
-              path_override: str | None = None) -> "ModelRole":
-        """Load the HF model at ``model_cfg['path']`` and wrap it with ``deepspeed.initialize``.
+    def build(cls, worker, model_cfg, sp: int, train: bool, optim_cfg=None, grad_clip: float = 1.0,
+              total_steps: int = 1, value_head: bool = False, path_override: str | None = None) -> "ModelRole":
+        """Load the HF model of ``model_cfg`` (a :class:`trainer.config.model.ModelConfig`; ``path_override``: another
+        folder with the same settings, e.g. a frozen reference) and wrap it with ``deepspeed.initialize``;
+        ``optim_cfg`` (:class:`trainer.config.actor.OptimConfig`) and ``total_steps`` (optimizer steps of the run)
+        for a trained role.
 
         With ZeRO-3, ``transformers.integrations.HfDeepSpeedConfig`` is alive during ``from_pretrained`` so the
         weights are partitioned as they load. Master weights are fp32; DeepSpeed keeps bf16 copies when bf16 is on.
         """
         import deepspeed
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
-        path = path_override or model_cfg["path"]
-        import_external_lib(model_cfg.get("external_lib"))
-        remote = bool(model_cfg.get("trust_remote_code"))
-        tok = AutoTokenizer.from_pretrained(model_cfg.get("tokenizer_path") or path, trust_remote_code=remote)
-        if model_cfg.get("custom_chat_template"):
-            tok.chat_template = model_cfg["custom_chat_template"]
-        override = dict(model_cfg.get("override_config") or {})
+        path = path_override or model_cfg.path
+        tok, override, remote = load_tokenizer(model_cfg, path)
         hf_config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
         apply_config_overrides(hf_config, override)
         ds_cfg = worker.ds_config(train=train, grad_clip=grad_clip)
@@ -67,18 +64,19 @@ class ModelRole:
 
             keep = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 (must stay alive while loading)
         sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
-        use_rmpad = bool(model_cfg.get("use_remove_padding", True)) or sp > 1
+        use_rmpad = model_cfg.use_remove_padding or sp > 1
         model = load_hf_model(path, hf_config if override else None, value_head, remote,
                               vision_language=is_vision_language(hf_config))
         if use_rmpad:
             from patches.ulysses import apply_ulysses_patch
 
             apply_ulysses_patch(model, sp_obj if sp_obj is not None else 1)  # 1: no SP, fixed at patch time
-        if train and model_cfg.get("enable_gradient_checkpointing"):
+        if train and model_cfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         from trainer.workers.kernels import apply_kernel_options
 
-        apply_kernel_options(model, model_cfg)
+        apply_kernel_options(model, {"use_liger": model_cfg.use_liger, "use_torch_compile": model_cfg.use_torch_compile,
+                                     "torch_compile_mode": model_cfg.torch_compile_mode})
         model = _with_lora(worker, model, model_cfg, train, value_head)
         if train:
             opt, sched = worker.build_optimizer(model, optim_cfg, total_steps)
@@ -94,7 +92,7 @@ class ModelRole:
                    device=worker.device, value_head=value_head)
 
 
-def _with_lora(worker, model: torch.nn.Module, model_cfg: dict, train: bool, value_head: bool) -> torch.nn.Module:
+def _with_lora(worker, model: torch.nn.Module, model_cfg, train: bool, value_head: bool) -> torch.nn.Module:
     """``model`` wrapped with LoRA adapters when a trained role's settings ask for them
     (:func:`trainer.workers.lora.apply_lora`; the adapters are seeded with ``trainer.seed``), else ``model``."""
     from trainer.workers.lora import LoraSettings, apply_lora, trainable_numel
@@ -102,8 +100,8 @@ def _with_lora(worker, model: torch.nn.Module, model_cfg: dict, train: bool, val
     settings = LoraSettings.from_model_config(model_cfg) if train else None
     if settings is None:
         return model
-    model = apply_lora(model, settings, value_head=value_head, seed=int(worker.config["trainer"]["seed"]),
-                       gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing")))
+    model = apply_lora(model, settings, value_head=value_head, seed=worker.config.seed,
+                       gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
     trained, total = trainable_numel(model)
     logger.info("LoRA rank %d alpha %g on %s: %d of %d parameters trained (%.2f%%)", settings.rank, settings.alpha,
                 settings.target_modules, trained, total, 100.0 * trained / max(total, 1))
@@ -127,6 +125,20 @@ def load_hf_model(path: str, hf_config, value_head: bool, trust_remote_code: boo
         given["num_labels"] = 1
     return AutoModelForTokenClassification.from_pretrained(path, dtype=torch.float32,
                                                            trust_remote_code=trust_remote_code, **given)
+
+
+def load_tokenizer(model_cfg, path: str | None = None):
+    """``(tokenizer, override_config, trust_remote_code)`` of a role's :class:`trainer.config.model.ModelConfig`
+    (its ``external_lib`` imported first; ``custom_chat_template`` applied; ``path``: instead of ``model_cfg.path``
+    when the tokenizer has no folder of its own)."""
+    from transformers import AutoTokenizer
+
+    import_external_lib(model_cfg.external_lib)
+    remote = model_cfg.trust_remote_code
+    tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or path or model_cfg.path, trust_remote_code=remote)
+    if model_cfg.custom_chat_template:
+        tok.chat_template = model_cfg.custom_chat_template
+    return tok, dict(model_cfg.override_config), remote
 
 
 def import_external_lib(name: str | None) -> None:
@@ -156,22 +168,6 @@ def apply_config_overrides(hf_config, override: dict) -> None:
             setattr(hf_config, key, {**current, **value})
         else:
             setattr(hf_config, key, value)
-
-
-# keys of a role's own model section (verl's critic.model.*, PRIME's reward_model.model.*) that replace the actor's
-# model settings (actor_rollout_ref.model) when not null
-ROLE_MODEL_KEYS = ("tokenizer_path", "trust_remote_code", "use_remove_padding", "enable_gradient_checkpointing",
-                   "external_lib")
-
-
-def role_model_config(base: dict, role: dict, keys: tuple[str, ...] = ROLE_MODEL_KEYS) -> dict:
-    """A role's model settings: ``base`` (``actor_rollout_ref.model``) with the role's non-null ``keys`` over it and
-    the role's ``override_config`` merged over the base's (the critic's ``critic.model``, the PRM's
-    ``reward_model.model``)."""
-    out = dict(base)
-    out.update({k: role[k] for k in keys if role.get(k) is not None})
-    out["override_config"] = {**(base.get("override_config") or {}), **(role.get("override_config") or {})}
-    return out
 
 
 def is_vision_language(hf_config) -> bool:

@@ -23,7 +23,7 @@ import torch
 from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker
 from trainer.workers.batching import global_count, micro_batches, mini_batch_rows
-from trainer.workers.model_utils import ModelRole, forward_batch_log_probs, forward_micro, role_model_config
+from trainer.workers.model_utils import ModelRole, forward_batch_log_probs, forward_micro
 from trainer.workers.step_guard import count_skip, guarded_backward, optimizer_step
 
 logger = logging.getLogger(__name__)
@@ -32,38 +32,26 @@ _INPUTS = ["input_ids", "attention_mask", "position_ids", "responses", "response
 
 
 class PRMWorker(DistributedWorker):
-    """Trainable implicit PRM + frozen reference; config under ``reward_model`` (see configs/algorithm/prime.yaml)."""
+    """Trainable implicit PRM + frozen reference; ``config`` is a :class:`trainer.config.prm.PRMWorkerConfig`
+    (``reward_model``, see configs/algorithm/prime.yaml)."""
 
     def init_model(self) -> dict:
         import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
 
         self.init_distributed()
         cfg = self.config
-        self.rm_cfg = rm = cfg["reward_model"]
-        mc = rm["model"]
-        base = role_model_config(cfg["actor_rollout_ref"]["model"], mc)
-        path = mc.get("path") or base["path"]
-        ref_path = mc.get("ref_path") or path
-        self.beta = float(mc["beta_train"])
-        if not self.beta > 0:
-            raise ValueError(f"reward_model.model.beta_train={self.beta}; expected > 0")
-        sp = int(rm.get("ulysses_sequence_parallel_size", 1))
-        optim = dict(mc["optim"])
-        minis = max(1, int(cfg["data"]["train_batch_size"]) // max(1, int(rm["mini_batch_size"])))
-        steps = int(optim.get("total_training_steps", -1))
-        steps = int(cfg["trainer"]["total_training_steps"]) if steps < 0 else steps
-        total = max(1, steps * minis)  # optimizer steps of the run
-        self.prm = ModelRole.build(self, base, sp=sp, train=True, optim_cfg=optim,
-                                   grad_clip=float(optim.get("grad_clip", 10.0)),
-                                   total_steps=total, path_override=path)
-        self.prm_ref = ModelRole.build(self, base, sp=sp, train=False, path_override=ref_path)
-        return {**self.attach_checkpointing(self.prm), "path": path, "ref_path": ref_path}
+        self.rm_cfg = cfg.prm
+        self.beta = cfg.prm_model.beta_train
+        sp = cfg.prm.ulysses_sequence_parallel_size
+        self.prm = ModelRole.build(self, cfg.model, sp=sp, train=True, optim_cfg=cfg.prm_model.optim,
+                                   grad_clip=cfg.grad_clip, total_steps=cfg.total_steps)
+        self.prm_ref = ModelRole.build(self, cfg.model, sp=sp, train=False, path_override=cfg.ref_path)
+        return {**self.attach_checkpointing(self.prm), "path": cfg.model.path, "ref_path": cfg.ref_path}
 
     # ---- helpers ----------------------------------------------------------------------------------------------
     def _micro(self) -> tuple[int, bool, int]:
         rm = self.rm_cfg
-        return (int(rm["micro_batch_size_per_gpu"]), bool(rm.get("use_dynamic_bsz", False)),
-                int(rm.get("max_token_len_per_gpu", 16384)))
+        return rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.max_token_len_per_gpu
 
     # ---- scoring ----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -98,8 +86,7 @@ class PRMWorker(DistributedWorker):
             raise KeyError("update_rm needs the column 'acc' (batch,) float32 of verified accuracies")
         role, engine = self.prm, self.prm.engine
         mbs, dyn, max_tok = self._micro()
-        n = int(self.config["actor_rollout_ref"]["rollout"]["n"])
-        rows_per_mini = mini_batch_rows(int(self.rm_cfg["mini_batch_size"]), n, role.dp_size, len(data))
+        rows_per_mini = mini_batch_rows(self.rm_cfg.mini_batch_size, self.config.rollout_n, role.dp_size, len(data))
         data = data.select(_INPUTS + ["acc"])
         data["_row"] = torch.arange(len(data))
         dev = role.device

@@ -106,7 +106,8 @@ class RolloutWorker(DistributedWorker):
     group.
 
     Controller calls: ``init_model``, ``init_weight_sync``, ``receive_weights``, ``release_below``,
-    ``held_versions``, ``generate_sequences``, ``save_checkpoint``, ``load_checkpoint``.
+    ``held_versions``, ``generate_sequences``, ``save_checkpoint``, ``load_checkpoint``. ``config`` is a
+    :class:`trainer.config.workers.RolloutWorkerConfig`.
     """
 
     CONCURRENCY_GROUPS = {"weights": 1}
@@ -121,17 +122,17 @@ class RolloutWorker(DistributedWorker):
         else:
             self.device = torch.device("cpu")
         cfg = self.config
-        self.rollout_cfg = rc = cfg["actor_rollout_ref"]["rollout"]
-        tok, hf_config, path = _load_tokenizer_and_config(cfg["actor_rollout_ref"]["model"])
+        self.rollout_cfg = rc = cfg.rollout
+        tok, hf_config, path = _load_tokenizer_and_config(cfg.model)
         from rollout.stop_tokens import resolve_stop_token_ids
 
-        self.stop_token_ids = resolve_stop_token_ids(tok, hf_config, path, extra=rc.get("stop_token_ids"))
+        self.stop_token_ids = resolve_stop_token_ids(tok, hf_config, path, extra=list(rc.stop_token_ids))
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.stop_token_ids[0]
-        self.engine = build_engine(rc, cfg, hf_config, path, self.stop_token_ids, self.pad_token_id, self.device,
+        self.engine = build_engine(cfg, hf_config, path, self.stop_token_ids, self.pad_token_id, self.device,
                                    self.device_type, self.param_dtype(), self.rank)
         self.engine.wake_up()  # nothing else uses this device share: the engine never sleeps
-        self.generator = build_generator(self.engine, rc, tok, (cfg.get("data") or {}).get("apply_chat_template_kwargs"))
-        self.versions = WeightVersions(float(cfg["trainer"].get("ray_timeout_s") or 0) or None)
+        self.generator = build_generator(self.engine, rc.multi_turn, tok, cfg.chat_template_kwargs)
+        self.versions = WeightVersions(cfg.ray_timeout_s)
         self.loaded_version: int | None = None
         self._group = self._layout = None
         return {"stop_token_ids": list(self.stop_token_ids), "pad_token_id": self.pad_token_id}
@@ -195,7 +196,7 @@ class RolloutWorker(DistributedWorker):
         tensors = self.versions.get(version)
         t1 = time.perf_counter()
         if self.loaded_version != version:
-            bucket = int(self.rollout_cfg["update_weights_bucket_megabytes"]) * 2 ** 20
+            bucket = self.rollout_cfg.update_weights_bucket_megabytes * 2 ** 20
             sync_weights(self.engine, tensors, bucket)
             self.loaded_version = version
         t2 = time.perf_counter()
@@ -212,19 +213,14 @@ class RolloutWorker(DistributedWorker):
         return result
 
 
-def _load_tokenizer_and_config(model_cfg: dict):
+def _load_tokenizer_and_config(model_cfg):
     """The policy's tokenizer (``custom_chat_template`` applied), its HF config (``override_config`` applied) and
-    its folder."""
-    from transformers import AutoConfig, AutoTokenizer
+    its folder, from its :class:`trainer.config.model.ModelConfig`."""
+    from transformers import AutoConfig
 
-    from trainer.workers.model_utils import apply_config_overrides, import_external_lib
+    from trainer.workers.model_utils import apply_config_overrides, load_tokenizer
 
-    path = model_cfg["path"]
-    import_external_lib(model_cfg.get("external_lib"))
-    remote = bool(model_cfg.get("trust_remote_code"))
-    tok = AutoTokenizer.from_pretrained(model_cfg.get("tokenizer_path") or path, trust_remote_code=remote)
-    if model_cfg.get("custom_chat_template"):
-        tok.chat_template = model_cfg["custom_chat_template"]
-    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
-    apply_config_overrides(hf_config, dict(model_cfg.get("override_config") or {}))
-    return tok, hf_config, path
+    tok, override, remote = load_tokenizer(model_cfg)
+    hf_config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=remote)
+    apply_config_overrides(hf_config, override)
+    return tok, hf_config, model_cfg.path

@@ -51,17 +51,21 @@ LOSS_METRICS = frozenset({"pg_loss", "kl_loss", "vf_loss"})
 CONSTANT_METRICS = frozenset({"kl_coef"})
 
 
-def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: float, kind: str) -> dict:
-    """Run ``cfg['ppo_epochs']`` passes over ``data`` (this rank's rows); returns ``{metric: [values]}``.
+def ppo_update(worker, role, data: DataProto, cfg, n: int, temperature: float, kind: str,
+               response_length: int | None = None) -> dict:
+    """Run ``cfg.ppo_epochs`` passes over ``data`` (this rank's rows); returns ``{metric: [values]}``.
 
     Args:
-        worker: the DistributedWorker (device, config).
+        worker: the DistributedWorker (its device).
         role: the :class:`trainer.workers.model_utils.ModelRole` being trained.
         data: rows with ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``, ``response_mask``
             and, for the actor, ``old_log_probs``, ``advantages`` (+ ``ref_log_prob`` with a KL loss); for the
             critic ``values``, ``returns``.
-        cfg: the actor or critic config section.
+        cfg: the :class:`trainer.config.actor.ActorConfig` or :class:`trainer.config.actor.CriticConfig`.
+        n: responses per prompt (``rollout.n``); temperature: of the log-prob forwards.
         kind: ``actor`` or ``critic``.
+        response_length: ``rollout.response_length``, the default of ``loss_scale_factor``
+            (:func:`loss_scale_factor`).
     """
     from trainer import core_algos
 
@@ -69,14 +73,14 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
     engine.train()
     metrics: dict[str, list[float]] = defaultdict(list)
     reset_peak_memory(worker.device)  # the peak memory metrics below then cover this update only
-    mb_rows = mini_batch_rows(int(cfg["ppo_mini_batch_size"]), n, role.dp_size, len(data))
-    dyn = bool(cfg.get("use_dynamic_bsz", False))
-    max_tok = int(cfg.get("ppo_max_token_len_per_gpu", 16384)) * role.sp_size
-    agg_mode = cfg["loss_agg_mode"]
-    scale = loss_scale_factor(worker, cfg, data["response_mask"].shape[-1])
+    mb_rows = mini_batch_rows(cfg.ppo_mini_batch_size, n, role.dp_size, len(data))
+    dyn = cfg.use_dynamic_bsz
+    max_tok = (cfg.ppo_max_token_len_per_gpu or 0) * role.sp_size  # read only with use_dynamic_bsz
+    agg_mode = cfg.loss_agg_mode
+    scale = loss_scale_factor(cfg.loss_scale_factor, response_length, data["response_mask"].shape[-1])
     skipped = 0
-    for epoch in range(int(cfg["ppo_epochs"])):
-        epoch_data = _shuffle(data, seed=epoch) if cfg.get("shuffle") else data
+    for epoch in range(cfg.ppo_epochs):
+        epoch_data = _shuffle(data, seed=epoch) if cfg.shuffle else data
         for mini in epoch_data.split(mb_rows):
             mask = mini["response_mask"]
             n_tok = global_count(mask.sum().item(), worker.device, role.dp_group)
@@ -85,7 +89,7 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
                        loss_scale_factor=scale)
             finite = torch.ones((), dtype=torch.bool, device=worker.device)
             pending: dict[str, list] = defaultdict(list)  # this mini-batch's metric values, read once at its end
-            for mb in micro_batches(mini, int(cfg["ppo_micro_batch_size_per_gpu"]), dyn, max_tok, role.dp_group):
+            for mb in micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu, dyn, max_tok, role.dp_group):
                 if kind == "actor":
                     loss, m = _actor_loss(role, mb, cfg, temperature, agg_mode, agg)
                 else:
@@ -108,17 +112,16 @@ def ppo_update(worker, role, data: DataProto, cfg: dict, n: int, temperature: fl
     return dict(metrics)
 
 
-def loss_scale_factor(worker, cfg: dict, width: int) -> float:
-    """The constant of ``seq-mean-token-sum-norm``: ``cfg["loss_scale_factor"]`` (verl's key), else the configured
-    ``actor_rollout_ref.rollout.response_length`` (verl's default, the padded response width), else ``width``.
+def loss_scale_factor(factor: float | None, response_length: int | None, width: int) -> float:
+    """The constant of ``seq-mean-token-sum-norm``: ``factor`` (the role's ``loss_scale_factor``, verl's key), else
+    ``response_length`` (``actor_rollout_ref.rollout.response_length``, verl's default, the padded response
+    width), else ``width`` (the batch's response columns).
 
     Raises:
         ValueError: a factor that is not a positive number.
     """
-    factor = cfg.get("loss_scale_factor")
     if factor is None:
-        rollout = ((getattr(worker, "config", None) or {}).get("actor_rollout_ref") or {}).get("rollout") or {}
-        factor = rollout.get("response_length", width)
+        factor = width if response_length is None else response_length
     if not float(factor) > 0:
         raise ValueError(f"loss_scale_factor={factor!r}; expected a positive number")
     return float(factor)
@@ -131,18 +134,18 @@ def _read_metrics(pending: dict[str, list]) -> dict[str, list[float]]:
     return {k: [next(host) if torch.is_tensor(v) else float(v) for v in vals] for k, vals in pending.items()}
 
 
-def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: str, agg: dict):
+def _actor_loss(role, mb: DataProto, cfg, temperature: float, agg_mode: str, agg: dict):
     from trainer import core_algos
     from trainer.forward import to_device
     from trainer.workers.model_utils import forward_micro
 
     dev = role.device
     mask = to_device(mb["response_mask"], dev)
-    entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
+    entropy_coeff = cfg.entropy_coeff
     log_prob, entropy = forward_micro(role, mb, temperature, calculate_entropy=entropy_coeff != 0)
     old = to_device(mb["old_log_probs"], dev)
     adv = to_device(mb["advantages"], dev)
-    loss_fn = core_algos.get_policy_loss_fn(cfg.get("policy_loss", {}).get("loss_mode", "vanilla"))
+    loss_fn = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
     is_w = to_device(mb["rollout_is_weights"], dev) if "rollout_is_weights" in mb else None
     pg_loss, pg_m = loss_fn(old, log_prob, adv, mask, loss_agg_mode=agg_mode, config=cfg,
                             rollout_is_weights=is_w, **agg)
@@ -152,17 +155,17 @@ def _actor_loss(role, mb: DataProto, cfg: dict, temperature: float, agg_mode: st
         metrics["entropy"] = core_algos.masked_mean(entropy.detach(), mask)  # a token mean, not the loss term
         if entropy_coeff:
             loss = loss - entropy_coeff * core_algos.agg_loss(entropy, mask, agg_mode, **agg)
-    if cfg.get("use_kl_loss"):
+    if cfg.use_kl_loss:
         ref = to_device(mb["ref_log_prob"], dev)
-        kld = core_algos.kl_penalty(log_prob, ref, cfg["kl_loss_type"])
+        kld = core_algos.kl_penalty(log_prob, ref, cfg.kl_loss_type)
         kl_loss = core_algos.agg_loss(kld, mask, agg_mode, **agg)
-        loss = loss + float(cfg["kl_loss_coef"]) * kl_loss
+        loss = loss + cfg.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
-        metrics["kl_coef"] = float(cfg["kl_loss_coef"])
+        metrics["kl_coef"] = cfg.kl_loss_coef
     return loss, metrics
 
 
-def _critic_loss(role, mb: DataProto, cfg: dict, agg_mode: str, agg: dict):
+def _critic_loss(role, mb: DataProto, cfg, agg_mode: str, agg: dict):
     from trainer import core_algos
     from trainer.forward import to_device
 
@@ -171,7 +174,7 @@ def _critic_loss(role, mb: DataProto, cfg: dict, agg_mode: str, agg: dict):
     vpreds = forward_values_micro(role, mb)
     vf_loss, clipfrac = core_algos.compute_value_loss(vpreds, to_device(mb["returns"], dev),
                                                       to_device(mb["values"], dev), mask,
-                                                      cliprange_value=float(cfg["cliprange_value"]),
+                                                      cliprange_value=cfg.cliprange_value,
                                                       loss_agg_mode=agg_mode, **agg)
     vmean = core_algos.masked_mean(vpreds.detach(), mask)
     return vf_loss, {"vf_loss": vf_loss.detach(), "vf_clipfrac": clipfrac, "vpred_mean": vmean}

@@ -117,8 +117,8 @@ class WeightSender:
     def _weight_buckets(self):
         from rollout.context import iter_actor_params
 
-        bucket = int(self.config["actor_rollout_ref"]["rollout"]["update_weights_bucket_megabytes"]) * 2 ** 20
-        return iter_actor_params(self.actor.engine.module, int(self.config["deepspeed"]["zero_stage"]), bucket)
+        bucket = self.config.rollout.update_weights_bucket_megabytes * 2 ** 20
+        return iter_actor_params(self.actor.engine.module, self.config.deepspeed.zero_stage, bucket)
 
     def weight_sync_address(self) -> tuple[str, int]:
         """A free ``(ip, port)`` on this node for the weight group's store (asked of rank 0)."""

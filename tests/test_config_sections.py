@@ -1,0 +1,189 @@
+"""The typed config sections (trainer/config/): built from every group option of the packaged config, defaults only
+in configs/, one-line errors naming the dotted key, every field read by some code, and what workers receive."""
+import ast
+import dataclasses
+import os
+import pickle
+
+import pytest
+
+from tests.e2e_utils import ROOT
+from trainer.config import (ActorConfig, CriticConfig, DeepSpeedConfig, ModelConfig, OptimConfig, RolloutConfig,
+                            Section, actor_worker_config, check_sections, critic_worker_config,
+                            rollout_worker_config)
+from trainer.config.prm import PRMWorkerConfig, prm_worker_config
+from trainer.config.workers import ActorWorkerConfig, CriticWorkerConfig, RolloutWorkerConfig, WorkerRuntime
+from trainer.config_checks import ConfigError, ConfigErrors
+from trainer.overrides import CONFIG_DIR, config_groups
+
+WORKER_CONFIGS = (WorkerRuntime, ActorWorkerConfig, CriticWorkerConfig, RolloutWorkerConfig, PRMWorkerConfig)
+
+
+def _sections() -> list[type]:
+    out, todo = [], list(Section.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo += cls.__subclasses__()
+    return out
+
+
+def _cfg(*overrides, planned=True):
+    from hydra import compose, initialize_config_dir
+
+    from trainer.launch import plan_run_length, resolve_config
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = resolve_config(compose(config_name="ppo_trainer", overrides=list(overrides)))
+    if planned:
+        plan_run_length(cfg, 4)
+    return cfg
+
+
+def test_the_sections_have_no_defaults_in_python():
+    """configs/ holds every default: a field with a Python default would be a second one that can drift."""
+    for cls in (*_sections(), *WORKER_CONFIGS):
+        with_default = [f.name for f in dataclasses.fields(cls)
+                        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+        assert with_default == [], cls.__name__
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in config_groups(CONFIG_DIR).items() for o in opts])
+def test_every_group_option_builds_the_workers_configs(group, option):
+    cfg = _cfg(f"{group}={option}", "algorithm=gae" if group != "algorithm" else f"{group}={option}")
+    check_sections(cfg)
+    for build in (actor_worker_config, critic_worker_config, rollout_worker_config):
+        made = build(cfg)
+        assert pickle.loads(pickle.dumps(made)) == made  # what Ray sends to the workers
+    actor = actor_worker_config(cfg)
+    arr = cfg["actor_rollout_ref"]
+    assert actor.actor.optim.lr == float(arr["actor"]["optim"]["lr"])
+    assert actor.rollout.val_kwargs.temperature == float(arr["rollout"]["val_kwargs"]["temperature"])
+    assert actor.deepspeed.zero_stage == int(cfg["deepspeed"]["zero_stage"])
+
+
+def test_a_frozen_section_refuses_writes():
+    section = OptimConfig.from_dict(_cfg()["critic"]["optim"], "critic.optim")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        section.lr = 1.0
+
+
+@pytest.mark.parametrize("cls,key,name,value,line", [
+    (ActorConfig, "actor_rollout_ref.actor", "clip_ratio_c", 1.0, "actor_rollout_ref.actor.clip_ratio_c=1.0; expected > 1"),
+    (ActorConfig, "actor_rollout_ref.actor", "ppo_epochs", "two", "actor_rollout_ref.actor.ppo_epochs='two'; expected an integer"),
+    (ActorConfig, "actor_rollout_ref.actor", "grad_clip", float("nan"),
+     "actor_rollout_ref.actor.grad_clip=nan; expected a finite number"),
+    (ActorConfig, "actor_rollout_ref.actor", "use_kl_loss", "yes",
+     "actor_rollout_ref.actor.use_kl_loss='yes'; expected true or false"),
+    (RolloutConfig, "actor_rollout_ref.rollout", "name", "sglang",
+     "actor_rollout_ref.rollout.name='sglang'; expected hf or vllm"),
+    (RolloutConfig, "actor_rollout_ref.rollout", "n", 0, "actor_rollout_ref.rollout.n=0; expected >= 1"),
+    (DeepSpeedConfig, "deepspeed", "optimizer", "sgd",
+     "deepspeed.optimizer='sgd'; expected torch_adamw or deepspeed_adamw"),
+    (CriticConfig, "critic", "forward_micro_batch_size_per_gpu", 0,
+     "critic.forward_micro_batch_size_per_gpu=0; expected an integer >= 1"),
+])
+def test_a_bad_value_is_one_line_naming_the_dotted_key(cls, key, name, value, line):
+    cfg = _cfg("algorithm=gae")
+    section = cfg
+    for part in key.split("."):
+        section = section[part]
+    section[name] = value
+    with pytest.raises(ValueError) as info:
+        cls.from_dict(section, key)
+    assert str(info.value) == line
+
+
+@pytest.mark.parametrize("override,line", [
+    ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name='sglang'; expected hf or vllm"),
+    ("deepspeed.optimizer=sgd", "deepspeed.optimizer='sgd'; expected torch_adamw or deepspeed_adamw"),
+    ("reward_model.model.beta_train=0", "reward_model.model.beta_train=0; expected > 0"),
+])
+def test_values_a_worker_refused_are_refused_before_start_up(override, line):
+    """These values used to stop a run only inside a worker, after Ray and the workers had started."""
+    from trainer.config_validate import validate
+
+    cfg = _cfg("algorithm=prime", override, planned=False)
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert line in getattr(info.value, "messages", [str(info.value)])
+
+
+def test_a_nested_section_names_its_whole_path_and_a_missing_key_is_named():
+    cfg = _cfg()
+    actor = cfg["actor_rollout_ref"]["actor"]
+    actor["optim"]["lr"] = -1
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.optim\.lr=-1; expected >= 0$"):
+        ActorConfig.from_dict(actor, "actor_rollout_ref.actor")
+    del cfg["deepspeed"]["offload_param"]
+    with pytest.raises(ConfigError, match=r"^deepspeed\.offload_param is missing"):
+        DeepSpeedConfig.from_dict(cfg["deepspeed"], "deepspeed")
+
+
+def test_validate_reports_every_section_error_together():
+    from trainer.config_validate import validate
+
+    cfg = _cfg(planned=False)
+    cfg["actor_rollout_ref"]["actor"]["clip_ratio_c"] = 0.5
+    cfg["actor_rollout_ref"]["rollout"]["temperature"] = -1
+    cfg["deepspeed"]["zero_stage"] = 4
+    with pytest.raises(ConfigErrors) as info:
+        validate(cfg)
+    assert {"actor_rollout_ref.actor.clip_ratio_c=0.5; expected > 1",
+            "actor_rollout_ref.rollout.temperature=-1; expected >= 0 (0: greedy)",
+            "deepspeed.zero_stage=4; expected 0, 1, 2 or 3"} <= set(info.value.messages)
+
+
+def test_the_critic_model_is_its_own_section_over_the_actors():
+    cfg = _cfg("algorithm=gae", "critic.model.lora_rank=4", "+critic.model.override_config.rope_theta=5.0",
+               "+actor_rollout_ref.model.override_config.attention_dropout=0.0")
+    critic = critic_worker_config(cfg)
+    assert critic.model.lora_rank == 4 and actor_worker_config(cfg).model.lora_rank == 0
+    assert critic.model.override_config == {"attention_dropout": 0.0, "rope_theta": 5.0}
+    assert critic.model.use_liger is False  # the actor's (critic.model has no kernel keys)
+    assert critic.total_steps == 4 * 32 // 32 and critic.rollout_n == 8
+
+
+def test_reading_a_field_records_its_key_and_building_only_what_its_checks_read(tmp_path, monkeypatch):
+    import trainer.config_reads as cr
+
+    cfg = _cfg()
+    monkeypatch.setenv(cr.ENV, str(tmp_path))
+    monkeypatch.setattr(cr, "_seen", set())
+    model = pickle.loads(pickle.dumps(ModelConfig.from_dict(cr.TrackedDict(cfg["actor_rollout_ref"]["model"]),
+                                                            "actor_rollout_ref.model")))
+    assert not os.listdir(tmp_path)
+    assert model.use_remove_padding is True
+    assert cr.read_keys(str(tmp_path)) == {"actor_rollout_ref.model.use_remove_padding"}
+    DeepSpeedConfig.from_dict(cr.TrackedDict(cfg["deepspeed"]), "deepspeed")  # its check reads three keys
+    assert cr.read_keys(str(tmp_path)) - {"actor_rollout_ref.model.use_remove_padding"} == {
+        "deepspeed.zero_stage", "deepspeed.optimizer", "deepspeed.ds_config"}
+
+
+def _attributes_read_outside_the_config_package() -> set[str]:
+    from tests.test_config_reads import ACCESSORS, CODE
+
+    out = set()
+    for folder in CODE:
+        for base, _, files in os.walk(os.path.join(ROOT, folder)):
+            if os.path.relpath(base, ROOT).replace(os.sep, "/").startswith("trainer/config"):
+                continue
+            for name in (f for f in files if f.endswith(".py")):
+                with open(os.path.join(base, name), encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                        out.add(node.attr)
+                    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                            node.func.id in ACCESSORS:  # the policy losses read their options by name
+                        out |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+    return out
+
+
+def test_every_field_of_a_section_is_read_by_code_outside_the_config_package():
+    """A key read only to fill a field that nothing reads would be a config key that nothing reads (the static
+    scan of tests/test_config_reads.py counts every section field as read because of this test)."""
+    used = _attributes_read_outside_the_config_package()
+    unread = {f"{cls.__name__}.{f.name}" for cls in (*_sections(), *WORKER_CONFIGS)
+              for f in dataclasses.fields(cls) if f.name not in used}
+    assert unread == set()

@@ -1,0 +1,180 @@
+"""The trained roles' sections: ``actor_rollout_ref.actor`` (with ``optim``, ``policy_loss``, ``megatron``),
+``actor_rollout_ref.ref`` and ``critic`` (verl's keys; ``configs/ppo_trainer.yaml`` holds their defaults)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.config.section import Section, built_by, finite
+from trainer.config_checks import ConfigError, as_int
+
+__all__ = ["OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "RefConfig", "CriticConfig"]
+
+
+def _scale_factor(value: Any, path: str) -> float | None:
+    """``loss_scale_factor``: null (the rollout's response_length) or a positive number."""
+    if value is None:
+        return None
+    try:
+        ok = not isinstance(value, bool) and float(value) > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{path}={value!r}; expected null (rollout.response_length) or a positive number")
+    return float(value)
+
+
+def _check_agg_mode(key: str, mode: str) -> None:
+    from trainer.algos.losses import LOSS_AGG_MODES
+
+    if mode not in LOSS_AGG_MODES:
+        raise ConfigError(f"{key}.loss_agg_mode={mode!r}; expected one of {list(LOSS_AGG_MODES)}")
+
+
+@dataclass(frozen=True)
+class OptimConfig(Section):
+    """A trained role's ``optim``: AdamW (lr, weight_decay, betas) and the LR schedule, whose step counts are
+    TRAINING steps (``total_training_steps`` -1 and ``lr_warmup_steps`` < 0 are filled in by
+    :func:`trainer.launch.plan_run_length` before the workers start; see :func:`trainer.workers.base._lr_scheduler`).
+    """
+
+    lr: float
+    weight_decay: float
+    betas: tuple
+    lr_warmup_steps: int | None
+    lr_warmup_steps_ratio: float | None
+    lr_scheduler_type: str
+    min_lr_ratio: float | None
+    num_cycles: float
+    total_training_steps: int | None
+
+    def check(self, key: str) -> None:
+        """lr finite and >= 0; min_lr_ratio and lr_warmup_steps_ratio fractions in [0, 1]; a min_lr_ratio or
+        num_cycles other than the defaults only with the cosine schedule they shape."""
+        if finite(f"{key}.lr", self.lr) < 0:
+            raise ConfigError(f"{key}.lr={self.given('lr')}; expected >= 0")
+        ratio = 0.0 if self.min_lr_ratio is None else self.min_lr_ratio
+        if not 0.0 <= ratio <= 1.0:
+            raise ConfigError(f"{key}.min_lr_ratio={ratio}; expected a fraction in [0, 1]")
+        if self.lr_scheduler_type != "cosine" and (ratio != 0.0 or self.num_cycles != 0.5):
+            raise ConfigError(f"{key}.min_lr_ratio={ratio} / num_cycles={self.given('num_cycles')} shape a cosine "
+                              f"schedule, but {key}.lr_scheduler_type={self.lr_scheduler_type}; set "
+                              "lr_scheduler_type=cosine")
+        if not 0.0 <= (self.lr_warmup_steps_ratio or 0.0) <= 1.0:
+            raise ConfigError(f"{key}.lr_warmup_steps_ratio={self.given('lr_warmup_steps_ratio')}; expected a "
+                              "fraction in [0, 1]")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig(Section):
+    """``actor.policy_loss``: the registered policy loss (``trainer.algos.registry``) and the options of
+    clip_cov / kl_cov (Cui et al. 2025)."""
+
+    loss_mode: str
+    clip_cov_ratio: float
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float
+    ppo_kl_coef: float
+
+    def check(self, key: str) -> None:
+        from trainer import core_algos
+
+        if self.loss_mode not in core_algos.POLICY_LOSS_REGISTRY:
+            raise ConfigError(f"{key}.loss_mode={self.given('loss_mode')!r}; expected one of "
+                              f"{sorted(core_algos.POLICY_LOSS_REGISTRY)}")
+
+
+@dataclass(frozen=True)
+class MegatronConfig(Section):
+    """``actor.megatron`` of ``trainer.strategy=megatron`` (verl's keys; checked by
+    :func:`trainer.config_checks.check_megatron` against the world size)."""
+
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    context_parallel_size: int
+    use_distributed_optimizer: bool
+    bf16: Any  # auto | true | false
+    ckpt_format: str
+
+
+@dataclass(frozen=True)
+class ActorConfig(Section):
+    """``actor_rollout_ref.actor``: the PPO-family update of the policy (batch sizes in rows of one worker where
+    the name says ``_per_gpu``, else in prompts; clip ratios and loss options of :mod:`trainer.algos.losses`)."""
+
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size_per_gpu: int
+    use_dynamic_bsz: bool
+    ppo_max_token_len_per_gpu: int
+    ppo_epochs: int
+    shuffle: bool
+    clip_ratio: float
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    policy_loss: PolicyLossConfig
+    tau_pos: float
+    tau_neg: float
+    loss_agg_mode: str
+    loss_scale_factor: float | None = field(metadata=built_by(_scale_factor))
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    grad_clip: float
+    ulysses_sequence_parallel_size: int
+    optim: OptimConfig
+
+    def check(self, key: str) -> None:
+        """grad_clip, entropy_coeff, kl_loss_coef finite; micro-batches of >= 1 row; a dual clip > 1; a known
+        loss_agg_mode."""
+        for name in ("grad_clip", "entropy_coeff", "kl_loss_coef"):
+            finite(f"{key}.{name}", getattr(self, name))
+        if self.ppo_micro_batch_size_per_gpu <= 0:
+            raise ConfigError(f"{key}.ppo_micro_batch_size_per_gpu={self.given('ppo_micro_batch_size_per_gpu')}; "
+                              "expected >= 1")
+        if self.clip_ratio_c <= 1.0:
+            raise ConfigError(f"{key}.clip_ratio_c={self.given('clip_ratio_c')}; expected > 1")
+        _check_agg_mode(key, self.loss_agg_mode)
+
+
+@dataclass(frozen=True)
+class RefConfig(Section):
+    """``actor_rollout_ref.ref``: how the frozen reference model's log-probs are batched."""
+
+    log_prob_micro_batch_size_per_gpu: int
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
+    ulysses_sequence_parallel_size: int
+
+
+@dataclass(frozen=True)
+class CriticConfig(Section):
+    """``critic`` (GAE's value model): its update (as the actor's) and value forwards; ``critic.model`` is merged
+    over the actor's model (:meth:`trainer.config.model.ModelConfig.for_role`)."""
+
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size_per_gpu: int
+    forward_micro_batch_size_per_gpu: int
+    use_dynamic_bsz: bool
+    ppo_max_token_len_per_gpu: int | None
+    forward_max_token_len_per_gpu: int | None
+    shuffle: bool
+    ppo_epochs: int
+    cliprange_value: float
+    loss_agg_mode: str
+    loss_scale_factor: float | None = field(metadata=built_by(_scale_factor))
+    grad_clip: float
+    ulysses_sequence_parallel_size: int
+    optim: OptimConfig
+
+    def check(self, key: str) -> None:
+        """grad_clip finite; value forwards of >= 1 row; with use_dynamic_bsz token budgets >= 1; a known
+        loss_agg_mode."""
+        finite(f"{key}.grad_clip", self.grad_clip)
+        as_int(self.forward_micro_batch_size_per_gpu, f"{key}.forward_micro_batch_size_per_gpu", minimum=1)
+        if self.use_dynamic_bsz:
+            for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
+                as_int(getattr(self, name), f"{key}.{name}", minimum=1)
+        _check_agg_mode(key, self.loss_agg_mode)

@@ -1,0 +1,104 @@
+"""``actor_rollout_ref.rollout``: the rollout engine, its sampling, old-log-prob batching and the multi-turn loop
+(verl's keys; the rollout group, ``configs/rollout/hf.yaml`` or ``vllm.yaml``, holds the defaults)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.config.section import ABSENT_OK, Section, built_by, finite
+from trainer.config_checks import ConfigError
+
+__all__ = ["SamplingKwargs", "RolloutConfig", "ENGINES"]
+
+ENGINES = ("hf", "vllm")
+
+
+def _temperature(key: str, value: float, given) -> None:
+    if finite(f"{key}.temperature", value) < 0:
+        raise ConfigError(f"{key}.temperature={given}; expected >= 0 (0: greedy)")
+
+
+def _multi_turn(value: Any, path: str):
+    """``rollout.multi_turn`` as :class:`rollout.multiturn.MultiTurnConfig` (checked by
+    :func:`trainer.multi_turn.multi_turn_config`)."""
+    from trainer.multi_turn import multi_turn_config
+
+    return multi_turn_config({"multi_turn": value})
+
+
+@dataclass(frozen=True)
+class SamplingKwargs(Section):
+    """``rollout.val_kwargs``: the sampling of validation generations (verl's keys)."""
+
+    n: int
+    do_sample: bool
+    temperature: float
+    top_p: float
+    top_k: int
+
+    def check(self, key: str) -> None:
+        _temperature(key, self.temperature, self.given("temperature"))
+
+
+@dataclass(frozen=True)
+class RolloutConfig(Section):
+    """``actor_rollout_ref.rollout``.
+
+    Attributes:
+        name: the engine, hf (transformers) or vllm; n: responses per prompt; temperature / top_p / top_k /
+            do_sample: training sampling; val_kwargs: validation sampling (:class:`SamplingKwargs`).
+        stop_token_ids: more ids ending a response; ignore_eos: responses always run to response_length.
+        prompt_length, response_length: tokens (prompts are left-padded; responses at most response_length).
+        log_prob_*: batching of the old log-probs (rows per worker, or a token budget per worker).
+        static_cache, max_batch_size, prompt_length_bucket, attn_implementation: hf engine options
+            (attn_implementation is the hf group's key: None under rollout=vllm).
+        tensor_model_parallel_size, gpu_memory_utilization, engine_kwargs: vLLM's (engine_kwargs: verl's
+            ``engine_kwargs.vllm`` entries passed to ``vllm.LLM``; None when not set).
+        sleep_level, update_weights_bucket_megabytes, offload_optimizer_during_rollout, lora_sync: how the
+            colocated engine sleeps and receives the actor's weights (MiB per bucket).
+        multi_turn: :class:`rollout.multiturn.MultiTurnConfig`.
+    """
+
+    name: str
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    do_sample: bool
+    stop_token_ids: tuple
+    ignore_eos: bool
+    prompt_length: int
+    response_length: int
+    log_prob_micro_batch_size_per_gpu: int
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
+    static_cache: Any  # auto | true | false
+    max_batch_size: int
+    prompt_length_bucket: int
+    attn_implementation: str | None = field(metadata=ABSENT_OK)
+    tensor_model_parallel_size: int
+    sleep_level: int
+    gpu_memory_utilization: float
+    update_weights_bucket_megabytes: int
+    offload_optimizer_during_rollout: bool
+    lora_sync: str
+    val_kwargs: SamplingKwargs
+    multi_turn: Any = field(metadata=built_by(_multi_turn, records_reads=True))
+    engine_kwargs: dict | None = field(metadata=ABSENT_OK)
+
+    def check(self, key: str) -> None:
+        """A known engine; n >= 1; temperature finite and >= 0; the hf engine's attn_implementation one that
+        transformers knows."""
+        if self.name not in ENGINES:
+            raise ConfigError(f"{key}.name={self.given('name')!r}; expected hf or vllm")
+        if self.n < 1:
+            raise ConfigError(f"{key}.n={self.given('n')}; expected >= 1")
+        _temperature(key, self.temperature, self.given("temperature"))
+        attn = self.attn_implementation or "auto"
+        if self.name == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager"):
+            from transformers import AttentionInterface
+
+            known = sorted(AttentionInterface().valid_keys())  # transformers' registered attention functions
+            if attn not in known:
+                raise ConfigError(f"{key}.attn_implementation={attn!r}; expected auto, sdpa, sdpa_gqa, eager or one "
+                                  f"of transformers' {known}")

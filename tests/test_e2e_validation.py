@@ -60,8 +60,12 @@ def test_val_also_greedy_runs_the_greedy_pass_only_beside_sampling(also_greedy, 
 def test_greedy_pass_sampling_is_one_greedy_answer_at_the_rollout_width():
     from trainer.workers.actor import ActorRolloutRefWorker
 
-    rc = {"n": 8, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "do_sample": True, "response_length": 37,
-          "val_kwargs": {"n": 2, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "do_sample": True}}
+    from trainer.config import RolloutConfig
+    from trainer.config.packaged import packaged_section
+
+    rc = packaged_section(RolloutConfig, "actor_rollout_ref.rollout", ["data.max_response_length=37"], n=8,
+                          temperature=1.0, top_p=1.0, top_k=-1, do_sample=True,
+                          val_kwargs={"n": 2, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "do_sample": True})
     worker = types.SimpleNamespace(rollout_cfg=rc)
     g = ActorRolloutRefWorker._sampling(worker, True, 5, greedy=True)
     assert (g.n, g.greedy, g.max_new_tokens, g.seed) == (1, True, 37, 5)

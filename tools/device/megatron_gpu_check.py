@@ -50,6 +50,7 @@ RESUME_WEIGHT_ATOL = {"fp32": 1e-6, "bf16": 1e-2}
 
 
 def _config(model_dir: str, out_dir: str, tp: int, dtype: str, world: int, device: str) -> dict:
+    """The resolved run config of the check (the worker gets its :func:`trainer.config.workers.actor_worker_config`)."""
     from hydra import compose, initialize_config_dir
 
     from trainer.launch import resolve_config
@@ -131,7 +132,10 @@ def run_case(name: str, model_dir: str, tp: int, dtype: str, world: int, rank: i
     from trainer.protocol import DataProto
     from trainer.workers.megatron_actor import MegatronActorRefWorker
 
-    cfg = _config(model_dir, os.path.join(work, f"{name}_tp{tp}_{dtype}"), tp, dtype, world, device)
+    from trainer.config.workers import actor_worker_config
+
+    cfg = actor_worker_config(_config(model_dir, os.path.join(work, f"{name}_tp{tp}_{dtype}"), tp, dtype, world,
+                                      device))
     w = MegatronActorRefWorker(cfg, rank, world, addr, port, device=device)
     os.environ["LOCAL_RANK"] = str(local_rank)  # the worker assumes one visible GPU (Ray); torchrun shows all
     t0 = time.perf_counter()

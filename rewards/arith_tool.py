@@ -4,20 +4,19 @@ The answer is the number after the last ``#### `` marker (:func:`rewards.gsm8k.e
 only in the text after the last tool answer (after the last ``answer_after`` string, ``</tool_response>`` for
 Hermes/Qwen templates): the model has to state the result itself, a program that prints ``#### N`` earns nothing.
 The comparison is exact (integers of any length, ``1,234`` = ``1234``; ``1234.0`` is not an integer answer).
+Registered in :mod:`rewards.registry` as ``arith_tool`` and under its data_source.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from rewards.gsm8k import extract_solution, normalize_number
-from rewards.registry import register_scorer
 
 __all__ = ["TASK_NAME", "compute_score"]
 
 TASK_NAME = "synthetic/arith_tool"
 
 
-@register_scorer("arith_tool", TASK_NAME)
 def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                   answer_after: str | None = "</tool_response>", format_score: float = 0.0, score: float = 1.0,
                   **kwargs: Any) -> dict:

@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Any, Callable, Literal
 
-from rewards import format_reward, gsm8k
+from rewards import arith_tool, format_reward, gsm8k
 from rewards import math as math_reward
 
 __all__ = ["Scorer", "register_scorer", "get_scorer", "list_scorers", "registry_version", "load_custom_scorer",
@@ -202,5 +202,4 @@ def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> 
     return fn
 
 
-# Scorers in their own modules register themselves on import (after the registry above exists).
-from rewards import arith_tool  # noqa: E402,F401  (arith_tool, data_source synthetic/arith_tool)
+register_scorer("arith_tool", arith_tool.TASK_NAME)(arith_tool.compute_score)

@@ -1,0 +1,86 @@
+"""The package layout rules: no import circles among the project's modules (module-level imports), nothing in
+rewards/, rollout/ or patches/ importing trainer/, no file over 400 lines and no function over 60 lines there."""
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("trainer", "rollout", "rewards", "patches")
+
+
+def _modules() -> dict[str, str]:
+    out = {}
+    for pkg in PACKAGES:
+        for d, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for f in files:
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(d, f), ROOT)[:-3].replace(os.sep, ".")
+                    out[rel[:-9] if rel.endswith(".__init__") else rel] = os.path.join(d, f)
+    return out
+
+
+def _top_level_imports(path: str, name: str, known: set[str]) -> set[str]:
+    """Project modules imported at module level (not inside functions, not under TYPE_CHECKING)."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    pkg = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            continue
+        for sub in ([node] if not isinstance(node, (ast.If, ast.Try)) else ast.walk(node)):
+            if isinstance(sub, ast.Import):
+                names = [a.name for a in sub.names]
+            elif isinstance(sub, ast.ImportFrom):
+                base = sub.module or ""
+                if sub.level:
+                    parts = pkg.split(".")[: len(pkg.split(".")) - sub.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in sub.names]
+            else:
+                continue
+            for n in names:
+                while n and n not in known:
+                    n = n.rpartition(".")[0]
+                if n and n != name:
+                    found.add(n)
+    return found
+
+
+def test_no_import_circles_and_no_arrow_up_into_trainer():
+    mods = _modules()
+    graph = {m: _top_level_imports(p, m, set(mods)) for m, p in mods.items()}
+    up = sorted(f"{m} -> {d}" for m, deps in graph.items() if not m.startswith("trainer")
+                for d in deps if d.startswith("trainer"))
+    assert not up, up
+    state, stack, cycles = {}, [], []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for d in graph[m]:
+            if d.startswith(m + "."):  # a package importing its own submodule is not a circle
+                continue
+            if state.get(d) == 1 and not m.startswith(d + "."):
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, cycles[:5]
+
+
+def test_file_and_function_sizes():
+    long_files, long_funcs = [], []
+    for name, path in _modules().items():
+        text = open(path, encoding="utf-8").read()
+        if text.count("\n") > 400:
+            long_files.append((name, text.count("\n")))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_funcs.append((name, node.name, node.end_lineno - node.lineno + 1))
+    assert not long_files and not long_funcs, (long_files, long_funcs)

@@ -38,8 +38,9 @@ def test_ulysses_sp2_dynamic_bsz(tmp_path):
     """SP=2 over the 2 workers (one data-parallel rank), token-budget micro-batches, reference with SP too."""
     out = str(tmp_path / "sp2")
     run_main_warm(out, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                  "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
-                  "actor_rollout_ref.actor.use_kl_loss=true", "trainer.export_hf_on_end=false", *SHORT)
+                  "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64", "actor_rollout_ref.actor.use_kl_loss=true",
+                  "trainer.export_hf_on_end=false", *SHORT)
     rows = _finite_steps(out, ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"))
     # 16 rows of <= 18 tokens with a 64*2-token budget: several micro-batches per mini-batch
     assert len({r["actor/pg_loss"] for r in rows}) == 2

@@ -51,6 +51,8 @@ def worker(rank, world, port, out_dir):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # as the workers: gloo only, no JIT build
+
         from patches.ulysses import UlyssesGroup, apply_ulysses_patch, build_dp_sp_groups
         from trainer.forward import forward_log_probs
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)

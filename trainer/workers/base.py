@@ -53,6 +53,52 @@ def stage_peak_memory(device: torch.device, stage: str) -> dict[str, float]:
     return out
 
 
+def _compile_on_first_call(fn):
+    """``torch.compile(fn)``, created when the returned function is first called instead of now (the same compiled
+    function runs from then on; ``torch.compile`` itself compiles only at the first call too)."""
+    import functools
+
+    compiled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = torch.compile(fn)
+        return compiled(*args, **kwargs)
+
+    return call
+
+
+def import_deepspeed_muon_uncompiled() -> None:
+    """Import DeepSpeed's Muon optimizer module with its ``@torch.compile`` decorators applied at each function's
+    first call rather than at import.
+
+    DeepSpeed imports that module in its engine and ZeRO optimizer set-up and in every ZeRO-1/2 gradient reduction
+    (to test ``isinstance(optimizer, MuonWithAuxAdam)``); applying ``torch.compile`` at import loads TorchInductor
+    and AOTAutograd (about 1 s of CPU per worker process), although the workers train with AdamW and never call
+    Muon's kernels. Deferring the decorator changes nothing else: a Muon kernel that is called is compiled as
+    before. A no-op when the module is already imported, or this DeepSpeed has no Muon module or no
+    ``deepspeed.runtime.compiler.compile``.
+    """
+    import sys
+
+    if "deepspeed.runtime.zero.muon.original_muon" in sys.modules:
+        return
+    from deepspeed.runtime import compiler
+
+    real = getattr(compiler, "compile", None)
+    if real is None:
+        return
+    compiler.compile = lambda: _compile_on_first_call
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        compiler.compile = real
+
+
 class DistributedWorker:
     """Sets up the environment of one rank; subclasses build models in ``init_model``.
 
@@ -108,6 +154,7 @@ class DistributedWorker:
             # DeepSpeed's CPU accelerator JIT-compiles a shared-memory comm op on first use (about a minute on
             # 2 cores); gloo alone is enough for our collectives
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        import_deepspeed_muon_uncompiled()
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         self._dist_ready = True
 

@@ -53,33 +53,39 @@ def stage_peak_memory(device: torch.device, stage: str) -> dict[str, float]:
     return out
 
 
-def _compile_on_first_call(fn):
-    """``torch.compile(fn)``, created when the returned function is first called instead of now (the same compiled
-    function runs from then on; ``torch.compile`` itself compiles only at the first call too)."""
+def _decorate_on_first_call(fn, decorator_factory):
+    """``fn`` with the decorator ``decorator_factory()`` applied when the returned function is first called
+    instead of now; that decorated function runs from then on (also in the first call).
+
+    Args:
+        fn: the function to decorate.
+        decorator_factory: a callable taking no arguments and returning the decorator (e.g. ``torch.compile``).
+    """
     import functools
 
-    compiled = None
+    decorated = None
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        nonlocal compiled
-        if compiled is None:
-            compiled = torch.compile(fn)
-        return compiled(*args, **kwargs)
+        nonlocal decorated
+        if decorated is None:
+            decorated = decorator_factory()(fn)
+        return decorated(*args, **kwargs)
 
     return call
 
 
 def import_deepspeed_muon_uncompiled() -> None:
-    """Import DeepSpeed's Muon optimizer module with its ``@torch.compile`` decorators applied at each function's
-    first call rather than at import.
+    """Import DeepSpeed's Muon optimizer module with its ``@compiler.compile()`` decorators (``torch.compile``)
+    applied at each function's first call rather than at import.
 
-    DeepSpeed imports that module in its engine and ZeRO optimizer set-up and in every ZeRO-1/2 gradient reduction
-    (to test ``isinstance(optimizer, MuonWithAuxAdam)``); applying ``torch.compile`` at import loads TorchInductor
-    and AOTAutograd (about 1 s of CPU per worker process), although the workers train with AdamW and never call
-    Muon's kernels. Deferring the decorator changes nothing else: a Muon kernel that is called is compiled as
-    before. A no-op when the module is already imported, or this DeepSpeed has no Muon module or no
-    ``deepspeed.runtime.compiler.compile``.
+    DeepSpeed imports that module during engine and ZeRO optimizer set-up and in every ZeRO-1/2 gradient reduction
+    (to test ``isinstance(optimizer, MuonWithAuxAdam)``). Applying ``torch.compile`` at import loads TorchInductor
+    (about 0.8 s of CPU per worker process), although the workers train with AdamW and never call Muon's kernels.
+    Only the moment changes: the decorator DeepSpeed asks for (``deepspeed.runtime.compiler.compile(...)``, with
+    its arguments) is applied to a Muon function when it is first called, so a called kernel is compiled as
+    before. ``deepspeed.runtime.compiler.compile`` is put back before this returns. A no-op when the module is
+    already imported, or this DeepSpeed has no Muon module or no ``compiler.compile``.
     """
     import sys
 
@@ -90,7 +96,11 @@ def import_deepspeed_muon_uncompiled() -> None:
     real = getattr(compiler, "compile", None)
     if real is None:
         return
-    compiler.compile = lambda: _compile_on_first_call
+
+    def deferred(*args, **kwargs):
+        return lambda fn: _decorate_on_first_call(fn, lambda: real(*args, **kwargs))
+
+    compiler.compile = deferred
     try:
         import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     except ImportError:

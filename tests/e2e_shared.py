@@ -124,7 +124,8 @@ def _hold() -> None:
 
     import ray
 
-    ctx = ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    # a new instance (``address="local"``), not a cluster that ``ray start`` left on this machine
+    ctx = ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     print(json.dumps({"address": ctx.address_info["gcs_address"], "auth_mode": os.environ.get("RAY_AUTH_MODE")}),
           flush=True)
     for line in sys.stdin:

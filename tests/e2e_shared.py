@@ -1,18 +1,19 @@
-"""A local Ray instance shared by the end-to-end tests of one pytest process, and a warm ``trainer/main.py`` on it.
+"""A local Ray instance shared by the end-to-end tests of one pytest process, and a pre-imported ``trainer/main.py``.
 
 Starting Ray (GCS, raylet) and stopping it again takes about 5 s of every run of ``trainer/main.py`` on 2 CPU
-cores, and the entry point's own imports a few more. Tests whose subject is a run's training, not Ray's start-up
-or the driver process, can instead
+cores, and the entry point's imports (torch, transformers, Ray, datasets, the trainer) about 4 s more. Tests whose
+subject is a run's training, not Ray's start-up or the driver process's signals, can instead
 
 * join one Ray instance of the test session (:func:`shared_ray_env`): ``trainer/main.py`` connects through
   ``RAY_ADDRESS``, as on a cluster started with ``ray start``; each run is its own Ray job, whose workers and
   placement group Ray removes when the run's driver disconnects;
-* run the entry point in a warm driver process on that instance (:func:`run_main_warm`): the script
-  ``trainer/main.py`` run as ``__main__`` (``runpy``) with the run's arguments, one run after the other in one
-  interpreter, so that the imports are paid once.
+* run the entry point in a driver forked from a process that has imported what the entry point imports
+  (:func:`run_main_warm`): each run is a new process, forked from that never-run parent, with the environment a
+  ``subprocess`` of the test would get, that runs the script ``trainer/main.py`` as ``__main__`` (``runpy``) and
+  exits; nothing of one run (module state, caches, handlers, threads) is in the next one's process.
 
-Both processes are this module run as a script (``holder`` / ``driver``); they end when the pytest process closes
-their stdin (at its exit, or when it dies).
+Both long-lived processes are this module run as a script (``holder`` / ``driver``); they end when the pytest
+process closes their stdin (at its exit, or when it dies); a forked run dies with its parent.
 """
 from __future__ import annotations
 
@@ -94,12 +95,14 @@ def shared_ray_env(idle_timeout_s: float = 120.0) -> dict[str, str]:
     return dict(_RAY_ENV)
 
 
-def run_main_warm(out_dir: str, *overrides: str, timeout: int = 600,
-                  check: bool = True) -> subprocess.CompletedProcess:
-    """``trainer/main.py trainer.output_dir=<out_dir> <overrides>`` in the warm driver on the shared Ray instance.
+def run_main_warm(out_dir: str, *overrides: str, timeout: int = 600, check: bool = True,
+                  env: dict | None = None) -> subprocess.CompletedProcess:
+    """``trainer/main.py trainer.output_dir=<out_dir> <overrides>`` as :func:`tests.e2e_utils.run_main` runs it, but
+    forked from the pre-imported driver and on the shared Ray instance.
 
-    Returns a ``CompletedProcess`` whose ``returncode`` is the run's exit code (2 for a user error, as the entry
-    point) and whose ``stdout`` and ``stderr`` both hold the run's combined output (also in ``<out_dir>.log``).
+    ``env``: more environment variables for the run. Returns a ``CompletedProcess`` whose ``returncode`` is the
+    run's exit code (2 for a user error, as the entry point; -9 when it ran over ``timeout`` seconds and was killed)
+    and whose ``stdout`` and ``stderr`` both hold the run's combined output (also in ``<out_dir>.log``).
     """
     ray_env = shared_ray_env()
     driver = _CHILDREN.get("driver")
@@ -107,13 +110,14 @@ def run_main_warm(out_dir: str, *overrides: str, timeout: int = 600,
         driver = _CHILDREN["driver"] = _Child("driver", {**os.environ, **ENV, **ray_env})
     log = f"{out_dir}.log"
     args = [f"trainer.output_dir={out_dir}", *overrides]
-    reply = driver.ask({"args": args, "log": log}, timeout=timeout)
+    run_env = {**os.environ, **ENV, **ray_env, **(env or {})}
+    reply = driver.ask({"args": args, "log": log, "env": run_env, "timeout": timeout}, timeout=timeout + 60)
     text = open(log, encoding="utf-8", errors="replace").read() if os.path.exists(log) else ""
     rc = reply["rc"] if reply is not None else -9
-    proc = subprocess.CompletedProcess(["trainer/main.py (warm)", *args], rc, text, text)
+    proc = subprocess.CompletedProcess(["trainer/main.py (forked driver)", *args], rc, text, text)
     if check and rc != 0:
-        raise AssertionError(f"main.py (warm driver) exited {rc}{'' if reply else ' (died or timed out)'}\n"
-                             f"OUTPUT:\n{text[-8000:]}")
+        why = " (ran over its timeout)" if reply is None or reply.get("timed_out") else ""
+        raise AssertionError(f"main.py (forked driver) exited {rc}{why}\nOUTPUT:\n{text[-8000:]}")
     return proc
 
 
@@ -140,39 +144,107 @@ def _hold() -> None:
     ray.shutdown()
 
 
-def _drive() -> None:
+# what trainer/main.py imports in a run (the embedded task's Llama included), imported once by the driver before it
+# forks; a module missing here is imported by each run itself. Importing them starts no Python thread.
+_PREIMPORT = ("torch", "transformers", "datasets", "deepspeed", "ray", "hydra", "omegaconf", "math_verify",
+              "accelerate", "safetensors.torch", "torch.distributed.checkpoint", "ray.dag", "scipy.optimize",
+              "transformers.modeling_utils", "transformers.quantizers", "transformers.processing_utils",
+              "transformers.models.auto.modeling_auto", "transformers.models.llama.modeling_llama",
+              "trainer.launch", "trainer.ppo_trainer", "trainer.workers.actor", "trainer.dataset", "trainer.interrupt",
+              "trainer.core_algos", "trainer.placement", "trainer.recovery", "trainer.verl_checks", "rewards.manager",
+              "rollout.multiturn.loop")
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that forked it dies (no run outlives a dead driver)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _run_entry(entry: str, args: list[str]) -> int:
+    """The script ``entry`` run as ``python <entry> <args>`` runs it, in this process; returns its exit code."""
     import runpy
     import traceback
 
-    from hydra.core.global_hydra import GlobalHydra
+    sys.argv = [entry, *args]
+    rc = 0
+    try:
+        runpy.run_path(entry, run_name="__main__")
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:  # noqa: BLE001 (reported as the interpreter would: traceback, exit 1)
+        traceback.print_exc()
+        rc = 1
+    atexit._run_exitfuncs()  # what the interpreter runs at exit (Ray's shutdown among them)
+    return rc
 
-    from trainer.interrupt import shutdown_ray
 
-    entry = os.path.join(ROOT, "trainer", "main.py")
-    replies = os.fdopen(os.dup(1), "w")  # fds 1 and 2 go to the runs' logs from here on
-    for line in sys.stdin:
-        req = json.loads(line)
+def _run_forked(req: dict, entry: str, replies_fd: int) -> None:
+    """The forked child: the run as ``python trainer/main.py <args>`` in the request's environment, its output in
+    the request's log; never returns."""
+    import traceback
+
+    rc = 1
+    try:
+        os.setpgid(0, 0)  # its own process group: the driver kills the whole run on a timeout
+        _die_with_parent()
+        os.close(replies_fd)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        for src, dst in ((null, 0), (fd, 1), (fd, 2)):
+            os.dup2(src, dst)
+        os.close(fd)
+        os.close(null)
+        rc = _run_entry(entry, req["args"])
+    except BaseException:  # noqa: BLE001 (the set-up failed: say why on the driver's stderr or the log)
+        traceback.print_exc()
+    finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        rc = 0
-        sys.argv = [entry, *req["args"]]
-        try:
-            runpy.run_path(entry, run_name="__main__")  # the script as `python trainer/main.py <args>` runs it
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-        except BaseException:  # noqa: BLE001 (reported as the interpreter would: traceback, exit 1)
-            traceback.print_exc()
-            rc = 1
-        finally:
-            shutdown_ray()  # the run's Ray job ends (main shuts Ray down only after a run that finished)
-            GlobalHydra.instance().clear()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        replies.write(json.dumps({"rc": rc}) + "\n")
+        os._exit(rc)
+
+
+def _wait(pid: int, timeout: float) -> tuple[int, bool]:
+    """The exit code of the forked run ``pid`` (negative: killed by that signal), and whether it ran over
+    ``timeout`` seconds (then its process group was killed)."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), False
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), True
+        time.sleep(0.05)
+
+
+def _drive() -> None:
+    import importlib
+    import threading
+
+    entry = os.path.join(ROOT, "trainer", "main.py")
+    replies = os.fdopen(os.dup(1), "w")  # what libraries print goes to stderr from here on, not into the replies
+    os.dup2(2, 1)
+    for name in _PREIMPORT:
+        importlib.import_module(name)
+    for line in sys.stdin:
+        req = json.loads(line)
+        assert threading.active_count() == 1, f"threads before fork: {threading.enumerate()}"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(req, entry, replies.fileno())
+        rc, timed_out = _wait(pid, float(req["timeout"]))
+        replies.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
         replies.flush()
 
 

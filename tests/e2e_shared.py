@@ -8,7 +8,7 @@ subject is a run's training, not Ray's start-up or the driver process's signals,
   ``RAY_ADDRESS``, as on a cluster started with ``ray start``; each run is its own Ray job, whose workers and
   placement group Ray removes when the run's driver disconnects;
 * run the entry point in a driver forked from a process that has imported what the entry point imports
-  (:func:`run_main_warm`): each run is a new process, forked from that never-run parent, with the environment a
+  (:func:`run_main_forked`): each run is a new process, forked from that never-run parent, with the environment a
   ``subprocess`` of the test would get, that runs the script ``trainer/main.py`` as ``__main__`` (``runpy``) and
   exits; nothing of one run (module state, caches, handlers, threads) is in the next one's process.
 
@@ -95,7 +95,7 @@ def shared_ray_env(idle_timeout_s: float = 120.0) -> dict[str, str]:
     return dict(_RAY_ENV)
 
 
-def run_main_warm(out_dir: str, *overrides: str, timeout: int = 600, check: bool = True,
+def run_main_forked(out_dir: str, *overrides: str, timeout: int = 600, check: bool = True,
                   env: dict | None = None) -> subprocess.CompletedProcess:
     """``trainer/main.py trainer.output_dir=<out_dir> <overrides>`` as :func:`tests.e2e_utils.run_main` runs it, but
     forked from the pre-imported driver and on the shared Ray instance.

@@ -10,13 +10,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_main(out_dir: str, *overrides: str, timeout: int = 600, launcher: list[str] | None = None,
-             check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``trainer/main.py`` with ``overrides`` writing into ``out_dir``; returns the completed process.
-
-    ``env``: more environment variables for the run, e.g. :func:`tests.e2e_shared.shared_ray_env`."""
+             check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``trainer/main.py`` with ``overrides`` writing into ``out_dir``; returns the completed process."""
     cmd = (launcher or [sys.executable]) + [os.path.join(ROOT, "trainer", "main.py"),
                                             f"trainer.output_dir={out_dir}", *overrides]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0", "HF_HUB_OFFLINE": "1", **(env or {})}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"main.py exited {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\n"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.e2e_shared import shared_ray_env
-from tests.e2e_utils import ROOT, SHORT, read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import ROOT, SHORT, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -71,8 +71,9 @@ def test_killed_worker_fails_fast_naming_role_and_rank_then_resumes(tmp_path):
     assert re.search(r"Worker(?:Failure|Died): actor rank 1 died during \w+", text), text[-4000:]
     last = _tracker(out)
     assert last >= 2
-    run_main(out, f"trainer.total_training_steps={last + 1}", "trainer.save_freq=2", "trainer.resume_mode=auto", *FAST,
-             env=shared_ray_env())  # the resume (on the session's Ray; the killed run had its own)
+    # the resume in a forked driver on the session's Ray (the killed run had its own Ray)
+    run_main_forked(out, f"trainer.total_training_steps={last + 1}", "trainer.save_freq=2", "trainer.resume_mode=auto",
+                    *FAST)
     steps = [r["step"] for r in read_metrics(out) if "actor/pg_loss" in r]
     assert steps[-1] == last + 1
 
@@ -101,13 +102,12 @@ def test_io_error_during_save_keeps_previous_checkpoint(tmp_path):
     os.makedirs(root)
     with open(os.path.join(root, "global_step_4"), "w") as f:   # a FILE where step 4's folder must go
         f.write("not a folder")
-    proc = run_main(out, "trainer.total_training_steps=4", "trainer.save_freq=2", *FAST, check=False, timeout=300,
-                    env=shared_ray_env())
+    proc = run_main_forked(out, "trainer.total_training_steps=4", "trainer.save_freq=2", *FAST, check=False,
+                           timeout=300)
     assert proc.returncode != 0
     assert re.search(r"actor rank \d raised in save_checkpoint", proc.stderr), proc.stderr[-4000:]
     assert _tracker(out) == 2                                   # the tracker still names the good checkpoint
     os.remove(os.path.join(root, "global_step_4"))
-    run_main(out, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.resume_mode=auto", *FAST,
-             env=shared_ray_env())
+    run_main_forked(out, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.resume_mode=auto", *FAST)
     assert _tracker(out) == 4
     assert [r["step"] for r in read_metrics(out) if "actor/pg_loss" in r][-2:] == [3, 4]

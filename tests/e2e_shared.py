@@ -96,7 +96,7 @@ def shared_ray_env(idle_timeout_s: float = 120.0) -> dict[str, str]:
 
 
 def run_main_forked(out_dir: str, *overrides: str, timeout: int = 600, check: bool = True,
-                  env: dict | None = None) -> subprocess.CompletedProcess:
+                    env: dict | None = None) -> subprocess.CompletedProcess:
     """``trainer/main.py trainer.output_dir=<out_dir> <overrides>`` as :func:`tests.e2e_utils.run_main` runs it, but
     forked from the pre-imported driver and on the shared Ray instance.
 
@@ -122,16 +122,28 @@ def run_main_forked(out_dir: str, *overrides: str, timeout: int = 600, check: bo
 
 
 # ---- the two processes --------------------------------------------------------------------------------------
+def _reply_channel():
+    """The process's stdout as the channel for its replies; what libraries print goes to stderr from here on."""
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return replies
+
+
+def _reply(replies, message: dict) -> None:
+    replies.write(json.dumps(message) + "\n")
+    replies.flush()
+
+
 def _hold() -> None:
     import logging
     import time
 
     import ray
 
+    replies = _reply_channel()
     # a new instance (``address="local"``), not a cluster that ``ray start`` left on this machine
     ctx = ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    print(json.dumps({"address": ctx.address_info["gcs_address"], "auth_mode": os.environ.get("RAY_AUTH_MODE")}),
-          flush=True)
+    _reply(replies, {"address": ctx.address_info["gcs_address"], "auth_mode": os.environ.get("RAY_AUTH_MODE")})
     for line in sys.stdin:
         deadline = time.monotonic() + float(json.loads(line)["idle"])
         while True:
@@ -140,7 +152,7 @@ def _hold() -> None:
             if idle or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        print(json.dumps({"idle": idle, "free": free, "total": total}), flush=True)
+        _reply(replies, {"idle": idle, "free": free, "total": total})
     ray.shutdown()
 
 
@@ -231,8 +243,7 @@ def _drive() -> None:
     import threading
 
     entry = os.path.join(ROOT, "trainer", "main.py")
-    replies = os.fdopen(os.dup(1), "w")  # what libraries print goes to stderr from here on, not into the replies
-    os.dup2(2, 1)
+    replies = _reply_channel()
     for name in _PREIMPORT:
         importlib.import_module(name)
     for line in sys.stdin:
@@ -244,8 +255,7 @@ def _drive() -> None:
         if pid == 0:
             _run_forked(req, entry, replies.fileno())
         rc, timed_out = _wait(pid, float(req["timeout"]))
-        replies.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
-        replies.flush()
+        _reply(replies, {"rc": rc, "timed_out": timed_out})
 
 
 if __name__ == "__main__":

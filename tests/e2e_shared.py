@@ -102,22 +102,24 @@ def run_main_forked(out_dir: str, *overrides: str, timeout: int = 600, check: bo
 
     ``env``: more environment variables for the run. Returns a ``CompletedProcess`` whose ``returncode`` is the
     run's exit code (2 for a user error, as the entry point; -9 when it ran over ``timeout`` seconds and was killed)
-    and whose ``stdout`` and ``stderr`` both hold the run's combined output (also in ``<out_dir>.log``).
+    and whose ``stdout`` and ``stderr`` are the run's (also in ``<out_dir>.stdout.log`` / ``<out_dir>.stderr.log``).
     """
     ray_env = shared_ray_env()
     driver = _CHILDREN.get("driver")
-    if driver is None or not driver.alive():
+    if driver is None or not driver.alive():  # Ray reads its authentication mode at import: the runs' one
         driver = _CHILDREN["driver"] = _Child("driver", {**os.environ, **ENV, **ray_env})
-    log = f"{out_dir}.log"
+    logs = {"stdout": f"{out_dir}.stdout.log", "stderr": f"{out_dir}.stderr.log"}
     args = [f"trainer.output_dir={out_dir}", *overrides]
     run_env = {**os.environ, **ENV, **ray_env, **(env or {})}
-    reply = driver.ask({"args": args, "log": log, "env": run_env, "timeout": timeout}, timeout=timeout + 60)
-    text = open(log, encoding="utf-8", errors="replace").read() if os.path.exists(log) else ""
+    reply = driver.ask({"args": args, **logs, "env": run_env, "timeout": timeout}, timeout=timeout + 60)
+    out, err = (open(p, encoding="utf-8", errors="replace").read() if os.path.exists(p) else ""
+                for p in logs.values())
     rc = reply["rc"] if reply is not None else -9
-    proc = subprocess.CompletedProcess(["trainer/main.py (forked driver)", *args], rc, text, text)
+    proc = subprocess.CompletedProcess(["trainer/main.py (forked driver)", *args], rc, out, err)
     if check and rc != 0:
         why = " (ran over its timeout)" if reply is None or reply.get("timed_out") else ""
-        raise AssertionError(f"main.py (forked driver) exited {rc}{why}\nOUTPUT:\n{text[-8000:]}")
+        raise AssertionError(f"main.py (forked driver) exited {rc}{why}\nSTDOUT:\n{out[-4000:]}\n"
+                             f"STDERR:\n{err[-8000:]}")
     return proc
 
 
@@ -195,8 +197,8 @@ def _run_entry(entry: str, args: list[str]) -> int:
 
 
 def _run_forked(req: dict, entry: str, replies_fd: int) -> None:
-    """The forked child: the run as ``python trainer/main.py <args>`` in the request's environment, its output in
-    the request's log; never returns."""
+    """The forked child: the run as ``python trainer/main.py <args>`` in the request's environment, its stdout and
+    stderr in the request's files; never returns."""
     import traceback
 
     rc = 1
@@ -206,12 +208,11 @@ def _run_forked(req: dict, entry: str, replies_fd: int) -> None:
         os.close(replies_fd)
         os.environ.clear()
         os.environ.update(req["env"])
-        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        for src, dst in ((null, 0), (fd, 1), (fd, 2)):
-            os.dup2(src, dst)
-        os.close(fd)
-        os.close(null)
+        streams = [os.open(os.devnull, os.O_RDONLY)] + [
+            os.open(req[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for name in ("stdout", "stderr")]
+        for dst, fd in enumerate(streams):  # fds 0, 1, 2
+            os.dup2(fd, dst)
+            os.close(fd)
         rc = _run_entry(entry, req["args"])
     except BaseException:  # noqa: BLE001 (the set-up failed: say why on the driver's stderr or the log)
         traceback.print_exc()

@@ -9,7 +9,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rewards.manager import RewardOutput
-from tests.e2e_utils import ROOT, SHORT, read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import ROOT, SHORT, read_metrics
 from trainer.hooks.dynamic_sampling import (collect_informative_groups, concat_padded, informative_rows,
                                             left_pad_prompts, metric_values)
 from trainer.launch import ConfigError, validate
@@ -161,7 +162,7 @@ def test_filter_groups_config_checks():
 @pytest.mark.slow
 def test_e2e_grpo_with_dynamic_sampling(tmp_path):
     out = str(tmp_path / "run")
-    run_main(out, *SHORT, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3")
+    run_main_forked(out, *SHORT, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3")
     steps = [r for r in read_metrics(out) if "actor/pg_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:

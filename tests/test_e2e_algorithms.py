@@ -1,8 +1,14 @@
-"""Algorithms and Ulysses through the real entry point, 2 steps each on 2 CPU workers (tiny model: 4 heads, 2 KV)."""
+"""Algorithms and Ulysses through the real entry point, 2 steps each on 2 CPU workers (tiny model: 4 heads, 2 KV).
+
+The runs join one Ray instance of the test session and run ``trainer/main.py`` in a driver forked from a
+pre-imported one (:mod:`tests.e2e_shared`); a config the checks refuse goes through ``python trainer/main.py``
+itself.
+"""
 import math
 
 import pytest
 
+from tests.e2e_shared import run_main_forked
 from tests.e2e_utils import SHORT, read_metrics, run_main
 from trainer import core_algos
 
@@ -21,8 +27,8 @@ def _finite_steps(out_dir, keys):
 def test_gae_three_roles_with_kl_loss(tmp_path):
     """actor + critic + reference (use_kl_loss) on the same bundles."""
     out = str(tmp_path / "gae")
-    run_main(out, "algorithm=gae", "actor_rollout_ref.actor.use_kl_loss=true", "trainer.export_hf_on_end=false",
-             *SHORT)
+    run_main_forked(out, "algorithm=gae", "actor_rollout_ref.actor.use_kl_loss=true", "trainer.export_hf_on_end=false",
+                  *SHORT)
     rows = _finite_steps(out, ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss",
                                "critic/grad_norm", "critic/values/mean", "critic/vf_explained_var"))
     # low_var_kl >= 0; 0 on the first mini-batch (actor == reference), > 0 once the actor has moved
@@ -32,9 +38,10 @@ def test_gae_three_roles_with_kl_loss(tmp_path):
 def test_ulysses_sp2_dynamic_bsz(tmp_path):
     """SP=2 over the 2 workers (one data-parallel rank), token-budget micro-batches, reference with SP too."""
     out = str(tmp_path / "sp2")
-    run_main(out, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.actor.use_dynamic_bsz=true",
-             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64", "actor_rollout_ref.actor.use_kl_loss=true",
-             "trainer.export_hf_on_end=false", *SHORT)
+    run_main_forked(out, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                  "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64", "actor_rollout_ref.actor.use_kl_loss=true",
+                  "trainer.export_hf_on_end=false", *SHORT)
     rows = _finite_steps(out, ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"))
     # 16 rows of <= 18 tokens with a 64*2-token budget: several micro-batches per mini-batch
     assert len({r["actor/pg_loss"] for r in rows}) == 2
@@ -71,7 +78,7 @@ def _accepted_runs_or_refused_cleanly(tmp_path, overrides, keys):
         proc = run_main(out, *overrides, check=False, timeout=120)
         assert proc.returncode == 2 and err in proc.stderr, proc.stderr[-2000:]
         return None
-    run_main(out, *overrides)
+    run_main_forked(out, *overrides)
     row = [r for r in read_metrics(out) if "actor/pg_loss" in r][-1]
     for k in keys:
         assert k in row and math.isfinite(row[k]), (k, row.get(k))

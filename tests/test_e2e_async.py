@@ -8,6 +8,8 @@
   generated) gives steps 3-4 equal to the uninterrupted run's bit for bit (metrics and final weights): the in-flight
   batch is dropped and generated again with the same weights (the rollout role's checkpoint), prompts and seeds;
   nothing is trained twice.
+
+The runs are forked drivers on the session's Ray instance (:mod:`tests.e2e_shared`): each a process of its own.
 """
 import json
 import math
@@ -15,7 +17,8 @@ import os
 
 import pytest
 
-from tests.e2e_utils import read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import read_metrics
 from tests.test_e2e_resume import BASE, assert_same_weights
 from trainer.async_rollout import read_trace
 
@@ -32,7 +35,7 @@ def _steps(out_dir):
 
 def test_embedded_default_with_separate_rollout_and_staleness_1_overlaps_generation_and_training(tmp_path):
     out = str(tmp_path / "async")
-    run_main(out, *ASYNC, "trainer.total_training_steps=5", "trainer.export_hf_on_end=false")
+    run_main_forked(out, *ASYNC, "trainer.total_training_steps=5", "trainer.export_hf_on_end=false")
     rows = _steps(out)
     assert sorted(rows) == [1, 2, 3, 4, 5]
     assert [rows[k]["async/staleness"] for k in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
@@ -57,12 +60,12 @@ def test_embedded_default_with_separate_rollout_and_staleness_1_overlaps_generat
 
 def test_async_resume_mid_pipeline_is_exact(tmp_path):
     full, longer, resumed = str(tmp_path / "full"), str(tmp_path / "longer"), str(tmp_path / "resumed")
-    run_main(full, *ASYNC, *BASE)                                        # 4 steps, the reference
-    run_main(longer, *ASYNC, *BASE, "trainer.total_training_steps=6", "trainer.export_hf_on_end=false")
+    run_main_forked(full, *ASYNC, *BASE)                                 # 4 steps, the reference
+    run_main_forked(longer, *ASYNC, *BASE, "trainer.total_training_steps=6", "trainer.export_hf_on_end=false")
     step2 = os.path.join(longer, "checkpoints", "global_step_2")         # saved while batch 3 was generating
     with open(os.path.join(step2, "rollout", "versions.json")) as f:
         assert json.load(f) == {"versions": [1]}                         # the weights batch 3 is made with
-    run_main(resumed, *ASYNC, *BASE, f"trainer.resume_mode={step2}")
+    run_main_forked(resumed, *ASYNC, *BASE, f"trainer.resume_mode={step2}")
     ref, res = _steps(full), _steps(resumed)
     assert sorted(res) == [3, 4]                                         # nothing trained twice
     for s in (3, 4):

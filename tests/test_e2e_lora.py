@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from tests.e2e_utils import read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import read_metrics
 from tests.test_e2e_resume import BASE, assert_same_steps, assert_same_weights
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ LORA = ["actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.model.lora_al
 
 def test_lora_grpo_reward_rises_on_the_embedded_default(tmp_path):
     out = str(tmp_path / "run")
-    run_main(out, *LORA, "trainer.total_training_steps=30")
+    run_main_forked(out, *LORA, "trainer.total_training_steps=30")
     scores = [r["critic/score/mean"] for r in read_metrics(out) if "critic/score/mean" in r]
     assert len(scores) == 30
     first, last = sum(scores[:5]) / 5, sum(scores[-10:]) / 10
@@ -42,9 +43,9 @@ def test_lora_actor_and_critic_resume_exactly(tmp_path):
     common = ["deepspeed=zero2", *BASE, *LORA[:4], "algorithm=gae", "critic.model.lora_rank=8",
               "critic.model.lora_alpha=16", "actor_rollout_ref.actor.use_kl_loss=true",
               "actor_rollout_ref.actor.kl_loss_coef=0.01"]
-    run_main(full, *common)
+    run_main_forked(full, *common)
     # resume from an explicit path into another output folder
-    run_main(resumed, *common, f"trainer.resume_mode={os.path.join(full, 'checkpoints', 'global_step_2')}")
+    run_main_forked(resumed, *common, f"trainer.resume_mode={os.path.join(full, 'checkpoints', 'global_step_2')}")
     assert_same_steps(full, resumed, steps=(3, 4),
                       must_have=("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/vf_loss",
                                  "critic/grad_norm", "critic/values/mean", "actor/lr"))

@@ -13,7 +13,8 @@ import os
 import pytest
 import torch
 
-from tests.e2e_utils import read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -63,11 +64,11 @@ def _ckpts(out_dir):
 
 def test_resume_exact_zero2_grpo_auto_with_retention(tmp_path):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    run_main(full, "deepspeed=zero2", *BASE)
+    run_main_forked(full, "deepspeed=zero2", *BASE)
     assert _ckpts(full) == (["global_step_2", "global_step_4"], 4)        # no retention limit: both kept
-    run_main(part, "deepspeed=zero2", *BASE, "trainer.total_training_steps=2")  # "interrupted" after step 2
+    run_main_forked(part, "deepspeed=zero2", *BASE, "trainer.total_training_steps=2")  # "interrupted" after step 2
     assert _ckpts(part) == (["global_step_2"], 2)
-    run_main(part, "deepspeed=zero2", *BASE, "trainer.resume_mode=auto", "trainer.max_actor_ckpt_to_keep=1")
+    run_main_forked(part, "deepspeed=zero2", *BASE, "trainer.resume_mode=auto", "trainer.max_actor_ckpt_to_keep=1")
     assert _ckpts(part) == (["global_step_4"], 4)                         # retention ran after the new save
     rows = read_metrics(part)
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2, 3, 4]  # appended, no step logged twice
@@ -108,9 +109,9 @@ def test_resume_exact_zero3_gae_critic_kl_ctrl_from_path(tmp_path):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
     gae = ["deepspeed=zero3", "algorithm=gae", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
            "critic.optim.lr_scheduler_type=cosine", "critic.optim.total_training_steps=4"]
-    run_main(full, *gae, *BASE)
+    run_main_forked(full, *gae, *BASE)
     # resume from an explicit path into another output folder
-    run_main(resumed, *gae, *BASE, f"trainer.resume_mode={os.path.join(full, 'checkpoints', 'global_step_2')}")
+    run_main_forked(resumed, *gae, *BASE, f"trainer.resume_mode={os.path.join(full, 'checkpoints', 'global_step_2')}")
     assert_same_steps(full, resumed, steps=(3, 4),
                       must_have=("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm",
                                  "critic/values/mean", "critic/score/mean", "actor/reward_kl_penalty_coeff"))

@@ -5,16 +5,17 @@ import types
 
 import pytest
 
-from tests.e2e_utils import SHORT, read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import SHORT, read_metrics
 from trainer.embedded import TASK_NAME
 
 
 @pytest.mark.slow
 def test_validation_before_training_every_test_freq_and_greedy_too(tmp_path):
     out = str(tmp_path / "run")
-    run_main(out, *SHORT, "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.val_also_greedy=true",
-             "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.n=2",
-             "actor_rollout_ref.rollout.val_kwargs.temperature=1.0")
+    run_main_forked(out, *SHORT, "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.val_also_greedy=true",
+                  "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.n=2",
+                  "actor_rollout_ref.rollout.val_kwargs.temperature=1.0")
     rows = read_metrics(out)
     val_rows = {r["step"]: r for r in rows if f"val/{TASK_NAME}/acc" in r}
     assert sorted(val_rows) == [0, 2], sorted(val_rows)

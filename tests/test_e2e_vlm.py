@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from tests.e2e_shared import run_main_forked
 from tests.e2e_utils import read_metrics, run_main
 
 VLM_RUN = ["reward_model.scorer=gsm8k_flexible", "data.max_prompt_length=32", "data.max_response_length=2",
@@ -29,9 +30,9 @@ def test_grpo_step_on_the_colour_task_with_ulysses_sp2(tmp_path):
 
     model, train, val = _task(tmp_path)
     out = str(tmp_path / "run")
-    run_main(out, f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}",
-             "trainer.total_training_steps=1", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-             "actor_rollout_ref.actor.entropy_coeff=0.01", *VLM_RUN)  # entropy bonus: the weights move at score 0
+    run_main_forked(out, f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}",
+                  "trainer.total_training_steps=1", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                  "actor_rollout_ref.actor.entropy_coeff=0.01", *VLM_RUN)  # entropy bonus: the weights move at score 0
     (step,) = [r for r in read_metrics(out) if "actor/pg_loss" in r]
     for key in ("actor/pg_loss", "actor/kl_loss", "critic/score/mean", "rollout/log_prob_diff_max"):
         assert math.isfinite(step[key]), (key, step[key])

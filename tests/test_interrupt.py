@@ -87,15 +87,29 @@ def test_sigterm_during_start_up_stops_at_once_with_exit_143(tmp_path):
     assert _alive(procs) == [] and _session_left(run.proc.pid) == []
 
 
-def test_sigterm_during_training_finishes_the_step_saves_and_leaves_no_ray_process(tmp_path):
-    run = Run(str(tmp_path / "term"), "trainer.save_freq=100")
-    run.wait_for(run.stepped, "the first step")
-    procs = run.descendants()
-    run.proc.send_signal(signal.SIGTERM)
-    rc = run.finish()
-    text = run.text()
-    assert rc == 0, text[-3000:]
+_SIGTERM_RUN: dict = {}
+
+
+def sigterm_during_training(tmp_path_factory) -> dict:
+    """One run (``trainer.save_freq=100``, 200 steps) sent SIGTERM after its first step, made once per test session
+    and shared with tests/test_reliability_faults.py: ``out`` (its output folder), ``rc``, ``text`` (its output),
+    ``alive`` (its processes still running after it ended) and ``session_left`` (processes left in its session)."""
+    if not _SIGTERM_RUN:
+        run = Run(str(tmp_path_factory.mktemp("sigterm") / "term"), "trainer.save_freq=100")
+        run.wait_for(run.stepped, "the first step")
+        procs = run.descendants()
+        run.proc.send_signal(signal.SIGTERM)
+        rc = run.finish()
+        _SIGTERM_RUN.update(out=run.out, rc=rc, text=run.text(), alive=_alive(procs),
+                            session_left=_session_left(run.proc.pid))
+    return _SIGTERM_RUN
+
+
+def test_sigterm_during_training_finishes_the_step_saves_and_leaves_no_ray_process(tmp_path_factory):
+    run = sigterm_during_training(tmp_path_factory)
+    text = run["text"]
+    assert run["rc"] == 0, text[-3000:]
     m = re.search(r"done: step (\d+) of 200 \(stopped early by SIGTERM\)", text)
-    assert m and os.path.isdir(os.path.join(run.out, "checkpoints", f"global_step_{m.group(1)}")), text[-3000:]
+    assert m and os.path.isdir(os.path.join(run["out"], "checkpoints", f"global_step_{m.group(1)}")), text[-3000:]
     assert "Traceback" not in text
-    assert _alive(procs) == [] and _session_left(run.proc.pid) == []
+    assert run["alive"] == [] and run["session_left"] == []

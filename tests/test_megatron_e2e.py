@@ -13,7 +13,8 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from tests.e2e_utils import SHORT, read_metrics, run_main  # noqa: E402
+from tests.e2e_shared import run_main_forked  # noqa: E402
+from tests.e2e_utils import SHORT, read_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +25,9 @@ def test_megatron_two_steps(tmp_path, tp):
     from transformers import AutoModelForCausalLM
 
     out = str(tmp_path / f"tp{tp}")
-    run_main(out, "trainer.strategy=megatron", f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
-             "actor_rollout_ref.actor.use_kl_loss=true", "trainer.save_freq=2", *SHORT)
+    run_main_forked(out, "trainer.strategy=megatron",
+                    f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
+                    "actor_rollout_ref.actor.use_kl_loss=true", "trainer.save_freq=2", *SHORT)
     steps = [r for r in read_metrics(out) if "actor/pg_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
@@ -51,6 +53,7 @@ def test_megatron_two_steps(tmp_path, tp):
     for k in final:
         assert torch.equal(again[k].float(), final[k].float()), k
     if tp == 2:  # the TP=2 dist checkpoint resumes at TP=1 x DP=2 (resharded on load) for a third step
-        run_main(str(tmp_path / "resumed"), "trainer.strategy=megatron", "actor_rollout_ref.actor.use_kl_loss=true",
-                 f"trainer.resume_mode={os.path.dirname(ckpt)}", *SHORT[1:], "trainer.total_training_steps=3")
+        run_main_forked(str(tmp_path / "resumed"), "trainer.strategy=megatron",
+                        "actor_rollout_ref.actor.use_kl_loss=true", f"trainer.resume_mode={os.path.dirname(ckpt)}",
+                        *SHORT[1:], "trainer.total_training_steps=3")
         assert [r["step"] for r in read_metrics(str(tmp_path / "resumed")) if "actor/pg_loss" in r] == [3]

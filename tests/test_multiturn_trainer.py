@@ -300,14 +300,15 @@ def test_e2e_synthetic_tool_logs_finite_multi_turn_metrics(tmp_path):
     steps: the multi-turn metrics are logged every step and finite, the tool was called."""
     import math
 
-    from tests.e2e_utils import read_metrics, run_main
+    from tests.e2e_shared import run_main_forked
+    from tests.e2e_utils import read_metrics
 
     out = str(tmp_path / "run")
     # the sandbox level is not under test here: accept the weakest, so a busy machine's failed probe cannot stop it
     tools = MT + "tools=[{class_name:python,config:{min_isolation:process}}]"
-    run_main(out, "data=synthetic_tool", tools, "data.warm_start_steps=20", "trainer.total_training_steps=2",
-             "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
-             timeout=300)
+    run_main_forked(out, "data=synthetic_tool", tools, "data.warm_start_steps=20", "trainer.total_training_steps=2",
+                  "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                  "actor_rollout_ref.rollout.n=2", timeout=300)
     steps = [r for r in read_metrics(out) if "actor/pg_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:

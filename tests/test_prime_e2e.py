@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from tests.e2e_utils import SHORT, read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import SHORT, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -12,8 +13,8 @@ pytestmark = pytest.mark.slow
 def test_prime_two_steps_entry_point(tmp_path):
     out = str(tmp_path / "prime")
     # the embedded task's answers fill max_response_length without EOS: do not filter them as truncated
-    run_main(out, "algorithm=prime", *SHORT, "data.filter_truncate=false", "trainer.save_freq=2",
-             "reward_model.model.optim.lr=1e-3")
+    run_main_forked(out, "algorithm=prime", *SHORT, "data.filter_truncate=false", "trainer.save_freq=2",
+                  "reward_model.model.optim.lr=1e-3")
     rows = [r for r in read_metrics(out) if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:

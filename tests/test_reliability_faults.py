@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.e2e_utils import ROOT, SHORT, read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import ROOT, SHORT, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -70,24 +71,22 @@ def test_killed_worker_fails_fast_naming_role_and_rank_then_resumes(tmp_path):
     assert re.search(r"Worker(?:Failure|Died): actor rank 1 died during \w+", text), text[-4000:]
     last = _tracker(out)
     assert last >= 2
-    run_main(out, f"trainer.total_training_steps={last + 1}", "trainer.save_freq=2", "trainer.resume_mode=auto", *FAST)
+    # the resume in a forked driver on the session's Ray (the killed run had its own Ray)
+    run_main_forked(out, f"trainer.total_training_steps={last + 1}", "trainer.save_freq=2", "trainer.resume_mode=auto",
+                    *FAST)
     steps = [r["step"] for r in read_metrics(out) if "actor/pg_loss" in r]
     assert steps[-1] == last + 1
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-    out = str(tmp_path / "term")
-    proc, log = _start(out, "trainer.total_training_steps=40", "trainer.save_freq=100", *FAST)
-    try:
-        _wait_for_step(proc, log, out, 1)
-        proc.send_signal(signal.SIGTERM)         # the driver this test started
-        rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert rc == 0, _tail(log)
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path_factory):
+    from tests.test_interrupt import sigterm_during_training
+
+    # the run of tests/test_interrupt.py (its own driver and Ray): 200 steps, save_freq=100, SIGTERM after step 1
+    run = sigterm_during_training(tmp_path_factory)
+    out = run["out"]
+    assert run["rc"] == 0, run["text"][-6000:]
     last = max(r["step"] for r in read_metrics(out) if "actor/pg_loss" in r)
-    assert _tracker(out) == last < 40              # saved although save_freq=100 was never reached
+    assert _tracker(out) == last < 200             # saved although save_freq=100 was never reached
     assert not os.path.exists(os.path.join(out, "hf_actor"))
     with open(os.path.join(out, "final_metrics.json")) as f:
         assert json.load(f)["training/global_step"] == last
@@ -99,11 +98,12 @@ def test_io_error_during_save_keeps_previous_checkpoint(tmp_path):
     os.makedirs(root)
     with open(os.path.join(root, "global_step_4"), "w") as f:   # a FILE where step 4's folder must go
         f.write("not a folder")
-    proc = run_main(out, "trainer.total_training_steps=4", "trainer.save_freq=2", *FAST, check=False, timeout=300)
+    proc = run_main_forked(out, "trainer.total_training_steps=4", "trainer.save_freq=2", *FAST, check=False,
+                           timeout=300)
     assert proc.returncode != 0
     assert re.search(r"actor rank \d raised in save_checkpoint", proc.stderr), proc.stderr[-4000:]
     assert _tracker(out) == 2                                   # the tracker still names the good checkpoint
     os.remove(os.path.join(root, "global_step_4"))
-    run_main(out, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.resume_mode=auto", *FAST)
+    run_main_forked(out, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.resume_mode=auto", *FAST)
     assert _tracker(out) == 4
     assert [r["step"] for r in read_metrics(out) if "actor/pg_loss" in r][-2:] == [3, 4]

@@ -60,10 +60,11 @@ def test_config_check_names_the_key():
 
 @pytest.mark.slow
 def test_rollout_is_end_to_end_step(tmp_path):
-    from tests.e2e_utils import SHORT, read_metrics, run_main
+    from tests.e2e_shared import run_main_forked
+    from tests.e2e_utils import SHORT, read_metrics
 
     out = str(tmp_path / "tis")
-    run_main(out, "algorithm.rollout_correction.rollout_is=token", "trainer.export_hf_on_end=false", *SHORT)
+    run_main_forked(out, "algorithm.rollout_correction.rollout_is=token", "trainer.export_hf_on_end=false", *SHORT)
     steps = [r for r in read_metrics(out) if "actor/pg_loss" in r]
     assert len(steps) == 2
     for r in steps:

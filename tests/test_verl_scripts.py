@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from tests.e2e_utils import read_metrics, run_main
+from tests.e2e_shared import run_main_forked
+from tests.e2e_utils import read_metrics
 from tests.verl_scripts import (CONDITIONAL, CPU_STEP, CPU_STEP_EXTRA, NO_VLLM, SCRIPTS, composed, embedded_assets,
                                 script, unread_keys)
 from trainer.config_reads import ENV, read_keys
@@ -71,7 +72,7 @@ def test_verl_script_runs_a_cpu_step_reading_every_key(name, assets, tmp_path):
                        {"trainer.test_freq": "1", "trainer.log_val_generations": "2", "trainer.output_dir": out})
     os.environ[ENV] = reads
     try:
-        proc = run_main(out, *overrides, timeout=600)
+        proc = run_main_forked(out, *overrides, timeout=600)  # a process of its own: its reads are its own
     finally:
         del os.environ[ENV]
     assert "done: step 1 of 1" in proc.stderr, proc.stderr[-3000:]

@@ -161,7 +161,7 @@ def _hold() -> None:
 # what trainer/main.py imports in a run (the embedded task's Llama included), imported once by the driver before it
 # forks; a module missing here is imported by each run itself. Importing them starts no Python thread.
 _PREIMPORT = ("torch", "transformers", "datasets", "deepspeed", "ray", "hydra", "omegaconf", "math_verify",
-              "accelerate", "safetensors.torch", "torch.distributed.checkpoint", "ray.dag", "scipy.optimize",
+              "accelerate", "safetensors.torch", "torch.distributed.checkpoint", "ray.dag",
               "transformers.modeling_utils", "transformers.quantizers", "transformers.processing_utils",
               "transformers.models.auto.modeling_auto", "transformers.models.llama.modeling_llama",
               "trainer.launch", "trainer.ppo_trainer", "trainer.workers.actor", "trainer.dataset", "trainer.interrupt",
@@ -245,8 +245,11 @@ def _drive() -> None:
 
     entry = os.path.join(ROOT, "trainer", "main.py")
     replies = _reply_channel()
-    for name in _PREIMPORT:
-        importlib.import_module(name)
+    for name in _PREIMPORT:  # only what the runs would import anyway: a module missing here is imported by none
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            print(f"e2e driver: not pre-importing {name} ({e})", file=sys.stderr)
     for line in sys.stdin:
         req = json.loads(line)
         assert threading.active_count() == 1, f"threads before fork: {threading.enumerate()}"

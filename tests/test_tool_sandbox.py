@@ -179,6 +179,9 @@ def test_model_code_never_runs_in_this_process(tool, monkeypatch):
 
 
 def test_hostile_batch_leaves_the_rollout_going(tool):
+    # the benign call starts beside a busy loop and a fork bomb: on two loaded cores 2 s may not start it
+    tool = PythonTool(timeout_s=8.0, cpu_s=8, memory_mb=512, max_processes=16, max_output_bytes=4096,
+                      isolation=tool.isolation, min_isolation="process")
     codes = ["while True: pass", "import os\nwhile True: os.fork()", "print('y' * 10**8)",
              "raise SystemExit(3)", "print(6 * 7)"]
     outs = run_tool_calls([ToolCall("python", {"code": c}) for c in codes], {"python": tool})

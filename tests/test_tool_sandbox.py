@@ -5,6 +5,8 @@ from __future__ import annotations
 import builtins
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -237,3 +239,57 @@ def test_isolation_probe_that_times_out_is_retried_and_a_failed_probe_is_named_i
     with pytest.raises(RuntimeError, match=rf"probes of the stronger levels: {top}: sandbox_error after 0.1 s: "
                                            r"sandbox setup failed: EPERM unshare"):
         python_tool.PythonTool(min_isolation="userns").check()
+
+
+def test_uid_leases_are_machine_wide(tmp_path):
+    """Each process has its own pool; two pools (as two rollout workers) never hold one uid at once, a lease ends
+    with its release, and a uid held by another process is skipped until that process dies."""
+    import itertools
+
+    from rollout.tools.sandbox import _UID_BASE, _UidPool
+
+    a, b = _UidPool(str(tmp_path)), _UidPool(str(tmp_path))
+    a._next = b._next = iter(range(10))  # both start their search at the same uid
+    held = [a.acquire() for _ in range(3)]
+    other = b.acquire()
+    assert other not in held and len(set(held)) == 3
+    a.release(held[0])
+    b._next = iter(range(10))
+    assert b.acquire() == held[0]
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"),
+        str(tmp_path / f"{other + 1}.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        c = _UidPool(str(tmp_path))
+        c._next = iter(range(10))
+        assert c.acquire() not in set(held) | {other, other + 1}
+    finally:
+        holder.kill()
+        holder.wait()
+    d = _UidPool(str(tmp_path))  # the holder died: its uid is free again
+    d._next = itertools.count(other + 1 - _UID_BASE)
+    assert d.acquire() == other + 1
+
+
+@needs_ns
+def test_two_processes_sandboxing_at_once_do_not_kill_each_others_code(monkeypatch):
+    """A second process's call ends (and cleans up its uid) while the first one's code still runs: the first
+    call must finish normally. Both processes start their uid search at the same place."""
+    import itertools
+
+    from rollout.tools import sandbox
+
+    monkeypatch.setattr(sandbox._UIDS, "_next", itertools.count(0))
+    slow = subprocess.Popen([sys.executable, "-c", (
+        "import itertools\nfrom rollout.tools import sandbox\nsandbox._UIDS._next = itertools.count(0)\n"
+        "from rollout.tools.sandbox import run_python, SandboxLimits\nprint('start', flush=True)\n"
+        "r = run_python('import time; time.sleep(4); print(7)', SandboxLimits(wall_s=30, cpu_s=10), "
+        "isolation='namespace')\nprint(r.status, r.stdout.strip())")],
+        stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
+    assert slow.stdout.readline().strip() == "start"
+    time.sleep(1.5)  # its code is running now
+    assert run_python("print(1)", SandboxLimits(wall_s=30, cpu_s=10), isolation="namespace").status == "ok"
+    out, _ = slow.communicate(timeout=60)
+    assert out.split() == ["ok", "7"], out

@@ -130,26 +130,45 @@ class SandboxResult:
 
 
 class _UidPool:
-    """Per-call uids: no two running calls share one, so their processes can neither signal each other nor
-    share an ``RLIMIT_NPROC`` count, and all processes of a finished call can be found by uid."""
+    """Per-call uids: no two running calls on this machine share one, so their processes can neither signal each
+    other nor share an ``RLIMIT_NPROC`` count, and all processes of a finished call can be found (and killed) by
+    uid. Every process that runs sandboxed code (each rollout worker, each test process) has its own pool, so a
+    uid is leased machine-wide: an exclusive ``flock`` on ``<tmp>/dsrl-sandbox-uids/<uid>.lock``, held for the
+    call and dropped by the kernel when the holder dies. Without it two workers picked the same uid and one's
+    clean-up killed the other's running code."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock_dir: str | None = None) -> None:
         self._lock = threading.Lock()
-        self._busy: set[int] = set()
-        self._next = itertools.count()
+        self._held: dict[int, int] = {}  # uid -> fd of its lock file
+        self._next = itertools.count(os.getpid())  # processes start their search at different uids
+        self._dir = lock_dir or os.path.join(tempfile.gettempdir(), "dsrl-sandbox-uids")
 
     def acquire(self) -> int:
+        """A uid no other call on this machine holds. Raises RuntimeError when all ``_UID_SLOTS`` are held."""
+        import fcntl
+
+        os.makedirs(self._dir, mode=0o700, exist_ok=True)
         with self._lock:
             for _ in range(_UID_SLOTS):
                 uid = _UID_BASE + next(self._next) % _UID_SLOTS
-                if uid not in self._busy:
-                    self._busy.add(uid)
-                    return uid
-        raise RuntimeError(f"more than {_UID_SLOTS} sandbox runs at once")
+                if uid in self._held:
+                    continue
+                fd = os.open(os.path.join(self._dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                self._held[uid] = fd
+                return uid
+        raise RuntimeError(f"more than {_UID_SLOTS} sandbox runs at once on this machine")
 
     def release(self, uid: int) -> None:
+        """End the lease of ``uid`` (after its processes were killed)."""
         with self._lock:
-            self._busy.discard(uid)
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor of the lock file drops the flock
 
 
 _UIDS = _UidPool()

@@ -111,7 +111,7 @@ def test_collect_stops_at_the_cap_and_fills_with_uninformative_groups():
 
 
 def test_collect_fills_from_uninformative_groups_of_batches_of_different_widths():
-    # Seen on the H200 (session 11): at the cap, the dropped groups of three generation batches with prompts of
+    # Seen on an H200: at the cap, the dropped groups of three generation batches with prompts of
     # 111, 120, ... tokens were concatenated before padding ("Expected size 111 but got size 120").
     n, want = 2, 4
     correct = {f"q{i}": (None if i == 0 else False) for i in range(9)}

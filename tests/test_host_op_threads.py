@@ -1,5 +1,5 @@
 """host_op_threads (patches.host, re-exported by trainer.forward): the host-side packing of a micro-batch runs on one intra-op thread (with a large
-pool its tiny ops wait for the pool and the GPU idles; docs/benchmarks.md session 8), the model's forward keeps the
+pool its tiny ops wait for the pool and the GPU idles; docs/benchmarks.md, "idle gaps"), the model's forward keeps the
 caller's thread count, and the count is restored even when packing fails."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""tools/device/megatron_gpu_check.py: Megatron actor vs HF log-probs (bf16 and fp32), DDP + DistributedOptimizer
+"""tools/bench/megatron_gpu_check.py: Megatron actor vs HF log-probs (bf16 and fp32), DDP + DistributedOptimizer
 update, weight sync and checkpoint round trip on CUDA at TP=1 and TP=2; and a CPU smoke run of the same script.
 
 GPU: ``python -m pytest -m gpu tests/test_megatron_gpu.py`` (TP=2 needs 2 GPUs; the script is started with
@@ -16,7 +16,7 @@ pytest.importorskip("megatron.core")
 
 from tests.e2e_utils import ROOT  # noqa: E402
 
-SCRIPT = os.path.join(ROOT, "tools", "device", "megatron_gpu_check.py")
+SCRIPT = os.path.join(ROOT, "tools", "bench", "megatron_gpu_check.py")
 
 
 def _run(cmd, tmp_path, timeout):

@@ -87,7 +87,7 @@ megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both
 megatron_check() {  # name: the GPU check on both GPUs (TP=1/TP=2 log-probs, update, sync, checkpoint round trip
   # and the weights after an update that follows a load) into $OUT/<name>/check.{json,log}
   mkdir -p "$OUT/$1"
-  CUDA_VISIBLE_DEVICES=$PAIR timeout -k 10 240 torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py \
+  CUDA_VISIBLE_DEVICES=$PAIR timeout -k 10 240 torchrun --nproc_per_node 2 tools/bench/megatron_gpu_check.py \
       --model $MODEL --out "$OUT/$1/check.json" > "$OUT/$1/check.log" 2>&1
 }
 megatron() {  # on both GPUs: the GPU check, then the save/resume pair of SmolLM2 on the Megatron path
@@ -98,7 +98,7 @@ megatron() {  # on both GPUs: the GPU check, then the save/resume pair of SmolLM
 megatron_tp2() {  # on both GPUs: the GPU check, then the save/resume pair at TP=2 (a random-weight Qwen2 config
   # with SmolLM2's tokenizer: 8 heads, 2 KV heads split over 2; no reward signal, the mechanics only)
   megatron_check megatron_tp2
-  $PY -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('$RUN_ROOT/qwen2_rand', '$MODEL')" \
+  $PY -c "from tools.bench.megatron_gpu_check import make_random_qwen2; make_random_qwen2('$RUN_ROOT/qwen2_rand', '$MODEL')" \
       > "$OUT/megatron_tp2/make_model.log" 2>&1
   # random weights score 0, so GRPO's advantages are 0: the entropy bonus makes every step change the weights
   megatron_pair megatron_tp2 mt actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
@@ -113,7 +113,7 @@ megatron_ckpt() {  # on both GPUs: the SmolLM2 save/resume pair (TP=1 x DP=2) wi
 megatron_reshard() {  # on both GPUs: a TP=2 dist checkpoint (random-weight Qwen2, as megatron_tp2) resumed at
   # TP=1 x DP=2 (resharded on load, DistributedOptimizer state included); compare steps 6-7 with the TP=2 run
   mkdir -p "$OUT/megatron_reshard"
-  $PY -c "from tools.device.megatron_gpu_check import make_random_qwen2; make_random_qwen2('$RUN_ROOT/qwen2_rand', '$MODEL')" \
+  $PY -c "from tools.bench.megatron_gpu_check import make_random_qwen2; make_random_qwen2('$RUN_ROOT/qwen2_rand', '$MODEL')" \
       > "$OUT/megatron_reshard/make_model.log" 2>&1
   RESUME_EXTRA=actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 megatron_pair megatron_reshard mr \
       actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.model.path=$RUN_ROOT/qwen2_rand \

@@ -2,7 +2,7 @@
 # TRL vs this project on one H200 (tools/bench/vs_trl.py), one job per call of under 10 minutes.
 # Needs on the machine: torch, DeepSpeed, Ray, transformers, trl 1.16 and vLLM importable from PYTHONPATH below,
 # SmolLM2-135M-Instruct as an HF folder at $SMOL and GSM8K at data/gsm8k/train.parquet
-# (tools/device/gpu_session.sh steps wheels, model_a, model_b, vllm_a..vllm_c).
+# (`huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir $SMOL`; tools/data_preprocess/gsm8k.py).
 #   PART=smol OUT=/some/dir bash tools/bench/vs_trl_gpu.sh     job 1 (about 330 s: three sides of about 100 s each)
 #   PART=qwen OUT=/some/dir bash tools/bench/vs_trl_gpu.sh     job 2 (up to BUDGET_S; a 1.5B side takes minutes)
 #   PART=all runs both in one call, which only fits when BUDGET_S allows (job 1 leaves QWEN_RESERVE_S to job 2).

@@ -1,7 +1,7 @@
 """Megatron actor vs Hugging Face on GPU: log-probs at TP=1 and TP=2 (bf16 and fp32), one update through megatron's
 DDP + DistributedOptimizer, the rollout weight sync and a checkpoint round trip. Prints a table, writes JSON.
 
-    torchrun --nproc_per_node 2 tools/device/megatron_gpu_check.py --model /tmp/smol_hf --out $OUT/megatron.json
+    torchrun --nproc_per_node 2 tools/bench/megatron_gpu_check.py --model /tmp/smol_hf --out $OUT/megatron.json
 
 Cases (each run through ``MegatronActorRefWorker`` exactly as ``trainer.strategy=megatron`` builds it):
 

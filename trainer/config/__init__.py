@@ -14,5 +14,5 @@ from trainer.config.workers import (ActorWorkerConfig, CriticWorkerConfig, Rollo
 
 __all__ = ["Section", "ModelConfig", "OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "RefConfig",
            "CriticConfig", "RolloutConfig", "SamplingKwargs", "DeepSpeedConfig", "TrainerConfig",
-           "DataConfig", "WorkerRuntime", "ActorWorkerConfig", "CriticWorkerConfig", "RolloutWorkerConfig", "actor_worker_config",
-           "critic_worker_config", "rollout_worker_config", "check_sections"]
+           "DataConfig", "WorkerRuntime", "ActorWorkerConfig", "CriticWorkerConfig", "RolloutWorkerConfig",
+           "actor_worker_config", "critic_worker_config", "rollout_worker_config", "check_sections"]

@@ -168,8 +168,8 @@ def rollout_worker_config(cfg: dict) -> RolloutWorkerConfig:
 
 def check_sections(cfg: dict) -> None:
     """Build every section the run's workers and the driver receive (the critic's when ``critic.enable``; PRIME's
-    reward model's when ``reward_model.model`` has an ``optim``), so that their checks run before anything starts; every error is
-    raised together (:class:`trainer.config_checks.ConfigErrors`, one line each)."""
+    reward model's when ``reward_model.model`` has an ``optim``), so that their checks run before anything starts;
+    every error is raised together (:class:`trainer.config_checks.ConfigErrors`, one line each)."""
     from trainer.config.data import DataConfig
     from trainer.config.prm import PRMConfig, PRMModelConfig
     from trainer.config.trainer import TrainerConfig

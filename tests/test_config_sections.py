@@ -137,11 +137,14 @@ def test_validate_reports_every_section_error_together():
     cfg["actor_rollout_ref"]["actor"]["clip_ratio_c"] = 0.5
     cfg["actor_rollout_ref"]["rollout"]["temperature"] = -1
     cfg["deepspeed"]["zero_stage"] = 4
+    cfg["trainer"]["max_consecutive_skipped_steps"] = 0  # the driver's sections too
+    cfg["data"]["max_prompt_length"] = -4
     with pytest.raises(ConfigErrors) as info:
         validate(cfg)
     assert {"actor_rollout_ref.actor.clip_ratio_c=0.5; expected > 1",
             "actor_rollout_ref.rollout.temperature=-1; expected >= 0 (0: greedy)",
-            "deepspeed.zero_stage=4; expected 0, 1, 2 or 3"} <= set(info.value.messages)
+            "deepspeed.zero_stage=4; expected 0, 1, 2 or 3", "trainer.max_consecutive_skipped_steps=0; expected >= 1",
+            "data.max_prompt_length=-4; expected a positive integer"} <= set(info.value.messages)
 
 
 def test_the_critic_model_is_its_own_section_over_the_actors():
@@ -217,16 +220,3 @@ def test_the_driver_reads_the_trainer_and_data_sections_and_a_planned_value_repl
     with pytest.raises(TypeError, match="no field"):
         replaced(unplanned, "trainer", total_steps=1)
 
-
-def test_validate_reports_the_driver_sections_errors_with_the_workers():
-    from trainer.config_validate import validate
-
-    cfg = _cfg(planned=False)
-    cfg["trainer"]["max_consecutive_skipped_steps"] = 0
-    cfg["data"]["max_prompt_length"] = -4
-    cfg["deepspeed"]["zero_stage"] = 4
-    with pytest.raises(ConfigErrors) as info:
-        validate(cfg)
-    assert {"trainer.max_consecutive_skipped_steps=0; expected >= 1",
-            "data.max_prompt_length=-4; expected a positive integer",
-            "deepspeed.zero_stage=4; expected 0, 1, 2 or 3"} <= set(info.value.messages)

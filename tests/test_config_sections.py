@@ -8,9 +8,9 @@ import pickle
 import pytest
 
 from tests.e2e_utils import ROOT
-from trainer.config import (ActorConfig, CriticConfig, DeepSpeedConfig, ModelConfig, OptimConfig, RolloutConfig,
-                            Section, actor_worker_config, check_sections, critic_worker_config,
-                            rollout_worker_config)
+from trainer.config import (ActorConfig, CriticConfig, DataConfig, DeepSpeedConfig, ModelConfig, OptimConfig,
+                            RolloutConfig, Section, TrainerConfig, actor_worker_config, check_sections,
+                            critic_worker_config, rollout_worker_config)
 from trainer.config.prm import PRMWorkerConfig, prm_worker_config
 from trainer.config.workers import ActorWorkerConfig, CriticWorkerConfig, RolloutWorkerConfig, WorkerRuntime
 from trainer.config_checks import ConfigError, ConfigErrors
@@ -82,6 +82,16 @@ def test_a_frozen_section_refuses_writes():
      "deepspeed.optimizer='sgd'; expected torch_adamw or deepspeed_adamw"),
     (CriticConfig, "critic", "forward_micro_batch_size_per_gpu", 0,
      "critic.forward_micro_batch_size_per_gpu=0; expected an integer >= 1"),
+    (TrainerConfig, "trainer", "device", "tpu", "trainer.device='tpu'; expected auto, cpu or cuda"),
+    (TrainerConfig, "trainer", "n_gpus_per_node", 0, "trainer.nnodes*trainer.n_gpus_per_node=0; expected >= 1"),
+    (TrainerConfig, "trainer", "max_restarts", -1, "trainer.max_restarts=-1; expected an integer >= 0"),
+    (TrainerConfig, "trainer", "save_freq", "often", "trainer.save_freq='often'; expected an integer"),
+    (TrainerConfig, "trainer", "val_only", "yes", "trainer.val_only='yes'; expected true or false"),
+    (TrainerConfig, "trainer", "total_epochs", 0, "trainer.total_epochs=0; expected an integer >= 1"),
+    (TrainerConfig, "trainer", "log_val_generations", -2, "trainer.log_val_generations=-2; expected an integer >= 0"),
+    (DataConfig, "data", "max_response_length", 0, "data.max_response_length=0; expected a positive integer"),
+    (DataConfig, "data", "gen_batch_size", 0, "data.gen_batch_size=0; expected an integer >= 1"),
+    (DataConfig, "data", "shuffle", "no", "data.shuffle='no'; expected true or false"),
 ])
 def test_a_bad_value_is_one_line_naming_the_dotted_key(cls, key, name, value, line):
     cfg = _cfg("algorithm=gae")
@@ -127,11 +137,14 @@ def test_validate_reports_every_section_error_together():
     cfg["actor_rollout_ref"]["actor"]["clip_ratio_c"] = 0.5
     cfg["actor_rollout_ref"]["rollout"]["temperature"] = -1
     cfg["deepspeed"]["zero_stage"] = 4
+    cfg["trainer"]["max_consecutive_skipped_steps"] = 0  # the driver's sections too
+    cfg["data"]["max_prompt_length"] = -4
     with pytest.raises(ConfigErrors) as info:
         validate(cfg)
     assert {"actor_rollout_ref.actor.clip_ratio_c=0.5; expected > 1",
             "actor_rollout_ref.rollout.temperature=-1; expected >= 0 (0: greedy)",
-            "deepspeed.zero_stage=4; expected 0, 1, 2 or 3"} <= set(info.value.messages)
+            "deepspeed.zero_stage=4; expected 0, 1, 2 or 3", "trainer.max_consecutive_skipped_steps=0; expected >= 1",
+            "data.max_prompt_length=-4; expected a positive integer"} <= set(info.value.messages)
 
 
 def test_the_critic_model_is_its_own_section_over_the_actors():
@@ -187,3 +200,23 @@ def test_every_field_of_a_section_is_read_by_code_outside_the_config_package():
     unread = {f"{cls.__name__}.{f.name}" for cls in (*_sections(), *WORKER_CONFIGS)
               for f in dataclasses.fields(cls) if f.name not in used}
     assert unread == set()
+
+
+def test_the_driver_reads_the_trainer_and_data_sections_and_a_planned_value_replaces_null():
+    from trainer.config.section import replaced
+
+    cfg = _cfg("data=synthetic_tool", "trainer.save_freq=3", "data.val_batch_size=5", planned=False)
+    trainer, data = TrainerConfig.from_dict(cfg["trainer"], "trainer"), DataConfig.from_dict(cfg["data"], "data")
+    assert (trainer.save_freq, trainer.total_training_steps, trainer.device) == (3, 20, "cpu")
+    assert (data.val_batch_size, data.synthetic_task, data.warm_start_steps) == (5, "arith_tool", 170)
+    plain = DataConfig.from_dict(_cfg(planned=False)["data"], "data")
+    assert (plain.synthetic_task, plain.warm_start_steps) == (None, None)  # only data=synthetic_tool has them
+    unplanned = TrainerConfig.from_dict(_cfg(planned=False)["trainer"], "trainer")
+    assert unplanned.total_training_steps is None
+    planned = replaced(unplanned, "trainer", total_training_steps=70)
+    assert planned.total_training_steps == 70 and planned.seed == unplanned.seed
+    with pytest.raises(ConfigError, match=r"^trainer\.total_training_steps=0; expected an integer >= 1$"):
+        replaced(unplanned, "trainer", total_training_steps=0)
+    with pytest.raises(TypeError, match="no field"):
+        replaced(unplanned, "trainer", total_steps=1)
+

@@ -7,6 +7,8 @@ import pytest
 
 from tests.e2e_shared import run_main_forked
 from tests.e2e_utils import SHORT, read_metrics
+from trainer.config import DataConfig, TrainerConfig
+from trainer.config.packaged import packaged_section
 from trainer.embedded import TASK_NAME
 
 
@@ -32,6 +34,7 @@ class _Stub:
 
     def __init__(self, also_greedy, do_sample, temperature):
         self.val_dataset = [0]
+        self.trainer_cfg = packaged_section(TrainerConfig, "trainer", val_also_greedy=also_greedy)
         self.cfg = {"trainer": {"val_also_greedy": also_greedy},
                     "actor_rollout_ref": {"rollout": {"val_kwargs": {"do_sample": do_sample,
                                                                      "temperature": temperature}}}}
@@ -94,6 +97,8 @@ def test_validation_keeps_reward_keys_that_hold_a_slash():
     stub = types.SimpleNamespace(
         val_dataset=rows, world=2, tokenizer=types.SimpleNamespace(pad_token_id=0, eos_token_id=1),
         cfg={"data": {"val_batch_size": 3}, "trainer": {"seed": 1}}, val_reward_fn=reward,
+        trainer_cfg=packaged_section(TrainerConfig, "trainer", seed=1),
+        data_cfg=packaged_section(DataConfig, "data", val_batch_size=3),
         roles=types.SimpleNamespace(rollout=types.SimpleNamespace(generate_sequences=lambda batch: batch)))
     m = RayPPOTrainer._validate_pass(stub, greedy=True)
     # batches of 3 and 1 rows (acc True, False, True | True)

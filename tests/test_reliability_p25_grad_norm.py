@@ -56,10 +56,13 @@ def _update(engine, data, kind="actor", dp_size=1):
 
 
 def _trainer(tmp_path, limit):
+    from trainer.config import TrainerConfig
+    from trainer.config.packaged import packaged_section
     from trainer.ppo_trainer import RayPPOTrainer
 
     tr = RayPPOTrainer.__new__(RayPPOTrainer)
     tr.cfg = {"trainer": {"max_consecutive_skipped_steps": limit, "default_local_dir": str(tmp_path)}}
+    tr.trainer_cfg = packaged_section(TrainerConfig, "trainer", **tr.cfg["trainer"])
     tr.global_step = 0
     return tr
 

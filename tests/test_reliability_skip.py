@@ -146,10 +146,13 @@ def test_nan_on_one_rank_skips_on_all_ranks():
 
 
 def test_trainer_stops_after_max_consecutive_skips(tmp_path):
+    from trainer.config import TrainerConfig
+    from trainer.config.packaged import packaged_section
     from trainer.ppo_trainer import RayPPOTrainer, TrainingDiverged
 
     tr = RayPPOTrainer.__new__(RayPPOTrainer)
     tr.cfg = {"trainer": {"max_consecutive_skipped_steps": 3, "default_local_dir": str(tmp_path)}}
+    tr.trainer_cfg = packaged_section(TrainerConfig, "trainer", **tr.cfg["trainer"])
     tr.global_step = 7
     tr._check_skipped({"actor/consecutive_skipped_steps": 2.0, "critic/consecutive_skipped_steps": 0.0})
     with pytest.raises(TrainingDiverged, match=r"critic: 3 optimizer steps in a row.*max_consecutive_skipped_steps=3"

@@ -71,6 +71,8 @@ def test_loader_ends_after_its_epochs():
 
 def test_trainer_stops_where_the_epochs_end_when_each_step_takes_one_batch():
     from trainer.hooks import AlgorithmHooks
+    from trainer.config import TrainerConfig
+    from trainer.config.packaged import packaged_section
     from trainer.hooks.dynamic_sampling import DynamicSampling, FilterGroupsConfig
     from trainer.ppo_trainer import RayPPOTrainer
 
@@ -78,6 +80,7 @@ def test_trainer_stops_where_the_epochs_end_when_each_step_takes_one_batch():
     rows = _Rows({"input_ids": [3], "prompt": "p", "reward_model": {"ground_truth": "1"}} for _ in range(8))
     t.loader = PromptLoader(rows, 2, 0, num_epochs=3)
     t.cfg = {"trainer": {"total_training_steps": 100}, "algorithm": {"filter_groups": {"enable": False}}}
+    t.trainer_cfg = packaged_section(TrainerConfig, "trainer", **t.cfg["trainer"])
     t.hooks = AlgorithmHooks([])
     assert t._last_step() == 12
     t.hooks = AlgorithmHooks([DynamicSampling(FilterGroupsConfig(), 2, 2, 0, 4)])  # draws a varying number of batches per step
@@ -170,6 +173,8 @@ def test_gen_batch_size_and_reward_manager_are_checked():
 
 
 def test_val_only_validates_once_and_stops(tmp_path, monkeypatch):
+    from trainer.config import TrainerConfig
+    from trainer.config.packaged import packaged_section
     from trainer.hooks import AlgorithmHooks
     from trainer.ppo_trainer import RayPPOTrainer
 
@@ -178,6 +183,7 @@ def test_val_only_validates_once_and_stops(tmp_path, monkeypatch):
                          "logger": [], "output_dir": str(tmp_path), "resume_mode": "disable",
                          "default_local_dir": str(tmp_path / "ckpt"), "log_val_generations": 0},
              "algorithm": {"filter_groups": {"enable": False}}}
+    t.trainer_cfg = packaged_section(TrainerConfig, "trainer", **t.cfg["trainer"])
     t.loader, t.val_dataset, t.global_step, t.stop_reason = PromptLoader(_Rows([{}] * 4), 2, 0), [1], 0, ""
     t._stop_requested = False
     t.hooks = AlgorithmHooks([])

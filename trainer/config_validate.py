@@ -52,7 +52,7 @@ def validate(cfg: dict) -> None:
     from trainer.rollout_placement import check_rollout_placement
     from trainer.verl_checks import check_verl_semantics
 
-    run_checks(cfg, (_check_world_and_lengths, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
+    run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
                      _check_algorithm_names, _check_filter_groups, check_rollout_correction, _check_strategy,
                      _check_kernels, check_verl_semantics, check_multi_turn, check_rollout_placement))
 
@@ -68,18 +68,11 @@ def detect_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _check_world_and_lengths(cfg: dict) -> None:
-    t, d = cfg["trainer"], cfg["data"]
-    if t.get("device") == "auto":  # a config that did not go through trainer.launch.resolve_config
-        t["device"] = detect_device()
-    if t["device"] not in ("cpu", "cuda"):
-        raise ConfigError(f"trainer.device={t['device']!r}; expected auto, cpu or cuda")
-    world = _world(cfg)
-    if world < 1:
-        raise ConfigError(f"trainer.nnodes*trainer.n_gpus_per_node={world}; expected >= 1")
-    for key in ("max_prompt_length", "max_response_length", "train_batch_size"):
-        if int(d[key]) <= 0:
-            raise ConfigError(f"data.{key}={d[key]}; expected a positive integer")
+def _resolve_device(cfg: dict) -> None:
+    """``trainer.device=auto`` of a config that did not go through trainer.launch.resolve_config (the values and
+    the lengths are checked by their sections, :mod:`trainer.config.trainer` and :mod:`trainer.config.data`)."""
+    if cfg["trainer"]["device"] == "auto":
+        cfg["trainer"]["device"] = detect_device()
 
 
 def _check_rollout_engine(cfg: dict) -> None:
@@ -126,19 +119,10 @@ def _check_batches(cfg: dict) -> None:
 
 
 def _check_numbers(cfg: dict) -> None:
+    """The ``trainer`` keys that the driver's section (:class:`trainer.config.trainer.TrainerConfig`) leaves out."""
     t = cfg["trainer"]
-    max_skip = int(t.get("max_consecutive_skipped_steps", 5))
-    if max_skip < 1:
-        raise ConfigError(f"trainer.max_consecutive_skipped_steps={max_skip}; expected >= 1")
-    restarts = t.get("max_restarts", 0)
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-        raise ConfigError(f"trainer.max_restarts={restarts!r}; expected an integer >= 0")
-    as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
-    if t.get("total_training_steps") is not None:
-        as_int(t["total_training_steps"], "trainer.total_training_steps", minimum=1)
-    for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
-        if t.get(key) is not None:
-            as_int(t[key], f"trainer.{key}", minimum=0)
+    if t.get("max_critic_ckpt_to_keep") is not None:
+        as_int(t["max_critic_ckpt_to_keep"], "trainer.max_critic_ckpt_to_keep", minimum=0)
     if t.get("export_hf_freq_s") is not None:
         _finite("trainer.export_hf_freq_s", t["export_hf_freq_s"])  # <= 0: off
 

@@ -13,6 +13,8 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.config.data import DataConfig
+from trainer.config.section import replaced
 from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as_int,  # noqa: F401
                                    check_megatron, check_megatron_model, check_resume_checkpoint, check_reward_scorers,
                                    reward_options, run_checks)
@@ -25,8 +27,14 @@ from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the 
 logger = logging.getLogger(__name__)
 
 
-def prepare_embedded(cfg: dict) -> None:
-    """Write the tiny model + tokenizer and the synthetic task when the config asks for them (in place)."""
+def prepare_embedded(cfg: dict) -> DataConfig:
+    """Write the tiny model + tokenizer and the synthetic task when the config asks for them (in place: the model
+    paths and ``data.train_files`` / ``data.val_files`` are filled in). Returns the ``data`` section with the
+    files filled in (:class:`trainer.config.data.DataConfig`).
+
+    Raises:
+        ConfigError: an unknown ``data.synthetic_task``, or a bad ``data`` value (its section's check).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -34,29 +42,30 @@ def prepare_embedded(cfg: dict) -> None:
     from trainer.embedded_tool import embedded_task
 
     out = os.path.abspath(cfg["trainer"]["output_dir"])
-    model = cfg["actor_rollout_ref"]["model"]
-    data = cfg["data"]
+    model, seed = cfg["actor_rollout_ref"]["model"], int(cfg["trainer"]["seed"])
+    data = DataConfig.from_dict(cfg["data"], "data")
     try:  # data.synthetic_task: the generated task, its tokenizer and the tiny model's warm start
-        task = embedded_task(data.get("synthetic_task", "digits"))
+        task = embedded_task(data.synthetic_task or "digits")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if model.get("path") is None:
+    if model["path"] is None:
         init_dir = os.path.join(out, "init_model")
         if not os.path.exists(os.path.join(init_dir, "config.json")):
             tok = task.build_tokenizer(init_dir)
-            torch.manual_seed(int(cfg["trainer"]["seed"]))
+            torch.manual_seed(seed)
             conf = embedded.tiny_model_config(len(tok), **dict(model.get("tiny") or {}))
             tiny = AutoModelForCausalLM.from_config(conf)
-            task.warm_start(tiny, tok, int(data.get("warm_start_steps", 0)), int(cfg["trainer"]["seed"]))
+            task.warm_start(tiny, tok, data.warm_start_steps or 0, seed)
             tiny.save_pretrained(init_dir)
         model["path"] = init_dir
-        if cfg["critic"]["model"].get("path") is None:
+        if cfg["critic"]["model"]["path"] is None:
             cfg["critic"]["model"]["path"] = init_dir
-    if data.get("train_files") is None:
-        train, val = task.write_task(os.path.join(out, "data"), int(data.get("seed", 0)))
-        data["train_files"] = train
-        if data.get("val_files") is None:
-            data["val_files"] = val
+    if data.train_files is None:
+        train, val = task.write_task(os.path.join(out, "data"), data.seed)
+        val = data.val_files if data.val_files is not None else val
+        cfg["data"]["train_files"], cfg["data"]["val_files"] = train, val
+        data = replaced(data, "data", train_files=train, val_files=val)
+    return data
 
 
 def resolve_config(hydra_cfg, report=None) -> dict:
@@ -82,12 +91,12 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     cfg = OmegaConf.to_container(hydra_cfg, resolve=True) if isinstance(hydra_cfg, DictConfig) else hydra_cfg
     cfg = track_reads(cfg)  # records the keys read from here on, when DSRL_CONFIG_READS is set
     t = cfg["trainer"]
-    if t.get("device", "auto") == "auto":
+    if t["device"] == "auto":
         t["device"] = detect_device()
     got = apply_verl_keys(cfg)
     got.warnings += unused_setting_warnings(cfg)
     _expand_home_paths(cfg)
-    mode, path = t.get("resume_mode"), t.get("resume_from_path")
+    mode, path = t["resume_mode"], t["resume_from_path"]
     if mode == "resume_path":
         if not path:
             got.errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>")
@@ -161,9 +170,9 @@ def plan_run_length(cfg: dict, batches_per_epoch: int, one_batch_per_step: bool 
         ``trainer.total_training_steps``.
     """
     t = cfg["trainer"]
-    epochs = as_int(t.get("total_epochs", 1), "trainer.total_epochs", minimum=1)
+    epochs = int(t["total_epochs"])  # checked by trainer.config.trainer.TrainerConfig
     data_steps = epochs * int(batches_per_epoch)
-    set_steps = t.get("total_training_steps") is not None
+    set_steps = t["total_training_steps"] is not None
     total = int(t["total_training_steps"]) if set_steps else data_steps
     t["total_training_steps"] = total
     if one_batch_per_step and total > data_steps:
@@ -171,10 +180,10 @@ def plan_run_length(cfg: dict, batches_per_epoch: int, one_batch_per_step: bool 
                        "batches: the run ends after the last epoch, at step %d (verl's rule); raise "
                        "trainer.total_epochs to train %d steps", total, epochs, batches_per_epoch, data_steps, total)
     for optim in _trained_optims(cfg):
-        if int(optim.get("total_training_steps", -1)) < 0:
+        if int(optim["total_training_steps"]) < 0:
             optim["total_training_steps"] = total
-        if int(optim.get("lr_warmup_steps", 0) or 0) < 0:
-            optim["lr_warmup_steps"] = int(float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0)
+        if int(optim["lr_warmup_steps"] or 0) < 0:
+            optim["lr_warmup_steps"] = int(float(optim["lr_warmup_steps_ratio"] or 0.0)
                                            * int(optim["total_training_steps"]))
     logger.info("run length: %d steps (%strainer.total_epochs=%d x %d batches per epoch)", total,
                 "trainer.total_training_steps; the data: " if set_steps else "", epochs, batches_per_epoch)
@@ -202,7 +211,7 @@ def import_external_lib(model_cfg: dict) -> None:
     Raises:
         ConfigError: the module cannot be imported (named, with the import error).
     """
-    name = model_cfg.get("external_lib")
+    name = model_cfg["external_lib"]
     if name:
         try:
             importlib.import_module(name)
@@ -215,9 +224,9 @@ def load_tokenizer(cfg: dict):
     from transformers import AutoTokenizer
 
     model = cfg["actor_rollout_ref"]["model"]
-    tok = AutoTokenizer.from_pretrained(model.get("tokenizer_path") or model["path"],
-                                        trust_remote_code=bool(model.get("trust_remote_code")))
-    if model.get("custom_chat_template"):
+    tok = AutoTokenizer.from_pretrained(model["tokenizer_path"] or model["path"],
+                                        trust_remote_code=bool(model["trust_remote_code"]))
+    if model["custom_chat_template"]:
         tok.chat_template = model["custom_chat_template"]
     return tok
 
@@ -228,39 +237,40 @@ def load_processor(cfg: dict):
     from trainer.multimodal import load_processor as load
 
     model = cfg["actor_rollout_ref"]["model"]
-    processor = load(model.get("tokenizer_path") or model["path"])
-    if processor is not None and model.get("custom_chat_template"):
+    processor = load(model["tokenizer_path"] or model["path"])
+    if processor is not None and model["custom_chat_template"]:
         owner = processor if hasattr(processor, "chat_template") else processor.tokenizer
         owner.chat_template = model["custom_chat_template"]
     return processor
 
 
-def build_data(cfg: dict, tok, processor=None):
+def build_data(cfg: dict, data: DataConfig, tok, processor=None):
     """The training prompt loader (``data.gen_batch_size`` prompts per batch with dynamic sampling, else
-    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (or None). ``processor``
-    (a vision-language model's, else None) reads the rows' images (``data.image_key``)."""
+    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (or None) of the ``data``
+    section ``data`` (its files filled in, :func:`prepare_embedded`). ``processor`` (a vision-language model's, else
+    None) reads the rows' images (``data.image_key``)."""
     from trainer.dataset import PromptDataset, PromptLoader
 
-    d = cfg["data"]
-    ds_kwargs = dict(tokenizer=tok, max_prompt_length=int(d["max_prompt_length"]), prompt_key=d["prompt_key"],
-                     filter_overlong_prompts=bool(d["filter_overlong_prompts"]), truncation=d["truncation"],
-                     chat_template_kwargs=dict(d.get("apply_chat_template_kwargs") or {}),
-                     processor=processor, image_key=d.get("image_key", "images"), tools=tool_schemas(cfg))
-    train_ds = PromptDataset(d["train_files"], max_rows=d.get("max_rows"), **ds_kwargs)
-    val_ds = PromptDataset(d["val_files"], max_rows=d.get("val_max_rows"), **ds_kwargs) if d.get("val_files") else None
+    d = data
+    ds_kwargs = dict(tokenizer=tok, max_prompt_length=d.max_prompt_length, prompt_key=d.prompt_key,
+                     filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
+                     chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),
+                     processor=processor, image_key=d.image_key, tools=tool_schemas(cfg))
+    train_ds = PromptDataset(d.train_files, max_rows=d.max_rows, **ds_kwargs)
+    val_ds = PromptDataset(d.val_files, max_rows=d.val_max_rows, **ds_kwargs) if d.val_files else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     dynamic = bool((cfg["algorithm"].get("filter_groups") or {}).get("enable"))
-    batch = int(d.get("gen_batch_size") or d["train_batch_size"]) if dynamic else int(d["train_batch_size"])
-    loader = PromptLoader(train_ds, batch, pad, shuffle=bool(d["shuffle"]), seed=int(d["seed"]),
-                          num_epochs=int(cfg["trainer"].get("total_epochs", 1)))
+    batch = (d.gen_batch_size or d.train_batch_size) if dynamic else d.train_batch_size
+    loader = PromptLoader(train_ds, batch, pad, shuffle=d.shuffle, seed=d.seed,
+                          num_epochs=int(cfg["trainer"]["total_epochs"]))
     logger.info("train rows: %d (%d overlong filtered); val rows: %s", len(train_ds), train_ds.num_filtered,
                 len(val_ds) if val_ds is not None else 0)
     return loader, val_ds
 
 
-def build_reward_managers(cfg: dict, tok, datasets) -> tuple:
-    """Two :class:`rewards.manager.RewardManager` (training, validation) from ``reward_model`` and ``data``; the
-    scorers that the rows of ``datasets`` reach are checked against the scorer options first
+def build_reward_managers(cfg: dict, data: DataConfig, tok, datasets) -> tuple:
+    """Two :class:`rewards.manager.RewardManager` (training, validation) from ``reward_model`` and the ``data``
+    section ``data``; the scorers that the rows of ``datasets`` reach are checked against the scorer options first
     (:func:`trainer.config_checks.check_reward_scorers`).
 
     Raises:
@@ -269,19 +279,19 @@ def build_reward_managers(cfg: dict, tok, datasets) -> tuple:
     """
     from rewards.manager import RewardManager
 
-    rm, d = cfg["reward_model"], cfg["data"]
-    scorer = rm.get("scorer")
-    custom = rm.get("custom_reward_function") or {}
+    rm, key = cfg["reward_model"], data.reward_fn_key
+    scorer = rm["scorer"]
+    custom = rm["custom_reward_function"] or {}
     if custom.get("path"):
         from rewards.registry import load_custom_scorer
 
         scorer = load_custom_scorer(custom["path"], custom.get("name") or "compute_score")
-    make = lambda keys=(): RewardManager(tok, reward_fn_key=d["reward_fn_key"], scorer=scorer,  # noqa: E731
-                                         scorer_kwargs=reward_options(cfg), timeout_s=float(rm.get("timeout_s", 10.0)),
+    make = lambda keys=(): RewardManager(tok, reward_fn_key=key, scorer=scorer,  # noqa: E731
+                                         scorer_kwargs=reward_options(cfg), timeout_s=float(rm["timeout_s"]),
                                          component_keys=keys, **overlong_kwargs(cfg))
     from trainer.adv_inputs import reward_component_keys  # the training rewards' components (GDPO)
 
-    return check_reward_scorers(lambda: make(reward_component_keys(cfg)), d["reward_fn_key"], datasets), make()
+    return check_reward_scorers(lambda: make(reward_component_keys(cfg)), key, datasets), make()
 
 
 def run(hydra_cfg: DictConfig) -> dict:
@@ -295,25 +305,29 @@ def run(hydra_cfg: DictConfig) -> dict:
 
     # the workers fit this machine or the Ray cluster (PlacementError)
     check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
-    prepare_embedded(cfg)
+    data = prepare_embedded(cfg)
     from transformers import AutoConfig
 
-    import_external_lib(cfg["actor_rollout_ref"]["model"])
-    mpath = cfg["actor_rollout_ref"]["model"]["path"]
+    model = cfg["actor_rollout_ref"]["model"]
+    import_external_lib(model)
+    mpath = model["path"]
     if not os.path.exists(os.path.join(mpath, "config.json")):
         raise ConfigError(f"actor_rollout_ref.model.path={mpath!r} is not a Hugging Face model folder "
                           "(no config.json there)")
     tok = load_tokenizer(cfg)
-    hf_config = AutoConfig.from_pretrained(mpath, trust_remote_code=bool(cfg["actor_rollout_ref"]["model"].get(
-        "trust_remote_code")), **dict(cfg["actor_rollout_ref"]["model"].get("override_config") or {}))
+    hf_config = AutoConfig.from_pretrained(mpath, trust_remote_code=bool(model["trust_remote_code"]),
+                                           **dict(model["override_config"] or {}))
     check_model_context(cfg, hf_config, tok)
     check_multi_turn_template(cfg, tok)
-    loader, val_ds = build_data(cfg, tok, load_processor(cfg))
+    loader, val_ds = build_data(cfg, data, tok, load_processor(cfg))
     from trainer.ppo_trainer import RayPPOTrainer
 
-    trainer = RayPPOTrainer(cfg, tok, loader, val_ds, *build_reward_managers(cfg, tok, [loader.dataset, val_ds]))
+    trainer = RayPPOTrainer(cfg, tok, loader, val_ds,
+                            *build_reward_managers(cfg, data, tok, [loader.dataset, val_ds]))
     dynamic = bool((cfg["algorithm"].get("filter_groups") or {}).get("enable"))
-    plan_run_length(cfg, len(trainer.loader), one_batch_per_step=not dynamic)
+    total = plan_run_length(cfg, len(trainer.loader), one_batch_per_step=not dynamic)
+    # the driver's trainer section was built before the run length was planned: the planned value replaces null
+    trainer.trainer_cfg = t = replaced(trainer.trainer_cfg, "trainer", total_training_steps=total)
     from trainer.interrupt import as_interrupt
 
     try:
@@ -322,10 +336,9 @@ def run(hydra_cfg: DictConfig) -> dict:
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
         raise as_interrupt(exc, trainer.global_step) from None
     summary = {k: v for k, v in last.items() if not k.startswith("_")}
-    os.makedirs(cfg["trainer"]["output_dir"], exist_ok=True)
-    with open(os.path.join(cfg["trainer"]["output_dir"], "final_metrics.json"), "w") as f:
+    os.makedirs(t.output_dir, exist_ok=True)
+    with open(os.path.join(t.output_dir, "final_metrics.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
-    total = int(cfg["trainer"]["total_training_steps"])
-    print(f"done: step {trainer.global_step} of {total}{trainer.stop_reason}; output in "
-          f"{cfg['trainer']['output_dir']}", file=sys.stderr)
+    print(f"done: step {trainer.global_step} of {total}{trainer.stop_reason}; output in {t.output_dir}",
+          file=sys.stderr)
     return summary

@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 
+from trainer.config.data import DataConfig
+from trainer.config.trainer import TrainerConfig
 from trainer.config_reads import plain
 from trainer.dataset import DataExhausted, PromptLoader
 from trainer.hooks import StepContext, build_hooks
@@ -35,7 +37,10 @@ class RayPPOTrainer:
     """Drives the run's roles through ``fit()``.
 
     Args:
-        config: the resolved config as a plain dict.
+        config: the resolved config as a plain dict; its ``trainer`` and ``data`` sections are read as
+            :attr:`trainer_cfg` (:class:`trainer.config.trainer.TrainerConfig`; ``total_training_steps`` is replaced
+            once :func:`trainer.launch.plan_run_length` planned it) and :attr:`data_cfg`
+            (:class:`trainer.config.data.DataConfig`).
         tokenizer: the actor's tokenizer (decoding for rewards).
         train_loader: a :class:`trainer.dataset.PromptLoader`.
         val_dataset: a :class:`trainer.dataset.PromptDataset` or None.
@@ -48,9 +53,10 @@ class RayPPOTrainer:
 
         self.cfg, self.tokenizer = config, tokenizer
         self.val_dataset, self.reward_fn, self.val_reward_fn = val_dataset, reward_fn, val_reward_fn
-        t, self.algo = config["trainer"], config["algorithm"]
-        self.device = t["device"]
-        self.world = int(t["nnodes"]) * int(t["n_gpus_per_node"])
+        self.algo = config["algorithm"]
+        t = self.trainer_cfg = TrainerConfig.from_dict(config["trainer"], "trainer")
+        self.data_cfg = DataConfig.from_dict(config["data"], "data")
+        self.device, self.world = t.device, t.nnodes * t.n_gpus_per_node
         self.global_step = 0
         self.stop_token_ids = [tokenizer.eos_token_id]  # replaced by the rollout engine's set in init_workers
         self._stop_requested = False
@@ -59,9 +65,9 @@ class RayPPOTrainer:
         self._log_val_n = 0
         self.kl_ctrl = core_algos.get_kl_controller(self.algo["kl_ctrl"]) if self.algo["use_kl_in_reward"] else None
         self.rollout_correction = RolloutCorrection.from_config(self.algo.get("rollout_correction"))
-        self.hf_exports = TimedHFExports.from_config(t)  # trainer.export_hf_freq_s (None: off)
+        self.hf_exports = TimedHFExports.from_config(config["trainer"])  # trainer.export_hf_freq_s (None: off)
         vk = config["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
-        if t.get("val_also_greedy") and not sampled(vk):
+        if t.val_also_greedy and not sampled(vk):
             logger.warning("trainer.val_also_greedy=true does nothing: actor_rollout_ref.rollout.val_kwargs already "
                            "decodes greedily (do_sample=%s, temperature=%s)", vk.get("do_sample"), vk.get("temperature"))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -81,11 +87,11 @@ class RayPPOTrainer:
         from trainer.placement import create_placement_group, init_ray
         from trainer.rollout_placement import RolloutPlacement
 
-        t = self.cfg["trainer"]
-        cpus = int(t.get("cpus_per_worker", 1))
+        t = self.trainer_cfg
+        cpus = t.cpus_per_worker
         placement = RolloutPlacement.from_config(self.cfg)
         init_ray(self.device)
-        self.pg = create_placement_group(self.device, int(t["nnodes"]), int(t["n_gpus_per_node"]), cpus,
+        self.pg = create_placement_group(self.device, t.nnodes, t.n_gpus_per_node, cpus,
                                          rollout_bundles=placement.rollout_bundles)
         infos = self.roles.start(self.pg, self.world, self.cfg, self.device, cpus)
         if placement.separate:
@@ -99,26 +105,25 @@ class RayPPOTrainer:
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def _ckpt_root(self) -> str:
-        return self.cfg["trainer"]["default_local_dir"]
+        return self.trainer_cfg.default_local_dir
 
     def save_checkpoint(self) -> str:
         """Every role's state and the trainer's (data loader, KL coefficient) in ``global_step_<N>``; returns it."""
         from trainer.checkpoint.base import commit_checkpoint, save_trainer_state
 
-        t = self.cfg["trainer"]
         step_dir = os.path.join(self._ckpt_root(), f"global_step_{self.global_step}")
         self.roles.save(step_dir)
         extra = {"kl_coef": self.kl_ctrl.value} if self.kl_ctrl is not None else {}
         loader = self.pipeline.loader_state() if self.pipeline is not None else self.loader.state_dict()
         save_trainer_state(step_dir, {**loader, **extra}, self.global_step, plain(self.cfg))
-        commit_checkpoint(self._ckpt_root(), self.global_step, t.get("max_actor_ckpt_to_keep"))
+        commit_checkpoint(self._ckpt_root(), self.global_step, self.trainer_cfg.max_actor_ckpt_to_keep)
         return step_dir
 
     def load_checkpoint(self, path: str | None = None) -> int:
         """Load the checkpoint ``trainer.resume_mode`` names (or the step folder ``path``); returns its step."""
         from trainer.checkpoint.base import load_trainer_state, resolve_resume_path
 
-        path, step = (path, -1) if path else resolve_resume_path(self.cfg["trainer"]["resume_mode"], self._ckpt_root())
+        path, step = (path, -1) if path else resolve_resume_path(self.trainer_cfg.resume_mode, self._ckpt_root())
         if path is None:
             return 0
         t0 = time.perf_counter()
@@ -184,7 +189,7 @@ class RayPPOTrainer:
 
     def _tag_prompts(self, prompts: DataProto, step: int, k: int) -> None:
         """The sampling seed (``meta["seed"]``) and ``uid`` column of the ``k``-th prompt batch of ``step``."""
-        base = step + int(self.cfg["trainer"]["seed"]) * 100003
+        base = step + self.trainer_cfg.seed * 100003
         prompts.meta.update(seed=base + (k - 1) * 7919)
         tag = f"{step}-" if k == 1 else f"{step}.{k}-"
         prompts["uid"] = [f"{tag}{i}" for i in range(len(prompts))]
@@ -194,7 +199,7 @@ class RayPPOTrainer:
         from trainer.seqlen_balancing import get_seqlen_balanced_partitions
 
         dp = self.roles.actor.dp_size
-        if not self.cfg["trainer"].get("balance_batch", True) or dp == 1:
+        if not self.trainer_cfg.balance_batch or dp == 1:
             return batch
         seqlens = batch["attention_mask"].sum(-1).tolist()
         parts = get_seqlen_balanced_partitions(seqlens, k=dp, equal_size=True)
@@ -234,7 +239,7 @@ class RayPPOTrainer:
         step.metrics.update(kl_m)
 
     def _update_actor(self, step: StepContext, batch: DataProto) -> None:
-        if self.global_step > int(self.cfg["trainer"].get("critic_warmup", 0)):
+        if self.global_step > self.trainer_cfg.critic_warmup:
             with step.timer("update_actor"):
                 step.metrics.update(reduce_rank_metrics(self.roles.actor.update_actor(batch)))
 
@@ -260,19 +265,18 @@ class RayPPOTrainer:
         """Train to ``trainer.total_training_steps`` (or the end of the data, or SIGTERM); returns the last metrics."""
         from trainer.tracking import Tracking
 
-        t = self.cfg["trainer"]
+        t = self.trainer_cfg
         total = self._last_step()
         self.global_step = self.load_checkpoint()
-        tracker = Tracking(t["project_name"], t["experiment_name"], t["logger"], t["output_dir"], plain(self.cfg),
+        tracker = Tracking(t.project_name, t.experiment_name, t.logger, t.output_dir, plain(self.cfg),
                            total_steps=total, start_step=self.global_step)
         self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}
         try:
-            if t.get("val_only") or (t.get("val_before_train") and self.val_dataset is not None
-                                     and self.global_step == 0):
+            if t.val_only or (t.val_before_train and self.val_dataset is not None and self.global_step == 0):
                 last.update(validate_and_log(self, tracker, self.global_step, advance=False))
-                if t.get("val_only"):
+                if t.val_only:
                     self.stop_reason = " (trainer.val_only: validation only)"
                     return last
             last = self._train_loop(tracker, total, last)
@@ -288,7 +292,7 @@ class RayPPOTrainer:
         from trainer.placement import WorkerDied
         from trainer.recovery import Recovery
 
-        recovery = Recovery(self, tracker, int(self.cfg["trainer"].get("max_restarts", 0)))  # the start state
+        recovery = Recovery(self, tracker, self.trainer_cfg.max_restarts)  # the start state
         while self.global_step < total and not self._stop_requested:
             self.global_step += 1
             try:
@@ -308,8 +312,7 @@ class RayPPOTrainer:
         """One step, then the checkpoint and validation it is due for; its metrics (data, timing, throughput)."""
         from trainer.metric_utils import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 
-        t = self.cfg["trainer"]
-        save_freq, test_freq = int(t.get("save_freq", -1)), int(t.get("test_freq", -1))
+        save_freq, test_freq = self.trainer_cfg.save_freq, self.trainer_cfg.test_freq
         timing: dict = {}
         with timed("step", timing):
             prompts, epoch = self.pipeline.next_batch(self.global_step, timing) if self.pipeline is not None \
@@ -327,8 +330,8 @@ class RayPPOTrainer:
                 with timed("testing", timing):
                     metrics.update(validate_and_log(self, tracker, self.global_step))
         metrics.update(compute_data_metrics(batch, use_critic=self.roles.has("critic"),
-                                            max_response_length=int(self.cfg["data"]["max_response_length"]),
-                                            max_prompt_length=int(self.cfg["data"]["max_prompt_length"])))
+                                            max_response_length=self.data_cfg.max_response_length,
+                                            max_prompt_length=self.data_cfg.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_gpus=self.world))
         metrics.update({"training/global_step": self.global_step, "training/epoch": epoch})
@@ -336,23 +339,23 @@ class RayPPOTrainer:
 
     def _finish(self, last: dict) -> None:
         """The stop reason, the SIGTERM checkpoint and the final HF export (``trainer.export_hf_on_end``)."""
-        t = self.cfg["trainer"]
+        t = self.trainer_cfg
         if self._stop_requested:
             self.stop_reason = " (stopped early by SIGTERM)"
-        elif self.global_step < int(t["total_training_steps"]):
-            self.stop_reason = f" (trainer.total_epochs={t.get('total_epochs')} epochs of data used up)"
-        if self._stop_requested and int(t.get("save_freq", -1)) > 0:
+        elif self.global_step < t.total_training_steps:
+            self.stop_reason = f" (trainer.total_epochs={t.total_epochs} epochs of data used up)"
+        if self._stop_requested and t.save_freq > 0:
             logger.warning("SIGTERM: saving step %d before exiting", self.global_step)
             self.save_checkpoint()
-        if t.get("export_hf_on_end") and not self._stop_requested:
-            out = os.path.join(t["output_dir"], "hf_actor")
+        if t.export_hf_on_end and not self._stop_requested:
+            out = os.path.join(t.output_dir, "hf_actor")
             self.roles.actor.export_hf(out)
             last["hf_export_dir"] = out
 
     def _last_step(self) -> int:
         """``trainer.total_training_steps``, or the step where ``trainer.total_epochs`` of data end when that comes
         first and every step takes one loader batch (verl's epoch loop ends the run there)."""
-        total = int(self.cfg["trainer"]["total_training_steps"])
+        total = self.trainer_cfg.total_training_steps
         epochs = self.loader.num_epochs
         return min(total, epochs * len(self.loader)) if self.hooks.one_batch_per_step and epochs else total
 
@@ -363,7 +366,7 @@ class RayPPOTrainer:
         Raises:
             TrainingDiverged: naming the role, the streak and the last checkpoint (which stays intact).
         """
-        limit = int(self.cfg["trainer"].get("max_consecutive_skipped_steps", 5))
+        limit = self.trainer_cfg.max_consecutive_skipped_steps
         for key, streak in metrics.items():  # actor, critic, reward_model (PRIME)
             role = key[:-len("/consecutive_skipped_steps")]
             if key.endswith("/consecutive_skipped_steps") and streak >= limit:

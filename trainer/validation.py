@@ -15,7 +15,7 @@ def validate(trainer) -> dict:
         return {}
     metrics = trainer._validate_pass(greedy=False)
     vk = trainer.cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
-    if trainer.cfg["trainer"].get("val_also_greedy") and sampled(vk):
+    if trainer.trainer_cfg.val_also_greedy and sampled(vk):
         metrics.update(trainer._validate_pass(greedy=True))
     return metrics
 
@@ -24,7 +24,7 @@ def validate_and_log(trainer, tracker, step: int, advance: bool = True) -> dict:
     """``trainer.validate()``, plus the first ``trainer.log_val_generations`` samples logged through ``tracker``
     (:class:`trainer.tracking.Tracking`); at step 0 (before training) the metrics are logged here, later with the
     step's metrics."""
-    trainer._log_val_n, trainer._val_samples = int(trainer.cfg["trainer"].get("log_val_generations", 0) or 0), []
+    trainer._log_val_n, trainer._val_samples = trainer.trainer_cfg.log_val_generations, []
     val = trainer.validate()
     if trainer._val_samples:
         tracker.log_generations(trainer._val_samples, step)
@@ -40,7 +40,7 @@ def validation_pass(trainer, greedy: bool) -> dict:
     from trainer.tracking import generation_samples
 
     ds = trainer.val_dataset
-    bs = int(trainer.cfg["data"].get("val_batch_size") or len(ds))
+    bs = trainer.data_cfg.val_batch_size or len(ds)
     tok = trainer.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     sources: list = []
@@ -51,7 +51,7 @@ def validation_pass(trainer, greedy: bool) -> dict:
         rows = [ds[i] for i in range(start, min(start + bs, len(ds)))]
         batch = collate_prompts(rows, pad_id)
         batch["uid"] = [f"val-{start + i}" for i in range(len(batch))]
-        batch.meta.update(validate=True, greedy=greedy, seed=int(trainer.cfg["trainer"]["seed"]))
+        batch.meta.update(validate=True, greedy=greedy, seed=trainer.trainer_cfg.seed)
         padded, _ = pad_rows_to_multiple(batch, trainer.world)
         out = trainer.roles.rollout.generate_sequences(padded)
         n_val = len(out) // len(padded)

@@ -5,7 +5,7 @@ worker starts.
 """
 from __future__ import annotations
 
-from trainer.config_checks import ConfigError, ErrorCollector, as_int
+from trainer.config_checks import ConfigError, ErrorCollector
 
 __all__ = ["REWARD_MANAGERS", "check_verl_semantics"]
 
@@ -36,10 +36,9 @@ def _check_reward_manager(cfg: dict) -> None:
 
 def _check_gen_batch_size(cfg: dict) -> None:
     d = cfg["data"]
-    gen, bs = d.get("gen_batch_size"), int(d["train_batch_size"])
-    if gen is None:
-        return
-    gen = as_int(gen, "data.gen_batch_size", minimum=1)
+    gen, bs = d["gen_batch_size"], int(d["train_batch_size"])
+    if isinstance(gen, bool) or not isinstance(gen, int) or gen < 1:
+        return  # None: train_batch_size; another value is refused by the data section (trainer.config.data)
     if not (cfg["algorithm"].get("filter_groups") or {}).get("enable"):
         if gen != bs:
             raise ConfigError(f"data.gen_batch_size={gen} differs from data.train_batch_size={bs}, but generation "
@@ -58,6 +57,5 @@ def _check_validation_keys(cfg: dict) -> None:
         raise ConfigError(f"trainer.max_critic_ckpt_to_keep={critic_keep} differs from trainer.max_actor_ckpt_to_keep="
                           f"{actor_keep}: a checkpoint is one global_step_N folder for every role, kept or pruned "
                           "as a whole; set trainer.max_actor_ckpt_to_keep")
-    as_int(t.get("log_val_generations", 0), "trainer.log_val_generations", minimum=0)
     if t.get("val_only") and not cfg["data"].get("val_files") and cfg["data"].get("train_files") is not None:
         raise ConfigError("trainer.val_only=true needs held-out data: set data.val_files")

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainer.config_checks import ConfigError
 
-__all__ = ["Section", "ABSENT_OK", "finite", "built_by"]
+__all__ = ["Section", "ABSENT_OK", "finite", "built_by", "replaced"]
 
 #: field metadata: the key may be missing from the section (then the field is None)
 ABSENT_OK = {"absent_ok": True}
@@ -113,6 +113,23 @@ class Section:
         Raises:
             ConfigError: naming ``<key>.<field>``, the value and what was expected.
         """
+
+
+def replaced(section: Section, key: str, **changes):
+    """A copy of ``section`` (the section ``key``, dotted) with the fields ``changes`` replaced, checked again by
+    its :meth:`Section.check` and recording its reads as a built section does (for a value derived after the
+    section was built, e.g. ``trainer.total_training_steps`` by :func:`trainer.launch.plan_run_length`).
+
+    Raises:
+        ConfigError: from :meth:`Section.check`; TypeError: a name in ``changes`` that is no field.
+    """
+    mine = object.__getattribute__(section, "__dict__")
+    names = [f.name for f in dataclasses.fields(section)]
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise TypeError(f"{type(section).__name__} has no field(s) {unknown}")
+    values = {**{n: mine[n] for n in names}, **changes}
+    return type(section).made(values, {n: f"{key}.{n}" for n in names}, key)
 
 
 def _has(section: Mapping, name: str) -> bool:

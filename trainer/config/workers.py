@@ -167,10 +167,12 @@ def rollout_worker_config(cfg: dict) -> RolloutWorkerConfig:
 
 
 def check_sections(cfg: dict) -> None:
-    """Build every section the run's workers receive (the critic's when ``critic.enable``; PRIME's reward model's
-    when ``reward_model.model`` has an ``optim``), so that their checks run before anything starts; every error is
-    raised together (:class:`trainer.config_checks.ConfigErrors`, one line each)."""
+    """Build every section the run's workers and the driver receive (the critic's when ``critic.enable``; PRIME's
+    reward model's when ``reward_model.model`` has an ``optim``), so that their checks run before anything starts;
+    every error is raised together (:class:`trainer.config_checks.ConfigErrors`, one line each)."""
+    from trainer.config.data import DataConfig
     from trainer.config.prm import PRMConfig, PRMModelConfig
+    from trainer.config.trainer import TrainerConfig
     from trainer.config_checks import ErrorCollector
 
     arr, errors = cfg[ARR], ErrorCollector()
@@ -178,6 +180,8 @@ def check_sections(cfg: dict) -> None:
     for cls, name in ((ActorConfig, "actor"), (RefConfig, "ref"), (RolloutConfig, "rollout")):
         errors.run(cls.from_dict, arr[name], f"{ARR}.{name}")
     errors.run(DeepSpeedConfig.from_dict, cfg["deepspeed"], "deepspeed")
+    errors.run(TrainerConfig.from_dict, cfg["trainer"], "trainer")  # the driver's (trainer.ppo_trainer)
+    errors.run(DataConfig.from_dict, cfg["data"], "data")
     if cfg["critic"].get("enable"):
         errors.run(CriticConfig.from_dict, cfg["critic"], "critic")
         if model is not None:

@@ -84,3 +84,32 @@ def test_file_and_function_sizes():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long_funcs.append((name, node.name, node.end_lineno - node.lineno + 1))
     assert not long_files and not long_funcs, (long_files, long_funcs)
+
+
+def _declared_distributions() -> set[str]:
+    """Normalized names of setup.py's install_requires and its test extra (what ``tools/install.sh test`` installs)."""
+    import re
+
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read())
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in ("install_requires", "extras_require")}
+    reqs = list(kw["install_requires"]) + list(kw["extras_require"]["test"])
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+
+def test_the_e2e_driver_pre_imports_only_the_project_and_declared_dependencies():
+    """The shared e2e driver imports these before any run; a module the install does not declare (present on one
+    machine, absent from a fresh install) kills the driver there, and every forked run with it."""
+    from importlib.metadata import packages_distributions
+
+    from tests.e2e_shared import _PREIMPORT
+
+    declared, owners = _declared_distributions(), packages_distributions()
+    own = {"trainer", "rollout", "rewards", "patches", "tools", "tests"}
+    stray = {}
+    for name in _PREIMPORT:
+        top = name.split(".")[0]
+        dists = {d.lower().replace("_", "-") for d in owners.get(top, [])}
+        if top not in own and not dists & declared:
+            stray[name] = sorted(dists) or "no installed distribution"
+    assert not stray, f"pre-imported but not declared in setup.py: {stray}"

@@ -160,7 +160,7 @@ def demonstration(tokenizer, template, row: dict) -> tuple[list[int], list[int]]
     return ids, [0] * len(prompt) + [1] * len(call) + [0] * len(glue) + [1] * len(final)
 
 
-def warm_start(model, tokenizer, rows: list[dict], steps: int, lr: float = 3e-3, batch_size: int = 32,
+def warm_start(model, tokenizer, rows: list[dict], steps: int, lr: float = 1.5e-3, batch_size: int = 32,
                seed: int = 0) -> float:
     """A short supervised pass over :func:`demonstration` trajectories (loss on the model's tokens only), in place.
 
@@ -171,7 +171,9 @@ def warm_start(model, tokenizer, rows: list[dict], steps: int, lr: float = 3e-3,
         model: a causal LM (e.g. the embedded tiny Llama) on CPU.
         rows: :func:`make_rows` rows to imitate (cycled).
         steps: optimizer steps (0: no change).
-        lr, batch_size, seed: AdamW's learning rate, trajectories per step, the order's seed.
+        lr, batch_size, seed: AdamW's learning rate (at 3e-3 the result varied with the seed from 0.33 to 0.89
+            of held-out demonstrations reproduced after 170 steps; at 1.5e-3 from 0.84 to 1.00), trajectories per
+            step, the order's seed.
 
     Returns:
         The last step's mean token cross-entropy (nats), NaN for ``steps=0``.

@@ -80,12 +80,12 @@ class WeightPush:
 
     def __init__(self, actor, rollout, backend: str, timeout_s: float | None):
         self.actor, self.rollout, self.timeout_s = actor, rollout, timeout_s
-        addr, port = actor.wg.run_all("weight_sync_address")[0]
-        layout = actor.wg.run_all("weights_layout")[0]
+        addr, port = actor.weight_sync_address()
+        layout = actor.weights_layout()
         world = 1 + rollout.wg.world_size
         t = float(timeout_s or 1800.0)
-        wait_calls([actor.wg.start_all("init_weight_sync", addr, port, world, backend, t),
-                    rollout.wg.start_all("init_weight_sync", addr, port, world, backend, t, layout)], timeout_s)
+        wait_calls([actor.start_weight_sync(addr, port, world, backend, t),
+                    rollout.start_weight_sync(addr, port, world, backend, t, layout)], timeout_s)
         self.newest = -1
         logger.info("weight group: actor rank 0 + %d rollout workers over %s at %s:%s (%d buckets)",
                     world - 1, backend, addr, port, len(layout))
@@ -93,8 +93,7 @@ class WeightPush:
     def push(self, version: int, keep_from: int) -> dict[str, float]:
         """Send the actor's current weights as ``version``; the rollout workers then drop versions older than
         ``keep_from``. Returns the actor's ``{"seconds", "bytes"}`` of the broadcast."""
-        sent, _ = wait_calls([self.actor.wg.start_all("push_weights"),
-                              self.rollout.wg.start_all("receive_weights", int(version), int(keep_from))],
+        sent, _ = wait_calls([self.actor.start_push(), self.rollout.start_receive(version, keep_from)],
                              self.timeout_s)
         self.newest = int(version)
         return sent[0]

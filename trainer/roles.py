@@ -84,6 +84,23 @@ class ActorGroup(GroupClient):
         """The trained policy as a Hugging Face folder (every rank takes part)."""
         self.wg.run_all("export_hf", out_dir)
 
+    # ---- weight pushes to separate rollout workers (trainer.async_rollout.WeightPush)
+    def weight_sync_address(self) -> tuple[str, int]:
+        """Rank 0's ``(host, free port)`` for the weight group's rendezvous."""
+        return tuple(self.wg.run_all("weight_sync_address")[0])
+
+    def weights_layout(self) -> list:
+        """Rank 0's bucket layout of the weights it pushes (names, shapes, dtypes per bucket)."""
+        return self.wg.run_all("weights_layout")[0]
+
+    def start_weight_sync(self, addr: str, port: int, world: int, backend: str, timeout_s: float):
+        """Join the weight group as its rank 0, without waiting (a :class:`trainer.placement.PendingCall`)."""
+        return self.wg.start_all("init_weight_sync", addr, port, world, backend, timeout_s)
+
+    def start_push(self):
+        """Broadcast the current weights, without waiting; the result is every rank's ``{"seconds", "bytes"}``."""
+        return self.wg.start_all("push_weights")
+
 
 class CriticGroup(GroupClient):
     """The critic workers (:class:`trainer.workers.critic.CriticWorker`)."""
@@ -143,7 +160,16 @@ class RolloutGroup(GroupClient):
         return self.wg.run_all("held_versions")[0]
 
     def release_below(self, version: int) -> None:
+        """Drop the weight versions older than ``version`` on every rank."""
         self.wg.run_all("release_below", int(version))
+
+    def start_weight_sync(self, addr: str, port: int, world: int, backend: str, timeout_s: float, layout: list):
+        """Join the actor's weight group (ranks 1..), without waiting."""
+        return self.wg.start_all("init_weight_sync", addr, port, world, backend, timeout_s, layout)
+
+    def start_receive(self, version: int, keep_from: int):
+        """Receive the next push as ``version`` and drop versions older than ``keep_from``, without waiting."""
+        return self.wg.start_all("receive_weights", int(version), int(keep_from))
 
 
 class _CutRows:

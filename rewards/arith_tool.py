@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewards.gsm8k import extract_solution, normalize_number
+from rewards.gsm8k import TOOL_RESPONSE_END, extract_solution, final_answer_text, normalize_number
 
 __all__ = ["TASK_NAME", "compute_score"]
 
@@ -18,7 +18,7 @@ TASK_NAME = "synthetic/arith_tool"
 
 
 def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  answer_after: str | None = "</tool_response>", format_score: float = 0.0, score: float = 1.0,
+                  answer_after: str | None = TOOL_RESPONSE_END, format_score: float = 0.0, score: float = 1.0,
                   **kwargs: Any) -> dict:
     """Score one trajectory.
 
@@ -34,10 +34,7 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None 
         ``{"score": float, "acc": 0.0|1.0, "tool_used": 0.0|1.0}``; ``tool_used`` is 1 when ``answer_after``
         occurs in the text (a tool answered at least once).
     """
-    text = solution_str if isinstance(solution_str, str) else ""
-    used = bool(answer_after) and answer_after in text
-    if used:
-        text = text[text.rfind(answer_after) + len(answer_after):]
+    text, used = final_answer_text(solution_str, answer_after)
     answer = extract_solution(text, method="strict")
     got, want = normalize_number(answer), normalize_number(ground_truth)
     correct = (answer is not None and "." not in answer and got is not None and want is not None

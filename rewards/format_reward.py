@@ -19,7 +19,7 @@ ANSWER_FORMATS = ("gsm8k", "boxed")
 
 
 def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1.0, format_score: float = 0.1,
-                  answer_format: str = "gsm8k") -> dict[str, float]:
+                  answer_format: str = "gsm8k", answer_after: str | None = None) -> dict[str, float]:
     """Shaped reward for one response.
 
     Args:
@@ -31,6 +31,8 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
         answer_format: ``"gsm8k"`` (the last ``#### N`` marker with a number, strict GSM8K extraction) or
             ``"boxed"`` (the last closed, non-empty ``\\boxed{...}``/``\\fbox{...}``, compared with
             :func:`rewards.math.is_equiv`).
+        answer_after: read the answer only after the last occurrence of this string, e.g. the end of the last
+            tool answer (:func:`rewards.gsm8k.final_answer_text`); None reads the whole response.
 
     Returns:
         ``{"score": shaped reward, "acc": 1.0 if correct else 0.0, "format": 1.0 if well-formed else 0.0}``
@@ -42,6 +44,7 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
     acc = False
+    solution_str = gsm8k.final_answer_text(solution_str, answer_after)[0]
     if answer_format == "gsm8k":
         answer = gsm8k.extract_solution(solution_str, method="strict")
         well_formed = answer is not None

@@ -19,9 +19,13 @@ import re
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["extract_solution", "normalize_number", "numbers_equal", "compute_score"]
+__all__ = ["extract_solution", "normalize_number", "numbers_equal", "compute_score", "TOOL_RESPONSE_END",
+           "final_answer_text"]
 
 _MARKER = "####"
+# The end of a tool answer in Hermes/Qwen chat templates (``<tool_response>...</tool_response>``): plain text, so
+# it survives decoding with ``skip_special_tokens=True``.
+TOOL_RESPONSE_END = "</tool_response>"
 # Longest number we accept (characters, commas included). Longer digit runs are junk, and Python refuses
 # int() on more than 4300 digits anyway.
 _MAX_NUMBER_CHARS = 200
@@ -152,8 +156,25 @@ def numbers_equal(a: Any, b: Any) -> bool:
     return x is not None and y is not None and x == y
 
 
+def final_answer_text(text: Any, answer_after: str | None) -> tuple[str, bool]:
+    """The part of a trajectory where the model's own final answer is read: the text after the LAST occurrence
+    of ``answer_after`` (e.g. :data:`TOOL_RESPONSE_END`, the end of the last tool answer), so that a tool output
+    such as a program printing ``#### 42`` is never taken for the answer. ``answer_after`` None or empty, or
+    absent from the text (no tool answered): the whole text.
+
+    Returns:
+        (text to search, whether ``answer_after`` occurred). A non-str ``text`` gives ``("", False)``.
+    """
+    if not isinstance(text, str):
+        return "", False
+    cut = text.rfind(answer_after) if answer_after else -1
+    if cut < 0:
+        return text, False
+    return text[cut + len(answer_after):], True
+
+
 def compute_score(solution_str: str, ground_truth: Any, method: str = "strict", format_score: float = 0.0,
-                  score: float = 1.0) -> float:
+                  score: float = 1.0, answer_after: str | None = None) -> float:
     """Score a GSM8K response: ``score`` if the extracted answer equals the ground truth, ``format_score`` if an
     answer was extracted but is wrong, 0.0 if there is no answer.
 
@@ -163,6 +184,8 @@ def compute_score(solution_str: str, ground_truth: Any, method: str = "strict", 
         method: ``"strict"`` or ``"flexible"``, see :func:`extract_solution`.
         format_score: reward for a well-formed but wrong answer.
         score: reward for a correct answer.
+        answer_after: read the answer only after the last occurrence of this string (see
+            :func:`final_answer_text`); None reads the whole response.
 
     Returns:
         A Python float. Never raises on any ``solution_str``.
@@ -170,7 +193,7 @@ def compute_score(solution_str: str, ground_truth: Any, method: str = "strict", 
     Raises:
         ValueError: for an unknown ``method`` (a configuration error, not a property of the response).
     """
-    answer = extract_solution(solution_str, method=method)
+    answer = extract_solution(final_answer_text(solution_str, answer_after)[0], method=method)
     if answer is None:
         return 0.0
     return float(score) if numbers_equal(answer, ground_truth) else float(format_score)

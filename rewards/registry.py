@@ -7,7 +7,12 @@ training starts (:func:`rewards.options.check_scorer_options`). Built-ins and th
 
 * ``gsm8k`` (also ``gsm8k_strict``, ``openai/gsm8k``, ``svamp``): :mod:`rewards.gsm8k`; options
   ``method`` (``"strict"``: the last ``#### N``, default; ``"flexible"``: the last number), ``format_score``,
-  ``score``. SVAMP ground truths are floats such as ``12.0``; the comparison is numeric.
+  ``score``, ``answer_after``. SVAMP ground truths are floats such as ``12.0``; the comparison is numeric.
+* ``answer_after`` (the gsm8k and format scorers): the answer is read only after the LAST occurrence of this
+  string, by default ``</tool_response>`` (the end of a tool answer in Hermes/Qwen chat templates), so that in a
+  multi-turn tool rollout a tool output (a program printing ``#### 42``) never counts as the model's answer; a
+  response without it is read whole; ``null`` always reads the whole response. The chat template must write the
+  string as plain text after each tool answer (SmolLM2's own template does not; see README, multi-turn).
 * ``gsm8k_flexible`` (also ``synthetic/digits``): the same with ``method="flexible"`` by default.
 * ``math`` (also ``math500``, ``lighteval/MATH``, ``HuggingFaceH4/MATH-500``): :mod:`rewards.math` (last
   ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s).
@@ -28,6 +33,7 @@ from typing import Any, Callable, Literal
 
 from rewards import arith_tool, format_reward, gsm8k
 from rewards import math as math_reward
+from rewards.gsm8k import TOOL_RESPONSE_END
 
 __all__ = ["Scorer", "register_scorer", "get_scorer", "list_scorers", "registry_version", "load_custom_scorer",
            "wants_data_source", "DEFAULT_DATA_SOURCES"]
@@ -111,17 +117,22 @@ _Method = Literal["strict", "flexible"]
 
 @register_scorer("gsm8k", "gsm8k_strict", *_aliases("gsm8k"))
 def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None, method: _Method = "strict",
-                format_score: float = 0.0, score: float = 1.0) -> float:
+                format_score: float = 0.0, score: float = 1.0,
+                answer_after: str | None = TOOL_RESPONSE_END) -> float:
     """GSM8K: the number after the last ``#### `` marker (``method="strict"``) or the last number in the
-    response (``method="flexible"``); see :func:`rewards.gsm8k.compute_score`."""
-    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score)
+    response (``method="flexible"``), after the last ``answer_after``; see :func:`rewards.gsm8k.compute_score`."""
+    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score,
+                               answer_after=answer_after)
 
 
 @register_scorer("gsm8k_flexible", *_aliases("gsm8k_flexible"))
 def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                   method: _Method = "flexible", format_score: float = 0.0, score: float = 1.0) -> float:
-    """GSM8K with flexible extraction by default: the last number in the response (see :mod:`rewards.gsm8k`)."""
-    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score)
+                   method: _Method = "flexible", format_score: float = 0.0, score: float = 1.0,
+                   answer_after: str | None = TOOL_RESPONSE_END) -> float:
+    """GSM8K with flexible extraction by default: the last number in the response after the last
+    ``answer_after`` (see :mod:`rewards.gsm8k`)."""
+    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score,
+                               answer_after=answer_after)
 
 
 @register_scorer("math", *_aliases("math"))
@@ -134,18 +145,20 @@ def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = N
 
 @register_scorer("format_gsm8k")
 def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
-                 format_score: float = 0.1) -> dict:
-    """Shaped GSM8K reward, dict with score/acc/format (see :mod:`rewards.format_reward`)."""
+                 format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END) -> dict:
+    """Shaped GSM8K reward, dict with score/acc/format, read after the last ``answer_after``
+    (see :mod:`rewards.format_reward`)."""
     return format_reward.compute_score(solution_str, ground_truth, correct_score=correct_score,
-                                       format_score=format_score, answer_format="gsm8k")
+                                       format_score=format_score, answer_format="gsm8k", answer_after=answer_after)
 
 
 @register_scorer("format_boxed")
 def format_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
-                 format_score: float = 0.1) -> dict:
-    """Shaped boxed-answer reward, dict with score/acc/format (see :mod:`rewards.format_reward`)."""
+                 format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END) -> dict:
+    """Shaped boxed-answer reward, dict with score/acc/format, read after the last ``answer_after``
+    (see :mod:`rewards.format_reward`)."""
     return format_reward.compute_score(solution_str, ground_truth, correct_score=correct_score,
-                                       format_score=format_score, answer_format="boxed")
+                                       format_score=format_score, answer_format="boxed", answer_after=answer_after)
 
 
 # ---- user scorers from a file -----------------------------------------------------------------------------

@@ -177,6 +177,33 @@ lora_memory() {  # random-weight Qwen2-1.5B (SmolLM2's tokenizer), ZeRO-2 on one
     $PY tools/bench/step_profile.py --metrics "$d/$kind.jsonl" --out "$d/$kind.step.json" > "$d/$kind.table.txt" 2>&1
   done
 }
+# svamp_tool / svamp_notool: the same GRPO job (svamp_e's settings, 30 steps, held-out accuracy on the 300 test rows
+# every 10 steps, sampled and greedy) with and without the python tool. The tool run: multi-turn rollouts where the
+# model's ```python blocks run in the sandbox (at most 3 model turns), prompts that ask for the tool (data/svamp_tool,
+# written here when missing: from the local copy .gdata/svamp if there is one, else from the Hub, together with
+# data/svamp when that is missing too, so both hold the same questions), and SmolLM2's chat template with tool answers
+# in <tool_response> blocks (tools/chat_templates/smollm2_tool.jinja; its other messages render as SmolLM2's own):
+# the scorer reads the final "#### N" only after the last </tool_response>, so a program printing "#### N" earns
+# nothing. Saved every 10 steps; NAME_more resumes NAME. Where the sandbox has no user namespaces:
+# EXTRA='actor_rollout_ref.rollout.multi_turn.tools=[{class_name:python,config:{min_isolation:process}}]'.
+# Plot: python tools/plot_run.py $OUT/svamp_tool $OUT/svamp_notool --out $OUT/plots --name svamp_tool
+SVAMP_TOOLCMP="$SVAMP_E trainer.total_training_steps=30 trainer.val_also_greedy=true trainer.save_freq=10
+ trainer.max_actor_ckpt_to_keep=1"
+SVAMP_TOOL="data.train_files=data/svamp_tool/train.parquet data.val_files=data/svamp_tool/test.parquet
+ actor_rollout_ref.rollout.multi_turn.enable=true actor_rollout_ref.rollout.multi_turn.format=python_block
+ actor_rollout_ref.rollout.multi_turn.tools=[python] actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"
+svamp_tool_data() {  # data/svamp_tool (and data/svamp when missing) from one source; refuse two different splits
+  local src="" d
+  [ -d .gdata/svamp ] && src="--src .gdata/svamp"
+  for d in svamp svamp_tool; do
+    if [ ! -f data/$d/test.parquet ]; then
+      local tool=""; [ $d = svamp_tool ] && tool="--tool python"
+      $PY tools/data_preprocess/svamp.py $src --out data/$d $tool || return 1
+    fi
+  done
+  $PY -c "import sys; from tools.data_preprocess.svamp import check_same_questions as c; c(*sys.argv[1:])" \
+      data/svamp data/svamp_tool
+}
 for spec in $RUNS; do
   name=${spec%%:*} gpu=${spec##*:}
   case $name in
@@ -256,6 +283,17 @@ for spec in $RUNS; do
       [ "$base" = svamp_v ] && own="algorithm.filter_groups.enable=true algorithm.filter_groups.max_num_gen_batches=4"
       RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_E data.train_batch_size=16 actor_rollout_ref.rollout.n=16 \
         trainer.val_also_greedy=true trainer.save_freq=10 trainer.max_actor_ckpt_to_keep=1 $own $more ;;
+    svamp_tool|svamp_notool|svamp_tool_more|svamp_notool_more)
+      base=${name%_more} more=""
+      [ "$base" != "$name" ] && more="trainer.resume_mode=auto trainer.val_before_train=false"
+      mkdir -p "$OUT/$name"
+      svamp_tool_data > "$OUT/$name/data.log" 2>&1 || { echo "$name data: see $OUT/$name/data.log" >&2; exit 2; }
+      if [ "$base" = svamp_tool ]; then
+        RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_TOOLCMP $SVAMP_TOOL $more \
+          "actor_rollout_ref.model.custom_chat_template='$(cat tools/chat_templates/smollm2_tool.jinja)'"
+      else
+        RUN_DIR=$base launch "$name" "$gpu" "$T_LONG" $SVAMP_TOOLCMP $more
+      fi ;;
     offload) offload "$gpu" ;;
     gsm8k_lora) launch gsm8k_lora "$gpu" "$T_LONG" $GSM $LORA32 ;;  # beside gsm8k_grpo (full fine-tuning)
     svamp_lora) launch svamp_lora "$gpu" "$T_LONG" $SVAMP_E $LORA32 trainer.total_training_steps=30 ;;

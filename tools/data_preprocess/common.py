@@ -45,6 +45,36 @@ def make_row(data_source: str, question: str, answer: str, split: str, index: in
     }
 
 
+TOOLS = ("python", "calculator")
+
+
+def tool_rows(rows: list[dict], tool: str | None) -> list[dict]:
+    """``rows`` unchanged (``tool`` None), or copies whose user message ends with the tool instruction of
+    :func:`trainer.embedded_tool.with_tool_instruction` (``Use the python tool ... then give the final answer as
+    '#### <number>'``) and whose ``extra_info.tool`` names the tool. Build the rows with ``instruction=""`` for a
+    tool, so the prompt carries one instruction. The scorers read the final ``#### N`` only after the last tool
+    answer (``answer_after``, :mod:`rewards.registry`), so a program printing ``#### N`` earns nothing.
+
+    Raises:
+        ValueError: ``tool`` not one of :data:`TOOLS`.
+    """
+    if tool is None:
+        return rows
+    if tool not in TOOLS:
+        raise ValueError(f"--tool {tool!r}; expected one of {list(TOOLS)}")
+    from trainer.embedded_tool import with_tool_instruction
+
+    return [{**r, "extra_info": {**r["extra_info"], "tool": tool}} for r in with_tool_instruction(rows, tool)]
+
+
+def add_tool_option(parser) -> None:
+    """``--tool python|calculator`` of the preprocessing tools (see :func:`tool_rows`)."""
+    parser.add_argument("--tool", choices=TOOLS, default=None,
+                        help="write rows that ask for this tool (multi-turn rollouts with "
+                             "actor_rollout_ref.rollout.multi_turn.tools=[<tool>]); the final answer is scored "
+                             "only after the last tool answer")
+
+
 def write_parquet(rows: Iterable[dict], path: str) -> int:
     """Write rows to ``path`` as parquet (via ``datasets``); returns the number of rows.
 

@@ -4,7 +4,8 @@
     python tools/data_preprocess/gsm8k.py --src /path/to/gsm8k --out data/gsm8k   # a local copy: train/test.jsonl
 
 Writes ``train.parquet`` (7,473 rows) and ``test.parquet`` (1,319 rows). The ground truth is the number after
-``####`` in the reference answer, commas removed (``1,000`` -> ``1000``).
+``####`` in the reference answer, commas removed (``1,000`` -> ``1000``). ``--tool python`` (or ``calculator``)
+writes prompts asking for that tool instead (multi-turn rollouts, see README: multi-turn).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tools.data_preprocess.common import load_split, make_row, run_cli, write_parquet  # noqa: E402
+from tools.data_preprocess.common import (add_tool_option, load_split, make_row, run_cli, tool_rows,  # noqa: E402
+                                          write_parquet)
 
 DATA_SOURCE = "openai/gsm8k"
 HUB_CONFIG = "main"
@@ -28,12 +30,15 @@ def extract_answer(answer: str) -> str:
     return m.group(1).replace(",", "").rstrip(".")
 
 
-def convert(src: str | None, out: str, splits=("train", "test")) -> dict[str, int]:
-    """Write ``<out>/<split>.parquet`` for each split, read from ``src`` or the Hub; returns the row counts."""
+def convert(src: str | None, out: str, splits=("train", "test"), tool: str | None = None) -> dict[str, int]:
+    """Write ``<out>/<split>.parquet`` for each split, read from ``src`` or the Hub (prompts asking for ``tool``
+    when given, see :func:`tools.data_preprocess.common.tool_rows`); returns the row counts."""
     counts = {}
+    own = {"instruction": ""} if tool else {}
     for split in splits:
-        rows = [make_row(DATA_SOURCE, r["question"], extract_answer(r["answer"]), split, i, reference=r["answer"])
-                for i, r in enumerate(load_split(DATA_SOURCE, split, src, HUB_CONFIG))]
+        rows = tool_rows([make_row(DATA_SOURCE, r["question"], extract_answer(r["answer"]), split, i, **own,
+                                   reference=r["answer"])
+                          for i, r in enumerate(load_split(DATA_SOURCE, split, src, HUB_CONFIG))], tool)
         counts[split] = write_parquet(rows, os.path.join(out, f"{split}.parquet"))
     return counts
 
@@ -43,8 +48,9 @@ def main(argv=None) -> None:
     p.add_argument("--src", default=os.environ.get("GSM8K_DIR"),
                    help="a local folder with train.jsonl/test.jsonl (default: $GSM8K_DIR, else the Hub)")
     p.add_argument("--out", default="data/gsm8k")
+    add_tool_option(p)
     a = p.parse_args(argv)
-    run_cli(p, convert, a.src, a.out)
+    run_cli(p, convert, a.src, a.out, ("train", "test"), a.tool)
 
 
 if __name__ == "__main__":

@@ -130,3 +130,42 @@ def test_an_empty_source_split_writes_nothing_and_keeps_the_existing_file(tmp_pa
     with pytest.raises(SystemExit):
         math500.main(["--src", str(tmp_path / "missing"), "--out", str(out)])
     assert "test.jsonl' not found" in capsys.readouterr().err
+
+
+def test_tool_option_writes_prompts_asking_for_the_tool(tmp_path, capsys, monkeypatch):
+    from trainer.embedded_tool import tool_instruction
+
+    src = tmp_path / "src"
+    src.mkdir()
+    # one folder for both: GSM8K reads train/test.jsonl, SVAMP test.jsonl (non-integer answers; 1 train row)
+    _jsonl(src / "train.jsonl", GSM)
+    _jsonl(src / "test.jsonl", [{**g, **s, "Answer": s["Answer"] + 0.5} for g, s in zip(GSM * 2, SV)])
+    monkeypatch.setattr(svamp, "TRAIN_ROWS", 1)
+    svamp.main(["--src", str(src), "--out", str(tmp_path / "sv"), "--tool", "python"])
+    gsm8k.convert(str(src), str(tmp_path / "gsm"), tool="calculator")
+    for out, tool, source in (("sv", "python", "svamp"), ("gsm", "calculator", "openai/gsm8k")):
+        df = pd.read_parquet(tmp_path / out / "test.parquet")
+        content = df["prompt"][0][0]["content"]
+        assert content.endswith(" " + tool_instruction(tool)) and common.INSTRUCTION not in content
+        assert df["data_source"][0] == source and df["extra_info"][0]["tool"] == tool
+    assert [r["ground_truth"] for r in pd.read_parquet(tmp_path / "sv" / "test.parquet")["reward_model"]] == \
+        ["1.5", "2.5"]
+    with pytest.raises(SystemExit) as exc:
+        gsm8k.main(["--src", str(src), "--out", str(tmp_path / "x"), "--tool", "shell"])
+    assert exc.value.code == 2 and "invalid choice: 'shell'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--tool 'shell'"):
+        common.tool_rows([], "shell")
+
+
+def test_svamp_folders_from_different_sources_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(svamp, "TRAIN_ROWS", 2)
+    src = tmp_path / "src"
+    src.mkdir()
+    _jsonl(src / "test.jsonl", SV)
+    svamp.convert(str(src), str(tmp_path / "a"))
+    svamp.convert(str(src), str(tmp_path / "b"), tool="python")
+    svamp.check_same_questions(str(tmp_path / "a"), str(tmp_path / "b"))
+    _jsonl(src / "test.jsonl", SV[::-1])
+    svamp.convert(str(src), str(tmp_path / "c"))
+    with pytest.raises(ValueError, match="hold different questions"):
+        svamp.check_same_questions(str(tmp_path / "a"), str(tmp_path / "c"))

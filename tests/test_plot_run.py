@@ -87,3 +87,31 @@ def test_training_score_is_over_every_generated_row_when_logged(tmp_path, monkey
     assert [round(v, 6) for v in lines["old score"]] == [0.1, 0.2, 0.3]
     for fig in figs:
         real_close(fig)
+
+
+def test_tool_run_beside_a_run_without_tools(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    tool = _rows(prm=False)
+    for r in tool[1:]:
+        r.update({"multi_turn/tool_calls/mean": 0.5 * r["step"], "multi_turn/tool_errors": float(r["step"] - 1),
+                  "multi_turn/tool_calls_total": 4.0 * (r["step"] - 1), "multi_turn/num_turns/mean": 2.0 + r["step"]})
+    tool[-1]["val/svamp/acc"] = 0.2
+    _write(tmp_path / "svamp_tool", tool)
+    _write(tmp_path / "svamp_notool", _rows(prm=False))
+    figs = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    written = plot([str(tmp_path / "svamp_tool"), str(tmp_path / "svamp_notool")], str(tmp_path / "p"), "t")
+    assert "t_tools.png" in [os.path.basename(p) for p in written]
+    calls, errors, turns, acc = next(f for f in figs if len(f.axes) == 4).axes
+    assert [ln.get_label() for ln in calls.get_lines()] == ["svamp_tool"]
+    [err] = errors.get_lines()
+    assert list(err.get_xdata()) == [2, 3] and list(err.get_ydata()) == [0.25, 0.25]  # steps with calls only
+    assert list(turns.get_lines()[0].get_ydata()) == [3.0, 4.0, 5.0]
+    assert {ln.get_label(): list(ln.get_ydata()) for ln in acc.get_lines()} == {
+        "svamp_tool svamp": [0.01, 0.2], "svamp_notool svamp": [0.01]}
+    assert "t_tools.png" not in [os.path.basename(p) for p in plot([str(tmp_path / "svamp_notool")],
+                                                                    str(tmp_path / "p"), "n")]
+    for fig in figs:
+        real_close(fig)

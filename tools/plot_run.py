@@ -6,7 +6,9 @@ A RUN_DIR is a run's ``trainer.output_dir`` (or a ``metrics.jsonl`` file itself)
 same axes for comparison. Writes ``<name>_reward.png`` (training score, strict accuracy, format rate and
 held-out accuracy per step), ``<name>_length.png`` (response length and its clip ratio), ``<name>_kl_entropy.png``
 and ``<name>_timing.png`` (step time by stage, stacked, for the first run). When a run trained a PRIME PRM, also writes ``<name>_prm.png``
-(PRM accuracy on the verified label, PRM cross-entropy, share of groups inside the accuracy band). Returns the written paths.
+(PRM accuracy on the verified label, PRM cross-entropy, share of groups inside the accuracy band). When a run had
+multi-turn tool rollouts, also writes ``<name>_tools.png`` (tool calls per sample, tool-error rate, turns per sample
+of the runs with tools; held-out accuracy of every run, so a run without tools sits beside). Returns the written paths.
 """
 from __future__ import annotations
 
@@ -44,6 +46,39 @@ def _label(path: str) -> str:
     if path.endswith(".jsonl"):
         return os.path.basename(path)[: -len(".jsonl")]
     return os.path.basename(os.path.normpath(path))
+
+
+def ratio_series(rows: Iterable[dict], num: str, den: str) -> tuple[list[int], list[float]]:
+    """(steps, ``num / den``) over the rows where both are numbers and ``den > 0`` (e.g. the tool-error rate
+    ``multi_turn/tool_errors / multi_turn/tool_calls_total``)."""
+    rows = list(rows)
+    top, bottom = dict(zip(*series(rows, num))), dict(zip(*series(rows, den)))
+    steps = [s for s in top if bottom.get(s, 0) > 0]
+    return steps, [top[s] / bottom[s] for s in steps]
+
+
+def _val_acc_keys(rows: list[dict]) -> list[str]:
+    return sorted({k for r in rows for k in r if k.startswith("val/") and k.endswith("/acc")})
+
+
+def _tools_figure(plt, runs: list[tuple[str, list[dict]]]):
+    """The multi-turn figure: tool calls, tool-error rate and turns per sample (runs with ``multi_turn/*``), and
+    held-out accuracy (every run, greedy dashed). None when no run has multi-turn metrics."""
+    tool_runs = {label for label, rows in runs if any("multi_turn/tool_calls/mean" in r for r in rows)}
+    if not tool_runs:
+        return None
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    for i, (label, rows) in enumerate(runs):
+        if label in tool_runs:
+            axes[0].plot(*series(rows, "multi_turn/tool_calls/mean"), color=f"C{i % 10}", label=label)
+            axes[1].plot(*ratio_series(rows, "multi_turn/tool_errors", "multi_turn/tool_calls_total"),
+                         color=f"C{i % 10}", label=label)
+            axes[2].plot(*series(rows, "multi_turn/num_turns/mean"), color=f"C{i % 10}", label=label)
+        for key in _val_acc_keys(rows):
+            parts = key.split("/")
+            axes[3].plot(*series(rows, key), "o--" if "greedy" in parts else "o-", color=f"C{i % 10}",
+                         label=f"{label} {'/'.join(parts[1:-1])}")
+    return fig, axes
 
 
 def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
@@ -113,6 +148,11 @@ def plot(run_dirs: list[str], out_dir: str, name: str = "run") -> list[str]:
                 ax.plot(*series(rows, key), label=label)
         save(fig, "prm", axes, ("PRM accuracy on the verified label", "PRM cross-entropy (nats)",
                                 "groups inside the accuracy band"))
+
+    tools = _tools_figure(plt, runs)
+    if tools:
+        save(tools[0], "tools", tools[1], ("tool calls per sample", "tool-error rate (errors / calls)",
+                      "turns per sample (model + tool + 1)", "held-out strict accuracy"))
 
     label, rows = runs[0]
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -135,6 +135,11 @@ def test_rl_runs_svamp_tool_writes_its_data_and_differs_from_notool_only_in_the_
             validate(cfgs[name])
     tool = cfgs["svamp_tool"]
     assert tool["actor_rollout_ref"]["model"]["custom_chat_template"] == _tool_template()
+    from trainer.multi_turn import check_multi_turn_template
+
+    tok = build_chat_tokenizer(SMOLLM2_TEMPLATE)
+    tok.chat_template = tool["actor_rollout_ref"]["model"]["custom_chat_template"]  # as load_tokenizer sets it
+    check_multi_turn_template(tool, tok)  # the start-up check of the tool run
     assert tool["trainer"]["total_training_steps"] >= 30 and tool["trainer"]["test_freq"] == 10
     import pandas as pd
 

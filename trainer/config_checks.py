@@ -294,6 +294,29 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
     return manager
 
 
+def custom_scorer(cfg: dict) -> Callable | None:
+    """The function named by ``custom_reward_function.{path,name}`` (verl's keys, stored under
+    ``reward_model``; name defaults to ``compute_score``), loaded with :func:`rewards.registry.load_custom_scorer`;
+    None when no path is set.
+
+    Raises:
+        ConfigError: the file is missing, fails to import, lacks the function or holds a non-callable under that
+            name (one line naming the key and the value).
+    """
+    custom = (cfg.get("reward_model") or {}).get("custom_reward_function") or {}
+    if not custom.get("path"):
+        return None
+    from rewards.registry import load_custom_scorer
+
+    name = custom.get("name") or "compute_score"
+    try:
+        return load_custom_scorer(custom["path"], name)
+    except (FileNotFoundError, ImportError) as exc:
+        raise ConfigError(f"custom_reward_function.path={custom['path']!r}: {exc}") from exc
+    except (AttributeError, TypeError) as exc:
+        raise ConfigError(f"custom_reward_function.name={name!r}: {exc}") from exc
+
+
 def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:
     """The actor's model folder against what the run needs: a vision-language model ships its processor
     (``trainer.multimodal.check_processor``) and generates with the hf rollout engine, and a resumed checkpoint holds

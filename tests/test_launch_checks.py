@@ -34,8 +34,9 @@ def test_resume_path_is_checked_before_start(tmp_path):
     from trainer.launch import preflight
 
     cfg = _cfg(f"trainer.resume_mode={tmp_path}/global_step_3")
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="does not exist") as info:
         preflight(cfg)
+    assert str(info.value) == f"trainer.resume_mode names '{tmp_path}/global_step_3', which does not exist"
     cfg = _cfg(f"trainer.resume_mode={tmp_path}")
     with pytest.raises(ConfigError, match="global_step"):
         preflight(cfg)

@@ -119,6 +119,29 @@ def test_values_a_worker_refused_are_refused_before_start_up(override, line):
     assert line in getattr(info.value, "messages", [str(info.value)])
 
 
+@pytest.mark.parametrize("override,line", [
+    ("trainer.logger=[console,tensorboard]",
+     "trainer.logger=['console', 'tensorboard']: unknown backend(s) ['tensorboard']; expected a list of "
+     "['console', 'wandb']"),
+    ("trainer.logger=consol", "trainer.logger='consol': unknown backend(s) ['consol']; expected a list of "
+     "['console', 'wandb']"),
+])
+def test_an_unknown_logger_backend_is_refused_before_start_up(override, line):
+    """The tracker is built only after the workers start, so its check alone came too late."""
+    from trainer.config_validate import validate
+
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(override, planned=False))
+    assert line in getattr(info.value, "messages", [str(info.value)])
+
+
+def test_known_logger_backends_pass_validate():
+    from trainer.config_validate import validate
+
+    for override in ("trainer.logger=console", "trainer.logger=[console,wandb]", "trainer.logger=[]"):
+        validate(_cfg(override, planned=False))
+
+
 def test_a_nested_section_names_its_whole_path_and_a_missing_key_is_named():
     cfg = _cfg()
     actor = cfg["actor_rollout_ref"]["actor"]

@@ -176,3 +176,51 @@ def test_gdpo_config_needs_component_keys_and_takes_no_penalty_of_the_summed_sco
                                           r"does not read reward components"):
         validate(_cfg("algorithm.gdpo_reward_keys=[acc]"))
     assert adv_inputs.reward_component_keys(resolve_config(_cfg())) == ()
+
+
+class _EmptyDecode:
+    """A tokenizer stand-in: every response decodes to the empty string."""
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return ["" for _ in rows]
+
+
+def _number_scorer(solution_str, ground_truth):
+    return 0.0
+
+
+def _dict_without_format(solution_str, ground_truth):
+    return {"score": 0.0, "acc": 0.0}
+
+
+def _both_components(solution_str, ground_truth):
+    return {"score": 0.0, "acc": 0.0, "format": 0.0}
+
+
+def _raises_on_empty(solution_str, ground_truth):
+    raise ValueError("no answer")
+
+
+@pytest.mark.parametrize("scorer,needles", [
+    ("synthetic/digits", ["data_source='synthetic/digits'", "returned a number"]),
+    (_number_scorer, ["returned a number"]),
+    (_dict_without_format, ["lacks the reward component 'format'"]),
+    (_both_components, None),
+    (_raises_on_empty, None),  # cannot be judged from an empty response: left to the run
+])
+def test_p31_gdpo_components_the_scorer_does_not_return_are_refused_before_start_up(scorer, needles):
+    """The reward stage raised at the first step, after the workers had started."""
+    from rewards.manager import RewardManager
+    from trainer.config_checks import check_reward_scorers
+
+    route = scorer if isinstance(scorer, str) else None
+    make = lambda: RewardManager(_EmptyDecode(), scorer=None if route else scorer,  # noqa: E731
+                                 component_keys=("acc", "format"), num_workers=1)
+    ds = SimpleNamespace(rows=[{"data_source": route or "x", "reward_model": {"ground_truth": "7"}}], files=["f"])
+    if needles is None:
+        check_reward_scorers(make, "data_source", [ds, None])
+        return
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(make, "data_source", [ds, None])
+    for n in ["algorithm.gdpo_reward_keys=['acc', 'format']", "empty response", *needles]:
+        assert n in str(info.value), (n, str(info.value))

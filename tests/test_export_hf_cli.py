@@ -21,3 +21,15 @@ def test_backend_must_match_the_checkpoint(tmp_path, capsys):
     assert "holds a megatron checkpoint (meta.pt); use --backend megatron" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # verl's FSDP backend: this framework saves DeepSpeed or Megatron checkpoints
         parse_args(["merge", "--backend", "fsdp", "--local_dir", str(tmp_path), "--target_dir", "out"])
+
+
+@pytest.mark.parametrize("sub,needle", [("nope/global_step_3/actor", "does not exist"),
+                                        ("global_step_3", "is a step folder")])
+def test_a_folder_without_a_checkpoint_is_one_error_line(tmp_path, capsys, sub, needle):
+    from tools.export_hf import main
+
+    (tmp_path / "global_step_3" / "actor").mkdir(parents=True)
+    with pytest.raises(SystemExit) as info:
+        main(["--local_dir", str(tmp_path / sub), "--target_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err

@@ -34,8 +34,9 @@ def test_resume_path_is_checked_before_start(tmp_path):
     from trainer.launch import preflight
 
     cfg = _cfg(f"trainer.resume_mode={tmp_path}/global_step_3")
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="does not exist") as info:
         preflight(cfg)
+    assert str(info.value) == f"trainer.resume_mode names '{tmp_path}/global_step_3', which does not exist"
     cfg = _cfg(f"trainer.resume_mode={tmp_path}")
     with pytest.raises(ConfigError, match="global_step"):
         preflight(cfg)
@@ -86,3 +87,17 @@ def test_rollout_attn_implementation_is_checked_before_start():
         validate(_cfg(f"actor_rollout_ref.rollout.attn_implementation={ok}"))
     with pytest.raises(ConfigError, match=r"attn_implementation='sdpa-gqa'; expected auto, sdpa, sdpa_gqa, eager"):
         validate(_cfg("actor_rollout_ref.rollout.attn_implementation=sdpa-gqa"))
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["algorithm.kl_ctrl.kl_coef=-1"], "kl_coef must be >= 0, got -1"),
+    (["algorithm.kl_ctrl.type=adaptiv"], "unknown kl_ctrl type 'adaptiv'"),
+    (["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=0"], "horizon > 0"),
+])
+def test_a_kl_controller_that_does_not_build_is_refused_before_start(overrides, needle):
+    """The driver builds the controller after Ray is up, whether or not the KL is in the reward."""
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(*overrides))
+    lines = getattr(info.value, "messages", [str(info.value)])
+    assert any(ln.startswith("algorithm.kl_ctrl=") and needle in ln for ln in lines), lines
+    validate(_cfg("algorithm.kl_ctrl.type=adaptive"))  # the shipped adaptive defaults build

@@ -153,6 +153,21 @@ def test_registry_bad_entries(entry, msg):
         build_tool(entry)
 
 
+@pytest.mark.parametrize("config,msg", [
+    ({"timeout_s": -1}, "tool 'python' with config {'timeout_s': -1}: timeout_s must be > 0, got -1"),
+    ({"timeout_s": "abc"}, "tool 'python' with config {'timeout_s': 'abc'}: could not convert string to float"),
+    ({"timeout": 10}, "tool 'python' with config {'timeout': 10}: .*unexpected keyword argument 'timeout'"),
+    ({"memory_mb": 0}, "tool 'python' with config {'memory_mb': 0}: .*memory_mb must be >= 1, got 0"),
+    ([1], r"config=\[1\]; expected a mapping of the tool's options"),
+])
+def test_a_bad_tool_option_names_the_tool_and_its_config(config, msg):
+    with pytest.raises(ValueError, match=msg):
+        build_tool({"class_name": "python", "config": config})
+    if isinstance(config, dict):
+        with pytest.raises(ValueError, match="tool 'calculator' with config"):
+            build_tool({"class_name": "calculator", "config": config})
+
+
 def test_registry_duplicates_and_empty():
     with pytest.raises(ValueError, match="two tools are named 'calculator'"):
         resolve_tools(["calculator", "calculator"])

@@ -56,6 +56,7 @@ CASES = {
     "beyond_context": (["data.max_prompt_length=200"], ["=202", "max_position_embeddings=128"]),
     "non_finite_coef": (["actor_rollout_ref.actor.entropy_coeff=inf"], ["entropy_coeff", "finite"]),
     "bad_skip_limit": (["trainer.max_consecutive_skipped_steps=0"], ["max_consecutive_skipped_steps=0"]),
+    "unknown_logger": (["trainer.logger=[console,tensorbord]"], ["trainer.logger=", "'tensorbord'", "wandb"]),
 }
 
 
@@ -65,6 +66,20 @@ def test_config_error_stops_before_workers(tmp_path, name):
     proc = run_cli(str(tmp_path / "out"), *overrides)
     assert_one_line_error(proc, *needles)
     assert not os.path.exists(tmp_path / "out" / "init_model")   # nothing was built
+
+
+@pytest.mark.parametrize("source,name,needles", [
+    ("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n", "my_scor",
+     ["custom_reward_function.name='my_scor'", "has no function 'my_scor'", "['my_score']"]),
+    ("my_score = 3\n", "my_score", ["custom_reward_function.name='my_score'", "expected a function"]),
+    ("def my_score(:\n", "my_score", ["custom_reward_function.path=", "failed", "SyntaxError"]),
+])
+def test_custom_reward_function_that_does_not_load_is_one_line(tmp_path, source, name, needles):
+    """A wrong function name, a non-callable or a file that does not import stops the run in one line."""
+    path = tmp_path / "my_reward.py"
+    path.write_text(source)
+    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", f"custom_reward_function.name={name}")
+    assert_one_line_error(proc, *needles)
 
 
 def _model_dir(tmp_path, eos: bool):

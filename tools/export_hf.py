@@ -309,10 +309,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line: export, or stop with one ``error: <line>`` on stderr and exit status 2 for a folder that is
+    missing or holds no exportable checkpoint (FileNotFoundError, ValueError of :func:`export_checkpoint`)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    out = export_checkpoint(args.local_dir, args.target_dir, args.dtype, args.tag, adapter=args.adapter,
-                            base_model=args.base_model)
+    try:
+        out = export_checkpoint(args.local_dir, args.target_dir, args.dtype, args.tag, adapter=args.adapter,
+                                base_model=args.base_model)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     print(f"exported {args.local_dir} -> {out}")
 
 

@@ -274,8 +274,9 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
     registered scorer taking the scorer options. Returns the manager.
 
     Raises:
-        ConfigError: a row without ``reward_fn_key``, a value without a scorer, or an option a scorer does not
-            take (naming the option and the scorer).
+        ConfigError: a row without ``reward_fn_key``, a value without a scorer, an option a scorer does not
+            take (naming the option and the scorer), or reward components (``algorithm.gdpo_reward_keys``) that
+            a scorer does not return (:func:`check_reward_components`).
     """
     try:
         manager = make_rm()
@@ -287,11 +288,66 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
                                    f"such column (columns: {sorted(k for k in row if k != 'input_ids')})")
                 values.add(row[reward_fn_key])
         manager.check_data_sources(values)
+        if manager.component_keys:
+            check_reward_components(make_rm(), reward_fn_key, datasets)
     except KeyError as exc:
         raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"reward_model: {exc}") from exc
     return manager
+
+
+def check_reward_components(manager, reward_fn_key: str, datasets: Sequence) -> None:
+    """Score one empty response per reachable data source (the first row of each ``reward_fn_key`` value in
+    ``datasets``) in this process with ``manager`` (a :class:`rewards.manager.RewardManager` with
+    ``component_keys``): a scorer that returns a number, or a dict without a component, would stop the first
+    training step. A scorer that raises on the empty response is not judged.
+
+    Raises:
+        ValueError: naming the data source, the components asked for and what the scorer returned.
+    """
+    import torch
+
+    from trainer.protocol import DataProto
+
+    firsts: dict = {}
+    for ds in datasets:
+        for row in ds.rows if ds is not None else ():
+            firsts.setdefault(repr(row.get(reward_fn_key)), row)
+    manager.num_workers = 0  # in this process: no scoring pool is started for the probe
+    for source, row in sorted(firsts.items()):
+        one = DataProto.from_dict({"responses": torch.zeros(1, 1, dtype=torch.long),
+                                   "response_mask": torch.zeros(1, 1)},
+                                  {"reward_model": [row["reward_model"]], "extra_info": [row.get("extra_info")],
+                                   reward_fn_key: [row.get(reward_fn_key)]})
+        try:
+            manager(one)
+        except ValueError as exc:
+            raise ValueError(f"algorithm.gdpo_reward_keys={list(manager.component_keys)}: the scorer of "
+                             f"{reward_fn_key}={source}, given an empty response: {exc}") from exc
+
+
+def custom_scorer(cfg: dict) -> Callable | None:
+    """The function named by ``custom_reward_function.{path,name}`` (verl's keys, stored under
+    ``reward_model``; name defaults to ``compute_score``), loaded with :func:`rewards.registry.load_custom_scorer`;
+    None when no path is set.
+
+    Raises:
+        ConfigError: the file is missing, fails to import, lacks the function or holds a non-callable under that
+            name (one line naming the key and the value).
+    """
+    custom = (cfg.get("reward_model") or {}).get("custom_reward_function") or {}
+    if not custom.get("path"):
+        return None
+    from rewards.registry import load_custom_scorer
+
+    name = custom.get("name") or "compute_score"
+    try:
+        return load_custom_scorer(custom["path"], name)
+    except (FileNotFoundError, ImportError) as exc:
+        raise ConfigError(f"custom_reward_function.path={custom['path']!r}: {exc}") from exc
+    except (AttributeError, TypeError) as exc:
+        raise ConfigError(f"custom_reward_function.name={name!r}: {exc}") from exc
 
 
 def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:

@@ -70,7 +70,8 @@ def _resume_path(cfg: dict) -> str | None:
     try:
         return resolve_resume_path(mode, cfg["trainer"]["default_local_dir"])[0]
     except (ValueError, FileNotFoundError) as exc:
-        raise ConfigError(f"trainer.resume_mode: {exc}") from exc
+        line = str(exc)  # a message that names the key already is not prefixed twice
+        raise ConfigError(line if line.startswith("trainer.resume_mode") else f"trainer.resume_mode: {line}") from exc
 
 
 def _check_resume(cfg: dict) -> None:

@@ -53,7 +53,7 @@ def validate(cfg: dict) -> None:
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
-                     _check_algorithm_names, _check_filter_groups, check_rollout_correction, _check_strategy,
+                     _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction, _check_strategy,
                      _check_kernels, check_verl_semantics, check_multi_turn, check_rollout_placement))
 
 
@@ -125,6 +125,18 @@ def _check_numbers(cfg: dict) -> None:
         as_int(t["max_critic_ckpt_to_keep"], "trainer.max_critic_ckpt_to_keep", minimum=0)
     if t.get("export_hf_freq_s") is not None:
         _finite("trainer.export_hf_freq_s", t["export_hf_freq_s"])  # <= 0: off
+
+
+def _check_kl_ctrl(cfg: dict) -> None:
+    """``algorithm.kl_ctrl`` builds its controller (:func:`trainer.algos.kl.get_kl_controller`), as the driver
+    does at start-up whether or not the KL is in the reward."""
+    from trainer.algos.kl import get_kl_controller
+
+    kl_ctrl = cfg["algorithm"].get("kl_ctrl") or {}
+    try:
+        get_kl_controller(kl_ctrl)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"algorithm.kl_ctrl={dict(kl_ctrl)!r}: {exc}") from exc
 
 
 def _check_algorithm_names(cfg: dict) -> None:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.data import DataConfig
 from trainer.config.section import replaced
-from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as_int,  # noqa: F401
+from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as_int, custom_scorer,  # noqa: F401
                                    check_megatron, check_megatron_model, check_resume_checkpoint, check_reward_scorers,
                                    reward_options, run_checks)
 from trainer.config_preflight import check_model_context, preflight  # noqa: F401
@@ -275,17 +275,13 @@ def build_reward_managers(cfg: dict, data: DataConfig, tok, datasets) -> tuple:
 
     Raises:
         ConfigError: a row without ``data.reward_fn_key``, a data source without a scorer, a scorer option that a
-            scorer does not take.
+            scorer does not take, a ``custom_reward_function`` file or function that does not load.
     """
     from rewards.manager import RewardManager
 
     rm, key = cfg["reward_model"], data.reward_fn_key
-    scorer = rm["scorer"]
-    custom = rm["custom_reward_function"] or {}
-    if custom.get("path"):
-        from rewards.registry import load_custom_scorer
-
-        scorer = load_custom_scorer(custom["path"], custom.get("name") or "compute_score")
+    custom = custom_scorer(cfg)  # custom_reward_function.path replaces the registered scorers
+    scorer = rm["scorer"] if custom is None else custom
     make = lambda keys=(): RewardManager(tok, reward_fn_key=key, scorer=scorer,  # noqa: E731
                                          scorer_kwargs=reward_options(cfg), timeout_s=float(rm["timeout_s"]),
                                          component_keys=keys, **overlong_kwargs(cfg))

@@ -13,6 +13,14 @@ from typing import Any
 
 CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "response_length/mean", "actor/pg_loss", "actor/entropy",
                 "actor/kl_loss", "actor/grad_norm", "timing_s/step", "perf/throughput")
+BACKENDS = ("console", "wandb")
+
+
+def unknown_backends(backends) -> list[str]:
+    """The names in ``backends`` (``trainer.logger``: one name or a list of names) that are not in
+    :data:`BACKENDS`, sorted; ``[]`` when every name is known."""
+    backends = [backends] if isinstance(backends, str) else list(backends or [])
+    return sorted({str(b) for b in backends} - set(BACKENDS))
 
 
 class Tracking:
@@ -30,10 +38,10 @@ class Tracking:
 
     def __init__(self, project: str, experiment: str, backends, output_dir: str, config: dict | None = None,
                  total_steps: int | None = None, start_step: int = 0):
-        backends = [backends] if isinstance(backends, str) else list(backends or [])
-        unknown = set(backends) - {"console", "wandb"}
+        unknown = unknown_backends(backends)
         if unknown:
-            raise ValueError(f"trainer.logger has unknown backend(s) {sorted(unknown)}; expected console and/or wandb")
+            raise ValueError(f"trainer.logger has unknown backend(s) {unknown}; expected console and/or wandb")
+        backends = [backends] if isinstance(backends, str) else list(backends or [])
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
         _keep_rows_up_to(self.path, start_step)

@@ -45,6 +45,8 @@ class PythonTool(Tool):
                  max_processes: int = 32, max_file_mb: int = 16, max_open_files: int = 64,
                  max_output_bytes: int = 65536, tmpfs_mb: int = 64, min_isolation: str = "userns",
                  isolation: str | None = None) -> None:
+        if not float(timeout_s) > 0:  # the sandbox's wall_s; named as the tool's option
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.limits = SandboxLimits(wall_s=float(timeout_s), cpu_s=int(cpu_s or max(1, round(timeout_s))),
                                     memory_mb=memory_mb, max_processes=max_processes, max_file_mb=max_file_mb,
                                     max_open_files=max_open_files, max_output_bytes=max_output_bytes,

@@ -60,7 +60,8 @@ def build_tool(entry: Any) -> Tool:
     """One :class:`Tool` from a config entry (see the module docstring).
 
     Raises:
-        ValueError: unknown name, unimportable module, missing class, unknown entry keys, or a bad schema
+        ValueError: unknown name, unimportable module, missing class, unknown entry keys, a ``config`` that is not a
+            mapping or that the tool's constructor refuses (naming the tool and its config), or a bad schema
             override; TypeError: the target does not produce a ``Tool``.
     """
     entry = _plain(entry)
@@ -70,11 +71,16 @@ def build_tool(entry: Any) -> Tool:
         extra = set(entry) - _ENTRY_KEYS
         if extra or "class_name" not in entry:
             raise ValueError(f"tool entry {entry!r}: expected keys {sorted(_ENTRY_KEYS)} with class_name set")
-        ref, kwargs, schema = str(entry["class_name"]), dict(entry.get("config") or {}), entry.get("tool_schema")
+        ref, kwargs, schema = str(entry["class_name"]), entry.get("config") or {}, entry.get("tool_schema")
+        if not isinstance(kwargs, Mapping):
+            raise ValueError(f"tool entry {entry!r}: config={kwargs!r}; expected a mapping of the tool's options")
     else:
         raise ValueError(f"tool entry {entry!r}: expected a name, 'pkg.module:ClassName' or a mapping")
     target = _import_target(ref)
-    tool = target(**kwargs)
+    try:
+        tool = target(**kwargs)
+    except (TypeError, ValueError) as exc:  # a bad option: name the tool and the options as written
+        raise ValueError(f"tool {ref!r} with config {dict(kwargs)!r}: {exc}") from exc
     if not isinstance(tool, Tool):
         raise TypeError(f"tool {ref!r} produced a {type(tool).__name__}, expected a rollout.tools.base.Tool")
     if schema:

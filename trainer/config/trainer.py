@@ -8,6 +8,7 @@ from typing import Any
 
 from trainer.config.section import Section
 from trainer.config_checks import ConfigError
+from trainer.tracking import BACKENDS, unknown_backends
 
 __all__ = ["TrainerConfig", "DEVICES"]
 
@@ -18,6 +19,11 @@ def at_least(key: str, value: int, minimum: int) -> None:
     """A ConfigError ``<key>=<value>; expected an integer >= <minimum>`` when ``value < minimum``."""
     if value < minimum:
         raise ConfigError(f"{key}={value}; expected an integer >= {minimum}")
+
+
+def plain_logger(logger: Any) -> Any:
+    """``trainer.logger`` as the user wrote it: a name, or a plain list of names (an OmegaConf list too)."""
+    return logger if isinstance(logger, str) else list(logger or [])
 
 
 @dataclass(frozen=True)
@@ -88,3 +94,7 @@ class TrainerConfig(Section):
         if self.max_actor_ckpt_to_keep is not None:
             at_least(f"{key}.max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep, 0)
         at_least(f"{key}.log_val_generations", self.log_val_generations, 0)
+        unknown = unknown_backends(self.logger)
+        if unknown:
+            raise ConfigError(f"{key}.logger={plain_logger(self.logger)!r}: unknown backend(s) {unknown}; "
+                              f"expected a list of {list(BACKENDS)}")

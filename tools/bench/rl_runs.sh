@@ -156,7 +156,8 @@ offload() {  # 3 GRPO steps with the optimizer state offloaded during rollout (c
     actor_rollout_ref.rollout.offload_optimizer_during_rollout=true
 }
 # LoRA: SmolLM2 GRPO with rank-32 adapters beside full fine-tuning, 30 steps each on the same data
-# (gsm8k_lora vs gsm8k_grpo; svamp_lora vs svamp_full); reward curve, timing_s/step and
+# (gsm8k_lora vs gsm8k_grpo; svamp_lora vs svamp_full, which is the same job as svamp_notool below: held-out
+# accuracy every 10 steps, sampled and greedy); reward curve, timing_s/step and
 # perf/max_memory_allocated_gb/* from each metrics.jsonl. SmolLM2 ties its embeddings: all-linear leaves lm_head out.
 LORA32="actor_rollout_ref.model.lora_rank=32 actor_rollout_ref.model.lora_alpha=64
  actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.actor.optim.lr=${LORA_LR:-1e-4}"
@@ -296,8 +297,8 @@ for spec in $RUNS; do
       fi ;;
     offload) offload "$gpu" ;;
     gsm8k_lora) launch gsm8k_lora "$gpu" "$T_LONG" $GSM $LORA32 ;;  # beside gsm8k_grpo (full fine-tuning)
-    svamp_lora) launch svamp_lora "$gpu" "$T_LONG" $SVAMP_E $LORA32 trainer.total_training_steps=30 ;;
-    svamp_full) launch svamp_full "$gpu" "$T_LONG" $SVAMP_E trainer.total_training_steps=30 ;;
+    svamp_lora) launch svamp_lora "$gpu" "$T_LONG" $SVAMP_TOOLCMP $LORA32 ;;
+    svamp_full) launch svamp_full "$gpu" "$T_LONG" $SVAMP_TOOLCMP ;;
     # async on one GPU: the rollout worker shares it (rollout.n_gpus=0.3), staleness 1 beside the same job on-policy
     # (svamp_onpolicy); engine from ASYNC_ENGINE (hf or vllm); compare critic/score/mean, val accuracy, timing_s/step
     # (svamp_onpolicy); engine from ASYNC_ENGINE (hf or vllm), svamp_async_vllm: vLLM in the rollout worker

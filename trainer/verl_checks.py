@@ -27,7 +27,7 @@ def check_verl_semantics(cfg: dict) -> None:
 
 
 def _check_reward_manager(cfg: dict) -> None:
-    name = (cfg.get("reward_model") or {}).get("reward_manager", "naive")
+    name = cfg["reward_model"]["reward_manager"]
     if name not in REWARD_MANAGERS:
         raise ConfigError(f"reward_model.reward_manager={name!r}; expected one of {list(REWARD_MANAGERS)} (each scores "
                           "rows with the rule scorer; DAPO's overlong penalty is reward_model.overlong_buffer); for your "

@@ -162,16 +162,18 @@ def check_resume_model(path: str, hf: dict) -> None:
 
 
 def check_megatron(cfg: dict, world: int) -> None:
-    """``trainer.strategy=megatron``: megatron-core importable, TP/PP sizes against the world, unsupported pairings.
+    """``trainer.strategy=megatron``: megatron-core importable, the ``actor.megatron`` section
+    (:class:`trainer.config.actor.MegatronConfig`, its own checks), TP x PP against the world, unsupported pairings.
 
     Raises:
-        ConfigError: naming the key and the bad value (PP > 1, CP > 1, a critic, PRIME, Ulysses SP > 1,
-            optimizer offload during rollout and a missing megatron-core are refused).
+        ConfigError: naming the key and the bad value (the section's refusals, a critic, PRIME, Ulysses SP > 1,
+            optimizer offload during rollout, Liger / torch.compile and a missing megatron-core are refused).
     """
     import importlib.util
 
+    from trainer.config.actor import MegatronConfig
+
     arr = cfg["actor_rollout_ref"]
-    m = arr["actor"]["megatron"]
     key = "actor_rollout_ref.actor.megatron"
     try:
         found = importlib.util.find_spec("megatron.core") is not None
@@ -179,20 +181,11 @@ def check_megatron(cfg: dict, world: int) -> None:
         found = False
     if not found:
         raise ConfigError("trainer.strategy=megatron but megatron-core is not importable: pip install -e .[megatron]")
-    tp, pp, cp = (as_int(m[k], f"{key}.{k}", minimum=1)
-                  for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
+    m = MegatronConfig.from_dict(arr["actor"]["megatron"], key)  # its own checks: sizes, TP only, ckpt_format
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     if world % (tp * pp):
         raise ConfigError(f"{key}.tensor_model_parallel_size*pipeline_model_parallel_size={tp}*{pp} must divide the "
                           f"{world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
-    if pp != 1:
-        raise ConfigError(f"{key}.pipeline_model_parallel_size={pp}: pipeline parallelism is not supported yet on "
-                          "the Megatron path; use pipeline_model_parallel_size=1 with tensor parallelism")
-    if cp != 1:
-        raise ConfigError(f"{key}.context_parallel_size={cp}: context parallelism is not wired yet (it needs "
-                          "Transformer Engine's attention); use 1")
-    fmt = m["ckpt_format"]
-    if fmt not in ("torch_dist", "torch"):
-        raise ConfigError(f"{key}.ckpt_format={fmt!r}; expected torch_dist or torch")
     for sp_key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", arr["actor"]["ulysses_sequence_parallel_size"]),
                        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"])):
         if int(sp) != 1:

@@ -92,8 +92,8 @@ class PolicyLossConfig(Section):
 
 @dataclass(frozen=True)
 class MegatronConfig(Section):
-    """``actor.megatron`` of ``trainer.strategy=megatron`` (verl's keys; checked by
-    :func:`trainer.config_checks.check_megatron` against the world size)."""
+    """``actor.megatron`` of ``trainer.strategy=megatron`` (verl's keys; against the world size and the other
+    sections by :func:`trainer.config_checks.check_megatron`)."""
 
     tensor_model_parallel_size: int
     pipeline_model_parallel_size: int
@@ -101,6 +101,21 @@ class MegatronConfig(Section):
     use_distributed_optimizer: bool
     bf16: Any  # auto | true | false
     ckpt_format: str
+
+    def check(self, key: str) -> None:
+        """Parallel sizes >= 1, tensor parallelism only (pipeline and context parallel sizes of 1: neither is
+        wired), and a known ``ckpt_format`` (torch_dist | torch)."""
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            as_int(getattr(self, name), f"{key}.{name}", minimum=1)
+        if self.pipeline_model_parallel_size != 1:
+            raise ConfigError(f"{key}.pipeline_model_parallel_size={self.pipeline_model_parallel_size}: pipeline "
+                              "parallelism is not supported yet on the Megatron path; use "
+                              "pipeline_model_parallel_size=1 with tensor parallelism")
+        if self.context_parallel_size != 1:
+            raise ConfigError(f"{key}.context_parallel_size={self.context_parallel_size}: context parallelism is not "
+                              "wired yet (it needs Transformer Engine's attention); use 1")
+        if self.ckpt_format not in ("torch_dist", "torch"):
+            raise ConfigError(f"{key}.ckpt_format={self.ckpt_format!r}; expected torch_dist or torch")
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ class RewardManager:
             self._pool = None
         if self._pool is None:
             from rewards import math as math_reward
-            math_reward._math_verify()  # import once here, so forked workers inherit it (~1 s otherwise)
+            math_reward.load_math_verify()  # import once here, so forked workers inherit it (~1 s otherwise)
             table = {_CALLABLE_KEY: self.scorer} if self.scorer is not None else {}
             self._pool = ScoringPool(self.num_workers, table=table, resolve=get_scorer,
                                      start_method=self.start_method)

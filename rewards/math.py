@@ -171,8 +171,9 @@ class _DropTimeoutWarning(logging.Filter):
         return "Timeout is disabled" not in record.getMessage()
 
 
-def _math_verify():
-    """Import math-verify once (about 1 s, sympy); returns None when it is not installed."""
+def load_math_verify():
+    """Import math-verify once (about 1 s, sympy): ``(parse, verify, LatexExtractionConfig)``, or None when it is
+    not installed (or fails to import). The reward manager calls it before forking its scoring workers."""
     global _MV
     if _MV is None:
         try:
@@ -186,7 +187,7 @@ def _math_verify():
 
 
 def _parse_latex(s: str):
-    parse, _, latex_cfg = _math_verify()
+    parse, _, latex_cfg = load_math_verify()
     return parse("\\boxed{" + s + "}", extraction_config=[latex_cfg(boxed_match_priority=0)],
                  parsing_timeout=None)
 
@@ -199,7 +200,7 @@ def _parse_gold(s: str) -> tuple:
 
 def _verify_exact(pred: str, gold: str) -> bool:
     """math-verify's verdict for some pair of parses, confirmed by the exact numeric cross-check."""
-    verify = _math_verify()[1]
+    verify = load_math_verify()[1]
     gold_parsed = _parse_gold(gold)
     pred_parsed = _parse_latex(pred)
     if not gold_parsed or not pred_parsed or not all(is_tame(p) for p in pred_parsed):
@@ -228,7 +229,7 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
             return verdict
         if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
             return False
-        if not structure_ok(pred) or not structure_ok(gold) or _math_verify() is None:
+        if not structure_ok(pred) or not structure_ok(gold) or load_math_verify() is None:
             return False
         with time_bound(timeout_seconds):
             return _verify_exact(pred, gold)

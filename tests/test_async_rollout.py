@@ -166,9 +166,9 @@ def _trainer(total, rollout, loader):
 
     tr = types.SimpleNamespace(cfg={"trainer": {"seed": 1, "ray_timeout_s": 0}}, device="cpu", loader=loader,
                                roles=types.SimpleNamespace(rollout=rollout, actor=None), global_step=0, trained=0,
-                               _last_step=lambda: total)
+                               last_step=lambda: total)
     tr.trainer_cfg = packaged_section(TrainerConfig, "trainer", seed=1)
-    tr._tag_prompts = types.MethodType(RayPPOTrainer._tag_prompts, tr)
+    tr.tag_prompts = types.MethodType(RayPPOTrainer.tag_prompts, tr)
     return tr
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.e2e_shared import run_main_forked
 from tests.e2e_utils import SHORT, read_metrics
-from trainer.config import DataConfig, TrainerConfig
+from trainer.config import DataConfig, SamplingKwargs, TrainerConfig
 from trainer.config.packaged import packaged_section
 from trainer.embedded import TASK_NAME
 
@@ -35,12 +35,14 @@ class _Stub:
     def __init__(self, also_greedy, do_sample, temperature):
         self.val_dataset = [0]
         self.trainer_cfg = packaged_section(TrainerConfig, "trainer", val_also_greedy=also_greedy)
+        self.val_kwargs = packaged_section(SamplingKwargs, "actor_rollout_ref.rollout.val_kwargs",
+                                           do_sample=do_sample, temperature=temperature)
         self.cfg = {"trainer": {"val_also_greedy": also_greedy},
                     "actor_rollout_ref": {"rollout": {"val_kwargs": {"do_sample": do_sample,
                                                                      "temperature": temperature}}}}
         self.passes = []
 
-    def _validate_pass(self, greedy):
+    def validate_pass(self, greedy):
         self.passes.append(greedy)
         return {f"val/x/{'greedy/' if greedy else ''}acc": 0.5}
 
@@ -100,7 +102,7 @@ def test_validation_keeps_reward_keys_that_hold_a_slash():
         trainer_cfg=packaged_section(TrainerConfig, "trainer", seed=1),
         data_cfg=packaged_section(DataConfig, "data", val_batch_size=3),
         roles=types.SimpleNamespace(rollout=types.SimpleNamespace(generate_sequences=lambda batch: batch)))
-    m = RayPPOTrainer._validate_pass(stub, greedy=True)
+    m = RayPPOTrainer.validate_pass(stub, greedy=True)
     # batches of 3 and 1 rows (acc True, False, True | True)
     assert m == {"val/a/b/greedy/score": 1.0, "val/a/b/greedy/acc": 0.75, "val/a/b/greedy/fmt/ok": 1.0,
                  "val/a/b/greedy/fmt/len": 5.0}

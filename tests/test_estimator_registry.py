@@ -1,4 +1,5 @@
 """Estimator traits live in the registry; the config checks and the trainer ask it (case P31)."""
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -72,29 +73,87 @@ def test_rollout_is_weights_count_as_made_exactly_when_the_rollout_correction_is
     assert "rollout_is_weights" in on and "rollout_is_weights" in seq
 
 
-def test_p31_new_estimator_with_a_new_input_is_one_entry_plus_one_function():
-    """A test-only estimator whose baseline is the response length: its input and producer are declared in its
-    registry entry; the config check accepts it, the trainer's input stage makes the column, and
-    compute_advantage passes it."""
+@contextmanager
+def _length_baseline_estimator():
+    """A test-only estimator whose baseline is the response length, added the way the registry's docstring says:
+    one registry entry (declaring its new input, ``response_lengths``, with the input's producer) plus one function.
+    Registered for the ``with`` block; yields its name."""
     @ca.register_adv_est("unit_test_length_baseline",
-                         inputs={"response_lengths": lambda trainer, batch: batch["response_mask"].sum(-1)})
+                         inputs={"response_lengths": lambda step, batch: batch["response_mask"].sum(-1)})
     def length_baseline(token_level_rewards, response_mask, index=None, response_lengths=None, **kwargs):
         adv = (token_level_rewards.sum(-1) - response_lengths)[:, None] * response_mask
         return adv, adv
 
     try:
-        validate(_cfg("algorithm.adv_estimator=unit_test_length_baseline"))
-        spec = ca.get_adv_estimator_spec("unit_test_length_baseline")
+        yield "unit_test_length_baseline"
+    finally:
+        ca.ADV_ESTIMATOR_REGISTRY.pop("unit_test_length_baseline")
+        ca.ADV_ESTIMATOR_SPECS.pop("unit_test_length_baseline")
+
+
+def test_p31_new_estimator_with_a_new_input_is_one_entry_plus_one_function():
+    """The test-only estimator: its input and producer are declared in its registry entry; the config check
+    accepts it, the trainer's input stage makes the column, and compute_advantage passes it."""
+    with _length_baseline_estimator() as name:
+        validate(_cfg(f"algorithm.adv_estimator={name}"))
+        spec = ca.get_adv_estimator_spec(name)
         r = torch.tensor([[0.0, 3.0], [0.0, 1.0]])
         batch = DataProto.from_dict({"token_level_rewards": r, "response_mask": torch.tensor([[1.0, 1], [1, 0]])})
         timing = {}
         adv_inputs.produce_inputs(None, batch, spec, timing)
-        ca.compute_advantage(batch, "unit_test_length_baseline")
+        ca.compute_advantage(batch, name)
         assert batch["advantages"].tolist() == [[1.0, 1.0], [0.0, 0.0]]   # score - length: 3 - 2, 1 - 1
         assert "adv_inputs/response_lengths" in timing
-    finally:
-        ca.ADV_ESTIMATOR_REGISTRY.pop("unit_test_length_baseline")
-        ca.ADV_ESTIMATOR_SPECS.pop("unit_test_length_baseline")
+
+
+def test_p31_the_test_only_estimator_trains_through_the_trainers_step():
+    """The same estimator, chosen by ``algorithm.adv_estimator`` alone, through ``RayPPOTrainer.train_step`` with a
+    fake actor group and reward (tests/test_dynamic_sampling_train_step.py): the hooks the trainer builds from the
+    config produce the new input and compute the estimator's advantages, and the actor's update receives them. No
+    trainer code names the estimator."""
+    from tests.e2e_utils import resolved_config
+    from tests.test_dynamic_sampling_train_step import R, FakeActor, _row, make_reward
+    from trainer.dataset import PromptLoader
+    from trainer.ppo_trainer import RayPPOTrainer
+
+    class VaryingLengths(FakeActor):
+        """Responses of 1..R tokens (row i: 1 + i % R), so that the length baseline differs between rows."""
+
+        def __init__(self):
+            super().__init__()
+            self.updated = []
+
+        def dispatch_all(self, method, prompts):
+            out = super().dispatch_all(method, prompts)
+            lengths = torch.arange(len(out)) % R + 1
+            out["response_mask"] = (torch.arange(R)[None] < lengths[:, None]).float()
+            return out
+
+        def dispatch_dp_metrics(self, method, data):
+            self.updated.append((method, data))
+            return super().dispatch_dp_metrics(method, data)
+
+    with _length_baseline_estimator() as name:
+        cfg = resolved_config(f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2",
+                              "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                              "actor_rollout_ref.actor.use_kl_loss=false")
+        validate(cfg)
+        tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
+        rows = [_row(0, "mixed", 2), _row(1, "wrong", 2)]
+        tr = RayPPOTrainer(cfg, tok, PromptLoader(rows, 2, 0, shuffle=False), None, make_reward(), None)
+        tr.global_step = 1
+        actor = VaryingLengths()
+        tr.roles.attach("actor", actor)
+        timing = {}
+        trained, metrics = tr.train_step(tr.loader.next_batch()[0], timing)
+    mask = trained["response_mask"]
+    score = trained["token_level_scores"].sum(-1)
+    assert mask.sum(-1).tolist() == [1.0, 2.0, 3.0, 1.0] and score.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert torch.equal(trained["response_lengths"], mask.sum(-1))                  # made by the entry's producer
+    assert torch.equal(trained["advantages"], (score - mask.sum(-1))[:, None] * mask)   # the estimator's formula
+    assert "adv_inputs/response_lengths" in timing and "adv" in timing
+    (method, sent), = actor.updated
+    assert method == "update_actor" and torch.equal(sent["advantages"], trained["advantages"])
 
 
 def test_p31_input_without_producer_fails_with_its_name():

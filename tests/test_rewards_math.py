@@ -10,7 +10,7 @@ import pytest
 from rewards import math as M
 from rewards.math import compute_score, is_tame, last_boxed_only_string, normalize_answer, remove_boxed
 
-HAS_MV = M._math_verify() is not None
+HAS_MV = M.load_math_verify() is not None
 needs_mv = pytest.mark.skipif(not HAS_MV, reason="math-verify is not installed")
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rewards import math as M
 from rewards.math import compute_score
 
-pytestmark = pytest.mark.skipif(M._math_verify() is None, reason="needs math-verify")
+pytestmark = pytest.mark.skipif(M.load_math_verify() is None, reason="needs math-verify")
 FAST_MS = 50.0
 
 

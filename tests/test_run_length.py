@@ -82,9 +82,9 @@ def test_trainer_stops_where_the_epochs_end_when_each_step_takes_one_batch():
     t.cfg = {"trainer": {"total_training_steps": 100}, "algorithm": {"filter_groups": {"enable": False}}}
     t.trainer_cfg = packaged_section(TrainerConfig, "trainer", **t.cfg["trainer"])
     t.hooks = AlgorithmHooks([])
-    assert t._last_step() == 12
+    assert t.last_step() == 12
     t.hooks = AlgorithmHooks([DynamicSampling(FilterGroupsConfig(), 2, 2, 0, 4)])  # draws a varying number of batches per step
-    assert t._last_step() == 100
+    assert t.last_step() == 100
 
 
 def _lrs(optim_cfg, total_steps):

@@ -50,11 +50,12 @@ def stage_columns(cfg: dict, spec=None) -> dict[str, str]:
         out.update({k: "the actor's log-prob pass" for k in LOG_PROB_PASS_OPTIONAL if k in spec.inputs})
     if reward_component_keys(cfg):
         out["reward_components"] = "the reward stage (algorithm.gdpo_reward_keys)"
-    critic = cfg["critic"].get("enable")
+    critic = cfg["critic"]["enable"]
     if critic or (critic is None and spec is not None and spec.needs_critic):
         out["values"] = "the critic (critic.enable=true)"
-    arr = cfg["actor_rollout_ref"]
-    if arr["actor"].get("use_kl_loss") or cfg["algorithm"].get("use_kl_in_reward"):
+    from trainer.config.workers import needs_reference
+
+    if needs_reference(cfg):
         out["ref_log_prob"] = "the reference model"
     from trainer.algos.rollout_correction import RolloutCorrection
 

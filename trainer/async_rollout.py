@@ -112,7 +112,7 @@ class OffPolicyPipeline:
 
     Args:
         trainer: the :class:`trainer.ppo_trainer.RayPPOTrainer`, its workers started (its loader, roles,
-            ``_tag_prompts`` and ``_last_step`` are used).
+            ``tag_prompts`` and ``last_step`` are used).
         placement: the run's :class:`trainer.rollout_placement.RolloutPlacement` (``separate``).
         weights: the :class:`WeightPush` to use (default: one made between the trainer's actor and rollout roles).
     """
@@ -187,7 +187,7 @@ class OffPolicyPipeline:
             self._start(step - 1)
         if self.weights.newest < step - 1:
             self._push(step - 1, timing)
-        last = min(step + self.s, self.tr._last_step())
+        last = min(step + self.s, self.tr.last_step())
         for j in range(max([step - 1, *self.pending]) + 1, last + 1):
             version = self.version_for(j)
             if version > self.weights.newest:  # only the actor's current weights can be sent
@@ -195,7 +195,7 @@ class OffPolicyPipeline:
                                    f"rollout does not hold (newest: {self.weights.newest})")
             self.loader_states[j] = dict(self.tr.loader.state_dict())
             prompts, epoch = self.tr.loader.next_batch()
-            self.tr._tag_prompts(prompts, j, 1)
+            self.tr.tag_prompts(prompts, j, 1)
             prompts.meta["weights_version"] = version
             self.pending[j] = _InFlight(prompts, epoch, version, self.rollout.submit(prompts))
         batch = self.pending[step]

@@ -115,7 +115,9 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
     else:
         raise ConfigError(f"trainer.resume_mode: {actor!r} holds neither a DeepSpeed (latest) nor a Megatron "
                           "(meta.pt) actor checkpoint")
-    strategy = cfg["trainer"].get("strategy", "deepspeed")
+    from trainer.config.trainer import run_strategy
+
+    strategy = run_strategy(cfg)
     if written != strategy:
         raise ConfigError(f"trainer.resume_mode: {path!r} is a {written} checkpoint but trainer.strategy={strategy}; "
                           f"resume with trainer.strategy={written}, or start from its HF export "
@@ -126,9 +128,9 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
         meta = torch.load(os.path.join(actor, "meta.pt"), map_location="cpu", weights_only=True)
         if meta.get("ckpt_format", "torch") == "torch_dist":
             return  # a dist checkpoint reshards to this run's tensor/pipeline/data-parallel sizes on load
-        m = cfg["actor_rollout_ref"]["actor"].get("megatron") or {}
-        tp = as_int(m.get("tensor_model_parallel_size", 1), "tensor_model_parallel_size", 1)
-        pp = as_int(m.get("pipeline_model_parallel_size", 1), "pipeline_model_parallel_size", 1)
+        m = cfg["actor_rollout_ref"]["actor"]["megatron"]
+        tp = as_int(m["tensor_model_parallel_size"], "tensor_model_parallel_size", 1)
+        pp = as_int(m["pipeline_model_parallel_size"], "pipeline_model_parallel_size", 1)
         world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
         want = {"tp_size": tp, "pp_size": pp, "dp_size": world // (tp * pp)}
         saved = {k: int(meta[k]) for k in want}
@@ -160,16 +162,18 @@ def check_resume_model(path: str, hf: dict) -> None:
 
 
 def check_megatron(cfg: dict, world: int) -> None:
-    """``trainer.strategy=megatron``: megatron-core importable, TP/PP sizes against the world, unsupported pairings.
+    """``trainer.strategy=megatron``: megatron-core importable, the ``actor.megatron`` section
+    (:class:`trainer.config.actor.MegatronConfig`, its own checks), TP x PP against the world, unsupported pairings.
 
     Raises:
-        ConfigError: naming the key and the bad value (PP > 1, CP > 1, a critic, PRIME, Ulysses SP > 1,
-            optimizer offload during rollout and a missing megatron-core are refused).
+        ConfigError: naming the key and the bad value (the section's refusals, a critic, PRIME, Ulysses SP > 1,
+            optimizer offload during rollout, Liger / torch.compile and a missing megatron-core are refused).
     """
     import importlib.util
 
+    from trainer.config.actor import MegatronConfig
+
     arr = cfg["actor_rollout_ref"]
-    m = arr["actor"].get("megatron") or {}
     key = "actor_rollout_ref.actor.megatron"
     try:
         found = importlib.util.find_spec("megatron.core") is not None
@@ -177,38 +181,31 @@ def check_megatron(cfg: dict, world: int) -> None:
         found = False
     if not found:
         raise ConfigError("trainer.strategy=megatron but megatron-core is not importable: pip install -e .[megatron]")
-    tp, pp, cp = (as_int(m.get(k, 1), f"{key}.{k}", minimum=1)
-                  for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
+    m = MegatronConfig.from_dict(arr["actor"]["megatron"], key)  # its own checks: sizes, TP only, ckpt_format
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     if world % (tp * pp):
         raise ConfigError(f"{key}.tensor_model_parallel_size*pipeline_model_parallel_size={tp}*{pp} must divide the "
                           f"{world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
-    if pp != 1:
-        raise ConfigError(f"{key}.pipeline_model_parallel_size={pp}: pipeline parallelism is not supported yet on "
-                          "the Megatron path; use pipeline_model_parallel_size=1 with tensor parallelism")
-    if cp != 1:
-        raise ConfigError(f"{key}.context_parallel_size={cp}: context parallelism is not wired yet (it needs "
-                          "Transformer Engine's attention); use 1")
-    fmt = m.get("ckpt_format", "torch_dist")
-    if fmt not in ("torch_dist", "torch"):
-        raise ConfigError(f"{key}.ckpt_format={fmt!r}; expected torch_dist or torch")
     for sp_key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size", arr["actor"]["ulysses_sequence_parallel_size"]),
                        ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"])):
         if int(sp) != 1:
             raise ConfigError(f"{sp_key}={sp}: Ulysses sequence parallelism is a DeepSpeed-path feature and the "
                               "Megatron path has no sequence splitting for long inputs yet (Megatron's context "
                               "parallelism is not wired); set it to 1 or use trainer.strategy=deepspeed")
-    if cfg["critic"].get("enable"):
+    if cfg["critic"]["enable"]:
         raise ConfigError(f"trainer.strategy=megatron has no critic worker yet, but critic.enable is on "
                           f"(algorithm.adv_estimator={cfg['algorithm']['adv_estimator']}); use a critic-free "
                           "estimator (grpo, rloo, ...) or trainer.strategy=deepspeed")
-    if cfg["algorithm"].get("use_prime"):
+    from trainer.hooks.prime import prime_enabled
+
+    if prime_enabled(cfg):
         raise ConfigError("algorithm=prime is not supported with trainer.strategy=megatron (its PRM worker is "
                           "DeepSpeed-only)")
-    if arr["rollout"].get("offload_optimizer_during_rollout"):
+    if arr["rollout"]["offload_optimizer_during_rollout"]:
         raise ConfigError("actor_rollout_ref.rollout.offload_optimizer_during_rollout=true is a DeepSpeed-path "
                           "feature; set it to false with trainer.strategy=megatron")
     for k in ("use_liger", "use_torch_compile"):
-        if arr["model"].get(k):
+        if arr["model"][k]:
             raise ConfigError(f"actor_rollout_ref.model.{k}=true applies to Hugging Face models (DeepSpeed path); "
                               "set it to false with trainer.strategy=megatron")
 
@@ -218,7 +215,7 @@ def check_megatron_model(cfg: dict, hf: dict) -> None:
 
     Raises: ConfigError naming ``tensor_model_parallel_size`` and the model field that does not divide.
     """
-    tp = int((cfg["actor_rollout_ref"]["actor"].get("megatron") or {}).get("tensor_model_parallel_size", 1))
+    tp = int(cfg["actor_rollout_ref"]["actor"]["megatron"]["tensor_model_parallel_size"])
     key = f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}"
     heads = hf.get("num_attention_heads")
     for name in ("num_attention_heads", "num_key_value_heads"):

@@ -37,7 +37,7 @@ def preflight(cfg: dict) -> None:
     """Fast checks of paths and model limits before anything heavy is imported or any worker starts.
 
     Model folders must hold ``config.json``; data files must exist; the Ulysses size must divide the model's
-    attention heads (``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads == 0``); prompt +
+    attention heads (:func:`trainer.config.actor.check_ulysses_heads`, the patch's own rule); prompt +
     response must fit ``max_position_embeddings``. Every section runs; their errors are raised together.
 
     Raises:
@@ -107,18 +107,11 @@ def _check_model_fit(cfg: dict) -> None:
     if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
         return  # reported by _check_model_paths
     hf = _model_config_dict(cfg, path)
-    heads = hf.get("num_attention_heads")
-    kv = hf.get("num_key_value_heads") or heads
-    for key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-                     arr["actor"]["ulysses_sequence_parallel_size"]),
-                    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr["ref"]["ulysses_sequence_parallel_size"]),
-                    ("critic.ulysses_sequence_parallel_size", cfg["critic"]["ulysses_sequence_parallel_size"])):
-        sp = int(sp)
-        if sp > 1 and heads and (heads % sp or (kv % sp and sp % kv)):
-            raise ConfigError(f"{key}={sp} does not fit the model's heads (num_attention_heads={heads}, "
-                              f"num_key_value_heads={kv}): need heads % sp == 0 and (kv_heads % sp == 0 or "
-                              "sp % kv_heads == 0)")
-    if cfg["trainer"].get("strategy", "deepspeed") == "megatron":
+    from trainer.config.actor import check_ulysses_heads
+    from trainer.config.trainer import run_strategy
+
+    check_ulysses_heads(cfg, hf.get("num_attention_heads"), hf.get("num_key_value_heads"))
+    if run_strategy(cfg) == "megatron":
         check_megatron_model(cfg, hf)
     ctx = hf.get("max_position_embeddings")
     need = int(cfg["data"]["max_prompt_length"]) + int(cfg["data"]["max_response_length"])

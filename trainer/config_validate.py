@@ -16,10 +16,10 @@ def overlong_kwargs(cfg: dict) -> dict:
     Raises:
         ConfigError: ``enable`` with ``len`` not in (0, data.max_response_length), or a negative penalty factor.
     """
-    ob = cfg.get("reward_model", {}).get("overlong_buffer") or {}
-    buf = as_int(ob.get("len", 0), "reward_model.overlong_buffer.len")  # checked while off too (typos)
-    factor = _finite("reward_model.overlong_buffer.penalty_factor", ob.get("penalty_factor", 1.0))
-    if not ob.get("enable"):
+    ob = cfg["reward_model"]["overlong_buffer"]
+    buf = as_int(ob["len"], "reward_model.overlong_buffer.len")  # checked while off too (typos)
+    factor = _finite("reward_model.overlong_buffer.penalty_factor", ob["penalty_factor"])
+    if not ob["enable"]:
         return {}
     max_len = int(cfg["data"]["max_response_length"])
     if not 0 < buf < max_len:
@@ -53,8 +53,9 @@ def validate(cfg: dict) -> None:
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
-                     _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction, _check_strategy,
-                     _check_kernels, check_verl_semantics, check_multi_turn, check_rollout_placement))
+                     _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
+                     _check_overlong, _check_strategy, _check_kernels, check_verl_semantics, check_multi_turn,
+                     check_rollout_placement))
 
 
 def _world(cfg: dict) -> int:
@@ -94,13 +95,10 @@ def _check_batches(cfg: dict) -> None:
     actor, n, world = arr["actor"], int(arr["rollout"]["n"]), _world(cfg)
     bs, mini = int(d["train_batch_size"]), int(actor["ppo_mini_batch_size"])
     if world < 1:
-        return  # reported by _check_world_and_lengths
-    for role, section in (("actor_rollout_ref.actor", actor), ("actor_rollout_ref.ref", arr["ref"]),
-                          ("critic", cfg["critic"])):
-        sp_val = section["ulysses_sequence_parallel_size"]
-        if int(sp_val) < 1 or world % int(sp_val):
-            raise ConfigError(f"{role}.ulysses_sequence_parallel_size={sp_val} must divide the {world} workers "
-                              "(trainer.nnodes*trainer.n_gpus_per_node)")
+        return  # reported by the trainer section (trainer.config.trainer.TrainerConfig)
+    from trainer.config.actor import check_ulysses_world
+
+    check_ulysses_world(cfg, world)
     dp = world // int(actor["ulysses_sequence_parallel_size"])
     if bs % world:
         raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers")
@@ -113,7 +111,7 @@ def _check_batches(cfg: dict) -> None:
     if micro <= 0:
         return  # reported by the actor's section (trainer.config.actor.ActorConfig)
     # a micro-batch larger than the rank's mini-batch is clamped to it (one micro-batch); smaller must divide it
-    if not actor.get("use_dynamic_bsz") and micro < mini * n // dp and (mini * n // dp) % micro:
+    if not actor["use_dynamic_bsz"] and micro < mini * n // dp and (mini * n // dp) % micro:
         raise ConfigError(f"a mini-batch holds {mini * n // dp} rows per data-parallel rank, not divisible by "
                           f"actor.ppo_micro_batch_size_per_gpu={micro}")
 
@@ -167,12 +165,16 @@ def _check_filter_groups(cfg: dict) -> None:
                               "data.accuracy_lower_bound)")
 
 
-def _check_strategy(cfg: dict) -> None:
-    strategy = cfg["trainer"].get("strategy", "deepspeed")
+def _check_overlong(cfg: dict) -> None:
     overlong_kwargs(cfg)
-    if strategy not in ("deepspeed", "megatron"):
-        raise ConfigError(f"trainer.strategy={strategy!r}; expected deepspeed or megatron")
-    if strategy == "megatron":
+
+
+def _check_strategy(cfg: dict) -> None:
+    """``trainer.strategy`` (:func:`trainer.config.trainer.run_strategy`) and, for megatron, its sizes and pairings
+    (:func:`trainer.config_checks.check_megatron`)."""
+    from trainer.config.trainer import run_strategy
+
+    if run_strategy(cfg) == "megatron":
         check_megatron(cfg, _world(cfg))
 
 

@@ -259,7 +259,7 @@ def build_data(cfg: dict, data: DataConfig, tok, processor=None):
     train_ds = PromptDataset(d.train_files, max_rows=d.max_rows, **ds_kwargs)
     val_ds = PromptDataset(d.val_files, max_rows=d.val_max_rows, **ds_kwargs) if d.val_files else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    dynamic = bool((cfg["algorithm"].get("filter_groups") or {}).get("enable"))
+    dynamic = bool(cfg["algorithm"]["filter_groups"]["enable"])
     batch = (d.gen_batch_size or d.train_batch_size) if dynamic else d.train_batch_size
     loader = PromptLoader(train_ds, batch, pad, shuffle=d.shuffle, seed=d.seed,
                           num_epochs=int(cfg["trainer"]["total_epochs"]))
@@ -320,7 +320,7 @@ def run(hydra_cfg: DictConfig) -> dict:
 
     trainer = RayPPOTrainer(cfg, tok, loader, val_ds,
                             *build_reward_managers(cfg, data, tok, [loader.dataset, val_ds]))
-    dynamic = bool((cfg["algorithm"].get("filter_groups") or {}).get("enable"))
+    dynamic = bool(cfg["algorithm"]["filter_groups"]["enable"])
     total = plan_run_length(cfg, len(trainer.loader), one_batch_per_step=not dynamic)
     # the driver's trainer section was built before the run length was planned: the planned value replaces null
     trainer.trainer_cfg = t = replaced(trainer.trainer_cfg, "trainer", total_training_steps=total)

@@ -31,13 +31,13 @@ def lora_roles(cfg: dict) -> list[tuple[str, dict, bool]]:
     """``(config key, model settings, value_head)`` of the roles that may train LoRA adapters: the actor, and the
     critic when it is on."""
     roles = [("actor_rollout_ref.model", cfg["actor_rollout_ref"]["model"], False)]
-    if cfg["critic"].get("enable"):
+    if cfg["critic"]["enable"]:
         roles.append(("critic.model", cfg["critic"]["model"], True))
     return roles
 
 
 def _rank(key: str, model_cfg: dict) -> int:
-    value = model_cfg.get("lora_rank", 0)
+    value = model_cfg["lora_rank"]
     value = 0 if value is None else value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{key}.lora_rank={value!r}; expected an integer >= 0 (0: train every weight, > 0: the "
@@ -62,12 +62,12 @@ def _check_values(cfg: dict) -> None:
     for key, model_cfg, _ in lora_roles(cfg):
         if _rank(key, model_cfg) == 0:
             continue
-        alpha = model_cfg.get("lora_alpha")
+        alpha = model_cfg["lora_alpha"]
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
             raise ConfigError(f"{key}.lora_alpha={alpha!r}; expected a number > 0 (the update is scaled by "
                               "lora_alpha / lora_rank)")
-        _names(key, "target_modules", model_cfg.get("target_modules"), allow_all_linear=True)
-        _names(key, "exclude_modules", model_cfg.get("exclude_modules"), allow_all_linear=False)
+        _names(key, "target_modules", model_cfg["target_modules"], allow_all_linear=True)
+        _names(key, "exclude_modules", model_cfg["exclude_modules"], allow_all_linear=False)
 
 
 def _ranks(cfg: dict) -> dict[str, int]:
@@ -81,9 +81,10 @@ def _ranks(cfg: dict) -> dict[str, int]:
 
 
 def _check_strategy(cfg: dict) -> None:
-    strategy = cfg["trainer"].get("strategy", "deepspeed")
+    from trainer.config.trainer import run_strategy
+
     on = [k for k, r in _ranks(cfg).items() if r > 0]
-    if strategy == "megatron" and on:
+    if on and run_strategy(cfg) == "megatron":
         raise ConfigError(f"{on[0]}.lora_rank={_ranks(cfg)[on[0]]} with trainer.strategy=megatron: LoRA adapters are "
                           "built on the DeepSpeed path only; use trainer.strategy=deepspeed or lora_rank=0")
 
@@ -92,15 +93,15 @@ def _check_sync(cfg: dict) -> None:
     from trainer.workers.lora_sync import LORA_SYNC_MODES, VLLM_MAX_LORA_RANKS
 
     rc = cfg["actor_rollout_ref"]["rollout"]
-    mode = rc.get("lora_sync", "merged")
+    mode = rc["lora_sync"]
     if mode not in LORA_SYNC_MODES:
         raise ConfigError(f"actor_rollout_ref.rollout.lora_sync={mode!r}; expected one of {', '.join(LORA_SYNC_MODES)}")
     if mode != "adapter":
         return
     rank = _ranks(cfg)["actor_rollout_ref.model"]
-    if rc.get("name") != "vllm":
+    if rc["name"] != "vllm":
         raise ConfigError(f"actor_rollout_ref.rollout.lora_sync=adapter needs rollout=vllm (vLLM's LoRA); "
-                          f"rollout.name={rc.get('name')} takes lora_sync=merged")
+                          f"rollout.name={rc['name']} takes lora_sync=merged")
     if rank == 0:
         raise ConfigError("actor_rollout_ref.rollout.lora_sync=adapter needs actor_rollout_ref.model.lora_rank > 0")
     if rank > VLLM_MAX_LORA_RANKS[-1]:
@@ -109,12 +110,13 @@ def _check_sync(cfg: dict) -> None:
 
 
 def _check_reference(cfg: dict) -> None:
+    from trainer.config.workers import needs_reference
+
     arr = cfg["actor_rollout_ref"]
-    need_ref = bool(arr["actor"].get("use_kl_loss") or cfg["algorithm"].get("use_kl_in_reward"))
-    if not need_ref or _ranks(cfg)["actor_rollout_ref.model"] == 0:
+    if not needs_reference(cfg) or _ranks(cfg)["actor_rollout_ref.model"] == 0:
         return
-    actor_sp = arr["actor"].get("ulysses_sequence_parallel_size", 1)
-    ref_sp = arr["ref"].get("ulysses_sequence_parallel_size", actor_sp)
+    actor_sp = arr["actor"]["ulysses_sequence_parallel_size"]
+    ref_sp = arr["ref"]["ulysses_sequence_parallel_size"]
     if ref_sp != actor_sp:
         raise ConfigError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp} with LoRA: the reference is "
                           f"the actor with its adapters disabled and runs at the actor's size ({actor_sp}); set them "
@@ -125,8 +127,8 @@ def _check_module_names(cfg: dict) -> None:
     for key, model_cfg, value_head in lora_roles(cfg):
         try:
             rank = _rank(key, model_cfg)
-            targets = _names(key, "target_modules", model_cfg.get("target_modules"), allow_all_linear=True)
-            exclude = _names(key, "exclude_modules", model_cfg.get("exclude_modules"), allow_all_linear=False)
+            targets = _names(key, "target_modules", model_cfg["target_modules"], allow_all_linear=True)
+            exclude = _names(key, "exclude_modules", model_cfg["exclude_modules"], allow_all_linear=False)
         except ConfigError:  # reported by _check_values
             continue
         if rank == 0 or (targets is None and exclude is None):
@@ -185,7 +187,7 @@ def _check_adapter_sync_targets(cfg: dict, model, targets: list[str]) -> None:
     """vLLM's LoRA adapts the decoder's linear layers: an adapter on the embedding or the output head cannot be
     served (``lora_sync=adapter``); the merged sync takes any target."""
     hit = _embedding_hits(model, targets)
-    if hit and cfg["actor_rollout_ref"]["rollout"].get("lora_sync", "merged") == "adapter":
+    if hit and cfg["actor_rollout_ref"]["rollout"]["lora_sync"] == "adapter":
         raise ConfigError(f"actor_rollout_ref.model.target_modules={targets} with rollout.lora_sync=adapter: vLLM's "
                           f"LoRA does not serve an adapter on {', '.join(map(repr, hit))}; leave it out or use "
                           "lora_sync=merged")
@@ -210,8 +212,8 @@ def _meta_model(cfg: dict, model_cfg: dict, value_head: bool):
                               AutoModelForTokenClassification)
 
     arr_model = cfg["actor_rollout_ref"]["model"]
-    path = model_cfg.get("path") or arr_model.get("path")
-    remote = bool(model_cfg.get("trust_remote_code", arr_model.get("trust_remote_code")))
+    path = model_cfg["path"] or arr_model["path"]
+    remote = bool(model_cfg["trust_remote_code"])
     try:
         if path is None:
             from trainer import embedded

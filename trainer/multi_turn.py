@@ -45,7 +45,7 @@ def multi_turn_config(rollout_cfg: Mapping[str, Any]):
         v = values.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise ConfigError(f"{KEY}.{k}={v!r}; expected an integer")
-    if not isinstance(values.get("enable", False), bool):
+    if "enable" in values and not isinstance(values["enable"], bool):
         raise ConfigError(f"{KEY}.enable={values['enable']!r}; expected true or false")
     if not isinstance(values.get("tools") or [], (list, tuple)):
         raise ConfigError(f"{KEY}.tools={values['tools']!r}; expected a list of tool entries")

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from trainer.config.data import DataConfig
+from trainer.config.rollout import SamplingKwargs
 from trainer.config.trainer import TrainerConfig
 from trainer.config_reads import plain
 from trainer.dataset import DataExhausted, PromptLoader
@@ -39,8 +40,9 @@ class RayPPOTrainer:
     Args:
         config: the resolved config as a plain dict; its ``trainer`` and ``data`` sections are read as
             :attr:`trainer_cfg` (:class:`trainer.config.trainer.TrainerConfig`; ``total_training_steps`` is replaced
-            once :func:`trainer.launch.plan_run_length` planned it) and :attr:`data_cfg`
-            (:class:`trainer.config.data.DataConfig`).
+            once :func:`trainer.launch.plan_run_length` planned it), :attr:`data_cfg`
+            (:class:`trainer.config.data.DataConfig`) and :attr:`val_kwargs` (``actor_rollout_ref.rollout.val_kwargs``,
+            :class:`trainer.config.rollout.SamplingKwargs`).
         tokenizer: the actor's tokenizer (decoding for rewards).
         train_loader: a :class:`trainer.dataset.PromptLoader`.
         val_dataset: a :class:`trainer.dataset.PromptDataset` or None.
@@ -61,15 +63,16 @@ class RayPPOTrainer:
         self.stop_token_ids = [tokenizer.eos_token_id]  # replaced by the rollout engine's set in init_workers
         self._stop_requested = False
         self.stop_reason = ""  # why the run ended before trainer.total_training_steps (for the final line)
-        self._val_samples: list[dict] = []  # trainer.log_val_generations samples of the last validation
-        self._log_val_n = 0
+        self.val_samples: list[dict] = []  # trainer.log_val_generations samples of the last validation
+        self.log_val_n = 0
         self.kl_ctrl = core_algos.get_kl_controller(self.algo["kl_ctrl"]) if self.algo["use_kl_in_reward"] else None
         self.rollout_correction = RolloutCorrection.from_config(self.algo.get("rollout_correction"))
         self.hf_exports = TimedHFExports.from_config(config["trainer"])  # trainer.export_hf_freq_s (None: off)
-        vk = config["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
+        vk = self.val_kwargs = SamplingKwargs.from_dict(config["actor_rollout_ref"]["rollout"]["val_kwargs"],
+                                                         "actor_rollout_ref.rollout.val_kwargs")
         if t.val_also_greedy and not sampled(vk):
             logger.warning("trainer.val_also_greedy=true does nothing: actor_rollout_ref.rollout.val_kwargs already "
-                           "decodes greedily (do_sample=%s, temperature=%s)", vk.get("do_sample"), vk.get("temperature"))
+                           "decodes greedily (do_sample=%s, temperature=%s)", vk.do_sample, vk.temperature)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.hooks = build_hooks(config, self.world, pad, len(train_loader))
         self.loader = self.hooks.wrap_loader(train_loader)
@@ -177,7 +180,7 @@ class RayPPOTrainer:
         returns named components (GDPO's ``algorithm.gdpo_reward_keys``), ``reward_components`` (B*n, K) f32. The
         pipelined rollout started the first batch earlier (:meth:`OffPolicyPipeline.collect`; ``timing_s/gen`` is
         then the wait for it)."""
-        self._tag_prompts(prompts, self.global_step, k)
+        self.tag_prompts(prompts, self.global_step, k)
         with step.timer("gen"):
             rows = self.pipeline.collect(step) if self.pipeline is not None and k == 1 else step.generate(prompts)
         with step.timer("reward"):
@@ -187,7 +190,7 @@ class RayPPOTrainer:
                 rows["reward_components"] = rew.reward_components
         return rows, rew
 
-    def _tag_prompts(self, prompts: DataProto, step: int, k: int) -> None:
+    def tag_prompts(self, prompts: DataProto, step: int, k: int) -> None:
         """The sampling seed (``meta["seed"]``) and ``uid`` column of the ``k``-th prompt batch of ``step``."""
         base = step + self.trainer_cfg.seed * 100003
         prompts.meta.update(seed=base + (k - 1) * 7919)
@@ -254,7 +257,7 @@ class RayPPOTrainer:
 
         return validate(self)
 
-    def _validate_pass(self, greedy: bool) -> dict:
+    def validate_pass(self, greedy: bool) -> dict:
         """One generation + scoring pass over the held-out set (:func:`trainer.validation.validation_pass`)."""
         from trainer.validation import validation_pass
 
@@ -266,7 +269,7 @@ class RayPPOTrainer:
         from trainer.tracking import Tracking
 
         t = self.trainer_cfg
-        total = self._last_step()
+        total = self.last_step()
         self.global_step = self.load_checkpoint()
         tracker = Tracking(t.project_name, t.experiment_name, t.logger, t.output_dir, plain(self.cfg),
                            total_steps=total, start_step=self.global_step)
@@ -352,7 +355,7 @@ class RayPPOTrainer:
             self.roles.actor.export_hf(out)
             last["hf_export_dir"] = out
 
-    def _last_step(self) -> int:
+    def last_step(self) -> int:
         """``trainer.total_training_steps``, or the step where ``trainer.total_epochs`` of data end when that comes
         first and every step takes one loader batch (verl's epoch loop ends the run there)."""
         total = self.trainer_cfg.total_training_steps

@@ -49,11 +49,11 @@ class ResourceRequest:
         """Raises PlacementError for non-integer or non-positive counts. ``rollout_bundles``: see the class."""
         vals = {}
         for key in ("nnodes", "n_gpus_per_node", "cpus_per_worker"):
-            v = trainer_cfg.get(key, 1)
+            v = trainer_cfg[key]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlacementError(f"trainer.{key}={v!r}; expected an integer >= 1")
             vals[key] = v
-        return cls(trainer_cfg.get("device", "cpu"), vals["nnodes"], vals["n_gpus_per_node"], vals["cpus_per_worker"],
+        return cls(trainer_cfg["device"], vals["nnodes"], vals["n_gpus_per_node"], vals["cpus_per_worker"],
                    int(rollout_bundles))
 
     @property

@@ -332,9 +332,10 @@ def actor_role(config) -> Role:
 
     ``trainer.strategy=megatron`` uses the Megatron worker, whose tensor-parallel peers of a data-parallel rank
     receive the same rows; the DeepSpeed worker's Ulysses peers do."""
+    from trainer.config.trainer import run_strategy
     from trainer.config.workers import actor_worker_config
 
-    strategy = config["trainer"]["strategy"]
+    strategy = run_strategy(config)
     actor = config["actor_rollout_ref"]["actor"]
     sp = int(actor["ulysses_sequence_parallel_size"])
     if strategy == "megatron":

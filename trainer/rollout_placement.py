@@ -44,34 +44,34 @@ class RolloutPlacement:
         trace_file: a Chrome trace (``chrome://tracing``, Perfetto) of generation and update times, or None.
     """
 
-    placement: str = "colocated"
-    n_gpus: float = 1.0
-    staleness: int = 0
+    placement: str
+    n_gpus: float
+    staleness: int
     trace_file: str | None = None
 
     @classmethod
     def from_config(cls, cfg: dict) -> "RolloutPlacement":
-        """Read the keys (absent keys: the defaults above).
+        """Read the keys of the run config ``cfg`` (``configs/ppo_trainer.yaml`` holds their defaults).
 
         Raises:
             ConfigError: an unknown placement, a staleness that is not an integer >= 0, an ``n_gpus`` that is
                 neither an integer >= 1 nor a fraction in (0, 1); the message names the key and the value.
         """
         t = cfg["trainer"]
-        placement = t.get("rollout_placement", "colocated")
+        placement = t["rollout_placement"]
         if placement not in PLACEMENTS:
             raise ConfigError(f"trainer.rollout_placement={placement!r}; expected {' or '.join(PLACEMENTS)}")
-        section = t.get("async") or {}
-        s = section.get("staleness", 0)
+        section = t["async"]
+        s = section["staleness"]
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             raise ConfigError(f"trainer.async.staleness={s!r}; expected an integer >= 0 (0: on-policy)")
-        n = cfg["actor_rollout_ref"]["rollout"].get("n_gpus", 1)
+        n = cfg["actor_rollout_ref"]["rollout"]["n_gpus"]
         ok = not isinstance(n, bool) and isinstance(n, (int, float)) and math.isfinite(n) and (
             0 < n < 1 or (n >= 1 and float(n).is_integer()))
         if not ok:
             raise ConfigError(f"{_N_GPUS}={n!r}; expected an integer >= 1 (rollout workers with a GPU or CPU "
                               "process of their own) or a fraction in (0, 1) of the actor's first GPU")
-        return cls(placement, float(n), int(s), section.get("trace_file") or None)
+        return cls(placement, float(n), int(s), section["trace_file"] or None)
 
     @property
     def separate(self) -> bool:
@@ -107,19 +107,21 @@ def check_rollout_placement(cfg: dict) -> None:
                           "(set trainer.rollout_placement=separate, or trainer.async.staleness=0)")
     if not rp.separate:
         return
+    from trainer.config.trainer import run_strategy
+
     arr = cfg["actor_rollout_ref"]
+    rollout_tp = arr["rollout"]["tensor_model_parallel_size"]
     why = {
-        "trainer.strategy=megatron": cfg["trainer"].get("strategy", "deepspeed") == "megatron",
-        f"actor_rollout_ref.model.lora_rank={arr['model'].get('lora_rank', 0)}": bool(arr["model"].get("lora_rank")),
-        f"actor_rollout_ref.rollout.tensor_model_parallel_size={arr['rollout'].get('tensor_model_parallel_size', 1)}":
-            int(arr["rollout"].get("tensor_model_parallel_size", 1)) != 1,
+        "trainer.strategy=megatron": run_strategy(cfg) == "megatron",
+        f"actor_rollout_ref.model.lora_rank={arr['model']['lora_rank']}": bool(arr["model"]["lora_rank"]),
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout_tp}": int(rollout_tp) != 1,
     }
     for setting, bad in why.items():
         if bad:
             raise ConfigError(f"trainer.rollout_placement=separate does not take {setting} (the weight push sends "
                               "a DeepSpeed actor's full weights to single-device engines); use "
                               "trainer.rollout_placement=colocated")
-    if rp.staleness and (cfg["algorithm"].get("filter_groups") or {}).get("enable"):
+    if rp.staleness and cfg["algorithm"]["filter_groups"]["enable"]:
         raise ConfigError(f"trainer.async.staleness={rp.staleness} with algorithm.filter_groups.enable=true: "
                           "dynamic sampling draws more prompt batches during a step, which the pipelined rollout "
                           "has already run past; use trainer.async.staleness=0")
@@ -135,10 +137,10 @@ def separate_placement_warnings(cfg: dict) -> list[str]:
     except ConfigError:
         return []
     rc, out = cfg["actor_rollout_ref"]["rollout"], []
-    if rc.get("offload_optimizer_during_rollout"):
+    if rc["offload_optimizer_during_rollout"]:
         out.append("actor_rollout_ref.rollout.offload_optimizer_during_rollout=true: no effect with "
                    "trainer.rollout_placement=separate (the actor's workers never generate)")
-    if int(rc.get("sleep_level", 1)) != 1:
+    if int(rc["sleep_level"]) != 1:
         out.append(f"actor_rollout_ref.rollout.sleep_level={rc['sleep_level']}: no effect with "
                    "trainer.rollout_placement=separate (the rollout workers' engine never sleeps)")
     return out
@@ -148,8 +150,8 @@ def resolve_async_defaults(cfg: dict) -> None:
     """``algorithm.rollout_correction.rollout_is=auto`` becomes ``token`` (truncated importance sampling between
     the rollout's and the actor's log-probs) when ``trainer.async.staleness >= 1``, else null (off). In place;
     values the checks refuse are left for :func:`check_rollout_placement` to report."""
-    section = cfg["algorithm"].setdefault("rollout_correction", {})
-    if section.get("rollout_is") != "auto":
+    section = cfg["algorithm"]["rollout_correction"]
+    if section["rollout_is"] != "auto":
         return
     try:
         stale = RolloutPlacement.from_config(cfg).staleness > 0
@@ -158,4 +160,4 @@ def resolve_async_defaults(cfg: dict) -> None:
     section["rollout_is"] = "token" if stale else None
     if stale:
         logger.info("trainer.async.staleness >= 1: algorithm.rollout_correction.rollout_is=token (truncated "
-                    "importance sampling, C=%s)", section.get("rollout_is_threshold", 2.0))
+                    "importance sampling, C=%s)", section["rollout_is_threshold"])

@@ -9,14 +9,13 @@ from trainer.dataset import collate_prompts, pad_rows_to_multiple
 
 
 def validate(trainer) -> dict:
-    """``trainer.validate()``: the sampled pass (``trainer._validate_pass(greedy=False)``), and with
+    """``trainer.validate()``: the sampled pass (``trainer.validate_pass(greedy=False)``), and with
     ``trainer.val_also_greedy`` and sampled ``val_kwargs`` the greedy pass too; {} without held-out data."""
     if trainer.val_dataset is None:
         return {}
-    metrics = trainer._validate_pass(greedy=False)
-    vk = trainer.cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
-    if trainer.trainer_cfg.val_also_greedy and sampled(vk):
-        metrics.update(trainer._validate_pass(greedy=True))
+    metrics = trainer.validate_pass(greedy=False)
+    if trainer.trainer_cfg.val_also_greedy and sampled(trainer.val_kwargs):
+        metrics.update(trainer.validate_pass(greedy=True))
     return metrics
 
 
@@ -24,10 +23,10 @@ def validate_and_log(trainer, tracker, step: int, advance: bool = True) -> dict:
     """``trainer.validate()``, plus the first ``trainer.log_val_generations`` samples logged through ``tracker``
     (:class:`trainer.tracking.Tracking`); at step 0 (before training) the metrics are logged here, later with the
     step's metrics."""
-    trainer._log_val_n, trainer._val_samples = trainer.trainer_cfg.log_val_generations, []
+    trainer.log_val_n, trainer.val_samples = trainer.trainer_cfg.log_val_generations, []
     val = trainer.validate()
-    if trainer._val_samples:
-        tracker.log_generations(trainer._val_samples, step)
+    if trainer.val_samples:
+        tracker.log_generations(trainer.val_samples, step)
     if not advance:
         tracker.log({**val, "_no_advance": True}, step=step)
     return val
@@ -58,8 +57,8 @@ def validation_pass(trainer, greedy: bool) -> dict:
         out = out.index(slice(0, len(batch) * n_val))  # drop the rows that only padded the batch
         rew = trainer.val_reward_fn(out)
         if not greedy:  # trainer.log_val_generations: the first samples of the sampled pass
-            trainer._val_samples += generation_samples(tok, out, rew.token_level_scores.sum(-1).tolist(),
-                                                       trainer._log_val_n - len(trainer._val_samples))
+            trainer.val_samples += generation_samples(tok, out, rew.token_level_scores.sum(-1).tolist(),
+                                                      trainer.log_val_n - len(trainer.val_samples))
         sources.extend(out["data_source"].tolist())
         uids.extend(out["uid"].tolist())
         chunk = {"score": rew.token_level_scores.sum(-1).tolist()}
@@ -81,9 +80,9 @@ def validation_pass(trainer, greedy: bool) -> dict:
     return metrics
 
 
-def sampled(kwargs: dict) -> bool:
-    """True when sampling settings (``val_kwargs``) sample, by :attr:`rollout.base.SamplingConfig.greedy`'s rule."""
+def sampled(kwargs) -> bool:
+    """True when the sampling settings ``kwargs`` (``rollout.val_kwargs``, a
+    :class:`trainer.config.rollout.SamplingKwargs`) sample, by :attr:`rollout.base.SamplingConfig.greedy`'s rule."""
     from rollout.base import SamplingConfig
 
-    return not SamplingConfig(do_sample=bool(kwargs.get("do_sample", False)),
-                              temperature=float(kwargs.get("temperature", 0.0) or 0.0)).greedy
+    return not SamplingConfig(do_sample=kwargs.do_sample, temperature=kwargs.temperature).greedy

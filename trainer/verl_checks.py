@@ -27,7 +27,7 @@ def check_verl_semantics(cfg: dict) -> None:
 
 
 def _check_reward_manager(cfg: dict) -> None:
-    name = (cfg.get("reward_model") or {}).get("reward_manager", "naive")
+    name = cfg["reward_model"]["reward_manager"]
     if name not in REWARD_MANAGERS:
         raise ConfigError(f"reward_model.reward_manager={name!r}; expected one of {list(REWARD_MANAGERS)} (each scores "
                           "rows with the rule scorer; DAPO's overlong penalty is reward_model.overlong_buffer); for your "
@@ -39,7 +39,7 @@ def _check_gen_batch_size(cfg: dict) -> None:
     gen, bs = d["gen_batch_size"], int(d["train_batch_size"])
     if isinstance(gen, bool) or not isinstance(gen, int) or gen < 1:
         return  # None: train_batch_size; another value is refused by the data section (trainer.config.data)
-    if not (cfg["algorithm"].get("filter_groups") or {}).get("enable"):
+    if not cfg["algorithm"]["filter_groups"]["enable"]:
         if gen != bs:
             raise ConfigError(f"data.gen_batch_size={gen} differs from data.train_batch_size={bs}, but generation "
                               "batches are the training batch unless algorithm.filter_groups.enable=true (dynamic "

@@ -163,7 +163,7 @@ def _offload(ctx: _Context, key: str, value, target: str) -> None:
     extra = ""  # below ZeRO-3, unused_setting_warnings says that offload_param has no effect
     if target.endswith("offload_optimizer"):
         extra = "" if stage >= 1 else " (ZeRO-Offload needs ZeRO stage >= 1: add deepspeed=zero2)"
-        if ds.get("optimizer", "torch_adamw") == "torch_adamw":
+        if ds["optimizer"] == "torch_adamw":
             ds["optimizer"] = "deepspeed_adamw"
             extra = " with deepspeed.optimizer=deepspeed_adamw (DeepSpeedCPUAdam; ZeRO-Offload refuses torch's " \
                     "AdamW)" + extra
@@ -220,7 +220,9 @@ def _max_resp_len(ctx: _Context, key: str, value, target: str) -> None:
 
 
 def _prime(cfg: dict) -> bool:
-    return bool(_get(cfg, "algorithm.use_prime", False))
+    from trainer.hooks.prime import prime_enabled
+
+    return prime_enabled(cfg)
 
 
 def _reward_model_enable(ctx: _Context, key: str, value, target: str) -> None:
@@ -331,7 +333,7 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
         out.append("algorithm.use_kl_in_reward=true: no effect with algorithm=prime: PRIME's advantages are built from "
                    "the verified and the implicit process rewards, not from token_level_rewards where that penalty "
                    "goes (use actor_rollout_ref.actor.use_kl_loss=true for a KL term)")
-    if rc.get("free_cache_engine", True) is not True:
+    if "free_cache_engine" in rc and rc["free_cache_engine"] is not True:  # the rollout groups set true
         out.append(f"{R}.free_cache_engine={_fmt(rc['free_cache_engine'])}: ignored: the engine always frees its KV "
                    "cache after generation (it sleeps while DeepSpeed trains)")
     name = rc.get("name")

@@ -52,9 +52,17 @@ class Tool(abc.ABC):
             self.parameters = parameters
         if timeout_s is not None:
             self.timeout_s = float(timeout_s)
-        self._check_definition()
+        self.check_definition()
 
-    def _check_definition(self) -> None:
+    def check_definition(self) -> None:
+        """Check the tool's definition as the model sees it (run at construction, and again by
+        :func:`rollout.tools.registry.build_tool` after a schema from the tool config replaced it).
+
+        Raises:
+            ValueError: a name outside ``[A-Za-z0-9_.-]+``, ``parameters`` that are not a JSON schema of type
+                ``object``, or a ``timeout_s`` that is not > 0.
+            jsonschema.SchemaError: ``parameters`` is not a valid JSON schema.
+        """
         import re
 
         from jsonschema import Draft202012Validator

@@ -88,7 +88,7 @@ def build_tool(entry: Any) -> Tool:
         tool.name = fn.get("name", tool.name)
         tool.description = fn.get("description", tool.description)
         tool.parameters = fn.get("parameters", tool.parameters)
-        tool._check_definition()
+        tool.check_definition()
     return tool
 
 

@@ -101,9 +101,10 @@ def get_kl_controller(cfg: Mapping[str, Any]):
     Raises:
         ValueError: unknown ``type`` or a missing key.
     """
-    kind = cfg.get("type", "fixed")
-    if "kl_coef" not in cfg:
-        raise ValueError("kl_ctrl config needs 'kl_coef'")
+    for key in ("type", "kl_coef"):
+        if key not in cfg:
+            raise ValueError(f"kl_ctrl config needs {key!r}")
+    kind = cfg["type"]
     if kind == "fixed":
         return FixedKLController(kl_coef=cfg["kl_coef"])
     if kind == "adaptive":

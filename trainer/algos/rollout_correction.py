@@ -15,7 +15,7 @@ sequences for sequence level), so that the mean weight is 1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 import torch
@@ -58,13 +58,19 @@ class RolloutCorrection:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> "RolloutCorrection":
-        """Build from the config section (None or missing keys: defaults)."""
+        """Build from the config section ``algorithm.rollout_correction`` (``configs/ppo_trainer.yaml`` holds its
+        defaults; a key the mapping lacks, or None for the whole section, keeps the field's default above).
+
+        Raises:
+            ValueError: see the class.
+        """
         s = dict(section or {})
         level = s.get("rollout_is")
         # auto: trainer.launch.resolve_config makes it token with trainer.async.staleness >= 1, else off
-        return cls(rollout_is=None if level in (None, "", "none", "null", "auto") else str(level),
-                   rollout_is_threshold=s.get("rollout_is_threshold", 2.0),
-                   rollout_is_batch_normalize=bool(s.get("rollout_is_batch_normalize", False)))
+        s["rollout_is"] = None if level in (None, "", "none", "null", "auto") else str(level)
+        if "rollout_is_batch_normalize" in s:
+            s["rollout_is_batch_normalize"] = bool(s["rollout_is_batch_normalize"])
+        return cls(**{f.name: s[f.name] for f in fields(cls) if f.name in s})
 
     @property
     def enabled(self) -> bool:

@@ -2,13 +2,18 @@
 ``actor_rollout_ref.ref`` and ``critic`` (verl's keys; ``configs/ppo_trainer.yaml`` holds their defaults)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.config.section import Section, built_by, finite
 from trainer.config_checks import ConfigError, as_int
 
-__all__ = ["OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "RefConfig", "CriticConfig"]
+__all__ = ["OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "RefConfig", "CriticConfig",
+           "ULYSSES_SECTIONS", "ulysses_sizes", "check_ulysses_world", "check_ulysses_heads"]
+
+#: the sections with a ``ulysses_sequence_parallel_size``: the actor, its reference and the critic
+ULYSSES_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 
 
 def _scale_factor(value: Any, path: str) -> float | None:
@@ -87,8 +92,8 @@ class PolicyLossConfig(Section):
 
 @dataclass(frozen=True)
 class MegatronConfig(Section):
-    """``actor.megatron`` of ``trainer.strategy=megatron`` (verl's keys; checked by
-    :func:`trainer.config_checks.check_megatron` against the world size)."""
+    """``actor.megatron`` of ``trainer.strategy=megatron`` (verl's keys; against the world size and the other
+    sections by :func:`trainer.config_checks.check_megatron`)."""
 
     tensor_model_parallel_size: int
     pipeline_model_parallel_size: int
@@ -96,6 +101,21 @@ class MegatronConfig(Section):
     use_distributed_optimizer: bool
     bf16: Any  # auto | true | false
     ckpt_format: str
+
+    def check(self, key: str) -> None:
+        """Parallel sizes >= 1, tensor parallelism only (pipeline and context parallel sizes of 1: neither is
+        wired), and a known ``ckpt_format`` (torch_dist | torch)."""
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            as_int(getattr(self, name), f"{key}.{name}", minimum=1)
+        if self.pipeline_model_parallel_size != 1:
+            raise ConfigError(f"{key}.pipeline_model_parallel_size={self.pipeline_model_parallel_size}: pipeline "
+                              "parallelism is not supported yet on the Megatron path; use "
+                              "pipeline_model_parallel_size=1 with tensor parallelism")
+        if self.context_parallel_size != 1:
+            raise ConfigError(f"{key}.context_parallel_size={self.context_parallel_size}: context parallelism is not "
+                              "wired yet (it needs Transformer Engine's attention); use 1")
+        if self.ckpt_format not in ("torch_dist", "torch"):
+            raise ConfigError(f"{key}.ckpt_format={self.ckpt_format!r}; expected torch_dist or torch")
 
 
 @dataclass(frozen=True)
@@ -178,3 +198,49 @@ class CriticConfig(Section):
             for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
                 as_int(getattr(self, name), f"{key}.{name}", minimum=1)
         _check_agg_mode(key, self.loss_agg_mode)
+
+
+# ---- the Ulysses size of the actor, reference and critic sections against the world and the model ----------------
+def ulysses_sizes(cfg: Mapping) -> list[tuple[str, Any]]:
+    """``(dotted key, value as written)`` of ``ulysses_sequence_parallel_size`` in each of :data:`ULYSSES_SECTIONS`
+    of the run config ``cfg``."""
+    out = []
+    for key in ULYSSES_SECTIONS:
+        node = cfg
+        for part in key.split("."):
+            node = node[part]
+        out.append((f"{key}.ulysses_sequence_parallel_size", node["ulysses_sequence_parallel_size"]))
+    return out
+
+
+def check_ulysses_world(cfg: Mapping, world: int) -> None:
+    """Each section's Ulysses size divides the run's ``world`` workers (its sequence-parallel groups are
+    contiguous ranks; :func:`patches.sequence_parallel.dp_sp_rank_layout`).
+
+    Raises:
+        ConfigError: ``<key>=<sp> must divide the <world> workers (trainer.nnodes*trainer.n_gpus_per_node)``.
+    """
+    for key, sp in ulysses_sizes(cfg):
+        if int(sp) < 1 or world % int(sp):
+            raise ConfigError(f"{key}={sp} must divide the {world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
+
+
+def check_ulysses_heads(cfg: Mapping, heads: int | None, kv_heads: int | None) -> None:
+    """Each section's Ulysses size above 1 splits the model's attention heads by the patch's own rule
+    (:func:`patches.validate_ulysses_config`: ``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads == 0``).
+    ``heads`` None (unknown) passes; ``kv_heads`` None means ``heads`` (no GQA).
+
+    Raises:
+        ConfigError: naming the key, the size, both head counts and the rule that fails.
+    """
+    kv_heads = kv_heads or heads
+    for key, sp in ulysses_sizes(cfg):
+        if int(sp) <= 1 or not heads:
+            continue
+        from patches import validate_ulysses_config
+
+        try:
+            validate_ulysses_config(int(heads), int(kv_heads), int(sp))
+        except ValueError as exc:
+            raise ConfigError(f"{key}={int(sp)} does not fit the model's heads (num_attention_heads={heads}, "
+                              f"num_key_value_heads={kv_heads}): {exc}") from None

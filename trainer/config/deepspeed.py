@@ -17,7 +17,7 @@ def effective_zero_stage(ds) -> int:
     """The ZeRO stage a run's ``deepspeed`` section (a mapping) trains with: ``ds_config.zero_optimization.stage``
     when set (the workers merge ``deepspeed.ds_config`` into DeepSpeed's config last), else ``zero_stage``."""
     zero = (ds.get("ds_config") or {}).get("zero_optimization") or {}
-    return int(zero.get("stage", ds.get("zero_stage", 0)))
+    return int(zero.get("stage", ds["zero_stage"]))
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ run's length, logging, checkpoints, validation and recovery (``configs/ppo_train
 data group sets ``total_epochs``)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,9 +11,24 @@ from trainer.config.section import Section
 from trainer.config_checks import ConfigError
 from trainer.tracking import BACKENDS, unknown_backends
 
-__all__ = ["TrainerConfig", "DEVICES"]
+__all__ = ["TrainerConfig", "DEVICES", "STRATEGIES", "run_strategy"]
 
 DEVICES = ("cpu", "cuda")
+STRATEGIES = ("deepspeed", "megatron")
+
+
+def run_strategy(cfg: Mapping) -> str:
+    """``trainer.strategy`` of the run config ``cfg`` (a mapping with a ``trainer`` section): the training path,
+    ``deepspeed`` or ``megatron``. The one reader of the key (``configs/ppo_trainer.yaml`` holds its default): the
+    config checks, the roles and the worker configs ask it.
+
+    Raises:
+        ConfigError: another value, ``trainer.strategy=<value>; expected deepspeed or megatron``.
+    """
+    strategy = cfg["trainer"]["strategy"]
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"trainer.strategy={strategy!r}; expected deepspeed or megatron")
+    return strategy
 
 
 def at_least(key: str, value: int, minimum: int) -> None:

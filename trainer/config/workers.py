@@ -10,6 +10,7 @@ from trainer.config.actor import ActorConfig, CriticConfig, MegatronConfig, RefC
 from trainer.config.deepspeed import DeepSpeedConfig
 from trainer.config.model import ModelConfig
 from trainer.config.rollout import RolloutConfig
+from trainer.config.trainer import run_strategy
 
 __all__ = ["WorkerRuntime", "ActorWorkerConfig", "CriticWorkerConfig", "RolloutWorkerConfig", "actor_worker_config",
            "critic_worker_config", "rollout_worker_config", "runtime_kwargs", "scheduler_total_steps",
@@ -131,7 +132,7 @@ def actor_worker_config(cfg: dict) -> ActorWorkerConfig:
     arr, t = cfg[ARR], cfg["trainer"]
     actor = ActorConfig.from_dict(arr["actor"], f"{ARR}.actor")
     megatron = None
-    if t["strategy"] == "megatron":
+    if run_strategy(cfg) == "megatron":
         megatron = MegatronConfig.from_dict(arr["actor"]["megatron"], f"{ARR}.actor.megatron")
     return ActorWorkerConfig(
         **runtime_kwargs(cfg), model=ModelConfig.from_dict(arr["model"], f"{ARR}.model"), actor=actor,

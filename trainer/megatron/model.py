@@ -76,13 +76,14 @@ def install_cpu_compat() -> None:
     _CPU_COMPAT = True
 
 
-def init_megatron_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 1234) -> None:
-    """Initialise ``torch.distributed`` (from env, gloo on CPU / nccl on GPU) and megatron's parallel state.
+def init_megatron_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 1234, cp_size: int = 1) -> None:
+    """Initialise ``torch.distributed`` (from env, gloo on CPU / nccl on GPU) and megatron's parallel state with
+    ``tp_size`` x ``pp_size`` x ``cp_size`` (context parallel) model-parallel ranks.
 
     Also seeds megatron's tensor-parallel RNG tracker on GPU (``model_parallel_cuda_manual_seed``).
 
     Raises:
-        ValueError: ``world_size`` is not divisible by ``tp_size * pp_size``.
+        ValueError: ``world_size`` is not divisible by ``tp_size * pp_size * cp_size``.
     """
     from megatron.core import parallel_state as ps
 
@@ -92,10 +93,11 @@ def init_megatron_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 1234)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group(backend)
     world = torch.distributed.get_world_size()
-    if world % (tp_size * pp_size):
-        raise ValueError(f"world_size={world} is not divisible by tp*pp={tp_size}*{pp_size}")
+    if world % (tp_size * pp_size * cp_size):
+        raise ValueError(f"world_size={world} is not divisible by tp*pp*cp={tp_size}*{pp_size}*{cp_size}")
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size,
+                                     context_parallel_size=cp_size)
     if torch.cuda.is_available():
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 

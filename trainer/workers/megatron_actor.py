@@ -82,7 +82,8 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         Returns: ``{"num_params": <HF parameter count>, "pad_token_id": int, "stop_token_ids": list[int]}`` (as the
         DeepSpeed worker).
         Raises:
-            ValueError: pipeline or context parallel size > 1; sizes that do not divide the model or world.
+            ValueError: sizes that do not divide the model or the world (a pipeline or context parallel size > 1
+                is refused when the worker's section is built: :class:`trainer.config.actor.MegatronConfig`).
         """
         from transformers import AutoConfig, AutoTokenizer
 
@@ -90,13 +91,10 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
 
         cfg = self.config
         self.actor_cfg, self.rollout_cfg = cfg.actor, cfg.rollout
-        m = cfg.megatron
-        tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
-        if pp != 1 or cp != 1:
-            raise ValueError(f"actor_rollout_ref.actor.megatron: pipeline_model_parallel_size={pp}, "
-                             f"context_parallel_size={cp}; only 1 is supported (tensor parallelism only)")
+        m = cfg.megatron  # checked when built (MegatronConfig.check: tensor parallelism only)
+        tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
         self.init_distributed()  # torch.distributed (gloo on CPU, nccl on GPU), as the DeepSpeed worker
-        init_megatron_parallel(tp, pp, seed=cfg.seed)
+        init_megatron_parallel(tp, pp, seed=cfg.seed, cp_size=m.context_parallel_size)
         if self.device.type == "cpu":
             from trainer.megatron.engine import install_cpu_tp_compat
 

@@ -202,10 +202,9 @@ def make_sp_groups(world_size: int, sp: int, rank: int, hf_config) -> tuple[Any,
     SP groups are contiguous ranks (rank r is in SP group r // sp); with sp == 1 the DP group is the world.
 
     Raises:
-        ValueError: when ``sp`` does not divide the world size or the model's head counts.
+        ValueError: ``sp`` does not divide the world size or the model's head counts (the patch's rules:
+            :func:`patches.validate_ulysses_config`, :func:`patches.build_dp_sp_groups`).
     """
-    if sp < 1 or world_size % sp:
-        raise ValueError(f"ulysses_sequence_parallel_size={sp} must divide the number of workers {world_size}")
     if sp == 1:
         return None, None, world_size, rank
     from patches.ulysses import build_dp_sp_groups, validate_ulysses_config

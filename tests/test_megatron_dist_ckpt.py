@@ -161,3 +161,37 @@ def test_unknown_ckpt_format_is_refused():
     ranks = dict(tp=0, pp=0, dp=0, tp_size=1, pp_size=1, dp_size=1, rank=0)
     with pytest.raises(ValueError, match=r"ckpt_format='zarr'; expected one of \('torch_dist', 'torch'\)"):
         MegatronCheckpointManager(torch.nn.Linear(1, 1), ranks=ranks, ckpt_format="zarr")
+
+
+def test_a_fresh_distributed_optimizer_builds_its_load_template():
+    """megatron-core's DistributedOptimizer.state_dict() (without Apex/Transformer Engine) asserts one Adam step
+    count in the inner torch optimizer's state, which a freshly built optimizer does not have: resuming a dist
+    checkpoint on the GPU path failed there. The load path creates that state first, leaving the weights as they
+    are; a chained optimizer's parts get it too."""
+    from megatron.core.optimizer import ChainedOptimizer
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    from trainer.megatron.dist_ckpt import _optimizer_sharded, inner_torch_optimizers
+
+    def fresh(seed):
+        opt = DistributedOptimizer.__new__(DistributedOptimizer)  # the state_dict() logic only, no CUDA buffers
+        p = torch.nn.Parameter(torch.randn(4, 3, generator=torch.Generator().manual_seed(seed)))
+        opt.optimizer, opt.grad_scaler = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.1), None
+        opt.sharded_state_dict = lambda model_sd, is_loading=False, metadata=None: DistributedOptimizer.state_dict(opt)
+        return opt, p
+
+    opt, p = fresh(0)
+    with pytest.raises(AssertionError):  # the fault: a fresh optimizer has no step to read
+        DistributedOptimizer.state_dict(opt)
+    before = p.detach().clone()
+    sd = _optimizer_sharded(opt, {}, True, {})
+    assert torch.equal(p.detach(), before) and sd["optimizer"]["param_groups"][0]["step"] == 1.0
+    assert opt.optimizer.param_groups[0]["lr"] == 1e-3 and opt.optimizer.param_groups[0]["weight_decay"] == 0.1
+
+    parts = [fresh(1), fresh(2)]
+    chained = ChainedOptimizer.__new__(ChainedOptimizer)
+    chained.chained_optimizers = [o for o, _ in parts]
+    assert inner_torch_optimizers(chained) == [o.optimizer for o, _ in parts]
+    chained.sharded_state_dict = lambda model_sd, is_loading=False, metadata=None: [
+        o.sharded_state_dict(model_sd) for o in chained.chained_optimizers]
+    assert len(_optimizer_sharded(chained, {}, True, {})) == 2

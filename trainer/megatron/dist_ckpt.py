@@ -122,8 +122,34 @@ def load_torch_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) ->
     optimizer.load_state_dict(state)
 
 
+def inner_torch_optimizers(optimizer: Any) -> list:
+    """The torch optimizers inside a Megatron optimizer: ``ChainedOptimizer.chained_optimizers`` each hold one in
+    ``.optimizer`` (the distributed optimizer's steps the fp32 main-parameter shards). A torch optimizer is its own."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    inner = getattr(optimizer, "chained_optimizers", None)
+    if inner is not None:
+        return [t for o in inner for t in inner_torch_optimizers(o)]
+    inner = getattr(optimizer, "optimizer", None)
+    return inner_torch_optimizers(inner) if inner is not None else []
+
+
+def prepare_optimizer_for_load(optimizer: Any) -> None:
+    """Give every torch optimizer inside ``optimizer`` its per-parameter state before a dist-checkpoint load.
+
+    A fresh optimizer has none, and without Apex or Transformer Engine megatron-core's
+    ``DistributedOptimizer.state_dict()`` (which ``sharded_state_dict(..., is_loading=True)`` calls) reads Adam's
+    ``step`` from that state and asserts that there is exactly one value. :func:`materialize_optimizer_state`
+    creates it at learning rate 0, so the fp32 main parameters do not change; the load then replaces the values.
+    """
+    for inner in inner_torch_optimizers(optimizer):
+        materialize_optimizer_state(inner)
+
+
 def _optimizer_sharded(optimizer: Any, model_sd: dict, is_loading: bool, metadata: dict) -> dict:
     if hasattr(optimizer, "sharded_state_dict"):  # Megatron's optimizers (distributed, chained, fp32)
+        if is_loading:
+            prepare_optimizer_for_load(optimizer)
         return optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata)
     return torch_optimizer_sharded_state_dict(optimizer, model_sd, is_loading)
 

@@ -70,14 +70,15 @@ save_resume() {  # save at step 2 of a 4-step run, resume from step 2, run steps
 }
 megatron_pair() {  # name tag overrides...: a 10-step Megatron GSM8K run on both GPUs saving at steps 5 and 10,
   # then a run resumed from step 5 to step 7 (compare its steps 6-7 with the first run's); logs in $OUT/<name>/
-  # (RESUME_EXTRA: overrides for the resumed run only, e.g. another TP size)
+  # (RESUME_EXTRA: overrides for the resumed run only, e.g. another TP size; MG_FIRST_S: the first run's limit, default
+  # 300 s; --foreground: a limit stops the trainer alone, which finishes its step and stops its workers)
   local name=$1 tag=$2; shift 2
   local d="$OUT/$name" first="$RUN_ROOT/${tag}1" resumed="$RUN_ROOT/${tag}2"
   local MG="data=gsm8k actor_rollout_ref.actor.optim.lr=1e-5 trainer.strategy=megatron
    trainer.n_gpus_per_node=${MG_GPUS:-2} trainer.save_freq=5 $*"
-  CUDA_VISIBLE_DEVICES=$PAIR timeout -s TERM -k 20 230 $PY trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
+  CUDA_VISIBLE_DEVICES=$PAIR timeout --foreground -s TERM -k 20 ${MG_FIRST_S:-300} $PY trainer/main.py $COMMON $MG trainer.total_training_steps=10 \
       trainer.output_dir=$first > "$d/first.log" 2>&1
-  CUDA_VISIBLE_DEVICES=$PAIR timeout -s TERM -k 20 150 $PY trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
+  CUDA_VISIBLE_DEVICES=$PAIR timeout --foreground -s TERM -k 20 150 $PY trainer/main.py $COMMON $MG trainer.total_training_steps=7 \
       trainer.output_dir=$resumed trainer.resume_mode=$first/checkpoints/global_step_5 ${RESUME_EXTRA:-} \
       > "$d/resumed.log" 2>&1
   cp "$first/metrics.jsonl" "$d/first.jsonl" 2>/dev/null
@@ -126,7 +127,7 @@ vlm_colour() {  # on one GPU: 20 GRPO steps of the tiny random Qwen2-VL on the g
   mkdir -p "$d"
   $PY -c "from trainer.embedded_vlm import write_tiny_vlm, write_colour_task
 write_tiny_vlm('$RUN_ROOT/vlm_tiny'); write_colour_task('$RUN_ROOT/vlm_data', 1024, 64)" > "$d/make.log" 2>&1
-  CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 20 480 $PY trainer/main.py trainer.device=cuda \
+  CUDA_VISIBLE_DEVICES=$gpu timeout --foreground -s TERM -k 20 480 $PY trainer/main.py trainer.device=cuda \
       $spargs actor_rollout_ref.model.path=$RUN_ROOT/vlm_tiny \
       data.train_files=$RUN_ROOT/vlm_data/train.jsonl data.val_files=$RUN_ROOT/vlm_data/val.jsonl \
       reward_model.scorer=gsm8k_flexible data.max_prompt_length=32 data.max_response_length=2 \
@@ -144,7 +145,7 @@ tool_synthetic() {  # On one GPU: the embedded data=synthetic_tool (tiny model, 
   for eng in hf vllm; do
     local engine_group="rollout=$eng"
     mkdir -p "$OUT/tool_synthetic_$eng"
-    CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 20 480 $PY trainer/main.py trainer.device=cuda \
+    CUDA_VISIBLE_DEVICES=$gpu timeout --foreground -s TERM -k 20 480 $PY trainer/main.py trainer.device=cuda \
         trainer.n_gpus_per_node=1 data=synthetic_tool $engine_group trainer.total_training_steps=60 \
         trainer.output_dir=$RUN_ROOT/tool_synthetic_$eng ${EXTRA:-} > "$OUT/tool_synthetic_$eng/console.log" 2>&1
     echo "exit $?" >> "$OUT/tool_synthetic_$eng/console.log"
@@ -170,7 +171,7 @@ lora_memory() {  # random-weight Qwen2-1.5B (SmolLM2's tokenizer), ZeRO-2 on one
   for kind in full lora; do
     local own="actor_rollout_ref.actor.optim.lr=1e-5"
     [ "$kind" = lora ] && own="$LORA32"
-    CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM -k 20 400 $PY trainer/main.py $COMMON data=gsm8k deepspeed=zero2 \
+    CUDA_VISIBLE_DEVICES=$gpu timeout --foreground -s TERM -k 20 400 $PY trainer/main.py $COMMON data=gsm8k deepspeed=zero2 \
         actor_rollout_ref.model.path=$RUN_ROOT/qwen2_15_rand trainer.total_training_steps=4 trainer.val_before_train=false \
         trainer.test_freq=-1 $own trainer.output_dir=$RUN_ROOT/lora_memory_$kind > "$d/$kind.log" 2>&1
     echo "exit $?" >> "$d/$kind.log"

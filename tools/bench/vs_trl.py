@@ -166,15 +166,19 @@ def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) 
     return wall
 
 
-def _run_finished(cmd: list[str], log: str, timeout: int, env_extra: dict | None, done) -> tuple[float, str | None]:
-    """:func:`_run`, except that a timeout after ``done()`` became true (every step written) is kept as a result:
-    returns (wall seconds, a note saying the process was stopped in shut-down, or None)."""
+def _run_finished(cmd: list[str], log: str, timeout: int, env_extra: dict | None, done,
+                  partial=None) -> tuple[float, str | None]:
+    """:func:`_run`, except that a timeout after ``done()`` became true (every step written) is kept as a result,
+    and so is one after ``partial()`` became true (some steps written: a side stopped at its budget keeps them):
+    returns (wall seconds, a note saying where the process was stopped, or None)."""
     try:
         return _run(cmd, log, timeout, env_extra), None
     except SideTimeout:
-        if not done():
-            raise
-        return float(timeout), f"all steps written; stopped after {timeout} s while shutting down"
+        if done():
+            return float(timeout), f"all steps written; stopped after {timeout} s while shutting down"
+        if partial is not None and partial():
+            return float(timeout), f"stopped at its time limit ({timeout} s) before its last step"
+        raise
 
 
 def _run_trl_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[dict], dict, float]:
@@ -205,14 +209,17 @@ def _run_ours_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[
         with open(metrics, encoding="utf-8") as f:
             return ours_steps([json.loads(line) for line in f if line.strip()], job["batch"] * job["n"])
 
-    def all_written() -> bool:
+    def written() -> int:
         try:
-            return len(read()) >= job["steps"]
+            return len(read())
         except (OSError, ValueError, KeyError):
-            return False
+            return 0
 
-    wall, note = _run_finished(cmd, os.path.join(work, f"{side}.log"), timeout, side_env(side), all_written)
+    wall, note = _run_finished(cmd, os.path.join(work, f"{side}.log"), timeout, side_env(side),
+                               lambda: written() >= job["steps"], lambda: written() >= 1)
     steps = read()
+    if len(steps) < job["steps"]:
+        note = f"{note or 'exited'}: {len(steps)} of {job['steps']} steps written, those kept"
     peak = lambda k: max((s[k] for s in steps if s[k] is not None), default=None)
     extra = dict(command=" ".join(cmd), reward_mean=[s["reward"] for s in steps],
                  peak_torch_allocated_gib=peak("peak_torch_allocated_gib"),
@@ -271,8 +278,9 @@ def notes(sides: list[str], job: dict) -> list[str]:
            "TRL trains HF Trainer's bf16 autocast (CUDA) over fp32 weights; ours DeepSpeed ZeRO-2, bf16 with fp32 "
            "master weights",
            "TRL step seconds: between on_step_end callbacks; ours: timing_s/step. TRL stages: exclusive timers around "
-           "its methods (tools/bench/vs_trl_child.py); ours: trainer timers, whose 'gen' includes the weight sync "
-           "and the engine's wake-up and sleep (not timed apart)",
+           "its methods (tools/bench/vs_trl_child.py); ours: trainer timers, with the engine's weight sync, "
+           "wake-up and sleep (the worker's perf/rollout_s/* timers) taken out of 'gen'; detail_s: seconds inside "
+           "the stages (the engine's generate call, each stage inside the worker)",
            "peak_gpu_used_gib: the whole device's memory in use (every process), sampled every 0.1 s; "
            "peak_torch_*: the side's PyTorch allocator (ours: the largest per-stage peak its workers log)"]
     if "trl" in sides:

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from rollout.compile_stats import compile_counts, count_delta
 from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker, reset_peak_memory, stage_peak_memory
 from trainer.workers.generation import call_sampling, generation_rows, prompt_lists, sampling_config
@@ -122,6 +123,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         reset_peak_memory(self.device)
         stages: dict[str, float] = {}
         seconds: dict[str, float] = {}
+        compiled = compile_counts()
         with self._rollout_context(validate, memory_log=stages, timing_log=seconds):
             perf = {}
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
@@ -132,9 +134,10 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         perf.update({f"perf/{self.rollout_cfg.name}_{k}_gib": v for k, v in stages.items()})
         perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
         perf.update(gen.metrics)
+        perf.update(count_delta(compiled, "perf/rollout"))  # compilations / CUDA-graph recordings of this call
         result = generation_rows(prompts, gen, sampling.n,
                                  rope_model=self.actor.engine if "multi_modal_inputs" in prompts else None)
-        result.meta["timing_gen_s"] = time.perf_counter() - t0
+        result.meta["timing_gen_s"] = perf["perf/worker_s/gen"] = time.perf_counter() - t0
         result.meta.update(perf)
         return result
 
@@ -145,6 +148,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         (B, R) f32 (``sum_v pi_v^2`` per token, from the same chunked pass over the logits) when the configured
         advantage estimator reads it (:func:`trainer.adv_inputs.log_prob_pass_columns`)."""
         rc = self.rollout_cfg
+        t0 = time.perf_counter()
         reset_peak_memory(self.device)
         spp = self.config.sum_pi_squared
         lp, ent, *rest = forward_batch_log_probs(self.actor, data, rc.log_prob_micro_batch_size_per_gpu,
@@ -153,7 +157,9 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
                                                  max_token_len=rc.log_prob_max_token_len_per_gpu,
                                                  calculate_sum_pi_squared=spp)
         cols = {"old_log_probs": lp, "entropys": ent, **({"sum_pi_squared": rest[0]} if spp else {})}
-        return DataProto.from_dict(cols, meta=stage_peak_memory(self.device, "old_log_prob"))
+        meta = {**stage_peak_memory(self.device, "old_log_prob"),
+                "perf/worker_s/old_log_prob": time.perf_counter() - t0}
+        return DataProto.from_dict(cols, meta=meta)
 
     @torch.no_grad()
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -163,6 +169,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         if self.ref is None and not self.lora:
             raise RuntimeError("the reference model was not built: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
         ref = self.config.ref
+        t0 = time.perf_counter()
         reset_peak_memory(self.device)
         role = self.ref if self.ref is not None else self.actor
         with reference_mode(role.engine.module):
@@ -170,7 +177,8 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
                                             self.rollout_cfg.temperature or 1.0, calculate_entropy=False,
                                             use_dynamic_bsz=ref.log_prob_use_dynamic_bsz,
                                             max_token_len=ref.log_prob_max_token_len_per_gpu)
-        return DataProto.from_dict({"ref_log_prob": lp}, meta=stage_peak_memory(self.device, "ref"))
+        meta = {**stage_peak_memory(self.device, "ref"), "perf/worker_s/ref": time.perf_counter() - t0}
+        return DataProto.from_dict({"ref_log_prob": lp}, meta=meta)
 
     # ---- update ---------------------------------------------------------------------------------------------
     def update_actor(self, data: DataProto) -> dict:

@@ -1,8 +1,9 @@
 """The single controller: the PPO/GRPO loop as a plain Python dataflow over the run's roles.
 
 One step (:meth:`RayPPOTrainer.train_step`): prompts -> rollout + rewards -> the algorithm's filter -> balance
--> old log-probs -> rollout correction -> ref log-probs -> the algorithm's inputs (critic values, ...) -> KL in
-reward (optional) -> advantages -> the algorithm's updates (critic) -> actor update. The algorithm (PRIME, dynamic
+-> old log-probs and rollout correction (not when the update's forward gives them: :mod:`trainer.on_policy`) -> ref
+log-probs -> the algorithm's inputs (critic values, ...) -> KL in reward (optional) -> advantages -> the
+algorithm's updates (critic) -> actor update. The algorithm (PRIME, dynamic
 sampling, the critic, the estimator) plugs in through :mod:`trainer.hooks`; the worker groups are the run's
 :class:`trainer.roles.Roles`. :meth:`RayPPOTrainer.fit` loops over steps with metrics, checkpoints every
 ``save_freq`` steps, HF exports at wall-clock marks (``export_hf_freq_s``, :mod:`trainer.hf_exports`) and
@@ -50,6 +51,7 @@ class RayPPOTrainer:
     def __init__(self, config: dict, tokenizer, train_loader: PromptLoader, val_dataset, reward_fn, val_reward_fn):
         from trainer import core_algos
         from trainer.algos.rollout_correction import RolloutCorrection
+        from trainer.on_policy import OnPolicyRule
 
         self.cfg, self.tokenizer = config, tokenizer
         self.val_dataset, self.reward_fn, self.val_reward_fn = val_dataset, reward_fn, val_reward_fn
@@ -77,6 +79,7 @@ class RayPPOTrainer:
 
         need_ref = needs_reference(config)
         rollout = rollout_role(config, self.world)  # None: the engine is colocated in the actor's workers
+        self.on_policy = OnPolicyRule.from_config(config, separate_rollout=rollout is not None)
         self.roles = Roles([actor_role(config), *self.hooks.roles(), *([rollout] if rollout else [])],
                            ref_from_actor=need_ref)
         self.pipeline = None  # the OffPolicyPipeline of a separate rollout role (init_workers)
@@ -148,8 +151,7 @@ class RayPPOTrainer:
         step.metrics.update(reward_output_metrics(rewards))  # over every generated row
         batch = self.hooks.filter_batch(step, batch, rewards)
         batch = self._balance(batch)
-        self._old_log_probs(step, batch)
-        self._rollout_correction(step, batch)
+        self._old_log_probs(step, batch)  # and the rollout correction
         self._ref_log_probs(step, batch)
         self.hooks.add_inputs(step, batch)
         with step.timer("adv"):
@@ -206,18 +208,20 @@ class RayPPOTrainer:
         return batch.index(np.concatenate([np.asarray(sorted(p)) for p in parts]))
 
     def _old_log_probs(self, step: StepContext, batch: DataProto) -> None:
+        """The actor's old-log-prob pass and the rollout correction; neither runs when the update's forward gives
+        ``pi_old`` (:class:`trainer.on_policy.OnPolicyRule`; ``perf/old_log_prob_pass``: 1 ran, 0 not)."""
         from trainer import core_algos
+        from trainer.algos.rollout_correction import apply_rollout_correction
+        from trainer.on_policy import OLD_FROM_UPDATE
 
+        needed = self.on_policy.needs_pass(len(batch), self.global_step > self.trainer_cfg.critic_warmup)
+        step.metrics["perf/old_log_prob_pass"] = float(needed)
+        if not needed:
+            batch.meta[OLD_FROM_UPDATE] = True  # the update's forward gives pi_old (trainer.workers.update)
+            return
         with step.timer("old_log_prob"):
             batch.union(self.roles.actor.compute_log_prob(batch))
             step.metrics["actor/entropy"] = float(core_algos.masked_mean(batch["entropys"], batch["response_mask"]))
-
-    def _rollout_correction(self, step: StepContext, batch: DataProto) -> None:
-        """The gap between the engine's and the trainer's log-probs, and ``rollout_is_weights`` when
-        ``algorithm.rollout_correction.rollout_is`` is on
-        (:func:`trainer.algos.rollout_correction.apply_rollout_correction`)."""
-        from trainer.algos.rollout_correction import apply_rollout_correction
-
         step.metrics.update(apply_rollout_correction(batch, self.rollout_correction))
 
     def _ref_log_probs(self, step: StepContext, batch: DataProto) -> None:

@@ -43,6 +43,7 @@ class FakeActor:
 
     def __init__(self):
         self.calls: list[tuple[str, set]] = []
+        self.non_tensor: list[set] = []  # the non-tensor columns of each recorded call
 
     def dispatch_all(self, method, prompts):
         rep = prompts.repeat(N)
@@ -57,11 +58,13 @@ class FakeActor:
 
     def dispatch_dp(self, method, data):
         self.calls.append((method, set(data.tensor_keys())))
+        self.non_tensor.append(set(data.non_tensor))
         z = torch.full((len(data), R), 0.25)
         return DataProto.from_dict({"old_log_probs": z, "entropys": z})
 
     def dispatch_dp_metrics(self, method, data):
         self.calls.append((method, set(data.tensor_keys())))
+        self.non_tensor.append(set(data.non_tensor))
         on_policy = bool(data.meta.get(OLD_FROM_UPDATE))
         assert on_policy != ("old_log_probs" in data)  # marked exactly when the pass did not run
         return [{"actor/pg_loss": [0.0], **({"actor/entropy": [1.5], "rollout/log_prob_diff_mean": [0.01],
@@ -87,6 +90,7 @@ def _step(mini_batch_prompts: int, global_step: int = 1, *overrides):
     actor = FakeActor()
     tr.roles.attach("actor", actor)
     _, metrics = tr.train_step(tr.loader.next_batch()[0], timing := {})
+    assert actor.non_tensor and all(not cols for cols in actor.non_tensor)  # uid, reward_model, ... stay here
     return actor.calls, metrics, timing
 
 
@@ -111,3 +115,12 @@ def test_the_pass_runs_when_the_rule_does_not_hold(mini, global_step, overrides)
     updates = [c for c in calls if c[0] == "update_actor"]
     assert all("old_log_probs" in cols for _, cols in updates)
     assert len(updates) == (0 if "trainer.critic_warmup=1" in overrides else 1)
+
+
+def test_the_workers_get_only_the_columns_they_read():
+    from trainer.roles import FORWARD_COLUMNS, UPDATE_COLUMNS
+
+    calls, _, _ = _step(1)  # the pass runs: both calls
+    (_, pass_cols), (_, update_cols) = calls
+    assert pass_cols == set(FORWARD_COLUMNS)
+    assert update_cols == set(UPDATE_COLUMNS) - {"ref_log_prob", "rollout_is_weights"}  # no KL loss, no IS

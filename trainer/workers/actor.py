@@ -85,7 +85,10 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
     def _rollout_context(self, validate: bool, memory_log: dict | None = None, timing_log: dict | None = None):
         """``rollout.context.rollout_mode`` with this worker's weight source (ZeRO-gathered actor parameters);
         the Megatron worker overrides it with TP-gathered HF tensors. ``memory_log`` receives the GPU memory in
-        use after each wake/sleep stage (see ``rollout_mode``)."""
+        use after each wake/sleep stage (see ``rollout_mode``). An engine that can run on the actor's own tensors
+        (``can_share_weights``: the transformers engine) does so when they persist in place and are what it would
+        hold: ZeRO stage <= 2 (whole parameters on every rank), no LoRA (whose engine weights are merged) and the
+        engine's dtype."""
         from rollout.context import iter_actor_params, offload_optimizer_states, reload_optimizer_states, rollout_mode
 
         rc = self.rollout_cfg
@@ -95,10 +98,13 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         module = self.actor.engine.module
         source = self.lora_sync.named_params if self.lora_sync is not None else (
             lambda b: iter_actor_params(module, stage, b))
+        share = (self.engine.can_share_weights and self.lora_sync is None and stage < 3
+                 and getattr(self.engine, "dtype", None) == next(module.parameters()).dtype)
         return rollout_mode(self.engine, lambda: source(bucket), bucket,
                             offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
                             reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
-                            sleep_level=rc.sleep_level, memory_log=memory_log, timing_log=timing_log)
+                            sleep_level=rc.sleep_level, memory_log=memory_log, timing_log=timing_log,
+                            share_weights=share)
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:

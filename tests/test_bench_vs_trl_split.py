@@ -13,6 +13,7 @@ from tools.bench import vs_trl, vs_trl_report
 def _line(step_s, gen=1.0, sync=0.1, wake=(0.02, 0.03, 0.01), sleep=0.05, records=0.0):
     return {"timing_s/step": step_s, "timing_s/gen": gen, "timing_s/reward": 0.05, "timing_s/adv": 0.01,
             "timing_s/update_actor": 0.4, "response_length/mean": 200.0, "prompt_length/mean": 100.0,
+            "response_length/max": 240.0,
             "perf/rollout_s/before_wake": wake[0], "perf/rollout_s/weights_awake": wake[1],
             "perf/rollout_s/weights_synced": sync, "perf/rollout_s/kv_awake": wake[2],
             "perf/rollout_s/generated": 0.6, "perf/rollout_s/asleep": sleep, "perf/worker_s/gen": 0.9,
@@ -29,7 +30,8 @@ def test_engine_stages_are_taken_out_of_gen():
     assert split["gen"] == pytest.approx(1.0 - 0.1 - 0.05 - 0.06)
     assert sum(split.values()) == pytest.approx(1.0 + 0.05 + 0.01 + 0.4)  # nothing counted twice
     assert "old_log_prob" not in split  # the run skipped the pass: no timer, no stage
-    assert s["detail_s"] == {"gen_engine": 0.6, "worker_gen": 0.9, "worker_update": 0.35}
+    assert s["detail_s"] == {"gen_engine": 0.6, "worker_gen": 0.9, "worker_update": 0.35,
+                             "gen_engine_per_decode_step": pytest.approx(0.6 / 240)}
     assert s["counters"] == {"dynamo_graphs": 0.0, "cudagraph_records": 0.0, "old_log_prob_pass": 0.0}
     assert s["device_used_gib"] == {"kv_awake": 3.0, "asleep": 1.5}
 
@@ -50,7 +52,7 @@ def test_summary_keeps_details_counters_and_memory():
     assert len(r["step_splits"]) == 3 and r["step_splits"][0]["gen"] == pytest.approx(1.0 - 0.21)
     doc = dict(job={}, results=[dict(r, framework="ours", engine="hf")])
     md = vs_trl_report.markdown(doc)
-    assert "| side (inside the stages, s) | gen_engine | worker_gen | worker_update |" in md
+    assert "| side (inside the stages, s) | gen_engine | gen_engine_per_decode_step | worker_gen | worker_update |" in md
 
 
 def _fake_trainer(metrics_path: str, lines: list[dict], then_sleep: bool) -> list[str]:
@@ -85,3 +87,14 @@ def test_a_side_that_ends_early_says_how_many_steps_it_wrote(tmp_path, monkeypat
     assert len(steps) == 1 and extra["note"] == "exited: 1 of 4 steps written, those kept"
     with open(path, encoding="utf-8") as f:
         assert json.loads(f.readline())["timing_s/step"] == 9.0
+
+
+def test_profiled_steps_are_left_out_of_the_means_and_keep_their_profile():
+    prof = dict(_line(9.0), **{"perf/profiled": 1.0, "perf/profile/gen_wall_s": 1.4, "perf/profile/gen_device_s": 0.3})
+    steps = vs_trl_report.ours_steps([_line(30.0), _line(2.0), prof, _line(2.4)], 8)
+    assert [s["profiled"] for s in steps] == [False, False, True, False]
+    r = vs_trl_report.summarize("ours_hf", steps, 8, 60.0)
+    assert r["timed_steps"] == 2 and r["mean_step_s"] == pytest.approx(2.2)
+    assert r["profile_s"] == {"3": {"gen_wall_s": 1.4, "gen_device_s": 0.3}}
+    assert vs_trl.side_env("ours_hf", {}, profile_steps="3") == {"DSRL_PROFILE_STEPS": "3"}
+    assert vs_trl.side_env("trl", {}, profile_steps="3") == {}

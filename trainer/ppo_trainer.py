@@ -27,9 +27,11 @@ from trainer.hooks import StepContext, build_hooks
 from trainer.hf_exports import TimedHFExports
 from trainer.hooks.base import timed
 from trainer.metric_utils import reduce_rank_metrics, reward_output_metrics
+from trainer.on_policy import OLD_FROM_UPDATE, OnPolicyRule
 from trainer.protocol import DataProto
 from trainer.roles import Roles, actor_role, rollout_role
 from trainer.validation import sampled, validate_and_log
+from trainer.workers.profiling import profile_meta
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +53,6 @@ class RayPPOTrainer:
     def __init__(self, config: dict, tokenizer, train_loader: PromptLoader, val_dataset, reward_fn, val_reward_fn):
         from trainer import core_algos
         from trainer.algos.rollout_correction import RolloutCorrection
-        from trainer.on_policy import OnPolicyRule
 
         self.cfg, self.tokenizer = config, tokenizer
         self.val_dataset, self.reward_fn, self.val_reward_fn = val_dataset, reward_fn, val_reward_fn
@@ -190,9 +191,10 @@ class RayPPOTrainer:
         return rows, rew
 
     def _tag_prompts(self, prompts: DataProto, step: int, k: int) -> None:
-        """The sampling seed (``meta["seed"]``) and ``uid`` column of the ``k``-th prompt batch of ``step``."""
+        """The sampling seed (``meta["seed"]``), the profiler's mark of ``DSRL_PROFILE_STEPS``
+        (:func:`trainer.workers.profiling.profile_meta`) and ``uid`` column of the ``k``-th prompt batch of ``step``."""
         base = step + self.trainer_cfg.seed * 100003
-        prompts.meta.update(seed=base + (k - 1) * 7919)
+        prompts.meta.update(seed=base + (k - 1) * 7919, **profile_meta(step, self.trainer_cfg.output_dir))
         tag = f"{step}-" if k == 1 else f"{step}.{k}-"
         prompts["uid"] = [f"{tag}{i}" for i in range(len(prompts))]
 
@@ -212,7 +214,6 @@ class RayPPOTrainer:
         ``pi_old`` (:class:`trainer.on_policy.OnPolicyRule`; ``perf/old_log_prob_pass``: 1 ran, 0 not)."""
         from trainer import core_algos
         from trainer.algos.rollout_correction import apply_rollout_correction
-        from trainer.on_policy import OLD_FROM_UPDATE
 
         needed = self.on_policy.needs_pass(len(batch), self.global_step > self.trainer_cfg.critic_warmup)
         step.metrics["perf/old_log_prob_pass"] = float(needed)

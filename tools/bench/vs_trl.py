@@ -89,13 +89,17 @@ def resolve_sides(sides: str | None, trl_vllm: bool = False, engine: str | None 
     return out
 
 
-def side_env(side: str, environ: dict | None = None) -> dict:
+def side_env(side: str, environ: dict | None = None, profile_steps: str | None = None) -> dict:
     """Environment variables the bench sets for ``side`` (values already in ``environ`` win): :data:`VLLM_ENV`
-    for vLLM sides, :data:`TRL_DIST_ENV` for ``trl_vllm``."""
+    for vLLM sides, :data:`TRL_DIST_ENV` for ``trl_vllm``, and for ours ``DSRL_PROFILE_STEPS=profile_steps`` when
+    given (``--ours-profile-steps``: those steps' worker calls under ``torch.profiler``,
+    :mod:`trainer.workers.profiling`)."""
     environ = os.environ if environ is None else environ
     want = dict(VLLM_ENV) if SIDES[side][1] == "vllm" else {}
     if side == "trl_vllm":
         want.update(TRL_DIST_ENV)
+    if profile_steps and SIDES[side][0] == "ours":
+        want["DSRL_PROFILE_STEPS"] = profile_steps
     return {k: environ.get(k, v) for k, v in want.items()}
 
 
@@ -215,7 +219,8 @@ def _run_ours_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[
         except (OSError, ValueError, KeyError):
             return 0
 
-    wall, note = _run_finished(cmd, os.path.join(work, f"{side}.log"), timeout, side_env(side),
+    wall, note = _run_finished(cmd, os.path.join(work, f"{side}.log"), timeout,
+                               side_env(side, profile_steps=job.get("ours_profile_steps")),
                                lambda: written() >= job["steps"], lambda: written() >= 1)
     steps = read()
     if len(steps) < job["steps"]:
@@ -234,7 +239,8 @@ def run_side(side: str, job: dict, work: str, timeout: int, hf_config=None) -> d
     from tools.bench.vs_trl_report import summarize, update_mfu
 
     framework, engine = SIDES[side]
-    base = dict(side=side, framework=framework, engine=engine, env=side_env(side),
+    base = dict(side=side, framework=framework, engine=engine,
+                env=side_env(side, profile_steps=job.get("ours_profile_steps")),
                 log=os.path.join(work, f"{side}.log"))
     runner = _run_trl_side if framework == "trl" else _run_ours_side
     sampler = DeviceMemorySampler() if job["device"] == "cuda" else None
@@ -341,6 +347,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE",
                     help="extra trainer/main.py override for ours' sides (repeatable), e.g. "
                     "actor_rollout_ref.model.torch_compile_mode=reduce-overhead")
+    ap.add_argument("--ours-profile-steps", default=None, metavar="N[,N]",
+                    help="ours: run these steps' worker calls under torch.profiler (DSRL_PROFILE_STEPS; tables and "
+                    "traces in <work>/ours_<engine>/profile/step_N, left out of the means)")
     ap.add_argument("--trl-cache-implementation", default=None, help="TRL GRPOConfig.cache_implementation")
     ap.add_argument("--peak-flops", type=float, default=989e12, help="per-GPU peak FLOP/s for the update MFU")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
@@ -432,7 +441,8 @@ def main(argv=None) -> dict:
                max_prompt_len=args.max_prompt_len, lr=args.lr, steps=args.steps, seed=args.seed, device=device,
                out_dir=work, cpus=1 if device == "cpu" else 4, ignore_eos=ignore_eos,
                trl_cache_implementation=args.trl_cache_implementation, trl_vllm_gpu_util=args.trl_vllm_gpu_util,
-               ours_vllm_gpu_util=args.vllm_gpu_util, ours_overrides=args.ours_override, random_model=random_model)
+               ours_vllm_gpu_util=args.vllm_gpu_util, ours_overrides=args.ours_override, random_model=random_model,
+               ours_profile_steps=args.ours_profile_steps)
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(job["model"])

@@ -3,7 +3,7 @@
 A side's run gives one record per optimizer step: ``step_s`` (wall seconds), ``gen_tokens`` (response tokens
 generated, EOS included), ``prompt_tokens`` (prompt tokens of the same rows), ``rows`` and ``split_s`` (stage ->
 seconds). :func:`summarize` averages the timed steps (step 1, which holds compilation and warm-up, is left out
-when there is more than one step):
+when there is more than one step, and so are steps run under the profiler):
 
 - samples/s = ``batch * n`` / mean step seconds;
 - generated tokens/s = mean generated tokens per step / mean step seconds;
@@ -58,6 +58,16 @@ def _ours_split(m: dict) -> dict[str, float]:
     return split
 
 
+def _ours_detail(m: dict) -> dict[str, float]:
+    """The seconds inside the stages of one metrics line (:data:`_OURS_DETAIL`), and ``gen_engine_per_decode_step``:
+    the engine's generate call over the longest response's tokens (``response_length/max``: the decoding steps of
+    a static-cache call, which decodes every row until the longest stops)."""
+    out = {name: float(m[k]) for k, name in _OURS_DETAIL.items() if k in m}
+    if "gen_engine" in out and m.get("response_length/max"):
+        out["gen_engine_per_decode_step"] = out["gen_engine"] / float(m["response_length/max"])
+    return out
+
+
 def ours_steps(metrics: list[dict], rows: int) -> list[dict]:
     """Step records from this project's ``metrics.jsonl`` lines (those with ``timing_s/step``).
 
@@ -66,11 +76,14 @@ def ours_steps(metrics: list[dict], rows: int) -> list[dict]:
     ``save_checkpoint`` and ``export_hf`` are not stages), with ``weight_sync``, ``wake_up`` (optimizer offload,
     cache release, waking weights and KV cache) and ``sleep`` taken out of ``gen`` from the colocated engine's
     ``perf/rollout_s/*`` keys when the run logs them. ``detail_s``: seconds that are not stages (not summed):
-    ``gen_engine`` (the engine's generate call alone) and ``worker_<stage>`` (the stage's time inside the worker,
-    so that the trainer's timer minus it is the Ray call and the batch transfer). ``counters``: the step's
+    ``gen_engine`` (the engine's generate call alone), ``gen_engine_per_decode_step`` (:func:`_ours_detail`) and
+    ``worker_<stage>`` (the stage's time inside the worker, so that the trainer's timer minus it is the Ray call and
+    the batch transfer). ``counters``: the step's
     ``perf/rollout/dynamo_graphs`` / ``cudagraph_records`` (compilations and CUDA-graph recordings during its
     generation) and ``perf/old_log_prob_pass`` (1: a separate old-log-prob pass ran). ``device_used_gib``: the
-    engine's ``perf/<engine>_<state>_gib`` (GPU memory in use at each state of the rollout).
+    engine's ``perf/<engine>_<state>_gib`` (GPU memory in use at each state of the rollout). ``profiled``: the step
+    ran under ``torch.profiler`` (``DSRL_PROFILE_STEPS``, :mod:`trainer.workers.profiling`; slower, left out of the
+    means by :func:`summarize`), ``profile_s`` its ``perf/profile/<stage>_{wall,device}_s``.
     ``peak_torch_allocated_gib`` / ``_reserved_gib``: the largest ``perf/max_memory_{allocated,reserved}_gb/<stage>``
     of the step (None when absent, e.g. on CPU)."""
     out = []
@@ -82,11 +95,12 @@ def ours_steps(metrics: list[dict], rows: int) -> list[dict]:
         out.append(dict(step_s=float(m["timing_s/step"]), rows=rows,
                         gen_tokens=float(m.get("response_length/mean", float("nan"))) * rows,
                         prompt_tokens=float(m.get("prompt_length/mean", float("nan"))) * rows, split_s=_ours_split(m),
-                        detail_s={name: float(m[k]) for k, name in _OURS_DETAIL.items() if k in m},
+                        detail_s=_ours_detail(m),
                         counters={k.rpartition("/")[2]: float(m[k]) for k in _OURS_COUNTERS if k in m},
                         device_used_gib={_DEVICE_USED.match(k).group(1): float(v) for k, v in m.items()
                                          if _DEVICE_USED.match(k)},
-                        reward=m.get("critic/score/mean"),
+                        reward=m.get("critic/score/mean"), profiled=bool(m.get("perf/profiled")),
+                        profile_s={k[13:]: float(v) for k, v in m.items() if k.startswith("perf/profile/")},
                         peak_torch_allocated_gib=max(mem["allocated"], default=None),
                         peak_torch_reserved_gib=max(mem["reserved"], default=None)))
     return out
@@ -102,6 +116,7 @@ def summarize(side: str, steps: list[dict], samples_per_step: int, wall: float) 
     if not steps:
         raise ValueError(f"{side}: no step records (did the run train any step?)")
     used = steps[1:] if len(steps) > 1 else steps
+    used = [s for s in used if not s.get("profiled")] or used  # profiled steps are slower (the profiler's cost)
     mean = _mean(s["step_s"] for s in used)
     gen = _mean(s["gen_tokens"] for s in used)
     trained = gen + _mean(s["prompt_tokens"] for s in used)
@@ -121,6 +136,9 @@ def summarize(side: str, steps: list[dict], samples_per_step: int, wall: float) 
         row["detail_s"] = {k: _mean(s["detail_s"][k] for s in used if k in s.get("detail_s", {})) for k in detail}
     if any(s.get("counters") for s in steps):
         row["counters_per_step"] = [s.get("counters", {}) for s in steps]
+    profiles = {str(i + 1): s["profile_s"] for i, s in enumerate(steps) if s.get("profile_s")}
+    if profiles:  # step number -> {stage_wall_s, stage_device_s}
+        row["profile_s"] = profiles
     states = sorted({k for s in steps for k in s.get("device_used_gib", {})})
     if states:  # the largest over every step
         row["device_used_gib"] = {k: max(s["device_used_gib"][k] for s in steps if k in s.get("device_used_gib", {}))

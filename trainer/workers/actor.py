@@ -19,6 +19,7 @@ from trainer.workers.base import DistributedWorker, reset_peak_memory, stage_pea
 from trainer.workers.generation import call_sampling, generation_rows, prompt_lists, sampling_config
 from trainer.workers.lora import lora_enabled
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
+from trainer.workers.profiling import profiled
 from trainer.workers.weight_sync import WeightSender
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
                             sleep_level=rc.sleep_level, memory_log=memory_log, timing_log=timing_log,
                             share_weights=share)
 
+    @profiled("gen")
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Generate ``n`` responses per prompt (``self.generator``, see :meth:`_build_rollout`); returns
@@ -148,6 +150,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         return result
 
     # ---- log-probs ------------------------------------------------------------------------------------------
+    @profiled("old_log_prob")
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` (B, R) f32 and ``entropys`` (B, R) f32 of the current actor, and ``sum_pi_squared``
@@ -167,6 +170,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
                 "perf/worker_s/old_log_prob": time.perf_counter() - t0}
         return DataProto.from_dict(cols, meta=meta)
 
+    @profiled("ref")
     @torch.no_grad()
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) f32 of the frozen reference model (a LoRA actor with its adapters disabled)."""
@@ -187,6 +191,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         return DataProto.from_dict({"ref_log_prob": lp}, meta=meta)
 
     # ---- update ---------------------------------------------------------------------------------------------
+    @profiled("update_actor")
     def update_actor(self, data: DataProto) -> dict:
         """PPO-family actor update over mini-batches / micro-batches / epochs; returns metric lists."""
         from trainer.workers.update import ppo_update

@@ -140,8 +140,19 @@ class RolloutEngine(abc.ABC):
     """A generation engine that can be put to sleep while the trainer uses the GPU.
 
     Life cycle inside :func:`rollout.context.rollout_mode`: ``wake_up(["weights"])`` -> ``load_weights`` (one call
-    per bucket) -> ``wake_up(["kv_cache"])`` -> ``generate`` ... -> ``sleep(level)``.
+    per bucket; or ``share_weights`` once, for an engine that can run on the trainer's tensors) ->
+    ``wake_up(["kv_cache"])`` -> ``generate`` ... -> ``sleep(level)``.
+
+    Attributes:
+        uses_torch_allocator: the engine's GPU memory comes from PyTorch's caching allocator (the transformers
+            engine), so the blocks the trainer freed serve it as they are and ``rollout_mode`` does not return the
+            cache to the driver around it; False for an engine with its own allocator (vLLM's).
+        can_share_weights: the engine has ``share_weights(named_tensors)``: it runs on the trainer's own parameter
+            tensors instead of a copy (:meth:`rollout.hf_engine.HFRolloutEngine.share_weights`).
     """
+
+    uses_torch_allocator = False
+    can_share_weights = False
 
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:

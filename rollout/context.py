@@ -5,6 +5,10 @@ enter: [offload_fn] -> empty_cache -> wake_up(["weights"]) -> load_weights per b
        -> empty_cache -> wake_up(["kv_cache"])
 exit:  sleep(level) -> empty_cache -> [reload_fn]
 The KV cache is woken only after the weight-transfer temporaries are freed (this fixed OOM for 72B on 8xH800).
+The cache is returned to the driver only for an engine with an allocator of its own (vLLM): the transformers
+engine allocates from PyTorch's caching allocator (``uses_torch_allocator``), which reuses the trainer's freed
+blocks as they are and frees its cache by itself before an allocation would fail. With ``share_weights`` the
+engine runs on the trainer's own tensors (``engine.share_weights``) instead of the bucketed copy.
 """
 from __future__ import annotations
 
@@ -81,7 +85,8 @@ def sync_weights(engine: RolloutEngine, named_params: Iterable, bucket_bytes: in
 @contextlib.contextmanager
 def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable], bucket_bytes: int,
                  offload_fn: Callable[[], None] | None = None, reload_fn: Callable[[], None] | None = None,
-                 sleep_level: int = 1, memory_log: dict | None = None, timing_log: dict | None = None):
+                 sleep_level: int = 1, memory_log: dict | None = None, timing_log: dict | None = None,
+                 share_weights: bool = False):
     """Context in which ``engine`` holds the actor's current weights and may generate.
 
     Args:
@@ -99,22 +104,31 @@ def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable],
             (``before_wake``: optimizer offload and cache release; ``weights_awake``: waking the weights;
             ``weights_synced``: the bucketed weight sync; ``kv_awake``: waking the KV cache; ``generated``: the
             body of the ``with`` block; ``asleep``: sleep and cache release).
+        share_weights: hand the pairs to ``engine.share_weights`` in one call instead of copying them (an engine
+            with ``can_share_weights``; the trainer's tensors must stay alive and in place).
 
     Yields:
         the engine. On exit (also on error) the engine is put to sleep and the cache emptied.
     """
     log = _StageLog(memory_log, timing_log)
+    release = not getattr(engine, "uses_torch_allocator", False)  # only an engine with an allocator of its own
     if offload_fn is not None:
         offload_fn()
-    memory.empty_cache()
+    if release:
+        memory.empty_cache()
     log("before_wake")
     engine.wake_up(tags=["weights"])
     log("weights_awake")
     try:
         params = named_params_fn()
-        sync_weights(engine, params, bucket_bytes)
+        if share_weights:
+            engine.share_weights([pair for bucket in bucket_named_tensors(params, bucket_bytes) for pair in bucket])
+            getattr(engine, "weights_updated", lambda: None)()
+        else:
+            sync_weights(engine, params, bucket_bytes)
         del params
-        memory.empty_cache()
+        if release:
+            memory.empty_cache()
         log("weights_synced")
         engine.wake_up(tags=["kv_cache"])
         log("kv_awake")
@@ -122,7 +136,8 @@ def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable],
         log("generated")
     finally:
         engine.sleep(level=sleep_level)
-        memory.empty_cache()
+        if release:
+            memory.empty_cache()
         log("asleep")
         if reload_fn is not None:
             reload_fn()

@@ -1,10 +1,10 @@
 """Rollout with transformers' own ``generate`` (the default engine where vLLM is absent).
 
 The engine owns an inference copy of the policy built from the HF config; :meth:`HFRolloutEngine.load_weights`
-copies the trainer's weights into it in place. On CUDA it uses transformers' static KV cache with compilation of
-the decoding step (2.8x plain ``generate`` with a dynamic cache at the same 1,024-row batch, SmolLM2-135M's
-shape on one H200; docs/benchmarks.md); the
-compiled graph is only reused when shapes repeat, so every call is cut into FIXED shapes:
+copies the trainer's weights into it in place, or :meth:`HFRolloutEngine.share_weights` runs it on the trainer's
+own tensors (no copy, no sync). On CUDA it uses transformers' static KV cache with compilation of the decoding step
+(2.8x plain ``generate`` with a dynamic cache at the same 1,024-row batch, SmolLM2-135M's shape on one H200;
+docs/benchmarks.md); the compiled graph is only reused when shapes repeat, so every call is cut into FIXED shapes:
 
 * batch buckets: the rows (prompts x n) are split into chunks of ``max_batch_size`` and the last chunk is padded
   up to the next power of two (copies of its last row, dropped afterwards);
@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags, finalize_responses
+from rollout.sdpa_gqa import register_sdpa_gqa, sdpa_gqa_attention_forward  # noqa: F401 (re-exported)
 
 
 def _as_list(x: int | Sequence[int] | None) -> list[int]:
@@ -44,6 +45,11 @@ def _as_list(x: int | Sequence[int] | None) -> list[int]:
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def _on(device: torch.device, want: torch.device) -> bool:
+    """``device`` is ``want`` (an index-less ``want`` matches any index of its type)."""
+    return device.type == want.type and (want.index is None or device.index == want.index)
 
 
 def auto_attn_implementation(model_config, on_cuda: bool) -> str:
@@ -128,6 +134,7 @@ class HFRolloutEngine(RolloutEngine):
         self.model.to(self.device)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._awake = True
+        self._shared = False  # the parameters are the trainer's tensors (share_weights)
 
     @classmethod
     def from_tokenizer(cls, model_config, tokenizer, model_path: str | None = None,
@@ -141,9 +148,24 @@ class HFRolloutEngine(RolloutEngine):
         return cls(model_config, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id, **kwargs)
 
     # ---- weights / memory ------------------------------------------------------------------------------------
+    uses_torch_allocator = True  # weights and KV cache come from PyTorch's caching allocator (rollout_mode keeps it)
+    can_share_weights = True
+
+    def _target(self, targets: dict, name: str, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """Parameter ``name`` of ``targets`` (``state_dict(keep_vars=True)``), checked against ``tensor``'s shape."""
+        target = targets.get(name)
+        if target is None:
+            raise KeyError(f"{what}: unknown parameter {name!r}; expected HF state_dict names such as "
+                           f"{list(targets)[:3]}")
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ValueError(f"{what}: {name!r} has shape {tuple(tensor.shape)}, engine expects {tuple(target.shape)}")
+        return target
+
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy ``(name, tensor)`` pairs into the inference copy, in place (keeps compiled graphs' buffers).
+        """Copy ``(name, tensor)`` pairs into the inference copy, in place (keeps compiled graphs' buffers). An engine
+        running on shared weights (:meth:`share_weights`) first gets storage of its own again, so a copy never
+        writes into the trainer's tensors.
 
         Names are those of the HF ``state_dict``. With tied embeddings, ``lm_head.weight`` and
         ``model.embed_tokens.weight`` are one tensor, so either name updates both.
@@ -152,40 +174,70 @@ class HFRolloutEngine(RolloutEngine):
             KeyError: unknown name (the message lists a few expected ones).
             ValueError: shape mismatch (both shapes named).
         """
+        if self._shared:  # storage of its own again (filled by the copies below)
+            for p in self.model.parameters():
+                p.data = torch.empty_like(p.data)
+            self._shared = False
         targets = self.model.state_dict(keep_vars=True)
         for name, tensor in named_tensors:
-            target = targets.get(name)
-            if target is None:
-                raise KeyError(f"load_weights: unknown parameter {name!r}; expected HF state_dict names such as "
-                               f"{list(targets)[:3]}")
-            if tuple(target.shape) != tuple(tensor.shape):
-                raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, engine expects "
-                                 f"{tuple(target.shape)}")
+            target = self._target(targets, name, tensor, "load_weights")
             target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype), non_blocking=True)
 
-    def sleep(self, level: int = 1) -> None:
-        """Move the inference copy to CPU (both levels; the weights are kept, the next sync overwrites them).
+    @torch.no_grad()
+    def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Run on the trainer's own tensors: each parameter of the inference copy is pointed at the tensor given for
+        its name (``param.data = tensor``, no copy), so the engine needs no weights of its own and no sync; the
+        trainer must keep those tensors alive and in place (ZeRO-0/1/2 parameters; not ZeRO-3's gathered ones).
 
-        No ``empty_cache`` here: :func:`rollout.context.rollout_mode` does it after ``sleep``.
+        Every parameter must be given (tied weights once), with the engine's shape, dtype and device; buffers move to
+        the device. While shared, :meth:`sleep` and :meth:`wake_up` move nothing (the memory is the trainer's).
+
+        Raises:
+            KeyError: unknown name. ValueError: a shape, dtype or device that differs, or parameters not given
+            (nothing is changed then).
+        """
+        targets = self.model.state_dict(keep_vars=True)
+        pairs = [(self._target(targets, n, t, "share_weights"), t.detach()) for n, t in named_tensors]
+        bad = [tuple(t.shape) for p, t in pairs if t.dtype != p.dtype or not _on(t.device, self.device)]
+        if bad:
+            raise ValueError(f"share_weights: {len(bad)} tensors are not {self.dtype} on {self.device} (first of shape "
+                             f"{bad[0]}); use load_weights to copy them")
+        given = {id(p) for p, _ in pairs}
+        left = [n for n, p in self.model.named_parameters() if id(p) not in given]
+        if left:
+            raise ValueError(f"share_weights: {len(left)} parameters not given, e.g. {left[:3]}")
+        for p, t in pairs:
+            p.data = t
+        for module in self.model.modules():  # buffers (rotary frequencies) stay on the device while shared
+            for key, buf in module._buffers.items():
+                if buf is not None and not _on(buf.device, self.device):
+                    module._buffers[key] = buf.to(self.device)
+        self._shared = True
+
+    def sleep(self, level: int = 1) -> None:
+        """Move the inference copy to CPU (both levels; the weights are kept, the next sync overwrites them); an
+        engine on shared weights (:meth:`share_weights`) has none of its own and moves nothing.
+
+        No ``empty_cache`` here: :func:`rollout.context.rollout_mode` decides about the cache.
 
         Raises:
             ValueError: level not 1 or 2.
         """
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" and not self._shared:
             self.model.to("cpu")
         self._awake = False
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """``"weights"`` moves the inference copy back to its device; ``"kv_cache"`` is a no-op (transformers
-        allocates the KV cache inside each ``generate`` call).
+        """``"weights"`` moves the inference copy back to its device (nothing to move on shared weights);
+        ``"kv_cache"`` is a no-op (transformers allocates the KV cache inside each ``generate`` call).
 
         Raises:
             ValueError: unknown tag.
         """
         tags = check_tags(tags)
-        if "weights" in tags and self.device.type != "cpu":
+        if "weights" in tags and self.device.type != "cpu" and not self._shared:
             self.model.to(self.device)
         if "weights" in tags:
             self._awake = True
@@ -300,49 +352,6 @@ def concat_image_inputs(rows: Sequence[dict | None]) -> dict:
     any."""
     keys = sorted({k for r in rows if r for k in r})
     return {k: torch.cat([r[k] for r in rows if r and k in r]) for k in keys}
-
-
-def sdpa_gqa_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                               is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers attention function (registered as ``"sdpa_gqa"``) that lets SDPA do grouped-query attention
-    (``enable_gqa=True``) also when a padding mask is given.
-
-    transformers' ``sdpa`` uses ``enable_gqa`` only without a mask on CUDA; with the left-padding mask of batched
-    generation (and under ``torch.compile``) it copies K and V ``num_heads / num_kv_heads`` times (``repeat_kv``)
-    on every layer of every decoding step, which reads and writes the whole static KV cache. On one H200, SDPA on
-    (1024 rows, 9 query / 3 KV heads, 1 query x 512 keys, head dim 64, bf16, bool mask) took 1.64 ms with
-    ``repeat_kv`` and 0.117 ms with ``enable_gqa=True`` (cuDNN), outputs equal within 5e-4 (docs/benchmarks.md).
-
-    Shapes: ``query`` (B, H, q, D), ``key``/``value`` (B, KV, k, D) with H a multiple of KV, ``attention_mask``
-    None or broadcastable to (B, H, q, k) (bool: True attends; float: additive). Returns ((B, q, H, D), None).
-    Falls back to transformers' ``sdpa_attention_forward`` for what it does not handle (no GQA, ``position_bias``,
-    ``softcap``, K and V head dims that differ or exceed 256).
-    """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if (query.shape[1] == key.shape[1] or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
-            or key.shape[-1] != value.shape[-1] or key.shape[-1] > 256):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    q_len = query.shape[2]
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = q_len > 1 and attention_mask is None and bool(causal)
-    if causal and key.shape[2] > q_len:  # prefill into an empty static cache: the keys beyond q are unused
-        key, value = key[:, :, :q_len], value[:, :, :q_len]
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                         scale=scaling, is_causal=causal, enable_gqa=True)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def register_sdpa_gqa() -> None:
-    """Register :func:`sdpa_gqa_attention_forward` and SDPA's mask builder under the name ``"sdpa_gqa"`` with
-    transformers (``AttentionInterface`` / ``AttentionMaskInterface``); idempotent."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
-    AttentionInterface.register("sdpa_gqa", sdpa_gqa_attention_forward)
-    AttentionMaskInterface.register("sdpa_gqa", sdpa_mask)
 
 
 class SampledTokenLogProbs:

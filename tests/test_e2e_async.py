@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 ASYNC = ["trainer.rollout_placement=separate", "trainer.async.staleness=1", "trainer.n_gpus_per_node=1"]
 NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step", "perf/rollout_s/",
+                "perf/worker_s/",  # wall seconds inside the workers, like timing_s/
                 "reward/time_s", "async/wait_gen_s", "async/gen_s", "async/gen_overlap_s")
 
 

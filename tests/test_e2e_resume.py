@@ -26,6 +26,7 @@ BASE = ["trainer.total_training_steps=4", "trainer.save_freq=2", "data.train_bat
         "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
         "actor_rollout_ref.actor.optim.total_training_steps=4"]
 NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step", "perf/rollout_s/",
+                "perf/worker_s/",  # wall seconds inside the workers, like timing_s/
                 "reward/time_s")
 
 

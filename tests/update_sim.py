@@ -4,8 +4,8 @@ metrics against the full-batch value under every micro-batch split and data-para
 * :class:`FakeEngine` stands in for a DeepSpeed engine: ``backward`` accumulates ``loss.backward()`` into a
   scalar parameter ``w``; ``step`` averages the gradient over the simulated data-parallel ranks (what DeepSpeed's
   all-reduce does) and records it; no weight changes, so every mini-batch sees the same ``w``.
-* Data-parallel ranks run as threads; ``global_count`` (the only collective of the update loop) is replaced by a
-  barrier-based sum over the rank threads, so the counts are the real all-reduced ones.
+* Data-parallel ranks run as threads; ``global_count`` and ``global_max`` (the collectives of the update loop) are
+  replaced by barrier-based sums and maxima over the rank threads, so the counts are the real all-reduced ones.
 * The model forward is ``log_prob = w * feat`` per token (``feat`` a data column); the entropy is ``ent`` with
   value exactly ``ent`` and a gradient through ``w``; the critic's values are ``w * feat``.
 """
@@ -29,11 +29,17 @@ class _Collective:
         self.barrier = threading.Barrier(size, timeout=60)
 
     def sum(self, value: float) -> float:
+        return self._reduce(value, sum)
+
+    def max(self, value: float) -> float:
+        return self._reduce(value, max)
+
+    def _reduce(self, value: float, op) -> float:
         if self.size == 1:
             return float(value)
         self.slots[_local.rank] = float(value)
         self.barrier.wait()
-        total = float(sum(self.slots))
+        total = float(op(self.slots))
         self.barrier.wait()
         return total
 
@@ -100,6 +106,7 @@ def patch(monkeypatch):
     for module in (update, step_guard):  # the update loop's counts and the step guard's finiteness flag
         monkeypatch.setattr(module, "global_count", lambda value, device=None, group=None:
                             _HOLDER["c"].sum(value))
+    monkeypatch.setattr(update, "global_max", lambda value, device=None, group=None: _HOLDER["c"].max(value))
 
 
 def run_update(rows: DataProto, cfg: dict, kind: str, dp: int, n: int = 1, w: float = 0.5,

@@ -1,13 +1,14 @@
 """The single controller: the PPO/GRPO loop as a plain Python dataflow over the run's roles.
 
 One step (:meth:`RayPPOTrainer.train_step`): prompts -> rollout + rewards -> the algorithm's filter -> balance
--> old log-probs -> rollout correction -> ref log-probs -> the algorithm's inputs (critic values, ...) -> KL in
-reward (optional) -> advantages -> the algorithm's updates (critic) -> actor update. The algorithm (PRIME, dynamic
-sampling, the critic, the estimator) plugs in through :mod:`trainer.hooks`; the worker groups are the run's
-:class:`trainer.roles.Roles`. :meth:`RayPPOTrainer.fit` loops over steps with metrics, checkpoints every
-``save_freq`` steps, HF exports at wall-clock marks (``export_hf_freq_s``, :mod:`trainer.hf_exports`) and
-validation every ``test_freq`` steps. With ``trainer.rollout_placement=separate`` the rollout role generates on its
-own workers, ``trainer.async.staleness`` batches ahead of the update (:class:`trainer.async_rollout.OffPolicyPipeline`).
+-> old log-probs and rollout correction (not when the update's forward gives them: :mod:`trainer.on_policy`) -> ref
+log-probs -> the algorithm's inputs (critic values, ...) -> KL in reward (optional) -> advantages -> the algorithm's
+updates (critic) -> actor update. The algorithm (PRIME, dynamic sampling, the critic, the estimator) plugs in
+through :mod:`trainer.hooks`; the worker groups are the run's :class:`trainer.roles.Roles`. :meth:`fit` loops over
+steps with metrics, checkpoints every ``save_freq`` steps, HF exports at wall-clock marks (``export_hf_freq_s``,
+:mod:`trainer.hf_exports`) and validation every ``test_freq`` steps. With ``trainer.rollout_placement=separate`` the
+rollout role generates on its own workers, ``trainer.async.staleness`` batches ahead of the update
+(:class:`trainer.async_rollout.OffPolicyPipeline`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import os
 import signal
 import time
 
-import numpy as np
 
 from trainer.config.data import DataConfig
 from trainer.config.rollout import SamplingKwargs
@@ -27,9 +27,12 @@ from trainer.hooks import StepContext, build_hooks
 from trainer.hf_exports import TimedHFExports
 from trainer.hooks.base import timed
 from trainer.metric_utils import reduce_rank_metrics, reward_output_metrics
+from trainer.on_policy import OLD_FROM_UPDATE, OnPolicyRule
 from trainer.protocol import DataProto
 from trainer.roles import Roles, actor_role, rollout_role
+from trainer.seqlen_balancing import balance_batch
 from trainer.validation import sampled, validate_and_log
+from trainer.workers.profiling import profile_meta
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +83,7 @@ class RayPPOTrainer:
 
         need_ref = needs_reference(config)
         rollout = rollout_role(config, self.world)  # None: the engine is colocated in the actor's workers
+        self.on_policy = OnPolicyRule.from_config(config, separate_rollout=rollout is not None)
         self.roles = Roles([actor_role(config), *self.hooks.roles(), *([rollout] if rollout else [])],
                            ref_from_actor=need_ref)
         self.pipeline = None  # the OffPolicyPipeline of a separate rollout role (init_workers)
@@ -150,7 +154,8 @@ class RayPPOTrainer:
         batch, rewards = self.hooks.generate(step, prompts)
         step.metrics.update(reward_output_metrics(rewards))  # over every generated row
         batch = self.hooks.filter_batch(step, batch, rewards)
-        batch = self._balance(batch)
+        if self.trainer_cfg.balance_batch:  # every data-parallel rank gets a similar number of tokens
+            batch = balance_batch(batch, self.roles.actor.dp_size)
         self._old_log_probs(step, batch)
         self._rollout_correction(step, batch)
         self._ref_log_probs(step, batch)
@@ -191,37 +196,33 @@ class RayPPOTrainer:
         return rows, rew
 
     def tag_prompts(self, prompts: DataProto, step: int, k: int) -> None:
-        """The sampling seed (``meta["seed"]``) and ``uid`` column of the ``k``-th prompt batch of ``step``."""
+        """Seed (``meta["seed"]``), profiler mark (``profile_meta``) and ``uid`` column of prompt batch ``k`` of ``step``."""
         base = step + self.trainer_cfg.seed * 100003
-        prompts.meta.update(seed=base + (k - 1) * 7919)
+        prompts.meta.update(seed=base + (k - 1) * 7919, **profile_meta(step, self.trainer_cfg.output_dir))
         tag = f"{step}-" if k == 1 else f"{step}.{k}-"
         prompts["uid"] = [f"{tag}{i}" for i in range(len(prompts))]
 
-    def _balance(self, batch: DataProto) -> DataProto:
-        """Reorder rows so that every data-parallel rank gets a similar number of tokens (``trainer.balance_batch``)."""
-        from trainer.seqlen_balancing import get_seqlen_balanced_partitions
-
-        dp = self.roles.actor.dp_size
-        if not self.trainer_cfg.balance_batch or dp == 1:
-            return batch
-        seqlens = batch["attention_mask"].sum(-1).tolist()
-        parts = get_seqlen_balanced_partitions(seqlens, k=dp, equal_size=True)
-        return batch.index(np.concatenate([np.asarray(sorted(p)) for p in parts]))
-
     def _old_log_probs(self, step: StepContext, batch: DataProto) -> None:
+        """The actor's old-log-prob pass, unless the update's forward gives ``pi_old`` (:class:`trainer.on_policy.
+        OnPolicyRule`: then the batch is marked and the update computes them; ``perf/old_log_prob_pass`` 1 / 0)."""
         from trainer import core_algos
 
+        needed = self.on_policy.needs_pass(len(batch), self.global_step > self.trainer_cfg.critic_warmup)
+        step.metrics["perf/old_log_prob_pass"] = float(needed)
+        if not needed:
+            batch.meta[OLD_FROM_UPDATE] = True  # read by trainer.workers.update
+            return
         with step.timer("old_log_prob"):
             batch.union(self.roles.actor.compute_log_prob(batch))
             step.metrics["actor/entropy"] = float(core_algos.masked_mean(batch["entropys"], batch["response_mask"]))
 
     def _rollout_correction(self, step: StepContext, batch: DataProto) -> None:
-        """The gap between the engine's and the trainer's log-probs, and ``rollout_is_weights`` when
-        ``algorithm.rollout_correction.rollout_is`` is on
-        (:func:`trainer.algos.rollout_correction.apply_rollout_correction`)."""
+        """``rollout_is_weights`` and the engine/trainer log-prob gap (:func:`trainer.algos.rollout_correction.
+        apply_rollout_correction`); with old log-probs from the update, the update reports the gap."""
         from trainer.algos.rollout_correction import apply_rollout_correction
 
-        step.metrics.update(apply_rollout_correction(batch, self.rollout_correction))
+        if not batch.meta.get(OLD_FROM_UPDATE):
+            step.metrics.update(apply_rollout_correction(batch, self.rollout_correction))
 
     def _ref_log_probs(self, step: StepContext, batch: DataProto) -> None:
         if self.roles.ref is not None:

@@ -17,7 +17,8 @@ name                  shape        meaning
 ``position_ids``      (B, P+R)     ``clamp(cumsum(attention_mask) - 1, min=0)``
 ``response_mask``     (B, R)       1 for response tokens that are trained on (float32)
 ``rollout_log_probs`` (B, R) f32   log-probs reported by the rollout engine
-``old_log_probs``     (B, R) f32   log-probs of the actor before the update (recomputed)
+``old_log_probs``     (B, R) f32   log-probs of the actor before the update (recomputed; absent when the update's
+                                   forward gives them, ``meta["old_log_probs_from_update"]``: trainer/on_policy.py)
 ``ref_log_prob``      (B, R) f32   log-probs of the reference model
 ``values``            (B, R) f32   critic values
 ``sum_pi_squared``    (B, R) f32   ``sum_v pi_v^2`` of the actor per token (only for an estimator reading it)

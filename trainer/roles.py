@@ -26,7 +26,7 @@ from trainer.protocol import DataProto
 logger = logging.getLogger(__name__)
 
 __all__ = ["Role", "Roles", "GroupClient", "ActorGroup", "CriticGroup", "PRMGroup", "RolloutGroup", "actor_role",
-           "rollout_role"]
+           "rollout_role", "columns", "FORWARD_COLUMNS", "UPDATE_COLUMNS"]
 
 
 class GroupClient:
@@ -60,8 +60,26 @@ class GroupClient:
         self.wg.shutdown()
 
 
+#: the columns the actor's log-prob forwards read (:func:`trainer.workers.model_utils.forward_micro`), and the
+#: non-tensor column they may read; the rest of the step's batch is not sent to the workers
+FORWARD_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses")
+FORWARD_NON_TENSOR = ("multi_modal_inputs",)
+#: the columns the actor update may read besides (:func:`trainer.workers.update.ppo_update`, ``_actor_loss``)
+UPDATE_COLUMNS = FORWARD_COLUMNS + ("response_mask", "advantages", "old_log_probs", "ref_log_prob",
+                                    "rollout_is_weights", "rollout_log_probs")
+
+
+def columns(batch: DataProto, tensor_keys, non_tensor_keys=FORWARD_NON_TENSOR) -> DataProto:
+    """The columns of ``batch`` among ``tensor_keys`` / ``non_tensor_keys`` (those present), with its ``meta``: what a
+    worker call ships through Ray instead of the whole batch (prompts, scores, rewards, the dataset's non-tensor
+    columns stay in the driver)."""
+    return batch.select([k for k in tensor_keys if k in batch.tensor_keys()],
+                        [k for k in non_tensor_keys if k in batch.non_tensor])
+
+
 class ActorGroup(GroupClient):
-    """The actor workers (:class:`trainer.workers.actor.ActorRolloutRefWorker`): policy, rollout engine, reference."""
+    """The actor workers (:class:`trainer.workers.actor.ActorRolloutRefWorker`): policy, rollout engine, reference.
+    The log-prob and update calls ship only the columns the workers read (:func:`columns`)."""
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """``rollout.n`` responses per prompt; rows split over every rank (generation is not sequence-parallel).
@@ -70,15 +88,15 @@ class ActorGroup(GroupClient):
 
     def compute_log_prob(self, batch: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` (B, R) f32 of the current policy."""
-        return self.wg.dispatch_dp("compute_log_prob", batch)
+        return self.wg.dispatch_dp("compute_log_prob", columns(batch, FORWARD_COLUMNS))
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) f32 of the frozen reference model."""
-        return self.wg.dispatch_dp("compute_ref_log_prob", batch)
+        return self.wg.dispatch_dp("compute_ref_log_prob", columns(batch, FORWARD_COLUMNS))
 
     def update_actor(self, batch: DataProto) -> list[dict]:
         """One PPO-family update; returns every rank's ``{metric: [values]}``."""
-        return self.wg.dispatch_dp_metrics("update_actor", batch)
+        return self.wg.dispatch_dp_metrics("update_actor", columns(batch, UPDATE_COLUMNS))
 
     def export_hf(self, out_dir: str) -> None:
         """The trained policy as a Hugging Face folder (every rank takes part)."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
-__all__ = ["get_seqlen_balanced_partitions", "rearrange_micro_batches", "get_reverse_idx", "log_seqlen_unbalance"]
+__all__ = ["get_seqlen_balanced_partitions", "balance_batch", "rearrange_micro_batches", "get_reverse_idx",
+           "log_seqlen_unbalance"]
 
 
 def _check_seqlens(seqlens: Sequence[int]) -> list[int]:
@@ -153,3 +154,19 @@ def log_seqlen_unbalance(seqlens: Sequence[int], partitions: list[list[int]], pr
             f"{prefix}/minmax_diff": float(max(before) - min(before)),
             f"{prefix}/balanced_min": float(min(after)), f"{prefix}/balanced_max": float(max(after)),
             f"{prefix}/mean": float(sum(after) / k)}
+
+
+def balance_batch(batch, dp: int):
+    """``batch`` (a :class:`trainer.protocol.DataProto` with ``attention_mask`` (B, T)) with its rows reordered so
+    that each of the ``dp`` equal, contiguous slices the data-parallel dispatch hands out holds about the same
+    number of tokens (:func:`get_seqlen_balanced_partitions`, equal sizes); ``batch`` itself when ``dp`` is 1.
+
+    Raises:
+        ValueError: B is not a multiple of ``dp``.
+    """
+    import numpy as np
+
+    if dp == 1:
+        return batch
+    parts = get_seqlen_balanced_partitions(batch["attention_mask"].sum(-1).tolist(), k=dp, equal_size=True)
+    return batch.index(np.concatenate([np.asarray(sorted(p)) for p in parts]))

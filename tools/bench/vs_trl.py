@@ -89,13 +89,17 @@ def resolve_sides(sides: str | None, trl_vllm: bool = False, engine: str | None 
     return out
 
 
-def side_env(side: str, environ: dict | None = None) -> dict:
+def side_env(side: str, environ: dict | None = None, profile_steps: str | None = None) -> dict:
     """Environment variables the bench sets for ``side`` (values already in ``environ`` win): :data:`VLLM_ENV`
-    for vLLM sides, :data:`TRL_DIST_ENV` for ``trl_vllm``."""
+    for vLLM sides, :data:`TRL_DIST_ENV` for ``trl_vllm``, and for ours ``DSRL_PROFILE_STEPS=profile_steps`` when
+    given (``--ours-profile-steps``: those steps' worker calls under ``torch.profiler``,
+    :mod:`trainer.workers.profiling`)."""
     environ = os.environ if environ is None else environ
     want = dict(VLLM_ENV) if SIDES[side][1] == "vllm" else {}
     if side == "trl_vllm":
         want.update(TRL_DIST_ENV)
+    if profile_steps and SIDES[side][0] == "ours":
+        want["DSRL_PROFILE_STEPS"] = profile_steps
     return {k: environ.get(k, v) for k, v in want.items()}
 
 
@@ -166,15 +170,19 @@ def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) 
     return wall
 
 
-def _run_finished(cmd: list[str], log: str, timeout: int, env_extra: dict | None, done) -> tuple[float, str | None]:
-    """:func:`_run`, except that a timeout after ``done()`` became true (every step written) is kept as a result:
-    returns (wall seconds, a note saying the process was stopped in shut-down, or None)."""
+def _run_finished(cmd: list[str], log: str, timeout: int, env_extra: dict | None, done,
+                  partial=None) -> tuple[float, str | None]:
+    """:func:`_run`, except that a timeout after ``done()`` became true (every step written) is kept as a result,
+    and so is one after ``partial()`` became true (some steps written: a side stopped at its budget keeps them):
+    returns (wall seconds, a note saying where the process was stopped, or None)."""
     try:
         return _run(cmd, log, timeout, env_extra), None
     except SideTimeout:
-        if not done():
-            raise
-        return float(timeout), f"all steps written; stopped after {timeout} s while shutting down"
+        if done():
+            return float(timeout), f"all steps written; stopped after {timeout} s while shutting down"
+        if partial is not None and partial():
+            return float(timeout), f"stopped at its time limit ({timeout} s) before its last step"
+        raise
 
 
 def _run_trl_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[dict], dict, float]:
@@ -205,14 +213,18 @@ def _run_ours_side(side: str, job: dict, work: str, timeout: int) -> tuple[list[
         with open(metrics, encoding="utf-8") as f:
             return ours_steps([json.loads(line) for line in f if line.strip()], job["batch"] * job["n"])
 
-    def all_written() -> bool:
+    def written() -> int:
         try:
-            return len(read()) >= job["steps"]
+            return len(read())
         except (OSError, ValueError, KeyError):
-            return False
+            return 0
 
-    wall, note = _run_finished(cmd, os.path.join(work, f"{side}.log"), timeout, side_env(side), all_written)
+    wall, note = _run_finished(cmd, os.path.join(work, f"{side}.log"), timeout,
+                               side_env(side, profile_steps=job.get("ours_profile_steps")),
+                               lambda: written() >= job["steps"], lambda: written() >= 1)
     steps = read()
+    if len(steps) < job["steps"]:
+        note = f"{note or 'exited'}: {len(steps)} of {job['steps']} steps written, those kept"
     peak = lambda k: max((s[k] for s in steps if s[k] is not None), default=None)
     extra = dict(command=" ".join(cmd), reward_mean=[s["reward"] for s in steps],
                  peak_torch_allocated_gib=peak("peak_torch_allocated_gib"),
@@ -227,7 +239,8 @@ def run_side(side: str, job: dict, work: str, timeout: int, hf_config=None) -> d
     from tools.bench.vs_trl_report import summarize, update_mfu
 
     framework, engine = SIDES[side]
-    base = dict(side=side, framework=framework, engine=engine, env=side_env(side),
+    base = dict(side=side, framework=framework, engine=engine,
+                env=side_env(side, profile_steps=job.get("ours_profile_steps")),
                 log=os.path.join(work, f"{side}.log"))
     runner = _run_trl_side if framework == "trl" else _run_ours_side
     sampler = DeviceMemorySampler() if job["device"] == "cuda" else None
@@ -271,8 +284,9 @@ def notes(sides: list[str], job: dict) -> list[str]:
            "TRL trains HF Trainer's bf16 autocast (CUDA) over fp32 weights; ours DeepSpeed ZeRO-2, bf16 with fp32 "
            "master weights",
            "TRL step seconds: between on_step_end callbacks; ours: timing_s/step. TRL stages: exclusive timers around "
-           "its methods (tools/bench/vs_trl_child.py); ours: trainer timers, whose 'gen' includes the weight sync "
-           "and the engine's wake-up and sleep (not timed apart)",
+           "its methods (tools/bench/vs_trl_child.py); ours: trainer timers, with the engine's weight sync, "
+           "wake-up and sleep (the worker's perf/rollout_s/* timers) taken out of 'gen'; detail_s: seconds inside "
+           "the stages (the engine's generate call, each stage inside the worker)",
            "peak_gpu_used_gib: the whole device's memory in use (every process), sampled every 0.1 s; "
            "peak_torch_*: the side's PyTorch allocator (ours: the largest per-stage peak its workers log)"]
     if "trl" in sides:
@@ -333,6 +347,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE",
                     help="extra trainer/main.py override for ours' sides (repeatable), e.g. "
                     "actor_rollout_ref.model.torch_compile_mode=reduce-overhead")
+    ap.add_argument("--ours-profile-steps", default=None, metavar="N[,N]",
+                    help="ours: run these steps' worker calls under torch.profiler (DSRL_PROFILE_STEPS; tables and "
+                    "traces in <work>/ours_<engine>/profile/step_N, left out of the means)")
     ap.add_argument("--trl-cache-implementation", default=None, help="TRL GRPOConfig.cache_implementation")
     ap.add_argument("--peak-flops", type=float, default=989e12, help="per-GPU peak FLOP/s for the update MFU")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
@@ -424,7 +441,8 @@ def main(argv=None) -> dict:
                max_prompt_len=args.max_prompt_len, lr=args.lr, steps=args.steps, seed=args.seed, device=device,
                out_dir=work, cpus=1 if device == "cpu" else 4, ignore_eos=ignore_eos,
                trl_cache_implementation=args.trl_cache_implementation, trl_vllm_gpu_util=args.trl_vllm_gpu_util,
-               ours_vllm_gpu_util=args.vllm_gpu_util, ours_overrides=args.ours_override, random_model=random_model)
+               ours_vllm_gpu_util=args.vllm_gpu_util, ours_overrides=args.ours_override, random_model=random_model,
+               ours_profile_steps=args.ours_profile_steps)
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(job["model"])

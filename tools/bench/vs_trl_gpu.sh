@@ -11,9 +11,12 @@
 # Job 2 (qwen): random-weight Qwen2-1.5B architecture with SmolLM2's tokenizer, GSM8K prompts, QWEN_BATCH (64)
 #   x 8, exactly 512 tokens (ignore_eos), micro-batch 8, QWEN_STEPS (2) steps: QWEN_SIDES (trl_vllm,ours_vllm).
 # BUDGET_S (default 570) bounds the whole script: each side gets at most what is left (vs_trl.py --budget-s); a
-# side cut short before its last step is reported as failed (one stopped while shutting down after its last step
-# keeps its steps, with a note), the sides before it kept. Files in $OUT (at most 8): smol.json/.md/_split.png,
-# qwen.json/.md/_split.png, logs.tgz (every side's log), console.log.
+# side stopped at its limit keeps the steps it wrote (with a note; none written: reported as failed), the sides
+# before it kept. OURS_PROFILE_STEPS (e.g. 4): ours' worker calls of those steps run under torch.profiler (left out
+# of the means; tables in logs.tgz, Chrome traces in traces.tgz when it stays under 15 MiB). SMOL_EXTRA: more
+# vs_trl.py arguments for job 1 (word-split), e.g. "--ours-override algorithm.rollout_correction.rollout_is=token"
+# to force the old-log-prob pass. Files in $OUT (at most 8): smol.json/.md/_split.png, qwen.json/.md/_split.png,
+# logs.tgz (every side's log, the profile tables), traces.tgz (not with PART=all), console.log.
 set -u
 OUT=${OUT:-/tmp/out}
 SMOL=${SMOL:-/tmp/smol_hf}
@@ -25,6 +28,8 @@ SMOL_SIDES=${SMOL_SIDES:-trl_vllm,ours_hf,ours_vllm}
 QWEN_BATCH=${QWEN_BATCH:-64}
 QWEN_STEPS=${QWEN_STEPS:-2}
 QWEN_SIDES=${QWEN_SIDES:-trl_vllm,ours_vllm}
+OURS_PROFILE_STEPS=${OURS_PROFILE_STEPS:-}
+SMOL_EXTRA=${SMOL_EXTRA:-}
 export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
   PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TORCH_CUDA_ARCH_LIST=9.0
 mkdir -p "$OUT" /tmp/vs
@@ -32,13 +37,13 @@ exec > >(tee -a "$OUT/console.log") 2>&1
 end=$(( $(date +%s) + BUDGET_S ))
 left() { echo $(( end - $(date +%s) )); }
 common=(--data data/gsm8k/train.parquet --n 8 --lr 1e-6 --max-prompt-len 256 --trl-vllm-gpu-util 0.3
-        --vllm-gpu-util 0.3 --seed 1)
+        --vllm-gpu-util 0.3 --seed 1 ${OURS_PROFILE_STEPS:+--ours-profile-steps "$OURS_PROFILE_STEPS"})
 if [ "$PART" != qwen ]; then
   reserve=0; [ "$PART" = all ] && reserve=$QWEN_RESERVE_S
   b=$(( $(left) - reserve - 15 ))
   timeout -k 10 $(( b + 40 )) python3 tools/bench/vs_trl.py --model "$SMOL" "${common[@]}" --batch 16 --micro 64 \
     --response-len 256 --steps "$SMOL_STEPS" --sides "$SMOL_SIDES" --timeout 170 --budget-s "$b" \
-    --work-dir /tmp/vs/smol --out "$OUT/smol.json"
+    --work-dir /tmp/vs/smol --out "$OUT/smol.json" $SMOL_EXTRA
 fi
 if [ "$PART" != smol ]; then
   timeout -k 10 120 python3 tools/bench/random_model.py qwen2-1.5b --tokenizer "$SMOL" --out /tmp/qwen2_rand \
@@ -49,6 +54,12 @@ if [ "$PART" != smol ]; then
     --steps "$QWEN_STEPS" --sides "$QWEN_SIDES" --timeout 270 --budget-s "$b" --work-dir /tmp/vs/qwen \
     --out "$OUT/qwen.json"
 fi
-(cd /tmp/vs && tar czf "$OUT/logs.tgz" $(ls -d */*.log 2>/dev/null))
+(cd /tmp/vs && tar czf "$OUT/logs.tgz" $(ls -d */*.log */*/profile/step_*/*.txt 2>/dev/null))
+traces=$(cd /tmp/vs && ls -d */*/profile/step_*/*.json.gz 2>/dev/null)
+if [ -n "$traces" ] && [ "$PART" != all ]; then  # PART=all: 8 files without it, the most that come back
+  (cd /tmp/vs && tar czf /tmp/vs_traces.tgz $traces)
+  if [ "$(stat -c %s /tmp/vs_traces.tgz)" -lt $((15 * 1024 * 1024)) ]; then cp /tmp/vs_traces.tgz "$OUT/traces.tgz"
+  else echo "traces.tgz left out: $(stat -c %s /tmp/vs_traces.tgz) bytes"; fi
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 ls -la "$OUT"

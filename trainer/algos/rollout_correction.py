@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import torch
 
 __all__ = ["RolloutCorrection", "LEVELS", "apply_rollout_correction", "rollout_is_weights",
-           "log_prob_gap_metrics"]
+           "log_prob_gap_metrics", "LogProbGap"]
 
 LEVELS = ("token", "sequence")
 _LOG_BOUND = 20.0
@@ -134,6 +134,53 @@ def log_prob_gap_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.T
         return {}
     diff = (old_log_probs.float() - rollout_log_probs.float()).abs()[m]
     return {"rollout/log_prob_diff_mean": float(diff.mean()), "rollout/log_prob_diff_max": float(diff.max())}
+
+
+class LogProbGap:
+    """:func:`log_prob_gap_metrics` gathered over pieces of a batch (the micro-batches of an on-policy update,
+    whose forward gives ``log pi_old``; :func:`trainer.workers.update.ppo_update`) without a host sync per piece.
+
+    :meth:`add` keeps the running sum, count and maximum of ``|log pi_old - log pi_rollout|`` over the counted
+    tokens as 0-d tensors on the pieces' device; :meth:`metrics` reduces them over ranks and returns the same
+    ``rollout/log_prob_diff_mean`` / ``_max`` as :func:`log_prob_gap_metrics` of the whole batch.
+    """
+
+    def __init__(self) -> None:
+        self.total = self.count = self.largest = None
+
+    def add(self, log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor) -> None:
+        """Take one piece: ``log_probs`` (b, R) float (detached here), ``rollout_log_probs`` (b, R) float and
+        ``response_mask`` (b, R) on one device.
+
+        Raises:
+            ValueError: shapes that differ.
+        """
+        if log_probs.shape != rollout_log_probs.shape or log_probs.shape != response_mask.shape:
+            raise ValueError(f"log_probs {tuple(log_probs.shape)}, rollout_log_probs "
+                             f"{tuple(rollout_log_probs.shape)} and response_mask {tuple(response_mask.shape)} "
+                             "must have one shape")
+        m = response_mask > 0
+        diff = torch.where(m, (log_probs.detach().float() - rollout_log_probs.float()).abs(), 0.0)
+        parts = (diff.sum(dtype=torch.float64), m.sum().double(), diff.max() if diff.numel() else diff.new_zeros(()))
+        if self.total is None:
+            self.total, self.count, self.largest = parts
+        else:
+            self.total, self.count = self.total + parts[0], self.count + parts[1]
+            self.largest = torch.maximum(self.largest, parts[2])
+
+    def metrics(self, total_over_ranks=float, max_over_ranks=float) -> dict[str, float]:
+        """``rollout/log_prob_diff_mean`` / ``_max`` over every piece (``{}`` when no token counted).
+
+        Args:
+            total_over_ranks / max_over_ranks: ``float -> float``, the sum / maximum of this rank's value over the
+                data-parallel ranks (default: this rank alone).
+        """
+        local = [0.0, 0.0, 0.0] if self.total is None else [float(self.count), float(self.total), float(self.largest)]
+        # every rank makes the same three calls in the same order (collectives), whatever it holds
+        count, total, largest = total_over_ranks(local[0]), total_over_ranks(local[1]), max_over_ranks(local[2])
+        if count == 0:
+            return {}
+        return {"rollout/log_prob_diff_mean": total / count, "rollout/log_prob_diff_max": largest}
 
 
 def apply_rollout_correction(batch, spec: RolloutCorrection) -> dict[str, float]:

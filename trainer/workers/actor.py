@@ -13,11 +13,13 @@ import time
 
 import torch
 
+from rollout.compile_stats import compile_counts, count_delta
 from trainer.protocol import DataProto
 from trainer.workers.base import DistributedWorker, reset_peak_memory, stage_peak_memory
 from trainer.workers.generation import call_sampling, generation_rows, prompt_lists, sampling_config
 from trainer.workers.lora import lora_enabled
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
+from trainer.workers.profiling import profiled
 from trainer.workers.weight_sync import WeightSender
 
 logger = logging.getLogger(__name__)
@@ -84,7 +86,10 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
     def _rollout_context(self, validate: bool, memory_log: dict | None = None, timing_log: dict | None = None):
         """``rollout.context.rollout_mode`` with this worker's weight source (ZeRO-gathered actor parameters);
         the Megatron worker overrides it with TP-gathered HF tensors. ``memory_log`` receives the GPU memory in
-        use after each wake/sleep stage (see ``rollout_mode``)."""
+        use after each wake/sleep stage (see ``rollout_mode``). An engine that can run on the actor's own tensors
+        (``can_share_weights``: the transformers engine) does so when they persist in place and are what it would
+        hold: ZeRO stage <= 2 (whole parameters on every rank), no LoRA (whose engine weights are merged) and the
+        engine's dtype."""
         from rollout.context import iter_actor_params, offload_optimizer_states, reload_optimizer_states, rollout_mode
 
         rc = self.rollout_cfg
@@ -94,11 +99,15 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         module = self.actor.engine.module
         source = self.lora_sync.named_params if self.lora_sync is not None else (
             lambda b: iter_actor_params(module, stage, b))
+        share = (self.engine.can_share_weights and self.lora_sync is None and stage < 3
+                 and getattr(self.engine, "dtype", None) == next(module.parameters()).dtype)
         return rollout_mode(self.engine, lambda: source(bucket), bucket,
                             offload_fn=(lambda: offload_optimizer_states(self.actor.engine)) if offload else None,
                             reload_fn=(lambda: reload_optimizer_states(self.actor.engine)) if offload else None,
-                            sleep_level=rc.sleep_level, memory_log=memory_log, timing_log=timing_log)
+                            sleep_level=rc.sleep_level, memory_log=memory_log, timing_log=timing_log,
+                            share_weights=share)
 
+    @profiled("gen")
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Generate ``n`` responses per prompt (``self.generator``, see :meth:`_build_rollout`); returns
@@ -122,6 +131,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         reset_peak_memory(self.device)
         stages: dict[str, float] = {}
         seconds: dict[str, float] = {}
+        compiled = compile_counts()
         with self._rollout_context(validate, memory_log=stages, timing_log=seconds):
             perf = {}
             if self.device.type == "cuda":  # weights synced, KV cache awake; optimizer states gone if offloaded
@@ -132,19 +142,22 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         perf.update({f"perf/{self.rollout_cfg.name}_{k}_gib": v for k, v in stages.items()})
         perf.update({f"perf/rollout_s/{k}": v for k, v in seconds.items()})  # wake, sync, generate, sleep
         perf.update(gen.metrics)
+        perf.update(count_delta(compiled, "perf/rollout"))  # compilations / CUDA-graph recordings of this call
         result = generation_rows(prompts, gen, sampling.n,
                                  rope_model=self.actor.engine if "multi_modal_inputs" in prompts else None)
-        result.meta["timing_gen_s"] = time.perf_counter() - t0
+        result.meta["timing_gen_s"] = perf["perf/worker_s/gen"] = time.perf_counter() - t0
         result.meta.update(perf)
         return result
 
     # ---- log-probs ------------------------------------------------------------------------------------------
+    @profiled("old_log_prob")
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` (B, R) f32 and ``entropys`` (B, R) f32 of the current actor, and ``sum_pi_squared``
         (B, R) f32 (``sum_v pi_v^2`` per token, from the same chunked pass over the logits) when the configured
         advantage estimator reads it (:func:`trainer.adv_inputs.log_prob_pass_columns`)."""
         rc = self.rollout_cfg
+        t0 = time.perf_counter()
         reset_peak_memory(self.device)
         spp = self.config.sum_pi_squared
         lp, ent, *rest = forward_batch_log_probs(self.actor, data, rc.log_prob_micro_batch_size_per_gpu,
@@ -153,8 +166,11 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
                                                  max_token_len=rc.log_prob_max_token_len_per_gpu,
                                                  calculate_sum_pi_squared=spp)
         cols = {"old_log_probs": lp, "entropys": ent, **({"sum_pi_squared": rest[0]} if spp else {})}
-        return DataProto.from_dict(cols, meta=stage_peak_memory(self.device, "old_log_prob"))
+        meta = {**stage_peak_memory(self.device, "old_log_prob"),
+                "perf/worker_s/old_log_prob": time.perf_counter() - t0}
+        return DataProto.from_dict(cols, meta=meta)
 
+    @profiled("ref")
     @torch.no_grad()
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) f32 of the frozen reference model (a LoRA actor with its adapters disabled)."""
@@ -163,6 +179,7 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         if self.ref is None and not self.lora:
             raise RuntimeError("the reference model was not built: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
         ref = self.config.ref
+        t0 = time.perf_counter()
         reset_peak_memory(self.device)
         role = self.ref if self.ref is not None else self.actor
         with reference_mode(role.engine.module):
@@ -170,9 +187,11 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
                                             self.rollout_cfg.temperature or 1.0, calculate_entropy=False,
                                             use_dynamic_bsz=ref.log_prob_use_dynamic_bsz,
                                             max_token_len=ref.log_prob_max_token_len_per_gpu)
-        return DataProto.from_dict({"ref_log_prob": lp}, meta=stage_peak_memory(self.device, "ref"))
+        meta = {**stage_peak_memory(self.device, "ref"), "perf/worker_s/ref": time.perf_counter() - t0}
+        return DataProto.from_dict({"ref_log_prob": lp}, meta=meta)
 
     # ---- update ---------------------------------------------------------------------------------------------
+    @profiled("update_actor")
     def update_actor(self, data: DataProto) -> dict:
         """PPO-family actor update over mini-batches / micro-batches / epochs; returns metric lists."""
         from trainer.workers.update import ppo_update

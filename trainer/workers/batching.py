@@ -57,3 +57,11 @@ def global_count(value: float, device: torch.device, group=None) -> float:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return float(t.item())
+
+
+def global_max(value: float, device: torch.device, group=None) -> float:
+    """The largest ``value`` over the ranks of ``group`` (all ranks when None); returns a Python float."""
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())

@@ -262,10 +262,23 @@ CONDITIONAL = (
     ("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", lambda c: _loss_mode(c) != "kl_cov",
      "a setting of the kl_cov policy loss"),
     ("actor_rollout_ref.actor.tau_", lambda c: _loss_mode(c) != "sapo", "settings of the sapo policy loss"),
+    ("actor_rollout_ref.rollout.log_prob_", lambda c: _old_log_probs_from_update(c),
+     "old log-probs come from the update's forward (one optimizer step per batch: trainer.on_policy), so the "
+     "separate old-log-prob pass that these keys size does not run"),
     *((f"actor_rollout_ref.{key}", lambda c: not c["actor_rollout_ref"]["model"]["lora_rank"],
        "a LoRA setting (actor_rollout_ref.model.lora_rank=0: every weight is trained)")
       for key in ("model.lora_alpha", "model.target_modules", "model.exclude_modules", "rollout.lora_sync")),
 )
+
+
+def _old_log_probs_from_update(c: dict) -> bool:
+    """Whether every step of the run skips the old-log-prob pass (:class:`trainer.on_policy.OnPolicyRule` with
+    the whole batch as one actor mini-batch and no critic warm-up)."""
+    from trainer.on_policy import OnPolicyRule
+
+    rule = OnPolicyRule.from_config(c, separate_rollout=c["trainer"]["rollout_placement"] == "separate")
+    return (not rule.blockers and not c["trainer"]["critic_warmup"]
+            and int(c["data"]["train_batch_size"]) == int(c["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"]))
 
 
 def unread_keys(resolved: dict, unresolved: dict, reads: set[str]) -> list[str]:

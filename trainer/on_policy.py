@@ -27,7 +27,10 @@ update's forward gave ``pi_old``) says which path ran.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["OnPolicyRule", "PASS_COLUMNS", "OLD_FROM_UPDATE"]
 
@@ -76,7 +79,12 @@ class OnPolicyRule:
             blockers.append(f"algorithm.adv_estimator={spec.name} reads {', '.join(reads)}")
         if separate_rollout:
             blockers.append("trainer.rollout_placement=separate")
-        return cls(int(actor["ppo_mini_batch_size"]) * int(arr["rollout"]["n"]), tuple(blockers))
+        rule = cls(int(actor["ppo_mini_batch_size"]) * int(arr["rollout"]["n"]), tuple(blockers))
+        if not blockers:
+            logger.info("old log-probs: from the update's forward in steps whose batch is one actor mini-batch of %d "
+                        "rows (no separate pass; actor_rollout_ref.rollout.log_prob_* size that pass when it runs)",
+                        rule.update_rows)
+        return rule
 
     def reasons(self, rows: int, actor_updates: bool) -> list[str]:
         """Why a step of ``rows`` rows needs the separate pass (empty: the update's forward gives ``pi_old``).

@@ -287,3 +287,52 @@ def test_generic_chatml_template_gives_tool_turns():
     ids, is_content = ToolChatTemplate(tk).encode(["42", "7"], tk.eos_token_id)
     assert tk.decode(ids, skip_special_tokens=False) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"
     assert tk.decode([t for t, c in zip(ids, is_content) if c]) == "427"
+
+
+def test_a_turn_ends_right_after_its_tool_call_the_text_written_after_it_is_dropped():
+    """A model that goes on after its call (a guessed result, a final answer) before the tool could answer: the
+    turn is cut after the call (after the last complete hermes call; after the first ```python block), the tool's
+    answer follows the call, and the dropped tokens are neither trained (mask, log-probs) nor shown to the model."""
+    def script(ctx, k):
+        if "<tool_response>" in ctx:
+            return "#### " + re.findall(r"<tool_response>\n(\d+)", ctx)[-1] + END
+        return "Let me compute.\n" + hermes("calculator", expression="6 * 7") + "\nIt gives 40, so #### 40" + END
+
+    engine, res = _run(script, ["q"])
+    row, mask = res.rollout.responses[0], res.rollout.response_mask[0]
+    whole = _text(row[res.attention_mask[0] == 1])
+    assert "It gives 40" not in whole and "#### 40" not in whole
+    assert whole.index("</tool_call>") < whole.index("<tool_response>\n42") < whole.index("#### 42")
+    turn1 = TK.encode("Let me compute.\n" + hermes("calculator", expression="6 * 7"), add_special_tokens=False)
+    model = row[mask == 1].tolist()
+    assert model[:len(turn1)] == turn1 and _text(model[len(turn1):]) == "#### 42" + END  # no END after the call
+    torch.testing.assert_close(res.rollout.rollout_log_probs[0][mask == 1][:len(turn1)],
+                               -(torch.arange(len(turn1), dtype=torch.float32) + 1) / 100)  # the kept prefix
+    dropped = len(TK.encode("\nIt gives 40, so #### 40" + END, add_special_tokens=False))
+    assert res.metrics["multi_turn/dropped_after_call"] == pytest.approx(dropped, abs=2)
+    assert "It gives 40" not in engine.calls[1][0][0]  # the second turn's context lacks the dropped text
+
+
+def test_a_call_at_the_end_of_the_budget_still_runs_and_an_unclosed_later_block_is_cut_away():
+    """A turn that reached the response budget after a complete ```python block (and opened another) runs the first
+    block instead of ending the trajectory as 'length'."""
+    def script(ctx, k):
+        if "<tool_response>" in ctx:
+            return "#### " + re.findall(r"<tool_response>\n(\d+)", ctx)[-1] + END
+        return "```python\nprint(2 + 3)\n```\nNow more:\n```python\n" + "x = 1\n" * 200  # no END: out of budget
+
+    cfg, tools, template = prepare_multi_turn({"enable": True, "format": "python_block", "tools": [
+        {"class_name": "python", "config": {"timeout_s": 5, "min_isolation": "process"}}]}, TK)
+    res = multi_turn_generate(ScriptedEngine(TK, script), TK, [_prompt("q")], SamplingConfig(max_new_tokens=200),
+                              tools, cfg, template)
+    whole = _text(res.rollout.responses[0][res.attention_mask[0] == 1])
+    assert "Now more" not in whole and whole.rstrip().endswith("#### 5" + END)
+    assert res.tool_calls.tolist() == [1] and res.metrics["multi_turn/stop_reason/no_tool_call"] == 1.0
+
+
+def test_a_model_that_ends_its_turn_after_the_call_keeps_its_end_token():
+    """Only whitespace between the call and the stop token: nothing is cut, the model's end-of-turn stays trained."""
+    engine, res = _run(counting_script, ["calls=1"])
+    assert res.metrics["multi_turn/dropped_after_call"] == 0.0
+    turn1 = TK.encode("Step 0: " + hermes("calculator", expression="1 * 1000") + END, add_special_tokens=False)
+    assert res.rollout.responses[0][res.rollout.response_mask[0] == 1].tolist()[:len(turn1)] == turn1

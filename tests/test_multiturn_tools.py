@@ -218,3 +218,19 @@ def test_truncate_sides(side, want):
     assert truncate_text("abc", 4, side) == "abc"
     with pytest.raises(ValueError, match="tool_response_truncate_side='up'"):
         truncate_text("abc", 1, "up")
+
+
+def test_turn_calls_say_where_the_turn_ends():
+    from rollout.tools.parsers import turn_calls
+    from tests.multiturn_utils import hermes
+
+    text = "Plan:\n```python\nprint(1)\n```\nIt prints 1.\n```python\nprint(2)\n```\n#### 1"
+    calls, end = turn_calls("python_block", text)
+    assert [c.arguments for c in calls] == [{"code": "print(1)\n"}] and text[:end].endswith("```\n")
+    h = hermes("a") + " and " + hermes("b") + " so the answer is 3 <tool_call>{\"name\": "
+    calls, end = turn_calls("hermes", h)
+    assert [c.name for c in calls] == ["a", "b"] and h[:end].endswith("</tool_call>") and h[end:].startswith(" so")
+    assert turn_calls("python_block", "```python\nx = 1") == ([parse_python_block("```python\nx = 1")[0]], None)
+    assert turn_calls("hermes", "no call") == ([], None)
+    with pytest.raises(ValueError, match="expected one of"):
+        turn_calls("xml", "")

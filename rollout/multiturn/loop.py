@@ -2,7 +2,9 @@
 
 Each round calls ``engine.generate`` once per group size on the rows whose trajectory goes on (rows waiting for
 tools are not in the batch; they rejoin in the next round with the tool answers appended). A row's turn ends at
-one of the engine's stop tokens; its text is parsed for tool calls, all calls of the round (every row) run
+one of the engine's stop tokens or at the response budget; its text is parsed for tool calls and, when it has a
+complete one, cut right after it (:func:`rollout.tools.parsers.turn_calls`: what the model wrote after its call,
+before it could see the answer, is dropped, log-probs included); all calls of the round (every row) run
 concurrently, and the answers are appended through the chat template (:class:`ToolChatTemplate`). A row ends when
 its turn has no tool call, at ``max_assistant_turns`` / ``max_user_turns``, when the response reaches
 ``sampling.max_new_tokens`` tokens, or when the next tool turn would not leave room for a model token; it never
@@ -28,7 +30,7 @@ from rollout.multiturn.config import MultiTurnConfig
 from rollout.multiturn.metrics import multi_turn_metrics
 from rollout.tools.base import Tool, ToolCall
 from rollout.tools.executor import run_tool_calls, truncate_text
-from rollout.tools.parsers import get_parser
+from rollout.tools.parsers import turn_calls
 from rollout.tools.registry import resolve_tools
 
 __all__ = ["MultiTurnResult", "build_tools", "multi_turn_generate", "prepare_multi_turn"]
@@ -77,6 +79,7 @@ class _Row:
     timeouts: int = 0
     malformed: int = 0
     tool_seconds: float = 0.0
+    dropped: int = 0  # model tokens written after a call in the same turn, cut away
 
 
 def _engine_ids(engine: RolloutEngine, sampling: SamplingConfig) -> tuple[list[int], int]:
@@ -112,14 +115,34 @@ def _generate_round(engine: RolloutEngine, rows: list[_Row], active: list[int], 
                 rows[i].kind += [1] * min(length, room)
 
 
-def _end_of_turn(row: _Row, stops: set[int], width: int, cfg: MultiTurnConfig, tokenizer, parse) -> list[ToolCall]:
-    """Close the row's model turn: set ``stop_reason`` when the trajectory ends, else return its tool calls."""
+def _cut_turn(row: _Row, tokenizer, text: str, end: int, stops: set[int]) -> None:
+    """Drop the turn's tokens after the shortest prefix whose text reaches character ``end`` of ``text`` (the turn
+    decoded), unless all that follows is whitespace and stop tokens (the model ended the turn there itself)."""
+    turn = row.ids[row.turn_start:]
+    lo, hi = 1, len(turn)
+    while lo < hi:  # decoded length grows with the prefix
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if len(tokenizer.decode(turn[:mid], skip_special_tokens=False)) < end else (lo, mid)
+    tail = [t for t in turn[lo:] if t not in stops]
+    if not tail or not tokenizer.decode(tail, skip_special_tokens=False).strip():
+        return
+    keep = row.turn_start + lo
+    row.dropped += len(row.ids) - keep
+    del row.ids[keep:], row.kind[keep:], row.log_probs[keep:]
+
+
+def _end_of_turn(row: _Row, stops: set[int], width: int, cfg: MultiTurnConfig, tokenizer) -> list[ToolCall]:
+    """Close the row's model turn: set ``stop_reason`` when the trajectory ends, else cut the turn after its tool
+    calls (:func:`_cut_turn`) and return them."""
     row.assistant_turns += 1
     turn = row.ids[row.turn_start:]
-    if not turn or len(row.ids) >= width or turn[-1] not in stops:
+    text = tokenizer.decode(turn, skip_special_tokens=False) if turn else ""
+    calls, end = turn_calls(cfg.format, text)
+    if end is not None:
+        _cut_turn(row, tokenizer, text, end, stops)
+    elif not turn or len(row.ids) >= width or turn[-1] not in stops:
         row.stop_reason = "length"
         return []
-    calls = parse(tokenizer.decode(turn, skip_special_tokens=False))
     if not calls:  # the model ended the trajectory itself, whatever turn this is
         row.stop_reason = "no_tool_call"
         return []
@@ -193,7 +216,6 @@ def multi_turn_generate(engine: RolloutEngine, tokenizer, prompt_ids: list[list[
     prompts = check_prompts(prompt_ids)
     stops, pad_id = _engine_ids(engine, sampling)
     template = template or ToolChatTemplate(tokenizer)
-    parse = get_parser(cfg.format)
     width = int(sampling.max_new_tokens)
     rows = [_Row(prompt=p) for p in prompts for _ in range(sampling.n)]
     active = list(range(len(rows)))
@@ -203,7 +225,7 @@ def multi_turn_generate(engine: RolloutEngine, tokenizer, prompt_ids: list[list[
         t0 = time.perf_counter()
         _generate_round(engine, rows, active, sampling, width, round_idx)
         gen_s += time.perf_counter() - t0
-        pending = {i: _end_of_turn(rows[i], set(stops), width, cfg, tokenizer, parse) for i in active}
+        pending = {i: _end_of_turn(rows[i], set(stops), width, cfg, tokenizer) for i in active}
         pending = {i: c for i, c in pending.items() if c}
         t0 = time.perf_counter()
         outcomes = run_tool_calls([c for calls in pending.values() for c in calls], tools)

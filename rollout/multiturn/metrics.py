@@ -15,6 +15,8 @@ key                                         value
 ``multi_turn/generate_s``                   wall-clock seconds in ``engine.generate``
 ``multi_turn/tool_token_share``             tool-answer tokens / all response tokens
 ``multi_turn/template_token_share``         chat-template glue tokens / all response tokens
+``multi_turn/dropped_after_call``           model tokens written after a tool call in the same turn (before its
+                                            answer) and cut away, per sample
 ``multi_turn/stop_reason/<reason>``         share of samples that ended by ``no_tool_call``, ``length``,
                                             ``max_assistant_turns`` or ``max_user_turns``
 tool metrics                                each tool's :meth:`rollout.tools.base.Tool.metrics`, e.g.
@@ -52,6 +54,7 @@ def multi_turn_metrics(rows: Sequence, tools: Mapping, generate_s: float, tool_w
     total = sum(len(r.kind) for r in rows)
     m["multi_turn/tool_token_share"] = sum(r.kind.count(2) for r in rows) / total if total else 0.0
     m["multi_turn/template_token_share"] = sum(r.kind.count(3) for r in rows) / total if total else 0.0
+    m["multi_turn/dropped_after_call"] = sum(r.dropped for r in rows) / len(rows)
     for reason in STOP_REASONS:
         m[f"multi_turn/stop_reason/{reason}"] = sum(r.stop_reason == reason for r in rows) / len(rows)
     for tool in tools.values():

@@ -10,6 +10,11 @@ Formats (``rollout.multi_turn.format``):
 
 A call that cannot be decoded (bad JSON, no ``name``, arguments that are not an object, an opening tag or fence
 without its end) becomes a ``ToolCall`` with ``error`` set; the rollout answers it with that message.
+
+Where a model turn ends (:func:`turn_calls`): the tool's answer must follow the call, so text the model wrote after
+its call, before it could see the answer, is not part of the trajectory. ``hermes``: the turn ends after its last
+complete ``</tool_call>`` (parallel calls); ``python_block``: after the first complete block (tool-integrated
+reasoning, as in ToRA and Qwen2.5-Math's TIR: one program, its output, then the model goes on).
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from typing import Callable
 
 from rollout.tools.base import ToolCall
 
-__all__ = ["parse_hermes", "parse_python_block", "PARSERS", "get_parser"]
+__all__ = ["parse_hermes", "parse_python_block", "PARSERS", "get_parser", "turn_calls"]
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _FENCE_OPEN = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n")
@@ -58,6 +63,11 @@ def parse_hermes(text: str) -> list[ToolCall]:
 
     A ``<tool_call>`` without a closing tag yields one malformed call; text outside the tags is ignored.
     """
+    return [call for call, _ in _hermes_spans(text)]
+
+
+def _hermes_spans(text: str) -> list[tuple[ToolCall, int | None]]:
+    """(call, character offset after its closing tag; None for a call without one) of every call in ``text``."""
     calls, pos = [], 0
     while True:
         start = text.find(_HERMES_OPEN, pos)
@@ -65,10 +75,10 @@ def parse_hermes(text: str) -> list[ToolCall]:
             return calls
         end = text.find(_HERMES_CLOSE, start + len(_HERMES_OPEN))
         if end < 0:
-            calls.append(ToolCall(None, None, f"{_HERMES_OPEN} without a closing {_HERMES_CLOSE}"))
+            calls.append((ToolCall(None, None, f"{_HERMES_OPEN} without a closing {_HERMES_CLOSE}"), None))
             return calls
-        calls.append(_hermes_call(text[start + len(_HERMES_OPEN):end]))
         pos = end + len(_HERMES_CLOSE)
+        calls.append((_hermes_call(text[start + len(_HERMES_OPEN):end]), pos))
 
 
 def parse_python_block(text: str) -> list[ToolCall]:
@@ -76,6 +86,11 @@ def parse_python_block(text: str) -> list[ToolCall]:
 
     An opening fence without a closing one yields one malformed call.
     """
+    return [call for call, _ in _python_spans(text)]
+
+
+def _python_spans(text: str) -> list[tuple[ToolCall, int | None]]:
+    """(call, character offset after its closing fence and that line's break; None when unclosed) per block."""
     calls, pos = [], 0
     while True:
         m = _FENCE_OPEN.search(text, pos)
@@ -83,10 +98,27 @@ def parse_python_block(text: str) -> list[ToolCall]:
             return calls
         close = _FENCE_CLOSE.search(text, m.end())
         if close is None:
-            calls.append(ToolCall("python", None, "```python block without a closing ```"))
+            calls.append((ToolCall("python", None, "```python block without a closing ```"), None))
             return calls
-        calls.append(ToolCall("python", {"code": text[m.end():close.start()]}))
-        pos = close.end()
+        pos = close.end() + (text.startswith("\n", close.end()))
+        calls.append((ToolCall("python", {"code": text[m.end():close.start()]}), pos))
+
+
+def turn_calls(fmt: str, text: str) -> tuple[list[ToolCall], int | None]:
+    """The tool calls of one decoded model turn in format ``fmt`` and the character offset where the turn ends
+    for them (see the module docstring): ``hermes`` every call, ending after the last complete one;
+    ``python_block`` the first block only, ending after its closing fence. The offset is None when the turn has no
+    complete call (its calls, if any, are malformed: the turn keeps all its text).
+
+    Raises:
+        ValueError: an unknown ``fmt`` (:func:`get_parser`).
+    """
+    get_parser(fmt)
+    spans = _hermes_spans(text) if fmt == "hermes" else _python_spans(text)[:1]
+    ends = [end for _, end in spans if end is not None]
+    if not ends:
+        return [call for call, _ in spans], None
+    return [call for call, end in spans if end is not None], max(ends)  # an unclosed last call is cut away
 
 
 PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {"hermes": parse_hermes, "python_block": parse_python_block}

@@ -28,7 +28,7 @@ RENAMED_KEYS = {
 }
 
 # dict-valued keys read as a whole (their entries are free-form arguments of a library call)
-FREE_FORM = ("reward_model.scorer_kwargs", "deepspeed.ds_config", "actor_rollout_ref.model.override_config",
+FREE_FORM = ("reward_model.scorer_kwargs", "reward_model.custom_reward_function.reward_kwargs", "deepspeed.ds_config", "actor_rollout_ref.model.override_config",
              "critic.model.override_config", "reward_model.model.override_config", "actor_rollout_ref.model.tiny",
              "data.apply_chat_template_kwargs")
 

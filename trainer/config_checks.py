@@ -117,6 +117,7 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
                           "(meta.pt) actor checkpoint")
     from trainer.config.trainer import run_strategy
 
+    _check_checkpoint_files(cfg, path)
     strategy = run_strategy(cfg)
     if written != strategy:
         raise ConfigError(f"trainer.resume_mode: {path!r} is a {written} checkpoint but trainer.strategy={strategy}; "
@@ -138,6 +139,19 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
             raise ConfigError(f"trainer.resume_mode: {path!r} (ckpt_format=torch) was saved with {saved} but this "
                               f"run has {want}; resume with the same tensor/pipeline sizes and worker count, or "
                               "start from its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
+def _check_checkpoint_files(cfg: dict, path: str) -> None:
+    """The step folder holds the trainer state and a folder for each role this run loads (actor; critic when it is
+    on; PRIME's reward model), and no file of it is cut short (:func:`trainer.checkpoint.verify.verify_step_folder`)."""
+    from trainer.checkpoint.verify import verify_step_folder
+    from trainer.hooks.prime import prime_enabled
+
+    roles = ["actor", *(["critic"] if cfg["critic"].get("enable") else []), *(["reward"] if prime_enabled(cfg) else [])]
+    try:
+        verify_step_folder(path, roles)
+    except ValueError as exc:
+        raise ConfigError(f"trainer.resume_mode: {exc}") from exc
 
 
 def check_resume_model(path: str, hf: dict) -> None:

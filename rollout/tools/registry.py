@@ -110,7 +110,8 @@ def load_tool_config(path: str) -> list:
         raise ValueError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from exc
     tools = data.get("tools") if isinstance(data, dict) else None
     if not isinstance(tools, list):
-        got = f"'tools' is {type(tools).__name__}" if isinstance(data, dict) else f"the file holds a {type(data).__name__}"
+        got = f"'tools' is {type(tools).__name__}" if isinstance(data, dict) else \
+            f"the file holds a {type(data).__name__}"
         raise ValueError(f"{path}: expected a mapping with a list of tool entries under 'tools', but {got}")
     return tools
 

@@ -299,6 +299,9 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
                                    f"such column (columns: {sorted(k for k in row if k != 'input_ids')})")
                 values.add(row[reward_fn_key])
         manager.check_data_sources(values)
+        from trainer.reward_probe import check_scorer_returns
+
+        check_scorer_returns(manager, reward_fn_key, datasets)
         if manager.component_keys:
             check_reward_components(make_rm(), reward_fn_key, datasets)
     except KeyError as exc:

@@ -94,3 +94,17 @@ def test_export_of_a_damaged_checkpoint_or_to_a_file_is_one_line(saved, tmp_path
     proc = _export("--local_dir", role, "--target_dir", str(tmp_path / "hf"))
     assert_one_line_error(proc, "mp_rank_00_model_states.pt", "cut short")
     assert not os.path.exists(tmp_path / "hf")
+
+
+def test_a_resume_at_another_world_size_stops_in_one_line(saved, tmp_path):
+    """DeepSpeed restores its partitions only at the world size that saved them; the worker's own check raised a
+    ValueError traceback after the workers had started."""
+    out, _ = _copy(saved, tmp_path)
+    proc = _resume(out, "trainer.n_gpus_per_node=1", "data.train_batch_size=8")
+    assert_one_line_error(proc, "saved by 2 ranks but this run has 1")
+
+
+def test_a_role_folder_named_for_resume_points_at_its_step_folder(saved, tmp_path):
+    out, step = _copy(saved, tmp_path)
+    proc = run_cli(out, *SHORT, f"trainer.resume_mode={os.path.join(step, 'actor')}")
+    assert_one_line_error(proc, "is a role folder", f"{step!r}")

@@ -113,8 +113,10 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
     elif os.path.isfile(os.path.join(actor, "latest")):
         written = "deepspeed"
     else:
+        role = any(os.path.isfile(os.path.join(path, f)) for f in ("latest", "meta.pt"))  # a role folder was named
         raise ConfigError(f"trainer.resume_mode: {actor!r} holds neither a DeepSpeed (latest) nor a Megatron "
-                          "(meta.pt) actor checkpoint")
+                          "(meta.pt) actor checkpoint" + (f"; {path!r} is a role folder: name its step folder "
+                                                          f"{os.path.dirname(path)!r}" if role else ""))
     from trainer.config.trainer import run_strategy
 
     _check_checkpoint_files(cfg, path)
@@ -148,8 +150,9 @@ def _check_checkpoint_files(cfg: dict, path: str) -> None:
     from trainer.hooks.prime import prime_enabled
 
     roles = ["actor", *(["critic"] if cfg["critic"].get("enable") else []), *(["reward"] if prime_enabled(cfg) else [])]
+    world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
     try:
-        verify_step_folder(path, roles)
+        verify_step_folder(path, roles, world)
     except ValueError as exc:
         raise ConfigError(f"trainer.resume_mode: {exc}") from exc
 

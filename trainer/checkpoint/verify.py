@@ -12,7 +12,7 @@ import zipfile
 
 from trainer.checkpoint.base import TRAINER_STATE_FILE
 
-__all__ = ["unreadable_files", "verify_deepspeed_role", "verify_step_folder"]
+__all__ = ["unreadable_files", "saved_ranks", "verify_deepspeed_role", "verify_step_folder"]
 
 
 def unreadable_files(folder: str) -> list[str]:
@@ -47,13 +47,19 @@ def verify_deepspeed_role(role_dir: str, tag: str | None = None) -> None:
     _no_unreadable(role_dir)
 
 
-def verify_step_folder(step_dir: str, roles: list[str]) -> None:
+def saved_ranks(role_dir: str) -> int:
+    """The number of ranks that saved a DeepSpeed role folder (each writes its ``rng_rank_<r>.pt``)."""
+    return sum(1 for n in os.listdir(role_dir) if n.startswith("rng_rank_") and n.endswith(".pt"))
+
+
+def verify_step_folder(step_dir: str, roles: list[str], world: int | None = None) -> None:
     """A step folder (``global_step_<N>``) has its trainer state and a folder for each of ``roles`` (the roles this
     run loads), every DeepSpeed role folder in it passes :func:`verify_deepspeed_role`, and every ``*.pt`` file in
-    it is complete.
+    it is complete. With ``world``, the DeepSpeed folders of ``roles`` were saved by that many ranks (DeepSpeed
+    restores its partitions at the world size that saved them).
 
     Raises:
-        ValueError: naming what is missing or cut short.
+        ValueError: naming what is missing, cut short or saved at another world size.
     """
     state = os.path.join(step_dir, TRAINER_STATE_FILE)
     if not os.path.isfile(state):
@@ -69,6 +75,11 @@ def verify_step_folder(step_dir: str, roles: list[str]) -> None:
         role_dir = os.path.join(step_dir, name)
         if os.path.isfile(os.path.join(role_dir, "latest")):
             verify_deepspeed_role(role_dir)
+            ranks = saved_ranks(role_dir)
+            if world is not None and name in roles and ranks and ranks != world:
+                raise ValueError(f"{role_dir!r} was saved by {ranks} ranks but this run has {world} "
+                                 "(trainer.nnodes x trainer.n_gpus_per_node); resume with the same number of "
+                                 "workers, or start a new run from its HF export (tools/export_hf.py)")
     _no_unreadable(step_dir)
 
 

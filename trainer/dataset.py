@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import jinja2
 import numpy as np
 import torch
 
@@ -213,8 +214,13 @@ class PromptDataset:
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         tools = row_tools(row, self.files) or list(self.tools)
-        out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
-                                                 **({"tools": tools} if tools else {}), **self.chat_template_kwargs)
+        try:
+            out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
+                                                     **({"tools": tools} if tools else {}), **self.chat_template_kwargs)
+        except jinja2.TemplateError as exc:  # the template (the tokenizer's or custom_chat_template) cannot render it
+            raise DataError(f"data files {list(self.files)}: the chat template cannot render a prompt "
+                            f"({type(exc).__name__}: {exc}); check actor_rollout_ref.model.custom_chat_template and "
+                            "data.apply_chat_template_kwargs") from exc
         if hasattr(out, "keys") and "input_ids" in out:
             out = out["input_ids"]
         return list(out)

@@ -44,13 +44,24 @@ BAD = [
     (f"{R}.val_kwargs.top_p=0", [f"{R}.val_kwargs.top_p=0", "> 0"]),
     (f"{R}.val_kwargs.top_k=-2", [f"{R}.val_kwargs.top_k=-2"]),
     (f"{R}.val_kwargs.n=0", [f"{R}.val_kwargs.n=0", ">= 1"]),
+    (f"{A}.optim.lr_scheduler_type=cosin", [f"{A}.optim.lr_scheduler_type='cosin'", "'cosine'"]),
+    ("critic.optim.lr_scheduler_type=step", ["critic.optim.lr_scheduler_type='step'", "'linear'"]),
+    (f"{A}.ppo_max_token_len_per_gpu=0", [f"{A}.ppo_max_token_len_per_gpu=0", ">= 1"]),
+    (f"{R}.log_prob_max_token_len_per_gpu=0", [f"{R}.log_prob_max_token_len_per_gpu=0", ">= 1"]),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=-1",
+     ["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=-1", ">= 1"]),
 ]
+
+
+DYNAMIC = [f"{A}.use_dynamic_bsz=true", f"{R}.log_prob_use_dynamic_bsz=true",
+           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true"]
 
 
 @pytest.mark.parametrize("override,needles", BAD, ids=[b[0] for b in BAD])
 def test_out_of_range_value_is_refused_before_start_up(override, needles):
+    dynamic = DYNAMIC if "max_token_len" in override else []   # a token budget is read with dynamic batches only
     with pytest.raises(ConfigError) as info:
-        validate(_cfg(override, "algorithm=gae"))
+        validate(_cfg(override, "algorithm=gae", *dynamic))
     lines = [ln for ln in str(info.value).splitlines() if any(n in ln for n in needles[:1])]
     assert len(lines) == 1, str(info.value)
     for n in needles:
@@ -61,7 +72,8 @@ def test_out_of_range_value_is_refused_before_start_up(override, needles):
                                       f"{A}.kl_loss_type=k3+", "algorithm.kl_penalty=low_var_kl", f"{R}.top_p=1.0",
                                       f"{R}.top_k=0", f"{R}.top_k=50", f"{A}.optim.betas=[0.9,0.95]",
                                       f"{A}.optim.weight_decay=0.1", f"{R}.val_kwargs.top_p=0.7",
-                                      "critic.cliprange_value=0", f"{A}.grad_clip=-1"])
+                                      "critic.cliprange_value=0", f"{A}.grad_clip=-1",
+                                      f"{A}.optim.lr_scheduler_type=linear", f"{A}.ppo_max_token_len_per_gpu=0"])
 def test_values_in_range_pass(override):
     validate(_cfg(override, "algorithm=gae"))
 

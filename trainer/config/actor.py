@@ -37,6 +37,21 @@ def _check_betas(key: str, betas: tuple) -> None:
         raise ConfigError(f"{key}={list(betas)!r}; expected two numbers in [0, 1), e.g. [0.9, 0.999]")
 
 
+def _check_scheduler(key: str, name: str) -> None:
+    """A schedule ``transformers.get_scheduler`` knows (``constant`` and ``cosine`` are verl's names, with warmup)."""
+    from transformers import SchedulerType
+
+    known = sorted({"constant", "cosine", *(t.value for t in SchedulerType)})
+    if name not in known:
+        raise ConfigError(f"{key}={name!r}; expected one of {known}")
+
+
+def _token_budget(key: str, dynamic: bool, value) -> None:
+    """With dynamic micro-batches (``use_dynamic_bsz``) the token budget of one micro-batch is >= 1."""
+    if dynamic:
+        as_int(value, key, minimum=1)
+
+
 def _check_epochs(key: str, value: int) -> None:
     if value < 1:
         raise ConfigError(f"{key}.ppo_epochs={value}; expected an integer >= 1 (passes over each batch per step)")
@@ -83,6 +98,7 @@ class OptimConfig(Section):
             raise ConfigError(f"{key}.lr={self.given('lr')}; expected >= 0")
         bounded(f"{key}.weight_decay", self.weight_decay, self.given("weight_decay"), ge=0)
         _check_betas(f"{key}.betas", self.betas)
+        _check_scheduler(f"{key}.lr_scheduler_type", self.lr_scheduler_type)
         ratio = 0.0 if self.min_lr_ratio is None else self.min_lr_ratio
         if not 0.0 <= ratio <= 1.0:
             raise ConfigError(f"{key}.min_lr_ratio={ratio}; expected a fraction in [0, 1]")
@@ -191,6 +207,7 @@ class ActorConfig(Section):
         for name in ("tau_pos", "tau_neg"):
             bounded(f"{key}.{name}", getattr(self, name), self.given(name), gt=0, why="SAPO's gate temperature")
         _check_epochs(key, self.ppo_epochs)
+        _token_budget(f"{key}.ppo_max_token_len_per_gpu", self.use_dynamic_bsz, self.ppo_max_token_len_per_gpu)
         check_kl_type(f"{key}.kl_loss_type", self.kl_loss_type)
         _check_agg_mode(key, self.loss_agg_mode)
 
@@ -203,6 +220,10 @@ class RefConfig(Section):
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
     ulysses_sequence_parallel_size: int
+
+    def check(self, key: str) -> None:
+        _token_budget(f"{key}.log_prob_max_token_len_per_gpu", self.log_prob_use_dynamic_bsz,
+                      self.log_prob_max_token_len_per_gpu)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.config.section import ABSENT_OK, Section, bounded, built_by, finite
-from trainer.config_checks import ConfigError
+from trainer.config_checks import ConfigError, as_int
 
 __all__ = ["SamplingKwargs", "RolloutConfig", "ENGINES"]
 
@@ -103,6 +103,8 @@ class RolloutConfig(Section):
         if self.name not in ENGINES:
             raise ConfigError(f"{key}.name={self.given('name')!r}; expected hf or vllm")
         _sampling(key, self)
+        if self.log_prob_use_dynamic_bsz:
+            as_int(self.log_prob_max_token_len_per_gpu, f"{key}.log_prob_max_token_len_per_gpu", minimum=1)
         attn = self.attn_implementation or "auto"
         if self.name == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager"):
             from transformers import AttentionInterface

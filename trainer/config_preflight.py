@@ -78,6 +78,9 @@ def _check_resume(cfg: dict) -> None:
     resume_path = _resume_path(cfg)
     if resume_path is not None:
         check_resume_checkpoint(cfg, resume_path)
+        from trainer.resume_checks import check_resume_optim
+
+        check_resume_optim(cfg, resume_path)
 
 
 def _check_data_files(cfg: dict) -> None:

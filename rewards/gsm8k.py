@@ -49,6 +49,9 @@ _REV_NUMBER_RE = re.compile(
     r"|(?:[0-9]+\.(?=[0-9]))?+(?:[0-9]{3},(?=[0-9]))*+[0-9]++)"  # ``1,234.5``
     r"\$?(?P<sign>[-\u2212])?"
 )
+# What may follow the strict number and changes its value: ``/d`` (the answer is the fraction ``3/4``, not ``3``),
+# an exponent (``1.5e3``), or ``^`` (a power, which is not read: no answer rather than its base).
+_AFTER_RE = re.compile(r"/(?P<den>[0-9][0-9,]*+(?:\.[0-9]++)?)|(?P<exp>[eE][-+]?[0-9]++)|\^")
 _DIGIT_RE = re.compile(r"[0-9]")  # a plain char class: ``search`` skips non-digits at C speed
 # How far back from the last marker we look for the start of its '#' run on the fast path.
 _FAST_RUN_LOOKBACK = 64
@@ -103,14 +106,30 @@ def _extract_strict(text: str) -> str | None:
     if start == 0 or text[start - 1] != "#":
         m = _STRICT_RE.match(text, start)
         if m is not None:
-            return _clean(m.group("sign1") or m.group("sign2"), m.group("num"))
+            return _strict_answer(text, m)
     # General path (last marker not followed by a number, or a very long '#' run): one linear scan.
     last = None
     for m in _STRICT_RE.finditer(text):  # matches never overlap, so the last one belongs to the last marker
         last = m
     if last is None:
         return None
-    return _clean(last.group("sign1") or last.group("sign2"), last.group("num"))
+    return _strict_answer(text, last)
+
+
+def _strict_answer(text: str, m: re.Match) -> str | None:
+    """The number of a strict match, with what follows it and changes its value (:data:`_AFTER_RE`): ``3/4`` is
+    the fraction, ``1.5e3`` the exponent form, ``2^10`` no answer (never its prefix ``3`` or ``2``)."""
+    num = _clean(m.group("sign1") or m.group("sign2"), m.group("num"))
+    after = _AFTER_RE.match(text, m.end())
+    if num is None or after is None:
+        return num
+    if after.group("den") is not None:
+        den = after.group("den").replace(",", "")
+        return f"{num}/{den}" if len(den) <= _MAX_NUMBER_CHARS else None
+    if after.group("exp") is not None:
+        exp = after.group("exp")
+        return num + exp if len(exp) <= 6 else None  # normalize_number bounds the value (|x| <= 1e30)
+    return None
 
 
 def normalize_number(value: Any) -> Fraction | None:

@@ -156,8 +156,11 @@ def test_tools_export_hf_from_saved_step(tmp_path, tokenizer, stage, tie):
     if stage == 2:  # CLI entry point with a dtype override
         export_main(["--local_dir", role_dir, "--target_dir", str(tmp_path / "hf16"), "--dtype", "bfloat16"])
         assert {t.dtype for t in safetensor_keys(str(tmp_path / "hf16")).values()} == {torch.bfloat16}
-    with pytest.raises(FileNotFoundError, match="without HF metadata"):
+    with pytest.raises(ValueError, match="is the checkpoint root"):
         export_checkpoint(str(tmp_path), str(tmp_path / "x"))
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="without HF metadata"):
+        export_checkpoint(str(tmp_path / "empty"), str(tmp_path / "x"))
     os.remove(os.path.join(role_dir, "latest"))
     with pytest.raises(FileNotFoundError, match="latest"):
         export_checkpoint(role_dir, str(tmp_path / "x"))

@@ -198,6 +198,39 @@ def merge_lora_checkpoint(local_dir: str, config, adapter_cfg: dict, sd: dict, b
     return peft_model.merge_and_unload()
 
 
+def _check_folders(local_dir: str, target_dir: str, tag: str | None) -> None:
+    """``local_dir`` is a role folder with HF metadata whose files are complete, and ``target_dir`` is a folder or
+    does not exist yet (nothing is read or written otherwise).
+
+    Raises:
+        FileNotFoundError: a missing folder or HF metadata; ValueError: a step folder or the checkpoint root instead
+            of a role folder, a file cut short, or a ``target_dir`` that is a file.
+    """
+    from trainer.checkpoint.base import list_checkpoints
+    from trainer.checkpoint.verify import unreadable_files, verify_deepspeed_role
+
+    if not os.path.isdir(local_dir):
+        raise FileNotFoundError(f"--local_dir {local_dir!r} does not exist")
+    if os.path.exists(target_dir) and not os.path.isdir(target_dir):
+        raise ValueError(f"--target_dir {target_dir!r} is a file; expected a folder (new or existing)")
+    roles = [r for r in ("actor", "critic", "reward") if os.path.isdir(os.path.join(local_dir, r))]
+    steps = list_checkpoints(local_dir)
+    if not roles and steps and not os.path.isdir(os.path.join(local_dir, "huggingface")):
+        raise ValueError(f"{local_dir!r} is the checkpoint root (trainer.default_local_dir); pass a role folder "
+                         f"of one of its steps, e.g. {os.path.join(steps[-1][1], 'actor')}")
+    if roles and not os.path.isdir(os.path.join(local_dir, "huggingface")):
+        raise ValueError(f"{local_dir!r} is a step folder; pass one of its role folders: "
+                         + ", ".join(os.path.join(local_dir, r) for r in roles))
+    hf_dir = os.path.join(local_dir, "huggingface")
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        raise FileNotFoundError(f"{hf_dir}/config.json not found; the checkpoint was saved without HF metadata")
+    if tag is not None or os.path.isfile(os.path.join(local_dir, "latest")):
+        verify_deepspeed_role(local_dir, tag)
+    bad = unreadable_files(local_dir)
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a complete torch checkpoint file (cut short or corrupted)")
+
+
 def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype | None = None,
                       tag: str | None = None, adapter: bool = False, base_model: str | None = None) -> str:
     """Write an HF folder from ``local_dir`` (a saved role folder); returns ``target_dir``.
@@ -215,15 +248,8 @@ def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype 
     import transformers
     from transformers import AutoConfig
 
-    if not os.path.isdir(local_dir):
-        raise FileNotFoundError(f"--local_dir {local_dir!r} does not exist")
-    roles = [r for r in ("actor", "critic", "reward") if os.path.isdir(os.path.join(local_dir, r))]
-    if roles and not os.path.isdir(os.path.join(local_dir, "huggingface")):
-        raise FileNotFoundError(f"{local_dir!r} is a step folder; pass one of its role folders: "
-                                + ", ".join(os.path.join(local_dir, r) for r in roles))
+    _check_folders(local_dir, target_dir, tag)
     hf_dir = os.path.join(local_dir, "huggingface")
-    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
-        raise FileNotFoundError(f"{hf_dir}/config.json not found; the checkpoint was saved without HF metadata")
     config = AutoConfig.from_pretrained(hf_dir)
     out_dtype = to_dtype(dtype if dtype is not None else (getattr(config, "dtype", None) or torch.float32))
     config.dtype = out_dtype

@@ -36,4 +36,11 @@ def convert(gguf_path: str, out_dir: str) -> str:
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: python tools/gguf_to_hf.py FILE.gguf OUT_DIR")
-    print(convert(sys.argv[1], sys.argv[2]))
+    if os.path.exists(sys.argv[2]) and not os.path.isdir(sys.argv[2]):
+        print(f"error: OUT_DIR {sys.argv[2]!r} is a file; expected a folder (new or existing)", file=sys.stderr)
+        sys.exit(2)
+    try:
+        print(convert(sys.argv[1], sys.argv[2]))
+    except (FileNotFoundError, ValueError) as exc:  # a missing file, or one that is not GGUF (transformers' check)
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -23,12 +23,23 @@ STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_criti
 
 
 def load_metrics(path: str) -> list[dict]:
-    """Rows of a run's metrics.jsonl (``path`` is the run folder or the file). Raises FileNotFoundError."""
+    """Rows of a run's metrics.jsonl (``path`` is the run folder or the file); a last line cut short (a run stopped
+    while writing it) is left out. Raises FileNotFoundError, or ValueError naming a line that is not JSON."""
     f = path if path.endswith(".jsonl") else os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(f):
         raise FileNotFoundError(f"no metrics.jsonl at {f!r}")
     with open(f, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        lines = [(n, line) for n, line in enumerate(fh, 1) if line.strip()]
+    rows = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:  # the last line of a run stopped while writing it
+                print(f"warning: {f}, line {n}: cut short, left out", file=sys.stderr)
+                continue
+            raise ValueError(f"{f}, line {n}: not valid JSON ({exc.msg})") from exc
+    return rows
 
 
 def series(rows: Iterable[dict], key: str) -> tuple[list[int], list[float]]:
@@ -173,7 +184,13 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="plots")
     p.add_argument("--name", default="run")
     a = p.parse_args(argv)
-    for path in plot(a.runs, a.out, a.name):
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        p.error(f"--out {a.out!r} is a file; expected a folder (new or existing)")
+    try:
+        paths = plot(a.runs, a.out, a.name)
+    except (FileNotFoundError, ValueError) as exc:  # a run folder without metrics.jsonl, or unreadable metrics
+        p.error(str(exc))
+    for path in paths:
         print(path)
 
 

@@ -113,10 +113,13 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
     elif os.path.isfile(os.path.join(actor, "latest")):
         written = "deepspeed"
     else:
+        role = any(os.path.isfile(os.path.join(path, f)) for f in ("latest", "meta.pt"))  # a role folder was named
         raise ConfigError(f"trainer.resume_mode: {actor!r} holds neither a DeepSpeed (latest) nor a Megatron "
-                          "(meta.pt) actor checkpoint")
+                          "(meta.pt) actor checkpoint" + (f"; {path!r} is a role folder: name its step folder "
+                                                          f"{os.path.dirname(path)!r}" if role else ""))
     from trainer.config.trainer import run_strategy
 
+    _check_checkpoint_files(cfg, path)
     strategy = run_strategy(cfg)
     if written != strategy:
         raise ConfigError(f"trainer.resume_mode: {path!r} is a {written} checkpoint but trainer.strategy={strategy}; "
@@ -138,6 +141,20 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
             raise ConfigError(f"trainer.resume_mode: {path!r} (ckpt_format=torch) was saved with {saved} but this "
                               f"run has {want}; resume with the same tensor/pipeline sizes and worker count, or "
                               "start from its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
+def _check_checkpoint_files(cfg: dict, path: str) -> None:
+    """The step folder holds the trainer state and a folder for each role this run loads (actor; critic when it is
+    on; PRIME's reward model), and no file of it is cut short (:func:`trainer.checkpoint.verify.verify_step_folder`)."""
+    from trainer.checkpoint.verify import verify_step_folder
+    from trainer.hooks.prime import prime_enabled
+
+    roles = ["actor", *(["critic"] if cfg["critic"].get("enable") else []), *(["reward"] if prime_enabled(cfg) else [])]
+    world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
+    try:
+        verify_step_folder(path, roles, world)
+    except ValueError as exc:
+        raise ConfigError(f"trainer.resume_mode: {exc}") from exc
 
 
 def check_resume_model(path: str, hf: dict) -> None:
@@ -285,6 +302,9 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
                                    f"such column (columns: {sorted(k for k in row if k != 'input_ids')})")
                 values.add(row[reward_fn_key])
         manager.check_data_sources(values)
+        from trainer.reward_probe import check_scorer_returns
+
+        check_scorer_returns(manager, reward_fn_key, datasets)
         if manager.component_keys:
             check_reward_components(make_rm(), reward_fn_key, datasets)
     except KeyError as exc:

@@ -78,6 +78,9 @@ def _check_resume(cfg: dict) -> None:
     resume_path = _resume_path(cfg)
     if resume_path is not None:
         check_resume_checkpoint(cfg, resume_path)
+        from trainer.resume_checks import check_resume_optim
+
+        check_resume_optim(cfg, resume_path)
 
 
 def _check_data_files(cfg: dict) -> None:
@@ -111,6 +114,9 @@ def _check_model_fit(cfg: dict) -> None:
     from trainer.config.trainer import run_strategy
 
     check_ulysses_heads(cfg, hf.get("num_attention_heads"), hf.get("num_key_value_heads"))
+    from trainer.override_checks import check_override_shapes
+
+    check_override_shapes(cfg)
     if run_strategy(cfg) == "megatron":
         check_megatron_model(cfg, hf)
     ctx = hf.get("max_position_embeddings")

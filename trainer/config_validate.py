@@ -127,9 +127,12 @@ def _check_numbers(cfg: dict) -> None:
 
 def _check_kl_ctrl(cfg: dict) -> None:
     """``algorithm.kl_ctrl`` builds its controller (:func:`trainer.algos.kl.get_kl_controller`), as the driver
-    does at start-up whether or not the KL is in the reward."""
+    does at start-up whether or not the KL is in the reward; ``algorithm.kl_penalty`` names a KL estimator."""
     from trainer.algos.kl import get_kl_controller
+    from trainer.config.actor import check_kl_type
 
+    if "kl_penalty" in cfg["algorithm"]:
+        check_kl_type("algorithm.kl_penalty", cfg["algorithm"]["kl_penalty"])
     kl_ctrl = cfg["algorithm"].get("kl_ctrl") or {}
     try:
         get_kl_controller(kl_ctrl)

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import jinja2
 import numpy as np
 import torch
 
@@ -71,7 +72,10 @@ def _load_rows(files: Sequence[str]) -> list[dict]:
         except Exception as exc:  # datasets raises many kinds; name the file
             if isinstance(exc, UnicodeDecodeError) or "utf-8" in str(exc).lower():
                 raise DataError(f"data file {path!r} is not valid UTF-8 text ({exc}); re-encode it as UTF-8") from exc
-            raise DataError(f"could not read data file {path!r}: {type(exc).__name__}: {exc}") from exc
+            cause = exc
+            while cause.__cause__ is not None:  # datasets wraps the reader's error (e.g. the row of a JSON error)
+                cause = cause.__cause__
+            raise DataError(f"could not read data file {path!r}: {type(cause).__name__}: {cause}") from exc
     return rows
 
 
@@ -178,16 +182,18 @@ class PromptDataset:
             logger.warning("filtered %d prompts longer than %d tokens from %s", self.num_filtered,
                            self.max_prompt_length, list(self.files))
         if self.num_invalid:
-            logger.warning("skipped %d rows without a prompt or ground truth in %s", self.num_invalid,
+            logger.warning("skipped %d rows without a prompt or ground truth (or with a chat message lacking its role "
+                           "or content) in %s", self.num_invalid,
                            list(self.files))
         if not self.rows:
             raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
                             f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
-                            "prompt or ground truth")
+                            "prompt or ground truth (or with a chat message lacking its role or content)")
 
     def prompt_ids(self, row: dict) -> list[int] | None:
         """The prompt's token ids as the model will see them (image tokens expanded), i.e. the length the overlong
-        filter compares; None for a row without a prompt or ground truth. Does not change ``row``.
+        filter compares; None for a row without a prompt or ground truth, or with a chat message that lacks its
+        ``role`` or ``content``. Does not change ``row``.
 
         Raises:
             DataError: a row with images but no processor, or placeholders that do not match the images.
@@ -196,6 +202,9 @@ class PromptDataset:
         rm = row.get("reward_model")
         if not prompt or not isinstance(rm, dict) or rm.get("ground_truth") in (None, ""):
             return None
+        if not isinstance(prompt, str) and not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
+                                                   isinstance(m.get("content"), (str, list)) for m in prompt):
+            return None  # chat messages need a role and a content: a message without would render as nothing
         if row.get(self.image_key):
             try:
                 ids, _ = image_prompt_inputs(self.processor, prompt, row[self.image_key], self.chat_template_kwargs)
@@ -205,8 +214,13 @@ class PromptDataset:
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         tools = row_tools(row, self.files) or list(self.tools)
-        out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
-                                                 **({"tools": tools} if tools else {}), **self.chat_template_kwargs)
+        try:
+            out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
+                                                     **({"tools": tools} if tools else {}), **self.chat_template_kwargs)
+        except jinja2.TemplateError as exc:  # the template (the tokenizer's or custom_chat_template) cannot render it
+            raise DataError(f"data files {list(self.files)}: the chat template cannot render a prompt "
+                            f"({type(exc).__name__}: {exc}); check actor_rollout_ref.model.custom_chat_template and "
+                            "data.apply_chat_template_kwargs") from exc
         if hasattr(out, "keys") and "input_ids" in out:
             out = out["input_ids"]
         return list(out)

@@ -162,7 +162,29 @@ def check_module_names(model, key: str, targets: list[str] | None, exclude: list
             raise ConfigError(f"{key}.{field}={names}: {type(model).__name__} has {lacks} named "
                               f"{', '.join(map(repr, missing))}; its linear and embedding modules are: "
                               f"{', '.join(short)}")
+    _check_something_adapted(model, key, targets, exclude)
     _check_tied(model, key, targets or [])
+
+
+def _check_something_adapted(model, key: str, targets: list[str] | None, exclude: list[str] | None) -> None:
+    """At least one module stays adapted once ``exclude`` is taken out of ``targets`` (None: all-linear, every
+    linear layer but the output head), by peft's matching rule (the name, or a dotted name ending in it)."""
+    import torch
+
+    from transformers.pytorch_utils import Conv1D
+
+    def hit(name: str, names: list[str]) -> bool:
+        return any(name == n or name.endswith("." + n) for n in names)
+
+    head = model.get_output_embeddings()
+    if targets is None:
+        chosen = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head]
+    else:
+        chosen = [n for n, m in model.named_modules() if _adaptable(m) and hit(n, targets)]
+    left = [n for n in chosen if not hit(n, exclude or [])]
+    if not left:
+        raise ConfigError(f"{key}.exclude_modules={exclude} leaves no module to adapt of target_modules="
+                          f"{targets if targets is not None else ALL_LINEAR}; exclude fewer modules")
 
 
 def _embedding_hits(model, targets: list[str]) -> list[str]:

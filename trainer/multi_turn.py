@@ -62,6 +62,9 @@ def _tools(cfg: dict, check: bool) -> dict:
     try:
         return build_tools(mt, check=check)
     except (ValueError, TypeError, RuntimeError) as exc:
+        path = mt.tool_config_path
+        if path and str(exc).startswith(str(path)):  # an entry of the tool config file, or the file itself
+            raise ConfigError(f"{KEY}.tool_config_path={path!r}: {str(exc)[len(str(path)):].lstrip(': ')}") from exc
         raise ConfigError(f"{KEY}.tools={list(mt.tools)!r}: {exc}") from exc
 
 

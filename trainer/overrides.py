@@ -28,12 +28,16 @@ RENAMED_KEYS = {
 }
 
 # dict-valued keys read as a whole (their entries are free-form arguments of a library call)
-FREE_FORM = ("reward_model.scorer_kwargs", "deepspeed.ds_config", "actor_rollout_ref.model.override_config",
+FREE_FORM = ("reward_model.scorer_kwargs", "reward_model.custom_reward_function.reward_kwargs",
+             "deepspeed.ds_config", "actor_rollout_ref.model.override_config",
              "critic.model.override_config", "reward_model.model.override_config", "actor_rollout_ref.model.tiny",
              "data.apply_chat_template_kwargs")
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 GROUP_LABELS = {("algorithm", "prime"): " (PRIME)"}
+# Hydra's flags whose value is the next argument (that argument has no '=')
+_VALUE_FLAGS = frozenset({"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                          "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"})
 
 
 @dataclass
@@ -95,7 +99,11 @@ def _parse(args: list[str], out: PreparedOverrides):
 
     parser = OverridesParser.create()
     parsed = []
-    for arg in args:
+    for i, arg in enumerate(args):
+        if "=" not in arg and not arg.startswith(("-", "~")) and (i == 0 or args[i - 1] not in _VALUE_FLAGS):
+            out.errors.append(f"the argument {arg!r} is not an override: expected key=value (e.g. {arg}=...), "
+                              f"+key=value or ~key")
+            continue
         if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")) or \
                 arg.lstrip("+~").startswith("hydra."):
             out.overrides.append(arg)
@@ -195,7 +203,21 @@ def prepare_overrides(args: list[str], config_dir: str | None = None,
             unknown.append(key)
     if unknown:
         _unknown_key_errors(unknown, schema, config_dir, config_name, selections, choices, groups, out)
+    if not out.errors:
+        _check_composes(config_dir, config_name, out)
     return out
+
+
+def _check_composes(config_dir: str, config_name: str, out: PreparedOverrides) -> None:
+    """Compose the config with every override as Hydra will (a deletion of a key that is not there, a type that
+    OmegaConf refuses): its error becomes one line instead of Hydra's report."""
+    keys = [o for o in out.overrides if not o.startswith("-") and not o.lstrip("+~").startswith("hydra.")
+            and ("=" in o or o.startswith("~"))]
+    try:
+        _compose(config_dir, config_name, keys)
+    except Exception as exc:  # noqa: BLE001 (Hydra and OmegaConf raise several kinds)
+        message = " ".join(str(exc).split()).split(" Config search path:")[0]
+        out.errors.append(f"could not apply the overrides: {message}")
 
 
 def _unknown_key_errors(unknown, schema, config_dir, config_name, selections, choices, groups, out) -> None:

@@ -275,7 +275,9 @@ def _apply_one(ctx: _Context, key: str, value, entry: VerlKey) -> None:
         ctx.error(key, value, f"not supported: {entry.note}")
     elif entry.kind in ("map", "alias"):
         target = entry.target
-        if isinstance(_get(ctx.cfg, target), dict):
+        if entry.pattern.endswith(".**") and key.startswith(entry.pattern[:-3]):  # a subtree: keep the path below
+            target += key[len(entry.pattern) - 3:]
+        elif isinstance(_get(ctx.cfg, target), dict):
             target = f"{target}.{key.rsplit('.', 1)[1]}"
         ctx.read_as(key, value, target, quiet=entry.kind == "alias")
     elif entry.kind == "vllm":

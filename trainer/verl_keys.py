@@ -246,6 +246,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # ---- rewards ----------------------------------------------------------------------------------------------------
     VerlKey("custom_reward_function.{path,name}", "alias", "the user's scoring function",
             "reward_model.custom_reward_function"),
+    VerlKey("custom_reward_function.reward_kwargs.**", "alias", "keyword arguments of the user's scoring function",
+            "reward_model.custom_reward_function.reward_kwargs"),
     VerlKey("reward_model.reward_kwargs.overlong_buffer_cfg.{enable,len,penalty_factor}", "alias",
             "DAPO's soft overlong punishment", "reward_model.overlong_buffer"),
     VerlKey("reward_model.{reward_kwargs.overlong_buffer_cfg,overlong_buffer}.log", "ignore",

@@ -84,7 +84,10 @@ def build_tool(entry: Any) -> Tool:
     if not isinstance(tool, Tool):
         raise TypeError(f"tool {ref!r} produced a {type(tool).__name__}, expected a rollout.tools.base.Tool")
     if schema:
-        fn = schema.get("function", schema)
+        fn = schema.get("function", schema) if isinstance(schema, Mapping) else None
+        if not isinstance(fn, Mapping):
+            raise ValueError(f"tool {ref!r}: tool_schema={schema!r}; expected a mapping "
+                             "{type: function, function: {name, description, parameters}}")
         tool.name = fn.get("name", tool.name)
         tool.description = fn.get("description", tool.description)
         tool.parameters = fn.get("parameters", tool.parameters)
@@ -99,12 +102,18 @@ def load_tool_config(path: str) -> list:
     import yaml
 
     if not os.path.isfile(path):
-        raise ValueError(f"rollout.multi_turn.tool_config_path={path!r} is not a file")
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
-    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
-        raise ValueError(f"{path}: expected a mapping with a list under 'tools', got {type(data).__name__}")
-    return data["tools"]
+        raise ValueError(f"{path}: is not a file (rollout.multi_turn.tool_config_path)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from exc
+    tools = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(tools, list):
+        got = f"'tools' is {type(tools).__name__}" if isinstance(data, dict) else \
+            f"the file holds a {type(data).__name__}"
+        raise ValueError(f"{path}: expected a mapping with a list of tool entries under 'tools', but {got}")
+    return tools
 
 
 def resolve_tools(entries: Iterable[Any] | None, tool_config_path: str | None = None) -> dict[str, Tool]:
@@ -113,12 +122,17 @@ def resolve_tools(entries: Iterable[Any] | None, tool_config_path: str | None = 
     Raises:
         ValueError: a bad entry (see :func:`build_tool`), two tools with the same name, or no tool at all.
     """
-    items = list(_plain(entries) or [])
+    items = [(entry, None) for entry in _plain(entries) or []]
     if tool_config_path:
-        items += load_tool_config(tool_config_path)
+        items += [(entry, tool_config_path) for entry in load_tool_config(tool_config_path)]
     tools: dict[str, Tool] = {}
-    for entry in items:
-        tool = build_tool(entry)
+    for entry, source in items:
+        try:
+            tool = build_tool(entry)
+        except (ValueError, TypeError) as exc:
+            if source is None:
+                raise
+            raise type(exc)(f"{source}: {exc}") from exc
         if tool.name in tools:
             raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
         tools[tool.name] = tool

@@ -9,24 +9,56 @@ INSTRUCTION = "Let's think step by step and output the final answer after \"####
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 
-def read_jsonl(path: str) -> list[dict]:
-    """Rows of a JSON-lines file. Raises FileNotFoundError naming the path."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path!r} not found (--src names a folder with the dataset's <split>.jsonl files)")
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def load_split(hub_name: str, split: str, src: str | None = None, config: str | None = None) -> list[dict]:
-    """The rows of one split: from ``<src>/<split>.jsonl`` when ``src`` is given (a local copy), else from the
-    Hugging Face Hub by name through ``datasets.load_dataset(hub_name, config, split=split)`` (cached by
-    ``datasets``; offline, set ``HF_DATASETS_OFFLINE=1`` with a filled cache, or use ``src``).
+def read_jsonl(path: str, columns: dict | None = None) -> list[dict]:
+    """Rows of a JSON-lines file, each a JSON object holding ``columns`` (``{name: type or tuple of types}``).
 
     Raises:
-        FileNotFoundError: ``src`` lacks ``<split>.jsonl``.
+        FileNotFoundError: naming the path; ValueError: naming the file and line of a row that is not JSON, not an
+            object, or lacks a column or has it of another type.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path!r} not found (--src names a folder with the dataset's <split>.jsonl files)")
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    rows.append(_row(path, n, line, columns or {}))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    return rows
+
+
+def _row(path: str, n: int, line: str, columns: dict) -> dict:
+    where = f"{path}, line {n}"
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object per line, got a {type(row).__name__}")
+    missing = [c for c in columns if c not in row]
+    if missing:
+        raise ValueError(f"{where}: no {missing} (has {sorted(row)}); expected the columns {list(columns)}")
+    for c, kind in columns.items():
+        if isinstance(row[c], bool) or not isinstance(row[c], kind):
+            want = " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
+            raise ValueError(f"{where}: {c}={row[c]!r}; expected a {want}")
+    return row
+
+
+def load_split(hub_name: str, split: str, src: str | None = None, config: str | None = None,
+               columns: dict | None = None) -> list[dict]:
+    """The rows of one split: from ``<src>/<split>.jsonl`` when ``src`` is given (a local copy; every row must hold
+    ``columns``, see :func:`read_jsonl`), else from the Hugging Face Hub by name through
+    ``datasets.load_dataset(hub_name, config, split=split)`` (cached by ``datasets``; offline, set
+    ``HF_DATASETS_OFFLINE=1`` with a filled cache, or use ``src``).
+
+    Raises:
+        FileNotFoundError: ``src`` lacks ``<split>.jsonl``; ValueError: a row of it that is not usable.
     """
     if src:
-        return read_jsonl(os.path.join(src, f"{split}.jsonl"))
+        return read_jsonl(os.path.join(src, f"{split}.jsonl"), columns)
     import datasets
 
     return [dict(r) for r in datasets.load_dataset(hub_name, config, split=split)]

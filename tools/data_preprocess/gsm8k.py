@@ -30,17 +30,19 @@ def extract_answer(answer: str) -> str:
     return m.group(1).replace(",", "").rstrip(".")
 
 
+COLUMNS = {"question": str, "answer": str}  # a --src row (train.jsonl / test.jsonl)
+
+
 def convert(src: str | None, out: str, splits=("train", "test"), tool: str | None = None) -> dict[str, int]:
     """Write ``<out>/<split>.parquet`` for each split, read from ``src`` or the Hub (prompts asking for ``tool``
     when given, see :func:`tools.data_preprocess.common.tool_rows`); returns the row counts."""
-    counts = {}
     own = {"instruction": ""} if tool else {}
-    for split in splits:
-        rows = tool_rows([make_row(DATA_SOURCE, r["question"], extract_answer(r["answer"]), split, i, **own,
-                                   reference=r["answer"])
-                          for i, r in enumerate(load_split(DATA_SOURCE, split, src, HUB_CONFIG))], tool)
-        counts[split] = write_parquet(rows, os.path.join(out, f"{split}.parquet"))
-    return counts
+    made = {}
+    for split in splits:  # every split is read before any is written: a bad source changes no file
+        made[split] = tool_rows([make_row(DATA_SOURCE, r["question"], extract_answer(r["answer"]), split, i, **own,
+                                          reference=r["answer"])
+                                 for i, r in enumerate(load_split(DATA_SOURCE, split, src, HUB_CONFIG, COLUMNS))], tool)
+    return {split: write_parquet(rows, os.path.join(out, f"{split}.parquet")) for split, rows in made.items()}
 
 
 def main(argv=None) -> None:

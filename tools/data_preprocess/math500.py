@@ -30,6 +30,7 @@ from tools.data_preprocess.common import BOXED_INSTRUCTION, load_split, make_row
 TEST_HUB = "HuggingFaceH4/MATH-500"
 TRAIN_HUB = "DigitalLearningGmbH/MATH-lighteval"
 DEFAULT_OUT = "data/math500"  # configs/data/math500.yaml reads train.parquet and test.parquet here
+COLUMNS = {"problem": str}  # a --src row (its answer: an 'answer' field or the boxed one of 'solution')
 DATA_SOURCES = {"test": "HuggingFaceH4/MATH-500", "train": "lighteval/MATH"}  # rewards.registry aliases of "math"
 
 
@@ -72,10 +73,11 @@ def convert(src: str | None, out: str, splits=("train", "test")) -> dict[str, in
     bad = [s for s in splits if s not in DATA_SOURCES]
     if bad:
         raise ValueError(f"--splits: unknown split {bad[0]!r}; expected train and/or test")
-    test_raw = load_split(TEST_HUB, "test", src)  # also read for train: its problems stay out of training
+    # the test split is read for train too (its problems stay out of training), and every split before any is written
+    test_raw = load_split(TEST_HUB, "test", src, columns=COLUMNS)
     counts: dict[str, int] = {}
     for split in [s for s in ("train", "test") if s in splits]:
-        raw = test_raw if split == "test" else load_split(TRAIN_HUB, "train", src)
+        raw = test_raw if split == "test" else load_split(TRAIN_HUB, "train", src, columns=COLUMNS)
         skip = {r["problem"].strip() for r in test_raw} if split == "train" else set()
         rows, no_answer, held_out = _rows(split, raw, skip)
         counts[split] = write_parquet(rows, os.path.join(out, f"{split}.parquet"))

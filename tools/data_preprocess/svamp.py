@@ -23,6 +23,7 @@ from tools.data_preprocess.common import (add_tool_option, load_split, make_row,
 DATA_SOURCE = "svamp"
 HUB_NAME = "ChilleD/SVAMP"
 TRAIN_ROWS = 700
+COLUMNS = {"Body": str, "Question": str, "Answer": (int, float, str)}  # a --src row (test.jsonl)
 
 
 def _number(x) -> str:
@@ -34,7 +35,7 @@ def convert(src: str | None, out: str, tool: str | None = None) -> dict[str, int
     """Write ``<out>/train.parquet`` and ``<out>/test.parquet`` (prompts asking for ``tool`` when given, see
     :func:`tools.data_preprocess.common.tool_rows`); returns the row counts."""
     if src:
-        rows = load_split(HUB_NAME, "test", src)
+        rows = load_split(HUB_NAME, "test", src, columns=COLUMNS)
         splits = ["train" if i < TRAIN_ROWS else "test" for i in range(len(rows))]
     else:
         train, test = load_split(HUB_NAME, "train"), load_split(HUB_NAME, "test")

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config.section import Section, built_by, finite
+from trainer.config.section import Section, bounded, built_by, finite
 from trainer.config_checks import ConfigError, as_int
 
 __all__ = ["OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "RefConfig", "CriticConfig",
-           "ULYSSES_SECTIONS", "ulysses_sizes", "check_ulysses_world", "check_ulysses_heads"]
+           "ULYSSES_SECTIONS", "ulysses_sizes", "check_ulysses_world", "check_ulysses_heads", "check_kl_type"]
 
 #: the sections with a ``ulysses_sequence_parallel_size``: the actor, its reference and the critic
 ULYSSES_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
@@ -27,6 +27,44 @@ def _scale_factor(value: Any, path: str) -> float | None:
     if not ok:
         raise ConfigError(f"{path}={value!r}; expected null (rollout.response_length) or a positive number")
     return float(value)
+
+
+def _check_betas(key: str, betas: tuple) -> None:
+    """AdamW's ``betas``: two numbers in [0, 1) (torch's rule, checked here before any worker builds the optimizer)."""
+    ok = len(betas) == 2 and all(not isinstance(b, bool) and isinstance(b, (int, float)) and 0.0 <= b < 1.0
+                                 for b in betas)
+    if not ok:
+        raise ConfigError(f"{key}={list(betas)!r}; expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+
+
+def _check_scheduler(key: str, name: str) -> None:
+    """A schedule ``transformers.get_scheduler`` knows (``constant`` and ``cosine`` are verl's names, with warmup)."""
+    from transformers import SchedulerType
+
+    known = sorted({"constant", "cosine", *(t.value for t in SchedulerType)})
+    if name not in known:
+        raise ConfigError(f"{key}={name!r}; expected one of {known}")
+
+
+def _token_budget(key: str, dynamic: bool, value) -> None:
+    """With dynamic micro-batches (``use_dynamic_bsz``) the token budget of one micro-batch is >= 1."""
+    if dynamic:
+        as_int(value, key, minimum=1)
+
+
+def _check_epochs(key: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{key}.ppo_epochs={value}; expected an integer >= 1 (passes over each batch per step)")
+
+
+def check_kl_type(key: str, value: str) -> None:
+    """A KL estimator name of :data:`trainer.algos.kl.KL_PENALTY_TYPES`, optionally with the ``+`` suffix (checked
+    even while the KL term is off, so that a typo does not wait for it to be turned on)."""
+    from trainer.algos.kl import KL_PENALTY_TYPES
+
+    if not isinstance(value, str) or value.removesuffix("+") not in KL_PENALTY_TYPES:
+        raise ConfigError(f"{key}={value!r}; expected one of {list(KL_PENALTY_TYPES)} (optionally with a '+' "
+                          "suffix: the k2 gradient)")
 
 
 def _check_agg_mode(key: str, mode: str) -> None:
@@ -58,6 +96,9 @@ class OptimConfig(Section):
         num_cycles other than the defaults only with the cosine schedule they shape."""
         if finite(f"{key}.lr", self.lr) < 0:
             raise ConfigError(f"{key}.lr={self.given('lr')}; expected >= 0")
+        bounded(f"{key}.weight_decay", self.weight_decay, self.given("weight_decay"), ge=0)
+        _check_betas(f"{key}.betas", self.betas)
+        _check_scheduler(f"{key}.lr_scheduler_type", self.lr_scheduler_type)
         ratio = 0.0 if self.min_lr_ratio is None else self.min_lr_ratio
         if not 0.0 <= ratio <= 1.0:
             raise ConfigError(f"{key}.min_lr_ratio={ratio}; expected a fraction in [0, 1]")
@@ -88,6 +129,10 @@ class PolicyLossConfig(Section):
         if self.loss_mode not in core_algos.POLICY_LOSS_REGISTRY:
             raise ConfigError(f"{key}.loss_mode={self.given('loss_mode')!r}; expected one of "
                               f"{sorted(core_algos.POLICY_LOSS_REGISTRY)}")
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            bounded(f"{key}.{name}", getattr(self, name), self.given(name), ge=0, le=1, why="a share of the tokens")
+        for name in ("clip_cov_lb", "clip_cov_ub", "ppo_kl_coef"):
+            finite(f"{key}.{name}", getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -156,6 +201,14 @@ class ActorConfig(Section):
                               "expected >= 1")
         if self.clip_ratio_c <= 1.0:
             raise ConfigError(f"{key}.clip_ratio_c={self.given('clip_ratio_c')}; expected > 1")
+        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+            bounded(f"{key}.{name}", getattr(self, name), self.given(name), gt=0,
+                    why="the PPO ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]")
+        for name in ("tau_pos", "tau_neg"):
+            bounded(f"{key}.{name}", getattr(self, name), self.given(name), gt=0, why="SAPO's gate temperature")
+        _check_epochs(key, self.ppo_epochs)
+        _token_budget(f"{key}.ppo_max_token_len_per_gpu", self.use_dynamic_bsz, self.ppo_max_token_len_per_gpu)
+        check_kl_type(f"{key}.kl_loss_type", self.kl_loss_type)
         _check_agg_mode(key, self.loss_agg_mode)
 
 
@@ -167,6 +220,10 @@ class RefConfig(Section):
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
     ulysses_sequence_parallel_size: int
+
+    def check(self, key: str) -> None:
+        _token_budget(f"{key}.log_prob_max_token_len_per_gpu", self.log_prob_use_dynamic_bsz,
+                      self.log_prob_max_token_len_per_gpu)
 
 
 @dataclass(frozen=True)
@@ -193,6 +250,8 @@ class CriticConfig(Section):
         """grad_clip finite; value forwards of >= 1 row; with use_dynamic_bsz token budgets >= 1; a known
         loss_agg_mode."""
         finite(f"{key}.grad_clip", self.grad_clip)
+        bounded(f"{key}.cliprange_value", self.cliprange_value, self.given("cliprange_value"), ge=0)
+        _check_epochs(key, self.ppo_epochs)
         as_int(self.forward_micro_batch_size_per_gpu, f"{key}.forward_micro_batch_size_per_gpu", minimum=1)
         if self.use_dynamic_bsz:
             for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):

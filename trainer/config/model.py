@@ -9,7 +9,7 @@ from typing import Any
 
 from trainer.config.section import Section, convert
 
-__all__ = ["ModelConfig", "ROLE_MODEL_KEYS", "LORA_KEYS"]
+__all__ = ["ModelConfig", "ROLE_MODEL_KEYS", "LORA_KEYS", "check_chat_template"]
 
 # keys of a role's own model section (verl's critic.model.*, PRIME's reward_model.model.*) that replace the actor's
 # model settings (actor_rollout_ref.model) when not null
@@ -50,6 +50,12 @@ class ModelConfig(Section):
     target_modules: Any  # all-linear | a list of names
     exclude_modules: Any
 
+    def check(self, key: str) -> None:
+        """``custom_chat_template``, when set, is a Jinja template that reads the ``messages``
+        (:func:`check_chat_template`)."""
+        if object.__getattribute__(self, "__dict__")["custom_chat_template"] is not None:  # unset: nothing read
+            check_chat_template(f"{key}.custom_chat_template", self.custom_chat_template)
+
     def for_role(self, role: Mapping, key: str, own_lora: bool) -> "ModelConfig":
         """The model of a role with a model section of its own (``critic.model``; ``key`` its dotted path): this
         model with the role's non-null :data:`ROLE_MODEL_KEYS` and ``path`` over it, the role's
@@ -66,3 +72,34 @@ class ModelConfig(Section):
         values.update(over, override_config={**mine["override_config"], **extra})
         paths = {**(mine.get("_paths") or {}), **{k: f"{key}.{k}" for k in over}}
         return ModelConfig.made(values, paths, key)
+
+
+def check_chat_template(key: str, template: str) -> None:
+    """A chat template given in the config is Jinja source that compiles and reads ``messages``: the text of a file
+    name (``custom_chat_template=tools/chat_templates/x.jinja``) would otherwise render every prompt as that text,
+    without the conversation.
+
+    Raises:
+        ConfigError: naming the key; for a file name, how to pass the file's content.
+    """
+    import os
+
+    import jinja2
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from trainer.config_checks import ConfigError
+
+    if not isinstance(template, str) or not template.strip():
+        raise ConfigError(f"{key}={template!r}; expected the Jinja source of a chat template, or null")
+    if "\n" not in template and os.path.isfile(os.path.expanduser(template)):
+        raise ConfigError(f"{key}={template!r} is a file name; the key takes the template's source: "
+                          f"{key}=\"$(cat {template})\"")
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    try:
+        names = meta.find_undeclared_variables(env.parse(template))
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"{key}: not a valid Jinja template (line {exc.lineno}: {exc.message})") from exc
+    if "messages" not in names:
+        raise ConfigError(f"{key}={template[:80]!r}: the template never reads `messages`, so every prompt would "
+                          "render without its conversation; expected the Jinja source of a chat template")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config.section import ABSENT_OK, Section, built_by, finite
-from trainer.config_checks import ConfigError
+from trainer.config.section import ABSENT_OK, Section, bounded, built_by, finite
+from trainer.config_checks import ConfigError, as_int
 
 __all__ = ["SamplingKwargs", "RolloutConfig", "ENGINES"]
 
@@ -16,6 +16,17 @@ ENGINES = ("hf", "vllm")
 def _temperature(key: str, value: float, given) -> None:
     if finite(f"{key}.temperature", value) < 0:
         raise ConfigError(f"{key}.temperature={given}; expected >= 0 (0: greedy)")
+
+
+def _sampling(key: str, section: Section) -> None:
+    """The sampling values every engine takes (:class:`rollout.base.SamplingConfig`'s rules, checked before any
+    worker builds one): n >= 1, temperature >= 0, top_p in (0, 1], top_k -1 / 0 (off) or positive."""
+    if section.n < 1:
+        raise ConfigError(f"{key}.n={section.given('n')}; expected >= 1")
+    _temperature(key, section.temperature, section.given("temperature"))
+    bounded(f"{key}.top_p", section.top_p, section.given("top_p"), gt=0, le=1, why="the nucleus mass; 1: off")
+    if section.top_k < -1:
+        raise ConfigError(f"{key}.top_k={section.given('top_k')}; expected -1 or 0 (off) or a positive integer")
 
 
 def _multi_turn(value: Any, path: str):
@@ -37,7 +48,7 @@ class SamplingKwargs(Section):
     top_k: int
 
     def check(self, key: str) -> None:
-        _temperature(key, self.temperature, self.given("temperature"))
+        _sampling(key, self)
 
 
 @dataclass(frozen=True)
@@ -87,13 +98,13 @@ class RolloutConfig(Section):
     engine_kwargs: dict | None = field(metadata=ABSENT_OK)
 
     def check(self, key: str) -> None:
-        """A known engine; n >= 1; temperature finite and >= 0; the hf engine's attn_implementation one that
-        transformers knows."""
+        """A known engine; the sampling values (n, temperature, top_p, top_k); the hf engine's
+        attn_implementation one that transformers knows."""
         if self.name not in ENGINES:
             raise ConfigError(f"{key}.name={self.given('name')!r}; expected hf or vllm")
-        if self.n < 1:
-            raise ConfigError(f"{key}.n={self.given('n')}; expected >= 1")
-        _temperature(key, self.temperature, self.given("temperature"))
+        _sampling(key, self)
+        if self.log_prob_use_dynamic_bsz:
+            as_int(self.log_prob_max_token_len_per_gpu, f"{key}.log_prob_max_token_len_per_gpu", minimum=1)
         attn = self.attn_implementation or "auto"
         if self.name == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager"):
             from transformers import AttentionInterface

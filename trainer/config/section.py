@@ -22,7 +22,7 @@ from typing import Any
 
 from trainer.config_checks import ConfigError
 
-__all__ = ["Section", "ABSENT_OK", "finite", "built_by", "replaced"]
+__all__ = ["Section", "ABSENT_OK", "finite", "bounded", "built_by", "replaced"]
 
 #: field metadata: the key may be missing from the section (then the field is None)
 ABSENT_OK = {"absent_ok": True}
@@ -39,6 +39,23 @@ def finite(key: str, value: float) -> float:
     """``value`` when it is finite, else a ConfigError ``<key>=<value>; expected a finite number``."""
     if not math.isfinite(value):
         raise ConfigError(f"{key}={value!r}; expected a finite number")
+    return value
+
+
+def bounded(key: str, value: float, given=None, *, gt: float | None = None, ge: float | None = None,
+            lt: float | None = None, le: float | None = None, why: str = "") -> float:
+    """``value`` when it is finite and within the bounds given (``gt`` / ``ge`` below, ``lt`` / ``le`` above), else a
+    ConfigError ``<key>=<given>; expected <the bounds>`` (``given``: the value as the config wrote it; ``why``: a
+    note on what the key does, added in parentheses)."""
+    finite(key, value)
+    parts = [f"> {gt:g}" if gt is not None else f">= {ge:g}" if ge is not None else None,
+             f"< {lt:g}" if lt is not None else f"<= {le:g}" if le is not None else None]
+    ok = (gt is None or value > gt) and (ge is None or value >= ge) and (lt is None or value < lt) and \
+        (le is None or value <= le)
+    if not ok:
+        want = " and ".join(p for p in parts if p)
+        raise ConfigError(f"{key}={value if given is None else given!r}; expected a number {want}"
+                          + (f" ({why})" if why else ""))
     return value
 
 

@@ -1,0 +1,84 @@
+"""A numeric setting out of its range stops the run before any worker starts, in one line naming the key, the value
+and the range (found by trying them: each of these used to start the workers and then either fail there with a
+traceback -- torch's AdamW, the rollout's sampling config, the KL estimator, the value loss -- or train silently
+wrong: a negative clip ratio inverts the PPO clip, ``ppo_epochs=0`` trains nothing, a SAPO temperature of 0 gives a
+NaN loss every step)."""
+import os
+
+import pytest
+
+from tests.test_reliability_config import assert_one_line_error, run_cli
+from trainer.launch import ConfigError, resolve_config, validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+
+
+def _cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
+        return resolve_config(compose(config_name="ppo_trainer", overrides=list(overrides)))
+
+
+BAD = [
+    (f"{A}.clip_ratio=-0.2", [f"{A}.clip_ratio=-0.2", "> 0"]),
+    (f"{A}.clip_ratio_high=-1", [f"{A}.clip_ratio_high=-1", "> 0"]),
+    (f"{A}.clip_ratio_low=0", [f"{A}.clip_ratio_low=0", "> 0"]),
+    (f"{A}.ppo_epochs=0", [f"{A}.ppo_epochs=0", ">= 1"]),
+    (f"{A}.ppo_epochs=-1", [f"{A}.ppo_epochs=-1", ">= 1"]),
+    ("critic.ppo_epochs=0", ["critic.ppo_epochs=0", ">= 1"]),
+    ("critic.cliprange_value=-1", ["critic.cliprange_value=-1", ">= 0"]),
+    (f"{A}.tau_pos=0", [f"{A}.tau_pos=0", "> 0"]),
+    (f"{A}.tau_neg=-1", [f"{A}.tau_neg=-1", "> 0"]),
+    (f"{A}.policy_loss.clip_cov_ratio=2", ["clip_cov_ratio=2", "<= 1"]),
+    (f"{A}.kl_loss_type=k9", [f"{A}.kl_loss_type='k9'", "low_var_kl"]),
+    ("algorithm.kl_penalty=zz", ["algorithm.kl_penalty='zz'", "low_var_kl"]),
+    (f"{A}.optim.betas=[0.9,1.5]", [f"{A}.optim.betas=[0.9, 1.5]", "[0, 1)"]),
+    (f"{A}.optim.betas=[0.9]", [f"{A}.optim.betas=[0.9]", "two numbers"]),
+    (f"{A}.optim.weight_decay=-0.1", [f"{A}.optim.weight_decay=-0.1", ">= 0"]),
+    ("critic.optim.weight_decay=-1", ["critic.optim.weight_decay=-1", ">= 0"]),
+    (f"{R}.top_p=1.5", [f"{R}.top_p=1.5", "<= 1"]),
+    (f"{R}.top_p=0", [f"{R}.top_p=0", "> 0"]),
+    (f"{R}.top_k=-5", [f"{R}.top_k=-5", "-1 or 0"]),
+    (f"{R}.val_kwargs.top_p=0", [f"{R}.val_kwargs.top_p=0", "> 0"]),
+    (f"{R}.val_kwargs.top_k=-2", [f"{R}.val_kwargs.top_k=-2"]),
+    (f"{R}.val_kwargs.n=0", [f"{R}.val_kwargs.n=0", ">= 1"]),
+    (f"{A}.optim.lr_scheduler_type=cosin", [f"{A}.optim.lr_scheduler_type='cosin'", "'cosine'"]),
+    ("critic.optim.lr_scheduler_type=step", ["critic.optim.lr_scheduler_type='step'", "'linear'"]),
+    (f"{A}.ppo_max_token_len_per_gpu=0", [f"{A}.ppo_max_token_len_per_gpu=0", ">= 1"]),
+    (f"{R}.log_prob_max_token_len_per_gpu=0", [f"{R}.log_prob_max_token_len_per_gpu=0", ">= 1"]),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=-1",
+     ["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=-1", ">= 1"]),
+]
+
+
+DYNAMIC = [f"{A}.use_dynamic_bsz=true", f"{R}.log_prob_use_dynamic_bsz=true",
+           "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true"]
+
+
+@pytest.mark.parametrize("override,needles", BAD, ids=[b[0] for b in BAD])
+def test_out_of_range_value_is_refused_before_start_up(override, needles):
+    dynamic = DYNAMIC if "max_token_len" in override else []   # a token budget is read with dynamic batches only
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(override, "algorithm=gae", *dynamic))
+    lines = [ln for ln in str(info.value).splitlines() if any(n in ln for n in needles[:1])]
+    assert len(lines) == 1, str(info.value)
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+@pytest.mark.parametrize("override", [f"{A}.clip_ratio_low=0.2", f"{A}.clip_ratio_high=0.28", f"{A}.ppo_epochs=2",
+                                      f"{A}.kl_loss_type=k3+", "algorithm.kl_penalty=low_var_kl", f"{R}.top_p=1.0",
+                                      f"{R}.top_k=0", f"{R}.top_k=50", f"{A}.optim.betas=[0.9,0.95]",
+                                      f"{A}.optim.weight_decay=0.1", f"{R}.val_kwargs.top_p=0.7",
+                                      "critic.cliprange_value=0", f"{A}.grad_clip=-1",
+                                      f"{A}.optim.lr_scheduler_type=linear", f"{A}.ppo_max_token_len_per_gpu=0"])
+def test_values_in_range_pass(override):
+    validate(_cfg(override, "algorithm=gae"))
+
+
+def test_cli_stops_in_one_line_before_workers(tmp_path):
+    proc = run_cli(str(tmp_path / "out"), f"{R}.top_p=1.5")
+    assert_one_line_error(proc, f"{R}.top_p=1.5", "<= 1")
+    assert not os.path.exists(tmp_path / "out" / "init_model")

@@ -1,0 +1,45 @@
+"""An ``actor_rollout_ref.model.override_config`` entry that changes the shape of a weight, or that the model
+cannot be built with, stops before start-up in one line. Found by trying it: ``num_attention_heads=3`` on the
+embedded model (hidden 64) started the workers, which died with transformers' size-mismatch report."""
+import os
+
+import pytest
+
+from tests.test_reliability_config import assert_one_line_error, run_cli
+from trainer.launch import ConfigError, preflight, resolve_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEY = "actor_rollout_ref.model.override_config"
+
+
+def _cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
+        return resolve_config(compose(config_name="ppo_trainer", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("override,needles", [
+    (f"+{KEY}.num_attention_heads=3", ["changes the model's weights", "q_proj.weight: [64, 64] -> [48, 64]"]),
+    (f"+{KEY}.intermediate_size=100", ["changes the model's weights", "gate_proj.weight"]),
+    (f"+{KEY}.num_hidden_layers=3", ["changes the model's weights", "model.layers.2", "new"]),
+    (f"+{KEY}.hidden_act=nope", ["cannot be built with it", "'nope'"]),
+])
+def test_an_override_the_weights_cannot_take_is_refused(tmp_path, override, needles):
+    with pytest.raises(ConfigError) as info:
+        preflight(_cfg(f"trainer.output_dir={tmp_path}", override))
+    line = str(info.value)
+    assert len(line.splitlines()) == 1 and line.startswith(KEY), line
+    for n in needles:
+        assert n in line, (n, line)
+
+
+@pytest.mark.parametrize("override", [f"+{KEY}.attention_dropout=0.1", f"+{KEY}.rope_theta=5000.0",
+                                      f"+{KEY}.max_position_embeddings=256"])
+def test_an_override_that_keeps_the_weights_passes(tmp_path, override):
+    preflight(_cfg(f"trainer.output_dir={tmp_path}", override))
+
+
+def test_cli_stops_before_workers(tmp_path):
+    proc = run_cli(str(tmp_path / "out"), f"+{KEY}.num_attention_heads=3")
+    assert_one_line_error(proc, KEY, "changes the model's weights")

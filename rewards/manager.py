@@ -20,10 +20,10 @@ with ``overlong_buffer_len = B > 0`` and ``max_response_length = L``, a response
 linearly to ``-overlong_penalty_factor`` at ``L``. Strict accuracy (a scorer's ``acc``) is not changed.
 
 Robustness: a scorer that raises, returns NaN/inf, or runs past ``timeout_s`` gives 0.0 for that row and is
-counted in ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``. With ``num_workers >= 1`` the
-scorers run in a persistent pool of forked processes (:class:`rewards.pool.ScoringPool`), so a hung scorer
-is killed; with ``num_workers=0`` they run in this process and the limit is a ``SIGALRM`` timer (main
-thread only; it cannot interrupt C code such as huge integer arithmetic).
+counted in ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``; one that raises on every response
+of a batch stops the run (:func:`rewards.pool.check_not_all_failed`). With ``num_workers >= 1`` the scorers run in
+a pool of forked processes (:class:`rewards.pool.ScoringPool`) that kills a hung one; with ``num_workers=0`` in this
+process under a ``SIGALRM`` timer (main thread only; it cannot interrupt C code such as huge integer arithmetic).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import torch
 
 from rewards.components import check_component_keys, component_matrix
 from rewards.options import check_scorer_options, takes_extra_info
-from rewards.pool import Outcome, ScoringPool, run_scorer
+from rewards.pool import Outcome, ScoringPool, check_not_all_failed, run_scorer
 from rewards.registry import get_scorer, registry_version, wants_data_source
 from rewards.verify import as_accuracy
 
@@ -329,6 +329,7 @@ class RewardManager:
             dicts.append(d)
             ran.append(status not in ("timeout", "error"))
         if first_error is not None:
+            check_not_all_failed(counts["errors"], len(outcomes), first_error)
             logger.warning("reward: %d scorer error(s) in a batch of %d; first: %s", counts["errors"],
                            len(outcomes), first_error)
         if counts["timeouts"]:

@@ -25,7 +25,7 @@ from collections import deque
 from multiprocessing.connection import wait as _wait_conns
 from typing import Any, Callable, Sequence
 
-__all__ = ["to_plain_result", "run_scorer", "ScoringPool", "Outcome"]
+__all__ = ["to_plain_result", "run_scorer", "ScoringPool", "Outcome", "ScorerError", "check_not_all_failed"]
 
 # One task: (scorer key, positional args, keyword args). One outcome: (status, payload, seconds) with status
 # "ok" (payload: float or dict from to_plain_result), "error" (payload: message) or "timeout" (payload None).
@@ -64,6 +64,23 @@ def to_plain_result(res: Any) -> float | dict:
     if isinstance(res, (str, bytes)) or res is None:
         raise TypeError(f"a scorer must return a float or a dict with 'score', got {type(res).__name__}")
     return float(res)
+
+
+class ScorerError(ValueError):
+    """A scorer that raised on every response of a batch: broken, not one odd response (one line, exit 2)."""
+
+
+def check_not_all_failed(errors: int, rows: int, first_error: str | None) -> None:
+    """Stop when every one of ``rows`` (at least 2) responses of a batch made the scorer raise. One failing
+    response scores 0 and training goes on; a scorer that fails on all of them (a bug in a
+    ``custom_reward_function``, a missing dependency) would otherwise train on rewards that are all 0.
+
+    Raises:
+        ScorerError: naming the count and the first error.
+    """
+    if rows >= 2 and errors == rows:
+        raise ScorerError(f"reward: the scorer raised on all {rows} responses of the batch (first: {first_error}); "
+                          "fix the scorer (reward_model.custom_reward_function / reward_model.scorer)")
 
 
 def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:

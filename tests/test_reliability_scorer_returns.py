@@ -40,3 +40,26 @@ def test_a_usable_scorer_passes_the_probe(tmp_path, name):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         prestart(compose(config_name="ppo_trainer", overrides=[f"trainer.output_dir={tmp_path / 'out'}",
                                                                f"reward_model.custom_reward_function.path={path}"]))
+
+
+def test_a_scorer_that_raises_on_every_response_stops_the_run_in_one_line(tmp_path):
+    """Past the probe (an empty response may be refused), a scorer that raises on every response of a batch is
+    broken: the run stops at its first step with one line naming the error (it trained on all-zero rewards and
+    exited 0), while a scorer failing on some responses only counts them."""
+    path = tmp_path / "my_reward.py"
+    path.write_text(SIG + "    import missing_module_of_the_user\n    return 1.0\n")
+    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", "trainer.total_training_steps=2",
+                   "trainer.val_before_train=false")
+    out = proc.stdout + proc.stderr
+    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, out[-3000:]
+    assert "raised on all" in errors[0] and "missing_module_of_the_user" in errors[0] and "Traceback" not in out
+
+
+def test_scorer_errors_on_some_responses_are_counted_on_all_they_stop():
+    from rewards.pool import ScorerError, check_not_all_failed
+
+    check_not_all_failed(3, 4, "ValueError: odd")  # some: counted by the manager, training goes on
+    check_not_all_failed(1, 1, "ValueError: odd")  # a single response is not a pattern
+    with pytest.raises(ScorerError, match=r"raised on all 4 responses .*first: ValueError: odd"):
+        check_not_all_failed(4, 4, "ValueError: odd")

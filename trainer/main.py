@@ -44,7 +44,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 
-USER_ERRORS = ("ConfigError", "ConfigErrors", "DataError", "PlacementError", "FileNotFoundError")
+USER_ERRORS = ("ConfigError", "ConfigErrors", "DataError", "PlacementError", "FileNotFoundError", "ScorerError")
 
 
 def report_user_error(exc: BaseException) -> None:

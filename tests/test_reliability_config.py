@@ -32,6 +32,11 @@ def assert_one_line_error(proc, *needles):
 
 
 CASES = {
+    # a value DeepSpeed's own config refuses (it failed inside every worker with pydantic's report)
+    "ds_config_stage": (["+deepspeed.ds_config.zero_optimization.stage=9"],
+                        ["deepspeed.ds_config: stage=9", "DeepSpeedZeroConfig", "Input should be 0, 1, 2, 3"]),
+    "ds_config_type": (["+deepspeed.ds_config.zero_optimization.reduce_bucket_size=abc"],
+                       ["deepspeed.ds_config: reduce_bucket_size='abc'", "valid integer"]),
     "unknown_key": (["trainer.n_gpu_per_node=2"], ["'trainer.n_gpu_per_node'", "unknown config key"]),
     "renamed_key": (["actor_rollout_ref.actor.ppo_micro_batch_size=4"],
                     ["actor_rollout_ref.actor.ppo_micro_batch_size=4: not supported",

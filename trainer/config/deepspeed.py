@@ -8,7 +8,7 @@ from typing import Any
 from trainer.config.section import Section
 from trainer.config_checks import ConfigError
 
-__all__ = ["DeepSpeedConfig", "OPTIMIZERS", "effective_zero_stage"]
+__all__ = ["DeepSpeedConfig", "OPTIMIZERS", "effective_zero_stage", "check_ds_config_values"]
 
 OPTIMIZERS = ("torch_adamw", "deepspeed_adamw")
 
@@ -52,6 +52,8 @@ class DeepSpeedConfig(Section):
             check_ds_config_keeps_norm_check(self.ds_config)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        if self.ds_config:
+            check_ds_config_values(self.ds_config, self.zero_stage, f"{key}.ds_config")
 
     @property
     def effective_zero_stage(self) -> int:
@@ -61,3 +63,37 @@ class DeepSpeedConfig(Section):
     def bf16_on(self, device_type: str) -> bool:
         """Whether the trained roles compute in bf16 on ``device_type`` (``cpu`` | ``cuda``)."""
         return (device_type == "cuda") if self.bf16 == "auto" else bool(self.bf16)
+
+
+# the workers set these per role and rank count; checked there, not here (one process here)
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def check_ds_config_values(ds_config: dict, zero_stage: int, key: str) -> None:
+    """Build DeepSpeed's own config object (``deepspeed.runtime.config.DeepSpeedConfig``, its pydantic models) from
+    ``ds_config`` over a minimal base, so that a value DeepSpeed refuses (``zero_optimization.stage=9``, a string
+    where a number belongs) stops the run here instead of inside every worker. The batch keys are left out (the
+    workers set them for their own rank count).
+
+    Raises:
+        ConfigError: one line naming ``key``, the offending entry and DeepSpeed's reason.
+    """
+    from deepspeed.runtime.config import DeepSpeedConfig as DSConfig
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+           "zero_optimization": {"stage": zero_stage}}
+    for k, v in ds_config.items():
+        if k in _BATCH_KEYS:
+            continue
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    try:
+        DSConfig(cfg)
+    except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, DeepSpeed's asserts and ValueErrors
+        errors = getattr(exc, "errors", None)
+        if callable(errors):  # pydantic: the first field it refused, in the section's model (title)
+            e = errors()[0]
+            where = ".".join(str(x) for x in e.get("loc", ()))
+            raise ConfigError(f"{key}: {where}={e.get('input')!r} in DeepSpeed's {getattr(exc, 'title', 'config')}: "
+                              f"{e.get('msg')}") from None
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{key}: DeepSpeed refuses it: {reason}") from None

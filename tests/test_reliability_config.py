@@ -35,6 +35,7 @@ CASES = {
     # a value DeepSpeed's own config refuses (it failed inside every worker with pydantic's report)
     "ds_config_stage": (["+deepspeed.ds_config.zero_optimization.stage=9"],
                         ["deepspeed.ds_config: stage=9", "DeepSpeedZeroConfig", "Input should be 0, 1, 2, 3"]),
+    "max_rows_zero": (["data.max_rows=0"], ["data.max_rows=0; expected an integer >= 1"]),
     "ds_config_type": (["+deepspeed.ds_config.zero_optimization.reduce_bucket_size=abc"],
                        ["deepspeed.ds_config: reduce_bucket_size='abc'", "valid integer"]),
     "unknown_key": (["trainer.n_gpu_per_node=2"], ["'trainer.n_gpu_per_node'", "unknown config key"]),

@@ -53,9 +53,12 @@ class DataConfig(Section):
     warm_start_steps: int | None = field(metadata=ABSENT_OK)
 
     def check(self, key: str) -> None:
-        """Positive lengths and batch sizes (the batches against the workers: :mod:`trainer.config_validate`)."""
+        """Positive lengths, batch sizes and row limits (batches against workers: :mod:`trainer.config_validate`)."""
         for name in ("max_prompt_length", "max_response_length", "train_batch_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{key}.{name}={self.given(name)}; expected a positive integer")
         if self.gen_batch_size is not None:
             at_least(f"{key}.gen_batch_size", self.gen_batch_size, 1)
+        for name in ("max_rows", "val_max_rows"):  # null keeps every row
+            if getattr(self, name) is not None:
+                at_least(f"{key}.{name}", getattr(self, name), 1)

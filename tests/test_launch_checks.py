@@ -44,18 +44,26 @@ def test_resume_path_is_checked_before_start(tmp_path):
 
 def _resume_cfg(strategy="deepspeed", tp=1, n_gpus=2):
     return {"trainer": {"strategy": strategy, "nnodes": 1, "n_gpus_per_node": n_gpus},
+            "critic": {"enable": False}, "algorithm": {},
             "actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": tp,
                                                          "pipeline_model_parallel_size": 1}}}}
 
 
 def _fake_ckpt(root, kind, sizes=None):
+    """A step folder with what a save writes: the trainer state, and DeepSpeed's tag file, tag folder and one
+    rng file per rank (2), or Megatron's meta.pt."""
     import torch
 
     actor = os.path.join(str(root), "global_step_2", "actor")
     os.makedirs(actor)
+    torch.save({"global_step": 2}, os.path.join(os.path.dirname(actor), "data.pt"))
     if kind == "deepspeed":
         with open(os.path.join(actor, "latest"), "w") as f:
             f.write("global_step_2")
+        os.makedirs(os.path.join(actor, "global_step_2"))
+        torch.save({}, os.path.join(actor, "global_step_2", "mp_rank_00_model_states.pt"))
+        for rank in range(2):
+            torch.save({}, os.path.join(actor, f"rng_rank_{rank}.pt"))
     else:
         torch.save({"global_step": 2, **sizes}, os.path.join(actor, "meta.pt"))
     return os.path.dirname(actor)

@@ -140,6 +140,8 @@ def test_preflight_refuses_resuming_a_dist_checkpoint_of_another_model(saved):
     from trainer.launch import ConfigError, preflight
 
     step = os.path.join(saved[0], "ck_tp2", "global_step_1")
+    if not os.path.isfile(os.path.join(step, "data.pt")):  # the trainer state a save writes last (workers only here)
+        torch.save({"global_step": 1}, os.path.join(step, "data.pt"))
     with pytest.raises(ConfigError, match=r"^trainer.resume_mode: .* holds another model than actor_rollout_ref.model: "
                                           r"hidden_size=32 in the checkpoint, 64 in the model$"):
         preflight(_cfg(f"trainer.resume_mode={step}", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1"))

@@ -187,3 +187,11 @@ def check_tags(tags: list[str] | None) -> list[str]:
     if bad:
         raise ValueError(f"unknown wake_up tags {bad}; expected a subset of {list(WAKE_TAGS)}")
     return list(tags)
+
+
+def concat_image_inputs(rows: Sequence[dict | None]) -> dict:
+    """The model inputs of several rows from their processor tensors (``pixel_values``, ``image_grid_thw``, ...),
+    concatenated along dim 0 in row order (the order of their image tokens in the batch); ``{}`` when no row has
+    any."""
+    keys = sorted({k for r in rows if r for k in r})
+    return {k: torch.cat([r[k] for r in rows if r and k in r]) for k in keys}

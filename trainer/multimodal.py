@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from rollout.hf_engine import concat_image_inputs as concat_multi_modal_inputs  # noqa: F401 (re-exported)
+from rollout.base import concat_image_inputs as concat_multi_modal_inputs  # noqa: F401 (re-exported)
 
 IMAGE_PLACEHOLDER = "<image>"
 

@@ -107,9 +107,17 @@ megatron_tp2() {  # on both GPUs: the GPU check, then the save/resume pair at TP
 }
 megatron_ckpt() {  # on both GPUs: the SmolLM2 save/resume pair (TP=1 x DP=2) with dist checkpointing and with
   # the torch.save format: compare timing_s/save_checkpoint, "checkpoint loaded in" and sizes.txt of the two
-  mkdir -p "$OUT/megatron_dist" "$OUT/megatron_torch"
-  megatron_pair megatron_dist md actor_rollout_ref.actor.megatron.ckpt_format=torch_dist
-  megatron_pair megatron_torch mtorch actor_rollout_ref.actor.megatron.ckpt_format=torch
+  # (MG_FORMATS: which of the two, default "torch_dist torch")
+  local fmt
+  for fmt in ${MG_FORMATS:-torch_dist torch}; do
+    case $fmt in
+      torch_dist) mkdir -p "$OUT/megatron_dist"
+        megatron_pair megatron_dist md actor_rollout_ref.actor.megatron.ckpt_format=torch_dist ;;
+      torch) mkdir -p "$OUT/megatron_torch"
+        megatron_pair megatron_torch mtorch actor_rollout_ref.actor.megatron.ckpt_format=torch ;;
+      *) echo "MG_FORMATS: unknown format $fmt (expected torch_dist or torch)" >&2 ;;
+    esac
+  done
 }
 megatron_reshard() {  # on both GPUs: a TP=2 dist checkpoint (random-weight Qwen2, as megatron_tp2) resumed at
   # TP=1 x DP=2 (resharded on load, DistributedOptimizer state included); compare steps 6-7 with the TP=2 run
@@ -141,8 +149,9 @@ write_tiny_vlm('$RUN_ROOT/vlm_tiny'); write_colour_task('$RUN_ROOT/vlm_data', 10
 tool_synthetic() {  # On one GPU: the embedded data=synthetic_tool (tiny model, python tool, multi-turn loop), 60
   # steps with the transformers engine, then the same with rollout=vllm; compare critic/score/mean and multi_turn/*.
   # Where the sandbox has no user namespaces: EXTRA='actor_rollout_ref.rollout.multi_turn.tools=[{class_name:python,config:{min_isolation:process}}]'
+  # (TOOL_ENGINES: which engines, default "hf vllm")
   local gpu=$1 eng
-  for eng in hf vllm; do
+  for eng in ${TOOL_ENGINES:-hf vllm}; do
     local engine_group="rollout=$eng"
     mkdir -p "$OUT/tool_synthetic_$eng"
     CUDA_VISIBLE_DEVICES=$gpu timeout --foreground -s TERM -k 20 480 $PY trainer/main.py trainer.device=cuda \
@@ -164,11 +173,12 @@ LORA32="actor_rollout_ref.model.lora_rank=32 actor_rollout_ref.model.lora_alpha=
  actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.actor.optim.lr=${LORA_LR:-1e-4}"
 lora_memory() {  # random-weight Qwen2-1.5B (SmolLM2's tokenizer), ZeRO-2 on one GPU, 4 GRPO steps with the
   # KL loss (full: a reference copy; LoRA: the actor with adapters disabled), full vs LoRA rank 32; the table of
-  # peak memory per stage and tokens/s comes from tools/bench/step_profile.py --metrics (step 1 left out)
+  # peak memory per stage and tokens/s comes from tools/bench/step_profile.py --metrics (step 1 left out);
+  # LORA_KINDS: which halves, default "full lora"
   local gpu=$1 d="$OUT/lora_memory"
   mkdir -p "$d"
   $PY tools/bench/random_model.py qwen2-1.5b --tokenizer $MODEL --out $RUN_ROOT/qwen2_15_rand > "$d/make.log" 2>&1
-  for kind in full lora; do
+  for kind in ${LORA_KINDS:-full lora}; do
     local own="actor_rollout_ref.actor.optim.lr=1e-5"
     [ "$kind" = lora ] && own="$LORA32"
     CUDA_VISIBLE_DEVICES=$gpu timeout --foreground -s TERM -k 20 400 $PY trainer/main.py $COMMON data=gsm8k deepspeed=zero2 \
@@ -298,6 +308,10 @@ for spec in $RUNS; do
       fi ;;
     offload) offload "$gpu" ;;
     gsm8k_lora) launch gsm8k_lora "$gpu" "$T_LONG" $GSM $LORA32 ;;  # beside gsm8k_grpo (full fine-tuning)
+    # gsm8k_lora's job with vLLM serving the adapter (enable_lora, LoRARequest re-loaded after each step), 12 steps
+    gsm8k_lora_vllm) launch gsm8k_lora_vllm "$gpu" "$T_LONG" $GSM $LORA32 rollout=vllm trainer.total_training_steps=12 \
+               actor_rollout_ref.rollout.lora_sync=adapter trainer.test_freq=-1 trainer.val_before_train=false \
+               actor_rollout_ref.rollout.gpu_memory_utilization=${VLLM_UTIL:-0.15} ;;
     svamp_lora) launch svamp_lora "$gpu" "$T_LONG" $SVAMP_TOOLCMP $LORA32 ;;
     svamp_full) launch svamp_full "$gpu" "$T_LONG" $SVAMP_TOOLCMP ;;
     # async on one GPU: the rollout worker shares it (rollout.n_gpus=0.3), staleness 1 beside the same job on-policy

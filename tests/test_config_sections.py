@@ -243,3 +243,14 @@ def test_the_driver_reads_the_trainer_and_data_sections_and_a_planned_value_repl
     with pytest.raises(TypeError, match="no field"):
         replaced(unplanned, "trainer", total_steps=1)
 
+
+
+@pytest.mark.parametrize("value", [-3, 0])
+def test_a_batch_size_below_one_is_one_line(value):
+    """Not also 'must be divisible by the N workers', which only repeats the same fault."""
+    from trainer.config_validate import validate
+
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(f"data.train_batch_size={value}", planned=False))
+    lines = getattr(info.value, "messages", [str(info.value)])
+    assert lines == [f"data.train_batch_size={value}; expected a positive integer"]

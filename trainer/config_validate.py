@@ -94,8 +94,8 @@ def _check_batches(cfg: dict) -> None:
     d, arr = cfg["data"], cfg["actor_rollout_ref"]
     actor, n, world = arr["actor"], int(arr["rollout"]["n"]), _world(cfg)
     bs, mini = int(d["train_batch_size"]), int(actor["ppo_mini_batch_size"])
-    if world < 1:
-        return  # reported by the trainer section (trainer.config.trainer.TrainerConfig)
+    if world < 1 or bs < 1:
+        return  # reported by the trainer / data sections (trainer.config.trainer.TrainerConfig, data's checks)
     from trainer.config.actor import check_ulysses_world
 
     check_ulysses_world(cfg, world)

@@ -32,6 +32,7 @@ from transformers import LlamaConfig, Qwen2Config  # noqa: E402
 
 from rollout.base import SamplingConfig, finalize_responses  # noqa: E402
 from rollout.context import iter_actor_params, sync_weights  # noqa: E402
+from rollout.compile_stats import compile_counts  # noqa: E402
 from rollout.hf_engine import HFRolloutEngine  # noqa: E402
 
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -107,18 +108,22 @@ def bench_generation(args, device, dtype) -> list[dict]:
             del engine
             gc.collect()
         engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch,
-                                 attn_implementation=attn)
+                                 attn_implementation=attn, keep_kv_cache=args.keep_kv_cache)
         engine.load_weights(weights.items())
-        times = []
+        times, records = [], []
         for _ in range(args.engine_calls):
+            before = compile_counts()
             _sync(); t0 = time.perf_counter()
             out = engine.generate(prompts, sampling)
             _sync(); times.append(time.perf_counter() - t0)
+            records.append(compile_counts()["cudagraph_records"] - before["cudagraph_records"])
         tokens = int(out.response_mask.sum())
         kind = "static cache + compile" if engine.use_static_cache else "dynamic"
+        kind += ", kept KV cache" if engine.kv_caches is not None else ""
         rows.append(dict(name=f"HFRolloutEngine ({kind}, {attn})", attn_implementation=attn, seconds=times[-1],
                          tokens=tokens, tok_per_s=tokens / times[-1], first_call_s=times[0],
-                         compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times))
+                         compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times,
+                         cudagraph_records_per_call=records))
         print(rows[-1], flush=True)
     del weights
     if args.profile:  # one more call under torch.profiler: where a decoding step's time goes
@@ -291,6 +296,8 @@ def main(argv=None) -> None:
     ap.add_argument("--attn", default="sdpa", help="engine attention backend(s), comma-separated, timed one after "
                     "the other in this process (e.g. sdpa,sdpa_gqa; rollout.attn_implementation)")
     ap.add_argument("--engine-calls", type=int, default=2)
+    ap.add_argument("--keep-kv-cache", action="store_true",
+                    help="the transformers engine keeps its static KV caches across calls (free_cache_engine=false)")
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--skip-gen", action="store_true")

@@ -24,6 +24,7 @@ and a 49k vocabulary, which capped a call at 128 rows).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from typing import Iterable, Sequence
@@ -34,6 +35,8 @@ import torch.nn.functional as F
 from rollout.base import (RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags,  # noqa: F401
                           concat_image_inputs, finalize_responses)  # concat_image_inputs re-exported
 from rollout.kv_cache import KeptStaticCaches
+from rollout.log_prob_recorder import SampledTokenLogProbs  # noqa: F401 (re-exported)
+from rollout.stop_check import deferred_stop_check
 from rollout.sdpa_gqa import register_sdpa_gqa, sdpa_gqa_attention_forward  # noqa: F401 (re-exported)
 
 
@@ -93,6 +96,8 @@ class HFRolloutEngine(RolloutEngine):
             knows is passed through.
         keep_kv_cache: with the static cache, keep one cache per (rows, length) shape across calls and sleeps
             (:class:`rollout.kv_cache.KeptStaticCaches`: no CUDA-graph re-recording per call; memory held).
+        defer_stop_check: on CUDA, ``generate`` reads its all-rows-finished flag one step late instead of waiting
+            for the device after every token (:func:`rollout.stop_check.deferred_stop_check`; same tokens).
 
     Raises:
         ValueError: when neither ``eos_token_id`` nor ``model_config.eos_token_id`` gives an EOS id.
@@ -102,7 +107,8 @@ class HFRolloutEngine(RolloutEngine):
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  use_static_cache: bool | None = None, compile_mode: str = "reduce-overhead",
                  max_batch_size: int = 256, prompt_len_multiple: int = 64, cache_len_multiple: int = 256,
-                 attn_implementation: str = "auto", keep_kv_cache: bool = False) -> None:
+                 attn_implementation: str = "auto", keep_kv_cache: bool = False,
+                 defer_stop_check: bool = True) -> None:
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device) if device is not None else torch.device(
@@ -140,6 +146,7 @@ class HFRolloutEngine(RolloutEngine):
         self._awake = True
         self._shared = False  # the parameters are the trainer's tensors (share_weights)
         self.kv_caches = KeptStaticCaches(self.model) if keep_kv_cache and self.use_static_cache else None
+        self.defer_stop_check = bool(defer_stop_check)
 
     @classmethod
     def from_tokenizer(cls, model_config, tokenizer, model_path: str | None = None,
@@ -254,7 +261,7 @@ class HFRolloutEngine(RolloutEngine):
 
         min_new = sampling.max_new_tokens if sampling.ignore_eos else 0  # stop ids are masked out until then
         kw = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=min_new, eos_token_id=stop_ids,
-                  pad_token_id=self.pad_id, output_logits=False, return_dict_in_generate=True,
+                  pad_token_id=self.pad_id, output_logits=False, return_dict_in_generate=False,
                   num_return_sequences=1, num_beams=1, use_cache=True, repetition_penalty=1.0)
         # a vision-language model never writes its image placeholders (their count must match the images)
         vision = [getattr(self.model.config, k, None) for k in ("image_token_id", "video_token_id",
@@ -335,11 +342,13 @@ class HFRolloutEngine(RolloutEngine):
         from transformers import LogitsProcessorList
 
         recorder = SampledTokenLogProbs(temp, len(rows), max_new_tokens, self.device)
-        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  generation_config=gen_cfg, logits_processor=LogitsProcessorList([recorder]),
-                                  **self._image_kwargs(ids, mm),
-                                  **(self.kv_caches.generate_kwargs(len(rows), cache_len) if self.kv_caches else {}))
-        tokens = out.sequences[:, width:]
+        cache = self.kv_caches.generate_kwargs(len(rows), cache_len) if self.kv_caches else {}
+        defer = deferred_stop_check() if self.defer_stop_check else contextlib.nullcontext()
+        with defer:  # the sequences alone (return_dict_in_generate=False): no cache handed back, nothing to crop
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      generation_config=gen_cfg, logits_processor=LogitsProcessorList([recorder]),
+                                      **self._image_kwargs(ids, mm), **cache)
+        tokens = out[:, width:]
         log_probs = recorder.finish(tokens)
         del out
         return finalize_responses(tokens[:real], log_probs[:real], stop_ids, self.pad_id, max_new_tokens)
@@ -352,49 +361,3 @@ class HFRolloutEngine(RolloutEngine):
         if kw and image_id is not None:
             kw["mm_token_type_ids"] = (ids == image_id).long().to(self.device)
         return kw
-
-
-class SampledTokenLogProbs:
-    """A transformers logits processor that records ``log_softmax(logits_t / T)[token_t]`` for every step ``t``
-    of one ``generate`` call, holding only the latest step's (rows, vocab) fp32 log-probs.
-
-    transformers calls it once per generated token with the ids so far and that step's raw logits (custom
-    processors run before the sampling warpers); the token sampled at step ``t`` is the last id of the call for
-    step ``t + 1``, and :meth:`finish` gathers the final step's from the returned sequences.
-
-    Args:
-        temperature: T (> 0; 1.0 for greedy).
-        rows: batch rows of the call.
-        max_new_tokens: R, the most steps the call can take.
-        device: where the (rows, R) fp32 result lives.
-    """
-
-    def __init__(self, temperature: float, rows: int, max_new_tokens: int, device) -> None:
-        self.temperature = float(temperature)
-        self.log_probs = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
-        self.steps = 0
-        self._last: torch.Tensor | None = None  # (rows, V) fp32 log-probs of the latest step
-
-    def _record(self, tokens: torch.Tensor) -> None:
-        self.log_probs[:, self.steps - 1] = self._last.gather(-1, tokens.view(-1, 1).to(self._last.device)).squeeze(-1)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self._last is not None:
-            self._record(input_ids[:, -1])
-        self._last = F.log_softmax(scores.float() / self.temperature, dim=-1)
-        self.steps += 1
-        return scores
-
-    def finish(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(rows, L) fp32 log-probs of ``tokens`` (rows, L), the call's generated ids; L must equal the steps seen.
-
-        Raises:
-            RuntimeError: when L differs from the number of steps the processor saw.
-        """
-        if tokens.shape[1] != self.steps:
-            raise RuntimeError(f"generate returned {tokens.shape[1]} new tokens but the log-prob recorder saw "
-                               f"{self.steps} steps")
-        if self._last is not None:
-            self._record(tokens[:, -1])
-            self._last = None
-        return self.log_probs[:, :self.steps]

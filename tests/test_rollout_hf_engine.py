@@ -259,3 +259,62 @@ def test_kept_static_caches_reused_across_calls_and_sleep(setup):
         assert torch.allclose(out.rollout_log_probs, first.rollout_log_probs, atol=1e-6)
     kept.kv_caches.clear()
     assert kept.kv_caches.shapes() == []
+
+
+class _HostEvent:
+    """torch.Event stand-in for the CPU (which has no events; its work is done when queued)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+@pytest.mark.parametrize("stop_all", [True, False])
+def test_the_stop_flag_read_one_step_late_gives_the_same_rollout(setup, monkeypatch, stop_all):
+    """deferred_stop_check: transformers' DeferredStopCheck (enabled here for the CPU) runs one extra decode step when
+    every row stops early and undoes it; tokens and recorded log-probs equal the per-token check's."""
+    import functools
+
+    import rollout.hf_engine as hf
+    from rollout.stop_check import deferred_stop_check
+    from transformers.generation import utils as gen_utils
+
+    tk, actor, engine, prompts = setup
+    stops = list(range(2, len(WORDS))) if stop_all else []  # every row ends at its first token, or none stops early
+    sampling = SamplingConfig(n=2, temperature=0.9, max_new_tokens=6, seed=5, stop_token_ids=stops)
+    engine.defer_stop_check = False
+    plain = engine.generate(prompts, sampling)
+    undone = []
+    finish = gen_utils.DeferredStopCheck.finish
+    monkeypatch.setattr(gen_utils.DeferredStopCheck, "finish", lambda self: undone.append(finish(self)) or undone[-1])
+    monkeypatch.setattr(torch, "Event", _HostEvent)
+    monkeypatch.setattr(hf, "deferred_stop_check", functools.partial(deferred_stop_check, device_types=("cpu",)))
+    engine.defer_stop_check = True
+    try:
+        late = engine.generate(prompts, sampling)
+    finally:
+        engine.defer_stop_check = True
+    assert undone == [1 if stop_all else 0]  # the deferred check ran, and undid its extra step when rows stopped early
+    assert torch.equal(late.responses, plain.responses) and torch.equal(late.response_mask, plain.response_mask)
+    assert torch.allclose(late.rollout_log_probs, plain.rollout_log_probs, atol=1e-6)
+    if stop_all:
+        assert int(plain.response_mask.sum(1).max()) == 1
+
+
+def test_the_deferred_check_is_only_patched_inside_the_block():
+    from rollout.stop_check import deferred_stop_check
+    from transformers.generation.utils import DeferredStopCheck
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not DeferredStopCheck.is_supported(cuda, None, False, False)
+    with deferred_stop_check() as on:
+        assert on
+        assert DeferredStopCheck.is_supported(cuda, None, False, False)
+        assert not DeferredStopCheck.is_supported(cuda, None, False, True)  # assisted generation: never
+        assert not DeferredStopCheck.is_supported(cpu, None, False, False)
+    assert not DeferredStopCheck.is_supported(cuda, None, False, False)

@@ -126,6 +126,8 @@ def bench_generation(args, device, dtype) -> list[dict]:
                          cudagraph_records_per_call=records))
         print(rows[-1], flush=True)
     del weights
+    if args.decode_ab:  # the same engine (one compilation) in each decode-loop setting, --engine-calls calls each
+        rows.append(decode_ab(engine, prompts, sampling, args.engine_calls))
     if args.profile:  # one more call under torch.profiler: where a decoding step's time goes
         rows[-1]["profile"] = profile_generate(engine, prompts, sampling, args.profile_rows)
     if args.sleep_wake and torch.cuda.is_available():  # does a sleep/wake cycle (new addresses) cost a recompile?
@@ -144,6 +146,44 @@ def bench_generation(args, device, dtype) -> list[dict]:
         memory.empty_cache()  # the HF engine's cached blocks go back before vLLM sizes its KV cache
         rows.append(bench_vllm(args, cfg, eos, prompts, sampling))
     return rows
+
+
+def decode_ab(engine, prompts, sampling, calls: int) -> dict:
+    """Seconds per ``generate`` call and CUDA-graph recordings per call of one transformers engine in four settings,
+    ``calls`` calls each (the first call of a setting is reported apart): the stop flag read after every token or
+    one step late (``defer_stop_check``), and a new static KV cache per call or one kept across calls
+    (``KeptStaticCaches``). transformers before 5.2x cannot crop a kept static cache, so there the kept cache turns
+    the late read off; the ``deferred`` column says which calls read it late."""
+    from rollout.kv_cache import KeptStaticCaches
+
+    out = {"name": "decode settings A/B", "settings": []}
+    for defer, keep in ((False, False), (True, False), (False, True), (True, True)):
+        engine.defer_stop_check, engine.kv_caches = defer, (KeptStaticCaches(engine.model) if keep else None)
+        times, records, tokens = [], [], 0
+        for _ in range(calls):
+            before = compile_counts()
+            _sync(); t0 = time.perf_counter()
+            res = engine.generate(prompts, sampling)
+            _sync(); times.append(time.perf_counter() - t0)
+            records.append(compile_counts()["cudagraph_records"] - before["cudagraph_records"])
+            tokens = int(res.response_mask.sum())
+        steady = times[1:] or times
+        row = dict(defer_stop_check=defer, keep_kv_cache=keep, first_call_s=times[0],
+                   mean_s=sum(steady) / len(steady), all_calls_s=times, cudagraph_records_per_call=records,
+                   tokens=tokens, tok_per_s=tokens * len(steady) / sum(steady),
+                   deferred_available=_has_deferred_stop_check())
+        print(row, flush=True)
+        out["settings"].append(row)
+    engine.kv_caches = None
+    return out
+
+
+def _has_deferred_stop_check() -> bool:
+    try:
+        from transformers.generation.utils import DeferredStopCheck  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def bench_vllm(args, cfg, eos, prompts, sampling) -> dict:
@@ -296,6 +336,9 @@ def main(argv=None) -> None:
     ap.add_argument("--attn", default="sdpa", help="engine attention backend(s), comma-separated, timed one after "
                     "the other in this process (e.g. sdpa,sdpa_gqa; rollout.attn_implementation)")
     ap.add_argument("--engine-calls", type=int, default=2)
+    ap.add_argument("--decode-ab", action="store_true",
+                    help="time the transformers engine with the stop flag read per token / one step late and a new / "
+                    "kept KV cache per call (--engine-calls calls each)")
     ap.add_argument("--keep-kv-cache", action="store_true",
                     help="the transformers engine keeps its static KV caches across calls (free_cache_engine=false)")
     ap.add_argument("--bucket-mb", type=int, default=512)
@@ -320,8 +363,14 @@ def main(argv=None) -> None:
         print(results["rows"][-1], flush=True)
     print(f"\n{'what':48s} {'tok/s':>10s} {'seconds':>9s} {'compile s':>10s}")
     for r in results["rows"]:
-        tps = f"{r['tok_per_s']:.0f}" if "tok_per_s" in r else "-"
-        print(f"{r['name']:48s} {tps:>10s} {r['seconds']:9.3f} {r.get('compile_s', 0):10.1f}")
+        for setting in r.get("settings", []):  # --decode-ab
+            name = (f"  stop flag {'late' if setting['defer_stop_check'] else 'per token'}, "
+                    f"{'kept' if setting['keep_kv_cache'] else 'new'} KV cache")
+            print(f"{name:48s} {setting['tok_per_s']:>10.0f} {setting['mean_s']:9.3f} "
+                  f"{'records ' + str(setting['cudagraph_records_per_call']):>10s}")
+        if "seconds" in r:
+            tps = f"{r['tok_per_s']:.0f}" if "tok_per_s" in r else "-"
+            print(f"{r['name']:48s} {tps:>10s} {r['seconds']:9.3f} {r.get('compile_s', 0):10.1f}")
     if int(os.environ.get("RANK", "0")) == 0:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)

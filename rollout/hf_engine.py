@@ -34,7 +34,6 @@ import torch.nn.functional as F
 
 from rollout.base import (RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags,  # noqa: F401
                           concat_image_inputs, finalize_responses)  # concat_image_inputs re-exported
-from rollout.kv_cache import KeptStaticCaches
 from rollout.log_prob_recorder import SampledTokenLogProbs  # noqa: F401 (re-exported)
 from rollout.stop_check import deferred_stop_check
 from rollout.sdpa_gqa import register_sdpa_gqa, sdpa_gqa_attention_forward  # noqa: F401 (re-exported)
@@ -94,8 +93,6 @@ class HFRolloutEngine(RolloutEngine):
             instead of copying the K/V cache once per query head group; 3.0x the tokens/s of ``"sdpa"`` for
             SmolLM2-135M on an H200, 512 rows x 512 new tokens, docs/benchmarks.md); any other name transformers
             knows is passed through.
-        keep_kv_cache: with the static cache, keep one cache per (rows, length) shape across calls and sleeps
-            (:class:`rollout.kv_cache.KeptStaticCaches`: no CUDA-graph re-recording per call; memory held).
         defer_stop_check: on CUDA, ``generate`` reads its all-rows-finished flag one step late instead of waiting
             for the device after every token (:func:`rollout.stop_check.deferred_stop_check`; same tokens).
 
@@ -107,8 +104,7 @@ class HFRolloutEngine(RolloutEngine):
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  use_static_cache: bool | None = None, compile_mode: str = "reduce-overhead",
                  max_batch_size: int = 256, prompt_len_multiple: int = 64, cache_len_multiple: int = 256,
-                 attn_implementation: str = "auto", keep_kv_cache: bool = False,
-                 defer_stop_check: bool = True) -> None:
+                 attn_implementation: str = "auto", defer_stop_check: bool = True) -> None:
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device) if device is not None else torch.device(
@@ -145,7 +141,6 @@ class HFRolloutEngine(RolloutEngine):
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._awake = True
         self._shared = False  # the parameters are the trainer's tensors (share_weights)
-        self.kv_caches = KeptStaticCaches(self.model) if keep_kv_cache and self.use_static_cache else None
         self.defer_stop_check = bool(defer_stop_check)
 
     @classmethod
@@ -274,10 +269,9 @@ class HFRolloutEngine(RolloutEngine):
             kw.update(do_sample=True, temperature=float(sampling.temperature),
                       top_p=float(sampling.top_p) if sampling.top_p < 1.0 else None,
                       top_k=int(sampling.top_k) if sampling.top_k > 0 else 0)
-        if self.use_static_cache:  # kept caches come with each call (generate refuses both)
-            kw.update(compile_config=CompileConfig(fullgraph=False, dynamic=False, mode=self.compile_mode))
-            if self.kv_caches is None:
-                kw.update(cache_implementation="static", max_cache_len=cache_len)
+        if self.use_static_cache:
+            kw.update(cache_implementation="static", max_cache_len=cache_len,
+                      compile_config=CompileConfig(fullgraph=False, dynamic=False, mode=self.compile_mode))
         return GenerationConfig(**kw)
 
     def _rows_per_call(self) -> int:
@@ -323,13 +317,12 @@ class HFRolloutEngine(RolloutEngine):
             for start in range(0, len(rows), chunk):
                 part = rows[start:start + chunk]
                 mm = mm_rows[start:start + chunk] if mm_rows else None
-                outs.append(self._generate_chunk(part, width, gen_cfg, temp, stop_ids, sampling.max_new_tokens, mm,
-                                                 cache_len))
+                outs.append(self._generate_chunk(part, width, gen_cfg, temp, stop_ids, sampling.max_new_tokens, mm))
         return RolloutOutput(*(torch.cat([getattr(o, k) for o in outs]) for k in
                                ("responses", "response_mask", "rollout_log_probs")))
 
     def _generate_chunk(self, rows: list[list[int]], width: int, gen_cfg, temp: float, stop_ids: list[int],
-                        max_new_tokens: int, mm: list[dict] | None = None, cache_len: int = 0) -> RolloutOutput:
+                        max_new_tokens: int, mm: list[dict] | None = None) -> RolloutOutput:
         real = len(rows)
         if self.use_static_cache:  # batch bucket: pad with copies of the last row
             extra = min(_next_pow2(real), self._rows_per_call()) - real
@@ -342,12 +335,11 @@ class HFRolloutEngine(RolloutEngine):
         from transformers import LogitsProcessorList
 
         recorder = SampledTokenLogProbs(temp, len(rows), max_new_tokens, self.device)
-        cache = self.kv_caches.generate_kwargs(len(rows), cache_len) if self.kv_caches else {}
         defer = deferred_stop_check() if self.defer_stop_check else contextlib.nullcontext()
         with defer:  # the sequences alone (return_dict_in_generate=False): no cache handed back, nothing to crop
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       generation_config=gen_cfg, logits_processor=LogitsProcessorList([recorder]),
-                                      **self._image_kwargs(ids, mm), **cache)
+                                      **self._image_kwargs(ids, mm))
         tokens = out[:, width:]
         log_probs = recorder.finish(tokens)
         del out

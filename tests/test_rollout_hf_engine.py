@@ -233,34 +233,6 @@ def test_bad_inputs(setup):
     engine.wake_up()
 
 
-def test_kept_static_caches_reused_across_calls_and_sleep(setup):
-    """free_cache_engine=false: one static cache per shape, the same tensors every call (reset in place), and the
-    same rollout as a fresh cache per call."""
-    tk, actor, _, prompts = setup
-    kept = HFRolloutEngine.from_tokenizer(actor.config, tk, device="cpu", use_static_cache=True, keep_kv_cache=True)
-    fresh = HFRolloutEngine.from_tokenizer(actor.config, tk, device="cpu", use_static_cache=True)
-    for engine in (kept, fresh):
-        engine.load_weights(actor.state_dict().items())
-    assert fresh.kv_caches is None
-    sampling = SamplingConfig(n=2, temperature=0.8, max_new_tokens=5, seed=3)
-    first = kept.generate(prompts, sampling)
-    (shape,) = kept.kv_caches.shapes()
-    assert shape == (4, 256)  # 2 prompts x 2 rows; prompt bucket 64 + 5 new tokens -> one cache of 256 positions
-    cache = kept.kv_caches._caches[shape]
-    keys = cache.layers[0].keys
-    kept.sleep()
-    kept.wake_up()
-    again = kept.generate(prompts, sampling)
-    assert kept.kv_caches.shapes() == [shape] and kept.kv_caches._caches[shape] is cache
-    assert cache.layers[0].keys is keys  # zeroed in place, not rebuilt
-    other = fresh.generate(prompts, sampling)
-    for out in (again, other):
-        assert torch.equal(out.responses, first.responses)
-        assert torch.allclose(out.rollout_log_probs, first.rollout_log_probs, atol=1e-6)
-    kept.kv_caches.clear()
-    assert kept.kv_caches.shapes() == []
-
-
 class _HostEvent:
     """torch.Event stand-in for the CPU (which has no events; its work is done when queued)."""
 

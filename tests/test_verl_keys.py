@@ -294,14 +294,3 @@ def test_use_kl_in_reward_with_prime_warns_that_it_has_no_effect(use_prime):
     cfg = _cfg(algorithm={"use_prime": use_prime, "use_kl_in_reward": True})
     hits = [w for w in unused_setting_warnings(cfg) if w.startswith("algorithm.use_kl_in_reward=true")]
     assert len(hits) == (1 if use_prime else 0)
-
-
-@pytest.mark.parametrize("engine", ["vllm", "hf"])
-def test_free_cache_engine_false_warns_with_vllm_only(engine):
-    """free_cache_engine=false keeps the transformers engine's KV caches; vLLM frees its cache when it sleeps."""
-    from trainer.verl_compat import unused_setting_warnings
-
-    cfg = _cfg()
-    cfg["actor_rollout_ref"]["rollout"].update(name=engine, free_cache_engine=False)
-    hits = [w for w in unused_setting_warnings(cfg) if "free_cache_engine=false" in w]
-    assert len(hits) == (1 if engine == "vllm" else 0)

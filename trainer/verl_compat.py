@@ -314,8 +314,8 @@ ENGINE_KEYS = {"vllm": {"tensor_model_parallel_size": 1, "gpu_memory_utilization
 
 def unused_setting_warnings(cfg: dict) -> list[str]:
     """Warnings for settings that this run's other choices leave without effect: rollout keys of the other engine
-    (set away from their defaults), ``free_cache_engine=false`` with vLLM (it frees its KV cache when it sleeps
-    while DeepSpeed trains; the transformers engine keeps its caches), ``deepspeed.offload_param`` below ZeRO-3, a custom reward function's name without
+    (set away from their defaults), ``free_cache_engine=false`` (the engine always frees its KV cache: it sleeps
+    while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, a custom reward function's name without
     its path, and ``use_kl_in_reward`` with PRIME (whose advantages never read the penalised rewards)."""
     from trainer.config.deepspeed import effective_zero_stage
 
@@ -335,9 +335,9 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
         out.append("algorithm.use_kl_in_reward=true: no effect with algorithm=prime: PRIME's advantages are built from "
                    "the verified and the implicit process rewards, not from token_level_rewards where that penalty "
                    "goes (use actor_rollout_ref.actor.use_kl_loss=true for a KL term)")
-    if rc.get("name") == "vllm" and rc.get("free_cache_engine") is False:  # the rollout groups set true
-        out.append(f"{R}.free_cache_engine=false: ignored with rollout=vllm: vLLM frees its KV cache when it sleeps "
-                   "while DeepSpeed trains (the transformers engine, rollout=hf, keeps its caches)")
+    if "free_cache_engine" in rc and rc["free_cache_engine"] is not True:  # the rollout groups set true
+        out.append(f"{R}.free_cache_engine={_fmt(rc['free_cache_engine'])}: ignored: the engine always frees its KV "
+                   "cache after generation (it sleeps while DeepSpeed trains)")
     name = rc.get("name")
     if name != "vllm" and rc.get("prompt_length") != _get(cfg, "data.max_prompt_length"):
         out.append(f"{R}.prompt_length={_fmt(rc.get('prompt_length'))}: ignored: rollout.name={name} takes each "

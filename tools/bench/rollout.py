@@ -108,7 +108,7 @@ def bench_generation(args, device, dtype) -> list[dict]:
             del engine
             gc.collect()
         engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch,
-                                 attn_implementation=attn, keep_kv_cache=args.keep_kv_cache)
+                                 attn_implementation=attn)
         engine.load_weights(weights.items())
         times, records = [], []
         for _ in range(args.engine_calls):
@@ -119,7 +119,6 @@ def bench_generation(args, device, dtype) -> list[dict]:
             records.append(compile_counts()["cudagraph_records"] - before["cudagraph_records"])
         tokens = int(out.response_mask.sum())
         kind = "static cache + compile" if engine.use_static_cache else "dynamic"
-        kind += ", kept KV cache" if engine.kv_caches is not None else ""
         rows.append(dict(name=f"HFRolloutEngine ({kind}, {attn})", attn_implementation=attn, seconds=times[-1],
                          tokens=tokens, tok_per_s=tokens / times[-1], first_call_s=times[0],
                          compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times,
@@ -149,16 +148,12 @@ def bench_generation(args, device, dtype) -> list[dict]:
 
 
 def decode_ab(engine, prompts, sampling, calls: int) -> dict:
-    """Seconds per ``generate`` call and CUDA-graph recordings per call of one transformers engine in four settings,
-    ``calls`` calls each (the first call of a setting is reported apart): the stop flag read after every token or
-    one step late (``defer_stop_check``), and a new static KV cache per call or one kept across calls
-    (``KeptStaticCaches``). transformers before 5.2x cannot crop a kept static cache, so there the kept cache turns
-    the late read off; the ``deferred`` column says which calls read it late."""
-    from rollout.kv_cache import KeptStaticCaches
-
-    out = {"name": "decode settings A/B", "settings": []}
-    for defer, keep in ((False, False), (True, False), (False, True), (True, True)):
-        engine.defer_stop_check, engine.kv_caches = defer, (KeptStaticCaches(engine.model) if keep else None)
+    """Seconds per ``generate`` call and CUDA-graph recordings per call of one transformers engine (one compilation)
+    with ``generate``'s all-rows-finished flag read after every token and one step late (``defer_stop_check``),
+    ``calls`` calls each; the mean leaves the first call of each setting out."""
+    out = {"name": "decode loop A/B", "deferred_available": _has_deferred_stop_check(), "settings": []}
+    for defer in (False, True):
+        engine.defer_stop_check = defer
         times, records, tokens = [], [], 0
         for _ in range(calls):
             before = compile_counts()
@@ -168,13 +163,12 @@ def decode_ab(engine, prompts, sampling, calls: int) -> dict:
             records.append(compile_counts()["cudagraph_records"] - before["cudagraph_records"])
             tokens = int(res.response_mask.sum())
         steady = times[1:] or times
-        row = dict(defer_stop_check=defer, keep_kv_cache=keep, first_call_s=times[0],
-                   mean_s=sum(steady) / len(steady), all_calls_s=times, cudagraph_records_per_call=records,
-                   tokens=tokens, tok_per_s=tokens * len(steady) / sum(steady),
-                   deferred_available=_has_deferred_stop_check())
+        row = dict(defer_stop_check=defer, first_call_s=times[0], mean_s=sum(steady) / len(steady),
+                   all_calls_s=times, cudagraph_records_per_call=records, tokens=tokens,
+                   tok_per_s=tokens * len(steady) / sum(steady))
         print(row, flush=True)
         out["settings"].append(row)
-    engine.kv_caches = None
+    engine.defer_stop_check = True
     return out
 
 
@@ -337,10 +331,8 @@ def main(argv=None) -> None:
                     "the other in this process (e.g. sdpa,sdpa_gqa; rollout.attn_implementation)")
     ap.add_argument("--engine-calls", type=int, default=2)
     ap.add_argument("--decode-ab", action="store_true",
-                    help="time the transformers engine with the stop flag read per token / one step late and a new / "
-                    "kept KV cache per call (--engine-calls calls each)")
-    ap.add_argument("--keep-kv-cache", action="store_true",
-                    help="the transformers engine keeps its static KV caches across calls (free_cache_engine=false)")
+                    help="time the transformers engine with generate's stop flag read after every token and one step "
+                    "late (--engine-calls calls each)")
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--skip-gen", action="store_true")
@@ -364,8 +356,7 @@ def main(argv=None) -> None:
     print(f"\n{'what':48s} {'tok/s':>10s} {'seconds':>9s} {'compile s':>10s}")
     for r in results["rows"]:
         for setting in r.get("settings", []):  # --decode-ab
-            name = (f"  stop flag {'late' if setting['defer_stop_check'] else 'per token'}, "
-                    f"{'kept' if setting['keep_kv_cache'] else 'new'} KV cache")
+            name = f"  stop flag read {'one step late' if setting['defer_stop_check'] else 'after every token'}"
             print(f"{name:48s} {setting['tok_per_s']:>10.0f} {setting['mean_s']:9.3f} "
                   f"{'records ' + str(setting['cudagraph_records_per_call']):>10s}")
         if "seconds" in r:

@@ -63,8 +63,6 @@ class RolloutConfig(Section):
         log_prob_*: batching of the old log-probs (rows per worker, or a token budget per worker).
         static_cache, max_batch_size, prompt_length_bucket, attn_implementation: hf engine options
             (attn_implementation is the hf group's key: None under rollout=vllm).
-        free_cache_engine: verl's key; false keeps the hf engine's static KV caches across steps (no CUDA-graph
-            re-recording per step, their memory held while training); vLLM always frees its KV cache on sleep.
         tensor_model_parallel_size, gpu_memory_utilization, engine_kwargs: vLLM's (engine_kwargs: verl's
             ``engine_kwargs.vllm`` entries passed to ``vllm.LLM``; None when not set).
         sleep_level, update_weights_bucket_megabytes, offload_optimizer_during_rollout, lora_sync: how the
@@ -89,7 +87,6 @@ class RolloutConfig(Section):
     max_batch_size: int
     prompt_length_bucket: int
     attn_implementation: str | None = field(metadata=ABSENT_OK)
-    free_cache_engine: bool
     tensor_model_parallel_size: int
     sleep_level: int
     gpu_memory_utilization: float

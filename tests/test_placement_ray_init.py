@@ -28,3 +28,19 @@ def test_ray_address_is_joined_after_its_probe(fake_ray, monkeypatch):
     monkeypatch.setattr(placement, "probe_ray_address", probed.append)
     placement.init_ray("cuda")
     assert probed == ["10.0.0.1:6391"] and fake_ray[0]["address"] == "10.0.0.1:6391"
+
+
+def test_the_workers_warning_filter_hides_that_warning_only():
+    """PYTHONWARNINGS of the workers: DeepSpeed's deprecated torch collective is not printed once per rank; other
+    FutureWarnings still are."""
+    import subprocess
+    import sys
+
+    from trainer.placement import WORKER_WARNING_FILTER
+
+    code = ("import warnings\n"
+            "warnings.warn('`torch.distributed.all_gather_into_tensor` is deprecated. Please use x', FutureWarning)\n"
+            "warnings.warn('something else is deprecated', FutureWarning)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONWARNINGS": WORKER_WARNING_FILTER, "PATH": "/usr/bin:/bin"}, check=True)
+    assert "all_gather_into_tensor" not in out.stderr and "something else is deprecated" in out.stderr

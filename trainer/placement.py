@@ -40,6 +40,10 @@ class WorkerDied(WorkerFailure):
     from (:mod:`trainer.recovery`)."""
 
 
+# -W syntax (action:message:category); the message matches the start of the warning's text
+WORKER_WARNING_FILTER = "ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning"
+
+
 def init_ray(device: str) -> None:
     """Join ``RAY_ADDRESS`` when set (PlacementError at once when it does not answer), else start a local Ray on
     this machine's own CPUs and GPUs (Ray's count; never raised to fit a request: see :func:`check_placement`).
@@ -52,6 +56,10 @@ def init_ray(device: str) -> None:
         p for p in (PROJECT_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
+    # workers: no "Loading weights" bars (they print after the driver's own lines), and not DeepSpeed's use of a
+    # torch collective that torch has deprecated, once per rank (a user's own settings of either are kept)
+    env["HF_HUB_DISABLE_PROGRESS_BARS"] = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    env["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS", ""), WORKER_WARNING_FILTER) if w)
     for key in ("TORCH_CUDA_ARCH_LIST", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "DSRL_CONFIG_READS"):
         if key in os.environ:
             env[key] = os.environ[key]

@@ -38,7 +38,7 @@ def test_a_chat_template_passes(template):
 
 
 def test_cli_refuses_a_file_name_before_workers(tmp_path):
-    proc = run_cli(str(tmp_path / "out"), f"{KEY}=tools/chat_templates/smollm2_tool.jinja")
+    proc = run_cli(str(tmp_path / "out"), f"{KEY}=tools/chat_templates/smollm2_tool.jinja", forked=True)
     assert_one_line_error(proc, KEY, "is a file name", "$(cat tools/chat_templates/smollm2_tool.jinja)")
 
 

@@ -30,7 +30,7 @@ def test_hydra_flags_and_valid_overrides_pass(args):
 
 
 def test_cli_argument_without_equals_is_one_line(tmp_path):
-    assert_one_line_error(run_cli(str(tmp_path / "out"), "trainer.total_training_steps"),
+    assert_one_line_error(run_cli(str(tmp_path / "out"), "trainer.total_training_steps", forked=True),
                           "'trainer.total_training_steps' is not an override")
 
 

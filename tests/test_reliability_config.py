@@ -14,7 +14,14 @@ OK_BATCH = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_s
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
 
 
-def run_cli(out_dir, *overrides, timeout=180):
+def run_cli(out_dir, *overrides, timeout=180, forked=False):
+    """``trainer/main.py`` as a user runs it: a new Python process that starts its own Ray; ``forked=True``: forked
+    from the session's pre-imported driver on the shared Ray instance (:func:`tests.e2e_shared.run_main_forked`,
+    about 5 s less per run), for runs whose subject is not Ray's start-up or which Ray they join."""
+    if forked:
+        from tests.e2e_shared import run_main_forked
+
+        return run_main_forked(out_dir, *overrides, timeout=timeout, check=False)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"trainer.output_dir={out_dir}",
                            *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -69,7 +76,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_config_error_stops_before_workers(tmp_path, name):
     overrides, needles = CASES[name]
-    proc = run_cli(str(tmp_path / "out"), *overrides)
+    proc = run_cli(str(tmp_path / "out"), *overrides, forked=True)
     assert_one_line_error(proc, *needles)
     assert not os.path.exists(tmp_path / "out" / "init_model")   # nothing was built
 
@@ -84,7 +91,7 @@ def test_custom_reward_function_that_does_not_load_is_one_line(tmp_path, source,
     """A wrong function name, a non-callable or a file that does not import stops the run in one line."""
     path = tmp_path / "my_reward.py"
     path.write_text(source)
-    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", f"custom_reward_function.name={name}")
+    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", f"custom_reward_function.name={name}", forked=True)
     assert_one_line_error(proc, *needles)
 
 

@@ -79,6 +79,6 @@ def test_values_in_range_pass(override):
 
 
 def test_cli_stops_in_one_line_before_workers(tmp_path):
-    proc = run_cli(str(tmp_path / "out"), f"{R}.top_p=1.5")
+    proc = run_cli(str(tmp_path / "out"), f"{R}.top_p=1.5", forked=True)
     assert_one_line_error(proc, f"{R}.top_p=1.5", "<= 1")
     assert not os.path.exists(tmp_path / "out" / "init_model")

@@ -64,5 +64,5 @@ def test_a_reward_kwarg_the_function_does_not_take_is_one_line(tmp_path):
     path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
                     "    return bonus\n")
     proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}",
-                   "+custom_reward_function.reward_kwargs.bonsu=0.5")
+                   "+custom_reward_function.reward_kwargs.bonsu=0.5", forked=True)
     assert_one_line_error(proc, "'bonsu'", "bonus")

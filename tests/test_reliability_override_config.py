@@ -41,5 +41,5 @@ def test_an_override_that_keeps_the_weights_passes(tmp_path, override):
 
 
 def test_cli_stops_before_workers(tmp_path):
-    proc = run_cli(str(tmp_path / "out"), f"+{KEY}.num_attention_heads=3")
+    proc = run_cli(str(tmp_path / "out"), f"+{KEY}.num_attention_heads=3", forked=True)
     assert_one_line_error(proc, KEY, "changes the model's weights")

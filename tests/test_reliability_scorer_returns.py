@@ -24,7 +24,7 @@ def test_a_scorer_returning_an_unusable_value_stops_before_start_up(tmp_path, na
     source, needle = BAD[name]
     path = tmp_path / "my_reward.py"
     path.write_text(source)
-    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}")
+    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", forked=True)
     assert_one_line_error(proc, "compute_score", str(path), needle)
 
 

@@ -65,5 +65,5 @@ def test_a_good_tool_config_file_adds_its_tools(tmp_path):
 
 def test_cli_stops_before_workers(tmp_path):
     path = _write(tmp_path, FILES["not_yaml"][0])
-    proc = run_cli(str(tmp_path / "out"), "data=synthetic_tool", f"{KEY}.tool_config_path={path}")
+    proc = run_cli(str(tmp_path / "out"), "data=synthetic_tool", f"{KEY}.tool_config_path={path}", forked=True)
     assert_one_line_error(proc, f"tool_config_path={path!r}", "not valid YAML")

@@ -137,5 +137,6 @@ def test_p27_custom_reward_function_options(tmp_path):
 
 
 def test_p27_unknown_option_stops_main_before_workers(tmp_path):
-    proc = run_cli(str(tmp_path / "out"), *OK_BATCH, "+reward_model.scorer_kwargs.mehtod=strict", timeout=300)
+    proc = run_cli(str(tmp_path / "out"), *OK_BATCH, "+reward_model.scorer_kwargs.mehtod=strict", timeout=300,
+                   forked=True)
     assert_one_line_error(proc, "'mehtod'", "'synthetic/digits'", "gsm8k_flexible")

@@ -122,3 +122,17 @@ def test_a_fresh_run_that_saves_does_not_write_over_earlier_checkpoints(tmp_path
     preflight(_cfg(f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.save_freq=-1"))  # saves nothing
     preflight(_cfg(f"trainer.default_local_dir={tmp_path}/other", "trainer.save_freq=1"))
     assert os.path.isfile(os.path.join(root, "data.pt"))
+
+
+def test_prime_prm_optimizer_setting_a_resume_would_ignore_is_refused(tmp_path):
+    import torch
+
+    from trainer.resume_checks import check_resume_optim
+
+    saved = _cfg("algorithm=prime")
+    step = tmp_path / "global_step_1"
+    step.mkdir()
+    torch.save({"global_step": 1, "config": saved}, str(step / "data.pt"))
+    check_resume_optim(_cfg("algorithm=prime"), str(step))
+    with pytest.raises(ConfigError, match=r"reward_model\.model\.optim\.lr=0\.5 \(checkpoint: 1e-06\).*ignored"):
+        check_resume_optim(_cfg("algorithm=prime", "reward_model.model.optim.lr=0.5"), str(step))

@@ -104,6 +104,19 @@ def test_a_bad_value_is_one_line_naming_the_dotted_key(cls, key, name, value, li
     assert str(info.value) == line
 
 
+def test_a_negative_kl_loss_coef_is_refused_like_the_in_reward_one():
+    """A negative weight turns the KL loss into a reward for leaving the reference (the in-reward
+    algorithm.kl_ctrl.kl_coef refused it already)."""
+    section = _cfg()["actor_rollout_ref"]["actor"]
+    section["kl_loss_coef"] = -1
+    with pytest.raises(ValueError) as info:
+        ActorConfig.from_dict(section, "actor_rollout_ref.actor")
+    assert str(info.value) == ("actor_rollout_ref.actor.kl_loss_coef=-1; expected a number >= 0 (the weight of the KL "
+                               "loss against the reference)")
+    section["kl_loss_coef"] = 0.0
+    ActorConfig.from_dict(section, "actor_rollout_ref.actor")
+
+
 @pytest.mark.parametrize("override,line", [
     ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name='sglang'; expected hf or vllm"),
     ("deepspeed.optimizer=sgd", "deepspeed.optimizer='sgd'; expected torch_adamw or deepspeed_adamw"),

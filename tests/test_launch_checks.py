@@ -109,3 +109,30 @@ def test_a_kl_controller_that_does_not_build_is_refused_before_start(overrides, 
     lines = getattr(info.value, "messages", [str(info.value)])
     assert any(ln.startswith("algorithm.kl_ctrl=") and needle in ln for ln in lines), lines
     validate(_cfg("algorithm.kl_ctrl.type=adaptive"))  # the shipped adaptive defaults build
+
+
+def test_a_fresh_run_that_saves_does_not_write_over_earlier_checkpoints(tmp_path):
+    from trainer.launch import preflight
+
+    root = _fake_ckpt(tmp_path / "ckpt", "deepspeed")
+    fresh = _cfg(f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.save_freq=1")
+    with pytest.raises(ConfigError, match=r"holds checkpoints \(steps 2\.\.2\).*trainer.resume_mode=auto") as info:
+        preflight(fresh)
+    assert "\n" not in str(info.value)
+    preflight(_cfg(f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.save_freq=-1"))  # saves nothing
+    preflight(_cfg(f"trainer.default_local_dir={tmp_path}/other", "trainer.save_freq=1"))
+    assert os.path.isfile(os.path.join(root, "data.pt"))
+
+
+def test_prime_prm_optimizer_setting_a_resume_would_ignore_is_refused(tmp_path):
+    import torch
+
+    from trainer.resume_checks import check_resume_optim
+
+    saved = _cfg("algorithm=prime")
+    step = tmp_path / "global_step_1"
+    step.mkdir()
+    torch.save({"global_step": 1, "config": saved}, str(step / "data.pt"))
+    check_resume_optim(_cfg("algorithm=prime"), str(step))
+    with pytest.raises(ConfigError, match=r"reward_model\.model\.optim\.lr=0\.5 \(checkpoint: 1e-06\).*ignored"):
+        check_resume_optim(_cfg("algorithm=prime", "reward_model.model.optim.lr=0.5"), str(step))

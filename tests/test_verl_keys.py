@@ -294,3 +294,19 @@ def test_use_kl_in_reward_with_prime_warns_that_it_has_no_effect(use_prime):
     cfg = _cfg(algorithm={"use_prime": use_prime, "use_kl_in_reward": True})
     hits = [w for w in unused_setting_warnings(cfg) if w.startswith("algorithm.use_kl_in_reward=true")]
     assert len(hits) == (1 if use_prime else 0)
+
+
+@pytest.mark.parametrize("enable", [False, True])
+def test_multi_turn_settings_without_enable_warn_that_they_are_ignored(enable):
+    """Tools and limits set while multi-turn rollouts are off changed nothing, without a word."""
+    from tests.verl_scripts import composed
+
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    prepared, _, _, report = composed([f"{mt}.enable={str(enable).lower()}", f"{mt}.tools=[python]",
+                                       f"{mt}.max_assistant_turns=3", f"{mt}.format=hermes"])
+    assert prepared.errors == [] and report.errors == []
+    hits = [w for w in report.warnings if w.startswith(mt)]
+    assert hits == ([] if enable else [f"{mt}.max_assistant_turns=3: ignored: multi-turn rollouts are off (set "
+                                       f"{mt}.enable=true to use it)",
+                                       f"{mt}.tools=['python']: ignored: multi-turn rollouts are off (set "
+                                       f"{mt}.enable=true to use it)"])

@@ -75,12 +75,28 @@ def _resume_path(cfg: dict) -> str | None:
 
 
 def _check_resume(cfg: dict) -> None:
+    _check_no_overwrite(cfg)
     resume_path = _resume_path(cfg)
     if resume_path is not None:
         check_resume_checkpoint(cfg, resume_path)
         from trainer.resume_checks import check_resume_optim
 
         check_resume_optim(cfg, resume_path)
+
+
+def _check_no_overwrite(cfg: dict) -> None:
+    """A run that trains from scratch and saves must not write over the checkpoints of an earlier run."""
+    t = cfg["trainer"]
+    if t["resume_mode"] != "disable" or int(t.get("save_freq") or 0) <= 0:
+        return
+    from trainer.checkpoint.base import list_checkpoints
+
+    root = t["default_local_dir"]
+    steps = [s for s, _ in list_checkpoints(root)] if root else []
+    if steps:
+        raise ConfigError(f"trainer.default_local_dir={root!r} holds checkpoints (steps {steps[0]}..{steps[-1]}) that "
+                          "this run would write over with trainer.resume_mode=disable; expected "
+                          "trainer.resume_mode=auto (go on from them) or another trainer.default_local_dir")
 
 
 def _check_data_files(cfg: dict) -> None:

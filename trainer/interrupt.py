@@ -81,9 +81,17 @@ def exit_interrupted(signum: int, step: int | None, checkpoint_root: str | None)
     sys.exit(128 + signum)
 
 
+def _is_ray_process(cmdline: list[str]) -> bool:
+    """A process of Ray's own (GCS, raylet, dashboard, monitors: a program under the ray package; workers: ``ray::``).
+    Other children of the driver (wandb's service, which ends at the driver's exit) are left alone."""
+    if not cmdline:
+        return False
+    return cmdline[0].startswith("ray::") or any(f"{os.sep}ray{os.sep}" in part for part in cmdline[:3])
+
+
 def shutdown_ray(timeout_s: float = 15.0) -> None:
     """``ray.shutdown()``, then wait up to ``timeout_s`` for the Ray processes this driver started (a local Ray's
-    GCS, raylet and worker processes: its descendants other than its own forks) to end; kill those still there.
+    GCS, raylet and worker processes, :func:`_is_ray_process`, and their descendants) to end; kill those still there.
     No-op when Ray is not initialized."""
     if "ray" not in sys.modules:
         return
@@ -95,10 +103,10 @@ def shutdown_ray(timeout_s: float = 15.0) -> None:
 
     me = psutil.Process()
     started = []
-    for p in me.children(recursive=True):
-        try:
-            if p.cmdline() != me.cmdline():  # forks of the driver (reward scoring) keep its command line
-                started.append(p)
+    for p in me.children():
+        try:  # Ray's processes and theirs; not the driver's forks (reward scoring) nor other libraries' helpers
+            if _is_ray_process(p.cmdline()):
+                started += [p, *p.children(recursive=True)]
         except psutil.Error:
             pass
     ray.shutdown()

@@ -68,6 +68,22 @@ def _tools(cfg: dict, check: bool) -> dict:
         raise ConfigError(f"{KEY}.tools={list(mt.tools)!r}: {exc}") from exc
 
 
+def unused_multi_turn_warnings(rollout_cfg: Mapping[str, Any]) -> list[str]:
+    """Warnings for ``rollout.multi_turn`` settings (tools, limits, format) set away from their defaults while
+    ``multi_turn.enable`` is false: they have no effect then."""
+    import dataclasses
+
+    from rollout.multiturn import MultiTurnConfig
+
+    mt = rollout_cfg.get("multi_turn") or {}
+    if mt.get("enable"):
+        return []
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(MultiTurnConfig)}
+    return [f"{KEY}.{k}={mt[k]!r}: ignored: multi-turn rollouts are off (set {KEY}.enable=true to use it)"
+            for k in MULTI_TURN_KEYS if k in mt and k in defaults and k != "enable" and mt[k] != defaults[k]]
+
+
 def check_multi_turn(cfg: dict) -> None:
     """Pre-start check of the section (run by :func:`trainer.config_validate.validate`): its values always, and
     with ``enable=true`` the tools (each built and its :meth:`rollout.tools.base.Tool.check` run: unknown names,

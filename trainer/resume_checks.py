@@ -13,7 +13,8 @@ __all__ = ["RESTORED_OPTIM_KEYS", "check_resume_optim"]
 
 #: the ``optim`` keys whose values a resume takes from the checkpoint (the optimizer's param groups)
 RESTORED_OPTIM_KEYS = ("lr", "weight_decay", "betas")
-_ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)))
+_ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)),
+          ("reward_model.model", ("reward_model", "model")))
 
 
 def _same(a, b) -> bool:
@@ -32,7 +33,7 @@ def _optim(cfg: dict, path: tuple) -> dict | None:
 
 
 def check_resume_optim(cfg: dict, step_dir: str) -> None:
-    """The optimizer settings of every trained role (actor; critic when on) equal those the checkpoint at
+    """The optimizer settings of every trained role (actor; critic when on; PRIME's PRM) equal those the checkpoint at
     ``step_dir`` was saved with (a checkpoint whose ``data.pt`` holds no config is not compared).
 
     Raises:
@@ -50,6 +51,8 @@ def check_resume_optim(cfg: dict, step_dir: str) -> None:
     for key, path in _ROLES:
         if key == "critic" and not (cfg.get("critic") or {}).get("enable"):
             continue
+        if key == "reward_model.model" and not (cfg.get("algorithm") or {}).get("use_prime"):
+            continue  # the PRM is trained (and saved) with algorithm=prime only
         now, saved = _optim(cfg, path), _optim(saved_cfg, path)
         if not isinstance(now, dict) or not isinstance(saved, dict):
             continue

@@ -316,7 +316,8 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
     """Warnings for settings that this run's other choices leave without effect: rollout keys of the other engine
     (set away from their defaults), ``free_cache_engine=false`` (the engine always frees its KV cache: it sleeps
     while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, a custom reward function's name without
-    its path, and ``use_kl_in_reward`` with PRIME (whose advantages never read the penalised rewards)."""
+    its path, ``use_kl_in_reward`` with PRIME (whose advantages never read the penalised rewards), and
+    ``rollout.multi_turn`` settings while multi-turn rollouts are off."""
     from trainer.config.deepspeed import effective_zero_stage
 
     rc = _get(cfg, R) or {}
@@ -349,7 +350,9 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
             if key in rc and not same_value(rc[key], default):
                 out.append(f"{R}.{key}={_fmt(rc[key])}: ignored: a setting of rollout.name={engine}, and this run "
                            f"generates with rollout.name={name}")
-    return out
+    from trainer.multi_turn import unused_multi_turn_warnings
+
+    return out + unused_multi_turn_warnings(rc)
 
 
 def override_errors(key: str, value) -> list[str]:

@@ -192,10 +192,12 @@ class ActorConfig(Section):
     optim: OptimConfig
 
     def check(self, key: str) -> None:
-        """grad_clip, entropy_coeff, kl_loss_coef finite; micro-batches of >= 1 row; a dual clip > 1; a known
+        """grad_clip, entropy_coeff finite; kl_loss_coef >= 0; micro-batches of >= 1 row; a dual clip > 1; a known
         loss_agg_mode."""
-        for name in ("grad_clip", "entropy_coeff", "kl_loss_coef"):
+        for name in ("grad_clip", "entropy_coeff"):
             finite(f"{key}.{name}", getattr(self, name))
+        bounded(f"{key}.kl_loss_coef", self.kl_loss_coef, self.given("kl_loss_coef"), ge=0,
+                why="the weight of the KL loss against the reference")
         if self.ppo_micro_batch_size_per_gpu <= 0:
             raise ConfigError(f"{key}.ppo_micro_batch_size_per_gpu={self.given('ppo_micro_batch_size_per_gpu')}; "
                               "expected >= 1")

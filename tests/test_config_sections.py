@@ -267,3 +267,22 @@ def test_a_batch_size_below_one_is_one_line(value):
         validate(_cfg(f"data.train_batch_size={value}", planned=False))
     lines = getattr(info.value, "messages", [str(info.value)])
     assert lines == [f"data.train_batch_size={value}; expected a positive integer"]
+
+
+@pytest.mark.parametrize("override,line", [
+    ("algorithm.gamma=2", "algorithm.gamma=2; expected a number in [0, 1]"),
+    ("algorithm.gamma=-0.5", "algorithm.gamma=-0.5; expected a number in [0, 1]"),
+    ("algorithm.lam=-1", "algorithm.lam=-1; expected a number in [0, 1]"),
+])
+def test_a_discount_or_gae_lambda_outside_zero_one_is_refused(override, line):
+    from trainer.config_validate import validate
+
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg("algorithm=gae", override, planned=False))
+    assert line in getattr(info.value, "messages", [str(info.value)])
+
+
+def test_discounts_at_the_edges_pass():
+    from trainer.config_validate import validate
+
+    validate(_cfg("algorithm=gae", "algorithm.gamma=0", "algorithm.lam=1", planned=False))

@@ -53,7 +53,7 @@ def validate(cfg: dict) -> None:
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
-                     _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
+                     _check_discounts, _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
                      _check_overlong, _check_strategy, _check_kernels, check_verl_semantics, check_multi_turn,
                      check_rollout_placement))
 
@@ -123,6 +123,16 @@ def _check_numbers(cfg: dict) -> None:
         as_int(t["max_critic_ckpt_to_keep"], "trainer.max_critic_ckpt_to_keep", minimum=0)
     if t.get("export_hf_freq_s") is not None:
         _finite("trainer.export_hf_freq_s", t["export_hf_freq_s"])  # <= 0: off
+
+
+def _check_discounts(cfg: dict) -> None:
+    """``algorithm.gamma`` (discount) and ``algorithm.lam`` (GAE's lambda) in [0, 1] (Schulman et al. 2016: both
+    weight future terms; above 1 the returns grow without bound, below 0 they flip sign)."""
+    for name in ("gamma", "lam"):
+        if name in cfg["algorithm"]:
+            value = _finite(f"algorithm.{name}", cfg["algorithm"][name])
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"algorithm.{name}={cfg['algorithm'][name]!r}; expected a number in [0, 1]")
 
 
 def _check_kl_ctrl(cfg: dict) -> None:

@@ -110,13 +110,7 @@ def bench_generation(args, device, dtype) -> list[dict]:
         engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch,
                                  attn_implementation=attn)
         engine.load_weights(weights.items())
-        times, records = [], []
-        for _ in range(args.engine_calls):
-            before = compile_counts()
-            _sync(); t0 = time.perf_counter()
-            out = engine.generate(prompts, sampling)
-            _sync(); times.append(time.perf_counter() - t0)
-            records.append(compile_counts()["cudagraph_records"] - before["cudagraph_records"])
+        times, records, out = timed_calls(engine, prompts, sampling, args.engine_calls)
         tokens = int(out.response_mask.sum())
         kind = "static cache + compile" if engine.use_static_cache else "dynamic"
         rows.append(dict(name=f"HFRolloutEngine ({kind}, {attn})", attn_implementation=attn, seconds=times[-1],
@@ -147,6 +141,18 @@ def bench_generation(args, device, dtype) -> list[dict]:
     return rows
 
 
+def timed_calls(engine, prompts, sampling, calls: int):
+    """``calls`` calls of ``engine.generate``: (seconds per call, CUDA-graph recordings per call, the last output)."""
+    times, records, out = [], [], None
+    for _ in range(calls):
+        before = compile_counts()
+        _sync(); t0 = time.perf_counter()
+        out = engine.generate(prompts, sampling)
+        _sync(); times.append(time.perf_counter() - t0)
+        records.append(compile_counts()["cudagraph_records"] - before["cudagraph_records"])
+    return times, records, out
+
+
 def decode_ab(engine, prompts, sampling, calls: int) -> dict:
     """Seconds per ``generate`` call and CUDA-graph recordings per call of one transformers engine (one compilation)
     with ``generate``'s all-rows-finished flag read after every token and one step late (``defer_stop_check``),
@@ -154,14 +160,8 @@ def decode_ab(engine, prompts, sampling, calls: int) -> dict:
     out = {"name": "decode loop A/B", "deferred_available": _has_deferred_stop_check(), "settings": []}
     for defer in (False, True):
         engine.defer_stop_check = defer
-        times, records, tokens = [], [], 0
-        for _ in range(calls):
-            before = compile_counts()
-            _sync(); t0 = time.perf_counter()
-            res = engine.generate(prompts, sampling)
-            _sync(); times.append(time.perf_counter() - t0)
-            records.append(compile_counts()["cudagraph_records"] - before["cudagraph_records"])
-            tokens = int(res.response_mask.sum())
+        times, records, res = timed_calls(engine, prompts, sampling, calls)
+        tokens = int(res.response_mask.sum())
         steady = times[1:] or times
         row = dict(defer_stop_check=defer, first_call_s=times[0], mean_s=sum(steady) / len(steady),
                    all_calls_s=times, cudagraph_records_per_call=records, tokens=tokens,

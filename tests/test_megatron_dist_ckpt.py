@@ -117,7 +117,8 @@ def test_dist_checkpoint_of_another_model_is_refused_naming_the_value(saved):
     from transformers import Qwen2Config
 
     from tests.test_megatron_checkpoint import _setup
-    from trainer.config_checks import ConfigError, check_resume_model
+    from trainer.config_checks import ConfigError
+    from trainer.resume_checks import check_resume_model
     from trainer.megatron.checkpoint import MegatronCheckpointManager
     from trainer.megatron.model import single_process_group
 

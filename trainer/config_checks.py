@@ -1,6 +1,6 @@
 """Config errors and the checks that depend on the training strategy (DeepSpeed vs Megatron) or on a checkpoint:
-megatron-core and TP/PP sizes, the model's head counts against TP, and a resume from another strategy, other
-parallel sizes (``torch``-format Megatron checkpoints) or another model; the reward scorers' options. Everything
+megatron-core and TP/PP sizes, the model's head counts against TP; the reward scorers' options (a resume's checkpoint:
+:mod:`trainer.resume_checks`). Everything
 here runs before any worker starts; ``trainer.launch`` calls it and re-exports it.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 __all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "as_int", "run_checks", "check_megatron",
-           "check_megatron_model", "check_resume_checkpoint", "check_resume_model", "check_model_files",
+           "check_megatron_model", "check_model_files",
            "check_rollout_correction", "reward_options", "check_reward_scorers"]
 
 
@@ -96,86 +96,6 @@ def as_int(value, key: str, minimum: int | None = None) -> int:
     if minimum is not None and out < minimum:
         raise ConfigError(f"{key}={out}; expected an integer >= {minimum}")
     return out
-
-
-def check_resume_checkpoint(cfg: dict, path: str) -> None:
-    """The checkpoint at ``path`` (``.../global_step_<N>``) was written by this run's strategy and, for Megatron,
-    with this run's tensor/pipeline/data-parallel sizes (read from ``actor/meta.pt``).
-
-    A DeepSpeed role folder holds DeepSpeed's ``latest`` tag file; a Megatron one holds ``meta.pt``.
-
-    Raises:
-        ConfigError: naming the checkpoint, what wrote it and what this run would need.
-    """
-    actor = os.path.join(path, "actor")
-    if os.path.isfile(os.path.join(actor, "meta.pt")):
-        written = "megatron"
-    elif os.path.isfile(os.path.join(actor, "latest")):
-        written = "deepspeed"
-    else:
-        role = any(os.path.isfile(os.path.join(path, f)) for f in ("latest", "meta.pt"))  # a role folder was named
-        raise ConfigError(f"trainer.resume_mode: {actor!r} holds neither a DeepSpeed (latest) nor a Megatron "
-                          "(meta.pt) actor checkpoint" + (f"; {path!r} is a role folder: name its step folder "
-                                                          f"{os.path.dirname(path)!r}" if role else ""))
-    from trainer.config.trainer import run_strategy
-
-    _check_checkpoint_files(cfg, path)
-    strategy = run_strategy(cfg)
-    if written != strategy:
-        raise ConfigError(f"trainer.resume_mode: {path!r} is a {written} checkpoint but trainer.strategy={strategy}; "
-                          f"resume with trainer.strategy={written}, or start from its HF export "
-                          "(tools/export_hf.py) as actor_rollout_ref.model.path")
-    if written == "megatron":
-        import torch
-
-        meta = torch.load(os.path.join(actor, "meta.pt"), map_location="cpu", weights_only=True)
-        if meta.get("ckpt_format", "torch") == "torch_dist":
-            return  # a dist checkpoint reshards to this run's tensor/pipeline/data-parallel sizes on load
-        m = cfg["actor_rollout_ref"]["actor"]["megatron"]
-        tp = as_int(m["tensor_model_parallel_size"], "tensor_model_parallel_size", 1)
-        pp = as_int(m["pipeline_model_parallel_size"], "pipeline_model_parallel_size", 1)
-        world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
-        want = {"tp_size": tp, "pp_size": pp, "dp_size": world // (tp * pp)}
-        saved = {k: int(meta[k]) for k in want}
-        if saved != want:
-            raise ConfigError(f"trainer.resume_mode: {path!r} (ckpt_format=torch) was saved with {saved} but this "
-                              f"run has {want}; resume with the same tensor/pipeline sizes and worker count, or "
-                              "start from its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
-
-
-def _check_checkpoint_files(cfg: dict, path: str) -> None:
-    """The step folder holds the trainer state and a folder for each role this run loads (actor; critic when it is
-    on; PRIME's reward model), and no file of it is cut short (:func:`trainer.checkpoint.verify.verify_step_folder`)."""
-    from trainer.checkpoint.verify import verify_step_folder
-    from trainer.hooks.prime import prime_enabled
-
-    roles = ["actor", *(["critic"] if cfg["critic"].get("enable") else []), *(["reward"] if prime_enabled(cfg) else [])]
-    world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
-    try:
-        verify_step_folder(path, roles, world)
-    except ValueError as exc:
-        raise ConfigError(f"trainer.resume_mode: {exc}") from exc
-
-
-def check_resume_model(path: str, hf: dict) -> None:
-    """The actor checkpoint at ``path`` (``.../global_step_<N>``) holds the model this run builds: its saved
-    ``actor/huggingface/config.json`` agrees with ``hf`` (the run's model config as a dict) on every field of
-    ``trainer.megatron.config.MODEL_CONFIG_KEYS`` that both set. Checkpoints saved without a config pass.
-
-    Raises:
-        ConfigError: naming the checkpoint and the first differing field with both values.
-    """
-    import json
-
-    from trainer.megatron.config import model_config_difference
-
-    saved = os.path.join(path, "actor", "huggingface", "config.json")
-    if not os.path.isfile(saved):
-        return
-    with open(saved, encoding="utf-8") as f:
-        diff = model_config_difference(json.load(f), hf)
-    if diff:
-        raise ConfigError(f"trainer.resume_mode: {path!r} holds another model than actor_rollout_ref.model: {diff}")
 
 
 def check_megatron(cfg: dict, world: int) -> None:
@@ -367,10 +287,10 @@ def custom_scorer(cfg: dict) -> Callable | None:
         raise ConfigError(f"custom_reward_function.name={name!r}: {exc}") from exc
 
 
-def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:
+def check_model_files(cfg: dict, hf: dict) -> None:
     """The actor's model folder against what the run needs: a vision-language model ships its processor
-    (``trainer.multimodal.check_processor``) and generates with the hf rollout engine, and a resumed checkpoint holds
-    this model (:func:`check_resume_model`).
+    (``trainer.multimodal.check_processor``) and generates with the hf rollout engine (a resumed checkpoint's model:
+    :func:`trainer.resume_checks.check_resume_model`).
 
     Raises:
         ConfigError: naming the key and the missing file or differing value.
@@ -378,8 +298,6 @@ def check_model_files(cfg: dict, hf: dict, resume_path: str | None) -> None:
     from trainer.multimodal import check_processor
 
     model = cfg["actor_rollout_ref"]["model"]
-    if resume_path is not None:
-        check_resume_model(resume_path, hf)
     if model.get("path") is not None:
         try:
             check_processor("actor_rollout_ref.model.path", model["path"], hf, model.get("tokenizer_path"))

@@ -10,8 +10,8 @@ import json
 import logging
 import os
 
-from trainer.config_checks import (ConfigError, ErrorCollector, check_megatron_model, check_model_files,
-                                   check_resume_checkpoint, run_checks)
+from trainer.config_checks import ConfigError, ErrorCollector, check_megatron_model, check_model_files, run_checks
+from trainer.resume_checks import check_resume_checkpoint, check_resume_model, check_resume_optim
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +79,6 @@ def _check_resume(cfg: dict) -> None:
     resume_path = _resume_path(cfg)
     if resume_path is not None:
         check_resume_checkpoint(cfg, resume_path)
-        from trainer.resume_checks import check_resume_optim
-
         check_resume_optim(cfg, resume_path)
 
 
@@ -117,7 +115,10 @@ def _check_model_files(cfg: dict) -> None:
         resume_path = _resume_path(cfg)
     except ConfigError:
         resume_path = None  # reported by _check_resume
-    check_model_files(cfg, _model_config_dict(cfg, path), resume_path)
+    hf = _model_config_dict(cfg, path)
+    if resume_path is not None:
+        check_resume_model(resume_path, hf)
+    check_model_files(cfg, hf)
 
 
 def _check_model_fit(cfg: dict) -> None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 import os
 
-from trainer.config_checks import ConfigError
+from trainer.config.trainer import run_strategy
+from trainer.config_checks import ConfigError, as_int
 
-__all__ = ["RESTORED_OPTIM_KEYS", "check_resume_optim"]
+__all__ = ["RESTORED_OPTIM_KEYS", "check_resume_checkpoint", "check_resume_model", "check_resume_optim"]
 
 #: the ``optim`` keys whose values a resume takes from the checkpoint (the optimizer's param groups)
 RESTORED_OPTIM_KEYS = ("lr", "weight_decay", "betas")
@@ -43,7 +44,7 @@ def check_resume_optim(cfg: dict, step_dir: str) -> None:
 
     state_file = os.path.join(step_dir, "data.pt")
     if not os.path.isfile(state_file):
-        return  # reported by trainer.config_checks.check_resume_checkpoint
+        return  # reported by check_resume_checkpoint
     saved_cfg = torch.load(state_file, map_location="cpu", weights_only=True).get("config")
     if not isinstance(saved_cfg, dict):
         return
@@ -62,3 +63,81 @@ def check_resume_optim(cfg: dict, step_dir: str) -> None:
         raise ConfigError(f"trainer.resume_mode: {', '.join(diffs)}: a resume restores the checkpoint's optimizer "
                           "settings, so the new value would be ignored; resume with the checkpoint's values, "
                           "or start a new run from its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
+def check_resume_checkpoint(cfg: dict, path: str) -> None:
+    """The checkpoint at ``path`` (``.../global_step_<N>``) was written by this run's strategy and, for Megatron,
+    with this run's tensor/pipeline/data-parallel sizes (read from ``actor/meta.pt``).
+
+    A DeepSpeed role folder holds DeepSpeed's ``latest`` tag file; a Megatron one holds ``meta.pt``.
+
+    Raises:
+        ConfigError: naming the checkpoint, what wrote it and what this run would need.
+    """
+    actor = os.path.join(path, "actor")
+    if os.path.isfile(os.path.join(actor, "meta.pt")):
+        written = "megatron"
+    elif os.path.isfile(os.path.join(actor, "latest")):
+        written = "deepspeed"
+    else:
+        role = any(os.path.isfile(os.path.join(path, f)) for f in ("latest", "meta.pt"))  # a role folder was named
+        raise ConfigError(f"trainer.resume_mode: {actor!r} holds neither a DeepSpeed (latest) nor a Megatron "
+                          "(meta.pt) actor checkpoint" + (f"; {path!r} is a role folder: name its step folder "
+                                                          f"{os.path.dirname(path)!r}" if role else ""))
+    _check_checkpoint_files(cfg, path)
+    strategy = run_strategy(cfg)
+    if written != strategy:
+        raise ConfigError(f"trainer.resume_mode: {path!r} is a {written} checkpoint but trainer.strategy={strategy}; "
+                          f"resume with trainer.strategy={written}, or start from its HF export "
+                          "(tools/export_hf.py) as actor_rollout_ref.model.path")
+    if written == "megatron":
+        import torch
+
+        meta = torch.load(os.path.join(actor, "meta.pt"), map_location="cpu", weights_only=True)
+        if meta.get("ckpt_format", "torch") == "torch_dist":
+            return  # a dist checkpoint reshards to this run's tensor/pipeline/data-parallel sizes on load
+        m = cfg["actor_rollout_ref"]["actor"]["megatron"]
+        tp = as_int(m["tensor_model_parallel_size"], "tensor_model_parallel_size", 1)
+        pp = as_int(m["pipeline_model_parallel_size"], "pipeline_model_parallel_size", 1)
+        world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
+        want = {"tp_size": tp, "pp_size": pp, "dp_size": world // (tp * pp)}
+        saved = {k: int(meta[k]) for k in want}
+        if saved != want:
+            raise ConfigError(f"trainer.resume_mode: {path!r} (ckpt_format=torch) was saved with {saved} but this "
+                              f"run has {want}; resume with the same tensor/pipeline sizes and worker count, or "
+                              "start from its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
+def _check_checkpoint_files(cfg: dict, path: str) -> None:
+    """The step folder holds the trainer state and a folder for each role this run loads (actor; critic when it is
+    on; PRIME's reward model), and no file of it is cut short (:func:`trainer.checkpoint.verify.verify_step_folder`)."""
+    from trainer.checkpoint.verify import verify_step_folder
+    from trainer.hooks.prime import prime_enabled
+
+    roles = ["actor", *(["critic"] if cfg["critic"].get("enable") else []), *(["reward"] if prime_enabled(cfg) else [])]
+    world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
+    try:
+        verify_step_folder(path, roles, world)
+    except ValueError as exc:
+        raise ConfigError(f"trainer.resume_mode: {exc}") from exc
+
+
+def check_resume_model(path: str, hf: dict) -> None:
+    """The actor checkpoint at ``path`` (``.../global_step_<N>``) holds the model this run builds: its saved
+    ``actor/huggingface/config.json`` agrees with ``hf`` (the run's model config as a dict) on every field of
+    ``trainer.megatron.config.MODEL_CONFIG_KEYS`` that both set. Checkpoints saved without a config pass.
+
+    Raises:
+        ConfigError: naming the checkpoint and the first differing field with both values.
+    """
+    import json
+
+    from trainer.megatron.config import model_config_difference
+
+    saved = os.path.join(path, "actor", "huggingface", "config.json")
+    if not os.path.isfile(saved):
+        return
+    with open(saved, encoding="utf-8") as f:
+        diff = model_config_difference(json.load(f), hf)
+    if diff:
+        raise ConfigError(f"trainer.resume_mode: {path!r} holds another model than actor_rollout_ref.model: {diff}")

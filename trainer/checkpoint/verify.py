@@ -1,5 +1,5 @@
 """Cheap readability checks of a saved checkpoint, run before anything loads it (the resume check before the workers
-start, :func:`trainer.config_checks.check_resume_checkpoint`, and ``tools/export_hf.py``), so that a truncated or
+start, :func:`trainer.resume_checks.check_resume_checkpoint`, and ``tools/export_hf.py``), so that a truncated or
 half-deleted checkpoint stops in one line naming the file instead of a traceback from inside a worker.
 
 Every file ``torch.save`` writes is a zip archive whose directory sits at its end: a file cut short (a copy that

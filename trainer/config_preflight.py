@@ -10,7 +10,8 @@ import json
 import logging
 import os
 
-from trainer.config_checks import ConfigError, ErrorCollector, check_megatron_model, check_model_files, run_checks
+from trainer.config_checks import ConfigError, ErrorCollector, check_model_files, run_checks
+from trainer.megatron_checks import check_megatron_model
 from trainer.resume_checks import check_resume_checkpoint, check_resume_model, check_resume_optim
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from trainer.config_checks import ConfigError, as_int, check_megatron, check_rollout_correction, run_checks
+from trainer.config_checks import ConfigError, as_int, check_rollout_correction, run_checks
+from trainer.megatron_checks import check_megatron
 
 
 def overlong_kwargs(cfg: dict) -> dict:
@@ -184,7 +185,7 @@ def _check_overlong(cfg: dict) -> None:
 
 def _check_strategy(cfg: dict) -> None:
     """``trainer.strategy`` (:func:`trainer.config.trainer.run_strategy`) and, for megatron, its sizes and pairings
-    (:func:`trainer.config_checks.check_megatron`)."""
+    (:func:`trainer.megatron_checks.check_megatron`)."""
     from trainer.config.trainer import run_strategy
 
     if run_strategy(cfg) == "megatron":

@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.config.data import DataConfig
 from trainer.config.section import replaced
 from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as_int, custom_scorer,  # noqa: F401
-                                   check_megatron, check_megatron_model, check_reward_scorers, reward_options,
-                                   run_checks)
+                                   check_reward_scorers, reward_options, run_checks)
+from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
 from trainer.config_preflight import check_model_context, preflight  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401

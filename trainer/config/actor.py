@@ -138,7 +138,7 @@ class PolicyLossConfig(Section):
 @dataclass(frozen=True)
 class MegatronConfig(Section):
     """``actor.megatron`` of ``trainer.strategy=megatron`` (verl's keys; against the world size and the other
-    sections by :func:`trainer.config_checks.check_megatron`)."""
+    sections by :func:`trainer.megatron_checks.check_megatron`)."""
 
     tensor_model_parallel_size: int
     pipeline_model_parallel_size: int

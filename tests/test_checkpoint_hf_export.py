@@ -156,6 +156,13 @@ def test_tools_export_hf_from_saved_step(tmp_path, tokenizer, stage, tie):
     if stage == 2:  # CLI entry point with a dtype override
         export_main(["--local_dir", role_dir, "--target_dir", str(tmp_path / "hf16"), "--dtype", "bfloat16"])
         assert {t.dtype for t in safetensor_keys(str(tmp_path / "hf16")).values()} == {torch.bfloat16}
+        # an export into a folder that holds files is refused unless --overwrite: the files stay as they were
+        before = {f: os.path.getmtime(os.path.join(out, f)) for f in os.listdir(out)}
+        with pytest.raises(ValueError, match=r"--target_dir .* already holds files .* --overwrite"):
+            export_checkpoint(role_dir, out)
+        assert {f: os.path.getmtime(os.path.join(out, f)) for f in os.listdir(out)} == before
+        export_main(["--local_dir", role_dir, "--target_dir", out, "--dtype", "bfloat16", "--overwrite"])
+        assert {t.dtype for t in safetensor_keys(out).values()} == {torch.bfloat16}
     with pytest.raises(ValueError, match="is the checkpoint root"):
         export_checkpoint(str(tmp_path), str(tmp_path / "x"))
     os.makedirs(tmp_path / "empty")

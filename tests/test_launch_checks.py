@@ -136,3 +136,21 @@ def test_prime_prm_optimizer_setting_a_resume_would_ignore_is_refused(tmp_path):
     check_resume_optim(_cfg("algorithm=prime"), str(step))
     with pytest.raises(ConfigError, match=r"reward_model\.model\.optim\.lr=0\.5 \(checkpoint: 1e-06\).*ignored"):
         check_resume_optim(_cfg("algorithm=prime", "reward_model.model.optim.lr=0.5"), str(step))
+
+
+def test_resume_refuses_another_row_order_or_batch_size(tmp_path):
+    import torch
+
+    from trainer.resume_checks import check_resume_data
+
+    step = tmp_path / "global_step_1"
+    step.mkdir()
+    torch.save({"global_step": 1, "config": _cfg()}, str(step / "data.pt"))
+    check_resume_data(_cfg("trainer.total_training_steps=99", "actor_rollout_ref.actor.optim.lr=0.1"), str(step))
+    for override, needle in [("data.train_batch_size=16", r"data\.train_batch_size=16 \(checkpoint: 32\), "
+                                                           r"data\.gen_batch_size=16 \(checkpoint: 32\)"),
+                             ("data.shuffle=false", r"data\.shuffle=False \(checkpoint: True\)")]:
+        with pytest.raises(ConfigError, match=needle + ".*rows would repeat or be skipped"):
+            check_resume_data(_cfg(override), str(step))
+    torch.save({"global_step": 1}, str(step / "data.pt"))  # saved without a config: not compared
+    check_resume_data(_cfg("data.seed=7"), str(step))

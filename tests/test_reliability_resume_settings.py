@@ -24,6 +24,13 @@ def test_an_optimizer_setting_the_resume_would_ignore_is_refused(saved, tmp_path
     assert_one_line_error(_resume(out, override), "trainer.resume_mode", needle, "would be ignored")
 
 
+def test_a_changed_data_order_on_resume_is_refused(saved, tmp_path):  # noqa: F811
+    """The saved loader position counts batches of the checkpoint's row order: a new seed would repeat or skip rows."""
+    out, _ = _copy(saved, tmp_path)
+    assert_one_line_error(_resume(out, "data.seed=5"), "trainer.resume_mode", "data.seed=5 (checkpoint: 0)",
+                          "rows would repeat or be skipped")
+
+
 def test_the_same_settings_resume(saved, tmp_path):  # noqa: F811
     out, _ = _copy(saved, tmp_path)
     proc = _resume(out, f"{OPTIM}.lr=5e-3", f"{OPTIM}.lr_scheduler_type=constant")

@@ -289,7 +289,7 @@ def test_a_config_error_list_is_one_error_per_line():
 @pytest.mark.parametrize("use_prime", [True, False])
 def test_use_kl_in_reward_with_prime_warns_that_it_has_no_effect(use_prime):
     """verl's PRIME recipe sets use_kl_in_reward=True; PRIME's advantages never read the penalised rewards."""
-    from trainer.verl_compat import unused_setting_warnings
+    from trainer.unused_settings import unused_setting_warnings
 
     cfg = _cfg(algorithm={"use_prime": use_prime, "use_kl_in_reward": True})
     hits = [w for w in unused_setting_warnings(cfg) if w.startswith("algorithm.use_kl_in_reward=true")]
@@ -310,3 +310,29 @@ def test_multi_turn_settings_without_enable_warn_that_they_are_ignored(enable):
                                        f"{mt}.enable=true to use it)",
                                        f"{mt}.tools=['python']: ignored: multi-turn rollouts are off (set "
                                        f"{mt}.enable=true to use it)"])
+
+
+@pytest.mark.parametrize("algo,warned", [("grpo", True), ("gae", False)])
+def test_critic_settings_of_a_run_without_a_critic_warn(algo, warned):
+    """A PPO command line turned into GRPO keeps its critic keys: they changed nothing, without a word."""
+    from tests.verl_scripts import composed
+
+    _, _, _, report = composed([f"algorithm={algo}", "critic.optim.lr=1e-4", "critic.ppo_micro_batch_size_per_gpu=4",
+                                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"])
+    hits = [w for w in report.warnings if w.startswith("critic.")]
+    # the micro-batch of the forward follows the one set (an interpolation): it is not named
+    assert hits == ([f"critic.ppo_micro_batch_size_per_gpu=4, critic.optim.lr=0.0001: ignored: this run trains no "
+                     f"critic (algorithm.adv_estimator={algo}, critic.enable unset or false); algorithm=gae or "
+                     "critic.enable=true trains one"] if warned else [])
+
+
+@pytest.mark.parametrize("use_kl_loss", [False, True])
+def test_kl_loss_settings_without_use_kl_loss_warn(use_kl_loss):
+    from tests.verl_scripts import composed
+
+    a = "actor_rollout_ref.actor"
+    _, _, _, report = composed([f"{a}.use_kl_loss={str(use_kl_loss).lower()}", f"{a}.kl_loss_coef=0.01",
+                                f"{a}.kl_loss_type=mse"])
+    hits = [w for w in report.warnings if w.startswith(f"{a}.kl_loss")]
+    assert hits == ([] if use_kl_loss else [f"{a}.kl_loss_coef=0.01, {a}.kl_loss_type=mse: ignored: "
+                                            f"{a}.use_kl_loss=false (set it true for the KL loss term)"])

@@ -198,13 +198,14 @@ def merge_lora_checkpoint(local_dir: str, config, adapter_cfg: dict, sd: dict, b
     return peft_model.merge_and_unload()
 
 
-def _check_folders(local_dir: str, target_dir: str, tag: str | None) -> None:
-    """``local_dir`` is a role folder with HF metadata whose files are complete, and ``target_dir`` is a folder or
-    does not exist yet (nothing is read or written otherwise).
+def _check_folders(local_dir: str, target_dir: str, tag: str | None, overwrite: bool = False) -> None:
+    """``local_dir`` is a role folder with HF metadata whose files are complete, and ``target_dir`` is a new or
+    empty folder, or holds files that may be replaced (``overwrite``); nothing is read or written otherwise.
 
     Raises:
         FileNotFoundError: a missing folder or HF metadata; ValueError: a step folder or the checkpoint root instead
-            of a role folder, a file cut short, or a ``target_dir`` that is a file.
+            of a role folder, a file cut short, a ``target_dir`` that is a file, or one that holds files without
+            ``overwrite``.
     """
     from trainer.checkpoint.base import list_checkpoints
     from trainer.checkpoint.verify import unreadable_files, verify_deepspeed_role
@@ -213,6 +214,9 @@ def _check_folders(local_dir: str, target_dir: str, tag: str | None) -> None:
         raise FileNotFoundError(f"--local_dir {local_dir!r} does not exist")
     if os.path.exists(target_dir) and not os.path.isdir(target_dir):
         raise ValueError(f"--target_dir {target_dir!r} is a file; expected a folder (new or existing)")
+    if not overwrite and os.path.isdir(target_dir) and os.listdir(target_dir):
+        raise ValueError(f"--target_dir {target_dir!r} already holds files ({sorted(os.listdir(target_dir))[0]}, ...) "
+                         "that the export would replace; expected a new or empty folder, or --overwrite")
     roles = [r for r in ("actor", "critic", "reward") if os.path.isdir(os.path.join(local_dir, r))]
     steps = list_checkpoints(local_dir)
     if not roles and steps and not os.path.isdir(os.path.join(local_dir, "huggingface")):
@@ -232,23 +236,26 @@ def _check_folders(local_dir: str, target_dir: str, tag: str | None) -> None:
 
 
 def export_checkpoint(local_dir: str, target_dir: str, dtype: str | torch.dtype | None = None,
-                      tag: str | None = None, adapter: bool = False, base_model: str | None = None) -> str:
+                      tag: str | None = None, adapter: bool = False, base_model: str | None = None,
+                      overwrite: bool = False) -> str:
     """Write an HF folder from ``local_dir`` (a saved role folder); returns ``target_dir``.
 
     A role saved with LoRA adapters (it holds ``lora_adapter/adapter_config.json``) is written merged into its base
     model (:func:`merge_lora_checkpoint`); with ``adapter`` the peft adapter folder goes to
-    ``<target_dir>/lora_adapter`` as well (verl's merger writes it there).
+    ``<target_dir>/lora_adapter`` as well (verl's merger writes it there). A ``target_dir`` that already holds files
+    is written into only with ``overwrite``.
 
     Raises:
         FileNotFoundError: no ``huggingface/config.json``, or neither a DeepSpeed (``latest``) nor a Megatron
             (``meta.pt``) checkpoint in ``local_dir``; a LoRA checkpoint whose base model folder is missing.
         RuntimeError: the checkpoint's weight names do not match the model built from the config.
-        ValueError: ``adapter`` for a checkpoint without LoRA adapters.
+        ValueError: ``adapter`` for a checkpoint without LoRA adapters; a ``target_dir`` holding files without
+            ``overwrite`` (see :func:`_check_folders`).
     """
     import transformers
     from transformers import AutoConfig
 
-    _check_folders(local_dir, target_dir, tag)
+    _check_folders(local_dir, target_dir, tag, overwrite)
     hf_dir = os.path.join(local_dir, "huggingface")
     config = AutoConfig.from_pretrained(hf_dir)
     out_dtype = to_dtype(dtype if dtype is not None else (getattr(config, "dtype", None) or torch.float32))
@@ -323,6 +330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tag", default=None, help="DeepSpeed tag inside local_dir (default: its 'latest' file)")
     p.add_argument("--adapter", action="store_true",
                    help="a LoRA checkpoint: also write the adapter folder peft loads to <target_dir>/lora_adapter")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a --target_dir that already holds files (default: refuse)")
     p.add_argument("--base_model", default=None,
                    help="a LoRA checkpoint: the base model folder (default: the one recorded at save time)")
     args = p.parse_args(argv)
@@ -341,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     try:
         out = export_checkpoint(args.local_dir, args.target_dir, args.dtype, args.tag, adapter=args.adapter,
-                                base_model=args.base_model)
+                                base_model=args.base_model, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -12,7 +12,7 @@ import os
 
 from trainer.config_checks import ConfigError, ErrorCollector, check_model_files, run_checks
 from trainer.megatron_checks import check_megatron_model
-from trainer.resume_checks import check_resume_checkpoint, check_resume_model, check_resume_optim
+from trainer.resume_checks import check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ def _check_resume(cfg: dict) -> None:
     if resume_path is not None:
         check_resume_checkpoint(cfg, resume_path)
         check_resume_optim(cfg, resume_path)
+        check_resume_data(cfg, resume_path)
 
 
 def _check_no_overwrite(cfg: dict) -> None:

@@ -85,7 +85,8 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     Raises:
         ConfigError: (without ``report``) a refused verl key; :class:`ConfigErrors` for several.
     """
-    from trainer.verl_compat import apply_verl_keys, unused_setting_warnings
+    from trainer.unused_settings import unused_setting_warnings
+    from trainer.verl_compat import apply_verl_keys
 
     from trainer.config_reads import track_reads
 

@@ -1,7 +1,9 @@
 """A resume continues the checkpoint's optimizer: DeepSpeed restores each param group's ``lr``, ``betas`` and
 ``weight_decay`` (and the LR scheduler its base learning rates) from the checkpoint, so a new value of those keys on
 the command line would have no effect. :func:`check_resume_optim` refuses such a value before start-up, naming the key,
-the value and the checkpoint's (the run config each checkpoint keeps in its ``data.pt``)."""
+the value and the checkpoint's (the run config each checkpoint keeps in its ``data.pt``). Likewise the data loader's
+saved position (epoch, batch index) indexes the checkpoint's row order: :func:`check_resume_data` refuses a changed
+order or batch size."""
 from __future__ import annotations
 
 import math
@@ -10,10 +12,13 @@ import os
 from trainer.config.trainer import run_strategy
 from trainer.config_checks import ConfigError, as_int
 
-__all__ = ["RESTORED_OPTIM_KEYS", "check_resume_checkpoint", "check_resume_model", "check_resume_optim"]
+__all__ = ["DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "check_resume_checkpoint", "check_resume_data", "check_resume_model",
+           "check_resume_optim"]
 
 #: the ``optim`` keys whose values a resume takes from the checkpoint (the optimizer's param groups)
 RESTORED_OPTIM_KEYS = ("lr", "weight_decay", "betas")
+#: the ``data`` keys that fix which rows the saved loader position points at (the order and the batch size)
+DATA_ORDER_KEYS = ("seed", "shuffle", "train_batch_size", "gen_batch_size")
 _ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)),
           ("reward_model.model", ("reward_model", "model")))
 
@@ -33,6 +38,38 @@ def _optim(cfg: dict, path: tuple) -> dict | None:
     return node.get("optim") if isinstance(node, dict) else None
 
 
+def _saved_config(step_dir: str) -> dict | None:
+    """The run config the checkpoint at ``step_dir`` keeps in its ``data.pt``; None when it holds none (or the file
+    is missing: reported by :func:`check_resume_checkpoint`)."""
+    import torch
+
+    state_file = os.path.join(step_dir, "data.pt")
+    if not os.path.isfile(state_file):
+        return None
+    saved_cfg = torch.load(state_file, map_location="cpu", weights_only=True).get("config")
+    return saved_cfg if isinstance(saved_cfg, dict) else None
+
+
+def check_resume_data(cfg: dict, step_dir: str) -> None:
+    """``data.seed``, ``data.shuffle``, ``data.train_batch_size`` and ``data.gen_batch_size`` equal the checkpoint's:
+    the saved loader position (epoch, batch index) would otherwise point into another row order, so rows would be
+    seen twice or skipped in the resumed epoch (a checkpoint without a saved config is not compared).
+
+    Raises:
+        ConfigError: one message naming each differing key and both values.
+    """
+    saved = (_saved_config(step_dir) or {}).get("data")
+    if not isinstance(saved, dict):
+        return
+    now = cfg.get("data") or {}
+    diffs = [f"data.{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in DATA_ORDER_KEYS
+             if k in now and k in saved and not _same(now[k], saved[k])]
+    if diffs:
+        raise ConfigError(f"trainer.resume_mode: {', '.join(diffs)}: the checkpoint's data-loader position counts "
+                          "batches of its own row order, so rows would repeat or be skipped; resume with the "
+                          "checkpoint's values, or start a new run from its HF export (tools/export_hf.py)")
+
+
 def check_resume_optim(cfg: dict, step_dir: str) -> None:
     """The optimizer settings of every trained role (actor; critic when on; PRIME's PRM) equal those the checkpoint at
     ``step_dir`` was saved with (a checkpoint whose ``data.pt`` holds no config is not compared).
@@ -40,13 +77,8 @@ def check_resume_optim(cfg: dict, step_dir: str) -> None:
     Raises:
         ConfigError: one line per differing key is joined into one message naming each key and both values.
     """
-    import torch
-
-    state_file = os.path.join(step_dir, "data.pt")
-    if not os.path.isfile(state_file):
-        return  # reported by check_resume_checkpoint
-    saved_cfg = torch.load(state_file, map_location="cpu", weights_only=True).get("config")
-    if not isinstance(saved_cfg, dict):
+    saved_cfg = _saved_config(step_dir)
+    if saved_cfg is None:
         return
     diffs = []
     for key, path in _ROLES:

@@ -7,13 +7,20 @@ runs in offline mode (``WANDB_MODE=offline``), so no network is needed.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import time
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "response_length/mean", "actor/pg_loss", "actor/entropy",
                 "actor/kl_loss", "actor/grad_norm", "timing_s/step", "perf/throughput")
 BACKENDS = ("console", "wandb")
+# what a run writes into trainer.output_dir besides checkpoints (which the start-up checks guard)
+RUN_OUTPUTS = ("metrics.jsonl", "val_generations.jsonl", "hf_actor", "hf_exports", "async_trace.json")
+EARLIER_RUNS = "earlier_runs"
 
 
 def unknown_backends(backends) -> list[str]:
@@ -29,7 +36,8 @@ class Tracking:
     Args:
         project, experiment: names (wandb project / run name).
         backends: subset of {"console", "wandb"}; the JSON-lines file is always written.
-        output_dir: where ``metrics.jsonl`` goes.
+        output_dir: where ``metrics.jsonl`` goes. A fresh run (``start_step`` 0) first moves an earlier run's
+            outputs there aside (:func:`set_aside_earlier_run`); a resumed run keeps the rows up to ``start_step``.
         total_steps: length of the progress bar.
 
     Raises:
@@ -44,6 +52,8 @@ class Tracking:
         backends = [backends] if isinstance(backends, str) else list(backends or [])
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
+        if start_step == 0:
+            set_aside_earlier_run(output_dir)
         _keep_rows_up_to(self.path, start_step)
         self._file = open(self.path, "a", encoding="utf-8")
         self.console = "console" in backends
@@ -112,10 +122,33 @@ class Tracking:
             self._wandb.finish()
 
 
+def set_aside_earlier_run(output_dir: str) -> str | None:
+    """Move the outputs an earlier run left in ``output_dir`` (:data:`RUN_OUTPUTS` that exist and are not empty)
+    into ``<output_dir>/earlier_runs/<YYYYmmdd-HHMMSS>/``, so that a fresh run into the same folder replaces
+    nothing; returns that folder, or None when there was nothing to move. Checkpoints are not moved (a fresh run
+    that would write over them is refused at start-up)."""
+    found = [n for n in RUN_OUTPUTS if _non_empty(os.path.join(output_dir, n))]
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, k = os.path.join(output_dir, EARLIER_RUNS, stamp), 1
+    while os.path.exists(dest):
+        k += 1
+        dest = os.path.join(output_dir, EARLIER_RUNS, f"{stamp}-{k}")
+    os.makedirs(dest)
+    for name in found:
+        os.replace(os.path.join(output_dir, name), os.path.join(dest, name))
+    logger.warning("%s held an earlier run's %s: moved to %s", output_dir, ", ".join(found), dest)
+    return dest
+
+
+def _non_empty(path: str) -> bool:
+    return os.path.getsize(path) > 0 if os.path.isfile(path) else os.path.isdir(path) and bool(os.listdir(path))
+
+
 def _keep_rows_up_to(path: str, step: int, fresh_at_0: bool = True) -> None:
-    """Make ``metrics.jsonl`` hold only rows of steps <= ``step`` (a resumed run continues after them; a fresh
-    run, ``step`` 0 with ``fresh_at_0``, starts an empty file), so that reruns and resumes never leave duplicate
-    steps."""
+    """Make ``metrics.jsonl`` hold only rows of steps <= ``step`` (a resumed run continues after them; ``step`` 0
+    with ``fresh_at_0`` empties it), so that resumes and rewinds never leave duplicate steps."""
     if not os.path.exists(path):
         return
     kept = []

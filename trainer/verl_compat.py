@@ -307,54 +307,6 @@ def apply_verl_keys(cfg: dict) -> Report:
     return ctx.report
 
 
-# rollout keys of one engine, with their group defaults: another engine leaves them unused
-ENGINE_KEYS = {"vllm": {"tensor_model_parallel_size": 1, "gpu_memory_utilization": 0.5},
-               "hf": {"static_cache": "auto", "max_batch_size": 256, "prompt_length_bucket": 64}}
-
-
-def unused_setting_warnings(cfg: dict) -> list[str]:
-    """Warnings for settings that this run's other choices leave without effect: rollout keys of the other engine
-    (set away from their defaults), ``free_cache_engine=false`` (the engine always frees its KV cache: it sleeps
-    while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, a custom reward function's name without
-    its path, ``use_kl_in_reward`` with PRIME (whose advantages never read the penalised rewards), and
-    ``rollout.multi_turn`` settings while multi-turn rollouts are off."""
-    from trainer.config.deepspeed import effective_zero_stage
-
-    rc = _get(cfg, R) or {}
-    out = []
-    ds = cfg.get("deepspeed") or {}
-    if ds.get("offload_param") and effective_zero_stage(ds) < 3:
-        out.append(f"deepspeed.offload_param=true: no effect: DeepSpeed offloads parameters with ZeRO-3 only, this run "
-                   f"has ZeRO-{effective_zero_stage(ds)} (add deepspeed=zero3)")
-    custom = _get(cfg, "reward_model.custom_reward_function") or {}
-    if not custom.get("path") and custom.get("name") not in (None, "compute_score"):
-        out.append(f"reward_model.custom_reward_function.name={custom['name']}: ignored without "
-                   "custom_reward_function.path (the file that defines it)")
-    from trainer.hooks.prime import prime_enabled
-
-    if (cfg.get("algorithm") or {}).get("use_kl_in_reward") and prime_enabled(cfg):
-        out.append("algorithm.use_kl_in_reward=true: no effect with algorithm=prime: PRIME's advantages are built from "
-                   "the verified and the implicit process rewards, not from token_level_rewards where that penalty "
-                   "goes (use actor_rollout_ref.actor.use_kl_loss=true for a KL term)")
-    if "free_cache_engine" in rc and rc["free_cache_engine"] is not True:  # the rollout groups set true
-        out.append(f"{R}.free_cache_engine={_fmt(rc['free_cache_engine'])}: ignored: the engine always frees its KV "
-                   "cache after generation (it sleeps while DeepSpeed trains)")
-    name = rc.get("name")
-    if name != "vllm" and rc.get("prompt_length") != _get(cfg, "data.max_prompt_length"):
-        out.append(f"{R}.prompt_length={_fmt(rc.get('prompt_length'))}: ignored: rollout.name={name} takes each "
-                   "batch's prompts as they are (data.max_prompt_length limits them); only vLLM sizes its context by it")
-    for engine, keys in ENGINE_KEYS.items():
-        if engine == name:
-            continue
-        for key, default in keys.items():
-            if key in rc and not same_value(rc[key], default):
-                out.append(f"{R}.{key}={_fmt(rc[key])}: ignored: a setting of rollout.name={engine}, and this run "
-                           f"generates with rollout.name={name}")
-    from trainer.multi_turn import unused_multi_turn_warnings
-
-    return out + unused_multi_turn_warnings(rc)
-
-
 def override_errors(key: str, value) -> list[str]:
     """Errors a command-line override ``key=value`` of a ``refuse`` entry gives before composition (the value
     as Hydra parsed it); [] for every other key."""

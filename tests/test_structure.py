@@ -1,4 +1,5 @@
-"""The package layout rules: no import circles among the project's modules (module-level imports), nothing in
+"""The package layout rules: no import circles among the project's modules (module-level imports, nor through imports
+inside functions: each one is a dependency that a later move can turn into an import-time failure), nothing in
 rewards/, rollout/ or patches/ importing trainer/, no file over 400 lines and no function over 60 lines there."""
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ def _modules() -> dict[str, str]:
     return out
 
 
-def _top_level_imports(path: str, name: str, known: set[str]) -> set[str]:
-    """Project modules imported at module level (not inside functions, not under TYPE_CHECKING)."""
+def _top_level_imports(path: str, name: str, known: set[str], deep: bool = False) -> set[str]:
+    """Project modules imported at module level (not under TYPE_CHECKING); with ``deep`` those imported inside
+    functions and classes too."""
     tree = ast.parse(open(path, encoding="utf-8").read())
     pkg = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     found = set()
     for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
             continue
-        for sub in ([node] if not isinstance(node, (ast.If, ast.Try)) else ast.walk(node)):
+        for sub in ([node] if not (deep or isinstance(node, (ast.If, ast.Try))) else ast.walk(node)):
             if isinstance(sub, ast.Import):
                 names = [a.name for a in sub.names]
             elif isinstance(sub, ast.ImportFrom):
@@ -53,6 +55,20 @@ def test_no_import_circles_and_no_arrow_up_into_trainer():
     up = sorted(f"{m} -> {d}" for m, deps in graph.items() if not m.startswith("trainer")
                 for d in deps if d.startswith("trainer"))
     assert not up, up
+    assert not _cycles(graph), _cycles(graph)[:5]
+
+
+def test_no_import_circles_through_imports_inside_functions():
+    mods = _modules()
+    graph = {m: _top_level_imports(p, m, set(mods), deep=True) for m, p in mods.items()}
+    up = sorted(f"{m} -> {d}" for m, deps in graph.items() if not m.startswith("trainer")
+                for d in deps if d.startswith("trainer"))
+    assert not up, up
+    assert not _cycles(graph), _cycles(graph)[:5]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import circles of ``graph`` (module -> the project modules it imports), each as the path that closes it."""
     state, stack, cycles = {}, [], []
 
     def visit(m):
@@ -71,7 +87,7 @@ def test_no_import_circles_and_no_arrow_up_into_trainer():
     for m in sorted(graph):
         if m not in state:
             visit(m)
-    assert not cycles, cycles[:5]
+    return cycles
 
 
 def test_file_and_function_sizes():

@@ -53,7 +53,7 @@ def stage_columns(cfg: dict, spec=None) -> dict[str, str]:
     critic = cfg["critic"]["enable"]
     if critic or (critic is None and spec is not None and spec.needs_critic):
         out["values"] = "the critic (critic.enable=true)"
-    from trainer.config.workers import needs_reference
+    from trainer.config.runtime import needs_reference
 
     if needs_reference(cfg):
         out["ref_log_prob"] = "the reference model"

@@ -110,7 +110,7 @@ def _check_sync(cfg: dict) -> None:
 
 
 def _check_reference(cfg: dict) -> None:
-    from trainer.config.workers import needs_reference
+    from trainer.config.runtime import needs_reference
 
     arr = cfg["actor_rollout_ref"]
     if not needs_reference(cfg) or _ranks(cfg)["actor_rollout_ref.model"] == 0:

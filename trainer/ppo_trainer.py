@@ -79,7 +79,7 @@ class RayPPOTrainer:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.hooks = build_hooks(config, self.world, pad, len(train_loader))
         self.loader = self.hooks.wrap_loader(train_loader)
-        from trainer.config.workers import needs_reference
+        from trainer.config.runtime import needs_reference
 
         need_ref = needs_reference(config)
         rollout = rollout_role(config, self.world)  # None: the engine is colocated in the actor's workers

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from trainer.config.actor import OptimConfig
 from trainer.config.model import ModelConfig
 from trainer.config.section import Section
-from trainer.config.workers import WorkerRuntime, runtime_kwargs
+from trainer.config.runtime import WorkerRuntime, runtime_kwargs
 from trainer.config_checks import ConfigError
 
 __all__ = ["PRMConfig", "PRMModelConfig", "PRMWorkerConfig", "prm_worker_config"]

@@ -10,28 +10,12 @@ from trainer.config.actor import ActorConfig, CriticConfig, MegatronConfig, RefC
 from trainer.config.deepspeed import DeepSpeedConfig
 from trainer.config.model import ModelConfig
 from trainer.config.rollout import RolloutConfig
+from trainer.config.runtime import ARR, WorkerRuntime, needs_reference, runtime_kwargs
 from trainer.config.trainer import run_strategy
 
 __all__ = ["WorkerRuntime", "ActorWorkerConfig", "CriticWorkerConfig", "RolloutWorkerConfig", "actor_worker_config",
            "critic_worker_config", "rollout_worker_config", "runtime_kwargs", "scheduler_total_steps",
            "needs_reference", "check_sections"]
-
-ARR = "actor_rollout_ref"
-
-
-@dataclass(frozen=True)
-class WorkerRuntime:
-    """What every worker takes from outside its role's sections.
-
-    Attributes:
-        deepspeed: the ``deepspeed`` section (ZeRO stage, precision, offload, optimizer).
-        seed: ``trainer.seed`` (LoRA adapters' initialisation, vLLM's seed, megatron's RNG).
-        cpus_per_worker: ``trainer.cpus_per_worker`` (torch threads of a CPU worker).
-    """
-
-    deepspeed: DeepSpeedConfig
-    seed: int
-    cpus_per_worker: int
 
 
 @dataclass(frozen=True)
@@ -90,18 +74,6 @@ class RolloutWorkerConfig(WorkerRuntime):
     rollout: RolloutConfig
     ray_timeout_s: float | None
     chat_template_kwargs: dict
-
-
-def needs_reference(cfg: dict) -> bool:
-    """Whether a KL term needs reference log-probs: ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``."""
-    return bool(cfg[ARR]["actor"]["use_kl_loss"] or cfg["algorithm"]["use_kl_in_reward"])
-
-
-def runtime_kwargs(cfg: dict) -> dict:
-    """The :class:`WorkerRuntime` fields of the run config ``cfg``."""
-    t = cfg["trainer"]
-    return {"deepspeed": DeepSpeedConfig.from_dict(cfg["deepspeed"], "deepspeed"), "seed": int(t["seed"]),
-            "cpus_per_worker": max(1, int(t["cpus_per_worker"]))}
 
 
 def scheduler_total_steps(run_steps: int | None, train_batch_size: int, role: ActorConfig | CriticConfig) -> int:

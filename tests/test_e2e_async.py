@@ -36,7 +36,13 @@ def _steps(out_dir):
 
 def test_embedded_default_with_separate_rollout_and_staleness_1_overlaps_generation_and_training(tmp_path):
     out = str(tmp_path / "async")
+    os.makedirs(out)  # an earlier run's outputs: set aside at start-up, before the trace file is opened
+    for name, text in (("metrics.jsonl", '{"step": 9}\n'), ("async_trace.json", '[\n{"name": "old"},\n')):
+        with open(os.path.join(out, name), "w") as f:
+            f.write(text)
     run_main_forked(out, *ASYNC, "trainer.total_training_steps=5", "trainer.export_hf_on_end=false")
+    (earlier,) = os.listdir(os.path.join(out, "earlier_runs"))
+    assert sorted(os.listdir(os.path.join(out, "earlier_runs", earlier))) == ["async_trace.json", "metrics.jsonl"]
     rows = _steps(out)
     assert sorted(rows) == [1, 2, 3, 4, 5]
     assert [rows[k]["async/staleness"] for k in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]

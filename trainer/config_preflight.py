@@ -61,8 +61,13 @@ def _check_model_paths(cfg: dict) -> None:
                           "(or model=tiny for the embedded tiny model)")
 
 
-def _resume_path(cfg: dict) -> str | None:
-    """The checkpoint folder ``trainer.resume_mode`` resumes from, or None (``disable``, or no checkpoint yet)."""
+def resume_path(cfg: dict) -> str | None:
+    """The checkpoint folder ``trainer.resume_mode`` resumes from, or None (``disable``, or no checkpoint yet: a
+    fresh run).
+
+    Raises:
+        ConfigError: a ``resume_mode`` path that does not exist or holds no checkpoint.
+    """
     mode = cfg["trainer"]["resume_mode"]
     if mode == "disable":
         return None
@@ -77,11 +82,11 @@ def _resume_path(cfg: dict) -> str | None:
 
 def _check_resume(cfg: dict) -> None:
     _check_no_overwrite(cfg)
-    resume_path = _resume_path(cfg)
-    if resume_path is not None:
-        check_resume_checkpoint(cfg, resume_path)
-        check_resume_optim(cfg, resume_path)
-        check_resume_data(cfg, resume_path)
+    step_dir = resume_path(cfg)
+    if step_dir is not None:
+        check_resume_checkpoint(cfg, step_dir)
+        check_resume_optim(cfg, step_dir)
+        check_resume_data(cfg, step_dir)
 
 
 def _check_no_overwrite(cfg: dict) -> None:
@@ -114,12 +119,12 @@ def _check_model_files(cfg: dict) -> None:
     if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
         return  # reported by _check_model_paths
     try:
-        resume_path = _resume_path(cfg)
+        step_dir = resume_path(cfg)
     except ConfigError:
-        resume_path = None  # reported by _check_resume
+        step_dir = None  # reported by _check_resume
     hf = _model_config_dict(cfg, path)
-    if resume_path is not None:
-        check_resume_model(resume_path, hf)
+    if step_dir is not None:
+        check_resume_model(step_dir, hf)
     check_model_files(cfg, hf)
 
 

@@ -19,7 +19,7 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as
                                    check_reward_scorers, reward_options, run_checks)
 from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
-from trainer.config_preflight import check_model_context, preflight  # noqa: F401
+from trainer.config_preflight import check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
@@ -303,6 +303,10 @@ def run(hydra_cfg: DictConfig) -> dict:
 
     # the workers fit this machine or the Ray cluster (PlacementError)
     check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
+    from trainer.tracking import set_aside_earlier_run
+
+    if resume_path(cfg) is None:  # a fresh run replaces nothing an earlier run left in output_dir
+        set_aside_earlier_run(cfg["trainer"]["output_dir"])
     data = prepare_embedded(cfg)
     from transformers import AutoConfig
 

@@ -19,7 +19,8 @@ CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "response_length/mean", 
                 "actor/kl_loss", "actor/grad_norm", "timing_s/step", "perf/throughput")
 BACKENDS = ("console", "wandb")
 # what a run writes into trainer.output_dir besides checkpoints (which the start-up checks guard)
-RUN_OUTPUTS = ("metrics.jsonl", "val_generations.jsonl", "hf_actor", "hf_exports", "async_trace.json")
+RUN_OUTPUTS = ("metrics.jsonl", "val_generations.jsonl", "final_metrics.json", "hf_actor", "hf_exports",
+               "async_trace.json")
 EARLIER_RUNS = "earlier_runs"
 
 
@@ -36,8 +37,8 @@ class Tracking:
     Args:
         project, experiment: names (wandb project / run name).
         backends: subset of {"console", "wandb"}; the JSON-lines file is always written.
-        output_dir: where ``metrics.jsonl`` goes. A fresh run (``start_step`` 0) first moves an earlier run's
-            outputs there aside (:func:`set_aside_earlier_run`); a resumed run keeps the rows up to ``start_step``.
+        output_dir: where ``metrics.jsonl`` goes (a fresh run's start-up has moved an earlier run's outputs aside:
+            :func:`set_aside_earlier_run`); a resumed run keeps the rows up to ``start_step``.
         total_steps: length of the progress bar.
 
     Raises:
@@ -52,8 +53,6 @@ class Tracking:
         backends = [backends] if isinstance(backends, str) else list(backends or [])
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        if start_step == 0:
-            set_aside_earlier_run(output_dir)
         _keep_rows_up_to(self.path, start_step)
         self._file = open(self.path, "a", encoding="utf-8")
         self.console = "console" in backends

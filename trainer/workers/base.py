@@ -17,10 +17,32 @@ logger = logging.getLogger(__name__)
 
 
 def free_port() -> int:
-    """A TCP port that is free on this host right now."""
+    """A TCP port that is free on this host right now (free for anyone to take again: see :func:`reserve_port`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+_RESERVED: dict[int, socket.socket] = {}
+
+
+def reserve_port() -> int:
+    """A TCP port free on this host, held by this process (a bound socket that does not listen) until
+    :func:`release_port`: between the pick and the bind of the rendezvous store (model loading lies between them)
+    no other process can bind it, nor take it for an outgoing connection (Ray opens many), which otherwise ends
+    the start-up with ``EADDRINUSE``."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("", 0))
+    port = s.getsockname()[1]
+    _RESERVED[port] = s
+    return port
+
+
+def release_port(port: int | None) -> None:
+    """Free a port of :func:`reserve_port` right before its owner binds it (no-op for a port not held here)."""
+    s = _RESERVED.pop(int(port), None) if port is not None else None
+    if s is not None:
+        s.close()
 
 
 def node_ip() -> str:
@@ -124,7 +146,7 @@ class DistributedWorker:
                  master_port: int | None = None, device: str = "cpu", role: str = "worker"):
         self.config, self.rank, self.world_size, self.device_type, self.role = config, rank, world_size, device, role
         if master_addr is None:
-            master_addr, master_port = node_ip(), free_port()
+            master_addr, master_port = node_ip(), reserve_port()  # released when rank 0 binds it
         self.master_addr, self.master_port = master_addr, master_port
         os.environ.update({"MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port), "RANK": str(rank),
                            "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"})
@@ -166,6 +188,7 @@ class DistributedWorker:
             # 2 cores); gloo alone is enough for our collectives
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         import_deepspeed_muon_uncompiled()
+        release_port(self.master_port)  # rank 0 binds its rendezvous store now
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         self._dist_ready = True
 

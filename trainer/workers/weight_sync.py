@@ -121,10 +121,11 @@ class WeightSender:
         return iter_actor_params(self.actor.engine.module, self.config.deepspeed.zero_stage, bucket)
 
     def weight_sync_address(self) -> tuple[str, int]:
-        """A free ``(ip, port)`` on this node for the weight group's store (asked of rank 0)."""
-        from trainer.workers.base import free_port, node_ip
+        """A free ``(ip, port)`` on this node for the weight group's store (asked of rank 0, which holds the port
+        until :meth:`init_weight_sync` binds it: :func:`trainer.workers.base.reserve_port`)."""
+        from trainer.workers.base import node_ip, reserve_port
 
-        return node_ip(), free_port()
+        return node_ip(), reserve_port()
 
     def weights_layout(self) -> list[list[dict]]:
         """:func:`weights_layout` of this rank's walk over the actor's parameters (every rank takes part)."""
@@ -133,6 +134,9 @@ class WeightSender:
     def init_weight_sync(self, addr: str, port: int, world: int, backend: str, timeout_s: float) -> None:
         """Join the weight group as its rank 0 (actor rank 0 only; the other ranks do nothing)."""
         if self.rank == 0:
+            from trainer.workers.base import release_port
+
+            release_port(port)
             self._weight_group = WeightGroup(addr, port, 0, world, backend, timeout_s)
 
     @torch.no_grad()

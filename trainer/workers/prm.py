@@ -111,11 +111,11 @@ class PRMWorker(DistributedWorker):
             # this rank's share of the mini-batch mean (x dp): averaged over ranks by the controller, it is the mean
             # CE over every sequence of the mini-batch, whatever the micro-batch split
             metrics["reward_model/ce_loss"].append(ce_share)
+            metrics["reward_model/lr"].append(float(engine.get_lr()[0]))  # the rate this step uses
             outcome = optimizer_step(engine, finite, dev, "reward_model")
             if outcome.grad_norm is not None:
                 metrics["reward_model/grad_norm"].append(outcome.grad_norm)
             skipped += count_skip(role, outcome)
-            metrics["reward_model/lr"].append(float(engine.get_lr()[0]))
         metrics["reward_model/skipped_steps"].append(float(skipped))
         metrics["reward_model/consecutive_skipped_steps"].append(float(getattr(role, "consecutive_skipped", 0)))
         inv = torch.argsort(torch.cat(rows))

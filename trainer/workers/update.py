@@ -164,10 +164,10 @@ class _MiniBatchStep:
                 pending[k].append(v if k in LOSS_METRICS or k in CONSTANT_METRICS else v * token_share)
         for k, vals in _read_metrics(pending).items():  # one value per mini-batch (see LOSS_METRICS)
             metrics[f"{kind}/{k}"].append(sum(vals) / len(vals) if k in CONSTANT_METRICS else sum(vals))
-        outcome = optimizer_step(role.engine, finite, worker.device, kind)
+        metrics[f"{kind}/lr"].append(float(role.engine.get_lr()[0]))  # the rate this step uses (verl logs it so)
+        outcome = optimizer_step(role.engine, finite, worker.device, kind)  # then the scheduler moves to the next
         if outcome.grad_norm is not None:
             metrics[f"{kind}/grad_norm"].append(outcome.grad_norm)
-        metrics[f"{kind}/lr"].append(float(role.engine.get_lr()[0]))
         return count_skip(role, outcome)
 
 

@@ -20,8 +20,8 @@ with ``overlong_buffer_len = B > 0`` and ``max_response_length = L``, a response
 linearly to ``-overlong_penalty_factor`` at ``L``. Strict accuracy (a scorer's ``acc``) is not changed.
 
 Robustness: a scorer that raises, returns NaN/inf, or runs past ``timeout_s`` gives 0.0 for that row and is
-counted in ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``; one that raises on every response
-of a batch stops the run (:func:`rewards.pool.check_not_all_failed`). With ``num_workers >= 1`` the scorers run in
+counted in ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``; one that raises or returns NaN/inf on
+every response of a batch stops the run (:func:`rewards.pool.check_not_all_failed`). With ``num_workers >= 1`` the scorers run in
 a pool of forked processes (:class:`rewards.pool.ScoringPool`) that kills a hung one; with ``num_workers=0`` in this
 process under a ``SIGALRM`` timer (main thread only; it cannot interrupt C code such as huge integer arithmetic).
 """
@@ -328,8 +328,10 @@ class RewardManager:
             scores.append(float(score))
             dicts.append(d)
             ran.append(status not in ("timeout", "error"))
+        check_not_all_failed(counts["errors"], len(outcomes), first_error, counts["nan"])
+        if counts["nan"]:
+            logger.warning("reward: %d NaN/inf score(s) in a batch of %d scored 0", counts["nan"], len(outcomes))
         if first_error is not None:
-            check_not_all_failed(counts["errors"], len(outcomes), first_error)
             logger.warning("reward: %d scorer error(s) in a batch of %d; first: %s", counts["errors"],
                            len(outcomes), first_error)
         if counts["timeouts"]:
@@ -353,7 +355,7 @@ class RewardManager:
         scores, dicts, metrics, valid, seen, ran = self._score(data)
         responses = data["responses"]
         b, r = responses.shape
-        overlong = None
+        overlong, unpenalised = None, list(scores)
         if self.overlong_buffer_len:
             overlong = overlong_penalty(seen.sum(-1), self.max_response_length, self.overlong_buffer_len,
                                         self.overlong_penalty_factor).tolist()
@@ -379,6 +381,10 @@ class RewardManager:
                     extra[k][i] = v
         if overlong is not None:
             extra["overlong_reward"] = overlong
+            # accuracy is the verifier's verdict, not the shaped reward: a plain-number score's accuracy is the score
+            # before the penalty (rewards.verify.accuracy_from_reward falls back to "acc", then to the score)
+            acc = extra.setdefault("acc", [None] * b)
+            extra["acc"] = [u if a is None else a for a, u in zip(acc, unpenalised)]
         comps = None
         if self.component_keys:
             comps, nan = component_matrix(dicts, ran, self.component_keys)

@@ -70,17 +70,24 @@ class ScorerError(ValueError):
     """A scorer that raised on every response of a batch: broken, not one odd response (one line, exit 2)."""
 
 
-def check_not_all_failed(errors: int, rows: int, first_error: str | None) -> None:
-    """Stop when every one of ``rows`` (at least 2) responses of a batch made the scorer raise. One failing
-    response scores 0 and training goes on; a scorer that fails on all of them (a bug in a
-    ``custom_reward_function``, a missing dependency) would otherwise train on rewards that are all 0.
+def check_not_all_failed(errors: int, rows: int, first_error: str | None, nan: int = 0) -> None:
+    """Stop when none of ``rows`` (at least 2) responses of a batch got a usable score: the scorer raised
+    (``errors``) or returned NaN/inf (``nan``) on every one. One failing response scores 0 and training goes on; a
+    scorer that fails on all of them (a bug in a ``custom_reward_function``, a missing dependency) would otherwise
+    train on rewards that are all 0.
 
     Raises:
-        ScorerError: naming the count and the first error.
+        ScorerError: naming the counts and the first error.
     """
-    if rows >= 2 and errors == rows:
+    if rows < 2 or errors + nan < rows:
+        return
+    fix = "fix the scorer (reward_model.custom_reward_function / reward_model.scorer)"
+    if nan == 0:
         raise ScorerError(f"reward: the scorer raised on all {rows} responses of the batch (first: {first_error}); "
-                          "fix the scorer (reward_model.custom_reward_function / reward_model.scorer)")
+                          + fix)
+    raised = f", {errors} raised (first: {first_error})" if errors else ""
+    raise ScorerError(f"reward: the scorer gave no finite score for any of the {rows} responses of the batch "
+                      f"({nan} NaN/inf{raised}); " + fix)
 
 
 def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:

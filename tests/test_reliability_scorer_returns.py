@@ -6,6 +6,7 @@ failures at run time stay counted, not fatal)."""
 import pytest
 
 from tests.test_reliability_config import assert_one_line_error, run_cli
+from tests.test_rewards_manager import make_batch, tok  # noqa: F401  (fixture)
 
 SIG = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
 BAD = {"none": (SIG + "    return None\n", "got NoneType"),
@@ -63,3 +64,29 @@ def test_scorer_errors_on_some_responses_are_counted_on_all_they_stop():
     check_not_all_failed(1, 1, "ValueError: odd")  # a single response is not a pattern
     with pytest.raises(ScorerError, match=r"raised on all 4 responses .*first: ValueError: odd"):
         check_not_all_failed(4, 4, "ValueError: odd")
+
+
+def test_a_scorer_that_gives_nan_on_every_response_stops_the_run():
+    """A scorer returning NaN for every response trained on all-zero rewards and exited 0 (only reward/num_nan said
+    so); like one that raises on all of them, it is broken. NaN on some responses is counted and warned."""
+    from rewards.pool import ScorerError, check_not_all_failed
+
+    check_not_all_failed(0, 4, None, nan=3)
+    with pytest.raises(ScorerError, match=r"no finite score for any of the 4 responses of the batch \(4 NaN/inf\)"):
+        check_not_all_failed(0, 4, None, nan=4)
+    with pytest.raises(ScorerError, match=r"\(2 NaN/inf, 2 raised \(first: KeyError: x\)\)"):
+        check_not_all_failed(2, 4, "KeyError: x", nan=2)
+
+
+def test_the_manager_stops_on_an_all_nan_batch_and_warns_on_some(tok, caplog):  # noqa: F811
+    from rewards.manager import RewardManager
+    from rewards.pool import ScorerError
+
+    data = make_batch(["42", "7"], response_len=4)
+    with RewardManager(tok, scorer=lambda s, g, extra_info=None, **k: float("nan"), num_workers=0) as rm:
+        with pytest.raises(ScorerError, match="no finite score"):
+            rm(data)
+    with RewardManager(tok, scorer=lambda s, g, extra_info=None, **k: float("nan") if s.strip() == "7" else 1.0,
+                       num_workers=0) as rm, caplog.at_level("WARNING"):
+        assert rm(data).metrics["reward/num_nan"] == 1.0
+    assert "1 NaN/inf score(s) in a batch of 2 scored 0" in caplog.text

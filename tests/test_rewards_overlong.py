@@ -41,6 +41,23 @@ def test_manager_adds_penalty_to_score_but_not_to_accuracy(tok):  # noqa: F811
     assert "overlong_reward" not in res.reward_extra_info and res.token_level_scores.sum().item() == 3.0
 
 
+def _plain_scorer(solution_str, ground_truth, extra_info=None, **kwargs):
+    return 1.0 if solution_str.strip().endswith("42") else 0.0
+
+
+def test_a_plain_number_scorers_accuracy_is_its_score_before_the_penalty(tok):  # noqa: F811
+    """A scorer that returns a number has no "acc": the accuracy fell back to the penalised score (val acc of
+    -0.86 with a short buffer, and dynamic sampling's ``metric=acc`` filtered on shaped rewards)."""
+    from rewards.verify import accuracy_from_reward
+
+    data = make_batch(["42", "the answer is 4 2", "the answer is the answer is 42"], response_len=8)
+    with RewardManager(tok, scorer=_plain_scorer, num_workers=0, overlong_buffer_len=4, max_response_length=8) as rm:
+        out = rm(data)
+    assert out.token_level_scores.sum(-1).tolist() == [1.0, -0.5, 0.0]   # the reward is shaped
+    assert accuracy_from_reward(out.reward_extra_info, 3) == [1.0, 0.0, 1.0]  # the accuracy is not
+    assert rm.verify(data) == [1.0, 0.0, 1.0]
+
+
 @pytest.mark.parametrize("kw", [dict(overlong_buffer_len=4), dict(overlong_buffer_len=8, max_response_length=8),
                                 dict(overlong_buffer_len=-1, max_response_length=8),
                                 dict(overlong_buffer_len=2, max_response_length=8, overlong_penalty_factor=-1)])

@@ -40,6 +40,7 @@ import torch
 
 from rewards.components import check_component_keys, component_matrix
 from rewards.options import check_scorer_options, takes_extra_info
+from rewards.overlong import overlong_penalty, penalise_overlong  # noqa: F401  (re-exported)
 from rewards.pool import Outcome, ScoringPool, check_not_all_failed, run_scorer
 from rewards.registry import get_scorer, registry_version, wants_data_source
 from rewards.verify import as_accuracy
@@ -99,23 +100,6 @@ def _in_process(fn: Callable, args: tuple, kwargs: dict, timeout_s: float) -> Ou
         return "timeout", None, time.perf_counter() - t0
     finally:
         signal.signal(signal.SIGALRM, old)
-
-
-def overlong_penalty(lengths: torch.Tensor, max_response_length: int, buffer_len: int,
-                     penalty_factor: float = 1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13) per response.
-
-    Args:
-        lengths: (B,) valid response lengths in tokens.
-        max_response_length: ``L``, the response limit in tokens.
-        buffer_len: ``B``, the punishment interval (``0 < B < L``).
-        penalty_factor: the penalty at ``L`` tokens.
-
-    Returns:
-        (B,) float32: ``min(0, -(n - (L - B)) / B) * penalty_factor``; 0 for ``n <= L - B``.
-    """
-    exceed = lengths.float() - float(max_response_length - buffer_len)
-    return torch.clamp(-exceed / float(buffer_len), max=0.0) * float(penalty_factor)
 
 
 class RewardManager:
@@ -357,11 +341,8 @@ class RewardManager:
         b, r = responses.shape
         overlong, unpenalised = None, list(scores)
         if self.overlong_buffer_len:
-            overlong = overlong_penalty(seen.sum(-1), self.max_response_length, self.overlong_buffer_len,
-                                        self.overlong_penalty_factor).tolist()
-            scores = [sc + pen for sc, pen in zip(scores, overlong)]
-            metrics["reward/overlong_penalty_mean"] = float(sum(overlong) / b) if b else 0.0
-            metrics["reward/overlong_frac"] = float(sum(p < 0 for p in overlong) / b) if b else 0.0
+            overlong, scores = penalise_overlong(scores, seen.sum(-1), self.max_response_length,
+                                                 self.overlong_buffer_len, self.overlong_penalty_factor, metrics)
         out = torch.zeros(b, r, dtype=torch.float32)
         positions = torch.arange(r).expand(b, r)
         last = torch.where(valid, positions, torch.full_like(positions, -1)).max(dim=1).values  # (B,)

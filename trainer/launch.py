@@ -293,7 +293,8 @@ def build_reward_managers(cfg: dict, data: DataConfig, tok, datasets) -> tuple:
 
 
 def run(hydra_cfg: DictConfig) -> dict:
-    """Check the config, prepare data and model, start the workers and train. Returns the last metrics."""
+    """Check the config, prepare data and model, start the workers and train. Returns the last metrics (with
+    ``_stopped_by_sigterm`` when a SIGTERM ended the run early: ``trainer/main.py`` then exits 143)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "datasets", "filelock", "urllib3", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -343,4 +344,6 @@ def run(hydra_cfg: DictConfig) -> dict:
         json.dump(summary, f, indent=1, default=str)
     print(f"done: step {trainer.global_step} of {total}{trainer.stop_reason}; output in {t.output_dir}",
           file=sys.stderr)
+    if last.get("_stopped_by_sigterm"):  # not finished: a scheduler must not count the job as done (exit 143)
+        summary["_stopped_by_sigterm"] = True
     return summary

@@ -8,6 +8,7 @@ parses. ``RAY_ADDRESS`` joins an existing Ray cluster (multi-node runs use a Ray
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 
@@ -61,8 +62,10 @@ def main(cfg: DictConfig) -> None:
 
     try:
         check_run_config(cfg)
-        run(cfg)
+        last = run(cfg)
         shutdown_ray()  # no Ray process of this run outlives it
+        if last.get("_stopped_by_sigterm"):  # the step finished and the work was kept, but the run did not end
+            sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (trainer/interrupt.py)
         exc = as_interrupt(exc)
         exit_interrupted(exc.signum, exc.step, cfg.trainer.default_local_dir)

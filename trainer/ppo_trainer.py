@@ -17,7 +17,6 @@ import os
 import signal
 import time
 
-
 from trainer.config.data import DataConfig
 from trainer.config.rollout import SamplingKwargs
 from trainer.config.trainer import TrainerConfig
@@ -342,16 +341,18 @@ class RayPPOTrainer:
         return metrics
 
     def _finish(self, last: dict) -> None:
-        """The stop reason, the SIGTERM checkpoint and the final HF export (``trainer.export_hf_on_end``)."""
+        """The stop reason, then what keeps the work: after SIGTERM a checkpoint (``save_freq > 0``: the run can
+        resume) or else the HF export; at the end the HF export (``trainer.export_hf_on_end``)."""
         t = self.trainer_cfg
         if self._stop_requested:
             self.stop_reason = " (stopped early by SIGTERM)"
+            last["_stopped_by_sigterm"] = True
         elif self.global_step < t.total_training_steps:
             self.stop_reason = f" (trainer.total_epochs={t.total_epochs} epochs of data used up)"
         if self._stop_requested and t.save_freq > 0:
             logger.warning("SIGTERM: saving step %d before exiting", self.global_step)
             self.save_checkpoint()
-        if t.export_hf_on_end and not self._stop_requested:
+        elif t.export_hf_on_end:  # the end, or SIGTERM in a run without checkpoints: the export keeps the work
             out = os.path.join(t.output_dir, "hf_actor")
             self.roles.actor.export_hf(out)
             last["hf_export_dir"] = out

@@ -286,7 +286,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("trainer.del_local_ckpt_after_load", "refuse",
             "a loaded checkpoint is kept (trainer.max_actor_ckpt_to_keep prunes old ones)", ok=(False,)),
     VerlKey("trainer.esi_redundant_time", "ignore",
-            "saves before an instance expires are not supported; use trainer.save_freq (SIGTERM saves too)", ok=(0,)),
+            "saves before an instance expires are not supported; use trainer.save_freq (SIGTERM saves too: the step "
+            "finishes, a checkpoint or the HF export is written, exit 143)", ok=(0,)),
     VerlKey("trainer.ray_wait_register_center_timeout", "ignore", "trainer.ray_timeout_s bounds every worker call"),
     VerlKey("trainer.{rollout_data_dir,validation_data_dir}", "refuse",
             "generations are not dumped to files; trainer.log_val_generations logs validation samples, "

@@ -336,3 +336,61 @@ def test_kl_loss_settings_without_use_kl_loss_warn(use_kl_loss):
     hits = [w for w in report.warnings if w.startswith(f"{a}.kl_loss")]
     assert hits == ([] if use_kl_loss else [f"{a}.kl_loss_coef=0.01, {a}.kl_loss_type=mse: ignored: "
                                             f"{a}.use_kl_loss=false (set it true for the KL loss term)"])
+
+
+def _advantages(spec, gamma: float, lam: float):
+    """``spec``'s advantages on one fixed batch (4 rows in 2 groups, 5 tokens, rewards at varied positions) with
+    every input it declares made up."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.float32)
+    rewards = torch.rand(4, 5, generator=g) * mask
+    extra = {"values": torch.rand(4, 5, generator=g) * mask, "reward_baselines": torch.rand(4, generator=g),
+             "reward_components": torch.rand(4, 2, generator=g), "old_log_probs": -torch.rand(4, 5, generator=g),
+             "sum_pi_squared": torch.rand(4, 5, generator=g) * mask, "rollout_is_weights": torch.ones(4, 5)}
+    kwargs = {k: extra[k] for k in spec.inputs if k in extra}
+    if "gdpo_reward_weights" in spec.config_kwargs:
+        kwargs["gdpo_reward_weights"] = [1.0, 1.0]
+    import numpy as np
+
+    adv, _ = spec.fn(rewards, mask, index=np.array(["a", "a", "b", "b"], dtype=object), gamma=gamma, lam=lam,
+                     **kwargs)
+    return adv
+
+
+def test_gamma_and_lam_warnings_name_exactly_the_estimators_that_read_them():
+    """The 'ignored' warning for algorithm.gamma / lam must not fire for an estimator that reads them (nor stay
+    silent for one that does not): every registered estimator is run with two values of each."""
+    import torch
+
+    from trainer.core_algos import ADV_ESTIMATOR_SPECS
+    from trainer.unused_settings import GAMMA_READERS, LAM_READERS
+
+    for name, spec in ADV_ESTIMATOR_SPECS.items():
+        if name.startswith("unit_test"):
+            continue
+        base = _advantages(spec, 1.0, 1.0)
+        reads_gamma = not torch.allclose(base, _advantages(spec, 0.5, 1.0))
+        reads_lam = not torch.allclose(base, _advantages(spec, 1.0, 0.5))
+        assert reads_gamma == (name in GAMMA_READERS), name
+        assert reads_lam == (name in LAM_READERS), name
+
+
+def test_settings_that_another_choice_leaves_unused_warn():
+    """verl accepts these and changes nothing: each switch that leaves them unused names them in one line."""
+    from tests.verl_scripts import composed
+
+    _, _, _, report = composed(["algorithm.kl_ctrl.kl_coef=0.5", "algorithm.filter_groups.metric=score",
+                                "reward_model.overlong_buffer.len=64",
+                                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100",
+                                "trainer.max_actor_ckpt_to_keep=2", "algorithm.gamma=0.5", "algorithm.lam=0.5"])
+    ignored = sorted(w.split(": ignored: ")[0] for w in report.warnings if ": ignored: " in w)
+    assert ignored == ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100", "algorithm.filter_groups.metric=score",
+                       "algorithm.gamma=0.5", "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.lam=0.5",
+                       "reward_model.overlong_buffer.len=64", "trainer.max_actor_ckpt_to_keep=2"]
+    _, _, _, report = composed(["algorithm=gae", "algorithm.gamma=0.5", "algorithm.lam=0.5",
+                                "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100", "algorithm.use_kl_in_reward=true",
+                                "algorithm.kl_ctrl.kl_coef=0.5", "trainer.save_freq=5", "trainer.max_actor_ckpt_to_keep=2"])
+    assert [w for w in report.warnings if ": ignored: " in w] == []  # each switched on: none is named

@@ -1,6 +1,7 @@
 """Settings that a run's other choices leave without effect: each gets one warning line before start-up (verl
 accepts and ignores them without a word). A setting counts as set when it differs from the value the root config
-(``configs/ppo_trainer.yaml``) gives it in this run, its interpolations resolved against the run's own values.
+(``configs/ppo_trainer.yaml``) and each group option give it, its interpolations resolved against the run's own
+values.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from functools import lru_cache
 
 from trainer.verl_compat import R, _fmt, _get, leaves, same_value
 
-__all__ = ["ENGINE_KEYS", "switched_off_warnings", "unused_setting_warnings"]
+__all__ = ["ENGINE_KEYS", "GAMMA_READERS", "LAM_READERS", "SWITCHED_OFF", "switched_off_warnings",
+           "unused_setting_warnings"]
 
 ROOT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ppo_trainer.yaml")
 KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
@@ -68,14 +70,25 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
 
 
 @lru_cache(maxsize=1)
-def _root_sections() -> dict:
-    """The root config's ``critic`` section and the actor's KL-loss keys, unresolved (interpolations kept)."""
+def _shipped_values() -> dict[str, list]:
+    """``{dotted key: [every value configs/ gives it]}``: the root config and every option of every group (a
+    group file's keys placed at its package: ``# @package`` or the group's name), interpolations kept."""
     from omegaconf import OmegaConf
 
-    root = OmegaConf.load(ROOT_CONFIG)
-    actor = root.actor_rollout_ref.actor
-    return {"critic": OmegaConf.to_container(root.critic, resolve=False),
-            "kl_loss": {k: actor[k] for k in ("kl_loss_coef", "kl_loss_type")}}
+    root = os.path.dirname(ROOT_CONFIG)
+    out: dict[str, list] = {}
+    files = [(ROOT_CONFIG, "")] + [(os.path.join(root, g, f), g) for g in sorted(os.listdir(root))
+                                   if os.path.isdir(os.path.join(root, g))
+                                   for f in sorted(os.listdir(os.path.join(root, g))) if f.endswith(".yaml")]
+    for path, group in files:
+        with open(path, encoding="utf-8") as f:
+            head = re.search(r"^# @package (\S+)", f.read(), re.M)
+        package = head.group(1) if head else group
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        node.pop("defaults", None)
+        for key, value in leaves(node, "" if package == "_global_" else package):
+            out.setdefault(key, []).append(value)
+    return out
 
 
 def _resolve(plain_cfg: dict, key: str, default):
@@ -88,45 +101,82 @@ def _resolve(plain_cfg: dict, key: str, default):
     return _get(plain_cfg, f"{key.rpartition('.')[0]}{ref}" if ref.startswith(".") else ref, _MISSING)
 
 
-def _set_leaves(cfg: dict, section: str, defaults: dict) -> list[str]:
-    """``key=value`` (the run's value) of the leaves of ``cfg``'s ``section`` that differ from ``defaults`` (a
-    root-config section placed at ``section``): an interpolation such as ``${.ppo_micro_batch_size_per_gpu}`` is
-    resolved in the run's own config at the leaf's place, so a value that follows its source is not counted.
-    The walk reads no key of a recording config (:func:`trainer.config_reads.plain`)."""
-    from trainer.config_reads import plain
-
-    run = plain(cfg)
-    now = dict(leaves(_get(run, section) or {}, section))
-    out = []
-    for key, default in leaves(defaults, section):
-        default = _resolve(run, key, default)
-        if key in now and default is not _MISSING and not same_value(now[key], default):
-            out.append(f"{key}={_fmt(now[key])}")
+def _set_keys(run: dict, keys: tuple[str, ...]) -> list[str]:
+    """``key=value`` of the leaves at or under ``keys`` (a key ending in ``.`` is a prefix) whose run value differs
+    from every value configs/ ships for it (:func:`_shipped_values`; an interpolation is resolved in the run at the
+    leaf's place, so a value that follows its source is not counted). ``run`` is a plain (not recording) config."""
+    shipped, out = _shipped_values(), []
+    for prefix in keys:
+        node = _get(run, prefix.rstrip("."), _MISSING)
+        found = leaves(node, prefix.rstrip(".")) if prefix.endswith(".") and isinstance(node, dict) else [(prefix, node)]
+        for key, now in found:
+            if now is _MISSING or key not in shipped:
+                continue
+            defaults = [d for d in (_resolve(run, key, v) for v in shipped[key]) if d is not _MISSING]
+            if defaults and all(not same_value(now, d) for d in defaults):
+                out.append(f"{key}={_fmt(now)}")
     return out
 
 
-def switched_off_warnings(cfg: dict) -> list[str]:
-    """``critic.*`` set (away from the root config's values) while the run trains no critic (``critic.enable``
-    false, or null with an estimator that needs none, e.g. GRPO), and ``actor.kl_loss_coef`` / ``kl_loss_type``
-    set while ``actor.use_kl_loss`` is false: one warning line each naming the keys and the switch."""
-    out = []
-    enable = (cfg.get("critic") or {}).get("enable")
+def _critic_on(run: dict) -> bool:
+    enable = (run.get("critic") or {}).get("enable")
     if enable is None:
         from trainer.core_algos import ADV_ESTIMATOR_SPECS
 
-        spec = ADV_ESTIMATOR_SPECS.get((cfg.get("algorithm") or {}).get("adv_estimator"))
+        spec = ADV_ESTIMATOR_SPECS.get((run.get("algorithm") or {}).get("adv_estimator"))
         enable = bool(spec is not None and spec.needs_critic)
-    if not enable and isinstance(cfg.get("critic"), dict):
-        node = dict(_root_sections()["critic"])
-        node.pop("enable", None)
-        changed = _set_leaves(cfg, "critic", node)
-        if changed:
-            est = (cfg.get("algorithm") or {}).get("adv_estimator")
-            out.append(f"{', '.join(changed)}: ignored: this run trains no critic (algorithm.adv_estimator={est}, "
-                       "critic.enable unset or false); algorithm=gae or critic.enable=true trains one")
-    if not _get(cfg, KL_LOSS):
-        actor = "actor_rollout_ref.actor"
-        changed = _set_leaves(cfg, actor, _root_sections()["kl_loss"])
-        if changed:
-            out.append(f"{', '.join(changed)}: ignored: {KL_LOSS}=false (set it true for the KL loss term)")
+    return bool(enable)
+
+
+def _estimator(run: dict) -> str:
+    return str(_get(run, "algorithm.adv_estimator"))
+
+
+def _dynamic_bsz(run: dict) -> bool:
+    return any(v is True for k, v in leaves(run) if k.endswith("use_dynamic_bsz"))
+
+
+#: the estimators whose advantages read algorithm.gamma / algorithm.lam (tests/test_verl_keys.py checks every
+#: registered estimator against these lists)
+GAMMA_READERS, LAM_READERS = ("gae", "reinforce_plus_plus"), ("gae",)
+_A = "actor_rollout_ref.actor"
+#: (the run leaves them unused, the keys (a trailing "." takes every key below), why): one warning per row
+SWITCHED_OFF = (
+    (lambda r: not _critic_on(r), ("critic.",),
+     lambda r: f"this run trains no critic (algorithm.adv_estimator={_estimator(r)}, critic.enable unset or false); "
+               "algorithm=gae or critic.enable=true trains one"),
+    (lambda r: not _get(r, KL_LOSS), (f"{_A}.kl_loss_coef", f"{_A}.kl_loss_type"),
+     lambda r: f"{KL_LOSS}=false (set it true for the KL loss term)"),
+    (lambda r: not _get(r, "algorithm.use_kl_in_reward"), ("algorithm.kl_ctrl.", "algorithm.kl_penalty"),
+     lambda r: "algorithm.use_kl_in_reward=false (set it true for the KL penalty in the reward)"),
+    (lambda r: not _get(r, "algorithm.filter_groups.enable"), ("algorithm.filter_groups.",),
+     lambda r: "algorithm.filter_groups.enable=false (set it true for dynamic sampling)"),
+    (lambda r: not _get(r, "reward_model.overlong_buffer.enable"), ("reward_model.overlong_buffer.",),
+     lambda r: "reward_model.overlong_buffer.enable=false (set it true for the overlong penalty)"),
+    (lambda r: not _dynamic_bsz(r), (f"{_A}.ppo_max_token_len_per_gpu",),
+     lambda r: f"no role uses token-budget micro-batches ({_A}.use_dynamic_bsz=true does)"),
+    (lambda r: int(_get(r, "trainer.save_freq") or 0) <= 0,
+     ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"),
+     lambda r: f"trainer.save_freq={_get(r, 'trainer.save_freq')} saves no checkpoints"),
+    (lambda r: _estimator(r) not in GAMMA_READERS, ("algorithm.gamma",),
+     lambda r: f"algorithm.adv_estimator={_estimator(r)} does not discount (gae and reinforce_plus_plus do)"),
+    (lambda r: _estimator(r) not in LAM_READERS, ("algorithm.lam",),
+     lambda r: f"algorithm.adv_estimator={_estimator(r)} has no GAE lambda (gae has)"),
+)
+
+
+def switched_off_warnings(cfg: dict) -> list[str]:
+    """Settings set away from every value configs/ ships while another choice of the run leaves them unused
+    (:data:`SWITCHED_OFF`: ``critic.*`` without a critic, ``actor.kl_loss_*`` without ``use_kl_loss``, ``kl_ctrl``
+    without ``use_kl_in_reward``, ``filter_groups.*`` / ``overlong_buffer.*`` without their ``enable``, token
+    budgets without dynamic batches, checkpoint retention without saves, ``gamma`` / ``lam`` of an estimator that
+    does not read them): one warning line per row naming the keys. Reads no key of a recording config."""
+    from trainer.config_reads import plain
+
+    run, out = plain(cfg), []
+    for unused, keys, why in SWITCHED_OFF:
+        if unused(run):
+            found = [k for k in _set_keys(run, keys) if not k.endswith(".enable=false")]
+            if found:
+                out.append(f"{', '.join(found)}: ignored: {why(run)}")
     return out

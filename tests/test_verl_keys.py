@@ -394,3 +394,22 @@ def test_settings_that_another_choice_leaves_unused_warn():
                                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100", "algorithm.use_kl_in_reward=true",
                                 "algorithm.kl_ctrl.kl_coef=0.5", "trainer.save_freq=5", "trainer.max_actor_ckpt_to_keep=2"])
     assert [w for w in report.warnings if ": ignored: " in w] == []  # each switched on: none is named
+
+
+@pytest.mark.parametrize("unknown", [False, True])
+def test_a_mistyped_value_does_not_hide_the_other_errors(tmp_path, unknown):
+    """``data.train_batch_size=abc`` stopped the checks of every other value (they were printed only after it was
+    fixed); with an unknown key too, only the unknown key was printed. Now the other values are checked with the
+    mistyped one at its default, and every error is printed in the same run."""
+    from tests.test_reliability_config import run_cli
+
+    bad = ["data.train_batch_size=abc", "algorithm.adv_estimator=grp0", "actor_rollout_ref.rollout.temperature=-1"]
+    proc = run_cli(str(tmp_path / "out"), *bad, *(["actor_rollout_ref.actor.ppo_epoch=2"] if unknown else []),
+                   forked=True)
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    needles = ["data.train_batch_size='abc'; expected an integer", "algorithm.adv_estimator='grp0'",
+               "actor_rollout_ref.rollout.temperature=-1"] + (["'actor_rollout_ref.actor.ppo_epoch'"] if unknown else [])
+    assert len(errors) == len(needles), errors
+    for needle in needles:
+        assert any(needle in e for e in errors), (needle, errors)

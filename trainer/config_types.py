@@ -31,22 +31,48 @@ def _fits(value: Any, default: Any, key: str) -> bool:
     return True
 
 
-def type_errors(cfg: dict, defaults: dict, prefix: str = "") -> list[str]:
-    """One message per leaf of ``cfg`` whose value does not have the type of the same key in ``defaults``
-    (``key=value; expected an integer (default D)``). Keys missing from ``defaults`` and defaults that are null,
-    strings or containers are not checked here; a null value is accepted only where the default is null."""
-    errors: list[str] = []
+def mistyped(cfg: dict, defaults: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``(dotted key, value, default)`` of every leaf of ``cfg`` whose value does not have the type of the same key
+    in ``defaults``. Keys missing from ``defaults`` and defaults that are null, strings or containers are not
+    checked here; a null value is accepted only where the default is null."""
+    out: list[tuple[str, Any, Any]] = []
     for key, value in cfg.items():
         if key not in defaults:
             continue
         path, default = f"{prefix}{key}", defaults[key]
         if isinstance(value, dict) and isinstance(default, dict):
-            errors += type_errors(value, default, f"{path}.")
-            continue
-        want = _expected(default)
-        if want is not None and not _fits(value, default, path):
-            errors.append(f"{path}={value!r}; expected {want} (default {default!r})")
-    return errors
+            out += mistyped(value, default, f"{path}.")
+        elif _expected(default) is not None and not _fits(value, default, path):
+            out.append((path, value, default))
+    return out
+
+
+def type_errors(cfg: dict, defaults: dict) -> list[str]:
+    """One message per :func:`mistyped` leaf: ``key=value; expected an integer (default D)``."""
+    return [f"{path}={value!r}; expected {_expected(default)} (default {default!r})"
+            for path, value, default in mistyped(cfg, defaults)]
+
+
+def start_errors(cfg, defaults: dict, prestart) -> list[str]:
+    """Every error a run config has, at once: the :func:`type_errors` of ``cfg`` (a DictConfig) against
+    ``defaults``, then those of ``prestart(cfg)`` (the launcher's checks) run on a copy whose mistyped values are
+    put back to their defaults (so that a value check does not trip over ``train_batch_size='abc'``); a check that
+    fails otherwise than with a ConfigError adds nothing (its key is among the errors already). [] when all pass."""
+    from omegaconf import OmegaConf
+
+    from trainer.config_checks import ErrorCollector
+
+    bad = mistyped(OmegaConf.to_container(cfg, resolve=True), defaults)
+    errors = ErrorCollector([f"{p}={v!r}; expected {_expected(d)} (default {d!r})" for p, v, d in bad])
+    copy = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    for path, _, default in bad:
+        OmegaConf.update(copy, path, default, merge=False)
+    try:
+        with errors.check():
+            prestart(copy)
+    except Exception:  # noqa: BLE001 (see the docstring)
+        pass
+    return errors.messages
 
 
 def check_types(cfg: dict, defaults: dict) -> None:
@@ -70,9 +96,14 @@ def packaged_defaults() -> dict | None:
     return OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=overrides), resolve=False)
 
 
-def check_run_config(cfg) -> None:
+def check_run_config(cfg, prestart=None) -> None:
     """:func:`check_types` of a Hydra run config (a ``DictConfig``) against :func:`packaged_defaults`; a config
-    whose interpolations do not resolve is left to the launcher's own error."""
+    whose interpolations do not resolve is left to the launcher's own error. With ``prestart`` (the launcher's
+    checks), a config with mistyped values also gets the errors of its other values (:func:`start_errors`).
+
+    Raises:
+        ConfigErrors: one line per error.
+    """
     from omegaconf import OmegaConf
 
     defaults = packaged_defaults()
@@ -82,4 +113,7 @@ def check_run_config(cfg) -> None:
         values = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # noqa: BLE001 - reported by trainer.launch with the key that does not resolve
         return
-    check_types(values, defaults)
+    if prestart is None or not mistyped(values, defaults):
+        check_types(values, defaults)
+        return
+    raise ConfigErrors(start_errors(cfg, defaults, prestart))

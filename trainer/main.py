@@ -58,10 +58,10 @@ def report_user_error(exc: BaseException) -> None:
 def main(cfg: DictConfig) -> None:
     from trainer.interrupt import as_interrupt, exit_interrupted, interrupted_by, shutdown_ray
     from trainer.config_types import check_run_config
-    from trainer.launch import run
+    from trainer.launch import prestart, run
 
     try:
-        check_run_config(cfg)
+        check_run_config(cfg, prestart)  # mistyped values, with every other error of the config
         last = run(cfg)
         shutdown_ray()  # no Ray process of this run outlives it
         if last.get("_stopped_by_sigterm"):  # the step finished and the work was kept, but the run did not end
@@ -92,15 +92,19 @@ def check_command_line(args: list[str]) -> list[str]:
     errors = ErrorCollector(prepared.errors)
     keys = [o for o in prepared.overrides if "=" in o and not o.startswith("-") and
             not o.lstrip("+~").startswith("hydra.")]
+    groups = [o for o in keys if "." not in o.split("=", 1)[0] and not o.startswith(("+", "~"))]
     try:
         from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
 
+        from trainer.config_types import start_errors
         from trainer.launch import prestart
 
         with initialize_config_dir(config_dir=os.path.join(_ROOT, "configs"), version_base="1.3"):
             cfg = compose(config_name="ppo_trainer", overrides=keys)
-        with errors.check():
-            prestart(cfg)
+            defaults = OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=groups), resolve=False)
+        for line in start_errors(cfg, defaults, prestart):
+            errors.add(line)
     except Exception:  # noqa: BLE001 (what does not compose is already among the command line's errors)
         pass
     report_user_error(ConfigError("\n".join(errors.messages)))

@@ -44,8 +44,14 @@ def takes_extra_info(fn: Callable) -> bool:
 
 
 def scorer_label(fn: Callable, name: str | None = None) -> str:
-    """How errors name a scorer: the registry name (or data_source value) and the function's qualified name."""
-    qual = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    """How errors name a scorer: the registry name (or data_source value) and the function's qualified name; a
+    ``custom_reward_function`` (a module loaded from its file) is named by its file: ``/path/my_reward.py:fn``."""
+    import sys
+
+    module = getattr(fn, "__module__", None) or "?"
+    where = getattr(sys.modules.get(module), "__file__", None) if module.startswith("rewards_custom_") else None
+    qual = f"{where}:" if where else f"{module}."
+    qual += getattr(fn, "__qualname__", type(fn).__name__)
     return f"{name!r} ({qual})" if name else qual
 
 

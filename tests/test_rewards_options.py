@@ -116,8 +116,9 @@ def test_p27_custom_reward_function_options(tmp_path):
     scores, _ = _score(_batch([RESPONSE], ["anything"], ["7"]), scorer=verl_style, scorer_kwargs=opts)
     assert scores == [1.5]
     cfg["reward_model"]["custom_reward_function"]["reward_kwargs"] = {"bonsu": 0.5}
-    with pytest.raises(TypeError, match=r"'bonsu'.*compute_score.*\['bonus'\]"):
+    with pytest.raises(TypeError, match=r"'bonsu'.*compute_score.*\['bonus'\]") as info:
         RewardManager(CharTokenizer(), scorer=verl_style, scorer_kwargs=reward_options(cfg), num_workers=0)
+    assert f"{tmp_path / 'my_reward.py'}:compute_score" in str(info.value)  # the user's file, not a module name
     cfg["reward_model"]["scorer_kwargs"] = {"bonsu": 1.0}
     with pytest.raises(ConfigError, match="'bonsu' is set to 1.0"):
         reward_options(cfg)

@@ -118,8 +118,3 @@ def test_p31_every_registered_estimator_runs_a_step_or_is_refused_before_start(t
         assert abs(row["critic/advantages/mean"]) < 1e-4, row["critic/advantages/mean"]
 
 
-@pytest.mark.parametrize("loss_mode", sorted(core_algos.POLICY_LOSS_REGISTRY))
-def test_every_registered_policy_loss_runs_a_step(tmp_path, loss_mode):
-    row = _accepted_runs_or_refused_cleanly(tmp_path, [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
-                                                       *ONE_STEP], ("actor/pg_loss", "actor/ppo_kl"))
-    assert row is not None

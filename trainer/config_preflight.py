@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 
 from trainer.config_checks import ConfigError, ErrorCollector, check_model_files, run_checks
 from trainer.megatron_checks import check_megatron_model
@@ -37,14 +38,60 @@ def _as_list(files) -> list[str]:
 def preflight(cfg: dict) -> None:
     """Fast checks of paths and model limits before anything heavy is imported or any worker starts.
 
-    Model folders must hold ``config.json``; data files must exist; the Ulysses size must divide the model's
-    attention heads (:func:`trainer.config.actor.check_ulysses_heads`, the patch's own rule); prompt +
+    ``trainer.output_dir`` (and ``trainer.default_local_dir`` when ``trainer.save_freq > 0``) can be written
+    (:func:`check_writable_folder`); model folders must hold ``config.json``; data files must exist; the Ulysses
+    size must divide the model's attention heads (:func:`trainer.config.actor.check_ulysses_heads`, the patch's own rule); prompt +
     response must fit ``max_position_embeddings``. Every section runs; their errors are raised together.
 
     Raises:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
     """
-    run_checks(cfg, (_check_model_paths, _check_resume, _check_data_files, _check_model_files, _check_model_fit))
+    run_checks(cfg, (_check_output_folders, _check_model_paths, _check_resume, _check_data_files, _check_model_files,
+                     _check_model_fit))
+
+
+def check_writable_folder(key: str, path: str, what: str) -> None:
+    """``path`` (the value of config ``key``) is a folder, new or existing, that ``what`` can be written to: when it
+    exists it is a folder, else its nearest existing ancestor is; that folder is proven writable by creating and
+    removing a temporary folder in it (``tempfile.mkdtemp`` + ``os.rmdir``), so nothing is left behind and nothing
+    is created for a run that is refused.
+
+    Raises:
+        ConfigError: one line naming the key, the value and what is wrong (a file, a path under a file, a broken
+            symbolic link, a folder that cannot be written).
+    """
+    expected = f"expected a folder (new or existing) that {what} can be written to"
+    here = os.path.abspath(path)
+    while not os.path.exists(here):
+        if os.path.islink(here):
+            raise ConfigError(f"{key}={path!r}: {here!r} is a broken symbolic link; {expected}")
+        here = os.path.dirname(here)  # the root exists, so this ends
+    if not os.path.isdir(here):
+        kind = "a file" if os.path.isfile(here) else "not a folder"
+        where = f"is {kind}" if here == os.path.abspath(path) else f"is under {here!r}, which is {kind}"
+        raise ConfigError(f"{key}={path!r} {where}; {expected}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write_check_", dir=here))
+    except OSError as exc:
+        where = "" if here == os.path.abspath(path) else f" (in its nearest existing folder {here!r})"
+        raise ConfigError(f"{key}={path!r} cannot be written{where}: creating a folder there failed "
+                          f"({exc.strerror or exc}); {expected}") from None
+
+
+def _check_output_folders(cfg: dict) -> None:
+    """``trainer.output_dir`` (metrics, exports: always written) and ``trainer.default_local_dir`` (when the run
+    saves) can be written; a checkpoint folder inside an output folder already refused is not reported again."""
+    t = cfg["trainer"]
+    errors = ErrorCollector()
+    out = t.get("output_dir")
+    if out:
+        errors.run(check_writable_folder, "trainer.output_dir", out, "the run's metrics and exports")
+    ckpt = t.get("default_local_dir")
+    bad_out = bool(errors.messages)
+    inside = bool(out) and (os.path.abspath(str(ckpt)) + os.sep).startswith(os.path.join(os.path.abspath(out), ""))
+    if ckpt and int(t.get("save_freq") or 0) > 0 and not (bad_out and inside):
+        errors.run(check_writable_folder, "trainer.default_local_dir", ckpt, "checkpoints")
+    errors.raise_if_any()
 
 
 def _check_model_paths(cfg: dict) -> None:

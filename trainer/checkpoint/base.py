@@ -16,7 +16,8 @@ does the last two. A crash anywhere before the tracker is written leaves the pre
 :func:`find_latest_checkpoint` returns, and retention never runs before the new checkpoint is complete
 (verl deleted the old checkpoint first, its issue #4873).
 
-A step folder counts as *complete* when its ``data.pt`` exists (written after every role, atomically).
+A step folder counts as *complete* when its ``data.pt`` exists (written after every role, atomically);
+``resume_mode=auto`` also requires every file of it (:func:`trainer.checkpoint.verify.verify_step_folder`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ import numpy as np
 import torch
 
 from trainer.checkpoint.atomic import atomic_torch_save, atomic_write_text
+from trainer.checkpoint.verify import TRAINER_STATE_FILE, IncompleteCheckpoint, verify_step_folder
 
 logger = logging.getLogger(__name__)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
-TRAINER_STATE_FILE = "data.pt"
 STEP_DIR_PREFIX = "global_step_"
 _STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
 
@@ -334,8 +335,13 @@ def resolve_resume_path(resume_mode: str, root: str | None) -> tuple[str | None,
     """Map ``trainer.resume_mode`` to ``(step folder or None, global step)``.
 
     - ``"disable"``: ``(None, 0)``: train from scratch.
-    - ``"auto"``: the tracker's checkpoint under ``root`` (``trainer.default_local_dir``), or ``(None, 0)``.
-    - any other string: a path whose last ``global_step_<N>`` component gives the step.
+    - ``"auto"``: the tracker's checkpoint under ``root`` (``trainer.default_local_dir``), or ``(None, 0)``. When
+      that step folder is incomplete (a file missing or cut short, e.g. one rank's optimizer shard deleted:
+      :func:`trainer.checkpoint.verify.verify_step_folder`), the newest complete earlier step is taken with a
+      warning naming what is wrong with the newer one (auto resumes from the last usable checkpoint; the next save
+      writes over the broken step). With none, the newest is returned and refused before start-up, naming the file.
+    - any other string: a path whose last ``global_step_<N>`` component gives the step; it is used as named (an
+      incomplete one is refused before start-up, :func:`trainer.resume_checks.check_resume_checkpoint`).
     The trainer then runs from step ``N + 1``.
 
     Raises:
@@ -351,8 +357,35 @@ def resolve_resume_path(resume_mode: str, root: str | None) -> tuple[str | None,
         if path is None:
             logger.info("resume_mode=auto: no checkpoint under %s, training from scratch", root)
             return None, 0
+        path = _newest_usable(root, path)
         return path, parse_step(path)
     step = parse_step(resume_mode)
     if not os.path.isdir(resume_mode):
         raise FileNotFoundError(f"trainer.resume_mode names {resume_mode!r}, which does not exist")
     return resume_mode, step
+
+
+_warned_fallbacks: set[tuple[str, str]] = set()  # resolve_resume_path runs several times per run: warn once
+
+
+def _newest_usable(root: str, path: str) -> str:
+    """``path`` when it is complete, else the newest complete step folder before it (warned once), else ``path``."""
+    try:
+        verify_step_folder(path, [])
+        return path
+    except IncompleteCheckpoint as exc:
+        problem = exc.problem
+    step = parse_step(path)
+    for earlier_step, earlier in reversed(list_checkpoints(root)):
+        if earlier_step >= step or not is_complete_checkpoint(earlier):
+            continue
+        try:
+            verify_step_folder(earlier, [])
+        except IncompleteCheckpoint:
+            continue
+        if (path, earlier) not in _warned_fallbacks:
+            _warned_fallbacks.add((path, earlier))
+            logger.warning("trainer.resume_mode=auto: the newest checkpoint %s is incomplete (%s); resuming from "
+                           "the newest complete earlier one, %s", path, problem, earlier)
+        return earlier
+    return path

@@ -1,18 +1,50 @@
 """Cheap readability checks of a saved checkpoint, run before anything loads it (the resume check before the workers
-start, :func:`trainer.resume_checks.check_resume_checkpoint`, and ``tools/export_hf.py``), so that a truncated or
+start, :func:`trainer.resume_checks.check_resume_checkpoint`; ``resume_mode=auto``'s choice of a step,
+:func:`trainer.checkpoint.base.resolve_resume_path`; and ``tools/export_hf.py``), so that a truncated or
 half-deleted checkpoint stops in one line naming the file instead of a traceback from inside a worker.
 
 Every file ``torch.save`` writes is a zip archive whose directory sits at its end: a file cut short (a copy that
 stopped, a full disk) has none, which :func:`zipfile.is_zipfile` sees by reading the last bytes only.
+
+A DeepSpeed role folder saved by W ranks (:class:`trainer.checkpoint.deepspeed_manager.DeepSpeedCheckpointManager`,
+deepspeed 0.19's ``save_checkpoint``) holds, besides ``latest`` and the tag folder it names:
+
+- ``<tag>/mp_rank_00_model_states.pt`` (ZeRO 0-2: rank 0 writes the module, LR scheduler and client state), or
+  ``<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt`` for every rank r < W (ZeRO-3: each rank's partition);
+- ``<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` for every rank r < W, when the optimizer is
+  partitioned (ZeRO >= 1, or bf16 at ZeRO-0: each rank's optimizer shard);
+- ``rng_rank_<r>.pt`` for every rank r < W (the trainer's per-rank RNG states: a resume needs them, an export
+  does not).
+
+W is read from what is there, not from the file count: the highest rank index any per-rank file names, plus one,
+or the ranks of the run that saved the step (``trainer.nnodes x trainer.n_gpus_per_node`` in its ``data.pt``) when
+larger, so that one deleted file of rank 1 is named as missing instead of the folder reading as saved by fewer ranks.
+A kind of file that is gone for every rank at once (all optimizer shards) is not seen by name; DeepSpeed reports it.
 """
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 
-from trainer.checkpoint.base import TRAINER_STATE_FILE
+__all__ = ["TRAINER_STATE_FILE", "IncompleteCheckpoint", "unreadable_files", "saved_ranks", "saved_world",
+           "expected_files", "verify_deepspeed_role", "verify_step_folder"]
 
-__all__ = ["unreadable_files", "saved_ranks", "verify_deepspeed_role", "verify_step_folder"]
+#: the trainer state of a step folder (data loader, global step, run config), written after every role
+TRAINER_STATE_FILE = "data.pt"
+_SHARD_RE = re.compile(r"^(?P<kind>(?:bf16_)?zero_pp_rank_)(?P<rank>\d+)(?P<rest>_mp_rank_\d+_(?:optim|model)_states\.pt)$")
+_RNG_RE = re.compile(r"^rng_rank_(\d+)\.pt$")
+_ADVICE = ("use an earlier global_step_<N> (to resume: trainer.resume_mode=<its path>; trainer.resume_mode=auto "
+           "takes the newest complete one), or restore the file")
+
+
+class IncompleteCheckpoint(ValueError):
+    """A file or folder of a checkpoint is missing or cut short (a save that did not finish, files deleted or copied
+    in part). ``problem`` names it; ``str()`` adds what to do."""
+
+    def __init__(self, problem: str):
+        self.problem = problem
+        super().__init__(f"{problem}; {_ADVICE}")
 
 
 def unreadable_files(folder: str) -> list[str]:
@@ -26,45 +58,101 @@ def unreadable_files(folder: str) -> list[str]:
     return sorted(bad)
 
 
-def verify_deepspeed_role(role_dir: str, tag: str | None = None) -> None:
-    """A DeepSpeed role folder (``global_step_<N>/actor``) holds its ``latest`` tag file, the tag's folder with a
-    ``*model_states.pt`` file, and only complete ``*.pt`` archives.
+def saved_ranks(role_dir: str, tag: str | None = None) -> int:
+    """The number of ranks that saved a DeepSpeed role folder as its file names show: the highest rank index of its
+    per-rank files (``rng_rank_<r>.pt``, ``<tag>/*zero_pp_rank_<r>_*``) plus one (0 when there is none)."""
+    tag = tag if tag is not None else _read_tag(role_dir)
+    folder = os.path.join(role_dir, tag)
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    ranks = [int(m["rank"]) for m in map(_SHARD_RE.match, names) if m]
+    ranks += [int(m.group(1)) for m in map(_RNG_RE.match, os.listdir(role_dir)) if m]
+    return max(ranks, default=-1) + 1
+
+
+def saved_world(step_dir: str) -> int | None:
+    """The number of ranks of the run that saved ``step_dir`` (``trainer.nnodes x trainer.n_gpus_per_node`` of the
+    config its ``data.pt`` keeps); None when it keeps none.
 
     Raises:
-        ValueError: naming the folder or file that is missing or cut short.
+        IncompleteCheckpoint: ``data.pt`` is missing, cut short or cannot be read.
     """
+    state = os.path.join(step_dir, TRAINER_STATE_FILE)
+    if not os.path.isfile(state):
+        raise IncompleteCheckpoint(f"{state!r} is missing: {step_dir!r} is an incomplete checkpoint (the trainer "
+                                   "state is written last)")
+    if not zipfile.is_zipfile(state):
+        raise IncompleteCheckpoint(f"{state!r} is not a complete torch checkpoint file (cut short or corrupted)")
+    import torch
+
+    try:
+        saved = torch.load(state, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to read the archive is the same fault for the user
+        raise IncompleteCheckpoint(f"{state!r} cannot be read ({type(exc).__name__}: {exc})".split("\n")[0]) from None
+    trainer = (saved.get("config") or {}).get("trainer") if isinstance(saved, dict) else None
+    try:
+        return int(trainer["nnodes"]) * int(trainer["n_gpus_per_node"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def expected_files(role_dir: str, tag: str, world: int | None = None, rng: bool = True) -> tuple[int, list[str]]:
+    """``(W, files)``: the ranks W that saved the DeepSpeed role folder ``role_dir`` (:func:`saved_ranks`, or
+    ``world`` when larger: the ranks of the run that saved it) and every file, relative to ``role_dir``, a save by
+    W ranks writes there (the module docstring lists them; ``rng=False``: without the RNG files)."""
+    ranks = max(saved_ranks(role_dir, tag), world or 0, 1)
+    folder = os.path.join(role_dir, tag)
+    kinds = sorted({(m["kind"], m["rest"]) for m in map(_SHARD_RE.match, os.listdir(folder)) if m})
+    files = [os.path.join(tag, f"{kind}{r}{rest}") for kind, rest in kinds for r in range(ranks)]
+    if not any(rest.endswith("_model_states.pt") for _, rest in kinds):  # ZeRO 0-2: rank 0's one file
+        files.insert(0, os.path.join(tag, "mp_rank_00_model_states.pt"))
+    return ranks, files + ([f"rng_rank_{r}.pt" for r in range(ranks)] if rng else [])
+
+
+def _read_tag(role_dir: str) -> str:
     latest = os.path.join(role_dir, "latest")
-    if tag is None:
-        if not os.path.isfile(latest):
-            raise ValueError(f"{latest!r} is missing: {role_dir!r} is not a complete DeepSpeed checkpoint")
-        with open(latest, encoding="utf-8") as f:
-            tag = f.read().strip()
+    if not os.path.isfile(latest):
+        raise IncompleteCheckpoint(f"{latest!r} is missing: {role_dir!r} is not a complete DeepSpeed checkpoint")
+    with open(latest, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+def verify_deepspeed_role(role_dir: str, tag: str | None = None, world: int | None = None, rng: bool = False) -> int:
+    """A DeepSpeed role folder (``global_step_<N>/actor``) holds its ``latest`` tag file, the tag's folder with a
+    ``*model_states.pt`` file, every per-rank file of :func:`expected_files` (``world``: the ranks of the run that
+    saved it, when known; ``rng``: each rank's RNG file too, which a resume restores and an export does not read),
+    and only complete ``*.pt`` archives. Returns the number of ranks that saved it.
+
+    Raises:
+        IncompleteCheckpoint: (a ValueError) naming the folder or file that is missing or cut short.
+    """
+    tag = tag if tag is not None else _read_tag(role_dir)
     folder = os.path.join(role_dir, tag)
     states = [n for n in os.listdir(folder) if n.endswith("model_states.pt")] if os.path.isdir(folder) else []
     if not states:
-        raise ValueError(f"{folder!r} holds no *model_states.pt file: the checkpoint is incomplete (a save that "
-                         "did not finish, or files deleted)")
+        raise IncompleteCheckpoint(f"{folder!r} holds no *model_states.pt file: the checkpoint is incomplete (a "
+                                   "save that did not finish, or files deleted)")
+    ranks, files = expected_files(role_dir, tag, world, rng)
+    missing = [os.path.join(role_dir, f) for f in files if not os.path.isfile(os.path.join(role_dir, f))]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise IncompleteCheckpoint(f"{missing[0]!r}{more} is missing (the checkpoint is incomplete: {role_dir!r} "
+                                   f"was saved by {ranks} ranks, each writing its own files)")
     _no_unreadable(role_dir)
-
-
-def saved_ranks(role_dir: str) -> int:
-    """The number of ranks that saved a DeepSpeed role folder (each writes its ``rng_rank_<r>.pt``)."""
-    return sum(1 for n in os.listdir(role_dir) if n.startswith("rng_rank_") and n.endswith(".pt"))
+    return ranks
 
 
 def verify_step_folder(step_dir: str, roles: list[str], world: int | None = None) -> None:
     """A step folder (``global_step_<N>``) has its trainer state and a folder for each of ``roles`` (the roles this
-    run loads), every DeepSpeed role folder in it passes :func:`verify_deepspeed_role`, and every ``*.pt`` file in
-    it is complete. With ``world``, the DeepSpeed folders of ``roles`` were saved by that many ranks (DeepSpeed
-    restores its partitions at the world size that saved them).
+    run loads), every DeepSpeed role folder in it passes :func:`verify_deepspeed_role` (at the ranks of the run
+    that saved the step, read from its ``data.pt``), and every ``*.pt`` file in it is complete. With ``world``, the
+    DeepSpeed folders of ``roles`` were saved by that many ranks (DeepSpeed restores its partitions at the world
+    size that saved them). ``roles=[]`` and no ``world`` check completeness only (``resume_mode=auto``'s choice).
 
     Raises:
-        ValueError: naming what is missing, cut short or saved at another world size.
+        IncompleteCheckpoint: (a ValueError) naming the file or folder that is missing or cut short.
+        ValueError: a role folder this run loads is missing, or the step was saved at another world size.
     """
-    state = os.path.join(step_dir, TRAINER_STATE_FILE)
-    if not os.path.isfile(state):
-        raise ValueError(f"{state!r} is missing: {step_dir!r} is an incomplete checkpoint (the trainer state is "
-                         "written last); resume from an older global_step_<N>")
+    saved = saved_world(step_dir)
     for role in roles:
         if not os.path.isdir(os.path.join(step_dir, role)):
             present = sorted(n for n in os.listdir(step_dir) if os.path.isdir(os.path.join(step_dir, n)))
@@ -74,9 +162,8 @@ def verify_step_folder(step_dir: str, roles: list[str], world: int | None = None
     for name in sorted(os.listdir(step_dir)):
         role_dir = os.path.join(step_dir, name)
         if os.path.isfile(os.path.join(role_dir, "latest")):
-            verify_deepspeed_role(role_dir)
-            ranks = saved_ranks(role_dir)
-            if world is not None and name in roles and ranks and ranks != world:
+            ranks = verify_deepspeed_role(role_dir, world=saved, rng=True)
+            if world is not None and name in roles and ranks != world:
                 raise ValueError(f"{role_dir!r} was saved by {ranks} ranks but this run has {world} "
                                  "(trainer.nnodes x trainer.n_gpus_per_node); resume with the same number of "
                                  "workers, or start a new run from its HF export (tools/export_hf.py)")
@@ -87,5 +174,5 @@ def _no_unreadable(folder: str) -> None:
     bad = unreadable_files(folder)
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ValueError(f"{bad[0]!r}{more} is not a complete torch checkpoint file (cut short or corrupted); "
-                         "resume from another global_step_<N>, or save it again")
+        raise IncompleteCheckpoint(f"{bad[0]!r}{more} is not a complete torch checkpoint file (cut short or "
+                                   "corrupted)")

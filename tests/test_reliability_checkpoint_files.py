@@ -21,16 +21,6 @@ from trainer.config_checks import ConfigError
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A real run's output folder with the checkpoint of its step 1 (2 DeepSpeed ranks, ZeRO-2)."""
-    out = str(tmp_path_factory.mktemp("ckpt") / "run")
-    proc = run_cli(out, *[a for a in SHORT if "total_training_steps" not in a], "trainer.total_training_steps=1",
-                   "trainer.save_freq=1", "trainer.export_hf_on_end=false", timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return out
-
-
 def _copy(saved, tmp_path):
     out = str(tmp_path / "run")
     shutil.copytree(saved, out)
@@ -46,7 +36,7 @@ def _truncate(path):
 
 def _resume(out, *more):
     return run_cli(out, *[a for a in SHORT if "total_training_steps" not in a], "trainer.total_training_steps=2",
-                   "trainer.resume_mode=auto", "trainer.export_hf_on_end=false", *more)
+                   "trainer.resume_mode=auto", "trainer.export_hf_on_end=false", *more, forked=True)
 
 
 _SHARD1 = "zero_pp_rank_1_mp_rank_00_optim_states.pt"   # DeepSpeed's ZeRO-2 optimizer shard of rank 1 (fp32 on CPU)
@@ -180,5 +170,5 @@ def test_a_resume_at_another_world_size_stops_in_one_line(saved, tmp_path):
 
 def test_a_role_folder_named_for_resume_points_at_its_step_folder(saved, tmp_path):
     out, step = _copy(saved, tmp_path)
-    proc = run_cli(out, *SHORT, f"trainer.resume_mode={os.path.join(step, 'actor')}")
+    proc = run_cli(out, *SHORT, f"trainer.resume_mode={os.path.join(step, 'actor')}", forked=True)
     assert_one_line_error(proc, "is a role folder", f"{step!r}")

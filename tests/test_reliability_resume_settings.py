@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.test_reliability_checkpoint_files import _copy, _resume, saved  # noqa: F401  (the module's checkpoint)
+from tests.test_reliability_checkpoint_files import _copy, _resume  # the checkpoint: tests/conftest.py's saved
 from tests.test_reliability_config import assert_one_line_error
 
 pytestmark = pytest.mark.slow
@@ -19,19 +19,19 @@ OPTIM = "actor_rollout_ref.actor.optim"
     (f"{OPTIM}.betas=[0.9,0.95]", f"{OPTIM}.betas=[0.9, 0.95] (checkpoint: [0.9, 0.999])"),
     (f"{OPTIM}.weight_decay=0.1", f"{OPTIM}.weight_decay=0.1 (checkpoint: 0.0)"),
 ])
-def test_an_optimizer_setting_the_resume_would_ignore_is_refused(saved, tmp_path, override, needle):  # noqa: F811
+def test_an_optimizer_setting_the_resume_would_ignore_is_refused(saved, tmp_path, override, needle):
     out, _ = _copy(saved, tmp_path)
     assert_one_line_error(_resume(out, override), "trainer.resume_mode", needle, "would be ignored")
 
 
-def test_a_changed_data_order_on_resume_is_refused(saved, tmp_path):  # noqa: F811
+def test_a_changed_data_order_on_resume_is_refused(saved, tmp_path):
     """The saved loader position counts batches of the checkpoint's row order: a new seed would repeat or skip rows."""
     out, _ = _copy(saved, tmp_path)
     assert_one_line_error(_resume(out, "data.seed=5"), "trainer.resume_mode", "data.seed=5 (checkpoint: 0)",
                           "rows would repeat or be skipped")
 
 
-def test_the_same_settings_resume(saved, tmp_path):  # noqa: F811
+def test_the_same_settings_resume(saved, tmp_path):
     out, _ = _copy(saved, tmp_path)
     proc = _resume(out, f"{OPTIM}.lr=5e-3", f"{OPTIM}.lr_scheduler_type=constant")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

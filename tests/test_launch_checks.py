@@ -154,3 +154,20 @@ def test_resume_refuses_another_row_order_or_batch_size(tmp_path):
             check_resume_data(_cfg(override), str(step))
     torch.save({"global_step": 1}, str(step / "data.pt"))  # saved without a config: not compared
     check_resume_data(_cfg("data.seed=7"), str(step))
+
+
+def test_resume_path_mode_without_a_path_is_one_error_not_two(tmp_path):
+    """``resume_mode=resume_path`` without ``resume_from_path`` gave a second, confusing line ("checkpoint path
+    'resume_path' has no 'global_step_<N>'") besides the one that says what to add."""
+    from trainer.config_preflight import resume_path
+    from trainer.launch import prestart
+
+    cfg = _cfg("trainer.resume_mode=resume_path", f"trainer.output_dir={tmp_path}")
+    assert resume_path(cfg) is None
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
+        from hydra import compose
+
+        hydra_cfg = compose("ppo_trainer", overrides=["trainer.resume_mode=resume_path", f"trainer.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as info:
+        prestart(hydra_cfg)
+    assert str(info.value) == "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>"

@@ -116,7 +116,7 @@ def resume_path(cfg: dict) -> str | None:
         ConfigError: a ``resume_mode`` path that does not exist or holds no checkpoint.
     """
     mode = cfg["trainer"]["resume_mode"]
-    if mode == "disable":
+    if mode in ("disable", "resume_path"):  # resume_path still here: no resume_from_path (resolve_config says so)
         return None
     from trainer.checkpoint.base import resolve_resume_path
 

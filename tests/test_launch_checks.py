@@ -171,3 +171,21 @@ def test_resume_path_mode_without_a_path_is_one_error_not_two(tmp_path):
     with pytest.raises(ConfigError) as info:
         prestart(hydra_cfg)
     assert str(info.value) == "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>"
+
+
+def test_a_changed_lr_schedule_on_resume_is_warned(tmp_path):
+    """The scheduler's position is restored and the new schedule is followed from there (the rate jumped from
+    0.005 to 0.002 at the resumed step without a word)."""
+    import torch
+
+    from trainer.resume_checks import resume_schedule_warnings
+
+    step = tmp_path / "global_step_1"
+    step.mkdir()
+    torch.save({"global_step": 1, "config": _cfg("actor_rollout_ref.actor.optim.lr_warmup_steps=2")}, str(step / "data.pt"))
+    assert resume_schedule_warnings(_cfg("actor_rollout_ref.actor.optim.lr_warmup_steps=2"), str(step)) == []
+    assert resume_schedule_warnings(_cfg("actor_rollout_ref.actor.optim.lr_warmup_steps=-1"), str(step)) == []
+    (line,) = resume_schedule_warnings(_cfg("actor_rollout_ref.actor.optim.lr_warmup_steps=2",
+                                            "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"), str(step))
+    assert "actor_rollout_ref.actor.optim.lr_scheduler_type='cosine' (checkpoint: 'constant')" in line
+    assert "schedule changes at the resumed step" in line

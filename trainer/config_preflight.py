@@ -13,7 +13,8 @@ import tempfile
 
 from trainer.config_checks import ConfigError, ErrorCollector, check_model_files, run_checks
 from trainer.megatron_checks import check_megatron_model
-from trainer.resume_checks import check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim
+from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
+                                   resume_schedule_warnings)
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,8 @@ def _check_resume(cfg: dict) -> None:
         check_resume_checkpoint(cfg, step_dir)
         check_resume_optim(cfg, step_dir)
         check_resume_data(cfg, step_dir)
+        for line in resume_schedule_warnings(cfg, step_dir):
+            logger.warning(line)
 
 
 def _check_no_overwrite(cfg: dict) -> None:

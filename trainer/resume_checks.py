@@ -12,11 +12,13 @@ import os
 from trainer.config.trainer import run_strategy
 from trainer.config_checks import ConfigError, as_int
 
-__all__ = ["DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "check_resume_checkpoint", "check_resume_data", "check_resume_model",
-           "check_resume_optim"]
+__all__ = ["DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "SCHEDULE_KEYS", "check_resume_checkpoint", "check_resume_data",
+           "check_resume_model", "check_resume_optim", "resume_schedule_warnings"]
 
 #: the ``optim`` keys whose values a resume takes from the checkpoint (the optimizer's param groups)
 RESTORED_OPTIM_KEYS = ("lr", "weight_decay", "betas")
+#: the ``optim`` keys of the learning-rate schedule: a resume follows the new values from its step on (a warning)
+SCHEDULE_KEYS = ("lr_scheduler_type", "lr_warmup_steps", "lr_warmup_steps_ratio", "min_lr_ratio", "num_cycles")
 #: the ``data`` keys that fix which rows the saved loader position points at (the order and the batch size)
 DATA_ORDER_KEYS = ("seed", "shuffle", "train_batch_size", "gen_batch_size")
 _ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)),
@@ -70,16 +72,13 @@ def check_resume_data(cfg: dict, step_dir: str) -> None:
                           "checkpoint's values, or start a new run from its HF export (tools/export_hf.py)")
 
 
-def check_resume_optim(cfg: dict, step_dir: str) -> None:
-    """The optimizer settings of every trained role (actor; critic when on; PRIME's PRM) equal those the checkpoint at
-    ``step_dir`` was saved with (a checkpoint whose ``data.pt`` holds no config is not compared).
-
-    Raises:
-        ConfigError: one line per differing key is joined into one message naming each key and both values.
-    """
+def _optim_diffs(cfg: dict, step_dir: str, keys: tuple[str, ...]) -> list[str]:
+    """``<role>.optim.<key>=<now> (checkpoint: <saved>)`` for each of ``keys`` whose value differs from the one the
+    checkpoint at ``step_dir`` was saved with, over the trained roles (actor; critic when on; PRIME's PRM). A
+    warmup of -1 (from its ratio) is not compared: the checkpoint holds the number it was planned to."""
     saved_cfg = _saved_config(step_dir)
     if saved_cfg is None:
-        return
+        return []
     diffs = []
     for key, path in _ROLES:
         if key == "critic" and not (cfg.get("critic") or {}).get("enable"):
@@ -89,8 +88,31 @@ def check_resume_optim(cfg: dict, step_dir: str) -> None:
         now, saved = _optim(cfg, path), _optim(saved_cfg, path)
         if not isinstance(now, dict) or not isinstance(saved, dict):
             continue
-        diffs += [f"{key}.optim.{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in RESTORED_OPTIM_KEYS
-                  if k in now and k in saved and not _same(now[k], saved[k])]
+        diffs += [f"{key}.optim.{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in keys
+                  if k in now and k in saved and not _same(now[k], saved[k])
+                  and not (k == "lr_warmup_steps" and isinstance(now[k], int) and now[k] < 0)]
+    return diffs
+
+
+def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
+    """One warning line when a resume changes the learning-rate schedule (:data:`SCHEDULE_KEYS`): the scheduler's
+    step count is restored, so the new schedule takes over from the resumed step (the rate can jump there); the
+    run is allowed (a schedule changed on purpose is a use), but not silently."""
+    diffs = _optim_diffs(cfg, step_dir, SCHEDULE_KEYS)
+    if not diffs:
+        return []
+    return [f"trainer.resume_mode: {', '.join(diffs)}: the learning-rate schedule changes at the resumed step (the "
+            "scheduler's position is restored, the new schedule is followed from there; the rate may jump)"]
+
+
+def check_resume_optim(cfg: dict, step_dir: str) -> None:
+    """The optimizer settings of every trained role (actor; critic when on; PRIME's PRM) equal those the checkpoint at
+    ``step_dir`` was saved with (a checkpoint whose ``data.pt`` holds no config is not compared).
+
+    Raises:
+        ConfigError: one line per differing key is joined into one message naming each key and both values.
+    """
+    diffs = _optim_diffs(cfg, step_dir, RESTORED_OPTIM_KEYS)
     if diffs:
         raise ConfigError(f"trainer.resume_mode: {', '.join(diffs)}: a resume restores the checkpoint's optimizer "
                           "settings, so the new value would be ignored; resume with the checkpoint's values, "

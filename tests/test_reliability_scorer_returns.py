@@ -50,7 +50,7 @@ def test_a_scorer_that_raises_on_every_response_stops_the_run_in_one_line(tmp_pa
     path = tmp_path / "my_reward.py"
     path.write_text(SIG + "    import missing_module_of_the_user\n    return 1.0\n")
     proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", "trainer.total_training_steps=2",
-                   "trainer.val_before_train=false")
+                   "trainer.val_before_train=false", forked=True)
     out = proc.stdout + proc.stderr
     errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
     assert proc.returncode == 2 and len(errors) == 1, out[-3000:]

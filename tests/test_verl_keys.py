@@ -413,3 +413,18 @@ def test_a_mistyped_value_does_not_hide_the_other_errors(tmp_path, unknown):
     assert len(errors) == len(needles), errors
     for needle in needles:
         assert any(needle in e for e in errors), (needle, errors)
+
+
+def test_several_bad_values_of_one_section_are_all_named(tmp_path):
+    """A config section stops at its first bad value: ppo_epochs=0, clip_ratio_c=0.5 and loss_agg_mode=token_mean
+    of the actor came one per run. The checks now run again with each named key at its default."""
+    from tests.test_reliability_config import run_cli
+
+    a = "actor_rollout_ref.actor"
+    proc = run_cli(str(tmp_path / "out"), f"{a}.loss_agg_mode=token_mean", f"{a}.ppo_epochs=0", f"{a}.clip_ratio_c=0.5",
+                   forked=True)
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(errors) == 3, errors
+    for needle in (f"{a}.loss_agg_mode='token_mean'", f"{a}.ppo_epochs=0", f"{a}.clip_ratio_c=0.5"):
+        assert any(needle in e for e in errors), (needle, errors)

@@ -3,6 +3,7 @@ a number, a boolean a boolean. Checked on the Hydra config before anything start
 or ``trainer.save_freq=1.5`` stop in one line naming the key instead of failing deep inside a worker."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trainer.config_checks import ConfigErrors
@@ -53,11 +54,31 @@ def type_errors(cfg: dict, defaults: dict) -> list[str]:
             for path, value, default in mistyped(cfg, defaults)]
 
 
+#: ``<dotted.key>=<value>...``: the key an error line names (the checks' message form)
+_NAMED_KEY = re.compile(r"^([A-Za-z_][\w]*(?:\.[\w]+)+)=")
+_ROUNDS = 6
+
+
+def _default_at(defaults: dict, path: str):
+    node = defaults
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _NONE
+        node = node[part]
+    return _NONE if isinstance(node, dict) else node
+
+
+_NONE = object()
+
+
 def start_errors(cfg, defaults: dict, prestart) -> list[str]:
     """Every error a run config has, at once: the :func:`type_errors` of ``cfg`` (a DictConfig) against
     ``defaults``, then those of ``prestart(cfg)`` (the launcher's checks) run on a copy whose mistyped values are
-    put back to their defaults (so that a value check does not trip over ``train_batch_size='abc'``); a check that
-    fails otherwise than with a ConfigError adds nothing (its key is among the errors already). [] when all pass."""
+    put back to their defaults (so that a value check does not trip over ``train_batch_size='abc'``). A check
+    section stops at its first bad value, so the checks run again (up to 6 rounds) with each key an error line
+    names (``<key>=<value>; ...``) put back to its default, until no new line appears; a line that mentions a key
+    put back is left out (it may be about the default). A check that fails otherwise than with a ConfigError adds
+    nothing (its key is among the errors already). [] when all pass."""
     from omegaconf import OmegaConf
 
     from trainer.config_checks import ErrorCollector
@@ -65,14 +86,44 @@ def start_errors(cfg, defaults: dict, prestart) -> list[str]:
     bad = mistyped(OmegaConf.to_container(cfg, resolve=True), defaults)
     errors = ErrorCollector([f"{p}={v!r}; expected {_expected(d)} (default {d!r})" for p, v, d in bad])
     copy = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    reset = set()
     for path, _, default in bad:
         OmegaConf.update(copy, path, default, merge=False)
-    try:
-        with errors.check():
-            prestart(copy)
-    except Exception:  # noqa: BLE001 (see the docstring)
-        pass
+        reset.add(path)
+    for _ in range(_ROUNDS):
+        found = ErrorCollector()
+        try:
+            with found.check():
+                prestart(copy)
+        except Exception:  # noqa: BLE001 (see the docstring)
+            pass
+        # a line that mentions a key put back to its default may be about that default (it can disagree with the
+        # run's other values), not about what the user wrote: the key's own error is already listed
+        new = [m for m in found.messages if m not in errors.messages and not any(k in m for k in reset)]
+        for m in new:
+            errors.add(m)
+        keys = {k.group(1) for k in map(_NAMED_KEY.match, new) if k} - reset
+        keys = {k for k in keys if _default_at(defaults, k) is not _NONE and OmegaConf.select(copy, k) is not None}
+        if not keys:
+            break
+        for k in keys:
+            OmegaConf.update(copy, k, _default_at(defaults, k), merge=False)
+        reset |= keys
     return errors.messages
+
+
+def all_errors(cfg, exc: Exception, prestart):
+    """``exc`` (a ConfigError of the launcher) with every other error of the Hydra run config ``cfg`` added
+    (:func:`start_errors` against :func:`packaged_defaults`); ``exc`` itself outside a Hydra app or when nothing is
+    added."""
+    from trainer.config_checks import ConfigError
+
+    defaults = packaged_defaults()
+    if defaults is None or not isinstance(exc, ConfigError):
+        return exc
+    first = str(exc).splitlines()
+    more = [m for m in start_errors(cfg, defaults, prestart) if m not in first]
+    return ConfigErrors(first + more) if more else exc
 
 
 def check_types(cfg: dict, defaults: dict) -> None:

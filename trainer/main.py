@@ -57,7 +57,7 @@ def report_user_error(exc: BaseException) -> None:
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from trainer.interrupt import as_interrupt, exit_interrupted, interrupted_by, shutdown_ray
-    from trainer.config_types import check_run_config
+    from trainer.config_types import all_errors, check_run_config
     from trainer.launch import prestart, run
 
     try:
@@ -73,7 +73,7 @@ def main(cfg: DictConfig) -> None:
         if interrupted_by() is not None:  # a worker died of the same Ctrl-C before the driver's handler ran
             exit_interrupted(interrupted_by(), None, cfg.trainer.default_local_dir)
         if type(exc).__name__ in USER_ERRORS:  # a user error ends the run with one line naming the bad value
-            report_user_error(exc)
+            report_user_error(all_errors(cfg, exc, prestart))  # a config error: with every other one
             sys.exit(2)
         raise
 

@@ -312,7 +312,7 @@ class RewardManager:
             scores.append(float(score))
             dicts.append(d)
             ran.append(status not in ("timeout", "error"))
-        check_not_all_failed(counts["errors"], len(outcomes), first_error, counts["nan"])
+        check_not_all_failed(counts["errors"], len(outcomes), first_error, counts["nan"], counts["timeouts"])
         if counts["nan"]:
             logger.warning("reward: %d NaN/inf score(s) in a batch of %d scored 0", counts["nan"], len(outcomes))
         if first_error is not None:

@@ -70,18 +70,22 @@ class ScorerError(ValueError):
     """A scorer that raised on every response of a batch: broken, not one odd response (one line, exit 2)."""
 
 
-def check_not_all_failed(errors: int, rows: int, first_error: str | None, nan: int = 0) -> None:
+def check_not_all_failed(errors: int, rows: int, first_error: str | None, nan: int = 0, timeouts: int = 0) -> None:
     """Stop when none of ``rows`` (at least 2) responses of a batch got a usable score: the scorer raised
-    (``errors``) or returned NaN/inf (``nan``) on every one. One failing response scores 0 and training goes on; a
+    (``errors``), returned NaN/inf (``nan``) or ran past its timeout (``timeouts``) on every one. One failing response scores 0 and training goes on; a
     scorer that fails on all of them (a bug in a ``custom_reward_function``, a missing dependency) would otherwise
     train on rewards that are all 0.
 
     Raises:
         ScorerError: naming the counts and the first error.
     """
-    if rows < 2 or errors + nan < rows:
+    if rows < 2 or errors + nan + timeouts < rows:
         return
     fix = "fix the scorer (reward_model.custom_reward_function / reward_model.scorer)"
+    if timeouts:
+        raise ScorerError(f"reward: the scorer gave no score for any of the {rows} responses of the batch ({timeouts} ran "
+                          f"past reward_model.timeout_s, {nan} NaN/inf, {errors} raised); " + fix
+                          + " or raise reward_model.timeout_s")
     if nan == 0:
         raise ScorerError(f"reward: the scorer raised on all {rows} responses of the batch (first: {first_error}); "
                           + fix)

@@ -76,6 +76,9 @@ def test_a_scorer_that_gives_nan_on_every_response_stops_the_run():
         check_not_all_failed(0, 4, None, nan=4)
     with pytest.raises(ScorerError, match=r"\(2 NaN/inf, 2 raised \(first: KeyError: x\)\)"):
         check_not_all_failed(2, 4, "KeyError: x", nan=2)
+    check_not_all_failed(0, 4, None, timeouts=3)  # a scorer that hangs on every response trained on zeros too
+    with pytest.raises(ScorerError, match=r"no score for any of the 4 responses .*4 ran past reward_model.timeout_s"):
+        check_not_all_failed(0, 4, None, timeouts=4)
 
 
 def test_the_manager_stops_on_an_all_nan_batch_and_warns_on_some(tok, caplog):  # noqa: F811

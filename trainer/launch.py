@@ -304,10 +304,6 @@ def run(hydra_cfg: DictConfig) -> dict:
 
     # the workers fit this machine or the Ray cluster (PlacementError)
     check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
-    from trainer.tracking import set_aside_earlier_run
-
-    if resume_path(cfg) is None:  # a fresh run replaces nothing an earlier run left in output_dir
-        set_aside_earlier_run(cfg["trainer"]["output_dir"])
     data = prepare_embedded(cfg)
     from transformers import AutoConfig
 
@@ -324,6 +320,10 @@ def run(hydra_cfg: DictConfig) -> dict:
     check_multi_turn_template(cfg, tok)
     loader, val_ds = build_data(cfg, data, tok, load_processor(cfg))
     from trainer.ppo_trainer import RayPPOTrainer
+    from trainer.tracking import set_aside_earlier_run
+
+    if resume_path(cfg) is None:  # a fresh run that passed its checks replaces nothing an earlier run left there
+        set_aside_earlier_run(cfg["trainer"]["output_dir"])
 
     trainer = RayPPOTrainer(cfg, tok, loader, val_ds,
                             *build_reward_managers(cfg, data, tok, [loader.dataset, val_ds]))

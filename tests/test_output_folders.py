@@ -99,3 +99,22 @@ def test_an_unwritable_checkpoint_folder_stops_the_run_before_any_worker(tmp_pat
     assert line == f"error: trainer.default_local_dir={str(f)!r} is a file; {EXPECTED}"
     assert f.read_text() == "x"
     assert not os.path.exists(out / "init_model")   # nothing was built
+
+
+def test_an_output_dir_that_is_a_file_is_one_line_not_hydras_traceback(tmp_path):
+    """Hydra creates its run folder (trainer.output_dir) before the run's checks: a file there gave Hydra's
+    FileExistsError traceback. The entry point checks a command-line output_dir before Hydra starts."""
+    import subprocess
+    import sys
+
+    from tests.e2e_utils import ROOT
+
+    target = tmp_path / "afile"
+    target.write_text("x")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"trainer.output_dir={target}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors == [f"error: trainer.output_dir={str(target)!r} is a file; expected a folder (new or existing) that "
+                      "the run's metrics and exports can be written to"]
+    assert target.read_text() == "x"

@@ -86,6 +86,7 @@ def check_command_line(args: list[str]) -> list[str]:
 
     prepared = prepare_overrides(args)
     if not prepared.errors:
+        _check_output_dir_before_hydra(prepared.overrides)
         return prepared.overrides
     from trainer.config_checks import ConfigError, ErrorCollector
 
@@ -109,6 +110,24 @@ def check_command_line(args: list[str]) -> list[str]:
         pass
     report_user_error(ConfigError("\n".join(errors.messages)))
     sys.exit(2)
+
+
+def _check_output_dir_before_hydra(overrides: list[str]) -> None:
+    """Hydra creates its run folder (``hydra.run.dir``: ``trainer.output_dir``) before the run's own checks: a
+    ``trainer.output_dir=`` given on the command line that cannot be a folder (a file, a path under a file,
+    ``/proc/x``) is refused here in one line (exit 2) instead of Hydra's traceback."""
+    from trainer.config_checks import ConfigError
+    from trainer.config_preflight import check_writable_folder
+
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "trainer.output_dir" and value and "${" not in value:
+            try:
+                check_writable_folder(key, os.path.expanduser(value.strip("'\"")),
+                                      "the run's metrics and exports")
+            except ConfigError as exc:
+                report_user_error(exc)
+                sys.exit(2)
 
 
 if __name__ == "__main__":

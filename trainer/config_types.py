@@ -48,15 +48,19 @@ def mistyped(cfg: dict, defaults: dict, prefix: str = "") -> list[tuple[str, Any
     return out
 
 
+def _type_message(path: str, value: Any, default: Any) -> str:
+    return f"{path}={value!r}; expected {_expected(default)} (default {default!r})"
+
+
 def type_errors(cfg: dict, defaults: dict) -> list[str]:
     """One message per :func:`mistyped` leaf: ``key=value; expected an integer (default D)``."""
-    return [f"{path}={value!r}; expected {_expected(default)} (default {default!r})"
-            for path, value, default in mistyped(cfg, defaults)]
+    return [_type_message(*bad) for bad in mistyped(cfg, defaults)]
 
 
 #: ``<dotted.key>=<value>...``: the key an error line names (the checks' message form)
 _NAMED_KEY = re.compile(r"^([A-Za-z_][\w]*(?:\.[\w]+)+)=")
 _ROUNDS = 6
+_NONE = object()
 
 
 def _default_at(defaults: dict, path: str):
@@ -66,9 +70,6 @@ def _default_at(defaults: dict, path: str):
             return _NONE
         node = node[part]
     return _NONE if isinstance(node, dict) else node
-
-
-_NONE = object()
 
 
 def start_errors(cfg, defaults: dict, prestart) -> list[str]:
@@ -84,7 +85,7 @@ def start_errors(cfg, defaults: dict, prestart) -> list[str]:
     from trainer.config_checks import ErrorCollector
 
     bad = mistyped(OmegaConf.to_container(cfg, resolve=True), defaults)
-    errors = ErrorCollector([f"{p}={v!r}; expected {_expected(d)} (default {d!r})" for p, v, d in bad])
+    errors = ErrorCollector([_type_message(*b) for b in bad])
     copy = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     reset = set()
     for path, _, default in bad:
@@ -147,13 +148,13 @@ def packaged_defaults() -> dict | None:
     return OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=overrides), resolve=False)
 
 
-def check_run_config(cfg, prestart=None) -> None:
+def check_run_config(cfg) -> None:
     """:func:`check_types` of a Hydra run config (a ``DictConfig``) against :func:`packaged_defaults`; a config
-    whose interpolations do not resolve is left to the launcher's own error. With ``prestart`` (the launcher's
-    checks), a config with mistyped values also gets the errors of its other values (:func:`start_errors`).
+    whose interpolations do not resolve is left to the launcher's own error (the entry point adds the errors of the
+    other values: :func:`all_errors`).
 
     Raises:
-        ConfigErrors: one line per error.
+        ConfigErrors: one line per mistyped value.
     """
     from omegaconf import OmegaConf
 
@@ -164,7 +165,4 @@ def check_run_config(cfg, prestart=None) -> None:
         values = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # noqa: BLE001 - reported by trainer.launch with the key that does not resolve
         return
-    if prestart is None or not mistyped(values, defaults):
-        check_types(values, defaults)
-        return
-    raise ConfigErrors(start_errors(cfg, defaults, prestart))
+    check_types(values, defaults)

@@ -61,7 +61,7 @@ def main(cfg: DictConfig) -> None:
     from trainer.launch import prestart, run
 
     try:
-        check_run_config(cfg, prestart)  # mistyped values, with every other error of the config
+        check_run_config(cfg)  # mistyped values (all_errors below adds every other error of the config)
         last = run(cfg)
         shutdown_ray()  # no Ray process of this run outlives it
         if last.get("_stopped_by_sigterm"):  # the step finished and the work was kept, but the run did not end

@@ -153,6 +153,8 @@ tool_synthetic() {  # On one GPU: the embedded data=synthetic_tool (tiny model, 
   local gpu=$1 eng
   for eng in ${TOOL_ENGINES:-hf vllm}; do
     local engine_group="rollout=$eng"
+    # vLLM takes a share of a GPU other runs may be using (VLLM_UTIL, default 0.15)
+    [ "$eng" = vllm ] && engine_group="$engine_group actor_rollout_ref.rollout.gpu_memory_utilization=${VLLM_UTIL:-0.15}"
     mkdir -p "$OUT/tool_synthetic_$eng"
     CUDA_VISIBLE_DEVICES=$gpu timeout --foreground -s TERM -k 20 480 $PY trainer/main.py trainer.device=cuda \
         trainer.n_gpus_per_node=1 data=synthetic_tool $engine_group trainer.total_training_steps=60 \

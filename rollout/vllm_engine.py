@@ -101,8 +101,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if hasattr(self.llm, "collective_rpc"):
             self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
         else:
-            model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-            model.load_weights(weights=weights)
+            _load_into_model(self.llm.llm_engine.model_executor.driver_worker.model_runner.model, weights)
 
     def weights_updated(self) -> None:
         """``LLM.reset_prefix_cache()``: vLLM's automatic prefix caching (on by default) would otherwise serve
@@ -195,6 +194,41 @@ def _token_logprob(step: dict, token_id: int) -> float:
     return float(getattr(entry, "logprob", entry))
 
 
+def lora_base_layer_names(weights: Iterable[tuple[str, torch.Tensor]], param_names: Iterable[str],
+                          packed_modules_mapping: dict[str, list[str]] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """Rename HF weights for a vLLM model built with ``enable_lora=True``.
+
+    Such a model replaces each LoRA-capable module (``embed_tokens``, ``qkv_proj``, ``gate_up_proj``, ...) with a
+    LoRA wrapper that keeps the original module as ``base_layer``: its weight is ``<module>.base_layer.weight``, so
+    the model's ``load_weights`` raises ``KeyError`` on the plain HF names (``model.embed_tokens.weight``). This
+    inserts ``base_layer`` before the last component of each name whose module (the second-to-last component) is
+    wrapped: the component just before ``.base_layer`` in ``param_names``, expanded through
+    ``packed_modules_mapping`` (``{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}``) since vLLM's loader fuses
+    ``q_proj`` into ``qkv_proj`` by a string replace of the module name, which keeps ``.base_layer``. Names of
+    unwrapped modules (norms), names already holding ``.base_layer.``, and every name when no parameter is
+    wrapped (LoRA off) stay as they are.
+    """
+    wrapped = {n.split(".base_layer.")[0].rsplit(".", 1)[-1] for n in param_names if ".base_layer." in n}
+    for packed, parts in (packed_modules_mapping or {}).items():
+        if packed in wrapped:
+            wrapped.update(parts)
+    out = []
+    for name, tensor in weights:
+        parts = name.split(".")
+        if wrapped and len(parts) >= 2 and parts[-2] in wrapped and ".base_layer." not in name:
+            name = ".".join(parts[:-1] + ["base_layer", parts[-1]])
+        out.append((name, tensor))
+    return out
+
+
+def _load_into_model(model, weights):
+    """``model.load_weights`` with the names of LoRA-wrapped modules renamed (:func:`lora_base_layer_names`)."""
+    names = [n for n, _ in model.named_parameters()] if hasattr(model, "named_parameters") else []
+    if any(".base_layer." in n for n in names):
+        weights = lora_base_layer_names(weights, names, getattr(model, "packed_modules_mapping", None))
+    model.load_weights(weights=weights)
+
+
 def _load_weights_on_worker(worker, weights):
     """Run inside each vLLM worker through ``collective_rpc``: load a bucket into its model."""
-    worker.model_runner.model.load_weights(weights=weights)
+    _load_into_model(worker.model_runner.model, weights)

@@ -311,3 +311,43 @@ def test_vllm_adapter_sync_sends_the_base_once_then_a_new_lora_request_each_step
     assert not os.path.exists(folders[0]) and os.path.isdir(folders[1])  # the previous adapter folder is removed
     sync.close()
     assert not os.path.exists(folders[1])
+
+
+def test_vllm_load_weights_renames_the_modules_vllm_wrapped_for_lora():
+    """vLLM with ``enable_lora=True`` keeps each LoRA-capable module's weight under ``<module>.base_layer``: the HF
+    names of wrapped modules (and of the parts of a packed one) get ``base_layer``, the others stay."""
+    from rollout.vllm_engine import VLLMRolloutEngine, lora_base_layer_names
+    from tests.test_rollout_vllm_protocol import FakeLLM, FakeSamplingParams
+
+    class LoraWrappedModel:
+        packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+        def __init__(self, params):
+            self.params, self.loaded = params, []
+
+        def named_parameters(self):
+            return iter([(n, torch.zeros(1)) for n in self.params])
+
+        def load_weights(self, weights):
+            self.loaded.append([n for n, _ in weights])
+
+    sent = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+            "model.layers.0.input_layernorm.weight", "model.norm.weight"]
+    wrapped = ["model.embed_tokens.base_layer.weight", "model.layers.0.self_attn.qkv_proj.base_layer.weight",
+               "model.layers.0.input_layernorm.weight"]
+    renamed = ["model.embed_tokens.base_layer.weight", "model.layers.0.self_attn.q_proj.base_layer.weight",
+               "model.layers.0.self_attn.k_proj.base_layer.weight", "model.layers.0.self_attn.v_proj.base_layer.weight",
+               "model.layers.0.input_layernorm.weight", "model.norm.weight"]
+    for params, expected in [(wrapped, renamed),
+                             ([n.replace(".base_layer", "") for n in wrapped], sent)]:  # LoRA off: unchanged
+        engine = VLLMRolloutEngine("unused", eos_token_id=2, llm_cls=lambda **k: FakeLLM([], {}, **k),
+                                   sampling_params_cls=FakeSamplingParams)
+        model = engine.llm.worker.model_runner.model = LoraWrappedModel(params)
+        engine.load_weights([(n, torch.zeros(1)) for n in sent])
+        assert model.loaded == [expected]
+    # the pure helper: without packed_modules_mapping only the module named before .base_layer is renamed
+    named = lora_base_layer_names([(n, torch.zeros(1)) for n in sent], wrapped)
+    assert [n for n, _ in named] == ["model.embed_tokens.base_layer.weight"] + sent[1:]
+    assert [n for n, _ in lora_base_layer_names([(n, torch.zeros(1)) for n in renamed], wrapped,
+                                                LoraWrappedModel.packed_modules_mapping)] == renamed  # idempotent

@@ -10,6 +10,7 @@ the continuous TP=2 run's, which needs the weights AND Adam's moments and step c
 """
 import json
 import os
+from contextlib import ExitStack, contextmanager
 
 import pytest
 import torch
@@ -198,3 +199,141 @@ def test_a_fresh_distributed_optimizer_builds_its_load_template():
     chained.sharded_state_dict = lambda model_sd, is_loading=False, metadata=None: [
         o.sharded_state_dict(model_sd) for o in chained.chained_optimizers]
     assert len(_optimizer_sharded(chained, {}, True, {})) == 2
+
+
+@contextmanager
+def _megatron_optimizer_on_cpu():
+    """megatron-core's DDP + DistributedOptimizer on the CPU (test only): the few places that name CUDA.
+
+    ``DistributedOptimizer`` accepts only ``torch.cuda.*Tensor`` parameter types (``Tensor.type()``), builds flag
+    tensors with ``device='cuda'`` and moves its gather buffers with ``.cuda()``; the buffers themselves are on
+    ``torch.cuda.current_device()``. All of these are mapped to the CPU inside the block.
+    """
+    from unittest import mock
+
+    type_, factories = torch.Tensor.type, ("tensor", "zeros", "empty", "ones", "full")
+
+    def cuda_type(self, *args, **kwargs):
+        t = type_(self, *args, **kwargs)
+        if args or kwargs or not isinstance(t, str) or t.startswith("torch.cuda."):
+            return t
+        return t.replace("torch.", "torch.cuda.", 1)
+
+    def on_cpu(fn):
+        def make(*args, **kwargs):
+            if str(kwargs.get("device", "cpu")).startswith("cuda"):
+                kwargs["device"] = "cpu"
+            return fn(*args, **kwargs)
+        return make
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(torch.Tensor, "type", cuda_type))
+        stack.enter_context(mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self))
+        stack.enter_context(mock.patch.object(torch.cuda, "current_device", lambda: "cpu"))
+        stack.enter_context(mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None))
+        for name in factories:
+            stack.enter_context(mock.patch.object(torch, name, on_cpu(getattr(torch, name))))
+        yield
+
+
+def _worker_model_and_optimizer(seed):
+    """The GPU worker's actor: bf16 ``Float16Module(GPTModel)`` in megatron's DDP with the distributed optimizer,
+    built by ``MegatronActorRefWorker._megatron_ddp_optimizer`` itself (torch's Adam inside: no Apex / TE here)."""
+    from types import SimpleNamespace
+
+    from megatron.core.transformer.module import Float16Module
+
+    from tests.test_megatron_checkpoint import _setup
+    from trainer.megatron.model import build_gpt_model, load_hf_weights
+    from trainer.workers.megatron_actor import MegatronActorRefWorker
+
+    cfg, hf, *_ = _setup(seed)  # the tiny Qwen2 and its seeded HF weights
+    model, tcfg, shape = build_gpt_model(cfg, params_dtype=torch.bfloat16)
+    load_hf_weights(model, hf.state_dict(), shape)
+    worker = SimpleNamespace(
+        actor_cfg=SimpleNamespace(optim=SimpleNamespace(lr=1e-2, betas=(0.9, 0.999), weight_decay=0.1)),
+        config=SimpleNamespace(megatron=SimpleNamespace(use_distributed_optimizer=True), total_steps=10),
+        build_optimizer=lambda m, optim, total: (None, None))
+    ddp, opt, _ = MegatronActorRefWorker._megatron_ddp_optimizer(worker, Float16Module(tcfg, model), tcfg,
+                                                                torch.bfloat16, 1.0)
+    return cfg, ddp, shape, opt
+
+
+def _worker_update(model, opt, seed):
+    """One actor update as ``MegatronEngine.step`` takes it on the GPU (``megatron_guarded_step``)."""
+    from trainer.megatron.engine import megatron_guarded_step
+    from trainer.megatron.model import response_log_probs
+
+    ids = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(seed))
+    lp, _ = response_log_probs(model, ids, torch.ones(2, 8, dtype=torch.long), 3, 61)
+    (-lp.float().mean()).backward()
+    _, applied = megatron_guarded_step(model, opt)
+    assert applied
+    model.zero_grad_buffer()
+    opt.zero_grad()
+    return lp.detach().float()
+
+
+def test_a_fresh_distributed_optimizer_resumes_a_torch_dist_checkpoint(tmp_path):
+    """The GPU resume (megatron-core without Apex / Transformer Engine): a freshly built actor (megatron DDP + the
+    distributed optimizer around torch's Adam) loads a torch_dist checkpoint. ``DistributedOptimizer.load_state_dict``
+    put a ``step`` tensor in each parameter's state and then copied every state tensor from the loaded per-parameter
+    tensors, which have no ``step``: KeyError 'step' (H200, megatron-core 0.19.2). After the load, one update equals
+    the continuous run's, so the fp32 main weights, Adam's moments and its step count are all restored, and each
+    parameter has its own step tensor."""
+    from trainer.megatron.checkpoint import MegatronCheckpointManager
+    from trainer.megatron.engine import unwrap
+    from trainer.megatron.model import single_process_group
+    from trainer.megatron.sync import iter_hf_weights
+
+    path = str(tmp_path / "global_step_1" / "actor")
+    with _megatron_optimizer_on_cpu(), single_process_group():
+        cfg, model, shape, opt = _worker_model_and_optimizer(0)
+        _worker_update(model, opt, 1)
+        MegatronCheckpointManager(model, opt, None, hf_config=cfg, ckpt_format="torch_dist").save(path)
+        lp2 = _worker_update(model, opt, 2)
+        want = {k: v.clone() for k, v in iter_hf_weights(unwrap(model), shape)}
+
+        cfg, model, shape, opt = _worker_model_and_optimizer(5)  # the resumed run's fresh worker
+        MegatronCheckpointManager(model, opt, None, hf_config=cfg).load(path)
+        inner = opt.chained_optimizers[0].optimizer
+        steps = [s["step"] for s in inner.state.values()]
+        assert len(steps) > 1 and {float(s) for s in steps} == {1.0} and len({id(s) for s in steps}) == len(steps)
+        torch.testing.assert_close(_worker_update(model, opt, 2), lp2, atol=0, rtol=0)
+        got = dict(iter_hf_weights(unwrap(model), shape))
+    assert set(got) == set(want)
+    for k, v in got.items():
+        torch.testing.assert_close(v, want[k], atol=0, rtol=0, msg=k)
+
+
+def test_each_chained_distributed_optimizer_loads_its_param_state_with_the_steps_set_aside():
+    """Several chained parts: the parts' entries in key order (as ``ChainedOptimizer.load_state_dict``), param groups
+    and steps first, then each part's ``param_state`` through its own loader while no ``step`` is in the state."""
+    from types import SimpleNamespace
+
+    from trainer.megatron.dist_ckpt import load_megatron_optimizer_state
+
+    calls = []
+
+    def part(name):
+        inner = SimpleNamespace(state={})
+
+        def load_param_state(param_state):
+            calls.append((name, param_state, [dict(s) for s in inner.state.values()]))
+        return SimpleNamespace(optimizer=inner, load_parameter_state_from_fully_reshardable=load_param_state)
+
+    parts = [part("a"), part("b")]
+
+    def load_state_dict(state):  # what megatron's load_state_dict leaves: a step in each parameter's state
+        assert all("param_state" not in s and "param_state_sharding_type" not in s for s in state.values())
+        for i, p in enumerate(parts):
+            p.optimizer.state = {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(1)}}
+            calls.append(("groups", state[i]["optimizer"]))
+    chained = SimpleNamespace(chained_optimizers=parts, load_state_dict=load_state_dict)
+    state = {1: {"optimizer": "g1", "param_state": "ps1", "param_state_sharding_type": "fully_reshardable"},
+             0: {"optimizer": "g0", "param_state": "ps0", "param_state_sharding_type": "fully_reshardable"}}
+    load_megatron_optimizer_state(chained, state)
+    assert calls[:2] == [("groups", "g0"), ("groups", "g1")]
+    assert [(n, ps) for n, ps, _ in calls[2:]] == [("a", "ps0"), ("b", "ps1")]
+    assert all(set(s) == {"exp_avg"} for *_, states in calls[2:] for s in states)
+    assert all(float(p.optimizer.state[0]["step"]) == 3.0 for p in parts)  # put back afterwards

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from contextlib import contextmanager
 import shutil
 from typing import Any
 
@@ -43,6 +42,7 @@ import torch
 
 from trainer.checkpoint.atomic import atomic_torch_save, barrier, replace_dir
 from trainer.checkpoint.base import CheckpointManager, capture_rng_state, parse_step, restore_rng_state
+from trainer.megatron.dist_ckpt import step_state_set_aside as _step_state_set_aside
 from trainer.megatron.engine import unwrap
 
 logger = logging.getLogger(__name__)
@@ -75,29 +75,6 @@ def _set_tracker_states(states: dict | None) -> None:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     get_cuda_rng_tracker().set_states(dict(states))
-
-
-@contextmanager
-def _step_state_set_aside(optimizer):
-    """Hide torch Adam's per-parameter ``step`` tensors while Megatron's ``load_parameter_state`` runs.
-
-    With torch's Adam (no Transformer Engine / apex), ``DistributedOptimizer.load_state_dict`` puts a ``step``
-    tensor in every parameter's state, and ``load_parameter_state`` (dp-zero format) then looks for a ``step``
-    entry in the saved per-parameter tensors, which its own save path stores separately: KeyError 'step'
-    (measured with megatron-core 0.19.2 on 2 x H200). The steps were already restored by ``load_state_dict``;
-    they are put back unchanged afterwards.
-    """
-    inner = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
-    saved = []
-    for opt in inner:
-        for state in (getattr(opt, "state", None) or {}).values():
-            if isinstance(state, dict) and "step" in state:
-                saved.append((state, state.pop("step")))
-    try:
-        yield
-    finally:
-        for state, step in saved:
-            state["step"] = step
 
 
 def unshare_step_tensors(optimizer) -> int:

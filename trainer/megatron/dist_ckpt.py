@@ -18,6 +18,12 @@ What is saved, under ``<role>/dist_ckpt/`` (torch.distributed.checkpoint files `
 Vocabulary padding depends on TP (a multiple of ``tp``); megatron-core marks the embedding and output layer
 ``allow_shape_mismatch``, so the padded rows are dropped or zero-filled when the padding changes.
 
+Loading the distributed optimizer without Apex / Transformer Engine (torch's Adam keeps a ``step`` tensor in every
+parameter's state): :func:`load_megatron_optimizer_state` restores the param groups and steps first and the
+per-parameter tensors second, with the ``step`` entries set aside (:func:`step_state_set_aside`), because
+megatron-core's ``_set_main_param_and_optimizer_states`` copies every tensor of a parameter's state from the loaded
+tensors, which never hold ``step`` (KeyError 'step', megatron-core 0.16 to 0.19).
+
 CPU: megatron-core's torch_dist writer calls ``torch.cuda.synchronize`` and builds a flag tensor on
 ``torch.cuda.current_device()``; :func:`cpu_device_compat` maps both to the CPU while saving or loading (gloo).
 """
@@ -146,6 +152,72 @@ def prepare_optimizer_for_load(optimizer: Any) -> None:
         materialize_optimizer_state(inner)
 
 
+@contextmanager
+def step_state_set_aside(optimizer: Any):
+    """Hide torch Adam's per-parameter ``step`` tensors inside a Megatron optimizer (``.optimizer``, or a chained
+    one's ``.chained_optimizers[i].optimizer``) in the block.
+
+    Megatron's distributed optimizer loads its per-parameter state (``load_parameter_state`` of the torch format,
+    ``load_parameter_state_from_*`` of the dist formats) through ``_set_main_param_and_optimizer_states``, which
+    copies EVERY tensor of the inner optimizer's state for a parameter from the loaded tensors. Without Apex /
+    Transformer Engine that state holds ``step`` (torch's Adam; ``DistributedOptimizer.load_state_dict`` has just
+    set it from the param groups), and the loaded per-parameter tensors never do (megatron stores the step in the
+    param groups): KeyError 'step' (megatron-core 0.19.2 on H200). The steps are put back unchanged afterwards.
+    """
+    inner = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    saved = []
+    for opt in inner:
+        for state in (getattr(opt, "state", None) or {}).values():
+            if isinstance(state, dict) and "step" in state:
+                saved.append((state, state.pop("step")))
+    try:
+        yield
+    finally:
+        for state, step in saved:
+            state["step"] = step
+
+
+# DistributedOptimizer.load_state_dict's dispatch on ``param_state_sharding_type`` (megatron-core 0.16 - 0.19)
+_PARAM_STATE_LOADERS = {"fully_reshardable": "load_parameter_state_from_fully_reshardable",
+                        "dp_reshardable": "load_parameter_state_from_dp_reshardable",
+                        "fully_sharded_model_space": "load_parameter_state_from_fs_model_space",
+                        "dp_zero_gather_scatter": "load_parameter_state_from_dp_zero"}
+
+
+def _optimizer_parts(optimizer: Any, state: Any) -> list:
+    """``(optimizer, state)`` per part, as ``ChainedOptimizer.load_state_dict`` hands them out (one part gets the
+    whole state; several get the entries in key order)."""
+    parts = getattr(optimizer, "chained_optimizers", None)
+    if parts is None:
+        return [(optimizer, state)]
+    if len(parts) == 1:
+        return [(parts[0], state)]
+    states = [v for _, v in sorted(state.items())] if isinstance(state, dict) else list(state)
+    return list(zip(parts, states))
+
+
+@torch.no_grad()  # megatron copies into its fp32 main parameters in place
+def load_megatron_optimizer_state(optimizer: Any, state: Any) -> None:
+    """``optimizer.load_state_dict(state)`` for a Megatron optimizer (distributed, chained, mixed precision) loaded
+    from a dist checkpoint, in two parts for the distributed optimizer.
+
+    Its ``load_state_dict`` restores the param groups and the step (a ``step`` tensor in each parameter's state of
+    torch's Adam), then the per-parameter tensors (``param_state``), which fails on that ``step`` (see
+    :func:`step_state_set_aside`). Here the ``param_state`` entries are taken out, ``load_state_dict`` loads the rest,
+    and each distributed optimizer then loads its own ``param_state`` with the steps set aside.
+    """
+    deferred = []
+    for part, sub in _optimizer_parts(optimizer, state):
+        loader = _PARAM_STATE_LOADERS.get(sub.get("param_state_sharding_type")) if isinstance(sub, dict) else None
+        if loader is not None and "param_state" in sub and hasattr(part, loader):
+            deferred.append((getattr(part, loader), sub.pop("param_state")))
+            del sub["param_state_sharding_type"]
+    optimizer.load_state_dict(state)
+    with step_state_set_aside(optimizer):
+        for load_param_state, param_state in deferred:
+            load_param_state(param_state)
+
+
 def _optimizer_sharded(optimizer: Any, model_sd: dict, is_loading: bool, metadata: dict) -> dict:
     if hasattr(optimizer, "sharded_state_dict"):  # Megatron's optimizers (distributed, chained, fp32)
         if is_loading:
@@ -207,7 +279,6 @@ def load_dist(chunks: list, optimizer: Any, ckpt_dir: str, load_optimizer: bool 
         if bad:
             raise RuntimeError(f"model state mismatch loading {ckpt_dir!r}: {bad}")
     if want_optimizer and hasattr(optimizer, "sharded_state_dict"):
-        with torch.no_grad():  # megatron copies into its fp32 main parameters in place
-            optimizer.load_state_dict(state["optimizer"])
+        load_megatron_optimizer_state(optimizer, state["optimizer"])
     elif want_optimizer:
         load_torch_optimizer_state(optimizer, state["optimizer"])

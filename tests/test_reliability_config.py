@@ -96,8 +96,9 @@ def test_custom_reward_function_that_does_not_load_is_one_line(tmp_path, source,
 
 
 def _model_dir(tmp_path, eos: bool):
-    """A model folder with the tiny config and the project's tokenizer, with or without an EOS token."""
-    from transformers import PreTrainedTokenizerFast
+    """A model folder with the tiny model (random weights) and the project's tokenizer, with or without an EOS
+    token."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from trainer import embedded
 
@@ -106,7 +107,8 @@ def _model_dir(tmp_path, eos: bool):
     if not eos:
         tok = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, pad_token="<pad>", unk_token="<unk>")
     tok.save_pretrained(str(d))
-    embedded.tiny_model_config(len(tok)).save_pretrained(str(d))   # config only: the check runs before weights load
+    model = AutoModelForCausalLM.from_config(embedded.tiny_model_config(len(tok)))
+    model.save_pretrained(str(d))  # preflight refuses a folder without weights
     return str(d)
 
 
@@ -134,6 +136,8 @@ def test_preflight_reads_a_model_folders_config(tmp_path):
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"num_attention_heads": 6, "num_key_value_heads": 3,
                                                "max_position_embeddings": 4096}))
+    (d / "model.safetensors").write_bytes(b"\x02" + bytes(7) + b"{}")  # no tensors: a sound header, nothing else
+    (d / "tokenizer.json").write_text("{}")  # preflight only sees that the folder has its tokenizer
     cfg = _cfg(f"actor_rollout_ref.model.path={d}", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
     validate(cfg)
     with pytest.raises(ConfigError, match=r"num_attention_heads=6, num_key_value_heads=3"):

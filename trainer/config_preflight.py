@@ -6,13 +6,13 @@ the model's heads and context against the parallel sizes and lengths, a vision-l
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
 
 from trainer.config_checks import ConfigError, ErrorCollector, check_model_files, run_checks
 from trainer.megatron_checks import check_megatron_model
+from trainer.model_folder_checks import check_model_folders, read_model_config
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
                                    resume_schedule_warnings)
 
@@ -26,8 +26,7 @@ def _model_config_dict(cfg: dict, path: str | None) -> dict:
     if path is None:
         out = dict(model.get("tiny") or {})
     else:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            out = json.load(f)
+        out = read_model_config("actor_rollout_ref.model.path", path)  # ConfigError for a file that is not JSON
     out.update(model.get("override_config") or {})
     return out
 
@@ -40,15 +39,16 @@ def preflight(cfg: dict) -> None:
     """Fast checks of paths and model limits before anything heavy is imported or any worker starts.
 
     ``trainer.output_dir`` (and ``trainer.default_local_dir`` when ``trainer.save_freq > 0``) can be written
-    (:func:`check_writable_folder`); model folders must hold ``config.json``; data files must exist; the Ulysses
+    (:func:`check_writable_folder`); model folders must hold ``config.json``, sound weights and the tokenizer the run
+    reads (:func:`trainer.model_folder_checks.check_model_folders`); data files must exist; the Ulysses
     size must divide the model's attention heads (:func:`trainer.config.actor.check_ulysses_heads`, the patch's own rule); prompt +
     response must fit ``max_position_embeddings``. Every section runs; their errors are raised together.
 
     Raises:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
     """
-    run_checks(cfg, (_check_output_folders, _check_model_paths, _check_resume, _check_data_files, _check_model_files,
-                     _check_model_fit))
+    run_checks(cfg, (_check_output_folders, _check_model_paths, check_model_folders, _check_resume, _check_data_files,
+                     _check_model_files, _check_model_fit))
 
 
 def check_writable_folder(key: str, path: str, what: str) -> None:

@@ -1,0 +1,183 @@
+"""A model folder that lacks its weights, holds a weights file cut short by a failed download or copy, or has no
+tokenizer is refused by ``preflight`` (before any worker starts) in one line naming the key, the path and what is
+wrong (``trainer/model_folder_checks.py``), instead of tracebacks from every worker after Ray has started.
+
+Each case copies the suite's tiny model (``tests.verl_scripts.embedded_assets``) and damages the copy."""
+import json
+import os
+import shutil
+
+import pytest
+
+from tests.test_reliability_config import _cfg, assert_one_line_error, run_cli
+from trainer.launch import ConfigError, preflight
+
+KEY = "actor_rollout_ref.model.path"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The suite's tiny model folder (single ``model.safetensors`` + tokenizer), the same weights as three
+    safetensors shards with their index, and as ``pytorch_model.bin``; nothing may change them: copy first."""
+    import torch
+    from safetensors.numpy import load_file, save_file
+
+    from tests.verl_scripts import embedded_assets
+
+    root = tmp_path_factory.mktemp("tiny")
+    single = embedded_assets(str(root))["model"]
+    tensors = load_file(os.path.join(single, "model.safetensors"))
+    sharded = str(root / "sharded")
+    shutil.copytree(single, sharded, ignore=shutil.ignore_patterns("model.safetensors"))
+    names, weight_map = sorted(tensors), {}
+    for i in range(3):
+        shard = f"model-{i + 1:05d}-of-00003.safetensors"
+        save_file({n: tensors[n] for n in names[i::3]}, os.path.join(sharded, shard))
+        weight_map.update({n: shard for n in names[i::3]})
+    with open(os.path.join(sharded, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    bin_dir = str(root / "bin")
+    shutil.copytree(single, bin_dir, ignore=shutil.ignore_patterns("model.safetensors"))
+    torch.save({n: torch.from_numpy(t) for n, t in tensors.items()}, os.path.join(bin_dir, "pytorch_model.bin"))
+    return {"single": single, "sharded": sharded, "bin": bin_dir}
+
+
+def _copy(tiny, tmp_path, kind="single", name="m") -> str:
+    return shutil.copytree(tiny[kind], str(tmp_path / name))
+
+
+def _cut(path: str, keep: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+
+
+def _errors(tmp_path, *overrides) -> list[str]:
+    """The lines of the ConfigError that ``preflight`` raises for the config of ``overrides``."""
+    with pytest.raises(ConfigError) as info:
+        preflight(_cfg(f"trainer.output_dir={tmp_path / 'out'}", *overrides))
+    return str(info.value).splitlines()
+
+
+def test_the_tiny_model_passes_as_one_file_as_shards_and_as_bin(tiny, tmp_path):
+    for kind in ("single", "sharded", "bin"):
+        preflight(_cfg(f"trainer.output_dir={tmp_path / 'out'}", f"{KEY}={tiny[kind]}"))
+    preflight(_cfg(f"trainer.output_dir={tmp_path / 'out'}"))  # the embedded default builds its own model
+
+
+def _no_weights(m):
+    os.remove(os.path.join(m, "model.safetensors"))
+
+
+def _truncated(m):
+    """Keeps the first half of model.safetensors; returns the words that name the sizes (from its header)."""
+    path = os.path.join(m, "model.safetensors")
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    tensors, keep = max(e["data_offsets"][1] for k, e in header.items() if k != "__metadata__"), 8 + n + 40_000
+    assert 8 + n + tensors == os.path.getsize(path) > keep
+    _cut(path, keep)
+    return [f"header says {tensors} bytes of tensors, file holds 40000"]
+
+
+def _cut_in_header(m):
+    _cut(os.path.join(m, "model.safetensors"), 50)
+
+
+def _header_not_json(m):
+    with open(os.path.join(m, "model.safetensors"), "r+b") as f:
+        f.seek(8)
+        f.write(b"X")  # the header's opening brace
+
+
+def _shard_missing(m):
+    os.remove(os.path.join(m, "model-00002-of-00003.safetensors"))
+
+
+def _shard_truncated(m):
+    path = os.path.join(m, "model-00002-of-00003.safetensors")
+    _cut(path, os.path.getsize(path) - 10)
+
+
+def _bin_truncated(m):
+    path = os.path.join(m, "pytorch_model.bin")
+    _cut(path, os.path.getsize(path) // 2)
+
+
+def _config_not_json(m):
+    _cut(os.path.join(m, "config.json"), 20)
+
+
+def _no_tokenizer(m):
+    os.remove(os.path.join(m, "tokenizer.json"))
+
+
+DAMAGE = {  # name: (the folder copied, the damage, the words the one line must hold)
+    "no_weights": ("single", _no_weights, ["no weights (expected model.safetensors, pytorch_model.bin or a "
+                                           "*.index.json with its shards)"]),
+    "truncated": ("single", _truncated, ["model.safetensors is truncated: header says"]),
+    "cut_in_header": ("single", _cut_in_header, ["model.safetensors is truncated: its header length says"]),
+    "header_not_json": ("single", _header_not_json, ["model.safetensors has a header that is not valid JSON"]),
+    "shard_missing": ("sharded", _shard_missing, ["model.safetensors.index.json lists 3 shard files, 1 of them "
+                                                  "missing: model-00002-of-00003.safetensors"]),
+    "shard_truncated": ("sharded", _shard_truncated, ["model-00002-of-00003.safetensors is truncated",
+                                                      "(a shard listed in model.safetensors.index.json)"]),
+    "bin_truncated": ("bin", _bin_truncated, ["pytorch_model.bin is truncated"]),
+    "config_not_json": ("single", _config_not_json, ["config.json is not valid JSON"]),
+    "no_tokenizer": ("single", _no_tokenizer, ["no tokenizer (expected tokenizer.json or tokenizer.model / vocab "
+                                               "files)", "actor_rollout_ref.model.tokenizer_path"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGE))
+def test_a_damaged_model_folder_is_one_line_naming_key_path_and_problem(tiny, tmp_path, name):
+    kind, damage, needles = DAMAGE[name]
+    m = _copy(tiny, tmp_path, kind)
+    more = damage(m) or []
+    (line,) = _errors(tmp_path, f"{KEY}={m}")
+    assert line.startswith(f"{KEY}={m!r}: "), line
+    for needle in [*needles, *more]:
+        assert needle in line, (needle, line)
+
+
+def test_a_separate_tokenizer_folder_is_checked_and_replaces_the_model_folders(tiny, tmp_path):
+    m, empty = _copy(tiny, tmp_path), tmp_path / "tok"
+    _no_tokenizer(m)
+    empty.mkdir()
+    tok_key = "actor_rollout_ref.model.tokenizer_path"
+    (line,) = _errors(tmp_path, f"{KEY}={m}", f"{tok_key}={empty}")
+    assert line.startswith(f"{tok_key}={str(empty)!r}: no tokenizer"), line
+    (line,) = _errors(tmp_path, f"{KEY}={m}", f"{tok_key}={tmp_path / 'nowhere'}")
+    assert line.startswith(f"{tok_key}={str(tmp_path / 'nowhere')!r} does not exist"), line
+    preflight(_cfg(f"trainer.output_dir={tmp_path / 'out'}", f"{KEY}={m}", f"{tok_key}={tiny['single']}"))
+    # a Hub id is left to the download (no folder of that name here)
+    preflight(_cfg(f"trainer.output_dir={tmp_path / 'out'}", f"{KEY}={m}", f"{tok_key}=HuggingFaceTB/SmolLM2-135M"))
+
+
+def test_the_critic_and_prime_folders_are_checked_under_their_own_keys(tiny, tmp_path):
+    bad = _copy(tiny, tmp_path)
+    _no_weights(bad)
+    (line,) = _errors(tmp_path, "algorithm=gae", f"{KEY}={tiny['single']}", f"critic.model.path={bad}")
+    assert line.startswith(f"critic.model.path={bad!r}: no weights"), line
+    (line,) = _errors(tmp_path, "algorithm=prime", f"{KEY}={tiny['single']}", f"reward_model.model.ref_path={bad}")
+    assert line.startswith(f"reward_model.model.ref_path={bad!r}: no weights"), line
+    (line,) = _errors(tmp_path, "algorithm=prime", f"reward_model.model.path={tmp_path / 'nowhere'}")
+    assert line.startswith("reward_model.model.path=") and "does not exist" in line, line
+
+
+def test_every_problem_is_reported_together_with_the_other_config_errors(tiny, tmp_path):
+    m = _copy(tiny, tmp_path)
+    _truncated(m)
+    _no_tokenizer(m)
+    lines = _errors(tmp_path, f"{KEY}={m}", "data.train_files=/nonexistent/train.parquet")
+    assert len(lines) == 3, lines
+    assert [s for s in ("is truncated", "no tokenizer", "/nonexistent/train.parquet")
+            if not any(s in line for line in lines)] == [], lines
+
+
+def test_entry_point_refuses_a_truncated_model_before_ray_starts(tiny, tmp_path):
+    m = _copy(tiny, tmp_path)
+    _truncated(m)
+    proc = run_cli(str(tmp_path / "out"), f"{KEY}={m}", timeout=120, forked=True)
+    assert_one_line_error(proc, f"{KEY}={m!r}: model.safetensors is truncated: header says")
+    assert "Ray" not in proc.stdout + proc.stderr and not os.path.exists(tmp_path / "out" / "init_model")

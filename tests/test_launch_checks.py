@@ -1,5 +1,6 @@
 """Config checks that stop a run before any worker starts: group estimators need n >= 2; vLLM needs CUDA + vllm."""
 import importlib.util
+import json
 import os
 
 import pytest
@@ -119,8 +120,15 @@ def test_a_fresh_run_that_saves_does_not_write_over_earlier_checkpoints(tmp_path
     with pytest.raises(ConfigError, match=r"holds checkpoints \(steps 2\.\.2\).*trainer.resume_mode=auto") as info:
         preflight(fresh)
     assert "\n" not in str(info.value)
-    preflight(_cfg(f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.save_freq=-1"))  # saves nothing
+    # a run that saves nothing is refused too: a later resume_mode=auto would resume the earlier run's checkpoint
+    # into its metrics (outside trainer.output_dir the checkpoints cannot be set aside with its other outputs)
+    with pytest.raises(ConfigError, match=r"holds checkpoints \(steps 2\.\.2\) of an earlier run outside "
+                                          r"trainer\.output_dir=.*cannot set them aside"):
+        preflight(_cfg(f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.save_freq=-1"))
     preflight(_cfg(f"trainer.default_local_dir={tmp_path}/other", "trainer.save_freq=1"))
+    # inside trainer.output_dir (the default layout) a fresh run sets them aside at start-up instead
+    preflight(_cfg(f"trainer.output_dir={tmp_path}", f"trainer.default_local_dir={tmp_path}/ckpt",
+                   "trainer.save_freq=1"))
     assert os.path.isfile(os.path.join(root, "data.pt"))
 
 
@@ -154,6 +162,83 @@ def test_resume_refuses_another_row_order_or_batch_size(tmp_path):
             check_resume_data(_cfg(override), str(step))
     torch.save({"global_step": 1}, str(step / "data.pt"))  # saved without a config: not compared
     check_resume_data(_cfg("data.seed=7"), str(step))
+
+
+def _saved_step(tmp_path, cfg, dataloader=None):
+    import torch
+
+    step = tmp_path / "global_step_1"
+    step.mkdir(exist_ok=True)
+    torch.save({"global_step": 1, "config": cfg, "dataloader": dataloader or {}}, str(step / "data.pt"))
+    return str(step)
+
+
+@pytest.mark.parametrize("saved,now,needle", [
+    ((), ("data.max_rows=100",), "data.max_rows=100 (checkpoint: None)"),
+    (("data.train_files=/d/a.parquet",), ("data.train_files=/d/b.parquet",),
+     "data.train_files='/d/b.parquet' (checkpoint: '/d/a.parquet')"),
+    ((), ("data.prompt_key=question",), "data.prompt_key='question' (checkpoint: 'prompt')"),
+    ((), ("data.filter_overlong_prompts=false",), "data.filter_overlong_prompts=False (checkpoint: True)"),
+    ((), ("data.max_prompt_length=64",), "data.max_prompt_length=64 (checkpoint: 16)"),
+    ((), ("+data.apply_chat_template_kwargs.enable_thinking=false",),
+     "data.apply_chat_template_kwargs={'enable_thinking': False} (checkpoint: {})"),
+    (("data.gen_batch_size=64",), ("data.gen_batch_size=64", "algorithm.filter_groups.enable=true"),
+     "algorithm.filter_groups.enable=True (checkpoint: False)"),   # the loader's batch: gen_batch_size from now on
+    (("algorithm=prime",), ("algorithm=prime", "data.oversample_factor=2"),
+     "data.oversample_factor=2 (checkpoint: 4.0)"),
+])
+def test_resume_refuses_every_key_that_changes_the_loaders_rows(tmp_path, saved, now, needle):
+    """Found by a tester: a resume with another ``data.max_rows`` was not refused and the row order changed without a
+    word. Every key ``build_data`` reads that changes which rows the loader yields, in which order or how many per
+    batch is compared now, in one line naming the key and both values."""
+    from trainer.resume_checks import check_resume_data
+
+    step = _saved_step(tmp_path, _cfg(*saved))
+    check_resume_data(_cfg(*saved), step)
+    with pytest.raises(ConfigError) as info:
+        check_resume_data(_cfg(*now), step)
+    assert needle in str(info.value) and "rows would repeat or be skipped" in str(info.value)
+    assert str(info.value).startswith("trainer.resume_mode: ") and "\n" not in str(info.value)
+
+
+def test_resume_compares_only_what_changes_the_loaders_rows(tmp_path):
+    from trainer.resume_checks import check_resume_data
+
+    step = _saved_step(tmp_path, _cfg("data.filter_overlong_prompts=false"))
+    for same in ("trainer.total_epochs=3", "data.val_max_rows=4", "data.truncation=left",
+                 "data.max_prompt_length=64",            # without the overlong filter the rows stay (cut or refused)
+                 "algorithm.filter_groups.enable=true"):  # gen_batch_size = train_batch_size: the same batches
+        check_resume_data(_cfg("data.filter_overlong_prompts=false", same), step)
+    saved = _cfg("data.filter_overlong_prompts=false")
+    saved["data"]["train_files"] = "/run/data/train.jsonl"  # the embedded task's file, filled in at start-up
+    check_resume_data(_cfg("data.filter_overlong_prompts=false"), _saved_step(tmp_path, saved))
+
+
+def test_resume_refuses_other_rows_under_the_same_settings(tmp_path):
+    """Rows the config cannot show (a data file rewritten under its name, a tokenizer that filters other prompts):
+    the checkpoint keeps the dataset's fingerprint with the loader position and the rows built are compared."""
+    from trainer import embedded
+    from trainer.dataset import PromptDataset, PromptLoader
+    from trainer.resume_checks import check_resume_rows
+
+    tok = embedded.build_tokenizer()
+    rows = embedded.make_rows(40, seed=3)
+    path = tmp_path / "train.jsonl"
+
+    def dataset(rs):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rs))
+        return PromptDataset(str(path), tok, max_prompt_length=16)
+
+    state = PromptLoader(dataset(rows), 8, 0).state_dict()
+    assert state["rows"] == 40
+    step = _saved_step(tmp_path, _cfg(), state)
+    check_resume_rows(step, dataset(rows))
+    with pytest.raises(ConfigError, match=r"^trainer\.resume_mode: data\.train_files=\[.*train\.jsonl'\] gives 39 "
+                                          r"training rows \(checkpoint: 40\):.*rows would repeat or be skipped"):
+        check_resume_rows(step, dataset(rows[1:]))
+    with pytest.raises(ConfigError, match="the same number of training rows \\(40\\) but other prompts"):
+        check_resume_rows(step, dataset(rows[20:] + rows[:20]))
+    check_resume_rows(_saved_step(tmp_path / "..", _cfg()), dataset(rows[1:]))  # saved without one: not compared
 
 
 def test_resume_path_mode_without_a_path_is_one_error_not_two(tmp_path):

@@ -1,6 +1,7 @@
 """A run's output and checkpoint folders are checked for writing before any worker starts. Found by a tester:
 ``trainer.default_local_dir`` naming a regular file (or a path under /proc) trained every step, then died at the first
 save with a ``NotADirectoryError`` (``FileNotFoundError``) traceback, and the trained weights were lost."""
+import json
 import os
 
 import pytest
@@ -118,3 +119,142 @@ def test_an_output_dir_that_is_a_file_is_one_line_not_hydras_traceback(tmp_path)
     assert errors == [f"error: trainer.output_dir={str(target)!r} is a file; expected a folder (new or existing) that "
                       "the run's metrics and exports can be written to"]
     assert target.read_text() == "x"
+
+
+# ---- a fresh run into a folder an earlier run wrote to; a finished run run again ------------------------------------
+
+def _checkpoint(root, step, complete=True):
+    import torch
+
+    folder = os.path.join(str(root), f"global_step_{step}")
+    os.makedirs(os.path.join(folder, "actor"))
+    if complete:
+        torch.save({"global_step": step}, os.path.join(folder, "data.pt"))
+    return folder
+
+
+def test_a_fresh_run_sets_aside_the_earlier_runs_checkpoints_with_its_outputs(tmp_path, caplog):
+    """Found by a tester: a fresh run set the earlier run's metrics aside but left its checkpoints, so a later
+    ``resume_mode=auto`` resumed the OLD run's checkpoint and appended to the NEW run's metrics.jsonl. The
+    checkpoints (complete or not, and the tracker) go to the same earlier_runs folder; nothing is lost and the
+    earlier run still resumes from there."""
+    from trainer.checkpoint.base import resolve_resume_path, write_tracker
+    from trainer.tracking import set_aside_earlier_run
+
+    out, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    for step in (2, 4):
+        _checkpoint(ckpt, step)
+    _checkpoint(ckpt, 6, complete=False)               # a save cut short
+    write_tracker(str(ckpt), 4)
+    (out / "metrics.jsonl").write_text('{"step": 4}\n')
+    assert resolve_resume_path("auto", str(ckpt))[1] == 4
+    before = _listing(out)
+    with caplog.at_level("WARNING"):
+        dest = set_aside_earlier_run(str(out), str(ckpt))
+    assert sorted(os.listdir(ckpt)) == [] and resolve_resume_path("auto", str(ckpt)) == (None, 0)
+    assert _listing(dest) == sorted(p for p in before if p != "earlier_runs")   # every file kept, same layout
+    assert resolve_resume_path(os.path.join(dest, "checkpoints", "global_step_4"), None)[1] == 4
+    (line,) = [r.getMessage() for r in caplog.records if "earlier run" in r.getMessage()]
+    assert f"held an earlier run's metrics.jsonl, checkpoints (steps 2..6 of {ckpt}, now in " in line
+    assert f"moved to {dest}" in line
+
+
+def test_checkpoints_in_the_output_folder_itself_or_outside_it(tmp_path):
+    from trainer.tracking import set_aside_earlier_run
+
+    out = tmp_path / "run"
+    _checkpoint(out, 1)                                 # trainer.default_local_dir=trainer.output_dir
+    (out / "keep.txt").write_text("x")
+    dest = set_aside_earlier_run(str(out), str(out))
+    assert sorted(os.listdir(dest)) == ["global_step_1"] and sorted(os.listdir(out)) == ["earlier_runs", "keep.txt"]
+    other = _checkpoint(tmp_path / "elsewhere", 1)      # outside: never moved (preflight refuses that fresh run)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    dest = set_aside_earlier_run(str(out), str(tmp_path / "elsewhere"))
+    assert sorted(os.listdir(dest)) == ["metrics.jsonl"] and os.path.isfile(os.path.join(other, "data.pt"))
+
+
+def _compose(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from tests.e2e_utils import ROOT
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
+        return compose("ppo_trainer", overrides=list(overrides))
+
+
+def test_the_earlier_run_is_set_aside_only_after_every_check_passed(tmp_path, monkeypatch):
+    """Found by a tester: a config error found late (a scorer option no scorer takes, raised when the reward
+    managers are built) stopped the run after the earlier run's outputs had been moved. They are moved once every
+    check passed, the workers' placement last; the launch runs in this process up to there (no worker starts)."""
+    from trainer.config_checks import ConfigError
+    from trainer.launch import run
+    from trainer.placement import PlacementError
+    from trainer.ppo_trainer import RayPPOTrainer
+
+    out = tmp_path / "run"
+    _checkpoint(out / "checkpoints", 3)
+    (out / "metrics.jsonl").write_text('{"step": 3}\n')
+    (out / "final_metrics.json").write_text('{"step": 3}')
+    earlier = _listing(out)
+    with pytest.raises(ConfigError, match="scorer option 'bogus' is not taken"):
+        run(_compose(f"trainer.output_dir={out}", "+reward_model.scorer_kwargs.bogus=1"))
+    assert not os.path.exists(out / "earlier_runs") and set(earlier) <= set(_listing(out))
+
+    def placement_fails(self):
+        raise PlacementError("could not place 2 bundles")
+    monkeypatch.setattr(RayPPOTrainer, "init_workers", placement_fails)
+    with pytest.raises(PlacementError):
+        run(_compose(f"trainer.output_dir={out}"))
+    assert not os.path.exists(out / "earlier_runs") and set(earlier) <= set(_listing(out))
+
+    monkeypatch.setattr(RayPPOTrainer, "init_workers", lambda self: None)
+    monkeypatch.setattr(RayPPOTrainer, "fit", lambda self: {"new": 1.0})
+    assert run(_compose(f"trainer.output_dir={out}")) == {"new": 1.0}
+    (stamp,) = os.listdir(out / "earlier_runs")
+    moved = _listing(out / "earlier_runs" / stamp)
+    assert {"metrics.jsonl", "final_metrics.json", "checkpoints/global_step_3/data.pt"} <= set(moved)
+    assert os.listdir(out / "checkpoints") == [] and (out / "final_metrics.json").read_text() == '{\n "new": 1.0\n}'
+
+
+def test_final_metrics_are_kept_when_the_run_trained_no_step(tmp_path):
+    """A resume with nothing left to train (the data used up at the first draw with dynamic sampling, a SIGTERM
+    before the first step) rewrote final_metrics.json with the export path only: the finished run's are kept."""
+    from trainer.launch import write_final_metrics
+
+    path = tmp_path / "final_metrics.json"
+    assert write_final_metrics(str(tmp_path), {"a": 1}, trained=False)        # none yet: written
+    assert not write_final_metrics(str(tmp_path), {"hf_export_dir": "x"}, trained=False)
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert write_final_metrics(str(tmp_path), {"a": 2}, trained=True)
+    assert json.loads(path.read_text()) == {"a": 2}
+
+
+def test_a_finished_run_resumed_again_is_complete_and_rewrites_nothing(saved, tmp_path, monkeypatch, capsys):
+    """Found by a tester: ``resume_mode=auto`` on a run whose last checkpoint is its last step rewrote
+    final_metrics.json with the export path only. Now it says the run is complete and exits 0 before any worker
+    starts; nothing in the output folder changes (the session's ``saved`` run: 1 step, saved at step 1)."""
+    import shutil
+
+    from tests.e2e_utils import SHORT
+    from trainer.launch import run
+    from trainer.ppo_trainer import RayPPOTrainer
+
+    out = str(tmp_path / "run")
+    shutil.copytree(saved, out)
+    with open(os.path.join(out, "final_metrics.json")) as f:
+        final = f.read()
+    files = {p: os.path.getmtime(os.path.join(out, p)) for p in _listing(out)   # the embedded task is written again
+             if os.path.isfile(os.path.join(out, p)) and not p.startswith("data")}
+
+    def no_workers(self):
+        raise AssertionError("a worker was started")
+    monkeypatch.setattr(RayPPOTrainer, "init_workers", no_workers)
+    summary = run(_compose(f"trainer.output_dir={out}", *[a for a in SHORT if "total_training_steps" not in a],
+                           "trainer.total_training_steps=1", "trainer.resume_mode=auto", "trainer.save_freq=1"))
+    assert summary == json.loads(final) and "actor/pg_loss" in summary
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("done: the run is already complete: ") and "is step 1 of 1, nothing left to train" in line
+    with open(os.path.join(out, "final_metrics.json")) as f:
+        assert f.read() == final
+    assert {p: os.path.getmtime(os.path.join(out, p)) for p in files} == files and not os.path.exists(
+        os.path.join(out, "earlier_runs"))

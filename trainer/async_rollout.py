@@ -246,18 +246,18 @@ class ChromeTrace:
     bracket is optional), readable by ``chrome://tracing`` and Perfetto: one row per role (``pid``)."""
 
     def __init__(self, path: str):
-        self.path = path
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if not os.path.exists(path) or os.path.getsize(path) == 0:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write("[\n")
+        self.path = path  # the file is opened at the first event: a fresh run sets an earlier run's trace aside
+        # after its workers started (trainer.launch.run), so nothing of this run may be written here before
 
     def event(self, name: str, role: str, start: float, end: float, args: dict) -> None:
-        """One event from ``start`` to ``end`` (seconds since the epoch)."""
+        """One event from ``start`` to ``end`` (seconds since the epoch); the file starts with ``[`` when new."""
         ev = {"name": name, "cat": role, "ph": "X", "pid": role, "tid": 0, "ts": start * 1e6,
               "dur": max(0.0, end - start) * 1e6, "args": args}
+        new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        if new:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(ev) + ",\n")
+            f.write(("[\n" if new else "") + json.dumps(ev) + ",\n")
 
 
 def read_trace(path: str) -> list[dict]:

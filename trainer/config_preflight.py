@@ -140,18 +140,29 @@ def _check_resume(cfg: dict) -> None:
 
 
 def _check_no_overwrite(cfg: dict) -> None:
-    """A run that trains from scratch and saves must not write over the checkpoints of an earlier run."""
+    """A run that trains from scratch (``resume_mode=disable``) into a ``trainer.default_local_dir`` that holds an
+    earlier run's checkpoints: inside ``trainer.output_dir`` (the default) they are set aside with the earlier run's
+    other outputs at start-up (:func:`trainer.tracking.set_aside_earlier_run`); outside it they are not moved, so the
+    run is refused: it would write over them (``save_freq > 0``), and a later ``resume_mode=auto`` would resume them
+    into this run's metrics (whatever ``save_freq``)."""
     t = cfg["trainer"]
-    if t["resume_mode"] != "disable" or int(t.get("save_freq") or 0) <= 0:
+    if t["resume_mode"] != "disable":
         return
     from trainer.checkpoint.base import list_checkpoints
 
-    root = t["default_local_dir"]
+    root, out = t["default_local_dir"], t.get("output_dir")
     steps = [s for s, _ in list_checkpoints(root)] if root else []
-    if steps:
-        raise ConfigError(f"trainer.default_local_dir={root!r} holds checkpoints (steps {steps[0]}..{steps[-1]}) that "
-                          "this run would write over with trainer.resume_mode=disable; expected "
-                          "trainer.resume_mode=auto (go on from them) or another trainer.default_local_dir")
+    if not steps:
+        return
+    if out:
+        real_out, real_root = os.path.realpath(out), os.path.realpath(root)
+        if real_root == real_out or real_root.startswith(real_out + os.sep):
+            return  # set aside at start-up with the earlier run's metrics
+    raise ConfigError(f"trainer.default_local_dir={root!r} holds checkpoints (steps {steps[0]}..{steps[-1]}) of an "
+                      f"earlier run outside trainer.output_dir={out!r}, so a fresh run (trainer.resume_mode=disable) "
+                      "cannot set them aside: it would write over them, or a later trainer.resume_mode=auto would "
+                      "resume them into this run's outputs; expected trainer.resume_mode=auto (go on from them), "
+                      "another trainer.default_local_dir, or move them away")
 
 
 def _check_data_files(cfg: dict) -> None:

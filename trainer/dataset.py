@@ -228,6 +228,22 @@ class PromptDataset:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def fingerprint(self) -> dict:
+        """``{"rows": N, "rows_digest": <hex>}``: the number of rows and a SHA-256 of the prompts (``prompt_key``)
+        of up to 1024 rows spread evenly over them, in order (computed once). A checkpoint keeps it with the loader
+        position, so that a resume onto other rows is refused (:func:`trainer.resume_checks.check_resume_rows`);
+        the tokenised form is not hashed (a new chat template that keeps the rows passes)."""
+        cached = self.__dict__.get("_fingerprint")
+        if cached is None:
+            import hashlib
+
+            digest, n = hashlib.sha256(), len(self.rows)
+            for i in range(0, n, max(1, n // 1024)):
+                digest.update(json.dumps(self.rows[i].get(self.prompt_key), sort_keys=True, default=str).encode())
+                digest.update(b"\0")
+            cached = self.__dict__["_fingerprint"] = {"rows": n, "rows_digest": digest.hexdigest()[:16]}
+        return dict(cached)
+
     def __getitem__(self, i: int) -> dict:
         row = self.rows[i]
         if self.processor is None:
@@ -315,7 +331,10 @@ class PromptLoader:
         return batch, self.epoch
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+        """The position (epoch, batches given out), the seed, and the dataset's fingerprint (rows, digest) that a
+        resume compares before it restores the position."""
+        rows = self.dataset.fingerprint() if hasattr(self.dataset, "fingerprint") else {}
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, **rows}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

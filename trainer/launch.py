@@ -319,11 +319,12 @@ def run(hydra_cfg: DictConfig) -> dict:
     check_model_context(cfg, hf_config, tok)
     check_multi_turn_template(cfg, tok)
     loader, val_ds = build_data(cfg, data, tok, load_processor(cfg))
-    from trainer.ppo_trainer import RayPPOTrainer
-    from trainer.tracking import set_aside_earlier_run
+    step_dir = resume_path(cfg)  # None: a fresh run
+    if step_dir is not None:  # the rows the saved loader position counts are this run's (files, tokenizer)
+        from trainer.resume_checks import check_resume_rows
 
-    if resume_path(cfg) is None:  # a fresh run that passed its checks replaces nothing an earlier run left there
-        set_aside_earlier_run(cfg["trainer"]["output_dir"])
+        check_resume_rows(step_dir, loader.dataset, data.train_files)
+    from trainer.ppo_trainer import RayPPOTrainer
 
     trainer = RayPPOTrainer(cfg, tok, loader, val_ds,
                             *build_reward_managers(cfg, data, tok, [loader.dataset, val_ds]))
@@ -331,19 +332,68 @@ def run(hydra_cfg: DictConfig) -> dict:
     total = plan_run_length(cfg, len(trainer.loader), one_batch_per_step=not dynamic)
     # the driver's trainer section was built before the run length was planned: the planned value replaces null
     trainer.trainer_cfg = t = replaced(trainer.trainer_cfg, "trainer", total_training_steps=total)
+    start = resumed_step(step_dir)
+    if step_dir is not None and not t.val_only and start >= trainer.last_step():
+        return already_complete(t.output_dir, step_dir, start, trainer.last_step())
     from trainer.interrupt import as_interrupt
+    from trainer.tracking import set_aside_earlier_run
 
     try:
         trainer.init_workers()
+        if step_dir is None:  # a fresh run that passed every check (the workers' placement last) replaces nothing
+            set_aside_earlier_run(t.output_dir, t.default_local_dir)
         last = trainer.fit()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
         raise as_interrupt(exc, trainer.global_step) from None
     summary = {k: v for k, v in last.items() if not k.startswith("_")}
-    os.makedirs(t.output_dir, exist_ok=True)
-    with open(os.path.join(t.output_dir, "final_metrics.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+    write_final_metrics(t.output_dir, summary, trained=trainer.global_step > start or t.val_only)
     print(f"done: step {trainer.global_step} of {total}{trainer.stop_reason}; output in {t.output_dir}",
           file=sys.stderr)
     if last.get("_stopped_by_sigterm"):  # not finished: a scheduler must not count the job as done (exit 143)
         summary["_stopped_by_sigterm"] = True
     return summary
+
+
+FINAL_METRICS = "final_metrics.json"
+
+
+def resumed_step(step_dir: str | None) -> int:
+    """The global step of the checkpoint ``step_dir`` (its ``data.pt``, else its folder name); 0 for None."""
+    if step_dir is None:
+        return 0
+    from trainer.checkpoint.base import load_trainer_state, parse_step
+
+    try:
+        return int(load_trainer_state(step_dir).get("global_step", parse_step(step_dir)))
+    except (FileNotFoundError, ValueError):
+        return parse_step(step_dir)
+
+
+def already_complete(output_dir: str, step_dir: str, step: int, last_step: int) -> dict:
+    """A resume whose checkpoint is at (or past) the run's last step: nothing to train, so no worker starts and
+    nothing in ``output_dir`` is rewritten (``final_metrics.json`` keeps the finished run's metrics, which are
+    returned; ``{}`` when it has none). Says so in one line; the run exits 0."""
+    path = os.path.join(output_dir, FINAL_METRICS)
+    summary = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+    print(f"done: the run is already complete: {step_dir} is step {step} of {last_step}, nothing left to train; "
+          f"{output_dir} is kept as it was ({FINAL_METRICS} {'kept' if summary else 'absent'}; raise "
+          "trainer.total_training_steps or trainer.total_epochs to train on)", file=sys.stderr)
+    return summary
+
+
+def write_final_metrics(output_dir: str, summary: dict, trained: bool) -> bool:
+    """Write ``<output_dir>/final_metrics.json``, unless the run trained no step (a resume with nothing left: the data
+    used up at the first draw, a SIGTERM before the first step) and an earlier one is there: its metrics are the
+    run's last and are kept (a warning says so). Returns whether the file was written."""
+    path = os.path.join(output_dir, FINAL_METRICS)
+    if not trained and os.path.isfile(path):
+        logger.warning("no step was trained after the resume: %s keeps the metrics of the run's last trained step",
+                       path)
+        return False
+    os.makedirs(output_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    return True

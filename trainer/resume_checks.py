@@ -3,7 +3,9 @@
 the command line would have no effect. :func:`check_resume_optim` refuses such a value before start-up, naming the key,
 the value and the checkpoint's (the run config each checkpoint keeps in its ``data.pt``). Likewise the data loader's
 saved position (epoch, batch index) indexes the checkpoint's row order: :func:`check_resume_data` refuses a changed
-order or batch size."""
+key that decides which rows the loader yields, in which order and how many per batch (before start-up), and
+:func:`check_resume_rows` rows that differ from the checkpoint's for another reason (the same file names with other
+contents, another tokenizer that filters other prompts), once the dataset is built and before any worker starts."""
 from __future__ import annotations
 
 import math
@@ -12,15 +14,25 @@ import os
 from trainer.config.trainer import run_strategy
 from trainer.config_checks import ConfigError, as_int
 
-__all__ = ["DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "SCHEDULE_KEYS", "check_resume_checkpoint", "check_resume_data",
-           "check_resume_model", "check_resume_optim", "resume_schedule_warnings"]
+__all__ = ["DATA_FILTER_KEYS", "DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "SCHEDULE_KEYS", "check_resume_checkpoint",
+           "check_resume_data", "check_resume_model", "check_resume_optim", "check_resume_rows",
+           "resume_schedule_warnings"]
 
 #: the ``optim`` keys whose values a resume takes from the checkpoint (the optimizer's param groups)
 RESTORED_OPTIM_KEYS = ("lr", "weight_decay", "betas")
 #: the ``optim`` keys of the learning-rate schedule: a resume follows the new values from its step on (a warning)
 SCHEDULE_KEYS = ("lr_scheduler_type", "lr_warmup_steps", "lr_warmup_steps_ratio", "min_lr_ratio", "num_cycles")
-#: the ``data`` keys that fix which rows the saved loader position points at (the order and the batch size)
-DATA_ORDER_KEYS = ("seed", "shuffle", "train_batch_size", "gen_batch_size")
+#: the ``data`` keys that fix which rows the saved loader position points at, as ``trainer.launch.build_data`` reads
+#: them: the rows (``train_files``; the first ``max_rows``; ``prompt_key``, whose rows without a prompt are skipped),
+#: their order (``shuffle``, ``seed``) and the batch size (``train_batch_size``, ``gen_batch_size`` with dynamic
+#: sampling, PRIME's ``oversample_factor``). ``train_files`` is compared when the run names files (null: the embedded
+#: task, generated from ``seed`` and ``synthetic_task``, compared instead)
+DATA_ORDER_KEYS = ("seed", "shuffle", "train_batch_size", "gen_batch_size", "train_files", "max_rows", "prompt_key",
+                   "oversample_factor")
+#: the ``data`` keys that decide which prompts the overlong filter drops (``trainer.dataset.PromptDataset``: a prompt
+#: of more than ``max_prompt_length`` tokens, counted after the chat template with its kwargs and a row's images);
+#: compared when either run filters (``filter_overlong_prompts``; without it the rows stay, cut or refused)
+DATA_FILTER_KEYS = ("filter_overlong_prompts", "max_prompt_length", "apply_chat_template_kwargs", "image_key")
 _ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)),
           ("reward_model.model", ("reward_model", "model")))
 
@@ -52,24 +64,100 @@ def _saved_config(step_dir: str) -> dict | None:
     return saved_cfg if isinstance(saved_cfg, dict) else None
 
 
+def _files(value) -> list[str] | None:
+    if value is None:
+        return None
+    return [os.path.normpath(os.path.expanduser(str(f))) for f in ([value] if isinstance(value, str) else value)]
+
+
+def _plain_value(key: str, value):
+    if key == "train_files":
+        return _files(value)
+    if key == "apply_chat_template_kwargs":
+        return dict(value or {})
+    return value
+
+
+def _loader_batch(cfg: dict):
+    """The prompts per loader batch that ``cfg`` builds: ``trainer.launch.build_data`` (``gen_batch_size`` with
+    dynamic sampling, else ``train_batch_size``), then PRIME's loader (``round(train_batch_size *
+    oversample_factor)``, :meth:`trainer.hooks.prime.PrimeHook.wrap_loader`)."""
+    d, algo = cfg.get("data") or {}, cfg.get("algorithm") or {}
+    if algo.get("use_prime"):
+        return round(float(d.get("train_batch_size") or 0) * float(d.get("oversample_factor") or 1.0))
+    if (algo.get("filter_groups") or {}).get("enable"):
+        return d.get("gen_batch_size") or d.get("train_batch_size")
+    return d.get("train_batch_size")
+
+
+def _data_diffs(cfg: dict, saved_cfg: dict) -> list[str]:
+    """``<key>=<now> (checkpoint: <saved>)`` for each key of the loader's rows, order and batch size that differs."""
+    now, saved = cfg.get("data") or {}, saved_cfg.get("data")
+    if not isinstance(saved, dict):
+        return []
+    keys = [k for k in DATA_ORDER_KEYS if not (k == "train_files" and now.get(k) is None)]
+    if now.get("train_files") is None:  # the embedded task: its rows come from data.seed and the task's name
+        keys.append("synthetic_task")
+    if now.get("filter_overlong_prompts") or saved.get("filter_overlong_prompts"):
+        keys += DATA_FILTER_KEYS
+    diffs = [f"data.{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in keys
+             if k in now and k in saved and not _same(_plain_value(k, now[k]), _plain_value(k, saved[k]))]
+    if _loader_batch(cfg) != _loader_batch(saved_cfg):  # also decided by the algorithm: name what changed there
+        algo_now, algo_saved = cfg.get("algorithm") or {}, saved_cfg.get("algorithm") or {}
+        flags = {"algorithm.filter_groups.enable": lambda a: bool((a.get("filter_groups") or {}).get("enable")),
+                 "algorithm.use_prime": lambda a: bool(a.get("use_prime"))}
+        diffs += [f"{key}={get(algo_now)!r} (checkpoint: {get(algo_saved)!r})" for key, get in flags.items()
+                  if get(algo_now) != get(algo_saved)]
+    return diffs
+
+
+_DATA_ADVICE = ("the checkpoint's data-loader position counts batches of its own row order, so rows would repeat or "
+                "be skipped; resume with the checkpoint's values, or start a new run from its HF export "
+                "(tools/export_hf.py)")
+
+
 def check_resume_data(cfg: dict, step_dir: str) -> None:
-    """``data.seed``, ``data.shuffle``, ``data.train_batch_size`` and ``data.gen_batch_size`` equal the checkpoint's:
-    the saved loader position (epoch, batch index) would otherwise point into another row order, so rows would be
-    seen twice or skipped in the resumed epoch (a checkpoint without a saved config is not compared).
+    """Every key that decides which rows the data loader yields, in which order and how many per batch
+    (:data:`DATA_ORDER_KEYS`; :data:`DATA_FILTER_KEYS` when a run filters overlong prompts; dynamic sampling and
+    PRIME when they change the batch size) equals the checkpoint's: the saved loader position (epoch, batch index)
+    would otherwise point into another row order, so rows would be seen twice or skipped in the resumed epoch (a
+    checkpoint without a saved config is not compared).
 
     Raises:
         ConfigError: one message naming each differing key and both values.
     """
-    saved = (_saved_config(step_dir) or {}).get("data")
-    if not isinstance(saved, dict):
-        return
-    now = cfg.get("data") or {}
-    diffs = [f"data.{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in DATA_ORDER_KEYS
-             if k in now and k in saved and not _same(now[k], saved[k])]
+    diffs = _data_diffs(cfg, _saved_config(step_dir) or {})
     if diffs:
-        raise ConfigError(f"trainer.resume_mode: {', '.join(diffs)}: the checkpoint's data-loader position counts "
-                          "batches of its own row order, so rows would repeat or be skipped; resume with the "
-                          "checkpoint's values, or start a new run from its HF export (tools/export_hf.py)")
+        raise ConfigError(f"trainer.resume_mode: {', '.join(diffs)}: {_DATA_ADVICE}")
+
+
+def check_resume_rows(step_dir: str, dataset, files=None) -> None:
+    """The training rows built for this run (``dataset``: a :class:`trainer.dataset.PromptDataset`) are the
+    checkpoint's: as many, and the same prompts at the rows its fingerprint samples
+    (:meth:`~trainer.dataset.PromptDataset.fingerprint`, saved with the loader position). Catches what the config keys
+    cannot show (:func:`check_resume_data`): a data file rewritten under the same name, another tokenizer or chat
+    template that filters other prompts. A checkpoint saved without a fingerprint is not compared.
+
+    Raises:
+        ConfigError: one line naming ``data.train_files``, the row counts or the changed prompts.
+    """
+    import torch
+
+    state_file = os.path.join(step_dir, "data.pt")
+    if not os.path.isfile(state_file):
+        return
+    saved = torch.load(state_file, map_location="cpu", weights_only=True).get("dataloader") or {}
+    if "rows" not in saved:
+        return
+    now = dataset.fingerprint()
+    if int(saved["rows"]) != now["rows"]:
+        what = f"{now['rows']} training rows (checkpoint: {int(saved['rows'])})"
+    elif saved.get("rows_digest") not in (None, now["rows_digest"]):
+        what = f"the same number of training rows ({now['rows']}) but other prompts"
+    else:
+        return
+    files = _files(files if files is not None else getattr(dataset, "files", None)) or []
+    raise ConfigError(f"trainer.resume_mode: data.train_files={files!r} gives {what}: {_DATA_ADVICE}")
 
 
 def _optim_diffs(cfg: dict, step_dir: str, keys: tuple[str, ...]) -> list[str]:

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from typing import Any
 
@@ -18,7 +19,8 @@ logger = logging.getLogger(__name__)
 CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "response_length/mean", "actor/pg_loss", "actor/entropy",
                 "actor/kl_loss", "actor/grad_norm", "timing_s/step", "perf/throughput")
 BACKENDS = ("console", "wandb")
-# what a run writes into trainer.output_dir besides checkpoints (which the start-up checks guard)
+# what a run writes into trainer.output_dir besides checkpoints (set aside by a fresh run with them when they are
+# inside it: set_aside_earlier_run)
 RUN_OUTPUTS = ("metrics.jsonl", "val_generations.jsonl", "final_metrics.json", "hf_actor", "hf_exports",
                "async_trace.json")
 EARLIER_RUNS = "earlier_runs"
@@ -121,13 +123,18 @@ class Tracking:
             self._wandb.finish()
 
 
-def set_aside_earlier_run(output_dir: str) -> str | None:
-    """Move the outputs an earlier run left in ``output_dir`` (:data:`RUN_OUTPUTS` that exist and are not empty)
-    into ``<output_dir>/earlier_runs/<YYYYmmdd-HHMMSS>/``, so that a fresh run into the same folder replaces
-    nothing; returns that folder, or None when there was nothing to move. Checkpoints are not moved (a fresh run
-    that would write over them is refused at start-up)."""
+def set_aside_earlier_run(output_dir: str, checkpoint_dir: str | None = None) -> str | None:
+    """Move what an earlier run left in ``output_dir`` into ``<output_dir>/earlier_runs/<YYYYmmdd-HHMMSS>/``, so
+    that a fresh run into the same folder replaces nothing and mixes with nothing; returns that folder, or None when
+    there was nothing to move. Moved: the :data:`RUN_OUTPUTS` that exist and are not empty, and, when
+    ``checkpoint_dir`` (``trainer.default_local_dir``) lies inside ``output_dir``, its checkpoints (every
+    ``global_step_<N>`` folder, complete or not, and the tracker file) into the same relative folder there: left in
+    place, a later ``resume_mode=auto`` would resume the earlier run's checkpoint into this run's metrics. A
+    checkpoint folder outside ``output_dir`` is not touched (a fresh run with checkpoints there is refused before
+    start-up, :func:`trainer.config_preflight.preflight`). One warning line names what was moved and where."""
     found = [n for n in RUN_OUTPUTS if _non_empty(os.path.join(output_dir, n))]
-    if not found:
+    ckpts, ckpt_rel = _earlier_checkpoints(output_dir, checkpoint_dir)
+    if not found and not ckpts:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dest, k = os.path.join(output_dir, EARLIER_RUNS, stamp), 1
@@ -137,8 +144,41 @@ def set_aside_earlier_run(output_dir: str) -> str | None:
     os.makedirs(dest)
     for name in found:
         os.replace(os.path.join(output_dir, name), os.path.join(dest, name))
-    logger.warning("%s held an earlier run's %s: moved to %s", output_dir, ", ".join(found), dest)
+    what = list(found)
+    if ckpts:
+        import shutil
+
+        into = os.path.normpath(os.path.join(dest, ckpt_rel))
+        os.makedirs(into, exist_ok=True)
+        for name in ckpts:  # a rename within output_dir (shutil.move copies only across file systems)
+            shutil.move(os.path.join(checkpoint_dir, name), os.path.join(into, name))
+        steps = sorted(int(m.group(1)) for m in map(re.compile(r"global_step_(\d+)").match, ckpts) if m)
+        where = os.path.relpath(into, output_dir)
+        what.append(f"checkpoints ({f'steps {steps[0]}..{steps[-1]}' if steps else 'tracker'} of "
+                    f"{checkpoint_dir}, now in {where})")
+    logger.warning("%s held an earlier run's %s: moved to %s (this run starts from scratch; to go on with the "
+                   "earlier run, give that folder as trainer.output_dir with trainer.resume_mode=auto)", output_dir,
+                   ", ".join(what), dest)
     return dest
+
+
+def _earlier_checkpoints(output_dir: str, checkpoint_dir: str | None) -> tuple[list[str], str]:
+    """The checkpoint entries (``global_step_*`` folders, the tracker file) in ``checkpoint_dir`` when it lies inside
+    ``output_dir`` (or is it), and its path relative to ``output_dir``; ``([], "")`` otherwise."""
+    if not checkpoint_dir or not os.path.isdir(checkpoint_dir):
+        return [], ""
+    out, ckpt = os.path.realpath(output_dir), os.path.realpath(checkpoint_dir)
+    if ckpt != out and not ckpt.startswith(out + os.sep):
+        return [], ""
+    rel = os.path.relpath(ckpt, out)
+    if rel.split(os.sep)[0] == EARLIER_RUNS:
+        return [], ""
+    from trainer.checkpoint.base import STEP_DIR_PREFIX, TRACKER_FILE
+
+    names = sorted(n for n in os.listdir(checkpoint_dir)
+                   if (n.startswith(STEP_DIR_PREFIX) and os.path.isdir(os.path.join(checkpoint_dir, n)))
+                   or n == TRACKER_FILE)
+    return names, rel
 
 
 def _non_empty(path: str) -> bool:

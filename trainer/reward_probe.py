@@ -5,48 +5,156 @@ At run time a scorer's failure scores 0 and is counted (``reward/num_errors``), 
 stops training. A scorer that returns something other than a number or a dict with ``score`` (``None``, a string,
 a dict without ``score``: a bug in a ``custom_reward_function``) fails on every response, and the run would train on
 rewards that are all 0 without stopping. Each reachable scorer is therefore called once here on an empty response
-and the row's ground truth; a scorer that raises on it is not judged (an empty response may be an input it refuses),
-one that returns a value of the wrong kind stops the run in one line.
+and the row's ground truth; a scorer that raises on it (or whose process dies) is not judged (an empty response may
+be an input it refuses), one that returns a value of the wrong kind stops the run in one line.
+
+A scorer that does not return within the probe's bound (:func:`probe_bound`: ``min(reward_model.timeout_s,``
+:data:`PROBE_BOUND_S` ``)``, 5 s) also stops the run in one line, naming the scorer and the time: an empty response
+is the cheapest input a scorer gets, and one that hangs on it hangs or runs past ``timeout_s`` on every training
+response too (each then scores 0 after ``timeout_s``, and the first batch stops the run only after
+``timeout_s`` x its responses / scoring workers). A scorer that is slow only on its first call (a model or a large
+table loaded lazily) passes when it loads at import: the file is imported in the driver before the probe, and the
+probe and the scoring workers are forked from it. Each probe runs in a forked process in its own process group;
+the group (the scorer's own subprocesses included) is killed when the probe ends, so nothing is left behind.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import multiprocessing as mp
+import os
+import signal
+import time
+from typing import Any, Callable, Sequence
 
-__all__ = ["check_scorer_returns"]
+__all__ = ["PROBE_BOUND_S", "check_scorer_returns", "probe_bound", "run_probe"]
+
+#: the longest a scorer may take on the probe's empty response (seconds; ``reward_model.timeout_s`` when shorter)
+PROBE_BOUND_S = 5.0
+
+
+def probe_bound(timeout_s: float) -> float:
+    """Seconds the probe waits for a scorer: ``min(timeout_s, PROBE_BOUND_S)``."""
+    return min(float(timeout_s), PROBE_BOUND_S)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGKILL when its parent dies (a probe must not outlive a killed driver). The kernel
+    ties it to the thread that forked: that thread waits in :func:`run_probe` while the probe lives."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the parent still kills the group when the probe ends
+        pass
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(1)
+
+
+def _probe_child(conn, fn: Callable, args: tuple, kwargs: dict, parent: int) -> None:
+    try:
+        os.setpgid(0, 0)  # its own group: the scorer's subprocesses are killed with it
+    except OSError:
+        pass
+    _die_with_parent(parent)
+    from rewards.pool import run_scorer
+
+    def probe(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except Exception:  # noqa: BLE001 - not judged: the scorer may refuse an empty response
+            return 0.0
+
+    try:
+        conn.send(run_scorer(probe, args, kwargs))
+    except Exception as exc:  # noqa: BLE001 - a result that cannot be sent back
+        conn.send(("error", f"the result could not be sent back: {exc!r}"[:500], 0.0))
+
+
+def _kill_group(proc) -> None:
+    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+    proc.join(timeout=5.0)
+
+
+def run_probe(fn: Callable, args: tuple, kwargs: dict, bound_s: float) -> tuple[str, Any, float]:
+    """Call ``fn(*args, **kwargs)`` in a forked process in its own process group and wait at most ``bound_s``
+    seconds. Returns ``(status, payload, seconds)``: ``"ok"`` (the normalised value, as
+    :func:`rewards.pool.run_scorer`; 0.0 when ``fn`` raised: not judged), ``"error"`` (it returned a value that is
+    no score: the message), ``"raised"`` (its process died: not judged) or ``"timeout"``. The process group is
+    killed in every case."""
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_probe_child, args=(send, fn, args, kwargs, os.getpid()), daemon=True,
+                       name="reward-probe")
+    t0 = time.monotonic()
+    proc.start()
+    send.close()
+    try:
+        os.setpgid(proc.pid, proc.pid)  # also from here: the group exists before any kill below
+    except OSError:
+        pass
+    try:
+        if not recv.poll(bound_s):
+            return "timeout", None, time.monotonic() - t0
+        try:
+            return recv.recv()
+        except (EOFError, OSError):  # the process died (os._exit, a crash in C code)
+            proc.join(timeout=1.0)
+            return "raised", f"the probe's process died (exit code {proc.exitcode})", time.monotonic() - t0
+    finally:
+        _kill_group(proc)
+        recv.close()
+
+
+def _scorer_name(manager: Any, fn: Callable, reward_fn_key: str, source: str) -> str:
+    """The scorer as the run reaches it (a data source's scorer, ``reward_model.scorer`` or the custom reward
+    function), with ``<function> of <file>``."""
+    code = getattr(fn, "__code__", None)
+    name = f"{getattr(fn, '__name__', fn)}" + (f" of {code.co_filename}" if code is not None else "")
+    where = f" for {reward_fn_key}={source}" if source else ""
+    if manager.scorer is None:
+        return f"the scorer of {reward_fn_key}={source} ({name})"
+    if getattr(manager, "scorer_name", None):
+        return f"the scorer reward_model.scorer={manager.scorer_name} ({name}){where}"
+    return f"the custom_reward_function {name}{where}"
 
 
 def check_scorer_returns(manager: Any, reward_fn_key: str, datasets: Sequence) -> None:
     """Call each scorer that the rows of ``datasets`` reach (the first row of each ``reward_fn_key`` value; the one
     scorer of ``reward_model.scorer`` / ``custom_reward_function`` on the first row) with an empty response, in
-    this process and within the manager's ``timeout_s``.
+    a forked process bounded by :func:`probe_bound` of the manager's ``timeout_s``.
 
     Raises:
         ValueError: a scorer returned a value that is neither a number nor a dict with ``score`` (naming the scorer,
-            the data source and what it returned).
+            the data source and what it returned), or did not return within the bound (naming the scorer, the data
+            source and the time; the probe's processes are killed).
     """
-    from rewards.manager import _in_process
     from trainer.protocol import DataProto
 
     firsts: dict = {}
     for ds in datasets:
         for row in ds.rows if ds is not None else ():
             firsts.setdefault(repr(row.get(reward_fn_key)) if manager.routes_by_key else "", row)
+    if firsts:
+        from rewards import math as math_reward
+
+        math_reward.load_math_verify()  # imported once here, as before the scoring workers fork (not timed)
+    bound = probe_bound(manager.timeout_s)
     for source, row in sorted(firsts.items()):
         one = DataProto.from_dict({}, {"reward_model": [row["reward_model"]], "extra_info": [row.get("extra_info")],
                                        reward_fn_key: [row.get(reward_fn_key)]})
         tasks, fns = manager._tasks(one, [""])
         (_, args, kwargs), fn = tasks[0], fns[0]
-
-        def probe(*a, _fn=fn, **kw):
-            try:
-                return _fn(*a, **kw)
-            except Exception:  # noqa: BLE001 - not judged: the scorer may refuse an empty response
-                return 0.0
-
-        status, payload, _ = _in_process(probe, args, kwargs, manager.timeout_s)
+        status, payload, _ = run_probe(fn, args, kwargs, bound)
+        if status == "timeout":
+            raise ValueError(
+                f"{_scorer_name(manager, fn, reward_fn_key, source)}, given an empty response, did not "
+                f"return within {bound:g} s (the start-up probe's bound: min(reward_model.timeout_s="
+                f"{manager.timeout_s:g}, {PROBE_BOUND_S:g}) s; its process was killed) and would hang or run past "
+                "timeout_s on every response; fix the scorer (an empty response should score at once; load models "
+                "or tables when its file is imported, not on the first call)")
         if status == "error":  # only the normalisation of what the scorer returned can fail now
-            where = f" for {reward_fn_key}={source}" if source else ""
-            code = getattr(fn, "__code__", None)
-            name = f"{getattr(fn, '__name__', fn)}" + (f" of {code.co_filename}" if code is not None else "")
-            raise ValueError(f"the scorer {name}{where}, given an empty response, returned a value it cannot "
-                             f"score: {payload}")
+            raise ValueError(f"{_scorer_name(manager, fn, reward_fn_key, source)}, given an empty "
+                             f"response, returned a value it cannot score: {payload}")

@@ -1,0 +1,129 @@
+"""The start-up probe of the reward scorers (``trainer/reward_probe.py``) with a scorer that hangs on the empty
+response. Found by trying it: the probe waited the whole ``reward_model.timeout_s`` in the driver and then started
+the workers anyway; the run then spent ``timeout_s`` on every response (validation, then each step) before it
+stopped, and the killed run's hung scoring processes stayed behind. Now the probe waits at most
+``min(timeout_s, 5 s)`` in a forked process group, refuses the run in one line naming the scorer and the time, and
+kills the group (the scorer's own subprocesses included)."""
+import textwrap
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from trainer.config_checks import ConfigError, check_reward_scorers
+
+SIG = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+
+
+class CharTokenizer:
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return ["".join(map(chr, r)) for r in rows]
+
+
+def _datasets(*sources):
+    return [SimpleNamespace(files=["train.jsonl"], rows=[{"data_source": s, "reward_model": {"ground_truth": "7"}}
+                                                         for s in sources])]
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a zombie no one reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _load(tmp_path, body, name="my_reward.py"):
+    from rewards.registry import load_custom_scorer
+
+    path = tmp_path / name
+    path.write_text(SIG + textwrap.indent(textwrap.dedent(body), "    "))
+    return str(path), load_custom_scorer(str(path))
+
+
+def test_the_probe_bound_is_timeout_s_or_5_s():
+    from trainer.reward_probe import PROBE_BOUND_S, probe_bound
+
+    assert PROBE_BOUND_S == 5.0
+    assert probe_bound(10.0) == 5.0 and probe_bound(300) == 5.0 and probe_bound(0.5) == 0.5
+
+
+def test_a_scorer_that_hangs_on_the_empty_response_is_refused_and_killed(tmp_path, monkeypatch):
+    """A hung scorer with a large timeout_s is stopped at the probe's bound (not timeout_s), named with its file,
+    function and the time in one line; its process group (a subprocess it started included) is killed."""
+    import trainer.reward_probe as probe
+    from rewards.manager import RewardManager
+
+    monkeypatch.setattr(probe, "PROBE_BOUND_S", 0.5)
+    pids = tmp_path / "pids"
+    path, fn = _load(tmp_path, f"""
+        import os, subprocess
+        child = subprocess.Popen(["sleep", "120"])
+        with open({str(pids)!r}, "w") as f:
+            f.write(f"{{os.getpid()}} {{child.pid}}")
+        while True:
+            pass
+        """)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(lambda: RewardManager(CharTokenizer(), scorer=fn, timeout_s=60.0, num_workers=0),
+                             "data_source", _datasets("openai/gsm8k"))
+    assert time.monotonic() - t0 < 20  # not timeout_s=60
+    msg = str(info.value)
+    assert "\n" not in msg and "compute_score" in msg and path in msg and "did not return within 0.5 s" in msg, msg
+    assert "data_source='openai/gsm8k'" in msg and "reward_model.timeout_s=60" in msg
+    scorer_pid, sleep_pid = map(int, pids.read_text().split())
+    deadline = time.monotonic() + 5
+    while (_alive(scorer_pid) or _alive(sleep_pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(scorer_pid) and not _alive(sleep_pid)
+
+
+def test_a_routed_scorer_that_hangs_is_named_by_its_data_source(monkeypatch):
+    import trainer.reward_probe as probe
+    from rewards.manager import RewardManager
+    from rewards.registry import _REGISTRY, register_scorer
+
+    def stuck(solution_str, ground_truth):
+        time.sleep(60)
+        return 1.0
+
+    monkeypatch.setitem(_REGISTRY, "tests/stuck", stuck)
+    register_scorer("tests/stuck", overwrite=True)(stuck)
+    with pytest.raises(ConfigError, match=r"the scorer of data_source='tests/stuck' \(stuck of .*within 0\.3 s"):
+        check_reward_scorers(lambda: RewardManager(CharTokenizer(), timeout_s=0.3, num_workers=0), "data_source",
+                             _datasets("gsm8k", "tests/stuck"))
+    monkeypatch.setattr(probe, "PROBE_BOUND_S", 0.3)  # a fixed scorer by name: named by reward_model.scorer
+    with pytest.raises(ConfigError, match=r"reward_model.scorer=tests/stuck \(stuck of "):
+        check_reward_scorers(lambda: RewardManager(CharTokenizer(), scorer="tests/stuck", num_workers=0),
+                             "data_source", _datasets("gsm8k"))
+
+
+def test_slow_raising_and_dying_scorers_pass_the_probe(tmp_path):
+    """A scorer that returns within the bound passes; one that raises on the empty response, or whose process dies,
+    is not judged (as before)."""
+    from rewards.manager import RewardManager
+
+    for name, body in {"slow": "import time\ntime.sleep(0.3)\nreturn 1.0\n",
+                       "raises": "raise ValueError('no answer')\n",
+                       "dies": "import os\nos._exit(3)\n"}.items():
+        _, fn = _load(tmp_path, body, name=f"{name}.py")
+        check_reward_scorers(lambda: RewardManager(CharTokenizer(), scorer=fn, num_workers=0), "data_source",
+                             _datasets("gsm8k"))
+
+
+def test_a_hung_custom_reward_function_stops_main_before_workers(tmp_path):
+    """End to end: one line naming the file, the function and the bound, before any worker; the probe's process is
+    gone."""
+    from tests.test_reliability_config import assert_one_line_error, run_cli
+
+    path, pid_file = tmp_path / "hang.py", tmp_path / "probe.pid"
+    path.write_text(SIG + f"    import os\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+                    "    while True:\n        pass\n")
+    t0 = time.monotonic()
+    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", "reward_model.timeout_s=1",
+                   timeout=120, forked=True)
+    line = assert_one_line_error(proc, "compute_score", str(path), "did not return within 1 s")
+    assert time.monotonic() - t0 < 60, line
+    assert not _alive(int(pid_file.read_text()))

@@ -11,8 +11,8 @@ from functools import lru_cache
 
 from trainer.verl_compat import R, _fmt, _get, leaves, same_value
 
-__all__ = ["ENGINE_KEYS", "GAMMA_READERS", "LAM_READERS", "SWITCHED_OFF", "switched_off_warnings",
-           "unused_setting_warnings"]
+__all__ = ["ENGINE_KEYS", "GAMMA_READERS", "LAM_READERS", "SWITCHED_OFF", "ZERO_WEIGHTED", "switched_off_warnings",
+           "unused_setting_warnings", "zero_weight_warnings"]
 
 ROOT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ppo_trainer.yaml")
 KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
@@ -31,7 +31,8 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
     while DeepSpeed trains), ``deepspeed.offload_param`` below ZeRO-3, a custom reward function's name without
     its path, ``use_kl_in_reward`` with PRIME (whose advantages never read the penalised rewards),
     ``rollout.multi_turn`` settings while multi-turn rollouts are off, ``critic.*`` settings of a run without a
-    critic and ``actor.kl_loss_*`` without ``actor.use_kl_loss`` (:func:`switched_off_warnings`)."""
+    critic and ``actor.kl_loss_*`` without ``actor.use_kl_loss`` (:func:`switched_off_warnings`); the opposite
+    case, a term switched on whose coefficient is 0 (:func:`zero_weight_warnings`)."""
     from trainer.config.deepspeed import effective_zero_stage
 
     rc = _get(cfg, R) or {}
@@ -66,7 +67,7 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
                            f"generates with rollout.name={name}")
     from trainer.multi_turn import unused_multi_turn_warnings
 
-    return out + unused_multi_turn_warnings(rc) + switched_off_warnings(cfg)
+    return out + unused_multi_turn_warnings(rc) + switched_off_warnings(cfg) + zero_weight_warnings(cfg)
 
 
 @lru_cache(maxsize=1)
@@ -179,4 +180,48 @@ def switched_off_warnings(cfg: dict) -> list[str]:
             found = [k for k in _set_keys(run, keys) if not k.endswith(".enable=false")]
             if found:
                 out.append(f"{', '.join(found)}: ignored: {why(run)}")
+    return out
+
+
+def _kl_ctrl_why(r: dict) -> str:
+    kind = _get(r, "algorithm.kl_ctrl.type")
+    grows = " (kl_ctrl.type=adaptive only multiplies the coefficient: 0 stays 0)" if kind == "adaptive" else ""
+    return f"the in-reward KL penalty weighs nothing{grows}"
+
+
+#: (the switch is on, its switch, the coefficient, what the 0 means, the other way out): a term switched on whose
+#: coefficient is 0 does nothing (it is computed and added times 0); 0 is a value configs/ ships (prime.yaml's
+#: kl_coef), so :data:`SWITCHED_OFF`'s "set away from every shipped value" cannot catch it
+ZERO_WEIGHTED = (
+    (lambda r: bool(_get(r, "algorithm.use_kl_in_reward")) and not (r.get("algorithm") or {}).get("use_prime"),
+     "algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef", _kl_ctrl_why,
+     "algorithm.use_kl_in_reward=false"),
+    (lambda r: bool(_get(r, KL_LOSS)), KL_LOSS, f"{_A}.kl_loss_coef",
+     lambda r: "the KL loss term weighs nothing", f"{KL_LOSS}=false"),
+    (lambda r: bool(_get(r, "reward_model.overlong_buffer.enable")), "reward_model.overlong_buffer.enable",
+     "reward_model.overlong_buffer.penalty_factor", lambda r: "the overlong penalty is 0 at every length",
+     "reward_model.overlong_buffer.enable=false"),
+)
+
+
+def _is_zero(value) -> bool:
+    try:
+        return float(value) == 0.0
+    except (TypeError, ValueError):
+        return False
+
+
+def zero_weight_warnings(cfg: dict) -> list[str]:
+    """A term switched on whose coefficient is 0 (:data:`ZERO_WEIGHTED`): ``use_kl_in_reward`` with
+    ``kl_ctrl.kl_coef=0`` (fixed or adaptive: the adaptive controller only multiplies it; PRIME is warned about
+    apart, its advantages never read that penalty), ``use_kl_loss`` with ``kl_loss_coef=0``, ``overlong_buffer``
+    with ``penalty_factor=0``: one warning line each, naming both keys. Reads no key of a recording config."""
+    from trainer.config_reads import plain
+
+    run, out = plain(cfg), []
+    for on, switch, coef, why, off in ZERO_WEIGHTED:
+        value = _get(run, coef, _MISSING)
+        if value is not _MISSING and _is_zero(value) and on(run):
+            out.append(f"{coef}={_fmt(value)} with {switch}=true: no effect: {why(run)}; set {coef} > 0, or "
+                       f"{off}")
     return out

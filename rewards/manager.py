@@ -260,6 +260,10 @@ class RewardManager:
                 key, fn = _CALLABLE_KEY, self.scorer
             else:
                 key = keys[i]
+                if key is None:  # a row without the column (a JSON-lines row lacking it, a parquet null)
+                    raise KeyError(f"data.reward_fn_key={self.reward_fn_key!r}: row {i} of the batch has no "
+                                   f"{self.reward_fn_key!r} value; add the column to every row of the data, set "
+                                   "data.reward_fn_key, or force one scorer with reward_model.scorer=<name>")
                 fn = get_scorer(key)  # KeyError naming the unknown value: a config error, raised here
             if id(fn) not in wants:
                 wants[id(fn)] = (wants_data_source(fn), takes_extra_info(fn))

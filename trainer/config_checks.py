@@ -136,19 +136,21 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
     registered scorer taking the scorer options. Returns the manager.
 
     Raises:
-        ConfigError: a row without ``reward_fn_key``, a value without a scorer, an option a scorer does not
+        ConfigError: a row without a ``reward_fn_key`` value (naming the file and the row, or the file that lacks the
+            column: :func:`trainer.dataset.check_reward_key`), a value without a scorer, an option a scorer does not
             take (naming the option and the scorer), or reward components (``algorithm.gdpo_reward_keys``) that
             a scorer does not return (:func:`check_reward_components`).
     """
+    from trainer.dataset import DataError, check_reward_key
+
     try:
         manager = make_rm()
         values = set()
         for ds in datasets if manager.routes_by_key else ():
-            for row in ds.rows if ds is not None else ():
-                if reward_fn_key not in row:
-                    raise KeyError(f"data.reward_fn_key={reward_fn_key!r}: a row of {list(ds.files)} has no "
-                                   f"such column (columns: {sorted(k for k in row if k != 'input_ids')})")
-                values.add(row[reward_fn_key])
+            if ds is not None:
+                # a row without a value: named with its file and index (a custom function is given None)
+                check_reward_key(ds, reward_fn_key, allow_none=manager.scorer is not None)
+                values.update(row.get(reward_fn_key) for row in ds.rows)
         manager.check_data_sources(values)
         from trainer.reward_probe import check_scorer_returns
 
@@ -157,6 +159,8 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
             check_reward_components(make_rm(), reward_fn_key, datasets)
     except KeyError as exc:
         raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
+    except DataError as exc:
+        raise ConfigError(str(exc)) from exc
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"reward_model: {exc}") from exc
     return manager

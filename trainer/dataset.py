@@ -48,7 +48,9 @@ def _parquet_rows(path: str) -> int | None:
         return None
 
 
-def _load_rows(files: Sequence[str]) -> list[dict]:
+def _load_rows(files: Sequence[str], origins: list | None = None) -> list[dict]:
+    """Every row of ``files``, in order; ``origins`` (when given) receives ``(file, index of the row in its file)``
+    for each row."""
     import datasets
 
     rows: list[dict] = []
@@ -68,7 +70,10 @@ def _load_rows(files: Sequence[str]) -> list[dict]:
             raise DataError(f"data file {path!r} has extension {ext!r}; expected .parquet, .jsonl or .json")
         try:
             ds = datasets.load_dataset(kind, data_files=path, split="train")
-            rows.extend(ds.to_list())  # strings are decoded here: a non-UTF-8 byte raises now
+            got = ds.to_list()  # strings are decoded here: a non-UTF-8 byte raises now
+            rows.extend(got)
+            if origins is not None:
+                origins.extend((path, j) for j in range(len(got)))
         except Exception as exc:  # datasets raises many kinds; name the file
             if isinstance(exc, UnicodeDecodeError) or "utf-8" in str(exc).lower():
                 raise DataError(f"data file {path!r} is not valid UTF-8 text ({exc}); re-encode it as UTF-8") from exc
@@ -140,6 +145,7 @@ class PromptDataset:
     image_key: str = "images"
     tools: list = field(default_factory=list)
     rows: list[dict] = field(default_factory=list, init=False)
+    origins: list[tuple[str, int]] = field(default_factory=list, init=False)
     num_filtered: int = field(default=0, init=False)
     num_invalid: int = field(default=0, init=False)
 
@@ -150,14 +156,15 @@ class PromptDataset:
             raise DataError(f"data.max_prompt_length={self.max_prompt_length}; expected a positive number of tokens")
         if self.truncation not in ("error", "left", "right"):
             raise DataError(f"data.truncation={self.truncation!r}; expected one of error, left, right")
-        raw = _load_rows(self.files)
+        origins: list[tuple[str, int]] = []
+        raw = _load_rows(self.files, origins)
         if not raw:
             raise DataError(f"data files {list(self.files)} contain no rows")
         missing = [c for c in (self.prompt_key, *REQUIRED_COLUMNS) if c not in raw[0]]
         if missing:
             raise DataError(f"data files {list(self.files)} lack column(s) {missing}; have {sorted(raw[0])}. "
                             "Expected verl's layout: prompt, data_source, reward_model.ground_truth")
-        for row in raw:
+        for row, origin in zip(raw, origins):
             if self.max_rows is not None and len(self.rows) >= self.max_rows:
                 break
             ids = self.prompt_ids(row)
@@ -178,6 +185,7 @@ class PromptDataset:
                                     "data.truncation=left|right")
                 ids = ids[-self.max_prompt_length:] if self.truncation == "left" else ids[:self.max_prompt_length]
             self.rows.append({**row, "input_ids": ids})
+            self.origins.append(origin)
         if self.num_filtered:
             logger.warning("filtered %d prompts longer than %d tokens from %s", self.num_filtered,
                            self.max_prompt_length, list(self.files))
@@ -253,6 +261,39 @@ class PromptDataset:
             _, mm = image_prompt_inputs(self.processor, row[self.prompt_key], row[self.image_key],
                                         self.chat_template_kwargs)
         return {**row, "multi_modal_inputs": mm}
+
+
+def check_reward_key(ds: Any, key: str, allow_none: bool = False) -> None:
+    """Every row of ``ds`` (a :class:`PromptDataset`, or anything with ``rows`` and ``files``) has a value in the
+    column ``key`` (``data.reward_fn_key``), which picks each row's reward scorer. A JSON-lines row without it, or a
+    parquet null, reads as None: the run would stop at its first reward with ``no reward scorer registered for
+    None``. ``allow_none``: only a file without the column is refused (a custom reward function that takes
+    ``data_source`` is given each row's value, None included).
+
+    Raises:
+        DataError: one line naming ``data.reward_fn_key``, the file and the row (counted from 0) or that the column
+            is missing from the file, and the ways out.
+    """
+    rows = list(getattr(ds, "rows", None) or ())
+    files = [str(f) for f in (getattr(ds, "files", None) or ())]
+    origins = list(getattr(ds, "origins", None) or ())
+    if len(origins) != len(rows):  # not a PromptDataset: the index among the rows, the files together
+        origins = [(", ".join(files) or "the data", i) for i in range(len(rows))]
+    bad = [i for i, row in enumerate(rows) if (key not in row if allow_none else row.get(key) is None)]
+    if not bad:
+        return
+    path = origins[bad[0]][0]
+    of_file = [i for i, (p, _) in enumerate(origins) if p == path]
+    if all(key not in rows[i] for i in of_file):
+        have = sorted(k for k in rows[bad[0]] if k != "input_ids")
+        where = f"the column {key!r} is missing from {path} (its columns: {have})"
+    else:
+        others = f"; {len(bad) - 1} more row(s) lack it" if len(bad) > 1 else ""
+        where = f"row {origins[bad[0]][1]} of {path} (counted from 0) has no {key!r} value{others}"
+    out = ("or drop the data_source parameter of the custom reward function" if allow_none else
+           "or force one scorer for every row with reward_model.scorer=<name>")
+    raise DataError(f"data.reward_fn_key={key!r}: {where}; the reward scorer of a row is picked by this column: "
+                    f"add {key!r} to every row, set data.reward_fn_key=<a column every row has>, {out}")
 
 
 def collate_prompts(rows: Sequence[dict], pad_token_id: int) -> DataProto:

@@ -1,0 +1,105 @@
+"""A data row without the column that picks its reward scorer (``data.reward_fn_key``, ``data_source`` by default).
+Found by trying it: a JSON-lines row without ``data_source`` (read as None) stopped the run with ``no reward scorer
+registered for None``, naming neither the key, the file nor the row. Now the rows are checked before any worker
+starts (:func:`trainer.dataset.check_reward_key`, run for every scorer that routes by the key) in one line naming
+``data.reward_fn_key``, the file and the row (or that the file lacks the column) and the ways out."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from trainer import embedded
+from trainer.config_checks import ConfigError, check_reward_scorers
+from trainer.dataset import DataError, PromptDataset
+
+FIXES = ("data.reward_fn_key=", "reward_model.scorer=<name>")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return embedded.build_tokenizer()
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _row(gt="1", **extra):
+    return {"prompt": [{"role": "user", "content": "last of 1 ?"}], "reward_model": {"ground_truth": gt}, **extra}
+
+
+class CharTokenizer:
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return ["".join(map(chr, r)) for r in rows]
+
+
+def _make(**kw):
+    from rewards.manager import RewardManager
+
+    return lambda: RewardManager(CharTokenizer(), num_workers=0, **kw)
+
+
+def test_a_row_without_data_source_is_named_with_its_file_and_index(tmp_path, tok):
+    # row 0 is skipped (no ground truth): the index named is the row's place in its file, not among kept rows
+    path = _write(tmp_path / "train.jsonl", [_row(gt="", data_source="gsm8k"), _row(data_source="gsm8k"),
+                                              _row(), _row(data_source="gsm8k"), _row()])
+    ds = PromptDataset(path, tok, max_prompt_length=32)
+    assert [o[1] for o in ds.origins] == [1, 2, 3, 4] and ds.rows[1].get("data_source") is None
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(_make(), "data_source", [ds, None])
+    msg = str(info.value)
+    assert "no reward scorer registered" not in msg and "\n" not in msg
+    for needle in ("data.reward_fn_key='data_source'", f"row 2 of {path}", "1 more row", *FIXES):
+        assert needle in msg, (needle, msg)
+
+
+def test_a_file_without_the_column_is_named(tmp_path, tok):
+    from trainer.dataset import check_reward_key
+
+    good = _write(tmp_path / "a.jsonl", [_row(ability="math")])
+    bad = _write(tmp_path / "b.jsonl", [_row(), _row()])
+    ds = PromptDataset([good, bad], tok, max_prompt_length=32)
+    with pytest.raises(DataError, match=rf"data.reward_fn_key='ability': the column 'ability' is missing from {bad} "):
+        check_reward_key(ds, "ability")
+    with pytest.raises(ConfigError, match=r"data.reward_fn_key='ability': the column 'ability' is missing from "):
+        check_reward_scorers(_make(), "ability", [ds])
+    check_reward_key(PromptDataset(good, tok, max_prompt_length=32), "ability")
+    # a fixed scorer does not route by the key: rows without it are fine
+    check_reward_scorers(_make(scorer="gsm8k"), "ability", [ds])
+
+
+def test_rows_without_origins_are_named_by_their_index():
+    from trainer.dataset import check_reward_key
+
+    ds = SimpleNamespace(files=["t.parquet"], rows=[{"data_source": "gsm8k"}, {"data_source": None}])
+    with pytest.raises(DataError, match=r"row 1 of t.parquet \(counted from 0\) has no 'data_source' value"):
+        check_reward_key(ds, "data_source")
+
+
+def test_the_reward_manager_names_the_key_for_a_row_without_it():
+    """At run time (a batch that did not come from checked data) the error names the key and the row."""
+    import torch
+
+    from trainer.protocol import DataProto
+
+    data = DataProto.from_dict({"responses": torch.ones(2, 2, dtype=torch.long), "response_mask": torch.ones(2, 2)},
+                               {"data_source": ["gsm8k", None], "reward_model": [{"ground_truth": "1"}] * 2})
+    with pytest.raises(KeyError, match=r"data.reward_fn_key='data_source': row 1 of the batch has no 'data_source'"):
+        _make()()(data)
+
+
+def test_a_custom_function_taking_data_source_is_given_none_but_needs_the_column(tmp_path, tok):
+    """A custom reward function with a ``data_source`` parameter gets each row's value, None included (as before);
+    a file without the column is refused, naming it."""
+    from rewards.registry import load_custom_scorer
+
+    fn_path = tmp_path / "my_reward.py"
+    fn_path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                       "    return 1.0\n")
+    fn = load_custom_scorer(str(fn_path))
+    some = _write(tmp_path / "some.jsonl", [_row(data_source="a"), _row()])
+    check_reward_scorers(_make(scorer=fn), "data_source", [PromptDataset(some, tok, max_prompt_length=32)])
+    none = _write(tmp_path / "none.jsonl", [_row()])
+    with pytest.raises(ConfigError, match=rf"'data_source' is missing from {none} .*drop the data_source parameter"):
+        check_reward_scorers(_make(scorer=fn), "data_source", [PromptDataset(none, tok, max_prompt_length=32)])

@@ -9,7 +9,7 @@ and the row's ground truth; a scorer that raises on it (or whose process dies) i
 be an input it refuses), one that returns a value of the wrong kind stops the run in one line.
 
 A scorer that does not return within the probe's bound (:func:`probe_bound`: ``min(reward_model.timeout_s,``
-:data:`PROBE_BOUND_S` ``)``, 5 s) also stops the run in one line, naming the scorer and the time: an empty response
+:data:`PROBE_BOUND_S` ``)``, 60 s) also stops the run in one line, naming the scorer and the time: an empty response
 is the cheapest input a scorer gets, and one that hangs on it hangs or runs past ``timeout_s`` on every training
 response too (each then scores 0 after ``timeout_s``, and the first batch stops the run only after
 ``timeout_s`` x its responses / scoring workers). A scorer that is slow only on its first call (a model or a large
@@ -27,8 +27,10 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["PROBE_BOUND_S", "check_scorer_returns", "probe_bound", "run_probe"]
 
-#: the longest a scorer may take on the probe's empty response (seconds; ``reward_model.timeout_s`` when shorter)
-PROBE_BOUND_S = 5.0
+#: the longest a scorer may take on the probe's empty response (seconds; ``reward_model.timeout_s`` when shorter):
+#: with the default ``timeout_s`` (10 s) a hung scorer costs 10 s at start-up; the cap keeps a large ``timeout_s``
+#: (a remote judge's) from stalling start-up for minutes while leaving a slow first call room
+PROBE_BOUND_S = 60.0
 
 
 def probe_bound(timeout_s: float) -> float:

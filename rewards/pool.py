@@ -5,7 +5,13 @@ a regex with catastrophic backtracking), so the only reliable limit is killing t
 The pool is persistent (forked once, reused across steps) so that the usual case costs one pipe round
 trip per sample (about 0.1 ms); a worker is killed and re-forked only when its sample runs past the limit
 or it dies. Each sample has its own deadline, counted from when a worker starts it (not from submission).
-A worker that outlives its parent (parent SIGKILLed) notices within a second and exits.
+
+Workers end with the process that forked them: on Linux the kernel kills them when it dies, however it dies
+(``PR_SET_PDEATHSIG``, set when the pool is forked from the main thread), a pool still open at its normal exit is
+closed then (before :mod:`multiprocessing`'s exit handler would SIGTERM and wait for them), and elsewhere an idle
+worker notices within a second. Workers ignore SIGINT and SIGTERM: a signal to the whole process group (Ctrl-C,
+``timeout``, ``kill -TERM -PGID``) is the parent's to act on (the trainer finishes its step on SIGTERM, scoring
+included); they do not die under the step and leave its scores to errors. SIGKILL ends one.
 
 verl's PRIME manager uses a ``ProcessPoolExecutor`` with a 300 s timeout and had to terminate the pool's
 children in a ``finally`` to avoid a hang (verl issue #1466); this pool kills
@@ -20,7 +26,10 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sys
+import threading
 import time
+import weakref
 from collections import deque
 from multiprocessing.connection import wait as _wait_conns
 from typing import Any, Callable, Sequence
@@ -103,8 +112,28 @@ def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
         return "error", f"{type(e).__name__}: {e}"[:500], time.perf_counter() - t0
 
 
-def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, close_fds: Sequence) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel sends this process SIGKILL when the thread that forked it ends (the main thread: when
+    the parent process ends); if the parent is already gone, exit now."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except Exception:  # noqa: BLE001 (no prctl: the idle check below still ends the worker)
+            pass
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, close_fds: Sequence,
+                 parent: int | None = None) -> None:
+    # Ctrl-C and a SIGTERM to the process group are the parent's business: it closes the pool (at its exit too,
+    # _close_at_exit), or its death ends this process (_die_with_parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if parent is not None:
+        _die_with_parent(parent)
     for c in close_fds:  # other workers' pipe ends inherited through fork
         try:
             c.close()
@@ -167,12 +196,18 @@ class ScoringPool:
         self._ctx = mp.get_context(start_method)
         self._workers: list[_Worker] = []
         self.num_restarts = 0  # workers killed (timeouts) or found dead, and replaced
+        self._exiting = False
 
     # ---- process management ---------------------------------------------------------------------------
     def _spawn(self) -> _Worker:
+        self._check_not_exiting()
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         others = [w.conn for w in self._workers] if self._ctx.get_start_method() == "fork" else []
-        proc = self._ctx.Process(target=_worker_main, args=(child_conn, self._table, self._resolve, others),
+        # forked workers die with the thread that forks them (_die_with_parent): only the main thread lives as long
+        # as this process (a forkserver's workers are the server's children)
+        forked_here = self._ctx.get_start_method() == "fork" and threading.current_thread() is threading.main_thread()
+        parent = os.getpid() if forked_here else None
+        proc = self._ctx.Process(target=_worker_main, args=(child_conn, self._table, self._resolve, others, parent),
                                  daemon=True, name="reward-scorer")
         proc.start()
         child_conn.close()
@@ -180,8 +215,14 @@ class ScoringPool:
 
     def start(self) -> None:
         """Start the workers (done lazily by :meth:`run`)."""
+        if len(self._workers) < self.num_workers:
+            _close_at_exit(self)
         while len(self._workers) < self.num_workers:
             self._workers.append(self._spawn())
+
+    def _check_not_exiting(self) -> None:
+        if self._exiting:  # closed at this process's exit: no new worker (another thread may still be in run)
+            raise RuntimeError("the scoring pool was closed at the exit of its process")
 
     def _kill(self, w: _Worker) -> None:
         try:
@@ -273,4 +314,29 @@ class ScoringPool:
         try:
             self.close()
         except Exception:
+            pass
+
+
+_OPEN_POOLS: "weakref.WeakSet[ScoringPool]" = weakref.WeakSet()
+_AT_EXIT: dict = {"pid": None}
+
+
+def _close_at_exit(pool: ScoringPool) -> None:
+    """Close ``pool`` when this process exits, if it is still open then: a finalizer of :mod:`multiprocessing`'s
+    exit handler, run before that handler SIGTERMs daemon processes and waits for them (the workers ignore SIGTERM);
+    a worker still busy a second later is killed."""
+    from multiprocessing import util
+
+    _OPEN_POOLS.add(pool)
+    if _AT_EXIT["pid"] != os.getpid():  # once per process
+        _AT_EXIT["pid"] = os.getpid()
+        util.Finalize(None, _close_open_pools, exitpriority=100)
+
+
+def _close_open_pools() -> None:
+    for pool in list(_OPEN_POOLS):
+        try:
+            pool._exiting = True
+            pool.close()
+        except Exception:  # noqa: BLE001
             pass

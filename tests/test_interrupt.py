@@ -2,8 +2,11 @@
 
 Ctrl-C (SIGINT to the whole process group, as a terminal sends it) after the first step: one line
 ``interrupted at step N; last checkpoint: ...``, exit 130, no traceback, and none of the run's processes (Ray's GCS,
-raylet, workers) left. SIGTERM during start-up: the same line, exit 143. SIGTERM during training: the step finishes,
-a checkpoint is saved, exit 0, nothing left behind.
+raylet, workers) left. SIGTERM during start-up: the same line, exit 143. SIGTERM to the whole process group during
+training (``timeout``, ``kill -TERM -PGID``), while the step's rewards are being scored: the step finishes with
+every score (the scoring processes and Ray's workers do not die under it), a checkpoint is saved, exit 143, nothing
+left behind. (That group signal used to kill Ray's workers and the scorers under the step: an ``ActorUnavailableError``
+traceback and exit 1 in 1 of 4 tries, or a step trained on scores that were errors.)
 """
 import os
 import re
@@ -12,7 +15,7 @@ import time
 
 import pytest
 
-from tests.e2e_utils import SHORT, MainRun
+from tests.e2e_utils import SHORT, MainRun, read_metrics
 
 psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.slow
@@ -90,15 +93,38 @@ def test_sigterm_during_start_up_stops_at_once_with_exit_143(tmp_path):
 _SIGTERM_RUN: dict = {}
 
 
+# a custom reward that, once the test arms it, holds the scoring of the step until the test has sent its signal
+_HOLDING_SCORER = """import os, time
+HOLD = {hold!r}
+def compute_score(solution_str, ground_truth, extra_info=None):
+    if os.path.exists(os.path.join(HOLD, "armed")) and not os.path.exists(os.path.join(HOLD, "go")):
+        open(os.path.join(HOLD, "held"), "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(HOLD, "go")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return float(solution_str.strip() == str(ground_truth).strip())
+"""
+
+
 def sigterm_during_training(tmp_path_factory) -> dict:
-    """One run (``trainer.save_freq=100``, 200 steps) sent SIGTERM after its first step, made once per test session
-    and shared with tests/test_reliability_faults.py: ``out`` (its output folder), ``rc``, ``text`` (its output),
-    ``alive`` (its processes still running after it ended) and ``session_left`` (processes left in its session)."""
+    """One run (``trainer.save_freq=100``, 200 steps) whose process group was sent SIGTERM while the second step's
+    rewards were being scored, made once per test session and shared with tests/test_reliability_faults.py: ``out``
+    (its output folder), ``rc``, ``text`` (its output), ``alive`` (its processes still running after it ended) and
+    ``session_left`` (processes left in its session)."""
     if not _SIGTERM_RUN:
-        run = Run(str(tmp_path_factory.mktemp("sigterm") / "term"), "trainer.save_freq=100")
+        tmp = tmp_path_factory.mktemp("sigterm")
+        hold = tmp / "hold"
+        hold.mkdir()
+        scorer = tmp / "holding_scorer.py"
+        scorer.write_text(_HOLDING_SCORER.format(hold=str(hold)))
+        run = Run(str(tmp / "term"), "trainer.save_freq=100", f"reward_model.custom_reward_function.path={scorer}")
         run.wait_for(run.stepped, "the first step")
+        (hold / "armed").touch()
+        run.wait_for(lambda: (hold / "held").exists(), "the second step's scoring")
         procs = run.descendants()
-        run.proc.send_signal(signal.SIGTERM)
+        os.killpg(run.proc.pid, signal.SIGTERM)  # the driver, its scoring processes (and, before, Ray's)
+        time.sleep(1.0)  # every process of the group has taken the signal
+        (hold / "go").touch()
         rc = run.finish()
         _SIGTERM_RUN.update(out=run.out, rc=rc, text=run.text(), alive=_alive(procs),
                             session_left=_session_left(run.proc.pid))
@@ -112,4 +138,6 @@ def test_sigterm_during_training_finishes_the_step_saves_and_leaves_no_ray_proce
     m = re.search(r"done: step (\d+) of 200 \(stopped early by SIGTERM\)", text)
     assert m and os.path.isdir(os.path.join(run["out"], "checkpoints", f"global_step_{m.group(1)}")), text[-3000:]
     assert "Traceback" not in text
+    last = read_metrics(run["out"])[-1]
+    assert last["step"] == int(m.group(1)) and last["reward/num_errors"] == 0, last  # every score of the step
     assert run["alive"] == [] and run["session_left"] == []

@@ -41,6 +41,11 @@ sys.path[:] = [p for p in sys.path if not p or os.path.abspath(p) != os.path.joi
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+if __name__ == "__main__":  # Ctrl-C / SIGTERM from here on are recorded; they stop the run inside the try below
+    from trainer.interrupt import install_handlers
+
+    install_handlers(held=True)
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
@@ -56,7 +61,7 @@ def report_user_error(exc: BaseException) -> None:
 
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from trainer.interrupt import as_interrupt, exit_interrupted, interrupted_by, shutdown_ray
+    from trainer.interrupt import as_interrupt, exit_interrupted, interrupted_by, shutdown_ray, stop_requested
     from trainer.config_types import all_errors, check_run_config
     from trainer.launch import prestart, run
 
@@ -69,9 +74,16 @@ def main(cfg: DictConfig) -> None:
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (trainer/interrupt.py)
         exc = as_interrupt(exc)
         exit_interrupted(exc.signum, exc.step, cfg.trainer.default_local_dir)
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM:  # Ray's own driver handler (sys.exit(15)), were it ever in force: SIGTERM
+            exit_interrupted(signal.SIGTERM, None, cfg.trainer.default_local_dir)
+        raise
     except Exception as exc:
         if interrupted_by() is not None:  # a worker died of the same Ctrl-C before the driver's handler ran
             exit_interrupted(interrupted_by(), None, cfg.trainer.default_local_dir)
+        if stop_requested() is not None:  # SIGTERM asked the loop to stop; the workers died of the same signal
+            signum, step = stop_requested()
+            exit_interrupted(signum, step, cfg.trainer.default_local_dir)
         if type(exc).__name__ in USER_ERRORS:  # a user error ends the run with one line naming the bad value
             report_user_error(all_errors(cfg, exc, prestart))  # a config error: with every other one
             sys.exit(2)
@@ -131,10 +143,10 @@ def _check_output_dir_before_hydra(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from trainer.interrupt import as_interrupt, exit_interrupted, install_handlers
+    from trainer.interrupt import as_interrupt, exit_interrupted, release
 
-    install_handlers()
     try:
+        release()  # a signal that came during the imports above stops the run here
         sys.argv = [sys.argv[0], *check_command_line(sys.argv[1:])]
         main()
     except KeyboardInterrupt as exc:  # before the run started

@@ -68,16 +68,18 @@ def init_ray(device: str) -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         probe_ray_address(address)
+    from trainer.interrupt import ray_init_guard
+
     try:
-        ray.init(address=address or "local", **kwargs)
+        # the driver's Ctrl-C / SIGTERM handling stays in force during ray.init (Ray's own handlers are not
+        # installed; a signal meanwhile is raised when it returns) and a local Ray runs in its own session
+        with ray_init_guard():
+            ray.init(address=address or "local", **kwargs)
     except ConnectionError as exc:
         raise PlacementError(f"RAY_ADDRESS={address!r}: could not join a Ray cluster there "
                              f"({str(exc).splitlines()[0]}); start one with ray start --head, or unset RAY_ADDRESS "
                              "for a local Ray; with Ray's token authentication set RAY_AUTH_MODE=token and the head's "
                              "token (~/.ray/auth_token)") from None
-    from trainer.interrupt import reinstall_handlers
-
-    reinstall_handlers()  # Ctrl-C / SIGTERM of the driver (trainer/interrupt.py) over Ray's own SIGTERM handler
 
 
 def _where() -> str:

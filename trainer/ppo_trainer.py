@@ -108,6 +108,9 @@ class RayPPOTrainer:
         self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
         self.hooks.workers_ready(self.roles, infos)
         logger.info("workers ready: %d actor ranks (%s params)", self.world, info["num_params"])
+        from trainer.interrupt import check_interrupted
+
+        check_interrupted()  # a Ctrl-C / SIGTERM whose exception was swallowed during start-up stops the run here
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def _ckpt_root(self) -> str:
@@ -266,8 +269,10 @@ class RayPPOTrainer:
     # ---- loop -----------------------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train to ``trainer.total_training_steps`` (or the end of the data, or SIGTERM); returns the last metrics."""
+        from trainer.interrupt import check_interrupted
         from trainer.tracking import Tracking
 
+        check_interrupted()  # a signal recorded before (its exception swallowed): stop before any more work
         t = self.trainer_cfg
         total = self.last_step()
         self.global_step = self.load_checkpoint()
@@ -292,18 +297,22 @@ class RayPPOTrainer:
     def _train_loop(self, tracker, total: int, last: dict) -> dict:
         """Steps until ``total`` (or the end of the data, or SIGTERM), with in-job recovery; the last step's metrics
         (``last`` when no step ran)."""
+        from trainer.interrupt import check_interrupted
         from trainer.placement import WorkerDied
         from trainer.recovery import Recovery
 
         recovery = Recovery(self, tracker, self.trainer_cfg.max_restarts)  # the start state
         while self.global_step < total and not self._stop_requested:
             self.global_step += 1
+            check_interrupted(self.global_step)  # a Ctrl-C (or second SIGTERM) whose exception was swallowed
             try:
                 metrics = self._step_with_saves(tracker, total)
             except DataExhausted:  # dynamic sampling drew past the last epoch: verl's loop ends here too
                 self.global_step -= 1
                 break
             except WorkerDied as exc:  # trainer.max_restarts: re-raised, or back at the last checkpoint
+                if self._stop_requested:  # after SIGTERM: the workers died of it too (Slurm signals them all)
+                    raise
                 recovery.restart(exc)
                 continue
             metrics.update(recovery.metrics())
@@ -388,12 +397,13 @@ class RayPPOTrainer:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        if self._stop_requested:  # a second SIGTERM: stop now, as Ctrl-C (trainer/interrupt.py)
-            from trainer.interrupt import RunInterrupted
+        from trainer.interrupt import request_stop, stop_now
 
-            raise RunInterrupted(signum, self.global_step)
-        logger.warning("SIGTERM received: the run stops after the current step (a second SIGTERM stops at once)")
+        if self._stop_requested:  # a second SIGTERM: stop now, as Ctrl-C (trainer/interrupt.py)
+            stop_now(signum, self.global_step)
         self._stop_requested = True
+        request_stop(signum, self.global_step)  # a failure before the end (workers killed too) ends as this SIGTERM
+        logger.warning("SIGTERM received: the run stops after the current step (a second SIGTERM stops at once)")
 
 
 class TrainingDiverged(RuntimeError):

@@ -155,11 +155,13 @@ def test_resume_refuses_another_row_order_or_batch_size(tmp_path):
     step.mkdir()
     torch.save({"global_step": 1, "config": _cfg()}, str(step / "data.pt"))
     check_resume_data(_cfg("trainer.total_training_steps=99", "actor_rollout_ref.actor.optim.lr=0.1"), str(step))
-    for override, needle in [("data.train_batch_size=16", r"data\.train_batch_size=16 \(checkpoint: 32\), "
-                                                           r"data\.gen_batch_size=16 \(checkpoint: 32\)"),
+    for override, needle in [("data.train_batch_size=16", r"data\.train_batch_size=16 \(checkpoint: 32\): "),
                              ("data.shuffle=false", r"data\.shuffle=False \(checkpoint: True\)")]:
-        with pytest.raises(ConfigError, match=needle + ".*rows would repeat or be skipped"):
+        with pytest.raises(ConfigError, match=needle + ".*rows would repeat or be skipped") as info:
             check_resume_data(_cfg(override), str(step))
+        assert "gen_batch_size" not in str(info.value)  # it follows train_batch_size: the user did not change it
+    with pytest.raises(ConfigError, match=r"data\.gen_batch_size=16 \(checkpoint: 32\)"):  # set on its own: named
+        check_resume_data(_cfg("data.gen_batch_size=16", "algorithm.filter_groups.enable=true"), str(step))
     torch.save({"global_step": 1}, str(step / "data.pt"))  # saved without a config: not compared
     check_resume_data(_cfg("data.seed=7"), str(step))
 
@@ -274,3 +276,20 @@ def test_a_changed_lr_schedule_on_resume_is_warned(tmp_path):
                                             "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"), str(step))
     assert "actor_rollout_ref.actor.optim.lr_scheduler_type='cosine' (checkpoint: 'constant')" in line
     assert "schedule changes at the resumed step" in line
+
+
+def test_resume_compares_the_rows_not_the_path_when_the_checkpoint_has_their_fingerprint(tmp_path):
+    """The same file under another path (relative, through a symlinked folder, moved, copied) resumes when the
+    checkpoint holds its rows' fingerprint (the rows are compared by :func:`check_resume_rows`); a checkpoint
+    without one is still compared by path."""
+    from trainer.resume_checks import check_resume_data
+
+    step = _saved_step(tmp_path, _cfg("data.train_files=/d/a.parquet"), {"rows": 40, "rows_digest": "ab"})
+    for moved in ("/e/a.parquet", "a.parquet", "/d/copy.parquet"):
+        check_resume_data(_cfg(f"data.train_files={moved}"), step)
+    with pytest.raises(ConfigError, match=r"data\.seed=7"):  # the other keys are still compared
+        check_resume_data(_cfg("data.train_files=/e/a.parquet", "data.seed=7"), step)
+    (tmp_path / "old").mkdir()
+    old = _saved_step(tmp_path / "old", _cfg("data.train_files=/d/a.parquet"))  # saved without a fingerprint
+    with pytest.raises(ConfigError, match=r"data\.train_files='/e/a\.parquet' \(checkpoint: '/d/a\.parquet'\)"):
+        check_resume_data(_cfg("data.train_files=/e/a.parquet"), old)

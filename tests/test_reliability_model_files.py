@@ -181,3 +181,48 @@ def test_entry_point_refuses_a_truncated_model_before_ray_starts(tiny, tmp_path)
     proc = run_cli(str(tmp_path / "out"), f"{KEY}={m}", timeout=120, forked=True)
     assert_one_line_error(proc, f"{KEY}={m!r}: model.safetensors is truncated: header says")
     assert "Ray" not in proc.stdout + proc.stderr and not os.path.exists(tmp_path / "out" / "init_model")
+
+
+def test_a_broken_weights_link_is_named_and_a_folder_shared_by_roles_is_reported_once(tiny, tmp_path):
+    """A ``model.safetensors`` left as a broken symbolic link (a cleaned HF cache) is named as such (it read
+    ``None (config.json's transformers_weights) is missing``, and crashed the Megatron check); the same folder as
+    actor and critic is one line, whatever loader each role uses."""
+    from trainer.model_folder_checks import check_model_folders, weights_problem
+
+    m = _copy(tiny, tmp_path)
+    os.remove(os.path.join(m, "model.safetensors"))
+    os.symlink(str(tmp_path / "gone"), os.path.join(m, "model.safetensors"))
+    for megatron in (False, True):
+        problem = weights_problem(m, {}, all_safetensors=megatron)
+        assert problem.startswith("model.safetensors is a broken symbolic link") and "None" not in problem, problem
+    for strategy in ("deepspeed", "megatron"):
+        cfg = _cfg("algorithm=gae", f"{KEY}={m}", f"critic.model.path={m}", f"trainer.strategy={strategy}")
+        with pytest.raises(ConfigError) as info:
+            check_model_folders(cfg)
+        assert len(str(info.value).splitlines()) == 1, str(info.value)
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_when_prompts_are_chat_messages(tiny, tmp_path):
+    """It crashed every worker with ``tokenizer.chat_template is not set`` (28 lines) from the dataset."""
+    from trainer.model_folder_checks import check_model_folders
+
+    m = _copy(tiny, tmp_path)
+    os.remove(os.path.join(m, "chat_template.jinja"))
+    (line,) = _errors(tmp_path, f"{KEY}={m}")  # the embedded task's prompts are chat messages
+    assert line.startswith(f"{KEY}={m!r}: the tokenizer has no chat template"), line
+    assert "actor_rollout_ref.model.custom_chat_template" in line and "tokenizer_path" in line, line
+    check_model_folders(_cfg(f"{KEY}={m}", "actor_rollout_ref.model.custom_chat_template='{{ messages }}'"))
+    os.symlink(str(tmp_path / "gone.jinja"), os.path.join(m, "chat_template.jinja"))
+    with pytest.raises(ConfigError, match="no chat template: chat_template.jinja is a broken symbolic link"):
+        check_model_folders(_cfg(f"{KEY}={m}"))
+    plain, chat = tmp_path / "plain.jsonl", tmp_path / "chat.jsonl"
+    plain.write_text(json.dumps({"prompt": "1 2 ?", "reward_model": {"ground_truth": "2"}}) + "\n")
+    chat.write_text(json.dumps({"prompt": [{"role": "user", "content": "1 ?"}], "reward_model": {}}) + "\n")
+    check_model_folders(_cfg(f"{KEY}={m}", f"data.train_files={plain}"))  # plain strings: no template needed
+    with pytest.raises(ConfigError, match="no chat template"):
+        check_model_folders(_cfg(f"{KEY}={m}", f"data.train_files={chat}"))
+    with open(os.path.join(m, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(m, "tokenizer_config.json"), "w") as f:
+        json.dump({**config, "chat_template": "{{ messages }}"}, f)
+    check_model_folders(_cfg(f"{KEY}={m}", f"data.train_files={chat}"))

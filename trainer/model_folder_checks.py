@@ -17,7 +17,7 @@ import zipfile
 from trainer.config_checks import ConfigError, ErrorCollector
 
 __all__ = ["check_model_folders", "read_model_config", "weights_problem", "tokenizer_problem", "safetensors_problem",
-           "bin_problem"]
+           "bin_problem", "chat_template_problem"]
 
 #: the weight files ``transformers``' ``from_pretrained`` looks for in a local folder, in its order
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -29,6 +29,7 @@ TOKENIZER_PATTERNS = ("tokenizer.json", "*.model", "vocab.*", "*.tiktoken")
 EXPECTED_TOKENIZER = "expected tokenizer.json or tokenizer.model / vocab files"
 MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header (bytes)
 _AGAIN = "download or copy it again"
+ACTOR_KEY = "actor_rollout_ref.model.path"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -158,7 +159,7 @@ def weights_problem(folder: str, hf: dict | None = None, all_safetensors: bool =
     if all_safetensors and any(n.endswith(".safetensors") for n in names):
         for n in names:
             if n.endswith(".safetensors"):
-                problem = safetensors_problem(os.path.join(folder, n))
+                problem = _broken_link(folder, n) or safetensors_problem(os.path.join(folder, n))
                 if problem:
                     return problem
         return None
@@ -167,12 +168,25 @@ def weights_problem(folder: str, hf: dict | None = None, all_safetensors: bool =
     if not chosen or not os.path.isfile(os.path.join(folder, chosen[0])):
         if "adapter_config.json" in names:
             return None
-        what = f"{explicit} (config.json's transformers_weights) is missing" if chosen else "no weights"
+        if chosen and _broken_link(folder, chosen[0]):
+            return _broken_link(folder, chosen[0])
+        what = (f"{explicit} (config.json's transformers_weights) is missing" if isinstance(explicit, str)
+                else "no weights")
         return f"{what} ({EXPECTED_WEIGHTS})"
     name = chosen[0]
     if name.endswith(".index.json"):
         return _index_problem(folder, name)
     return _file_problem(os.path.join(folder, name))
+
+
+def _broken_link(folder: str, name: str) -> str | None:
+    """A problem line when ``name`` in ``folder`` is a symbolic link whose target is gone (e.g. into a Hugging Face
+    cache that was cleaned); None otherwise."""
+    file = os.path.join(folder, name)
+    if os.path.islink(file) and not os.path.exists(file):
+        return (f"{name} is a broken symbolic link (to {os.readlink(file)!r}, which does not exist; a cleaned "
+                f"Hugging Face cache?); {_AGAIN}")
+    return None
 
 
 def tokenizer_problem(folder: str, trust_remote_code: bool = False) -> str | None:
@@ -197,6 +211,65 @@ def tokenizer_problem(folder: str, trust_remote_code: bool = False) -> str | Non
         except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
             pass
     return f"no tokenizer ({EXPECTED_TOKENIZER})"
+
+
+def chat_template_problem(folder: str) -> str | None:
+    """What keeps the tokenizer of ``folder`` from having a chat template, read from its files as ``transformers``
+    does (``chat_template.jinja``, ``chat_template.json``'s ``chat_template``, ``tokenizer_config.json``'s
+    ``chat_template``); None when one of them holds a template. A tokenizer of remote code is not judged here."""
+    def read_json(name):
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                out = json.load(f)
+            return out if isinstance(out, dict) else {}
+        except (OSError, ValueError, UnicodeDecodeError):
+            return {}
+
+    config = read_json("tokenizer_config.json")
+    if "AutoTokenizer" in (config.get("auto_map") or {}) or config.get("chat_template"):
+        return None
+    if read_json("chat_template.json").get("chat_template"):
+        return None
+    jinja = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(jinja) and os.path.getsize(jinja) > 0:
+        return None
+    broken = _broken_link(folder, "chat_template.jinja")
+    if broken:
+        return f"the tokenizer has no chat template: {broken.split(';')[0]}"
+    return ("the tokenizer has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja "
+            "or chat_template.json)")
+
+
+def _prompts_are_chat(cfg: dict) -> bool:
+    """The training or validation prompts (``data.prompt_key``) are chat messages, which
+    :meth:`trainer.dataset.PromptDataset.prompt_ids` renders with the tokenizer's chat template (a plain string
+    prompt is tokenised as it is). The embedded task (``data.train_files`` null) is chat messages; a file whose first
+    row (JSON lines) or column type (parquet) cannot be read is left to the data loader."""
+    data = cfg.get("data") or {}
+    key = data.get("prompt_key") or "prompt"
+    if data.get("train_files") is None:
+        return True
+    for files in (data.get("train_files"), data.get("val_files")):
+        for f in ([files] if isinstance(files, str) else list(files or ())):
+            f = os.path.expanduser(str(f))
+            if not os.path.isfile(f):
+                continue
+            try:
+                if f.endswith(".parquet"):
+                    import pyarrow.parquet as pq
+
+                    schema = pq.read_schema(f)
+                    if key in schema.names and str(schema.field(key).type).startswith(("list", "large_list")):
+                        return True
+                    continue
+                with open(f, encoding="utf-8") as fh:
+                    line = next((ln for ln in fh if ln.strip()), "")
+                row = json.loads(line) if line else {}
+                if isinstance(row, dict) and isinstance(row.get(key), list):
+                    return True
+            except Exception:  # noqa: BLE001 - an unreadable file is named by the data loader
+                continue
+    return False
 
 
 def _is_hub_id(value: str) -> bool:
@@ -258,12 +331,18 @@ def check_model_folders(cfg: dict) -> None:
     """
     errors = ErrorCollector()
     judged: dict = {}  # (real folder, megatron) -> the folder is a model folder (config.json there)
+    reported: set = set()  # real folders with a problem already reported (under the first key that names them)
     seen_tokenizers: set = set()
     remote = bool(cfg["actor_rollout_ref"]["model"].get("trust_remote_code"))
+    custom_template = cfg["actor_rollout_ref"]["model"].get("custom_chat_template")
     for key, path, tkey, tpath, megatron, checked in _loads(cfg):
         here = (os.path.realpath(path), megatron)
         if here not in judged:
-            judged[here] = _judge_weights(errors, key, path, megatron, checked)
+            before = len(errors.messages)
+            judged[here] = _judge_weights(errors if here[0] not in reported else ErrorCollector(), key, path,
+                                          megatron, checked)
+            if len(errors.messages) > before:
+                reported.add(here[0])
         if tkey == key and not judged[here]:
             continue  # the model folder's own tokenizer, in a folder already refused
         if not os.path.isdir(tpath):
@@ -279,6 +358,13 @@ def check_model_folders(cfg: dict) -> None:
             hint = "" if tkey != key else (f"; save the tokenizer there, or set "
                                            f"{key.rsplit('.', 1)[0]}.tokenizer_path to a folder that has one")
             errors.add(f"{tkey}={tpath!r}: {problem}{hint}")
+        elif key == ACTOR_KEY and not custom_template:
+            problem = chat_template_problem(tpath)
+            if problem and _prompts_are_chat(cfg):  # the dataset renders chat prompts with the actor's tokenizer
+                errors.add(f"{tkey}={tpath!r}: {problem}, but the prompts (data.prompt_key) are chat messages, "
+                           "rendered with it; set actor_rollout_ref.model.custom_chat_template to a Jinja chat "
+                           "template, set actor_rollout_ref.model.tokenizer_path to a tokenizer folder that has one, "
+                           "or store the prompts as plain strings (tokenised without a template)")
     errors.raise_if_any()
 
 

@@ -26,7 +26,8 @@ SCHEDULE_KEYS = ("lr_scheduler_type", "lr_warmup_steps", "lr_warmup_steps_ratio"
 #: them: the rows (``train_files``; the first ``max_rows``; ``prompt_key``, whose rows without a prompt are skipped),
 #: their order (``shuffle``, ``seed``) and the batch size (``train_batch_size``, ``gen_batch_size`` with dynamic
 #: sampling, PRIME's ``oversample_factor``). ``train_files`` is compared when the run names files (null: the embedded
-#: task, generated from ``seed`` and ``synthetic_task``, compared instead)
+#: task, generated from ``seed`` and ``synthetic_task``, compared instead) and the checkpoint holds no fingerprint of
+#: its rows (with one, the rows are compared instead of the paths: :func:`check_resume_rows`)
 DATA_ORDER_KEYS = ("seed", "shuffle", "train_batch_size", "gen_batch_size", "train_files", "max_rows", "prompt_key",
                    "oversample_factor")
 #: the ``data`` keys that decide which prompts the overlong filter drops (``trainer.dataset.PromptDataset``: a prompt
@@ -52,16 +53,30 @@ def _optim(cfg: dict, path: tuple) -> dict | None:
     return node.get("optim") if isinstance(node, dict) else None
 
 
-def _saved_config(step_dir: str) -> dict | None:
-    """The run config the checkpoint at ``step_dir`` keeps in its ``data.pt``; None when it holds none (or the file
-    is missing: reported by :func:`check_resume_checkpoint`)."""
+def _saved_state(step_dir: str) -> dict:
+    """The trainer state the checkpoint at ``step_dir`` keeps in its ``data.pt``; empty when the file is missing
+    (reported by :func:`check_resume_checkpoint`)."""
     import torch
 
     state_file = os.path.join(step_dir, "data.pt")
     if not os.path.isfile(state_file):
-        return None
-    saved_cfg = torch.load(state_file, map_location="cpu", weights_only=True).get("config")
+        return {}
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
+    return state if isinstance(state, dict) else {}
+
+
+def _saved_config(step_dir: str) -> dict | None:
+    """The run config the checkpoint at ``step_dir`` keeps in its ``data.pt``; None when it holds none (or the file
+    is missing: reported by :func:`check_resume_checkpoint`)."""
+    saved_cfg = _saved_state(step_dir).get("config")
     return saved_cfg if isinstance(saved_cfg, dict) else None
+
+
+def _has_fingerprint(state: dict) -> bool:
+    """The checkpoint's loader state holds the rows' fingerprint (:meth:`trainer.dataset.PromptDataset.fingerprint`),
+    which :func:`check_resume_rows` compares with the rows this run builds."""
+    loader = state.get("dataloader")
+    return isinstance(loader, dict) and "rows" in loader
 
 
 def _files(value) -> list[str] | None:
@@ -90,12 +105,22 @@ def _loader_batch(cfg: dict):
     return d.get("train_batch_size")
 
 
-def _data_diffs(cfg: dict, saved_cfg: dict) -> list[str]:
-    """``<key>=<now> (checkpoint: <saved>)`` for each key of the loader's rows, order and batch size that differs."""
+def _follows_train_batch(d: dict) -> bool:
+    return d.get("gen_batch_size") in (None, d.get("train_batch_size"))
+
+
+def _data_diffs(cfg: dict, saved_cfg: dict, fingerprinted: bool = False) -> list[str]:
+    """``<key>=<now> (checkpoint: <saved>)`` for each key of the loader's rows, order and batch size that differs.
+    ``fingerprinted``: the checkpoint holds its rows' fingerprint, so ``train_files`` is not compared as path text
+    (the same rows under another path, a moved or copied folder, resume; :func:`check_resume_rows` compares the
+    rows themselves). ``gen_batch_size`` following ``train_batch_size`` in both (the default interpolation) is not
+    named beside it."""
     now, saved = cfg.get("data") or {}, saved_cfg.get("data")
     if not isinstance(saved, dict):
         return []
-    keys = [k for k in DATA_ORDER_KEYS if not (k == "train_files" and now.get(k) is None)]
+    keys = [k for k in DATA_ORDER_KEYS
+            if not (k == "train_files" and (now.get(k) is None or fingerprinted))
+            and not (k == "gen_batch_size" and _follows_train_batch(now) and _follows_train_batch(saved))]
     if now.get("train_files") is None:  # the embedded task: its rows come from data.seed and the task's name
         keys.append("synthetic_task")
     if now.get("filter_overlong_prompts") or saved.get("filter_overlong_prompts"):
@@ -121,12 +146,16 @@ def check_resume_data(cfg: dict, step_dir: str) -> None:
     (:data:`DATA_ORDER_KEYS`; :data:`DATA_FILTER_KEYS` when a run filters overlong prompts; dynamic sampling and
     PRIME when they change the batch size) equals the checkpoint's: the saved loader position (epoch, batch index)
     would otherwise point into another row order, so rows would be seen twice or skipped in the resumed epoch (a
-    checkpoint without a saved config is not compared).
+    checkpoint without a saved config is not compared). ``data.train_files`` is compared as paths only for a
+    checkpoint saved without its rows' fingerprint; with one, :func:`check_resume_rows` compares the rows themselves
+    (the same file under a relative path, a symlinked, moved or copied folder resumes).
 
     Raises:
         ConfigError: one message naming each differing key and both values.
     """
-    diffs = _data_diffs(cfg, _saved_config(step_dir) or {})
+    state = _saved_state(step_dir)
+    saved_cfg = state.get("config")
+    diffs = _data_diffs(cfg, saved_cfg if isinstance(saved_cfg, dict) else {}, _has_fingerprint(state))
     if diffs:
         raise ConfigError(f"trainer.resume_mode: {', '.join(diffs)}: {_DATA_ADVICE}")
 

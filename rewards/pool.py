@@ -211,6 +211,8 @@ class ScoringPool:
                                  daemon=True, name="reward-scorer")
         proc.start()
         child_conn.close()
+        if self._exiting:  # closed at exit while this thread was forking: the worker ignores SIGTERM, so kill it
+            proc.kill()
         return _Worker(proc, parent_conn)
 
     def start(self) -> None:
@@ -335,8 +337,14 @@ def _close_at_exit(pool: ScoringPool) -> None:
 
 def _close_open_pools() -> None:
     for pool in list(_OPEN_POOLS):
+        pool._exiting = True
+    for pool in list(_OPEN_POOLS):
         try:
-            pool._exiting = True
             pool.close()
         except Exception:  # noqa: BLE001
             pass
+    # a worker another thread forked meanwhile ignores the SIGTERM that multiprocessing's exit handler sends before
+    # it joins its daemon children: kill every scorer left, so the exit does not wait on one
+    for child in mp.active_children():
+        if child.name == "reward-scorer":
+            child.kill()

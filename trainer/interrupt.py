@@ -237,6 +237,24 @@ def request_stop(signum: int, step: int) -> None:
     _STATE["stop_signal"], _STATE["stop_step"] = signum, step
 
 
+def loop_sigterm(trainer, signum: int) -> None:
+    """The training loop's SIGTERM handler (``RayPPOTrainer._on_sigterm``): the first SIGTERM asks the loop to stop
+    after the current step (``trainer._stop_requested``, :func:`request_stop`); a second one stops at once as Ctrl-C
+    (:func:`stop_now`). A process forked from the driver (a reward-scoring worker) inherits the handler: it dies."""
+    if os.getpid() != trainer._driver_pid:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if trainer._stop_requested:
+        stop_now(signum, trainer.global_step)
+    trainer._stop_requested = True
+    request_stop(signum, trainer.global_step)  # a failure before the end (workers killed too) ends as this SIGTERM
+    import logging
+
+    logging.getLogger("trainer.ppo_trainer").warning(
+        "SIGTERM received: the run stops after the current step (a second SIGTERM stops at once)")
+
+
 def stop_requested() -> tuple[int, int] | None:
     """``(signum, step)`` of :func:`request_stop`, or None."""
     if _STATE["stop_signal"] is None:

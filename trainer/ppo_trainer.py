@@ -25,6 +25,7 @@ from trainer.dataset import DataExhausted, PromptLoader
 from trainer.hooks import StepContext, build_hooks
 from trainer.hf_exports import TimedHFExports
 from trainer.hooks.base import timed
+from trainer.interrupt import check_interrupted, loop_sigterm
 from trainer.metric_utils import reduce_rank_metrics, reward_output_metrics
 from trainer.on_policy import OLD_FROM_UPDATE, OnPolicyRule
 from trainer.protocol import DataProto
@@ -108,8 +109,6 @@ class RayPPOTrainer:
         self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
         self.hooks.workers_ready(self.roles, infos)
         logger.info("workers ready: %d actor ranks (%s params)", self.world, info["num_params"])
-        from trainer.interrupt import check_interrupted
-
         check_interrupted()  # a Ctrl-C / SIGTERM whose exception was swallowed during start-up stops the run here
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
@@ -269,7 +268,6 @@ class RayPPOTrainer:
     # ---- loop -----------------------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train to ``trainer.total_training_steps`` (or the end of the data, or SIGTERM); returns the last metrics."""
-        from trainer.interrupt import check_interrupted
         from trainer.tracking import Tracking
 
         check_interrupted()  # a signal recorded before (its exception swallowed): stop before any more work
@@ -297,7 +295,6 @@ class RayPPOTrainer:
     def _train_loop(self, tracker, total: int, last: dict) -> dict:
         """Steps until ``total`` (or the end of the data, or SIGTERM), with in-job recovery; the last step's metrics
         (``last`` when no step ran)."""
-        from trainer.interrupt import check_interrupted
         from trainer.placement import WorkerDied
         from trainer.recovery import Recovery
 
@@ -392,18 +389,7 @@ class RayPPOTrainer:
                     f"Last checkpoint: {find_latest_checkpoint(self._ckpt_root())}")
 
     def _on_sigterm(self, signum, frame) -> None:
-        if os.getpid() != self._driver_pid:
-            # a process forked from the driver (e.g. a reward-scoring worker) inherits this handler: it must die
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        from trainer.interrupt import request_stop, stop_now
-
-        if self._stop_requested:  # a second SIGTERM: stop now, as Ctrl-C (trainer/interrupt.py)
-            stop_now(signum, self.global_step)
-        self._stop_requested = True
-        request_stop(signum, self.global_step)  # a failure before the end (workers killed too) ends as this SIGTERM
-        logger.warning("SIGTERM received: the run stops after the current step (a second SIGTERM stops at once)")
+        loop_sigterm(self, signum)  # the step finishes; a second SIGTERM stops at once (trainer/interrupt.py)
 
 
 class TrainingDiverged(RuntimeError):

@@ -106,6 +106,7 @@ def _model_dir(tmp_path, eos: bool):
     tok = embedded.build_tokenizer()
     if not eos:
         tok = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, pad_token="<pad>", unk_token="<unk>")
+        tok.chat_template = embedded.build_tokenizer().chat_template  # only the EOS token is missing
     tok.save_pretrained(str(d))
     model = AutoModelForCausalLM.from_config(embedded.tiny_model_config(len(tok)))
     model.save_pretrained(str(d))  # preflight refuses a folder without weights
@@ -138,6 +139,7 @@ def test_preflight_reads_a_model_folders_config(tmp_path):
                                                "max_position_embeddings": 4096}))
     (d / "model.safetensors").write_bytes(b"\x02" + bytes(7) + b"{}")  # no tensors: a sound header, nothing else
     (d / "tokenizer.json").write_text("{}")  # preflight only sees that the folder has its tokenizer
+    (d / "chat_template.jinja").write_text("{{ messages }}")  # and a chat template for the chat prompts
     cfg = _cfg(f"actor_rollout_ref.model.path={d}", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
     validate(cfg)
     with pytest.raises(ConfigError, match=r"num_attention_heads=6, num_key_value_heads=3"):

@@ -112,7 +112,7 @@ def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
         return "error", f"{type(e).__name__}: {e}"[:500], time.perf_counter() - t0
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """Linux: the kernel sends this process SIGKILL when the thread that forked it ends (the main thread: when
     the parent process ends); if the parent is already gone, exit now."""
     if sys.platform.startswith("linux"):
@@ -129,11 +129,11 @@ def _die_with_parent(parent: int) -> None:
 def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, close_fds: Sequence,
                  parent: int | None = None) -> None:
     # Ctrl-C and a SIGTERM to the process group are the parent's business: it closes the pool (at its exit too,
-    # _close_at_exit), or its death ends this process (_die_with_parent)
+    # _close_at_exit), or its death ends this process (die_with_parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if parent is not None:
-        _die_with_parent(parent)
+        die_with_parent(parent)
     for c in close_fds:  # other workers' pipe ends inherited through fork
         try:
             c.close()
@@ -203,7 +203,7 @@ class ScoringPool:
         self._check_not_exiting()
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         others = [w.conn for w in self._workers] if self._ctx.get_start_method() == "fork" else []
-        # forked workers die with the thread that forks them (_die_with_parent): only the main thread lives as long
+        # forked workers die with the thread that forks them (die_with_parent): only the main thread lives as long
         # as this process (a forkserver's workers are the server's children)
         forked_here = self._ctx.get_start_method() == "fork" and threading.current_thread() is threading.main_thread()
         parent = os.getpid() if forked_here else None

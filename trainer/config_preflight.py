@@ -95,12 +95,9 @@ def _check_output_folders(cfg: dict) -> None:
     errors.raise_if_any()
 
 
-def _looks_like_hub_id(path: str) -> bool:
-    """``org/name`` with no other slash and no leading ``/``, ``.`` or ``~``: a Hugging Face Hub id."""
-    return path.count("/") == 1 and not path.startswith(("/", ".", "~")) and all(path.split("/"))
-
-
 def _check_model_paths(cfg: dict) -> None:
+    from trainer.model_folder_checks import is_hub_id
+
     arr = cfg["actor_rollout_ref"]
     paths = [("actor_rollout_ref.model.path", arr["model"].get("path"))]
     if cfg["critic"].get("enable"):
@@ -108,7 +105,7 @@ def _check_model_paths(cfg: dict) -> None:
     for key, path in paths:
         if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
             what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
-            if not os.path.exists(path) and _looks_like_hub_id(str(path)):
+            if not os.path.exists(path) and is_hub_id(str(path)):
                 what += (f" (model paths are local folders; download a Hub model first: huggingface-cli download "
                          f"{path} --local-dir <folder>, then {key}=<folder>)")
             raise ConfigError(f"{key}={path!r} {what}")

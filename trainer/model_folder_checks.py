@@ -272,7 +272,7 @@ def _prompts_are_chat(cfg: dict) -> bool:
     return False
 
 
-def _is_hub_id(value: str) -> bool:
+def is_hub_id(value: str) -> bool:
     """``value`` reads as a Hugging Face Hub id (``name`` or ``org/name``), not as a local path."""
     return bool(_HUB_ID.match(value)) and not value.startswith((".", "~"))
 
@@ -283,7 +283,7 @@ def _missing_folder(key: str, path: str, needs: str) -> str | None:
     if os.path.isdir(path):
         return None
     if not os.path.exists(path):
-        return None if _is_hub_id(path) else f"{key}={path!r} does not exist (expected a folder with {needs})"
+        return None if is_hub_id(path) else f"{key}={path!r} does not exist (expected a folder with {needs})"
     return f"{key}={path!r} is not a folder (expected a folder with {needs})"
 
 

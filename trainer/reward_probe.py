@@ -38,26 +38,14 @@ def probe_bound(timeout_s: float) -> float:
     return min(float(timeout_s), PROBE_BOUND_S)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: this process gets SIGKILL when its parent dies (a probe must not outlive a killed driver). The kernel
-    ties it to the thread that forked: that thread waits in :func:`run_probe` while the probe lives."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the parent still kills the group when the probe ends
-        pass
-    if os.getppid() != parent:  # the parent died before the call above
-        os._exit(1)
-
-
 def _probe_child(conn, fn: Callable, args: tuple, kwargs: dict, parent: int) -> None:
     try:
         os.setpgid(0, 0)  # its own group: the scorer's subprocesses are killed with it
     except OSError:
         pass
-    _die_with_parent(parent)
-    from rewards.pool import run_scorer
+    from rewards.pool import die_with_parent, run_scorer
+
+    die_with_parent(parent)  # a probe must not outlive a killed driver
 
     def probe(*a, **kw):
         try:

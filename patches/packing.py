@@ -19,7 +19,8 @@ import torch
 
 __all__ = [
     "unpad_input", "pack_tensor", "unpack_tensor", "cu_seqlens_from_position_ids",
-    "position_ids_from_cu_seqlens", "pack_loss_spans", "bucket_padding",
+    "position_ids_from_cu_seqlens", "pack_loss_spans", "bucket_padding", "token_bucket",
+    "BUCKETS_PER_DOUBLING",
 ]
 
 
@@ -60,19 +61,44 @@ def unpad_input(input_ids: torch.Tensor, attention_mask: torch.Tensor):
     return ids, pos, indices, cu_seqlens, max_seqlen
 
 
-def bucket_padding(nnz: int, num_seqs: int, multiple: int) -> list[int]:
-    """Lengths (tokens) of the fake sequences that pad a packed row to a shape bucket: the padded row holds a
-    multiple of ``multiple`` tokens (at least ``multiple``) and a power-of-two count of sequences (real + fake), so
-    that a row's shapes (tokens, ``cu_seqlens``) take few distinct values (CUDA graphs record one graph per shape).
-    Each fake sequence has at least one token and restarts its positions at 0, so it never attends to a real one.
+#: token buckets per doubling of a packed row's length (:func:`token_bucket`): at most 1/8 of a bucket is padding
+BUCKETS_PER_DOUBLING = 8
+
+
+def token_bucket(nnz: int, multiple: int) -> int:
+    """The smallest token bucket that holds ``nnz`` tokens: a multiple of ``multiple`` (at least ``multiple``) whose
+    count of multiples ``u`` is below :data:`BUCKETS_PER_DOUBLING` or keeps only its top 4 bits (``8..15 << k``):
+    8 buckets per doubling, so the padding is less than 1/8 of the bucket (or less than ``multiple`` tokens) and a
+    run whose packed rows range over ``[L, 2L]`` tokens meets at most 9 shapes (linear buckets of ``multiple``
+    tokens would give ``L / multiple + 1``). Each shape is one CUDA-graph recording (and one warm-up) per compiled
+    layer, forward and backward.
 
     Args:
-        nnz: real tokens in the row. num_seqs: real sequences in it. multiple: token bucket size.
+        nnz: tokens to hold (>= 0). multiple: the bucket unit in tokens (>= 1).
+
+    Raises:
+        ValueError: ``multiple < 1`` or ``nnz < 0``.
+    """
+    if int(multiple) < 1 or int(nnz) < 0:
+        raise ValueError(f"token_bucket needs multiple >= 1 and nnz >= 0, got nnz={nnz}, multiple={multiple}")
+    units = max(1, -(-int(nnz) // int(multiple)))
+    shift = max(0, units.bit_length() - BUCKETS_PER_DOUBLING.bit_length())
+    return (-(-units >> shift) << shift) * int(multiple)
+
+
+def bucket_padding(nnz: int, num_seqs: int, multiple: int) -> list[int]:
+    """Lengths (tokens) of the fake sequences that pad a packed row to a shape bucket: the padded row holds
+    :func:`token_bucket` tokens (a multiple of ``multiple``, 8 buckets per doubling) and a power-of-two count of
+    sequences (real + fake), so that a row's shapes (tokens, ``cu_seqlens``) take few distinct values (CUDA graphs
+    record one graph per shape). Each fake sequence has at least one token and restarts its positions at 0, so it
+    never attends to a real one.
+
+    Args:
+        nnz: real tokens in the row. num_seqs: real sequences in it. multiple: token bucket unit.
 
     Returns:
-        ``[]`` when the row already fits a bucket, else the fake sequences' lengths. Their sum, the padding, is at
-        most ``multiple`` when that leaves a token for every fake sequence, else less than their count plus
-        ``multiple``.
+        ``[]`` when the row already fits a bucket, else the fake sequences' lengths. The padded row is the smallest
+        bucket that holds ``nnz`` tokens plus one token for every fake sequence.
 
     Raises:
         ValueError: ``multiple < 1`` or negative counts.
@@ -80,15 +106,14 @@ def bucket_padding(nnz: int, num_seqs: int, multiple: int) -> list[int]:
     if int(multiple) < 1 or nnz < 0 or num_seqs < 0:
         raise ValueError(f"bucket_padding needs multiple >= 1 and counts >= 0, got nnz={nnz}, num_seqs={num_seqs}, "
                          f"multiple={multiple}")
-    total = max(int(multiple), -(-int(nnz) // int(multiple)) * int(multiple))
-    while True:
-        pad = total - nnz
-        if pad == 0 and num_seqs & (num_seqs - 1) == 0:
-            return []
-        fake = (1 << int(num_seqs).bit_length()) - num_seqs  # next power of two above num_seqs, minus num_seqs
-        if pad >= fake > 0:
-            return [1] * (fake - 1) + [pad - fake + 1]
-        total += int(multiple)
+    nnz, num_seqs = int(nnz), int(num_seqs)
+    total = token_bucket(nnz, multiple)
+    if total == nnz and num_seqs & (num_seqs - 1) == 0:
+        return []
+    fake = (1 << num_seqs.bit_length()) - num_seqs  # next power of two above num_seqs, minus num_seqs
+    if total - nnz < fake:
+        total = token_bucket(nnz + fake, multiple)
+    return [1] * (fake - 1) + [total - nnz - fake + 1]
 
 
 def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int | None = None) -> torch.Tensor:

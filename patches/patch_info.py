@@ -65,7 +65,7 @@ def mark_layers_compiled(model: torch.nn.Module) -> None:
 
 def set_static_shapes(model: torch.nn.Module, token_multiple: int) -> None:
     """Make :func:`patches.packed_forward.pack_batch` pad ``model``'s host-packed rows to shape buckets (a multiple
-    of ``token_multiple`` and of the SP size, in a power-of-two count of sequences; see
+    of ``token_multiple`` and of the SP size, 8 sizes per doubling, in a power-of-two count of sequences; see
     :func:`patches.packing.bucket_padding`), and :func:`patches.packed_forward.sp_forward` mark a new CUDA-graph step
     (``torch.compiler.cudagraph_mark_step_begin``) before each forward.
 

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from transformers import (AutoModelForCausalLM, AutoModelForTokenClassification, LlamaConfig,  # noqa: E402
                           Qwen2Config)
 
-from patches.packing import bucket_padding  # noqa: E402
+from patches.packing import bucket_padding, token_bucket  # noqa: E402
 from patches.ulysses import apply_ulysses_patch, patch_info  # noqa: E402
 from trainer.forward import forward_log_probs, forward_values  # noqa: E402
 from trainer.workers import kernels  # noqa: E402
@@ -176,7 +176,21 @@ def test_bucket_padding_edge_counts(nnz, num_seqs, multiple):
     assert total % multiple == 0 and total >= multiple
     assert count & (count - 1) == 0 and count >= 1
     assert all(isinstance(n, int) and n >= 1 for n in fake)
-    assert sum(fake) <= multiple or sum(fake) < len(fake) + multiple
+    assert total in (token_bucket(nnz, multiple), token_bucket(nnz + len(fake), multiple))
+    assert sum(fake) <= max(multiple, total // 8) + len(fake)  # under 1/8 of the bucket beyond one token per fake
+
+
+def test_token_buckets_are_few_per_doubling_and_pad_under_an_eighth():
+    """Rows of 16k-32k tokens (64 sequences of 250-500 tokens) meet 9 buckets of 256 tokens' multiples, not 65;
+    every bucket holds its tokens with less than 1/8 (or less than one multiple) of padding."""
+    buckets = {token_bucket(n, 256) for n in range(16384, 32769)}
+    assert len(buckets) == 9 and min(buckets) == 16384 and max(buckets) == 32768
+    for n in list(range(0, 5000)) + [2 ** 20 + 1, 3 * 2 ** 30 + 7]:
+        t = token_bucket(n, 256)
+        assert t % 256 == 0 and t >= max(n, 256) and (t - n <= 256 or (t - n) * 8 < t)
+    assert [token_bucket(n, 1) for n in (0, 1, 7, 8, 9, 15, 16, 17, 33)] == [1, 1, 7, 8, 9, 15, 16, 18, 36]
+    with pytest.raises(ValueError, match="token_bucket needs multiple >= 1 and nnz >= 0, got nnz=-1, multiple=4"):
+        token_bucket(-1, 4)
 
 
 @pytest.mark.parametrize("args", [(-1, 0, 4), (0, -1, 4), (4, 1, 0), (4, 1, -256)])

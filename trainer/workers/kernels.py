@@ -15,8 +15,9 @@ Config (``actor_rollout_ref.model``, shared by all roles, as in verl):
 * ``torch_compile_mode`` (with ``use_torch_compile``): torch.compile's ``mode``. ``default``; ``reduce-overhead``
   records each compiled layer's forward and backward as CUDA graphs, so a replay costs one host call instead of one
   per kernel (the update at 4k-token micro-batches is bound by the host otherwise; docs/benchmarks.md). CUDA graphs
-  need fixed shapes, so packed rows are padded to a bucket (:data:`STATIC_TOKEN_MULTIPLE` tokens, a power-of-two
-  count of sequences; :func:`patches.packing.bucket_padding`) and one graph is recorded per bucket; with SP the NCCL
+  need fixed shapes, so packed rows are padded to a bucket (multiples of :data:`STATIC_TOKEN_MULTIPLE` tokens, 8
+  sizes per doubling, under 1/8 padding; a power-of-two count of sequences; :func:`patches.packing.bucket_padding`)
+  and one graph is recorded per bucket; with SP the NCCL
   all-to-alls are recorded inside the layers' graphs (checked against SP=1 on 2 GPUs:
   tests/test_ulysses_graphs_gpu.py). Needs CUDA, DeepSpeed ZeRO stage 2 for training
   (its gradient hooks copy each gradient out of the graphs' memory as it is produced; other stages would
@@ -38,7 +39,7 @@ LIGER_KWARGS = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
-# packed rows of a model compiled with CUDA graphs are padded to a multiple of this many tokens
+# packed rows of a model compiled with CUDA graphs are padded to token buckets of this unit (patches.packing.token_bucket)
 STATIC_TOKEN_MULTIPLE = 256
 
 

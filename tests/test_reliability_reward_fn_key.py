@@ -103,3 +103,39 @@ def test_a_custom_function_taking_data_source_is_given_none_but_needs_the_column
     none = _write(tmp_path / "none.jsonl", [_row()])
     with pytest.raises(ConfigError, match=rf"'data_source' is missing from {none} .*drop the data_source parameter"):
         check_reward_scorers(_make(scorer=fn), "data_source", [PromptDataset(none, tok, max_prompt_length=32)])
+
+
+@pytest.mark.parametrize("value, why", [(None, "has no 'data_source' value"),
+                                        ("", "has an empty 'data_source' value ('')"),
+                                        ("  ", "has an empty 'data_source' value ('  ')"),
+                                        (3, "has data_source=3 (int), not a scorer name"),
+                                        (["gsm8k"], "has data_source=['gsm8k'] (list), not a scorer name")])
+def test_every_value_that_names_no_scorer_is_named_with_its_file_and_index(tmp_path, tok, value, why):
+    """An empty string, a number or a list is refused like a missing value: one line naming the key, the file, the
+    row and its value (an empty string read ``no reward scorer registered for ''``, without file or row). A custom
+    function taking ``data_source`` is still given the value as it is."""
+    path = _write(tmp_path / "train.jsonl", [_row(data_source="gsm8k"), _row(data_source="gsm8k"),
+                                             _row(data_source=value)])
+    ds = PromptDataset(path, tok, max_prompt_length=32)
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(_make(), "data_source", [ds])
+    msg = str(info.value)
+    assert msg.startswith(f"data.reward_fn_key='data_source': row 2 of {path} (counted from 0) {why}; "), msg
+    assert "no reward scorer registered" not in msg and "\n" not in msg and all(f in msg for f in FIXES), msg
+    from rewards.registry import load_custom_scorer
+
+    fn_path = tmp_path / "my_reward.py"
+    fn_path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                       "    return 1.0\n")
+    check_reward_scorers(_make(scorer=load_custom_scorer(str(fn_path))), "data_source", [ds])
+
+
+def test_a_name_without_a_scorer_is_named_with_the_first_row_that_has_it(tmp_path, tok):
+    path = _write(tmp_path / "train.jsonl", [_row(data_source="gsm8k"), _row(data_source="gsm9k"),
+                                             _row(data_source="gsm9k")])
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(_make(), "data_source", [PromptDataset(path, tok, max_prompt_length=32)])
+    msg = str(info.value)
+    assert msg.startswith(f"data.reward_fn_key='data_source': row 1 of {path} (counted from 0) has "
+                          "data_source='gsm9k': no reward scorer registered for 'gsm9k'; registered: "), msg
+    assert "\n" not in msg and "reward_model.scorer=<name>" in msg, msg

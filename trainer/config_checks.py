@@ -136,22 +136,33 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
     registered scorer taking the scorer options. Returns the manager.
 
     Raises:
-        ConfigError: a row without a ``reward_fn_key`` value (naming the file and the row, or the file that lacks the
-            column: :func:`trainer.dataset.check_reward_key`), a value without a scorer, an option a scorer does not
-            take (naming the option and the scorer), or reward components (``algorithm.gdpo_reward_keys``) that
-            a scorer does not return (:func:`check_reward_components`).
+        ConfigError: a row without a scorer name in ``reward_fn_key`` (naming the file and the row, or the file that
+            lacks the column: :func:`trainer.dataset.check_reward_key`), a name without a scorer (naming the first row
+            that has it), an option a scorer does not take (naming the option and the scorer), or reward components
+            (``algorithm.gdpo_reward_keys``) that a scorer does not return (:func:`check_reward_components`).
     """
-    from trainer.dataset import DataError, check_reward_key
+    from trainer.dataset import DataError, check_reward_key, row_origins, row_place
 
     try:
         manager = make_rm()
-        values = set()
+        places: dict = {}  # each scorer name -> (file, index) of the first row that names it
         for ds in datasets if manager.routes_by_key else ():
             if ds is not None:
-                # a row without a value: named with its file and index (a custom function is given None)
+                # a row without a scorer name: named with its file and index (a custom function is given any value)
                 check_reward_key(ds, reward_fn_key, allow_none=manager.scorer is not None)
-                values.update(row.get(reward_fn_key) for row in ds.rows)
-        manager.check_data_sources(values)
+                if manager.scorer is None:
+                    for row, origin in zip(ds.rows, row_origins(ds)):
+                        places.setdefault(row.get(reward_fn_key), origin)
+        try:
+            manager.check_data_sources(places)
+        except KeyError as exc:  # a name without a scorer: the first row that has it
+            from rewards.registry import list_scorers
+
+            name = next((v for v in sorted(places, key=repr) if v not in list_scorers()), None)
+            if name is None:
+                raise
+            raise DataError(f"data.reward_fn_key={reward_fn_key!r}: {row_place(*places[name])} has "
+                            f"{reward_fn_key}={name!r}: {exc.args[0] if exc.args else exc}") from exc
         from trainer.reward_probe import check_scorer_returns
 
         check_scorer_returns(manager, reward_fn_key, datasets)

@@ -84,11 +84,17 @@ def _load_rows(files: Sequence[str], origins: list | None = None) -> list[dict]:
     return rows
 
 
-def row_tools(row: dict, files: Sequence[str] = ()) -> list:
+def row_place(path: str, index: int) -> str:
+    """How an error names a row: ``row <index> of <file> (counted from 0)``."""
+    return f"row {index} of {path} (counted from 0)"
+
+
+def row_tools(row: dict) -> list:
     """A row's ``tools`` column as a list of function definitions (``[]`` when absent or empty).
 
     Raises:
-        DataError: the column is neither a list of mappings nor the JSON text of one.
+        DataError: the column is neither a list of mappings nor the JSON text of one (the message does not name
+            the row: :class:`PromptDataset` puts its file and index in front).
     """
     tools = row.get("tools")
     if tools is None or (hasattr(tools, "__len__") and len(tools) == 0):
@@ -97,12 +103,12 @@ def row_tools(row: dict, files: Sequence[str] = ()) -> list:
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as exc:
-            raise DataError(f"data files {list(files)}: a row's 'tools' is not JSON ({exc.msg}): {tools[:80]!r}") \
-                from exc
+            raise DataError(f"its 'tools' is not JSON ({exc.msg}): {tools[:80]!r}; expected a list of function "
+                            "definitions or its JSON text") from exc
     tools = list(tools) if not isinstance(tools, (str, dict)) and hasattr(tools, "__iter__") else tools
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise DataError(f"data files {list(files)}: a row's 'tools' must be a list of function definitions "
-                        f"({{'type': 'function', 'function': {{...}}}}), got {type(tools).__name__}")
+        raise DataError(f"its 'tools' is a {type(tools).__name__}; expected a list of function definitions "
+                        "({'type': 'function', 'function': {...}})")
     return tools
 
 
@@ -130,7 +136,9 @@ class PromptDataset:
     the dataset holds no pixel tensors; other rows get ``{}`` when the dataset has a processor.
 
     Raises:
-        DataError: missing/empty files, missing columns, or no usable rows.
+        DataError: missing/empty files, missing columns, or no usable rows; a row that cannot be used (images that
+            do not match their placeholders, a chat template that cannot render it, a bad ``tools`` column, a
+            prompt too long under ``truncation=error``) is named by its file and index (counted from 0).
     """
 
     files: Sequence[str]
@@ -160,29 +168,39 @@ class PromptDataset:
         raw = _load_rows(self.files, origins)
         if not raw:
             raise DataError(f"data files {list(self.files)} contain no rows")
-        missing = [c for c in (self.prompt_key, *REQUIRED_COLUMNS) if c not in raw[0]]
-        if missing:
-            raise DataError(f"data files {list(self.files)} lack column(s) {missing}; have {sorted(raw[0])}. "
-                            "Expected verl's layout: prompt, data_source, reward_model.ground_truth")
+        firsts: dict = {}  # each file's first row: a column missing there is missing from the whole file
+        for row, (path, _) in zip(raw, origins):
+            firsts.setdefault(path, row)
+        for path, first in firsts.items():
+            missing = [c for c in (self.prompt_key, *REQUIRED_COLUMNS) if c not in first]
+            if missing:
+                raise DataError(f"data file {path!r}: its rows lack column(s) {missing}; have {sorted(first)}. "
+                                "Expected verl's layout: prompt, data_source, reward_model.ground_truth")
+        first_invalid = None  # the first row skipped as unusable: its file, index and why
         for row, origin in zip(raw, origins):
             if self.max_rows is not None and len(self.rows) >= self.max_rows:
                 break
-            ids = self.prompt_ids(row)
+            try:
+                ids = self.prompt_ids(row)
+            except DataError as exc:
+                raise DataError(f"{row_place(*origin)}: {exc}") from exc
             if ids is None:
                 self.num_invalid += 1
+                first_invalid = first_invalid or f"{row_place(*origin)}: {self.row_problem(row)}"
                 continue
             if len(ids) > self.max_prompt_length:
                 if self.filter_overlong_prompts:
                     self.num_filtered += 1
                     continue
                 if row.get(self.image_key):
-                    raise DataError(f"a prompt with images has {len(ids)} tokens (image tokens included) > "
-                                    f"data.max_prompt_length={self.max_prompt_length}; image prompts cannot be cut, "
-                                    "set data.filter_overlong_prompts=True or raise max_prompt_length")
+                    raise DataError(f"{row_place(*origin)}: its prompt with images has {len(ids)} tokens (image "
+                                    f"tokens included) > data.max_prompt_length={self.max_prompt_length}; image "
+                                    "prompts cannot be cut, set data.filter_overlong_prompts=True or raise "
+                                    "max_prompt_length")
                 if self.truncation == "error":
-                    raise DataError(f"a prompt has {len(ids)} tokens > data.max_prompt_length="
-                                    f"{self.max_prompt_length}; set data.filter_overlong_prompts=True or "
-                                    "data.truncation=left|right")
+                    raise DataError(f"{row_place(*origin)}: its prompt has {len(ids)} tokens > "
+                                    f"data.max_prompt_length={self.max_prompt_length}; set "
+                                    "data.filter_overlong_prompts=True or data.truncation=left|right")
                 ids = ids[-self.max_prompt_length:] if self.truncation == "left" else ids[:self.max_prompt_length]
             self.rows.append({**row, "input_ids": ids})
             self.origins.append(origin)
@@ -191,44 +209,65 @@ class PromptDataset:
                            self.max_prompt_length, list(self.files))
         if self.num_invalid:
             logger.warning("skipped %d rows without a prompt or ground truth (or with a chat message lacking its role "
-                           "or content) in %s", self.num_invalid,
-                           list(self.files))
+                           "or content) in %s; the first: %s", self.num_invalid, list(self.files), first_invalid)
         if not self.rows:
             raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
                             f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
-                            "prompt or ground truth (or with a chat message lacking its role or content)")
+                            "prompt or ground truth (or with a chat message lacking its role or content)"
+                            + (f"; the first of these: {first_invalid}" if first_invalid else ""))
+
+    def row_problem(self, row: dict) -> str | None:
+        """Why ``row`` is skipped as unusable: no prompt (``prompt_key``) or an empty one, no
+        ``reward_model.ground_truth``, or a chat message without its ``role`` or ``content`` (it would render as
+        nothing); None for a usable row."""
+        prompt = row.get(self.prompt_key)
+        rm = row.get("reward_model")
+        if prompt is None:
+            return f"no {self.prompt_key!r} value"
+        if not prompt:
+            return f"an empty {self.prompt_key!r}"
+        if not isinstance(rm, dict):
+            return f"its 'reward_model' is {rm!r}, not a mapping with a 'ground_truth'"
+        if rm.get("ground_truth") is None:
+            return "no 'reward_model.ground_truth' value"
+        if rm.get("ground_truth") == "":
+            return "an empty 'reward_model.ground_truth'"
+        if not isinstance(prompt, str):
+            for i, m in enumerate(prompt):
+                if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                        and isinstance(m.get("content"), (str, list))):
+                    shown = repr(m) if len(repr(m)) <= 80 else repr(m)[:77] + "..."
+                    return f"chat message {i} of its {self.prompt_key!r} lacks its role or content: {shown}"
+        return None
 
     def prompt_ids(self, row: dict) -> list[int] | None:
         """The prompt's token ids as the model will see them (image tokens expanded), i.e. the length the overlong
-        filter compares; None for a row without a prompt or ground truth, or with a chat message that lacks its
-        ``role`` or ``content``. Does not change ``row``.
+        filter compares; None for a row that :meth:`row_problem` finds unusable. Does not change ``row``.
 
         Raises:
-            DataError: a row with images but no processor, or placeholders that do not match the images.
+            DataError: a row with images but no processor, or placeholders that do not match the images; a chat
+                template that cannot render the prompt; a bad ``tools`` column (the message does not name the row:
+                the dataset puts its file and index in front).
         """
-        prompt = row.get(self.prompt_key)
-        rm = row.get("reward_model")
-        if not prompt or not isinstance(rm, dict) or rm.get("ground_truth") in (None, ""):
+        if self.row_problem(row) is not None:
             return None
-        if not isinstance(prompt, str) and not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
-                                                   isinstance(m.get("content"), (str, list)) for m in prompt):
-            return None  # chat messages need a role and a content: a message without would render as nothing
+        prompt = row[self.prompt_key]
         if row.get(self.image_key):
             try:
                 ids, _ = image_prompt_inputs(self.processor, prompt, row[self.image_key], self.chat_template_kwargs)
             except ValueError as exc:
-                raise DataError(f"data files {list(self.files)}: a row with {self.image_key!r}: {exc}") from exc
+                raise DataError(f"its {self.image_key!r}: {exc}") from exc
             return ids
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        tools = row_tools(row, self.files) or list(self.tools)
+        tools = row_tools(row) or list(self.tools)
         try:
             out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
                                                      **({"tools": tools} if tools else {}), **self.chat_template_kwargs)
         except jinja2.TemplateError as exc:  # the template (the tokenizer's or custom_chat_template) cannot render it
-            raise DataError(f"data files {list(self.files)}: the chat template cannot render a prompt "
-                            f"({type(exc).__name__}: {exc}); check actor_rollout_ref.model.custom_chat_template and "
-                            "data.apply_chat_template_kwargs") from exc
+            raise DataError(f"the chat template cannot render its prompt ({type(exc).__name__}: {exc}); check "
+                            "actor_rollout_ref.model.custom_chat_template and data.apply_chat_template_kwargs") \
+                from exc
         if hasattr(out, "keys") and "input_ids" in out:
             out = out["input_ids"]
         return list(out)
@@ -263,37 +302,61 @@ class PromptDataset:
         return {**row, "multi_modal_inputs": mm}
 
 
+def row_origins(ds: Any) -> list[tuple[str, int]]:
+    """``(file, index in that file)`` of each row of ``ds`` (a :class:`PromptDataset`, or anything with ``rows``
+    and ``files``: then the index among all its rows, its files named together)."""
+    rows = list(getattr(ds, "rows", None) or ())
+    origins = list(getattr(ds, "origins", None) or ())
+    if len(origins) != len(rows):
+        files = [str(f) for f in (getattr(ds, "files", None) or ())]
+        origins = [(", ".join(files) or "the data", i) for i in range(len(rows))]
+    return origins
+
+
+def _scorer_name_problem(row: dict, key: str) -> str | None:
+    """What keeps ``row``'s value in the column ``key`` from naming a reward scorer (scorers are registered under
+    non-empty strings); None for a non-empty string."""
+    value = row.get(key)
+    if value is None:
+        return f"has no {key!r} value"
+    if not isinstance(value, str):
+        return f"has {key}={value!r} ({type(value).__name__}), not a scorer name"
+    if not value.strip():
+        return f"has an empty {key!r} value ({value!r})"
+    return None
+
+
 def check_reward_key(ds: Any, key: str, allow_none: bool = False) -> None:
-    """Every row of ``ds`` (a :class:`PromptDataset`, or anything with ``rows`` and ``files``) has a value in the
-    column ``key`` (``data.reward_fn_key``), which picks each row's reward scorer. A JSON-lines row without it, or a
-    parquet null, reads as None: the run would stop at its first reward with ``no reward scorer registered for
-    None``. ``allow_none``: only a file without the column is refused (a custom reward function that takes
-    ``data_source`` is given each row's value, None included).
+    """Every row of ``ds`` (a :class:`PromptDataset`, or anything with ``rows`` and ``files``) names its reward
+    scorer in the column ``key`` (``data.reward_fn_key``): a non-empty string. A JSON-lines row without it, or a
+    parquet null, reads as None; an empty string or a value of another type (a number, a list) names no scorer
+    either: the run would stop with ``no reward scorer registered for ...`` naming neither the file nor the row.
+    ``allow_none``: only a file without the column is refused (a custom reward function that takes
+    ``data_source`` is given each row's value as it is, None included).
 
     Raises:
-        DataError: one line naming ``data.reward_fn_key``, the file and the row (counted from 0) or that the column
-            is missing from the file, and the ways out.
+        DataError: one line naming ``data.reward_fn_key``, the file and the row (counted from 0) with its value, or
+            that the column is missing from the file, and the ways out.
     """
-    rows = list(getattr(ds, "rows", None) or ())
-    files = [str(f) for f in (getattr(ds, "files", None) or ())]
-    origins = list(getattr(ds, "origins", None) or ())
-    if len(origins) != len(rows):  # not a PromptDataset: the index among the rows, the files together
-        origins = [(", ".join(files) or "the data", i) for i in range(len(rows))]
-    bad = [i for i, row in enumerate(rows) if (key not in row if allow_none else row.get(key) is None)]
+    rows, origins = list(getattr(ds, "rows", None) or ()), row_origins(ds)
+    problems = [(i, _scorer_name_problem(row, key)) for i, row in enumerate(rows) if key not in row or not allow_none]
+    bad = [(i, why) for i, why in problems if why is not None]
     if not bad:
         return
-    path = origins[bad[0]][0]
+    first, why = bad[0]
+    path = origins[first][0]
     of_file = [i for i, (p, _) in enumerate(origins) if p == path]
     if all(key not in rows[i] for i in of_file):
-        have = sorted(k for k in rows[bad[0]] if k != "input_ids")
+        have = sorted(k for k in rows[first] if k != "input_ids")
         where = f"the column {key!r} is missing from {path} (its columns: {have})"
     else:
-        others = f"; {len(bad) - 1} more row(s) lack it" if len(bad) > 1 else ""
-        where = f"row {origins[bad[0]][1]} of {path} (counted from 0) has no {key!r} value{others}"
+        others = f"; {len(bad) - 1} more row(s) name no scorer either" if len(bad) > 1 else ""
+        where = f"{row_place(*origins[first])} {why}{others}"
     out = ("or drop the data_source parameter of the custom reward function" if allow_none else
            "or force one scorer for every row with reward_model.scorer=<name>")
-    raise DataError(f"data.reward_fn_key={key!r}: {where}; the reward scorer of a row is picked by this column: "
-                    f"add {key!r} to every row, set data.reward_fn_key=<a column every row has>, {out}")
+    raise DataError(f"data.reward_fn_key={key!r}: {where}; the reward scorer of a row is picked by this column (a "
+                    f"scorer name): give every row a {key!r} string, set data.reward_fn_key=<a column every row has>, "
+                    f"{out}")
 
 
 def collate_prompts(rows: Sequence[dict], pad_token_id: int) -> DataProto:

@@ -112,6 +112,34 @@ def _no_tokenizer(m):
     os.remove(os.path.join(m, "tokenizer.json"))
 
 
+def _tokenizer_truncated(m):
+    path = os.path.join(m, "tokenizer.json")
+    _cut(path, os.path.getsize(path) // 2)
+    return [f"tokenizer.json is truncated: its {os.path.getsize(path)} bytes end before its JSON is complete"]
+
+
+def _tokenizer_not_json(m):
+    with open(os.path.join(m, "tokenizer.json"), "w") as f:
+        f.write("{nope}")
+
+
+def _tokenizer_config_truncated(m):
+    path = os.path.join(m, "tokenizer_config.json")
+    _cut(path, os.path.getsize(path) - 5)
+
+
+def _tokenizer_broken_link(m):
+    os.remove(os.path.join(m, "tokenizer.json"))
+    os.symlink(os.path.join(m, "gone.json"), os.path.join(m, "tokenizer.json"))
+
+
+def _named_weights_missing(m):
+    with open(os.path.join(m, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(m, "config.json"), "w") as f:
+        json.dump({**config, "transformers_weights": "other.safetensors"}, f)
+
+
 DAMAGE = {  # name: (the folder copied, the damage, the words the one line must hold)
     "no_weights": ("single", _no_weights, ["no weights (expected model.safetensors, pytorch_model.bin or a "
                                            "*.index.json with its shards)"]),
@@ -123,9 +151,17 @@ DAMAGE = {  # name: (the folder copied, the damage, the words the one line must 
     "shard_truncated": ("sharded", _shard_truncated, ["model-00002-of-00003.safetensors is truncated",
                                                       "(a shard listed in model.safetensors.index.json)"]),
     "bin_truncated": ("bin", _bin_truncated, ["pytorch_model.bin is truncated"]),
-    "config_not_json": ("single", _config_not_json, ["config.json is not valid JSON"]),
+    "config_not_json": ("single", _config_not_json, ["config.json is truncated: its 20 bytes end before its JSON is "
+                                                     "complete"]),
     "no_tokenizer": ("single", _no_tokenizer, ["no tokenizer (expected tokenizer.json or tokenizer.model / vocab "
                                                "files)", "actor_rollout_ref.model.tokenizer_path"]),
+    "tokenizer_truncated": ("single", _tokenizer_truncated, []),
+    "tokenizer_not_json": ("single", _tokenizer_not_json, ["tokenizer.json is not valid JSON (Expecting property"]),
+    "tokenizer_config_truncated": ("single", _tokenizer_config_truncated, ["tokenizer_config.json is truncated"]),
+    "tokenizer_broken_link": ("single", _tokenizer_broken_link, ["tokenizer.json is a broken symbolic link"]),
+    "named_weights_missing": ("single", _named_weights_missing,
+                              ["other.safetensors, the weights file that config.json's transformers_weights names, "
+                               "is missing"]),
 }
 
 
@@ -138,6 +174,10 @@ def test_a_damaged_model_folder_is_one_line_naming_key_path_and_problem(tiny, tm
     assert line.startswith(f"{KEY}={m!r}: "), line
     for needle in [*needles, *more]:
         assert needle in line, (needle, line)
+    # one thing to do, at the end: a damaged file is fetched again, nothing follows that advice
+    if "download or copy it again" in line:
+        assert line.endswith("; download or copy it again") and line.count("download or copy") == 1, line
+    assert line.count("(") == line.count(")"), line
 
 
 def test_a_separate_tokenizer_folder_is_checked_and_replaces_the_model_folders(tiny, tmp_path):
@@ -213,8 +253,9 @@ def test_a_tokenizer_without_a_chat_template_is_refused_when_prompts_are_chat_me
     assert "actor_rollout_ref.model.custom_chat_template" in line and "tokenizer_path" in line, line
     check_model_folders(_cfg(f"{KEY}={m}", "actor_rollout_ref.model.custom_chat_template='{{ messages }}'"))
     os.symlink(str(tmp_path / "gone.jinja"), os.path.join(m, "chat_template.jinja"))
-    with pytest.raises(ConfigError, match="no chat template: chat_template.jinja is a broken symbolic link"):
+    with pytest.raises(ConfigError, match="no chat template: chat_template.jinja is a broken symbolic link") as info:
         check_model_folders(_cfg(f"{KEY}={m}"))
+    assert str(info.value).count("(") == str(info.value).count(")"), str(info.value)
     plain, chat = tmp_path / "plain.jsonl", tmp_path / "chat.jsonl"
     plain.write_text(json.dumps({"prompt": "1 2 ?", "reward_model": {"ground_truth": "2"}}) + "\n")
     chat.write_text(json.dumps({"prompt": [{"role": "user", "content": "1 ?"}], "reward_model": {}}) + "\n")
@@ -226,3 +267,35 @@ def test_a_tokenizer_without_a_chat_template_is_refused_when_prompts_are_chat_me
     with open(os.path.join(m, "tokenizer_config.json"), "w") as f:
         json.dump({**config, "chat_template": "{{ messages }}"}, f)
     check_model_folders(_cfg(f"{KEY}={m}", f"data.train_files={chat}"))
+
+
+@pytest.mark.parametrize("tokenizer_path", [False, True])
+def test_a_tokenizer_without_eos_names_the_key_the_folder_and_its_tokenizer_config(tiny, tmp_path, tokenizer_path):
+    """A tokenizer loaded without an EOS token is one line in the form of the other model-folder lines: the key it
+    was read from, its folder, what its ``tokenizer_config.json`` says and what to set."""
+    from types import SimpleNamespace
+
+    from trainer.config_preflight import check_model_context
+
+    m = _copy(tiny, tmp_path)
+    key, keys = KEY, [f"{KEY}={m}"]
+    if tokenizer_path:
+        key = "actor_rollout_ref.model.tokenizer_path"
+        keys = [f"{KEY}={tiny['single']}", f"{key}={m}"]
+    cfg = _cfg(f"trainer.output_dir={tmp_path / 'out'}", *keys)
+    no_eos = SimpleNamespace(eos_token_id=None)
+    config_file = os.path.join(m, "tokenizer_config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    with open(config_file, "w") as f:
+        json.dump({k: v for k, v in config.items() if k != "eos_token"}, f)
+    fix = f'; set "eos_token" in {config_file} to the token that ends a response'
+    with pytest.raises(ConfigError) as info:
+        check_model_context(cfg, SimpleNamespace(), no_eos)
+    assert str(info.value) == (f"{key}={m!r}: the tokenizer has no EOS token (tokenizer_config.json names no "
+                               f"eos_token){fix}"), str(info.value)
+    os.remove(config_file)
+    with pytest.raises(ConfigError) as info:
+        check_model_context(cfg, SimpleNamespace(), no_eos)
+    assert str(info.value) == (f"{key}={m!r}: the tokenizer has no EOS token (the folder has no "
+                               f"tokenizer_config.json){fix}"), str(info.value)

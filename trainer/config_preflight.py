@@ -12,7 +12,7 @@ import tempfile
 
 from trainer.config_checks import ConfigError, ErrorCollector, check_model_files, run_checks
 from trainer.megatron_checks import check_megatron_model
-from trainer.model_folder_checks import check_model_folders, read_model_config
+from trainer.model_folder_checks import check_model_folders, no_eos_problem, read_model_config
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
                                    resume_schedule_warnings)
 
@@ -226,8 +226,7 @@ def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
         raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
                           f"max_position_embeddings={ctx}")
     if tokenizer.eos_token_id is None:
-        raise ConfigError(f"the tokenizer of {cfg['actor_rollout_ref']['model']['path']!r} has no EOS token; "
-                          "set one in its tokenizer_config.json")
+        raise ConfigError(no_eos_problem(cfg))
     from rollout.stop_tokens import resolve_stop_token_ids
 
     try:  # the set every engine stops at (the workers resolve it the same way)

@@ -17,7 +17,7 @@ import zipfile
 from trainer.config_checks import ConfigError, ErrorCollector
 
 __all__ = ["check_model_folders", "read_model_config", "weights_problem", "tokenizer_problem", "safetensors_problem",
-           "bin_problem", "chat_template_problem"]
+           "bin_problem", "chat_template_problem", "no_eos_problem"]
 
 #: the weight files ``transformers``' ``from_pretrained`` looks for in a local folder, in its order
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -33,6 +33,16 @@ ACTOR_KEY = "actor_rollout_ref.model.path"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
+def _json_problem(file: str, exc: Exception) -> str:
+    """The problem line for the JSON file ``file`` that failed to parse with ``exc``: a file that ends before its
+    JSON is complete is named truncated (a download or copy cut short)."""
+    name = os.path.basename(file)
+    if isinstance(exc, json.JSONDecodeError) and (exc.pos >= len(exc.doc.rstrip())
+                                                  or exc.msg.startswith("Unterminated string")):  # open at the end
+        return f"{name} is truncated: its {os.path.getsize(file)} bytes end before its JSON is complete; {_AGAIN}"
+    return f"{name} is not valid JSON ({exc}); {_AGAIN}"
+
+
 def read_model_config(key: str, path: str) -> dict:
     """The ``config.json`` of the model folder ``path`` (named by config ``key``) as a dict.
 
@@ -44,9 +54,9 @@ def read_model_config(key: str, path: str) -> dict:
         with open(file, encoding="utf-8") as f:
             out = json.load(f)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{key}={path!r}: config.json is not valid JSON ({exc}); {_AGAIN}") from None
+        raise ConfigError(f"{key}={path!r}: {_json_problem(file, exc)}") from None
     if not isinstance(out, dict):
-        raise ConfigError(f"{key}={path!r}: config.json holds a {type(out).__name__}, not a JSON object")
+        raise ConfigError(f"{key}={path!r}: config.json holds a {type(out).__name__}, not a JSON object; {_AGAIN}")
     return out
 
 
@@ -129,9 +139,10 @@ def _index_problem(folder: str, index: str) -> str | None:
     and list shards, and each listed shard must be there and sound."""
     try:
         with open(os.path.join(folder, index), encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map")
-    except (ValueError, UnicodeDecodeError, AttributeError) as exc:
-        return f"{index} is not a valid index ({exc}); {_AGAIN}"
+            weight_map = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _json_problem(os.path.join(folder, index), exc)
+    weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
     shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
     if not shards or not all(isinstance(s, str) for s in shards):
         return f"{index} lists no shard files (no \"weight_map\" of tensor name to file); {_AGAIN}"
@@ -142,8 +153,8 @@ def _index_problem(folder: str, index: str) -> str | None:
                 f"{', '.join(missing[:3])}{more}; {_AGAIN}")
     for shard in shards:
         problem = _file_problem(os.path.join(folder, shard))
-        if problem:
-            return f"{problem} (a shard listed in {index})"
+        if problem:  # the note goes with what is wrong, before the advice
+            return f"{problem.removesuffix(f'; {_AGAIN}')} (a shard listed in {index}); {_AGAIN}"
     return None
 
 
@@ -159,7 +170,8 @@ def weights_problem(folder: str, hf: dict | None = None, all_safetensors: bool =
     if all_safetensors and any(n.endswith(".safetensors") for n in names):
         for n in names:
             if n.endswith(".safetensors"):
-                problem = _broken_link(folder, n) or safetensors_problem(os.path.join(folder, n))
+                broken = _broken_link(folder, n)
+                problem = f"{broken}; {_AGAIN}" if broken else safetensors_problem(os.path.join(folder, n))
                 if problem:
                     return problem
         return None
@@ -169,10 +181,10 @@ def weights_problem(folder: str, hf: dict | None = None, all_safetensors: bool =
         if "adapter_config.json" in names:
             return None
         if chosen and _broken_link(folder, chosen[0]):
-            return _broken_link(folder, chosen[0])
-        what = (f"{explicit} (config.json's transformers_weights) is missing" if isinstance(explicit, str)
-                else "no weights")
-        return f"{what} ({EXPECTED_WEIGHTS})"
+            return f"{_broken_link(folder, chosen[0])}; {_AGAIN}"
+        if isinstance(explicit, str):
+            return f"{explicit}, the weights file that config.json's transformers_weights names, is missing; {_AGAIN}"
+        return f"no weights ({EXPECTED_WEIGHTS})"
     name = chosen[0]
     if name.endswith(".index.json"):
         return _index_problem(folder, name)
@@ -180,26 +192,32 @@ def weights_problem(folder: str, hf: dict | None = None, all_safetensors: bool =
 
 
 def _broken_link(folder: str, name: str) -> str | None:
-    """A problem line when ``name`` in ``folder`` is a symbolic link whose target is gone (e.g. into a Hugging Face
-    cache that was cleaned); None otherwise."""
+    """What is wrong when ``name`` in ``folder`` is a symbolic link whose target is gone (e.g. into a Hugging Face
+    cache that was cleaned), without advice; None otherwise."""
     file = os.path.join(folder, name)
     if os.path.islink(file) and not os.path.exists(file):
-        return (f"{name} is a broken symbolic link (to {os.readlink(file)!r}, which does not exist; a cleaned "
-                f"Hugging Face cache?); {_AGAIN}")
+        return (f"{name} is a broken symbolic link (to {os.readlink(file)!r}, which does not exist: a cleaned "
+                "Hugging Face cache?)")
     return None
 
 
 def tokenizer_problem(folder: str, trust_remote_code: bool = False) -> str | None:
     """What is wrong with the tokenizer of ``folder``: it must hold a tokenizer's files (:data:`TOKENIZER_PATTERNS`)
-    and its ``tokenizer.json``, when there, must parse. A tokenizer of remote code (``tokenizer_config.json``'s
-    ``auto_map`` with ``trust_remote_code``) is left to its code. None when it is sound."""
+    and its ``tokenizer.json`` and ``tokenizer_config.json``, when there, must parse. A tokenizer of remote code
+    (``tokenizer_config.json``'s ``auto_map`` with ``trust_remote_code``) is left to its code. None when it is
+    sound."""
     names = os.listdir(folder)
+    for name in ("tokenizer_config.json", "tokenizer.json"):
+        if name in names:
+            broken = _broken_link(folder, name)
+            if broken:
+                return f"{broken}; {_AGAIN}"
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    json.load(f)
+            except (ValueError, UnicodeDecodeError) as exc:
+                return _json_problem(os.path.join(folder, name), exc)
     if "tokenizer.json" in names:
-        try:
-            with open(os.path.join(folder, "tokenizer.json"), encoding="utf-8") as f:
-                json.load(f)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return f"tokenizer.json is not valid JSON ({exc}); {_AGAIN}"
         return None
     if any(fnmatch.fnmatch(n, p) for n in names for p in TOKENIZER_PATTERNS):
         return None
@@ -235,9 +253,36 @@ def chat_template_problem(folder: str) -> str | None:
         return None
     broken = _broken_link(folder, "chat_template.jinja")
     if broken:
-        return f"the tokenizer has no chat template: {broken.split(';')[0]}"
+        return f"the tokenizer has no chat template: {broken}"
     return ("the tokenizer has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja "
             "or chat_template.json)")
+
+
+def no_eos_problem(cfg: dict) -> str:
+    """The error line for an actor tokenizer that was loaded without an EOS token: the key and folder it was read
+    from (``actor_rollout_ref.model.tokenizer_path``, else ``.path``), what its ``tokenizer_config.json`` says and
+    what to set there."""
+    model = cfg["actor_rollout_ref"]["model"]
+    key, path = (("actor_rollout_ref.model.tokenizer_path", model["tokenizer_path"]) if model.get("tokenizer_path")
+                 else (ACTOR_KEY, model["path"]))
+    file = os.path.join(str(path), "tokenizer_config.json")
+    config = None
+    try:
+        with open(file, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    eos = config.get("eos_token") if isinstance(config, dict) else None
+    if isinstance(eos, dict):  # the AddedToken form: {"content": "</s>", ...}
+        eos = eos.get("content")
+    if os.path.isdir(str(path)) and not os.path.isfile(file):
+        why = "the folder has no tokenizer_config.json"
+    elif eos:
+        why = f"tokenizer_config.json's eos_token {eos!r} is not a token of its vocabulary"
+    else:
+        why = "tokenizer_config.json names no eos_token"
+    return (f"{key}={path!r}: the tokenizer has no EOS token ({why}); set \"eos_token\" in {file} to the token "
+            "that ends a response")
 
 
 def _prompts_are_chat(cfg: dict) -> bool:
@@ -355,9 +400,10 @@ def check_model_folders(cfg: dict) -> None:
         seen_tokenizers.add(os.path.realpath(tpath))
         problem = tokenizer_problem(tpath, remote)
         if problem:
-            hint = "" if tkey != key else (f"; save the tokenizer there, or set "
-                                           f"{key.rsplit('.', 1)[0]}.tokenizer_path to a folder that has one")
-            errors.add(f"{tkey}={tpath!r}: {problem}{hint}")
+            if tkey == key and problem.startswith("no tokenizer"):  # a damaged file says what to do itself
+                problem += (f"; save the tokenizer there, or set {key.rsplit('.', 1)[0]}.tokenizer_path to a folder "
+                            "that has one")
+            errors.add(f"{tkey}={tpath!r}: {problem}")
         elif key == ACTOR_KEY and not custom_template:
             problem = chat_template_problem(tpath)
             if problem and _prompts_are_chat(cfg):  # the dataset renders chat prompts with the actor's tokenizer

@@ -68,3 +68,30 @@ def test_values_read_only_after_start_up_are_checked_before_it(override, line):
     with pytest.raises(ConfigError) as info:
         validate(cfg)
     assert str(info.value).splitlines()[0] == line
+
+
+def test_the_checks_run_again_for_more_errors_without_logging_their_notes_again(caplog):
+    """start_errors runs the launcher's checks again (one more round per error that names a key): the notes and
+    warnings of those checks are logged by the first round only, and by none when the run logged them already."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from trainer.config_types import start_errors
+
+    def prestart(cfg):
+        logging.getLogger("trainer.launch").info("custom_reward_function.path=r.py: read as reward_model...")
+        logging.getLogger("trainer.launch").warning("a setting with no effect")
+        if cfg.data.train_batch_size != 32:
+            raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size}; expected a multiple of 8")
+        raise ConfigError("trainer.save_freq=-1; something else")
+
+    cfg = OmegaConf.create({"data": {"train_batch_size": 12}, "trainer": {"save_freq": -1}})
+    for logged, times in ((False, 1), (True, 0)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            errors = start_errors(cfg, DEFAULTS, prestart, logged=logged)
+        assert errors == ["data.train_batch_size=12; expected a multiple of 8", "trainer.save_freq=-1; something else"]
+        assert [r.getMessage() for r in caplog.records].count("a setting with no effect") == times
+        assert sum("read as" in r.getMessage() for r in caplog.records) == times
+    assert logging.root.manager.disable == logging.NOTSET

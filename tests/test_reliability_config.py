@@ -93,6 +93,9 @@ def test_custom_reward_function_that_does_not_load_is_one_line(tmp_path, source,
     path.write_text(source)
     proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", f"custom_reward_function.name={name}", forked=True)
     assert_one_line_error(proc, *needles)
+    out = proc.stdout + proc.stderr  # the notes of start-up are printed once, not again with the errors
+    assert out.count(f"custom_reward_function.path={path}: read as") == 1, out[-3000:]
+    assert out.count(f"custom_reward_function.name={name}: read as") == 1, out[-3000:]
 
 
 def _model_dir(tmp_path, eos: bool):

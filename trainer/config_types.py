@@ -3,8 +3,10 @@ a number, a boolean a boolean. Checked on the Hydra config before anything start
 or ``trainer.save_freq=1.5`` stop in one line naming the key instead of failing deep inside a worker."""
 from __future__ import annotations
 
+import logging
 import re
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from trainer.config_checks import ConfigErrors
 
@@ -72,14 +74,29 @@ def _default_at(defaults: dict, path: str):
     return _NONE if isinstance(node, dict) else node
 
 
-def start_errors(cfg, defaults: dict, prestart) -> list[str]:
+@contextmanager
+def _logs_off(off: bool) -> Iterator[None]:
+    """With ``off``: no log record up to WARNING is emitted meanwhile (errors still are)."""
+    before = logging.root.manager.disable
+    if off:
+        logging.disable(max(before, logging.WARNING))
+    try:
+        yield
+    finally:
+        logging.disable(before)
+
+
+def start_errors(cfg, defaults: dict, prestart, logged: bool = False) -> list[str]:
     """Every error a run config has, at once: the :func:`type_errors` of ``cfg`` (a DictConfig) against
     ``defaults``, then those of ``prestart(cfg)`` (the launcher's checks) run on a copy whose mistyped values are
     put back to their defaults (so that a value check does not trip over ``train_batch_size='abc'``). A check
     section stops at its first bad value, so the checks run again (up to 6 rounds) with each key an error line
     names (``<key>=<value>; ...``) put back to its default, until no new line appears; a line that mentions a key
     put back is left out (it may be about the default). A check that fails otherwise than with a ConfigError adds
-    nothing (its key is among the errors already). [] when all pass."""
+    nothing (its key is among the errors already). [] when all pass.
+
+    The warnings and notes of the checks (a verl key read as another, a setting with no effect) are logged by the
+    first round only, and by none with ``logged`` (the run's own start-up logged them already)."""
     from omegaconf import OmegaConf
 
     from trainer.config_checks import ErrorCollector
@@ -91,10 +108,10 @@ def start_errors(cfg, defaults: dict, prestart) -> list[str]:
     for path, _, default in bad:
         OmegaConf.update(copy, path, default, merge=False)
         reset.add(path)
-    for _ in range(_ROUNDS):
+    for round_ in range(_ROUNDS):
         found = ErrorCollector()
         try:
-            with found.check():
+            with _logs_off(logged or round_ > 0), found.check():
                 prestart(copy)
         except Exception:  # noqa: BLE001 (see the docstring)
             pass
@@ -113,17 +130,18 @@ def start_errors(cfg, defaults: dict, prestart) -> list[str]:
     return errors.messages
 
 
-def all_errors(cfg, exc: Exception, prestart):
+def all_errors(cfg, exc: Exception, prestart, logged: bool = False):
     """``exc`` (a ConfigError of the launcher) with every other error of the Hydra run config ``cfg`` added
-    (:func:`start_errors` against :func:`packaged_defaults`); ``exc`` itself outside a Hydra app or when nothing is
-    added."""
+    (:func:`start_errors` against :func:`packaged_defaults`; ``logged``: the launcher's start-up logged the
+    config's warnings and notes already, they are not logged again); ``exc`` itself outside a Hydra app or when
+    nothing is added."""
     from trainer.config_checks import ConfigError
 
     defaults = packaged_defaults()
     if defaults is None or not isinstance(exc, ConfigError):
         return exc
     first = str(exc).splitlines()
-    more = [m for m in start_errors(cfg, defaults, prestart) if m not in first]
+    more = [m for m in start_errors(cfg, defaults, prestart, logged=logged) if m not in first]
     return ConfigErrors(first + more) if more else exc
 
 

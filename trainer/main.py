@@ -65,8 +65,10 @@ def main(cfg: DictConfig) -> None:
     from trainer.config_types import all_errors, check_run_config
     from trainer.launch import prestart, run
 
+    logged = False  # whether run() logged the config's warnings and notes (all_errors does not log them again)
     try:
         check_run_config(cfg)  # mistyped values (all_errors below adds every other error of the config)
+        logged = True  # run() logs them first
         last = run(cfg)
         shutdown_ray()  # no Ray process of this run outlives it
         if last.get("_stopped_by_sigterm"):  # the step finished and the work was kept, but the run did not end
@@ -85,7 +87,7 @@ def main(cfg: DictConfig) -> None:
             signum, step = stop_requested()
             exit_interrupted(signum, step, cfg.trainer.default_local_dir)
         if type(exc).__name__ in USER_ERRORS:  # a user error ends the run with one line naming the bad value
-            report_user_error(all_errors(cfg, exc, prestart))  # a config error: with every other one
+            report_user_error(all_errors(cfg, exc, prestart, logged))  # a config error: with every other one
             sys.exit(2)
         raise
 

@@ -293,3 +293,48 @@ def test_resume_compares_the_rows_not_the_path_when_the_checkpoint_has_their_fin
     old = _saved_step(tmp_path / "old", _cfg("data.train_files=/d/a.parquet"))  # saved without a fingerprint
     with pytest.raises(ConfigError, match=r"data\.train_files='/e/a\.parquet' \(checkpoint: '/d/a\.parquet'\)"):
         check_resume_data(_cfg("data.train_files=/e/a.parquet"), old)
+
+
+def test_a_filter_key_change_that_keeps_the_rows_resumes_when_the_checkpoint_has_their_fingerprint(tmp_path, caplog):
+    """Found by a tester: with the overlong filter on, a resume with a larger ``data.max_prompt_length`` was refused
+    though no prompt had been long, and so was ``data.max_rows`` raised beyond the rows there are. Where the
+    checkpoint keeps its rows' fingerprint the rows built decide: the same rows resume with a note naming the change,
+    other rows are refused naming the keys and both row counts; without a fingerprint the values are compared."""
+    from trainer import embedded
+    from trainer.dataset import PromptDataset, PromptLoader
+    from trainer.resume_checks import check_resume_data, check_resume_rows
+
+    tok = embedded.build_tokenizer()
+    path = tmp_path / "train.jsonl"
+    lengths = [3 + i % 8 for i in range(40)]
+    lengths[5:5] = [20]                                  # two prompts of 20 tokens: filtered at 16 and at 18
+    lengths[30:30] = [20]
+    path.write_text("".join(json.dumps({"prompt": " ".join("7" * n), "data_source": "d",
+                                        "reward_model": {"ground_truth": "7"}}) + "\n" for n in lengths))
+
+    def rows(max_prompt_length, max_rows=None):
+        return PromptDataset(str(path), tok, max_prompt_length=max_prompt_length, max_rows=max_rows)
+
+    step = _saved_step(tmp_path, _cfg(), PromptLoader(rows(16), 8, 0).state_dict())
+    same = _cfg("data.max_prompt_length=18", "data.max_rows=1000")
+    check_resume_data(same, step)
+    with caplog.at_level("INFO", logger="trainer.resume_checks"):
+        check_resume_rows(step, rows(18, 1000), cfg=same)
+    (note,) = [r.getMessage() for r in caplog.records if r.name == "trainer.resume_checks"]
+    assert note == ("trainer.resume_mode: data.max_rows=1000 (checkpoint: None), data.max_prompt_length=18 "
+                    "(checkpoint: 16): the same 40 training rows as the checkpoint's, so its data-loader position "
+                    "holds; resuming")
+    for overrides, built, needle in [
+            (["data.max_prompt_length=64"], rows(64), "data.max_prompt_length=64 (checkpoint: 16) gives 42 training "
+                                                      "rows (checkpoint: 40): "),
+            (["data.max_rows=30"], rows(16, 30), "data.max_rows=30 (checkpoint: None) gives 30 training rows "
+                                                 "(checkpoint: 40): ")]:
+        check_resume_data(_cfg(*overrides), step)        # decided once the rows are built
+        with pytest.raises(ConfigError) as info:
+            check_resume_rows(step, built, cfg=_cfg(*overrides))
+        assert str(info.value).startswith("trainer.resume_mode: " + needle), str(info.value)
+        assert "rows would repeat or be skipped" in str(info.value) and "\n" not in str(info.value)
+    (tmp_path / "old").mkdir()
+    old = _saved_step(tmp_path / "old", _cfg())          # saved without a fingerprint: the values are compared
+    with pytest.raises(ConfigError, match=r"data\.max_prompt_length=18 \(checkpoint: 16\)"):
+        check_resume_data(_cfg("data.max_prompt_length=18"), old)

@@ -258,3 +258,154 @@ def test_a_finished_run_resumed_again_is_complete_and_rewrites_nothing(saved, tm
         assert f.read() == final
     assert {p: os.path.getmtime(os.path.join(out, p)) for p in files} == files and not os.path.exists(
         os.path.join(out, "earlier_runs"))
+
+
+def test_a_resume_past_the_runs_length_is_refused_naming_both_steps(tmp_path, capsys):
+    """Found by a tester: ``resume_mode=auto`` with ``trainer.total_training_steps=1`` on a run saved at step 2 said
+    ``done: ... is step 2 of 1`` and exited 0, passing the 2-step run off as the 1-step run asked for. A resume
+    cannot go back, so it is refused in one line (exit 2) naming the run's last step, its length keys and the
+    checkpoint's step, before any worker; nothing in the output folder changes. At the last step it is done, as
+    before."""
+    from types import SimpleNamespace
+
+    from trainer.launch import already_complete
+
+    (tmp_path / "final_metrics.json").write_text('{"a": 1}')
+    t = SimpleNamespace(total_training_steps=1, total_epochs=1)
+    with pytest.raises(ConfigError) as info:
+        already_complete(str(tmp_path), "/r/checkpoints/global_step_2", 2, 1, t)
+    assert str(info.value) == (
+        "trainer.resume_mode: the run ends at step 1 (trainer.total_training_steps=1, trainer.total_epochs=1), before "
+        "the checkpoint it resumes: /r/checkpoints/global_step_2 is step 2, and a resume cannot go back to an earlier "
+        "step; expected a run of at least 2 steps (2: the run is complete, nothing is trained), or "
+        "trainer.resume_mode=disable for a new run of 1 steps (a fresh run sets the earlier run's outputs aside)")
+    assert os.listdir(tmp_path) == ["final_metrics.json"] and capsys.readouterr().err == ""
+    assert already_complete(str(tmp_path), "/r/checkpoints/global_step_2", 2, 2, t) == {"a": 1}
+    assert "/r/checkpoints/global_step_2 is step 2 of 2, nothing left to train" in capsys.readouterr().err
+
+
+def test_the_embedded_data_of_another_seed_waits_until_the_earlier_run_is_set_aside(tmp_path, monkeypatch):
+    """Found by a tester: a fresh run of the embedded task with another ``data.seed`` rewrote the earlier run's
+    ``data/train.jsonl`` and ``val.jsonl`` at start-up, though its other outputs were set aside. This run's rows wait
+    in a temporary folder until every check has passed (a start that stops before leaves ``data/`` as it was); then
+    the earlier rows go to ``earlier_runs/`` with that run's other outputs and this run's move into ``data/`` (the
+    config's and the datasets' paths follow). The same seed's rows are kept as they are."""
+    from types import SimpleNamespace
+
+    from trainer import embedded
+    from trainer.run_folder import settle_run_folder, write_embedded_data
+
+    out = tmp_path / "run"
+    names = ("train.jsonl", "val.jsonl")
+
+    def write(folder, seed):
+        return embedded.write_task(folder, train_rows=8, val_rows=2, seed=seed)
+
+    assert write_embedded_data(write, str(out), 0) == tuple(str(out / "data" / n) for n in names)
+    earlier = {n: (out / "data" / n).read_bytes() for n in names}
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    train, val = write_embedded_data(write, str(out), 1)   # another seed, its checks not passed yet
+    assert {n: (out / "data" / n).read_bytes() for n in names} == earlier
+    new = {n: open(p, "rb").read() for n, p in zip(names, (train, val))}
+    assert new["train.jsonl"] != earlier["train.jsonl"]
+    monkeypatch.chdir(tmp_path)                            # trainer.output_dir as the default gives it: relative
+    cfg = {"trainer": {"output_dir": "run", "default_local_dir": "run/checkpoints"},
+           "data": {"train_files": train, "val_files": val}}
+    ds = SimpleNamespace(files=[train])
+    settle_run_folder(cfg, True, [ds, None], {})
+    (stamp,) = os.listdir(out / "earlier_runs")
+    assert {n: (out / "earlier_runs" / stamp / "data" / n).read_bytes() for n in names} == earlier
+    assert os.path.isfile(out / "earlier_runs" / stamp / "metrics.jsonl")
+    assert {n: (out / "data" / n).read_bytes() for n in names} == new
+    assert cfg["data"] == {"train_files": str(out / "data" / "train.jsonl"), "val_files": str(out / "data" / "val.jsonl")}
+    assert ds.files == [cfg["data"]["train_files"]] and sorted(os.listdir(out)) == ["data", "earlier_runs"]
+    mtime = os.path.getmtime(out / "data" / "train.jsonl")
+    assert write_embedded_data(write, str(out), 1) == (cfg["data"]["train_files"], cfg["data"]["val_files"])
+    settle_run_folder(cfg, True, [], {})                   # the same rows: kept, nothing set aside
+    assert os.listdir(out / "earlier_runs") == [stamp] and os.path.getmtime(out / "data" / "train.jsonl") == mtime
+    assert sorted(os.listdir(out)) == ["data", "earlier_runs"]
+
+
+def test_a_fresh_run_keeps_its_own_log_lines_and_sets_the_earlier_ones_aside(tmp_path):
+    """Found by a tester: a fresh run appended its lines to the earlier run's ``main.log`` (Hydra's log of the run
+    folder, opened in mode ``a``). The lines the log held when the run started go to ``earlier_runs/`` with that
+    run's other outputs; this run's stay in ``main.log`` and its next lines follow them."""
+    import logging
+
+    from trainer.run_folder import log_sizes
+    from trainer.tracking import set_aside_earlier_run
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "main.log").write_text("the earlier run\n")
+    handler = logging.FileHandler(str(out / "main.log"))
+    root, log = logging.getLogger(), logging.getLogger("tests.run_log")
+    root.addHandler(handler)
+    try:
+        sizes = log_sizes()
+        log.warning("this run, before the earlier run is set aside")
+        dest = set_aside_earlier_run(str(out), str(out / "checkpoints"), logs=sizes)
+        log.warning("this run, after")
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+    assert sizes[str(out / "main.log")] == len("the earlier run\n")
+    assert open(os.path.join(dest, "main.log")).read() == "the earlier run\n"
+    lines = (out / "main.log").read_text().splitlines()
+    assert lines[0] == "this run, before the earlier run is set aside" and lines[-1] == "this run, after"
+    assert len(lines) == 3 and "held an earlier run's main.log (the lines before this run's): moved to" in lines[1]
+
+
+@pytest.mark.slow
+def test_a_fresh_run_of_the_embedded_task_with_another_seed_sets_the_earlier_data_and_log_aside(tmp_path):
+    """The tester's case end to end (``python trainer/main.py`` into the folder of an earlier run of the embedded
+    task, with another ``data.seed``): the earlier run's ``data/*.jsonl`` and its ``main.log`` lines are in
+    ``earlier_runs/`` as they were, ``data/`` holds this run's rows and ``main.log`` only this run's lines."""
+    from tests.e2e_utils import SHORT
+    from tests.test_reliability_config import run_cli
+    from trainer.embedded_tool import embedded_task
+
+    out, names = tmp_path / "run", ("train.jsonl", "val.jsonl")
+    embedded_task("digits").write_task(str(out / "data"), 0)
+    earlier = {n: (out / "data" / n).read_bytes() for n in names}
+    embedded_task("digits").write_task(str(tmp_path / "seed1"), 1)
+    (out / "main.log").write_text("[earlier] a line of the earlier run\n")
+    (out / "metrics.jsonl").write_text('{"step": 2}\n')
+    proc = run_cli(str(out), *[a for a in SHORT if "total_training_steps" not in a], "trainer.total_training_steps=1",
+                   "data.seed=1", "trainer.export_hf_on_end=false", forked=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (stamp,) = os.listdir(out / "earlier_runs")
+    dest = out / "earlier_runs" / stamp
+    assert _listing(dest) == ["data", "data/train.jsonl", "data/val.jsonl", "main.log", "metrics.jsonl"]
+    assert {n: (dest / "data" / n).read_bytes() for n in names} == earlier
+    assert (dest / "main.log").read_text() == "[earlier] a line of the earlier run\n"
+    assert {n: (out / "data" / n).read_bytes() for n in names} == {n: (tmp_path / "seed1" / n).read_bytes()
+                                                                   for n in names}
+    log = (out / "main.log").read_text()
+    assert "[earlier]" not in log and "train rows: 2240" in log and "held an earlier run's" in log
+    assert not [n for n in os.listdir(out) if n.startswith(".data-")]
+
+
+def test_a_resume_with_a_filter_change_that_keeps_the_rows_goes_on(saved, tmp_path, monkeypatch, caplog):
+    """The launch side of the row fingerprint deciding a filter key (``test_launch_checks.py::
+    test_a_filter_key_change_that_keeps_the_rows_resumes_when_the_checkpoint_has_their_fingerprint``): the
+    session's ``saved`` run (embedded task, prompts of 2 tokens, saved at its last step 1) resumed with a larger
+    ``data.max_prompt_length`` and ``data.max_rows`` passes every check and is complete (it was refused before the
+    rows were built)."""
+    import shutil
+
+    from tests.e2e_utils import SHORT
+    from trainer.launch import run
+    from trainer.ppo_trainer import RayPPOTrainer
+
+    out = str(tmp_path / "run")
+    shutil.copytree(saved, out)
+    monkeypatch.setattr(RayPPOTrainer, "init_workers", lambda self: pytest.fail("a worker was started"))
+    with caplog.at_level("INFO", logger="trainer.resume_checks"):
+        summary = run(_compose(f"trainer.output_dir={out}", *[a for a in SHORT if "total_training_steps" not in a],
+                               "trainer.total_training_steps=1", "trainer.resume_mode=auto", "trainer.save_freq=1",
+                               "data.max_prompt_length=32", "data.max_rows=100000"))
+    assert "actor/pg_loss" in summary
+    (note,) = [r.getMessage() for r in caplog.records if r.name == "trainer.resume_checks"]
+    assert note.startswith("trainer.resume_mode: data.max_rows=100000 (checkpoint: None), data.max_prompt_length=32 "
+                           "(checkpoint: 16): the same 2240 training rows as the checkpoint's")

@@ -6,7 +6,6 @@ line naming the bad value (:class:`ConfigError` / :class:`trainer.dataset.DataEr
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as
                                    check_reward_scorers, reward_options, run_checks)
 from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
+from trainer.run_folder import FINAL_METRICS, already_complete, write_final_metrics  # noqa: F401
 from trainer.config_preflight import check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.lora_checks import check_lora
@@ -41,6 +41,7 @@ def prepare_embedded(cfg: dict) -> DataConfig:
 
     from trainer import embedded
     from trainer.embedded_tool import embedded_task
+    from trainer.run_folder import write_embedded_data
 
     out = os.path.abspath(cfg["trainer"]["output_dir"])
     model, seed = cfg["actor_rollout_ref"]["model"], int(cfg["trainer"]["seed"])
@@ -61,8 +62,8 @@ def prepare_embedded(cfg: dict) -> DataConfig:
         model["path"] = init_dir
         if cfg["critic"]["model"]["path"] is None:
             cfg["critic"]["model"]["path"] = init_dir
-    if data.train_files is None:
-        train, val = task.write_task(os.path.join(out, "data"), data.seed)
+    if data.train_files is None:  # kept when the same; another run's rows stay until it is set aside (run_folder)
+        train, val = write_embedded_data(task.write_task, out, data.seed)
         val = data.val_files if data.val_files is not None else val
         cfg["data"]["train_files"], cfg["data"]["val_files"] = train, val
         data = replaced(data, "data", train_files=train, val_files=val)
@@ -292,19 +293,13 @@ def build_reward_managers(cfg: dict, data: DataConfig, tok, datasets) -> tuple:
     return check_reward_scorers(lambda: make(reward_component_keys(cfg)), key, datasets), make()
 
 
-def run(hydra_cfg: DictConfig) -> dict:
-    """Check the config, prepare data and model, start the workers and train. Returns the last metrics (with
-    ``_stopped_by_sigterm`` when a SIGTERM ended the run early: ``trainer/main.py`` then exits 143)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "datasets", "filelock", "urllib3", "DeepSpeed", "torch.distributed"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    cfg = prestart(hydra_cfg)
-    from trainer.placement import check_placement
-    from trainer.rollout_placement import RolloutPlacement
+def load_model_files(cfg: dict):
+    """Import ``model.external_lib``, check the actor's model folder against the run (context length, EOS and stop
+    tokens, the multi-turn chat template) and return its tokenizer (:func:`load_tokenizer`).
 
-    # the workers fit this machine or the Ray cluster (PlacementError)
-    check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
-    data = prepare_embedded(cfg)
+    Raises:
+        ConfigError: the model path holds no ``config.json``, or a check above fails.
+    """
     from transformers import AutoConfig
 
     model = cfg["actor_rollout_ref"]["model"]
@@ -318,12 +313,32 @@ def run(hydra_cfg: DictConfig) -> dict:
                                            **dict(model["override_config"] or {}))
     check_model_context(cfg, hf_config, tok)
     check_multi_turn_template(cfg, tok)
+    return tok
+
+
+def run(hydra_cfg: DictConfig) -> dict:
+    """Check the config, prepare data and model, start the workers and train. Returns the last metrics (with
+    ``_stopped_by_sigterm`` when a SIGTERM ended the run early: ``trainer/main.py`` then exits 143)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "datasets", "filelock", "urllib3", "DeepSpeed", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from trainer.run_folder import log_sizes, settle_run_folder
+
+    logs = log_sizes()  # what the log holds before this run's first line: an earlier run's (set aside when fresh)
+    cfg = prestart(hydra_cfg)
+    from trainer.placement import check_placement
+    from trainer.rollout_placement import RolloutPlacement
+
+    # the workers fit this machine or the Ray cluster (PlacementError)
+    check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
+    data = prepare_embedded(cfg)
+    tok = load_model_files(cfg)
     loader, val_ds = build_data(cfg, data, tok, load_processor(cfg))
     step_dir = resume_path(cfg)  # None: a fresh run
     if step_dir is not None:  # the rows the saved loader position counts are this run's (files, tokenizer)
         from trainer.resume_checks import check_resume_rows
 
-        check_resume_rows(step_dir, loader.dataset, data.train_files)
+        check_resume_rows(step_dir, loader.dataset, data.train_files, cfg)
     from trainer.ppo_trainer import RayPPOTrainer
 
     trainer = RayPPOTrainer(cfg, tok, loader, val_ds,
@@ -334,14 +349,13 @@ def run(hydra_cfg: DictConfig) -> dict:
     trainer.trainer_cfg = t = replaced(trainer.trainer_cfg, "trainer", total_training_steps=total)
     start = resumed_step(step_dir)
     if step_dir is not None and not t.val_only and start >= trainer.last_step():
-        return already_complete(t.output_dir, step_dir, start, trainer.last_step())
+        return already_complete(t.output_dir, step_dir, start, trainer.last_step(), t)
     from trainer.interrupt import as_interrupt
-    from trainer.tracking import set_aside_earlier_run
 
     try:
         trainer.init_workers()
-        if step_dir is None:  # a fresh run that passed every check (the workers' placement last) replaces nothing
-            set_aside_earlier_run(t.output_dir, t.default_local_dir)
+        # every check passed (the workers' placement last): a fresh run sets the earlier run's outputs aside
+        settle_run_folder(cfg, step_dir is None, [loader.dataset, val_ds], logs)
         last = trainer.fit()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
         raise as_interrupt(exc, trainer.global_step) from None
@@ -354,9 +368,6 @@ def run(hydra_cfg: DictConfig) -> dict:
     return summary
 
 
-FINAL_METRICS = "final_metrics.json"
-
-
 def resumed_step(step_dir: str | None) -> int:
     """The global step of the checkpoint ``step_dir`` (its ``data.pt``, else its folder name); 0 for None."""
     if step_dir is None:
@@ -367,33 +378,3 @@ def resumed_step(step_dir: str | None) -> int:
         return int(load_trainer_state(step_dir).get("global_step", parse_step(step_dir)))
     except (FileNotFoundError, ValueError):
         return parse_step(step_dir)
-
-
-def already_complete(output_dir: str, step_dir: str, step: int, last_step: int) -> dict:
-    """A resume whose checkpoint is at (or past) the run's last step: nothing to train, so no worker starts and
-    nothing in ``output_dir`` is rewritten (``final_metrics.json`` keeps the finished run's metrics, which are
-    returned; ``{}`` when it has none). Says so in one line; the run exits 0."""
-    path = os.path.join(output_dir, FINAL_METRICS)
-    summary = {}
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            summary = json.load(f)
-    print(f"done: the run is already complete: {step_dir} is step {step} of {last_step}, nothing left to train; "
-          f"{output_dir} is kept as it was ({FINAL_METRICS} {'kept' if summary else 'absent'}; raise "
-          "trainer.total_training_steps or trainer.total_epochs to train on)", file=sys.stderr)
-    return summary
-
-
-def write_final_metrics(output_dir: str, summary: dict, trained: bool) -> bool:
-    """Write ``<output_dir>/final_metrics.json``, unless the run trained no step (a resume with nothing left: the data
-    used up at the first draw, a SIGTERM before the first step) and an earlier one is there: its metrics are the
-    run's last and are kept (a warning says so). Returns whether the file was written."""
-    path = os.path.join(output_dir, FINAL_METRICS)
-    if not trained and os.path.isfile(path):
-        logger.warning("no step was trained after the resume: %s keeps the metrics of the run's last trained step",
-                       path)
-        return False
-    os.makedirs(output_dir, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(summary, f, indent=1, default=str)
-    return True

@@ -5,16 +5,22 @@ the value and the checkpoint's (the run config each checkpoint keeps in its ``da
 saved position (epoch, batch index) indexes the checkpoint's row order: :func:`check_resume_data` refuses a changed
 key that decides which rows the loader yields, in which order and how many per batch (before start-up), and
 :func:`check_resume_rows` rows that differ from the checkpoint's for another reason (the same file names with other
-contents, another tokenizer that filters other prompts), once the dataset is built and before any worker starts."""
+contents, another tokenizer that filters other prompts), once the dataset is built and before any worker starts. Where
+the checkpoint keeps its rows' fingerprint, the rows decide for the keys that only filter them (:data:`ROW_FILTER_KEYS`):
+a change that leaves the same rows resumes, with a note naming it."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 
 from trainer.config.trainer import run_strategy
 from trainer.config_checks import ConfigError, as_int
 
-__all__ = ["DATA_FILTER_KEYS", "DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "SCHEDULE_KEYS", "check_resume_checkpoint",
+logger = logging.getLogger(__name__)
+
+__all__ = ["DATA_FILTER_KEYS", "DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "ROW_FILTER_KEYS", "SCHEDULE_KEYS",
+           "check_resume_checkpoint",
            "check_resume_data", "check_resume_model", "check_resume_optim", "check_resume_rows",
            "resume_schedule_warnings"]
 
@@ -34,6 +40,11 @@ DATA_ORDER_KEYS = ("seed", "shuffle", "train_batch_size", "gen_batch_size", "tra
 #: of more than ``max_prompt_length`` tokens, counted after the chat template with its kwargs and a row's images);
 #: compared when either run filters (``filter_overlong_prompts``; without it the rows stay, cut or refused)
 DATA_FILTER_KEYS = ("filter_overlong_prompts", "max_prompt_length", "apply_chat_template_kwargs", "image_key")
+#: the ``data`` keys that only decide which rows of the files stay (the first ``max_rows``, the overlong filter): with
+#: the checkpoint's row fingerprint the rows built are compared instead (:func:`check_resume_rows`), so a change that
+#: keeps the same rows (a larger ``max_prompt_length`` where no prompt was longer, ``max_rows`` beyond the rows there
+#: are) resumes; without one, the values are compared
+ROW_FILTER_KEYS = ("max_rows", *DATA_FILTER_KEYS)
 _ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)),
           ("reward_model.model", ("reward_model", "model")))
 
@@ -109,24 +120,36 @@ def _follows_train_batch(d: dict) -> bool:
     return d.get("gen_batch_size") in (None, d.get("train_batch_size"))
 
 
+def _key_diffs(now: dict, saved: dict, keys) -> list[str]:
+    """``data.<key>=<now> (checkpoint: <saved>)`` for each of ``keys`` that both ``data`` sections hold and that
+    differs."""
+    return [f"data.{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in keys
+            if k in now and k in saved and not _same(_plain_value(k, now[k]), _plain_value(k, saved[k]))]
+
+
+def _row_filter_diffs(now: dict, saved: dict) -> list[str]:
+    """The :data:`ROW_FILTER_KEYS` that differ between the ``data`` sections ``now`` and ``saved`` (as
+    :func:`_key_diffs`): ``max_rows`` always, the overlong filter's keys when either run filters (without the filter
+    the rows stay, cut or refused)."""
+    filters = now.get("filter_overlong_prompts") or saved.get("filter_overlong_prompts")
+    return _key_diffs(now, saved, ["max_rows", *(DATA_FILTER_KEYS if filters else ())])
+
+
 def _data_diffs(cfg: dict, saved_cfg: dict, fingerprinted: bool = False) -> list[str]:
     """``<key>=<now> (checkpoint: <saved>)`` for each key of the loader's rows, order and batch size that differs.
-    ``fingerprinted``: the checkpoint holds its rows' fingerprint, so ``train_files`` is not compared as path text
-    (the same rows under another path, a moved or copied folder, resume; :func:`check_resume_rows` compares the
-    rows themselves). ``gen_batch_size`` following ``train_batch_size`` in both (the default interpolation) is not
-    named beside it."""
+    ``fingerprinted``: the checkpoint holds its rows' fingerprint, so neither ``train_files`` (as path text: the same
+    rows under another path, a moved or copied folder, resume) nor the keys that only filter rows
+    (:data:`ROW_FILTER_KEYS`) are compared: :func:`check_resume_rows` compares the rows themselves.
+    ``gen_batch_size`` following ``train_batch_size`` in both (the default interpolation) is not named beside it."""
     now, saved = cfg.get("data") or {}, saved_cfg.get("data")
     if not isinstance(saved, dict):
         return []
-    keys = [k for k in DATA_ORDER_KEYS
-            if not (k == "train_files" and (now.get(k) is None or fingerprinted))
+    keys = [k for k in DATA_ORDER_KEYS if k not in ROW_FILTER_KEYS
+            and not (k == "train_files" and (now.get(k) is None or fingerprinted))
             and not (k == "gen_batch_size" and _follows_train_batch(now) and _follows_train_batch(saved))]
     if now.get("train_files") is None:  # the embedded task: its rows come from data.seed and the task's name
         keys.append("synthetic_task")
-    if now.get("filter_overlong_prompts") or saved.get("filter_overlong_prompts"):
-        keys += DATA_FILTER_KEYS
-    diffs = [f"data.{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in keys
-             if k in now and k in saved and not _same(_plain_value(k, now[k]), _plain_value(k, saved[k]))]
+    diffs = _key_diffs(now, saved, keys) + ([] if fingerprinted else _row_filter_diffs(now, saved))
     if _loader_batch(cfg) != _loader_batch(saved_cfg):  # also decided by the algorithm: name what changed there
         algo_now, algo_saved = cfg.get("algorithm") or {}, saved_cfg.get("algorithm") or {}
         flags = {"algorithm.filter_groups.enable": lambda a: bool((a.get("filter_groups") or {}).get("enable")),
@@ -146,9 +169,10 @@ def check_resume_data(cfg: dict, step_dir: str) -> None:
     (:data:`DATA_ORDER_KEYS`; :data:`DATA_FILTER_KEYS` when a run filters overlong prompts; dynamic sampling and
     PRIME when they change the batch size) equals the checkpoint's: the saved loader position (epoch, batch index)
     would otherwise point into another row order, so rows would be seen twice or skipped in the resumed epoch (a
-    checkpoint without a saved config is not compared). ``data.train_files`` is compared as paths only for a
-    checkpoint saved without its rows' fingerprint; with one, :func:`check_resume_rows` compares the rows themselves
-    (the same file under a relative path, a symlinked, moved or copied folder resumes).
+    checkpoint without a saved config is not compared). For a checkpoint that holds its rows' fingerprint,
+    ``data.train_files`` (as paths) and the keys that only filter rows (:data:`ROW_FILTER_KEYS`) are left to
+    :func:`check_resume_rows`, which compares the rows built: the same file under a relative path, a symlinked,
+    moved or copied folder, a larger ``max_prompt_length`` that filters no row resume.
 
     Raises:
         ConfigError: one message naming each differing key and both values.
@@ -160,33 +184,38 @@ def check_resume_data(cfg: dict, step_dir: str) -> None:
         raise ConfigError(f"trainer.resume_mode: {', '.join(diffs)}: {_DATA_ADVICE}")
 
 
-def check_resume_rows(step_dir: str, dataset, files=None) -> None:
+def check_resume_rows(step_dir: str, dataset, files=None, cfg: dict | None = None) -> None:
     """The training rows built for this run (``dataset``: a :class:`trainer.dataset.PromptDataset`) are the
     checkpoint's: as many, and the same prompts at the rows its fingerprint samples
     (:meth:`~trainer.dataset.PromptDataset.fingerprint`, saved with the loader position). Catches what the config keys
     cannot show (:func:`check_resume_data`): a data file rewritten under the same name, another tokenizer or chat
-    template that filters other prompts. A checkpoint saved without a fingerprint is not compared.
+    template that filters other prompts; and decides for a changed key of :data:`ROW_FILTER_KEYS` (``cfg``: this
+    run's config, compared with the checkpoint's): the same rows resume, with one log line naming the change. A
+    checkpoint saved without a fingerprint is not compared.
 
     Raises:
-        ConfigError: one line naming ``data.train_files``, the row counts or the changed prompts.
+        ConfigError: one line naming the changed filter keys (else ``data.train_files``), the row counts or that the
+            prompts differ.
     """
-    import torch
-
-    state_file = os.path.join(step_dir, "data.pt")
-    if not os.path.isfile(state_file):
-        return
-    saved = torch.load(state_file, map_location="cpu", weights_only=True).get("dataloader") or {}
+    state = _saved_state(step_dir)
+    saved = state.get("dataloader") or {}
     if "rows" not in saved:
         return
+    saved_data = (state.get("config") or {}).get("data") if isinstance(state.get("config"), dict) else None
+    changed = _row_filter_diffs(cfg.get("data") or {}, saved_data) if cfg and isinstance(saved_data, dict) else []
     now = dataset.fingerprint()
     if int(saved["rows"]) != now["rows"]:
         what = f"{now['rows']} training rows (checkpoint: {int(saved['rows'])})"
     elif saved.get("rows_digest") not in (None, now["rows_digest"]):
         what = f"the same number of training rows ({now['rows']}) but other prompts"
     else:
+        if changed:
+            logger.info("trainer.resume_mode: %s: the same %d training rows as the checkpoint's, so its data-loader "
+                        "position holds; resuming", ", ".join(changed), now["rows"])
         return
     files = _files(files if files is not None else getattr(dataset, "files", None)) or []
-    raise ConfigError(f"trainer.resume_mode: data.train_files={files!r} gives {what}: {_DATA_ADVICE}")
+    subject = ", ".join(changed) if changed else f"data.train_files={files!r}"
+    raise ConfigError(f"trainer.resume_mode: {subject} gives {what}: {_DATA_ADVICE}")
 
 
 def _optim_diffs(cfg: dict, step_dir: str, keys: tuple[str, ...]) -> list[str]:

@@ -12,7 +12,7 @@ import math
 import os
 import re
 import time
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -123,18 +123,25 @@ class Tracking:
             self._wandb.finish()
 
 
-def set_aside_earlier_run(output_dir: str, checkpoint_dir: str | None = None) -> str | None:
+def set_aside_earlier_run(output_dir: str, checkpoint_dir: str | None = None, more: Sequence[str] = (),
+                          logs: Mapping[str, int] | None = None) -> str | None:
     """Move what an earlier run left in ``output_dir`` into ``<output_dir>/earlier_runs/<YYYYmmdd-HHMMSS>/``, so
     that a fresh run into the same folder replaces nothing and mixes with nothing; returns that folder, or None when
-    there was nothing to move. Moved: the :data:`RUN_OUTPUTS` that exist and are not empty, and, when
-    ``checkpoint_dir`` (``trainer.default_local_dir``) lies inside ``output_dir``, its checkpoints (every
-    ``global_step_<N>`` folder, complete or not, and the tracker file) into the same relative folder there: left in
-    place, a later ``resume_mode=auto`` would resume the earlier run's checkpoint into this run's metrics. A
+    there was nothing to move. Moved: the :data:`RUN_OUTPUTS` that exist and are not empty, the files ``more`` names
+    (paths relative to ``output_dir``, e.g. the embedded task's ``data/train.jsonl`` when this run writes other
+    rows), and, when ``checkpoint_dir`` (``trainer.default_local_dir``) lies inside ``output_dir``, its checkpoints
+    (every ``global_step_<N>`` folder, complete or not, and the tracker file) into the same relative folder there:
+    left in place, a later ``resume_mode=auto`` would resume the earlier run's checkpoint into this run's metrics. A
     checkpoint folder outside ``output_dir`` is not touched (a fresh run with checkpoints there is refused before
-    start-up, :func:`trainer.config_preflight.preflight`). One warning line names what was moved and where."""
+    start-up, :func:`trainer.config_preflight.preflight`). ``logs``: log files that this process appends to, each
+    with the size it had when this run started; those inside ``output_dir`` (Hydra's ``main.log``) keep this run's
+    lines and the earlier lines go to the same relative path there. One warning line names what was moved and
+    where."""
     found = [n for n in RUN_OUTPUTS if _non_empty(os.path.join(output_dir, n))]
+    found += [n for n in more if _non_empty(os.path.join(output_dir, n))]
+    split = {p: n for p, n in (logs or {}).items() if n > 0 and _inside(p, output_dir) and os.path.isfile(p)}
     ckpts, ckpt_rel = _earlier_checkpoints(output_dir, checkpoint_dir)
-    if not found and not ckpts:
+    if not found and not ckpts and not split:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dest, k = os.path.join(output_dir, EARLIER_RUNS, stamp), 1
@@ -143,8 +150,13 @@ def set_aside_earlier_run(output_dir: str, checkpoint_dir: str | None = None) ->
         dest = os.path.join(output_dir, EARLIER_RUNS, f"{stamp}-{k}")
     os.makedirs(dest)
     for name in found:
+        os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
         os.replace(os.path.join(output_dir, name), os.path.join(dest, name))
     what = list(found)
+    for path, size in split.items():
+        rel = os.path.relpath(path, output_dir)
+        _split_log(path, size, os.path.join(dest, rel))
+        what.append(f"{rel} (the lines before this run's)")
     if ckpts:
         import shutil
 
@@ -160,6 +172,35 @@ def set_aside_earlier_run(output_dir: str, checkpoint_dir: str | None = None) ->
                    "earlier run, give that folder as trainer.output_dir with trainer.resume_mode=auto)", output_dir,
                    ", ".join(what), dest)
     return dest
+
+
+def _inside(path: str, folder: str) -> bool:
+    """``path`` lies inside ``folder``, not in its :data:`EARLIER_RUNS`."""
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(folder))
+    return not rel.startswith(os.pardir) and rel.split(os.sep)[0] != EARLIER_RUNS
+
+
+def _split_log(path: str, size: int, dest: str) -> None:
+    """Move the first ``size`` bytes of the log ``path`` (an earlier run's lines) to ``dest``; ``path`` keeps the rest
+    (this run's lines). The handlers that write ``path`` are held meanwhile; they append (Hydra's ``FileHandler``
+    opens in mode ``a``), so their next lines follow this run's."""
+    handlers = [h for h in logging.getLogger().handlers
+                if isinstance(h, logging.FileHandler) and os.path.abspath(h.baseFilename) == os.path.abspath(path)]
+    for h in handlers:
+        h.acquire()
+        h.flush()
+    try:
+        with open(path, "r+b") as f:
+            head, rest = f.read(size), f.read()
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as out:
+                out.write(head)
+            f.seek(0)
+            f.write(rest)
+            f.truncate()
+    finally:
+        for h in handlers:
+            h.release()
 
 
 def _earlier_checkpoints(output_dir: str, checkpoint_dir: str | None) -> tuple[list[str], str]:

@@ -127,3 +127,72 @@ def test_a_hung_custom_reward_function_stops_main_before_workers(tmp_path):
     line = assert_one_line_error(proc, "compute_score", str(path), "did not return within 1 s")
     assert time.monotonic() - t0 < 60, line
     assert not _alive(int(pid_file.read_text()))
+
+
+HANGS_AT_IMPORT = """import os, subprocess, time
+print("imported")
+child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+open({pid_file!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
+time.sleep(10 ** 6)  # a blocking call at import (a network call without a timeout)
+""" + SIG + "    return 1.0\n"
+
+
+def _gone(pid_file) -> bool:
+    deadline = time.monotonic() + 5
+    pids = [int(p) for p in pid_file.read_text().split()]
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(map(_alive, pids))
+
+
+def test_a_custom_file_whose_import_hangs_is_refused_in_one_line_and_killed(tmp_path):
+    """The file's import is bounded like the scorer probe: one line naming the key, the file and the seconds; the
+    importing process and what it started are killed."""
+    from trainer.config_checks import custom_scorer
+
+    path, pid_file = tmp_path / "hangs.py", tmp_path / "pids"
+    path.write_text(HANGS_AT_IMPORT.format(pid_file=str(pid_file)))
+    cfg = {"reward_model": {"timeout_s": 0.5, "custom_reward_function": {"path": str(path)}}}
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        custom_scorer(cfg)
+    assert time.monotonic() - t0 < 10
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"reward_model.custom_reward_function.path={str(path)!r}: importing it "
+                                              "did not finish in 0.5 s"), msg
+    assert _gone(pid_file)
+
+
+def test_a_custom_file_that_imports_slowly_within_the_bound_or_raises_keeps_its_behaviour(tmp_path, capfd):
+    """A slow import within the bound loads (what it prints is printed once); one that raises is one line naming
+    the file and the error, as before."""
+    from trainer.config_checks import custom_scorer
+
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\nprint('slow: imported')\ntime.sleep(0.5)\n" + SIG + "    return 1.0\n")
+    fn = custom_scorer({"reward_model": {"timeout_s": 5.0, "custom_reward_function": {"path": str(slow)}}})
+    assert fn("d", "x", "7") == 1.0
+    assert capfd.readouterr().out.count("slow: imported") == 1
+    raises = tmp_path / "raises.py"
+    raises.write_text("raise RuntimeError('no model here')\n" + SIG + "    return 1.0\n")
+    with pytest.raises(ConfigError, match=r"^reward_model.custom_reward_function.path='.*raises.py': importing custom "
+                                          r"reward file .* failed: RuntimeError\('no model here'\)$"):
+        custom_scorer({"reward_model": {"timeout_s": 5.0, "custom_reward_function": {"path": str(raises)}}})
+
+
+def test_a_custom_file_whose_import_hangs_stops_main_before_workers(tmp_path):
+    """End to end (verl's key): one line naming the key, the file and the bound, before any worker; no process of
+    the import is left; the note that reads verl's key is printed once."""
+    from tests.test_reliability_config import assert_one_line_error, run_cli
+
+    path, pid_file = tmp_path / "hangs.py", tmp_path / "pids"
+    path.write_text(HANGS_AT_IMPORT.format(pid_file=str(pid_file)))
+    t0 = time.monotonic()
+    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", "reward_model.timeout_s=1",
+                   timeout=120, forked=True)
+    line = assert_one_line_error(proc, "reward_model.custom_reward_function.path=", str(path),
+                                 "did not finish in 1 s")
+    assert time.monotonic() - t0 < 60, line
+    assert _gone(pid_file)
+    out = proc.stdout + proc.stderr
+    assert out.count(f"custom_reward_function.path={path}: read as") == 1, out[-3000:]

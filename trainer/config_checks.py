@@ -5,6 +5,7 @@ here runs before any worker starts; ``trainer.launch`` calls it and re-exports i
 """
 from __future__ import annotations
 
+import math
 import os
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
@@ -210,24 +211,42 @@ def check_reward_components(manager, reward_fn_key: str, datasets: Sequence) -> 
 def custom_scorer(cfg: dict) -> Callable | None:
     """The function named by ``custom_reward_function.{path,name}`` (verl's keys, stored under
     ``reward_model``; name defaults to ``compute_score``), loaded with :func:`rewards.registry.load_custom_scorer`;
-    None when no path is set.
+    None when no path is set. The file is imported first in a forked process bounded by the scorer probe's bound
+    (:func:`trainer.reward_probe.import_in_probe`, ``min(reward_model.timeout_s, 60 s)``), then in this process.
 
     Raises:
-        ConfigError: the file is missing, fails to import, lacks the function or holds a non-callable under that
-            name (one line naming the key and the value).
+        ConfigError: the file is missing, fails to import, does not finish importing within the bound (naming the
+            seconds; its process is killed), lacks the function or holds a non-callable under that name (one line
+            naming the key and the value).
     """
-    custom = (cfg.get("reward_model") or {}).get("custom_reward_function") or {}
+    rm = cfg.get("reward_model") or {}
+    custom = rm.get("custom_reward_function") or {}
     if not custom.get("path"):
         return None
     from rewards.registry import load_custom_scorer
+    from trainer.reward_probe import PROBE_BOUND_S, import_in_probe, probe_bound
 
+    key, path = "reward_model.custom_reward_function", custom["path"]
     name = custom.get("name") or "compute_score"
+    if os.path.isfile(str(path)):  # a missing file: load_custom_scorer's error
+        try:
+            timeout_s = float(rm.get("timeout_s"))
+        except (TypeError, ValueError):  # refused with the reward manager's own error
+            timeout_s = PROBE_BOUND_S
+        bound = probe_bound(timeout_s) if math.isfinite(timeout_s) and timeout_s > 0 else PROBE_BOUND_S
+        status, _ = import_in_probe(str(path), name, bound)
+        if status == "timeout":
+            raise ConfigError(
+                f"{key}.path={path!r}: importing it did not finish in {bound:g} s (the start-up bound: "
+                f"min(reward_model.timeout_s={timeout_s:g}, {PROBE_BOUND_S:g}) s; its process was killed); a reward "
+                "file must import within it: make no call at import that can wait forever (a network call without "
+                "a timeout, a lock), and for a model or table loaded at import raise reward_model.timeout_s")
     try:
-        return load_custom_scorer(custom["path"], name)
+        return load_custom_scorer(path, name)
     except (FileNotFoundError, ImportError) as exc:
-        raise ConfigError(f"custom_reward_function.path={custom['path']!r}: {exc}") from exc
+        raise ConfigError(f"{key}.path={path!r}: {exc}") from exc
     except (AttributeError, TypeError) as exc:
-        raise ConfigError(f"custom_reward_function.name={name!r}: {exc}") from exc
+        raise ConfigError(f"{key}.name={name!r}: {exc}") from exc
 
 
 def check_model_files(cfg: dict, hf: dict) -> None:

@@ -14,18 +14,25 @@ is the cheapest input a scorer gets, and one that hangs on it hangs or runs past
 response too (each then scores 0 after ``timeout_s``, and the first batch stops the run only after
 ``timeout_s`` x its responses / scoring workers). A scorer that is slow only on its first call (a model or a large
 table loaded lazily) passes when it loads at import: the file is imported in the driver before the probe, and the
-probe and the scoring workers are forked from it. Each probe runs in a forked process in its own process group;
-the group (the scorer's own subprocesses included) is killed when the probe ends, so nothing is left behind.
+probe and the scoring workers are forked from it. That import is bounded the same way: the file is first imported
+in a forked probe (:func:`import_in_probe`, called by :func:`trainer.config_checks.custom_scorer`), and a file whose
+import does not finish within the bound stops the run in one line; it is then imported in the driver (its import
+runs twice; what the probe's import prints is discarded).
+
+Each probe runs in a forked process under a guard (:func:`rewards.pool.guard_descendants`): the processes the scorer
+or the import starts, whatever process group or session they put themselves in, are killed with the probe when it
+ends or runs past the bound, and when the driver dies; nothing is left behind.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["PROBE_BOUND_S", "check_scorer_returns", "probe_bound", "run_probe"]
+__all__ = ["PROBE_BOUND_S", "check_scorer_returns", "import_in_probe", "probe_bound", "run_probe"]
 
 #: the longest a scorer may take on the probe's empty response (seconds; ``reward_model.timeout_s`` when shorter):
 #: with the default ``timeout_s`` (10 s) a hung scorer costs 10 s at start-up; the cap keeps a large ``timeout_s``
@@ -40,12 +47,12 @@ def probe_bound(timeout_s: float) -> float:
 
 def _probe_child(conn, fn: Callable, args: tuple, kwargs: dict, parent: int) -> None:
     try:
-        os.setpgid(0, 0)  # its own group: the scorer's subprocesses are killed with it
+        os.setpgid(0, 0)  # its own group (where no guard can be had: the group is what is killed)
     except OSError:
         pass
-    from rewards.pool import die_with_parent, run_scorer
+    from rewards.pool import guard_descendants, run_scorer
 
-    die_with_parent(parent)  # a probe must not outlive a killed driver
+    guard_descendants(parent, close=(conn,))  # nothing the scorer starts outlives the probe or a killed driver
 
     def probe(*a, **kw):
         try:
@@ -60,7 +67,9 @@ def _probe_child(conn, fn: Callable, args: tuple, kwargs: dict, parent: int) -> 
 
 
 def _kill_group(proc) -> None:
-    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+    from rewards.pool import kill_tree
+
+    for kill in (lambda: kill_tree(proc.pid), lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
         try:
             kill()
         except (ProcessLookupError, PermissionError, OSError):
@@ -69,11 +78,11 @@ def _kill_group(proc) -> None:
 
 
 def run_probe(fn: Callable, args: tuple, kwargs: dict, bound_s: float) -> tuple[str, Any, float]:
-    """Call ``fn(*args, **kwargs)`` in a forked process in its own process group and wait at most ``bound_s``
-    seconds. Returns ``(status, payload, seconds)``: ``"ok"`` (the normalised value, as
-    :func:`rewards.pool.run_scorer`; 0.0 when ``fn`` raised: not judged), ``"error"`` (it returned a value that is
-    no score: the message), ``"raised"`` (its process died: not judged) or ``"timeout"``. The process group is
-    killed in every case."""
+    """Call ``fn(*args, **kwargs)`` in a forked process (under a guard, :func:`rewards.pool.guard_descendants`, in
+    its own process group) and wait at most ``bound_s`` seconds. Returns ``(status, payload, seconds)``: ``"ok"``
+    (the normalised value, as :func:`rewards.pool.run_scorer`; 0.0 when ``fn`` raised: not judged), ``"error"``
+    (it returned a value that is no score: the message), ``"raised"`` (its process died: not judged) or
+    ``"timeout"``. The process and every process below it (and its group) are killed in every case."""
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_probe_child, args=(send, fn, args, kwargs, os.getpid()), daemon=True,
@@ -96,6 +105,28 @@ def run_probe(fn: Callable, args: tuple, kwargs: dict, bound_s: float) -> tuple[
     finally:
         _kill_group(proc)
         recv.close()
+
+
+def _import_quietly(path: str, name: str) -> float:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):  # what the import prints is printed once, by the driver's own import
+        os.dup2(devnull, fd)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # also where they are not file descriptors 1 and 2
+    from rewards.registry import load_custom_scorer
+
+    load_custom_scorer(path, name)
+    return 0.0
+
+
+def import_in_probe(path: str, name: str, bound_s: float) -> tuple[str, float]:
+    """Import the custom reward file ``path`` (and look up ``name`` in it) as
+    :func:`rewards.registry.load_custom_scorer` does, in a forked process bounded like a scorer's probe
+    (:func:`run_probe`, its output discarded), so that a file whose import hangs (a blocking network call, a
+    ``sleep``) is found before the driver imports it. Returns ``(status, seconds)``: ``"ok"`` (imported, or it
+    raised: not judged here, the driver's own import reports it), ``"raised"`` (the process died: not judged) or
+    ``"timeout"`` (not finished within ``bound_s`` seconds; the process and everything it started were killed)."""
+    status, _, seconds = run_probe(_import_quietly, (path, name), {}, bound_s)
+    return status, seconds
 
 
 def _scorer_name(manager: Any, fn: Callable, reward_fn_key: str, source: str) -> str:

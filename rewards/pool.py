@@ -6,17 +6,18 @@ The pool is persistent (forked once, reused across steps) so that the usual case
 trip per sample (about 0.1 ms); a worker is killed and re-forked only when its sample runs past the limit
 or it dies. Each sample has its own deadline, counted from when a worker starts it (not from submission).
 
-Workers end with the process that forked them: on Linux their guard (below) kills them when it dies, however it
-dies (a parent-death signal, ``PR_SET_PDEATHSIG``, and a look each second), a pool still open at its normal exit is
-closed then (before :mod:`multiprocessing`'s exit handler would SIGTERM and wait for them), and elsewhere an idle
-worker notices within a second. Workers ignore SIGINT and SIGTERM: a signal to the whole process group (Ctrl-C,
-``timeout``, ``kill -TERM -PGID``) is the parent's to act on (the trainer finishes its step on SIGTERM, scoring
-included); they do not die under the step and leave its scores to errors. SIGKILL ends one.
+Workers end with the process that forked them: on Linux their guard (:mod:`rewards.process_tree`) kills them when
+it dies, however it dies (a parent-death signal, ``PR_SET_PDEATHSIG``, and a look each second), a pool still open at
+its normal exit is closed then (before :mod:`multiprocessing`'s exit handler would SIGTERM and wait for them), and
+elsewhere an idle worker notices within a second. Workers ignore SIGINT and SIGTERM: a signal to the whole process
+group (Ctrl-C, ``timeout``, ``kill -TERM -PGID``) is the parent's to act on (the trainer finishes its step on SIGTERM,
+scoring included); they do not die under the step and leave its scores to errors. SIGKILL ends one.
 
 Nothing a scorer starts outlives its worker: on Linux each worker runs under a guard process
-(:func:`guard_descendants`) that every process below the worker stays below, whatever process group or session it
-joins; a worker killed for its timeout or closed is killed with all of them (:func:`kill_tree`), and when the
-parent dies the guard kills them (the worker too, even one stuck in C code).
+(:func:`rewards.process_tree.guard_descendants`) that every process below the worker stays below, whatever process
+group or session it joins; a worker killed for its timeout or closed is killed with all of them
+(:func:`rewards.process_tree.kill_tree`), and when the parent dies the guard kills them (the worker too, even one
+stuck in C code).
 
 verl's PRIME manager uses a ``ProcessPoolExecutor`` with a 300 s timeout and had to terminate the pool's
 children in a ``finally`` to avoid a hang (verl issue #1466); this pool kills
@@ -31,13 +32,15 @@ import math
 import multiprocessing as mp
 import os
 import signal
-import sys
 import threading
 import time
 import weakref
 from collections import deque
 from multiprocessing.connection import wait as _wait_conns
 from typing import Any, Callable, Sequence
+
+# the process-tree helpers are named in __all__ too: importable from here as before
+from rewards.process_tree import descendants, die_with_parent, guard_descendants, kill_tree
 
 __all__ = ["to_plain_result", "run_scorer", "ScoringPool", "Outcome", "ScorerError", "check_not_all_failed",
            "die_with_parent", "guard_descendants", "descendants", "kill_tree"]
@@ -116,157 +119,6 @@ def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
         return "ok", to_plain_result(fn(*args, **kwargs)), time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - a scorer failure must never stop training
         return "error", f"{type(e).__name__}: {e}"[:500], time.perf_counter() - t0
-
-
-_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
-#: the signal a guard receives when the process it watches ends (caught: it then kills what runs below it)
-_GUARD_SIGNAL = signal.SIGUSR1
-
-
-def _prctl(option: int, value: int) -> bool:
-    """Linux ``prctl(option, value)``; False where it is not available or fails."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except Exception:  # noqa: BLE001 (no prctl)
-        return False
-
-
-def die_with_parent(parent: int) -> None:
-    """Linux: the kernel sends this process SIGKILL when the thread that forked it ends (the main thread: when
-    the parent process ends); if the parent is already gone, exit now."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # elsewhere the caller's idle checks end the process
-    if os.getppid() != parent:
-        os._exit(0)
-
-
-def _parent_pids() -> dict[int, int]:
-    """pid -> parent pid of every process, read from ``/proc`` ({} without it)."""
-    out = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    out[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):  # ended meanwhile
-                pass
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """The pids of every process below ``pid`` (children, their children, ...), parents before their children;
-    [] where ``/proc`` is not available."""
-    children: dict[int, list[int]] = {}
-    for child, parent in _parent_pids().items():
-        children.setdefault(parent, []).append(child)
-    out, seen, todo = [], {pid}, [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in seen:
-                seen.add(child)
-                out.append(child)
-                todo.append(child)
-    return out
-
-
-def kill_tree(pid: int, include_root: bool = True) -> None:
-    """SIGKILL every process below ``pid`` (found with :func:`descendants`), and ``pid`` itself with
-    ``include_root``. Each is stopped (SIGSTOP) before the next look, so none starts a new one unseen; a process
-    that left the tree before (re-parented to a process outside it) is not reached, which a guard
-    (:func:`guard_descendants`) prevents. Processes that end meanwhile are skipped."""
-    def signal_all(pids, sig):
-        for p in pids:
-            try:
-                os.kill(p, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    found: list[int] = [pid] if include_root else []
-    signal_all(found, signal.SIGSTOP)
-    for _ in range(10):  # a process that forked while being stopped shows up in the next look
-        new = [p for p in descendants(pid) if p not in found]
-        if not new:
-            break
-        signal_all(new, signal.SIGSTOP)
-        found += new
-    signal_all(found, signal.SIGKILL)
-
-
-def guard_descendants(parent: int | None, close: Sequence = ()) -> None:
-    """Called first in a forked process (a scoring worker, the start-up probe): make sure that nothing it starts
-    outlives it. On Linux this process forks once and becomes a guard: the call returns in the new child, which
-    goes on with the work (and dies with the guard: ``PR_SET_PDEATHSIG``); the guard never returns. It is a child
-    subreaper (``PR_SET_CHILD_SUBREAPER``): a process below it whose parent ends is re-parented to it, whatever
-    process group or session it put itself in, so every process the work started stays below the guard. When the
-    work ends, the guard kills what is left below it (:func:`kill_tree`) and exits with the work's status (a
-    signal's death as that signal); when ``parent`` (the process that forked this one; None: the parent at the
-    start) ends, however it ends, the guard kills the work and everything below it, then exits. The guard ignores
-    SIGINT and SIGTERM (a signal to the process group is the parent's to act on) and reaps the processes
-    re-parented to it. ``close``: connections the work keeps and the guard must not hold (so that the parent sees
-    their end when the work dies).
-
-    Elsewhere, or without ``prctl``, nothing is forked: with ``parent`` this process dies with it
-    (:func:`die_with_parent`), and the work's own processes are not tracked."""
-    if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
-        if parent is not None:
-            die_with_parent(parent)
-        return
-    watched = os.getppid() if parent is None else parent
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, _GUARD_SIGNAL, signal.SIGALRM)}
-
-    def check_parent(*_):  # the guard signal (the parent ended, or only the thread that forked this one) and a timer
-        if os.getppid() != watched:
-            kill_tree(os.getpid(), include_root=False)
-            os._exit(1)
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(_GUARD_SIGNAL, check_parent)
-    signal.signal(signal.SIGALRM, check_parent)
-    _prctl(_PR_SET_PDEATHSIG, _GUARD_SIGNAL)
-    check_parent()
-    for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
-    guard = os.getpid()
-    work = os.fork()
-    if work == 0:
-        for s, handler in saved.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        die_with_parent(guard)
-        return
-    for c in close:
-        try:
-            c.close()
-        except Exception:  # noqa: BLE001
-            pass
-    signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)  # the parent is looked at each second too (no death signal
-    status = 0                                        # when a thread other than the main thread forked this one)
-    while True:
-        try:
-            pid, status = os.wait()  # the work, or a process re-parented here
-        except ChildProcessError:
-            break
-        if pid == work:
-            break
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    kill_tree(guard, include_root=False)
-    if os.WIFSIGNALED(status):  # the same death for the parent to see
-        try:
-            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        except (OSError, ValueError):  # SIGKILL, SIGSTOP
-            pass
-        os.kill(guard, os.WTERMSIG(status))
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, close_fds: Sequence,

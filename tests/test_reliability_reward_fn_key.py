@@ -1,7 +1,7 @@
 """A data row without the column that picks its reward scorer (``data.reward_fn_key``, ``data_source`` by default).
 Found by trying it: a JSON-lines row without ``data_source`` (read as None) stopped the run with ``no reward scorer
 registered for None``, naming neither the key, the file nor the row. Now the rows are checked before any worker
-starts (:func:`trainer.dataset.check_reward_key`, run for every scorer that routes by the key) in one line naming
+starts (:func:`trainer.data_rows.check_reward_key`, run for every scorer that routes by the key) in one line naming
 ``data.reward_fn_key``, the file and the row (or that the file lacks the column) and the ways out."""
 import json
 from types import SimpleNamespace
@@ -55,7 +55,7 @@ def test_a_row_without_data_source_is_named_with_its_file_and_index(tmp_path, to
 
 
 def test_a_file_without_the_column_is_named(tmp_path, tok):
-    from trainer.dataset import check_reward_key
+    from trainer.data_rows import check_reward_key
 
     good = _write(tmp_path / "a.jsonl", [_row(ability="math")])
     bad = _write(tmp_path / "b.jsonl", [_row(), _row()])
@@ -70,7 +70,7 @@ def test_a_file_without_the_column_is_named(tmp_path, tok):
 
 
 def test_rows_without_origins_are_named_by_their_index():
-    from trainer.dataset import check_reward_key
+    from trainer.data_rows import check_reward_key
 
     ds = SimpleNamespace(files=["t.parquet"], rows=[{"data_source": "gsm8k"}, {"data_source": None}])
     with pytest.raises(DataError, match=r"row 1 of t.parquet \(counted from 0\) has no 'data_source' value"):

@@ -138,11 +138,11 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
 
     Raises:
         ConfigError: a row without a scorer name in ``reward_fn_key`` (naming the file and the row, or the file that
-            lacks the column: :func:`trainer.dataset.check_reward_key`), a name without a scorer (naming the first row
+            lacks the column: :func:`trainer.data_rows.check_reward_key`), a name without a scorer (naming the first row
             that has it), an option a scorer does not take (naming the option and the scorer), or reward components
             (``algorithm.gdpo_reward_keys``) that a scorer does not return (:func:`check_reward_components`).
     """
-    from trainer.dataset import DataError, check_reward_key, row_origins, row_place
+    from trainer.data_rows import DataError, check_reward_key, row_origins, row_place
 
     try:
         manager = make_rm()

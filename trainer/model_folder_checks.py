@@ -1,6 +1,7 @@
 """The files of the model folders a run loads, checked before any worker starts (``trainer.config_preflight``): the
 weights each role will load (single file or the shards of an index, ``.safetensors`` or ``.bin``; a safetensors
-file is checked against its own header, without loading a tensor) and the tokenizer each role reads.
+file is checked against its own header, without loading a tensor) and the tokenizer each role reads (its files are
+judged by :mod:`trainer.tokenizer_files`).
 
 Nothing here imports torch or transformers: a folder that lacks its weights, holds a file cut short by a failed
 download or copy, or has no tokenizer is one ``ConfigError`` line naming the key, the path and what is wrong,
@@ -8,13 +9,16 @@ instead of a traceback in every worker after Ray has started.
 """
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
 import zipfile
 
 from trainer.config_checks import ConfigError, ErrorCollector
+from trainer.file_problems import AGAIN, broken_link, json_problem
+# the tokenizer checks are named in __all__ too: importable from here as before
+from trainer.tokenizer_files import (ACTOR_KEY, chat_template_problem, no_eos_problem, prompts_are_chat,
+                                     tokenizer_problem)
 
 __all__ = ["check_model_folders", "read_model_config", "weights_problem", "tokenizer_problem", "safetensors_problem",
            "bin_problem", "chat_template_problem", "no_eos_problem"]
@@ -23,24 +27,8 @@ __all__ = ["check_model_folders", "read_model_config", "weights_problem", "token
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 EXPECTED_WEIGHTS = "expected model.safetensors, pytorch_model.bin or a *.index.json with its shards"
-#: a tokenizer's own files: tokenizer.json, a SentencePiece model (tokenizer.model, spiece.model, ...), a vocabulary
-#: (vocab.json + merges.txt, vocab.txt) or a tiktoken file
-TOKENIZER_PATTERNS = ("tokenizer.json", "*.model", "vocab.*", "*.tiktoken")
-EXPECTED_TOKENIZER = "expected tokenizer.json or tokenizer.model / vocab files"
 MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header (bytes)
-_AGAIN = "download or copy it again"
-ACTOR_KEY = "actor_rollout_ref.model.path"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-def _json_problem(file: str, exc: Exception) -> str:
-    """The problem line for the JSON file ``file`` that failed to parse with ``exc``: a file that ends before its
-    JSON is complete is named truncated (a download or copy cut short)."""
-    name = os.path.basename(file)
-    if isinstance(exc, json.JSONDecodeError) and (exc.pos >= len(exc.doc.rstrip())
-                                                  or exc.msg.startswith("Unterminated string")):  # open at the end
-        return f"{name} is truncated: its {os.path.getsize(file)} bytes end before its JSON is complete; {_AGAIN}"
-    return f"{name} is not valid JSON ({exc}); {_AGAIN}"
 
 
 def read_model_config(key: str, path: str) -> dict:
@@ -54,9 +42,9 @@ def read_model_config(key: str, path: str) -> dict:
         with open(file, encoding="utf-8") as f:
             out = json.load(f)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{key}={path!r}: {_json_problem(file, exc)}") from None
+        raise ConfigError(f"{key}={path!r}: {json_problem(file, exc)}") from None
     if not isinstance(out, dict):
-        raise ConfigError(f"{key}={path!r}: config.json holds a {type(out).__name__}, not a JSON object; {_AGAIN}")
+        raise ConfigError(f"{key}={path!r}: config.json holds a {type(out).__name__}, not a JSON object; {AGAIN}")
     return out
 
 
@@ -70,20 +58,20 @@ def safetensors_problem(file: str) -> str | None:
     with open(file, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            return f"{name} is truncated: {size} bytes, less than a safetensors file's 8-byte header length; {_AGAIN}"
+            return f"{name} is truncated: {size} bytes, less than a safetensors file's 8-byte header length; {AGAIN}"
         n = int.from_bytes(head, "little")
         if n > MAX_HEADER:
-            return f"{name} is not a safetensors file (its first 8 bytes give a header of {n} bytes); {_AGAIN}"
+            return f"{name} is not a safetensors file (its first 8 bytes give a header of {n} bytes); {AGAIN}"
         if 8 + n > size:
             return (f"{name} is truncated: its header length says {n} bytes of JSON header, the file holds "
-                    f"{size - 8} after the length; {_AGAIN}")
+                    f"{size - 8} after the length; {AGAIN}")
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        return f"{name} has a header that is not valid JSON ({exc}); {_AGAIN}"
+        return f"{name} has a header that is not valid JSON ({exc}); {AGAIN}"
     if not isinstance(header, dict):
-        return f"{name} has a header that is not a JSON object; {_AGAIN}"
+        return f"{name} has a header that is not a JSON object; {AGAIN}"
     end = 0
     for tensor, entry in header.items():
         if tensor == "__metadata__":
@@ -92,14 +80,14 @@ def safetensors_problem(file: str) -> str | None:
         if not (isinstance(offsets, list) and len(offsets) == 2
                 and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
                 and offsets[0] <= offsets[1]):
-            return f"{name}: the header's entry {tensor!r} has no valid data_offsets ({entry!r}); {_AGAIN}"
+            return f"{name}: the header's entry {tensor!r} has no valid data_offsets ({entry!r}); {AGAIN}"
         end = max(end, offsets[1])
     have = size - 8 - n
     if have < end:
-        return f"{name} is truncated: header says {end} bytes of tensors, file holds {have}; {_AGAIN}"
+        return f"{name} is truncated: header says {end} bytes of tensors, file holds {have}; {AGAIN}"
     if have > end:
         return (f"{name} holds {have} bytes of tensors but its header says {end} (safetensors refuses a file its "
-                f"header does not cover exactly); {_AGAIN}")
+                f"header does not cover exactly); {AGAIN}")
     return None
 
 
@@ -112,22 +100,22 @@ def bin_problem(file: str) -> str | None:
     with open(file, "rb") as f:
         magic = f.read(4)
     if size == 0:
-        return f"{name} is empty; {_AGAIN}"
+        return f"{name} is empty; {AGAIN}"
     if magic.startswith(b"PK"):
         if not zipfile.is_zipfile(file):
             return (f"{name} is truncated: a PyTorch zip archive without its end record (central directory), "
-                    f"{size} bytes; {_AGAIN}")
+                    f"{size} bytes; {AGAIN}")
         try:
             with zipfile.ZipFile(file) as z:
                 infos = z.infolist()
         except (zipfile.BadZipFile, OSError, ValueError) as exc:
-            return f"{name} is not a readable PyTorch zip archive ({exc}); {_AGAIN}"
+            return f"{name} is not a readable PyTorch zip archive ({exc}); {AGAIN}"
         if any(i.header_offset + i.compress_size > size for i in infos):
-            return f"{name} is truncated: its entries reach beyond its {size} bytes; {_AGAIN}"
+            return f"{name} is truncated: its entries reach beyond its {size} bytes; {AGAIN}"
         return None
     if magic[:1] == b"\x80":
         return None  # the legacy pickle format: not checkable without loading it
-    return f"{name} is not a PyTorch weights file (neither a zip archive nor a pickle); {_AGAIN}"
+    return f"{name} is not a PyTorch weights file (neither a zip archive nor a pickle); {AGAIN}"
 
 
 def _file_problem(file: str) -> str | None:
@@ -141,20 +129,20 @@ def _index_problem(folder: str, index: str) -> str | None:
         with open(os.path.join(folder, index), encoding="utf-8") as f:
             weight_map = json.load(f)
     except (ValueError, UnicodeDecodeError) as exc:
-        return _json_problem(os.path.join(folder, index), exc)
+        return json_problem(os.path.join(folder, index), exc)
     weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
     shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
     if not shards or not all(isinstance(s, str) for s in shards):
-        return f"{index} lists no shard files (no \"weight_map\" of tensor name to file); {_AGAIN}"
+        return f"{index} lists no shard files (no \"weight_map\" of tensor name to file); {AGAIN}"
     missing = [s for s in shards if not os.path.isfile(os.path.join(folder, s))]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         return (f"{index} lists {len(shards)} shard files, {len(missing)} of them missing: "
-                f"{', '.join(missing[:3])}{more}; {_AGAIN}")
+                f"{', '.join(missing[:3])}{more}; {AGAIN}")
     for shard in shards:
         problem = _file_problem(os.path.join(folder, shard))
         if problem:  # the note goes with what is wrong, before the advice
-            return f"{problem.removesuffix(f'; {_AGAIN}')} (a shard listed in {index}); {_AGAIN}"
+            return f"{problem.removesuffix(f'; {AGAIN}')} (a shard listed in {index}); {AGAIN}"
     return None
 
 
@@ -170,8 +158,8 @@ def weights_problem(folder: str, hf: dict | None = None, all_safetensors: bool =
     if all_safetensors and any(n.endswith(".safetensors") for n in names):
         for n in names:
             if n.endswith(".safetensors"):
-                broken = _broken_link(folder, n)
-                problem = f"{broken}; {_AGAIN}" if broken else safetensors_problem(os.path.join(folder, n))
+                broken = broken_link(folder, n)
+                problem = f"{broken}; {AGAIN}" if broken else safetensors_problem(os.path.join(folder, n))
                 if problem:
                     return problem
         return None
@@ -180,141 +168,15 @@ def weights_problem(folder: str, hf: dict | None = None, all_safetensors: bool =
     if not chosen or not os.path.isfile(os.path.join(folder, chosen[0])):
         if "adapter_config.json" in names:
             return None
-        if chosen and _broken_link(folder, chosen[0]):
-            return f"{_broken_link(folder, chosen[0])}; {_AGAIN}"
+        if chosen and broken_link(folder, chosen[0]):
+            return f"{broken_link(folder, chosen[0])}; {AGAIN}"
         if isinstance(explicit, str):
-            return f"{explicit}, the weights file that config.json's transformers_weights names, is missing; {_AGAIN}"
+            return f"{explicit}, the weights file that config.json's transformers_weights names, is missing; {AGAIN}"
         return f"no weights ({EXPECTED_WEIGHTS})"
     name = chosen[0]
     if name.endswith(".index.json"):
         return _index_problem(folder, name)
     return _file_problem(os.path.join(folder, name))
-
-
-def _broken_link(folder: str, name: str) -> str | None:
-    """What is wrong when ``name`` in ``folder`` is a symbolic link whose target is gone (e.g. into a Hugging Face
-    cache that was cleaned), without advice; None otherwise."""
-    file = os.path.join(folder, name)
-    if os.path.islink(file) and not os.path.exists(file):
-        return (f"{name} is a broken symbolic link (to {os.readlink(file)!r}, which does not exist: a cleaned "
-                "Hugging Face cache?)")
-    return None
-
-
-def tokenizer_problem(folder: str, trust_remote_code: bool = False) -> str | None:
-    """What is wrong with the tokenizer of ``folder``: it must hold a tokenizer's files (:data:`TOKENIZER_PATTERNS`)
-    and its ``tokenizer.json`` and ``tokenizer_config.json``, when there, must parse. A tokenizer of remote code
-    (``tokenizer_config.json``'s ``auto_map`` with ``trust_remote_code``) is left to its code. None when it is
-    sound."""
-    names = os.listdir(folder)
-    for name in ("tokenizer_config.json", "tokenizer.json"):
-        if name in names:
-            broken = _broken_link(folder, name)
-            if broken:
-                return f"{broken}; {_AGAIN}"
-            try:
-                with open(os.path.join(folder, name), encoding="utf-8") as f:
-                    json.load(f)
-            except (ValueError, UnicodeDecodeError) as exc:
-                return _json_problem(os.path.join(folder, name), exc)
-    if "tokenizer.json" in names:
-        return None
-    if any(fnmatch.fnmatch(n, p) for n in names for p in TOKENIZER_PATTERNS):
-        return None
-    if trust_remote_code and "tokenizer_config.json" in names:
-        try:
-            with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
-                if "AutoTokenizer" in (json.load(f).get("auto_map") or {}):
-                    return None
-        except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
-            pass
-    return f"no tokenizer ({EXPECTED_TOKENIZER})"
-
-
-def chat_template_problem(folder: str) -> str | None:
-    """What keeps the tokenizer of ``folder`` from having a chat template, read from its files as ``transformers``
-    does (``chat_template.jinja``, ``chat_template.json``'s ``chat_template``, ``tokenizer_config.json``'s
-    ``chat_template``); None when one of them holds a template. A tokenizer of remote code is not judged here."""
-    def read_json(name):
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                out = json.load(f)
-            return out if isinstance(out, dict) else {}
-        except (OSError, ValueError, UnicodeDecodeError):
-            return {}
-
-    config = read_json("tokenizer_config.json")
-    if "AutoTokenizer" in (config.get("auto_map") or {}) or config.get("chat_template"):
-        return None
-    if read_json("chat_template.json").get("chat_template"):
-        return None
-    jinja = os.path.join(folder, "chat_template.jinja")
-    if os.path.isfile(jinja) and os.path.getsize(jinja) > 0:
-        return None
-    broken = _broken_link(folder, "chat_template.jinja")
-    if broken:
-        return f"the tokenizer has no chat template: {broken}"
-    return ("the tokenizer has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja "
-            "or chat_template.json)")
-
-
-def no_eos_problem(cfg: dict) -> str:
-    """The error line for an actor tokenizer that was loaded without an EOS token: the key and folder it was read
-    from (``actor_rollout_ref.model.tokenizer_path``, else ``.path``), what its ``tokenizer_config.json`` says and
-    what to set there."""
-    model = cfg["actor_rollout_ref"]["model"]
-    key, path = (("actor_rollout_ref.model.tokenizer_path", model["tokenizer_path"]) if model.get("tokenizer_path")
-                 else (ACTOR_KEY, model["path"]))
-    file = os.path.join(str(path), "tokenizer_config.json")
-    config = None
-    try:
-        with open(file, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError):
-        pass
-    eos = config.get("eos_token") if isinstance(config, dict) else None
-    if isinstance(eos, dict):  # the AddedToken form: {"content": "</s>", ...}
-        eos = eos.get("content")
-    if os.path.isdir(str(path)) and not os.path.isfile(file):
-        why = "the folder has no tokenizer_config.json"
-    elif eos:
-        why = f"tokenizer_config.json's eos_token {eos!r} is not a token of its vocabulary"
-    else:
-        why = "tokenizer_config.json names no eos_token"
-    return (f"{key}={path!r}: the tokenizer has no EOS token ({why}); set \"eos_token\" in {file} to the token "
-            "that ends a response")
-
-
-def _prompts_are_chat(cfg: dict) -> bool:
-    """The training or validation prompts (``data.prompt_key``) are chat messages, which
-    :meth:`trainer.dataset.PromptDataset.prompt_ids` renders with the tokenizer's chat template (a plain string
-    prompt is tokenised as it is). The embedded task (``data.train_files`` null) is chat messages; a file whose first
-    row (JSON lines) or column type (parquet) cannot be read is left to the data loader."""
-    data = cfg.get("data") or {}
-    key = data.get("prompt_key") or "prompt"
-    if data.get("train_files") is None:
-        return True
-    for files in (data.get("train_files"), data.get("val_files")):
-        for f in ([files] if isinstance(files, str) else list(files or ())):
-            f = os.path.expanduser(str(f))
-            if not os.path.isfile(f):
-                continue
-            try:
-                if f.endswith(".parquet"):
-                    import pyarrow.parquet as pq
-
-                    schema = pq.read_schema(f)
-                    if key in schema.names and str(schema.field(key).type).startswith(("list", "large_list")):
-                        return True
-                    continue
-                with open(f, encoding="utf-8") as fh:
-                    line = next((ln for ln in fh if ln.strip()), "")
-                row = json.loads(line) if line else {}
-                if isinstance(row, dict) and isinstance(row.get(key), list):
-                    return True
-            except Exception:  # noqa: BLE001 - an unreadable file is named by the data loader
-                continue
-    return False
 
 
 def is_hub_id(value: str) -> bool:
@@ -406,7 +268,7 @@ def check_model_folders(cfg: dict) -> None:
             errors.add(f"{tkey}={tpath!r}: {problem}")
         elif key == ACTOR_KEY and not custom_template:
             problem = chat_template_problem(tpath)
-            if problem and _prompts_are_chat(cfg):  # the dataset renders chat prompts with the actor's tokenizer
+            if problem and prompts_are_chat(cfg):  # the dataset renders chat prompts with the actor's tokenizer
                 errors.add(f"{tkey}={tpath!r}: {problem}, but the prompts (data.prompt_key) are chat messages, "
                            "rendered with it; set actor_rollout_ref.model.custom_chat_template to a Jinja chat "
                            "template, set actor_rollout_ref.model.tokenizer_path to a tokenizer folder that has one, "

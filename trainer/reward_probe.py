@@ -19,9 +19,9 @@ in a forked probe (:func:`import_in_probe`, called by :func:`trainer.config_chec
 import does not finish within the bound stops the run in one line; it is then imported in the driver (its import
 runs twice; what the probe's import prints is discarded).
 
-Each probe runs in a forked process under a guard (:func:`rewards.pool.guard_descendants`): the processes the scorer
-or the import starts, whatever process group or session they put themselves in, are killed with the probe when it
-ends or runs past the bound, and when the driver dies; nothing is left behind.
+Each probe runs in a forked process under a guard (:func:`rewards.process_tree.guard_descendants`): the processes
+the scorer or the import starts, whatever process group or session they put themselves in, are killed with the probe
+when it ends or runs past the bound, and when the driver dies; nothing is left behind.
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def _probe_child(conn, fn: Callable, args: tuple, kwargs: dict, parent: int) -> 
         os.setpgid(0, 0)  # its own group (where no guard can be had: the group is what is killed)
     except OSError:
         pass
-    from rewards.pool import guard_descendants, run_scorer
+    from rewards.pool import run_scorer
+    from rewards.process_tree import guard_descendants
 
     guard_descendants(parent, close=(conn,))  # nothing the scorer starts outlives the probe or a killed driver
 
@@ -67,7 +68,7 @@ def _probe_child(conn, fn: Callable, args: tuple, kwargs: dict, parent: int) -> 
 
 
 def _kill_group(proc) -> None:
-    from rewards.pool import kill_tree
+    from rewards.process_tree import kill_tree
 
     for kill in (lambda: kill_tree(proc.pid), lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
         try:
@@ -78,11 +79,12 @@ def _kill_group(proc) -> None:
 
 
 def run_probe(fn: Callable, args: tuple, kwargs: dict, bound_s: float) -> tuple[str, Any, float]:
-    """Call ``fn(*args, **kwargs)`` in a forked process (under a guard, :func:`rewards.pool.guard_descendants`, in
-    its own process group) and wait at most ``bound_s`` seconds. Returns ``(status, payload, seconds)``: ``"ok"``
-    (the normalised value, as :func:`rewards.pool.run_scorer`; 0.0 when ``fn`` raised: not judged), ``"error"``
-    (it returned a value that is no score: the message), ``"raised"`` (its process died: not judged) or
-    ``"timeout"``. The process and every process below it (and its group) are killed in every case."""
+    """Call ``fn(*args, **kwargs)`` in a forked process (under a guard,
+    :func:`rewards.process_tree.guard_descendants`, in its own process group) and wait at most ``bound_s`` seconds.
+    Returns ``(status, payload, seconds)``: ``"ok"`` (the normalised value, as :func:`rewards.pool.run_scorer`; 0.0
+    when ``fn`` raised: not judged), ``"error"`` (it returned a value that is no score: the message), ``"raised"``
+    (its process died: not judged) or ``"timeout"``. The process and every process below it (and its group) are
+    killed in every case."""
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_probe_child, args=(send, fn, args, kwargs, os.getpid()), daemon=True,

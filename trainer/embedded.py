@@ -59,6 +59,18 @@ def tiny_model_config(vocab_size: int, hidden_size: int = 64, num_hidden_layers:
                        **extra)
 
 
+def init_model_settings(seed: int, task: str, warm_start_steps: int, tiny: dict) -> dict:
+    """The settings that decide the embedded tiny model (``<trainer.output_dir>/init_model``), by config key:
+    ``trainer.seed``, ``data.synthetic_task``, ``data.warm_start_steps`` (0 for a task without a warm start) and every
+    ``actor_rollout_ref.model.tiny.<key>`` (``tiny``; :func:`tiny_model_config`'s defaults filled in)."""
+    import inspect
+
+    defaults = {name: p.default for name, p in inspect.signature(tiny_model_config).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return {"trainer.seed": int(seed), "data.synthetic_task": task, "data.warm_start_steps": int(warm_start_steps),
+            **{f"actor_rollout_ref.model.tiny.{k}": v for k, v in {**defaults, **tiny}.items()}}
+
+
 def make_rows(num_rows: int, seed: int, min_digits: int = 1, max_digits: int = 1) -> list[dict]:
     """Rows in verl's column layout: ``prompt`` (chat messages), ``data_source``, ``reward_model``, ``extra_info``."""
     rng = random.Random(seed)

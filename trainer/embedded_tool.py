@@ -230,11 +230,14 @@ class EmbeddedTask:
         build_tokenizer: ``(save_dir) -> tokenizer``, the tokenizer (with its chat template) for the tiny model.
         write_task: ``(out_dir, seed) -> (train_path, val_path)``.
         warm_start: ``(model, tokenizer, steps, seed) -> None``, run on the fresh tiny model before it is saved.
+        warm_starts: whether ``warm_start`` changes the model (False: ``data.warm_start_steps`` has no effect, and
+            the record of what built ``init_model`` holds 0 for it).
     """
 
     build_tokenizer: Callable
     write_task: Callable
     warm_start: Callable
+    warm_starts: bool = True
 
 
 def embedded_task(name: str) -> EmbeddedTask:
@@ -249,7 +252,7 @@ def embedded_task(name: str) -> EmbeddedTask:
 
     if name == "digits":
         return EmbeddedTask(embedded.build_tokenizer, lambda out, seed: embedded.write_task(out, seed=seed),
-                            lambda model, tok, steps, seed: None)
+                            lambda model, tok, steps, seed: None, warm_starts=False)
     if name == "arith_tool":
         lo, hi = _EMBEDDED_DIGITS
         return EmbeddedTask(

@@ -28,20 +28,26 @@ from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the 
 logger = logging.getLogger(__name__)
 
 
-def prepare_embedded(cfg: dict) -> DataConfig:
+def prepare_embedded(cfg: dict, resuming: bool = False) -> DataConfig:
     """Write the tiny model + tokenizer and the synthetic task when the config asks for them (in place: the model
     paths and ``data.train_files`` / ``data.val_files`` are filled in). Returns the ``data`` section with the
     files filled in (:class:`trainer.config.data.DataConfig`).
 
+    The tiny model (``<trainer.output_dir>/init_model``) is built from the settings of
+    :func:`trainer.embedded.init_model_settings`; a model already there is used only when it was built from the same
+    (:func:`trainer.run_folder.place_init_model`: otherwise a fresh run builds its own, which replaces the earlier one
+    once every check has passed, and a resume, ``resuming``, is refused).
+
     Raises:
-        ConfigError: an unknown ``data.synthetic_task``, or a bad ``data`` value (its section's check).
+        ConfigError: an unknown ``data.synthetic_task``, a bad ``data`` value (its section's check), or a resume
+            whose tiny-model settings differ from those ``init_model`` was built from.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     from trainer import embedded
     from trainer.embedded_tool import embedded_task
-    from trainer.run_folder import write_embedded_data
+    from trainer.run_folder import place_init_model, write_embedded_data
 
     out = os.path.abspath(cfg["trainer"]["output_dir"])
     model, seed = cfg["actor_rollout_ref"]["model"], int(cfg["trainer"]["seed"])
@@ -51,14 +57,19 @@ def prepare_embedded(cfg: dict) -> DataConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if model["path"] is None:
-        init_dir = os.path.join(out, "init_model")
-        if not os.path.exists(os.path.join(init_dir, "config.json")):
-            tok = task.build_tokenizer(init_dir)
+        tiny = dict(model.get("tiny") or {})
+
+        def build(folder: str) -> int:
+            tok = task.build_tokenizer(folder)
             torch.manual_seed(seed)
-            conf = embedded.tiny_model_config(len(tok), **dict(model.get("tiny") or {}))
-            tiny = AutoModelForCausalLM.from_config(conf)
-            task.warm_start(tiny, tok, data.warm_start_steps or 0, seed)
-            tiny.save_pretrained(init_dir)
+            built = AutoModelForCausalLM.from_config(embedded.tiny_model_config(len(tok), **tiny))
+            task.warm_start(built, tok, data.warm_start_steps or 0, seed)
+            built.save_pretrained(folder)
+            return len(tok)
+
+        steps = (data.warm_start_steps or 0) if task.warm_starts else 0  # the digits task has no warm start
+        settings = embedded.init_model_settings(seed, data.synthetic_task or "digits", steps, tiny)
+        init_dir = place_init_model(out, settings, build, resuming)
         model["path"] = init_dir
         if cfg["critic"]["model"]["path"] is None:
             cfg["critic"]["model"]["path"] = init_dir
@@ -331,10 +342,10 @@ def run(hydra_cfg: DictConfig) -> dict:
 
     # the workers fit this machine or the Ray cluster (PlacementError)
     check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
-    data = prepare_embedded(cfg)
+    step_dir = resume_path(cfg)  # None: a fresh run
+    data = prepare_embedded(cfg, resuming=step_dir is not None)
     tok = load_model_files(cfg)
     loader, val_ds = build_data(cfg, data, tok, load_processor(cfg))
-    step_dir = resume_path(cfg)  # None: a fresh run
     if step_dir is not None:  # the rows the saved loader position counts are this run's (files, tokenizer)
         from trainer.resume_checks import check_resume_rows
 

@@ -1,12 +1,17 @@
 """What a run writes into ``trainer.output_dir`` before its checks have passed: the embedded task's generated data
-(``<output_dir>/data/train.jsonl`` and ``val.jsonl``, from ``data.synthetic_task`` and ``data.seed``) and the log of
-the entry point (Hydra's ``<output_dir>/main.log``). A fresh run sets an earlier run's outputs aside only once every
-check has passed (:func:`trainer.tracking.set_aside_earlier_run`), so these two must not replace or mix with the
-earlier run's before then:
+(``<output_dir>/data/train.jsonl`` and ``val.jsonl``, from ``data.synthetic_task`` and ``data.seed``), the embedded
+tiny model (``<output_dir>/init_model``, from ``trainer.seed``, ``actor_rollout_ref.model.tiny.*``,
+``data.warm_start_steps`` and ``data.synthetic_task``) and the log of the entry point (Hydra's
+``<output_dir>/main.log``). A fresh run sets an earlier run's outputs aside only once every check has passed
+(:func:`trainer.tracking.set_aside_earlier_run`), so these must not replace or mix with the earlier run's before then:
 
 - the data: when ``data/`` holds the same bytes (the same task and seed) they are kept as they are; when it holds
   other rows (an earlier run's), this run's rows wait in a temporary folder inside ``output_dir`` and move into
   ``data/`` once the earlier ones are set aside (:func:`settle_run_folder`);
+- the tiny model: ``init_model/build_settings.json`` records the settings it was built from; the folder is used as
+  it is when they are this run's. Otherwise a fresh run builds its own model in a temporary folder inside
+  ``output_dir``, which becomes ``init_model`` once the earlier one is set aside; a resume is refused, naming the
+  changed keys (:func:`place_init_model`);
 - the log: the lines it held when this run started (:func:`log_sizes`) are the earlier run's, set aside with its
   other outputs; this run's lines stay in ``main.log``. A resume goes on appending to its run's log.
 """
@@ -26,6 +31,11 @@ DATA_DIR = "data"
 #: the files the embedded tasks write into ``<output_dir>/data`` (``write_task`` of :mod:`trainer.embedded_tool`)
 DATA_FILES = ("train.jsonl", "val.jsonl")
 _staged: dict[str, tempfile.TemporaryDirectory] = {}  # output_dir -> this run's rows, waiting (removed at exit)
+INIT_MODEL = "init_model"
+#: the file in ``init_model`` that records the settings the tiny model was built from (:func:`place_init_model`)
+BUILD_RECORD = "build_settings.json"
+_staged_models: dict[str, tempfile.TemporaryDirectory] = {}  # output_dir -> this run's tiny model, waiting
+_moved_models: list[tempfile.TemporaryDirectory] = []  # their former paths, links to init_model until exit
 
 
 def log_sizes() -> dict[str, int]:
@@ -64,21 +74,104 @@ def write_embedded_data(write: Callable[[str, int], tuple[str, str]], output_dir
     return there[0], there[1]
 
 
+def read_build_record(init_dir: str) -> dict | None:
+    """The settings recorded in ``<init_dir>/build_settings.json`` (``{"trainer.seed": 0, ...}``); None when the
+    folder has no record or one that cannot be read."""
+    try:
+        with open(os.path.join(init_dir, BUILD_RECORD), encoding="utf-8") as f:
+            settings = json.load(f).get("settings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return settings if isinstance(settings, dict) else None
+
+
+def setting_diffs(settings: dict, recorded: dict) -> list[str]:
+    """``<key>=<this run's> (init_model: <recorded>)`` for each setting that differs (None: not set)."""
+    now = json.loads(json.dumps(settings))  # as the record reads back (tuples as lists)
+    keys = list(now) + [k for k in recorded if k not in now]
+    return [f"{k}={now.get(k)!r} (init_model: {recorded.get(k)!r})" for k in keys if now.get(k) != recorded.get(k)]
+
+
+def place_init_model(output_dir: str, settings: dict, build: Callable[[str], int], resuming: bool) -> str:
+    """The folder of the embedded tiny model that this run reads: ``<output_dir>/init_model`` when it holds a model
+    built from ``settings`` (the keys and values that decide it, recorded in its ``build_settings.json``), else
+    built there by ``build(folder) -> vocabulary size`` (and recorded) when it is empty or absent.
+
+    When it holds a model built from other settings, or one without a record (whether it matches is unknown):
+
+    - a fresh run builds its own in a temporary folder inside ``output_dir`` (returned; an info line names the
+      changed settings); once every check has passed, :func:`settle_run_folder` sets the earlier model aside with
+      the earlier run's other outputs and moves this one into ``init_model``. A start that stops before leaves
+      ``init_model`` as it was; the temporary folder is removed at exit;
+    - a resume is refused for other settings (its checkpoint continues the model there, so they would be ignored);
+      one without a record is used as it is, with an info line.
+
+    Raises:
+        ConfigError: a resume whose settings differ from the record: one line naming each key, this run's value and
+            the recorded one.
+    """
+    init_dir = os.path.join(output_dir, INIT_MODEL)
+    old = _staged_models.pop(os.path.realpath(output_dir), None)
+    if old is not None:
+        old.cleanup()
+    if os.path.isfile(os.path.join(init_dir, "config.json")):
+        recorded = read_build_record(init_dir)
+        diffs = None if recorded is None else setting_diffs(settings, recorded)
+        if diffs == []:
+            return init_dir
+        if resuming and diffs is None:
+            logger.info("trainer.resume_mode: %s has no %s (the settings it was built from), so they are not compared "
+                        "with this run's; the resume uses it as it is", init_dir, BUILD_RECORD)
+            return init_dir
+        if resuming:
+            from trainer.config_checks import ConfigError
+
+            raise ConfigError(f"trainer.resume_mode: {', '.join(diffs)}: the checkpoint continues the tiny model "
+                              f"built into {init_dir} from the recorded values, so the new ones would be ignored; "
+                              "resume with the recorded values, or trainer.resume_mode=disable for a new run (a fresh "
+                              "run sets the earlier run's outputs aside)")
+        why = (f"was built from other settings: {', '.join(diffs)}" if diffs else
+               f"has no {BUILD_RECORD} (the settings it was built from), so whether it matches this run is unknown")
+        logger.info("trainer.output_dir: %s %s; this fresh run builds its own tiny model, and the earlier one goes to "
+                    "earlier_runs/ with the earlier run's outputs once every check has passed", init_dir, why)
+    elif resuming or not (os.path.isdir(init_dir) and os.listdir(init_dir)):
+        _build_with_record(init_dir, settings, build)  # nothing there to keep (a resume writes over a broken one)
+        return init_dir
+    os.makedirs(output_dir, exist_ok=True)
+    staged = tempfile.TemporaryDirectory(prefix=".init_model-", dir=output_dir)
+    _staged_models[os.path.realpath(output_dir)] = staged
+    folder = os.path.join(staged.name, INIT_MODEL)
+    _build_with_record(folder, settings, build)
+    return folder
+
+
+def _build_with_record(folder: str, settings: dict, build: Callable[[str], int]) -> None:
+    """``build(folder)``, then the record of ``settings`` (written last: a build cut short has none)."""
+    vocab = build(folder)
+    with open(os.path.join(folder, BUILD_RECORD), "w", encoding="utf-8") as f:
+        json.dump({"settings": settings, "vocab_size": vocab}, f, indent=1)
+
+
 def settle_run_folder(cfg: dict, fresh: bool, datasets: Iterable, logs: dict[str, int]) -> None:
     """Once every check has passed and the workers are placed: a fresh run sets the earlier run's outputs aside
     (:func:`trainer.tracking.set_aside_earlier_run`, with the embedded task's files in ``data/`` that this run does
-    not read and the earlier lines of the logs in ``logs``), then this run's waiting rows
-    (:func:`write_embedded_data`) move into ``data/``; ``cfg``'s ``data.train_files`` / ``val_files`` and the
-    ``datasets``' ``files`` follow them."""
+    not read, ``init_model`` when this run built another (:func:`place_init_model`) and the earlier lines of the logs
+    in ``logs``), then this run's waiting tiny model moves into ``init_model`` and its waiting rows
+    (:func:`write_embedded_data`) into ``data/``; ``cfg``'s model paths, ``data.train_files`` / ``val_files`` and
+    the ``datasets``' ``files`` follow them."""
     from trainer.tracking import set_aside_earlier_run
 
     t, d = cfg["trainer"], cfg["data"]
     out = t["output_dir"]
+    model = _staged_models.pop(os.path.realpath(out), None) if fresh else None  # a resume stages none
     if fresh:
         reads = {os.path.realpath(f) for k in ("train_files", "val_files") for f in _as_list(d.get(k))}
         earlier = [os.path.join(DATA_DIR, n) for n in DATA_FILES
                    if os.path.realpath(os.path.join(out, DATA_DIR, n)) not in reads]
-        set_aside_earlier_run(out, t["default_local_dir"], more=earlier, logs=logs)
+        set_aside_earlier_run(out, t["default_local_dir"], more=earlier + [INIT_MODEL] * (model is not None),
+                              logs=logs)
+    if model is not None:
+        _settle_init_model(cfg, model)
     staged = _staged.pop(os.path.realpath(out), None)
     if staged is None:
         return
@@ -95,6 +188,21 @@ def settle_run_folder(cfg: dict, fresh: bool, datasets: Iterable, logs: dict[str
     for ds in datasets:
         if ds is not None:
             ds.files = [moved.get(f, f) for f in ds.files]
+
+
+def _settle_init_model(cfg: dict, staged: tempfile.TemporaryDirectory) -> None:
+    """Move the tiny model waiting in ``staged`` into ``<output_dir>/init_model`` (the earlier one was set aside) and
+    point ``cfg``'s model paths there (a restart of the workers reads them); its former path links to it until the
+    run ends, for the workers already started from it."""
+    src = os.path.join(staged.name, INIT_MODEL)
+    dest = os.path.join(os.path.abspath(cfg["trainer"]["output_dir"]), INIT_MODEL)
+    os.replace(src, dest)
+    os.symlink(dest, src)
+    _moved_models.append(staged)
+    for section in (cfg["actor_rollout_ref"]["model"], cfg["critic"]["model"]):
+        for key in ("path", "tokenizer_path"):
+            if section.get(key) == src:
+                section[key] = dest
 
 
 def _as_list(files) -> list[str]:

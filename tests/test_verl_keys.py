@@ -428,3 +428,22 @@ def test_several_bad_values_of_one_section_are_all_named(tmp_path):
     assert len(errors) == 3, errors
     for needle in (f"{a}.loss_agg_mode='token_mean'", f"{a}.ppo_epochs=0", f"{a}.clip_ratio_c=0.5"):
         assert any(needle in e for e in errors), (needle, errors)
+
+
+@pytest.mark.parametrize("overrides,warned", [
+    (["data=synthetic_tool", "data.synthetic_task=digits", "data.warm_start_steps=50"],
+     "data.warm_start_steps=50: ignored: data.synthetic_task=digits has no warm start"),
+    (["data=synthetic_tool", "data.warm_start_steps=50"], None),
+    (["actor_rollout_ref.model.path=/m", "actor_rollout_ref.model.tiny.hidden_size=48"],
+     "actor_rollout_ref.model.tiny.hidden_size=48: ignored: actor_rollout_ref.model.path=/m is loaded"),
+    (["actor_rollout_ref.model.tiny.hidden_size=48"], None),
+    (["actor_rollout_ref.model.path=/m"], None),
+])
+def test_embedded_model_settings_that_the_run_never_reads_warn(overrides, warned):
+    """The tiny model's settings are read only when it is built (no model path), and its warm start only by a task
+    that has one: otherwise they changed nothing, without a word."""
+    from tests.verl_scripts import composed
+
+    _, _, _, report = composed(overrides)
+    hits = [w for w in report.warnings if "tiny." in w.split(":")[0] or "warm_start_steps" in w.split(":")[0]]
+    assert hits == ([] if warned is None else [hits[0]]) and (warned is None or hits[0].startswith(warned)), hits

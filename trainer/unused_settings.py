@@ -163,7 +163,26 @@ SWITCHED_OFF = (
      lambda r: f"algorithm.adv_estimator={_estimator(r)} does not discount (gae and reinforce_plus_plus do)"),
     (lambda r: _estimator(r) not in LAM_READERS, ("algorithm.lam",),
      lambda r: f"algorithm.adv_estimator={_estimator(r)} has no GAE lambda (gae has)"),
+    (lambda r: _get(r, "actor_rollout_ref.model.path") is not None,
+     ("actor_rollout_ref.model.tiny.", "data.warm_start_steps"),
+     lambda r: f"actor_rollout_ref.model.path={_get(r, 'actor_rollout_ref.model.path')} is loaded (the tiny model "
+               "and its warm start are built only without a model path)"),
+    (lambda r: _get(r, "actor_rollout_ref.model.path") is None and not _embedded_warm_starts(r),
+     ("data.warm_start_steps",),
+     lambda r: f"data.synthetic_task={_get(r, 'data.synthetic_task') or 'digits'} has no warm start "
+               "(data=synthetic_tool's arith_tool task has)"),
 )
+
+
+def _embedded_warm_starts(run: dict) -> bool:
+    """Whether the run's embedded task (``data.synthetic_task``) warm-starts the tiny model; True for a name that
+    is no task (refused elsewhere)."""
+    from trainer.embedded_tool import embedded_task
+
+    try:
+        return bool(embedded_task(_get(run, "data.synthetic_task") or "digits").warm_starts)
+    except ValueError:
+        return True
 
 
 def switched_off_warnings(cfg: dict) -> list[str]:
@@ -171,7 +190,7 @@ def switched_off_warnings(cfg: dict) -> list[str]:
     (:data:`SWITCHED_OFF`: ``critic.*`` without a critic, ``actor.kl_loss_*`` without ``use_kl_loss``, ``kl_ctrl``
     without ``use_kl_in_reward``, ``filter_groups.*`` / ``overlong_buffer.*`` without their ``enable``, token
     budgets without dynamic batches, checkpoint retention without saves, ``gamma`` / ``lam`` of an estimator that
-    does not read them): one warning line per row naming the keys. Reads no key of a recording config."""
+    does not read them, the embedded tiny model's settings with a model path, a warm start of a task without one): one warning line per row naming the keys. Reads no key of a recording config."""
     from trainer.config_reads import plain
 
     run, out = plain(cfg), []

@@ -13,6 +13,9 @@ docs/benchmarks.md); the compiled graph is only reused when shapes repeat, so ev
 
 On CPU the dynamic cache is used and nothing is compiled.
 
+``decode_loop="graph"`` replaces ``generate`` by the engine's own loop (:mod:`rollout.graph_decode`, not yet run on
+a GPU): one compiled function (one CUDA graph) per decode step, same buckets, stop ids, padding and log-probs.
+
 Log-probs. A logits processor (:class:`SampledTokenLogProbs`, run before transformers' temperature/top-k/top-p
 warpers) sees the RAW logits of each step. The engine reports ``log_softmax(logits / T)`` at the sampled token, i.e.
 the same quantity the trainer recomputes from ``model(input_ids).logits / T`` (verl/OpenRLHF do not apply
@@ -34,9 +37,13 @@ import torch.nn.functional as F
 
 from rollout.base import (RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags,  # noqa: F401
                           concat_image_inputs, finalize_responses)  # concat_image_inputs re-exported
+from rollout.graph_decode import GraphDecoder, graph_decode_unsupported
 from rollout.log_prob_recorder import SampledTokenLogProbs  # noqa: F401 (re-exported)
 from rollout.stop_check import deferred_stop_check
 from rollout.sdpa_gqa import register_sdpa_gqa, sdpa_gqa_attention_forward  # noqa: F401 (re-exported)
+
+
+DECODE_LOOPS = ("generate", "graph")
 
 
 def _as_list(x: int | Sequence[int] | None) -> list[int]:
@@ -95,16 +102,20 @@ class HFRolloutEngine(RolloutEngine):
             knows is passed through.
         defer_stop_check: on CUDA, ``generate`` reads its all-rows-finished flag one step late instead of waiting
             for the device after every token (:func:`rollout.stop_check.deferred_stop_check`; same tokens).
+        decode_loop: ``"generate"`` (transformers' ``generate``) or ``"graph"`` (:mod:`rollout.graph_decode`: one
+            compiled function per decode step; not yet run on a GPU).
 
     Raises:
-        ValueError: when neither ``eos_token_id`` nor ``model_config.eos_token_id`` gives an EOS id.
+        ValueError: when neither ``eos_token_id`` nor ``model_config.eos_token_id`` gives an EOS id; an unknown
+            ``decode_loop``; ``decode_loop="graph"`` for a model it does not run (the message says why).
     """
 
     def __init__(self, model_config, eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  use_static_cache: bool | None = None, compile_mode: str = "reduce-overhead",
                  max_batch_size: int = 256, prompt_len_multiple: int = 64, cache_len_multiple: int = 256,
-                 attn_implementation: str = "auto", defer_stop_check: bool = True) -> None:
+                 attn_implementation: str = "auto", defer_stop_check: bool = True,
+                 decode_loop: str = "generate") -> None:
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device) if device is not None else torch.device(
@@ -124,6 +135,12 @@ class HFRolloutEngine(RolloutEngine):
         if not self.eos_ids:
             raise ValueError("no EOS token id: pass eos_token_id or set model_config.eos_token_id")
         self.pad_id = int(pad_token_id) if pad_token_id is not None else self.eos_ids[0]
+        if decode_loop not in DECODE_LOOPS:
+            raise ValueError(f"decode_loop={decode_loop!r}; expected one of {list(DECODE_LOOPS)}")
+        if decode_loop == "graph" and (why := graph_decode_unsupported(model_config)):
+            raise ValueError(f"decode_loop='graph' does not run {why}; use decode_loop='generate'")
+        self.decode_loop = decode_loop
+        self._graph: GraphDecoder | None = None
 
         if attn_implementation == "auto":
             attn_implementation = auto_attn_implementation(model_config, on_cuda)
@@ -223,7 +240,8 @@ class HFRolloutEngine(RolloutEngine):
 
     def sleep(self, level: int = 1) -> None:
         """Move the inference copy to CPU (both levels; the weights are kept, the next sync overwrites them); an
-        engine on shared weights (:meth:`share_weights`) has none of its own and moves nothing.
+        engine on shared weights (:meth:`share_weights`) has none of its own and moves nothing. The graph decode
+        loop's kept KV caches and buffers are dropped (allocated again by the next call).
 
         No ``empty_cache`` here: :func:`rollout.context.rollout_mode` decides about the cache.
 
@@ -234,11 +252,14 @@ class HFRolloutEngine(RolloutEngine):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if self.device.type != "cpu" and not self._shared:
             self.model.to("cpu")
+        if self._graph is not None:
+            self._graph.release()
         self._awake = False
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """``"weights"`` moves the inference copy back to its device (nothing to move on shared weights);
-        ``"kv_cache"`` is a no-op (transformers allocates the KV cache inside each ``generate`` call).
+        ``"kv_cache"`` is a no-op (transformers allocates the KV cache inside each ``generate`` call, the graph
+        decode loop at its first call of each shape).
 
         Raises:
             ValueError: unknown tag.
@@ -281,7 +302,7 @@ class HFRolloutEngine(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
                  multi_modal_inputs: list[dict] | None = None) -> RolloutOutput:
-        """Sample ``n`` responses per prompt with ``model.generate``.
+        """Sample ``n`` responses per prompt with ``model.generate`` or the graph decode loop (``decode_loop``).
 
         Args:
             prompt_ids: B prompts, lists of token ids without padding.
@@ -305,8 +326,7 @@ class HFRolloutEngine(RolloutEngine):
         if self.use_static_cache:
             width = -(-width // self.prompt_len_multiple) * self.prompt_len_multiple
         cache_len = -(-(width + sampling.max_new_tokens) // self.cache_len_multiple) * self.cache_len_multiple
-        gen_cfg = self._generation_config(sampling, stop_ids, cache_len)
-        temp = 1.0 if sampling.greedy else float(sampling.temperature)
+        gen_cfg = self._generation_config(sampling, stop_ids, cache_len) if self.decode_loop == "generate" else None
         chunk = self._rows_per_call()
 
         devices = [self.device] if self.device.type == "cuda" else []
@@ -317,12 +337,14 @@ class HFRolloutEngine(RolloutEngine):
             for start in range(0, len(rows), chunk):
                 part = rows[start:start + chunk]
                 mm = mm_rows[start:start + chunk] if mm_rows else None
-                outs.append(self._generate_chunk(part, width, gen_cfg, temp, stop_ids, sampling.max_new_tokens, mm))
+                outs.append(self._generate_chunk(part, width, cache_len, gen_cfg, sampling, stop_ids, mm))
         return RolloutOutput(*(torch.cat([getattr(o, k) for o in outs]) for k in
                                ("responses", "response_mask", "rollout_log_probs")))
 
-    def _generate_chunk(self, rows: list[list[int]], width: int, gen_cfg, temp: float, stop_ids: list[int],
-                        max_new_tokens: int, mm: list[dict] | None = None) -> RolloutOutput:
+    def _generate_chunk(self, rows: list[list[int]], width: int, cache_len: int, gen_cfg, sampling: SamplingConfig,
+                        stop_ids: list[int], mm: list[dict] | None = None) -> RolloutOutput:
+        """One call's rows, batch-bucketed and left-padded to ``width``, through ``generate`` (``gen_cfg``) or the
+        graph decode loop (``gen_cfg`` None)."""
         real = len(rows)
         if self.use_static_cache:  # batch bucket: pad with copies of the last row
             extra = min(_next_pow2(real), self._rows_per_call()) - real
@@ -332,18 +354,41 @@ class HFRolloutEngine(RolloutEngine):
         for i, p in enumerate(rows):  # left padding
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = 1
+        if gen_cfg is None:
+            if concat_image_inputs(mm or []):
+                raise ValueError("decode_loop='graph' takes text prompts only; image inputs need "
+                                 "decode_loop='generate'")
+            tokens, log_probs, _ = self.graph_decoder.decode(
+                ids.to(self.device), mask.to(self.device), cache_len, sampling.max_new_tokens, stop_ids, self.pad_id,
+                sampling.temperature, sampling.greedy, sampling.top_k, sampling.top_p, sampling.ignore_eos)
+        else:
+            tokens, log_probs = self._generate_call(ids, mask, gen_cfg, sampling, mm)
+        return finalize_responses(tokens[:real], log_probs[:real], stop_ids, self.pad_id, sampling.max_new_tokens)
+
+    def _generate_call(self, ids: torch.Tensor, mask: torch.Tensor, gen_cfg, sampling: SamplingConfig,
+                       mm: list[dict] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``model.generate`` on (rows, W) left-padded ``ids`` / ``mask``: the (rows, L) new tokens and their
+        log-probs (:class:`SampledTokenLogProbs`), L <= R."""
         from transformers import LogitsProcessorList
 
-        recorder = SampledTokenLogProbs(temp, len(rows), max_new_tokens, self.device)
+        temp = 1.0 if sampling.greedy else float(sampling.temperature)
+        recorder = SampledTokenLogProbs(temp, ids.shape[0], sampling.max_new_tokens, self.device)
         defer = deferred_stop_check() if self.defer_stop_check else contextlib.nullcontext()
         with defer:  # the sequences alone (return_dict_in_generate=False): no cache handed back, nothing to crop
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       generation_config=gen_cfg, logits_processor=LogitsProcessorList([recorder]),
                                       **self._image_kwargs(ids, mm))
-        tokens = out[:, width:]
-        log_probs = recorder.finish(tokens)
-        del out
-        return finalize_responses(tokens[:real], log_probs[:real], stop_ids, self.pad_id, max_new_tokens)
+        tokens = out[:, ids.shape[1]:]
+        return tokens, recorder.finish(tokens)
+
+    @property
+    def graph_decoder(self) -> GraphDecoder:
+        """The graph decode loop (built at its first use): its step compiled with ``compile_mode``, one graph and
+        static shapes, when ``use_static_cache`` is on, run eagerly otherwise."""
+        if self._graph is None:
+            kw = dict(mode=self.compile_mode, fullgraph=True, dynamic=False) if self.use_static_cache else None
+            self._graph = GraphDecoder(self.model, compile_kwargs=kw)
+        return self._graph
 
     def _image_kwargs(self, ids: torch.Tensor, mm: list[dict] | None) -> dict:
         """``generate`` keywords of a vision-language chunk: the rows' image tensors concatenated in row order and

@@ -1,8 +1,10 @@
-"""The transformers engine's graph decode loop (rollout/graph_decode.py) on CPU, with tiny random Llama and Qwen2
-models in fp32: the same tokens as ``generate``, log-probs of the full forward, samples of softmax(logits / T),
-padding after a stop, one traced graph without recompiles."""
+"""The transformers engine's graph decode loop (rollout/graph_decode.py, ``rollout.decode_loop=graph``) on CPU, with
+tiny random Llama and Qwen2 models in fp32: the same tokens as ``generate``, log-probs of the full forward, samples of
+softmax(logits / T), padding after a stop, one traced graph without recompiles, and the config key."""
 from __future__ import annotations
 
+import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -213,6 +215,48 @@ def test_models_the_graph_loop_does_not_run_are_refused():
         HFRolloutEngine(MistralConfig(num_hidden_layers=1, vocab_size=V), device="cpu", decode_loop="graph")
     with pytest.raises(ValueError, match=r"decode_loop='graf'; expected one of \['generate', 'graph'\]"):
         HFRolloutEngine(_config("llama"), device="cpu", decode_loop="graf")
+
+
+def _cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from tests.e2e_utils import ROOT
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
+        return OmegaConf.to_container(compose("ppo_trainer", overrides=list(overrides)), resolve=True)
+
+
+def test_the_decode_loop_key_reaches_the_engine_and_is_checked_before_start(monkeypatch):
+    """actor_rollout_ref.rollout.decode_loop: build_engine passes it to the engine; a bad value, and graph for a
+    vision-language model, are one line before any worker starts; under rollout=vllm it is warned as unused."""
+    from transformers import Qwen2VLConfig
+
+    import rollout.hf_engine as he
+    from rollout.hf_engine import DECODE_LOOPS
+    from trainer.config.rollout import DECODE_LOOPS as CONFIG_LOOPS, RolloutConfig
+    from trainer.config_preflight import check_decode_loop
+    from trainer.launch import ConfigError, validate
+    from trainer.unused_settings import unused_setting_warnings
+    from trainer.workers.actor import build_engine
+
+    assert CONFIG_LOOPS == DECODE_LOOPS
+    cfg = _cfg("actor_rollout_ref.rollout.decode_loop=graph")
+    rc = RolloutConfig.from_dict(cfg["actor_rollout_ref"]["rollout"], "actor_rollout_ref.rollout")
+    seen = {}
+    monkeypatch.setattr(he.HFRolloutEngine, "__init__", lambda self, *a, **kw: seen.update(kw))
+    build_engine(SimpleNamespace(rollout=rc), _config("llama"), "unused", [1], 1, torch.device("cpu"), "cpu",
+                 torch.float32, 0)
+    assert seen["decode_loop"] == "graph"
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.decode_loop='graf'; expected generate") as bad:
+        validate(_cfg("actor_rollout_ref.rollout.decode_loop=graf"))
+    assert "\n" not in str(bad.value)
+    with pytest.raises(ConfigError, match="decode_loop=graph: the graph decode loop does not run a vision-language"):
+        check_decode_loop(cfg, Qwen2VLConfig())
+    check_decode_loop(cfg, _config("qwen2"))
+    check_decode_loop(_cfg(), Qwen2VLConfig())  # generate: nothing to check
+    warned = unused_setting_warnings(_cfg("rollout=vllm", "+actor_rollout_ref.rollout.decode_loop=graph"))
+    assert any("decode_loop=graph: ignored: a setting of rollout.name=hf" in w for w in warned)
 
 
 def test_a_step_that_is_not_one_graph_is_compiled_again_without_fullgraph(monkeypatch, caplog):

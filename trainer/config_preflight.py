@@ -238,3 +238,22 @@ def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
     logger.info("responses end at token ids %s (%s)", stops, tokenizer.convert_ids_to_tokens(stops))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # pad falls back to EOS (SmolLM2 has no pad token)
+
+
+def check_decode_loop(cfg: dict, hf_config) -> None:
+    """``rollout.decode_loop=graph`` (the transformers engine's own decode loop) only for a model it runs: not a
+    vision-language model, no sliding-window or other non-full-attention layers
+    (:func:`rollout.graph_decode.graph_decode_unsupported`); nothing to check for ``generate`` or vLLM.
+
+    Raises:
+        ConfigError: one line naming the key, what the model has and the setting to use.
+    """
+    rc = cfg["actor_rollout_ref"]["rollout"]
+    if rc.get("name") != "hf" or rc.get("decode_loop") != "graph":
+        return
+    from rollout.graph_decode import graph_decode_unsupported
+
+    why = graph_decode_unsupported(hf_config)
+    if why:
+        raise ConfigError(f"actor_rollout_ref.rollout.decode_loop=graph: the graph decode loop does not run {why}; "
+                          "use decode_loop=generate")

@@ -19,7 +19,7 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as
 from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
 from trainer.run_folder import FINAL_METRICS, already_complete, write_final_metrics  # noqa: F401
-from trainer.config_preflight import check_model_context, preflight, resume_path  # noqa: F401
+from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
@@ -306,7 +306,7 @@ def build_reward_managers(cfg: dict, data: DataConfig, tok, datasets) -> tuple:
 
 def load_model_files(cfg: dict):
     """Import ``model.external_lib``, check the actor's model folder against the run (context length, EOS and stop
-    tokens, the multi-turn chat template) and return its tokenizer (:func:`load_tokenizer`).
+    tokens, the multi-turn chat template, the rollout's decode loop) and return its tokenizer (:func:`load_tokenizer`).
 
     Raises:
         ConfigError: the model path holds no ``config.json``, or a check above fails.
@@ -323,6 +323,7 @@ def load_model_files(cfg: dict):
     hf_config = AutoConfig.from_pretrained(mpath, trust_remote_code=bool(model["trust_remote_code"]),
                                            **dict(model["override_config"] or {}))
     check_model_context(cfg, hf_config, tok)
+    check_decode_loop(cfg, hf_config)
     check_multi_turn_template(cfg, tok)
     return tok
 

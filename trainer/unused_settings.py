@@ -22,7 +22,8 @@ _MISSING = object()
 
 # rollout keys of one engine, with their group defaults: another engine leaves them unused
 ENGINE_KEYS = {"vllm": {"tensor_model_parallel_size": 1, "gpu_memory_utilization": 0.5},
-               "hf": {"static_cache": "auto", "max_batch_size": 256, "prompt_length_bucket": 64}}
+               "hf": {"static_cache": "auto", "max_batch_size": 256, "prompt_length_bucket": 64,
+                      "decode_loop": "generate"}}
 
 
 def unused_setting_warnings(cfg: dict) -> list[str]:

@@ -11,6 +11,7 @@ from trainer.config_checks import ConfigError, as_int
 __all__ = ["SamplingKwargs", "RolloutConfig", "ENGINES"]
 
 ENGINES = ("hf", "vllm")
+DECODE_LOOPS = ("generate", "graph")  # rollout.hf_engine.DECODE_LOOPS (trainer/config imports no engine)
 
 
 def _temperature(key: str, value: float, given) -> None:
@@ -61,8 +62,9 @@ class RolloutConfig(Section):
         stop_token_ids: more ids ending a response; ignore_eos: responses always run to response_length.
         prompt_length, response_length: tokens (prompts are left-padded; responses at most response_length).
         log_prob_*: batching of the old log-probs (rows per worker, or a token budget per worker).
-        static_cache, max_batch_size, prompt_length_bucket, attn_implementation: hf engine options
-            (attn_implementation is the hf group's key: None under rollout=vllm).
+        static_cache, max_batch_size, prompt_length_bucket, attn_implementation, decode_loop: hf engine options
+            (attn_implementation and decode_loop are the hf group's keys: None under rollout=vllm; decode_loop:
+            ``generate`` or ``graph``, :mod:`rollout.graph_decode`).
         tensor_model_parallel_size, gpu_memory_utilization, engine_kwargs: vLLM's (engine_kwargs: verl's
             ``engine_kwargs.vllm`` entries passed to ``vllm.LLM``; None when not set).
         sleep_level, update_weights_bucket_megabytes, offload_optimizer_during_rollout, lora_sync: how the
@@ -87,6 +89,7 @@ class RolloutConfig(Section):
     max_batch_size: int
     prompt_length_bucket: int
     attn_implementation: str | None = field(metadata=ABSENT_OK)
+    decode_loop: str | None = field(metadata=ABSENT_OK)
     tensor_model_parallel_size: int
     sleep_level: int
     gpu_memory_utilization: float
@@ -99,7 +102,7 @@ class RolloutConfig(Section):
 
     def check(self, key: str) -> None:
         """A known engine; the sampling values (n, temperature, top_p, top_k); the hf engine's
-        attn_implementation one that transformers knows."""
+        attn_implementation one that transformers knows and its decode_loop generate or graph."""
         if self.name not in ENGINES:
             raise ConfigError(f"{key}.name={self.given('name')!r}; expected hf or vllm")
         _sampling(key, self)
@@ -113,3 +116,6 @@ class RolloutConfig(Section):
             if attn not in known:
                 raise ConfigError(f"{key}.attn_implementation={attn!r}; expected auto, sdpa, sdpa_gqa, eager or one "
                                   f"of transformers' {known}")
+        if self.name == "hf" and (self.decode_loop or "generate") not in DECODE_LOOPS:
+            raise ConfigError(f"{key}.decode_loop={self.given('decode_loop')!r}; expected generate (transformers' "
+                              "generate) or graph (one compiled function per decode step)")

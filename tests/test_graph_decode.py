@@ -259,6 +259,25 @@ def test_the_decode_loop_key_reaches_the_engine_and_is_checked_before_start(monk
     assert any("decode_loop=graph: ignored: a setting of rollout.name=hf" in w for w in warned)
 
 
+def test_the_rollout_bench_times_both_decode_loops(tmp_path, monkeypatch):
+    """tools/bench/rollout.py --decode-loop generate,graph: one row per loop on one engine, with ms per decode step
+    (seconds / the longest response of each chunk)."""
+    import json
+
+    from tools.bench import rollout as bench
+
+    monkeypatch.setattr(bench, "random_config", lambda name: _config("llama", layers=1))
+    out = tmp_path / "r.json"
+    bench.main(["--prompts", "3", "--n", "2", "--new-tokens", "4", "--min-prompt", "2", "--max-prompt", "4",
+                "--skip-plain", "--skip-sync", "--engine-calls", "1", "--decode-loop", "generate,graph",
+                "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["decode_loop"] for r in rows] == ["generate", "graph"]
+    for r in rows:
+        assert r["tokens"] > 0 and r["decode_steps"] == 4 and r["ms_per_decode_step"] > 0
+    assert bench.decode_steps(torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]]), rows_per_call=2) == 2 + 3
+
+
 def test_a_step_that_is_not_one_graph_is_compiled_again_without_fullgraph(monkeypatch, caplog):
     """fullgraph=True fails on a graph break: one warning, then fullgraph=False (several graphs) and the same
     tokens as the eager loop."""

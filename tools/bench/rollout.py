@@ -6,6 +6,8 @@ Usage (GPU machine):
     python tools/bench/rollout.py --random smollm2 --prompts 256 --n 4 --new-tokens 256 --out r.json
     python tools/bench/rollout.py --engine hf,vllm --random qwen2-1.5b --prompts 512 --n 1 --new-tokens 512 \
         --skip-plain --skip-sync --out r.json
+``--decode-loop generate,graph`` times the transformers engine's two decode loops (``rollout.decode_loop``) on one
+engine, same weights and prompts, with ms per decode step (seconds / the longest response of each chunk).
 ``--engine hf,vllm`` times both engines in one process on the same weights and prompts (the transformers engine
 first; its memory is returned before vLLM starts). A random-weight model is saved as an HF folder first, so that
 vLLM loads the same weights; each row then ends only at EOS or ``--new-tokens``.
@@ -103,21 +105,19 @@ def bench_generation(args, device, dtype) -> list[dict]:
     if "hf" not in engines:
         del weights
         return rows + [bench_vllm(args, cfg, eos, prompts, sampling)]
+    loops = args.decode_loop.split(",")
     for i, attn in enumerate(args.attn.split(",")):  # one engine per attention backend, one after the other
         if i:  # free the previous engine; PyTorch's caching allocator reuses its blocks for the next one
             del engine
             gc.collect()
         engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch,
-                                 attn_implementation=attn)
+                                 attn_implementation=attn, decode_loop="graph" if "graph" in loops else "generate")
         engine.load_weights(weights.items())
-        times, records, out = timed_calls(engine, prompts, sampling, args.engine_calls)
-        tokens = int(out.response_mask.sum())
-        kind = "static cache + compile" if engine.use_static_cache else "dynamic"
-        rows.append(dict(name=f"HFRolloutEngine ({kind}, {attn})", attn_implementation=attn, seconds=times[-1],
-                         tokens=tokens, tok_per_s=tokens / times[-1], first_call_s=times[0],
-                         compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times,
-                         cudagraph_records_per_call=records))
-        print(rows[-1], flush=True)
+        for loop in loops:  # the same engine and weights in each decode loop, --engine-calls calls each
+            engine.decode_loop = loop
+            rows.append(engine_row(engine, prompts, sampling, args.engine_calls, attn, loop))
+            print(rows[-1], flush=True)
+        engine.decode_loop = loops[0]
     del weights
     if args.decode_ab:  # the same engine (one compilation) in each decode-loop setting, --engine-calls calls each
         rows.append(decode_ab(engine, prompts, sampling, args.engine_calls))
@@ -132,13 +132,34 @@ def bench_generation(args, device, dtype) -> list[dict]:
                          tok_per_s=int(out.response_mask.sum()) / dt))
         print(rows[-1], flush=True)
     if "vllm" in engines:
-        del engine, out
+        engine = out = None  # the HF engine and its last output go before vLLM starts
         gc.collect()
         from rollout import memory
 
         memory.empty_cache()  # the HF engine's cached blocks go back before vLLM sizes its KV cache
         rows.append(bench_vllm(args, cfg, eos, prompts, sampling))
     return rows
+
+
+def decode_steps(response_mask: torch.Tensor, rows_per_call: int) -> int:
+    """Decode steps of one ``generate`` call of the engine: the longest response of each chunk of ``rows_per_call``
+    rows, summed over the chunks (every loop runs a chunk until its longest row ends)."""
+    lengths = response_mask.sum(1)
+    return int(sum(int(lengths[i:i + rows_per_call].max()) for i in range(0, len(lengths), rows_per_call)))
+
+
+def engine_row(engine, prompts, sampling, calls: int, attn: str, loop: str) -> dict:
+    """``calls`` timed calls of one engine in decode loop ``loop``: the last call's seconds, tokens/s and ms per
+    decode step (:func:`decode_steps`), the first call's (compile and CUDA-graph recording included), the
+    recordings per call."""
+    times, records, out = timed_calls(engine, prompts, sampling, calls)
+    tokens = int(out.response_mask.sum())
+    steps = decode_steps(out.response_mask, engine._rows_per_call())
+    kind = "static cache + compile" if engine.use_static_cache else "dynamic"
+    return dict(name=f"HFRolloutEngine ({kind}, {attn}, decode_loop={loop})", attn_implementation=attn,
+                decode_loop=loop, seconds=times[-1], tokens=tokens, tok_per_s=tokens / times[-1],
+                decode_steps=steps, ms_per_decode_step=1e3 * times[-1] / max(steps, 1), first_call_s=times[0],
+                compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times, cudagraph_records_per_call=records)
 
 
 def timed_calls(engine, prompts, sampling, calls: int):
@@ -330,6 +351,10 @@ def main(argv=None) -> None:
     ap.add_argument("--attn", default="sdpa", help="engine attention backend(s), comma-separated, timed one after "
                     "the other in this process (e.g. sdpa,sdpa_gqa; rollout.attn_implementation)")
     ap.add_argument("--engine-calls", type=int, default=2)
+    ap.add_argument("--decode-loop", default="generate",
+                    help="the transformers engine's decode loop(s), comma-separated, timed one after the other on the "
+                    "same engine: generate (transformers' generate), graph (one compiled function per decode step; "
+                    "rollout.decode_loop)")
     ap.add_argument("--decode-ab", action="store_true",
                     help="time the transformers engine with generate's stop flag read after every token and one step "
                     "late (--engine-calls calls each)")
@@ -353,15 +378,16 @@ def main(argv=None) -> None:
     if not args.skip_sync:
         results["rows"].append(bench_sync(args, device))
         print(results["rows"][-1], flush=True)
-    print(f"\n{'what':48s} {'tok/s':>10s} {'seconds':>9s} {'compile s':>10s}")
+    print(f"\n{'what':68s} {'tok/s':>10s} {'seconds':>9s} {'compile s':>10s} {'ms/step':>8s}")
     for r in results["rows"]:
         for setting in r.get("settings", []):  # --decode-ab
             name = f"  stop flag read {'one step late' if setting['defer_stop_check'] else 'after every token'}"
-            print(f"{name:48s} {setting['tok_per_s']:>10.0f} {setting['mean_s']:9.3f} "
+            print(f"{name:68s} {setting['tok_per_s']:>10.0f} {setting['mean_s']:9.3f} "
                   f"{'records ' + str(setting['cudagraph_records_per_call']):>10s}")
         if "seconds" in r:
             tps = f"{r['tok_per_s']:.0f}" if "tok_per_s" in r else "-"
-            print(f"{r['name']:48s} {tps:>10s} {r['seconds']:9.3f} {r.get('compile_s', 0):10.1f}")
+            step = f"{r['ms_per_decode_step']:.2f}" if "ms_per_decode_step" in r else "-"
+            print(f"{r['name']:68s} {tps:>10s} {r['seconds']:9.3f} {r.get('compile_s', 0):10.1f} {step:>8s}")
     if int(os.environ.get("RANK", "0")) == 0:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)

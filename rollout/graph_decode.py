@@ -33,8 +33,9 @@ What the loop does not run (:func:`graph_decode_unsupported`): vision-language m
 layers other than full attention (sliding-window, chunked or linear-attention layers). The engine refuses
 ``decode_loop=graph`` for those (the trainer before start-up).
 
-Not yet run on a GPU: the compiled path was traced on CPU only (dynamo, ``fullgraph=True``, backends ``eager`` and
-``aot_eager``); CUDA-graph capture, its memory and its speed are to be measured (docs/benchmarks.md).
+Not yet run on a GPU: the compiled step was traced on CPU only (dynamo, ``fullgraph=True``, backends ``eager`` and
+``aot_eager`` in the tests; inductor once); CUDA-graph capture, its memory and its speed are to be measured
+(docs/benchmarks.md, tests/test_graph_decode_gpu.py).
 """
 from __future__ import annotations
 

@@ -105,6 +105,25 @@ def test_log_probs_are_log_softmax_of_the_full_forward(actor, sampling):
         assert torch.all(out.rollout_log_probs[row, n:] == 0)
 
 
+def test_ignore_eos_and_seeds(actor):
+    """ignore_eos: the stop ids are never written (every row runs R tokens) and the log-probs are those of the logits
+    without them, as generate's min_new_tokens gives; the same seed gives the same samples, another seed others."""
+    R = 8
+    free = _engine(actor, decode_loop="graph").generate(PROMPTS, SamplingConfig(do_sample=False, max_new_tokens=R))
+    stops = sorted({int(t) for t in free.responses[:, 1]})
+    sampling = SamplingConfig(do_sample=False, max_new_tokens=R, ignore_eos=True)
+    a = _engine(actor, eos_token_id=stops).generate(PROMPTS, sampling)
+    graph = _engine(actor, eos_token_id=stops, decode_loop="graph")
+    b = graph.generate(PROMPTS, sampling)
+    assert torch.equal(a.responses, b.responses) and int(b.response_mask.sum()) == len(PROMPTS) * R
+    assert not torch.isin(b.responses, torch.tensor(stops)).any()
+    torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5, rtol=0)
+    seeded = dict(n=3, temperature=1.0, max_new_tokens=R)
+    x, y = (graph.generate(PROMPTS, SamplingConfig(seed=7, **seeded)) for _ in range(2))
+    z = graph.generate(PROMPTS, SamplingConfig(seed=8, **seeded))
+    assert torch.equal(x.responses, y.responses) and not torch.equal(x.responses, z.responses)
+
+
 def _buffers(rows: int, vocab: int, temperature: float):
     return dict(step=torch.zeros((), dtype=torch.long), tokens=torch.zeros((rows, 1), dtype=torch.long),
                 log_probs=torch.zeros((rows, 1)), finished=torch.zeros(rows, dtype=torch.bool),

@@ -162,9 +162,9 @@ def decode_step(model, cache_kw: str, cache, mask: torch.Tensor, prompt_lens: to
 
 
 class _Slot:
-    """The fixed-address buffers of one shape (rows B, prompt width W, cache length L, new tokens R): the
-    ``StaticCache`` and the step's inputs and outputs, reused by every call of that shape (same addresses, so a
-    recorded CUDA graph is replayed, not recorded again)."""
+    """The fixed-address buffers of one shape (rows B, cache length L, new tokens R): the ``StaticCache`` and the
+    step's inputs and outputs, reused by every call of that shape (same addresses, so a recorded CUDA graph is
+    replayed, not recorded again)."""
 
     def __init__(self, model, rows: int, cache_len: int, new_tokens: int, vocab: int, device: torch.device) -> None:
         from transformers import StaticCache
@@ -179,6 +179,8 @@ class _Slot:
         self.step = torch.zeros((), dtype=torch.long, device=device)
         self.is_stop = torch.zeros((vocab,), dtype=torch.bool, device=device)
         self.temperature = torch.ones((), dtype=torch.float32, device=device)
+        # static inputs of the compiled step: CUDA-graph trees read and update them in place at their own addresses
+        # instead of copying them into the graph's memory at every replay (as transformers does for its cache)
         for t in (self.mask, self.prompt_lens, self.tokens, self.log_probs, self.finished, self.all_done, self.step,
                   self.is_stop, self.temperature):
             torch._dynamo.mark_static_address(t)

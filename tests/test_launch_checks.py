@@ -278,6 +278,24 @@ def test_a_changed_lr_schedule_on_resume_is_warned(tmp_path):
     assert "schedule changes at the resumed step" in line
 
 
+def test_a_changed_seed_on_resume_is_warned(tmp_path):
+    """The sampling after the resumed step follows trainer.seed: another seed changed the resumed run without a
+    word (its steps differed from a plain resume's)."""
+    import torch
+
+    from trainer.resume_checks import resume_seed_warnings
+
+    step = tmp_path / "global_step_1"
+    step.mkdir()
+    torch.save({"global_step": 1, "config": _cfg("trainer.seed=3")}, str(step / "data.pt"))
+    assert resume_seed_warnings(_cfg("trainer.seed=3"), str(step)) == []
+    assert resume_seed_warnings(_cfg("trainer.seed=7"), str(step)) == [
+        "trainer.resume_mode: trainer.seed=7 (checkpoint: 3): the sampling after the resumed step follows the new "
+        "seed, so the run is not the one the checkpoint's run would have continued"]
+    torch.save({"global_step": 1}, str(step / "data.pt"))  # saved without a config: not compared
+    assert resume_seed_warnings(_cfg("trainer.seed=7"), str(step)) == []
+
+
 def test_resume_compares_the_rows_not_the_path_when_the_checkpoint_has_their_fingerprint(tmp_path):
     """The same file under another path (relative, through a symlinked folder, moved, copied) resumes when the
     checkpoint holds its rows' fingerprint (the rows are compared by :func:`check_resume_rows`); a checkpoint

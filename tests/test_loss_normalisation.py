@@ -110,8 +110,9 @@ def test_p23_agg_loss_needs_global_counts_under_dp():
         with pytest.raises(ValueError, match="dp_size > 1 needs global_num"):
             ca.agg_loss(L, M, mode, dp_size=2)
     assert ca.agg_loss(L, M, "token-sum", dp_size=2).item() == pytest.approx(30.0)  # no count: the share is x dp
-    with pytest.raises(ValueError, match="loss_scale_factor must be > 0"):
-        ca.agg_loss(L, M, "seq-mean-token-sum-norm", loss_scale_factor=0)
+    for bad in (0, -1.0, float("inf"), float("nan")):  # inf scaled every loss and gradient to 0
+        with pytest.raises(ValueError, match="loss_scale_factor must be a finite number > 0"):
+            ca.agg_loss(L, M, "seq-mean-token-sum-norm", loss_scale_factor=bad)
 
 
 def test_loss_agg_mode_and_scale_factor_are_checked_before_start():
@@ -124,5 +125,7 @@ def test_loss_agg_mode_and_scale_factor_are_checked_before_start():
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.loss_agg_mode='seq-mean'; expected one of "
                                           r"\['token-mean', 'token-sum'"):
         validate(_cfg("actor_rollout_ref.actor.loss_agg_mode=seq-mean"))
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.loss_scale_factor=-1; expected null"):
-        validate(_cfg("actor_rollout_ref.actor.loss_scale_factor=-1"))
+    for bad in ("-1", "inf", "nan"):
+        with pytest.raises(ConfigError, match=rf"actor_rollout_ref.actor.loss_scale_factor={bad}; expected null "
+                                              r"\(rollout.response_length\) or a positive finite number"):
+            validate(_cfg(f"actor_rollout_ref.actor.loss_scale_factor={bad}"))

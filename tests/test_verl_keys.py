@@ -447,3 +447,21 @@ def test_embedded_model_settings_that_the_run_never_reads_warn(overrides, warned
     _, _, _, report = composed(overrides)
     hits = [w for w in report.warnings if "tiny." in w.split(":")[0] or "warm_start_steps" in w.split(":")[0]]
     assert hits == ([] if warned is None else [hits[0]]) and (warned is None or hits[0].startswith(warned)), hits
+
+
+@pytest.mark.parametrize("overrides,warned", [
+    (["actor_rollout_ref.actor.loss_scale_factor=5"],
+     ["actor_rollout_ref.actor.loss_scale_factor=5: ignored: actor_rollout_ref.actor.loss_agg_mode=token-mean (only "
+      "seq-mean-token-sum-norm divides by it)"]),
+    (["actor_rollout_ref.actor.loss_scale_factor=5", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"],
+     []),
+    (["algorithm=gae", "critic.loss_scale_factor=7", "critic.loss_agg_mode=token-mean"],
+     ["critic.loss_scale_factor=7: ignored: critic.loss_agg_mode=token-mean (only seq-mean-token-sum-norm divides "
+      "by it)"]),
+])
+def test_a_loss_scale_factor_that_the_loss_mode_never_reads_warns(overrides, warned):
+    """Only seq-mean-token-sum-norm divides by loss_scale_factor: with another mode it changed nothing."""
+    from tests.verl_scripts import composed
+
+    _, _, _, report = composed(overrides)
+    assert [w for w in report.warnings if "loss_scale_factor=" in w.split(":")[0]] == warned

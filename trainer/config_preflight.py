@@ -14,7 +14,7 @@ from trainer.config_checks import ConfigError, ErrorCollector, check_model_files
 from trainer.megatron_checks import check_megatron_model
 from trainer.model_folder_checks import check_model_folders, read_model_config
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
-                                   resume_schedule_warnings)
+                                   resume_schedule_warnings, resume_seed_warnings)
 from trainer.tokenizer_files import no_eos_problem
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def _check_resume(cfg: dict) -> None:
         check_resume_checkpoint(cfg, step_dir)
         check_resume_optim(cfg, step_dir)
         check_resume_data(cfg, step_dir)
-        for line in resume_schedule_warnings(cfg, step_dir):
+        for line in resume_schedule_warnings(cfg, step_dir) + resume_seed_warnings(cfg, step_dir):
             logger.warning(line)
 
 

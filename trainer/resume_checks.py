@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DATA_FILTER_KEYS", "DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "ROW_FILTER_KEYS", "SCHEDULE_KEYS",
            "check_resume_checkpoint",
            "check_resume_data", "check_resume_model", "check_resume_optim", "check_resume_rows",
-           "resume_schedule_warnings"]
+           "resume_schedule_warnings", "resume_seed_warnings"]
 
 #: the ``optim`` keys whose values a resume takes from the checkpoint (the optimizer's param groups)
 RESTORED_OPTIM_KEYS = ("lr", "weight_decay", "betas")
@@ -249,6 +249,18 @@ def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
         return []
     return [f"trainer.resume_mode: {', '.join(diffs)}: the learning-rate schedule changes at the resumed step (the "
             "scheduler's position is restored, the new schedule is followed from there; the rate may jump)"]
+
+
+def resume_seed_warnings(cfg: dict, step_dir: str) -> list[str]:
+    """One warning line when a resume changes ``trainer.seed``: the seeds of the rollouts' sampling after the resumed
+    step come from it, so the run goes on, but not as the run the checkpoint belongs to would have (a changed seed
+    on purpose is a use). A checkpoint whose ``data.pt`` holds no config is not compared."""
+    saved_cfg = _saved_config(step_dir)
+    now, saved = (c.get("trainer", {}).get("seed") if isinstance(c, dict) else None for c in (cfg, saved_cfg))
+    if saved is None or now is None or _same(now, saved):
+        return []
+    return [f"trainer.resume_mode: trainer.seed={now!r} (checkpoint: {saved!r}): the sampling after the resumed step "
+            "follows the new seed, so the run is not the one the checkpoint's run would have continued"]
 
 
 def check_resume_optim(cfg: dict, step_dir: str) -> None:

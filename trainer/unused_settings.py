@@ -164,6 +164,11 @@ SWITCHED_OFF = (
      lambda r: f"algorithm.adv_estimator={_estimator(r)} does not discount (gae and reinforce_plus_plus do)"),
     (lambda r: _estimator(r) not in LAM_READERS, ("algorithm.lam",),
      lambda r: f"algorithm.adv_estimator={_estimator(r)} has no GAE lambda (gae has)"),
+    (lambda r: _get(r, f"{_A}.loss_agg_mode") != "seq-mean-token-sum-norm", (f"{_A}.loss_scale_factor",),
+     lambda r: f"{_A}.loss_agg_mode={_get(r, f'{_A}.loss_agg_mode')} (only seq-mean-token-sum-norm divides by it)"),
+    (lambda r: _critic_on(r) and _get(r, "critic.loss_agg_mode") != "seq-mean-token-sum-norm",
+     ("critic.loss_scale_factor",),
+     lambda r: f"critic.loss_agg_mode={_get(r, 'critic.loss_agg_mode')} (only seq-mean-token-sum-norm divides by it)"),
     (lambda r: _get(r, "actor_rollout_ref.model.path") is not None,
      ("actor_rollout_ref.model.tiny.", "data.warm_start_steps"),
      lambda r: f"actor_rollout_ref.model.path={_get(r, 'actor_rollout_ref.model.path')} is loaded (the tiny model "
@@ -191,7 +196,8 @@ def switched_off_warnings(cfg: dict) -> list[str]:
     (:data:`SWITCHED_OFF`: ``critic.*`` without a critic, ``actor.kl_loss_*`` without ``use_kl_loss``, ``kl_ctrl``
     without ``use_kl_in_reward``, ``filter_groups.*`` / ``overlong_buffer.*`` without their ``enable``, token
     budgets without dynamic batches, checkpoint retention without saves, ``gamma`` / ``lam`` of an estimator that
-    does not read them, the embedded tiny model's settings with a model path, a warm start of a task without one): one warning line per row naming the keys. Reads no key of a recording config."""
+    does not read them, ``loss_scale_factor`` of a ``loss_agg_mode`` that does not divide by it, the embedded tiny
+    model's settings with a model path, a warm start of a task without one): one warning line per row naming the keys. Reads no key of a recording config."""
     from trainer.config_reads import plain
 
     run, out = plain(cfg), []

@@ -70,8 +70,8 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     elif loss_agg_mode == "seq-mean-token-sum-norm":
         if loss_scale_factor is None:
             loss_scale_factor = loss_mat.shape[-1]
-        if not loss_scale_factor > 0:
-            raise ValueError(f"loss_scale_factor must be > 0, got {loss_scale_factor}")
+        if not 0 < loss_scale_factor < float("inf"):
+            raise ValueError(f"loss_scale_factor must be a finite number > 0, got {loss_scale_factor}")
         seq = seq / loss_scale_factor
     n_seq = _count(global_num_seqs, m.any(dim=-1).sum(), dp_size, loss_agg_mode, "global_num_seqs",
                    "sequences with a valid token")

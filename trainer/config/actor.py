@@ -2,6 +2,8 @@
 ``actor_rollout_ref.ref`` and ``critic`` (verl's keys; ``configs/ppo_trainer.yaml`` holds their defaults)."""
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,15 +19,16 @@ ULYSSES_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"
 
 
 def _scale_factor(value: Any, path: str) -> float | None:
-    """``loss_scale_factor``: null (the rollout's response_length) or a positive number."""
+    """``loss_scale_factor``: null (the rollout's response_length) or a positive finite number (an infinite one
+    scales every loss, and so every gradient, to 0)."""
     if value is None:
         return None
     try:
-        ok = not isinstance(value, bool) and float(value) > 0
+        ok = not isinstance(value, bool) and math.isfinite(float(value)) and float(value) > 0
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise ConfigError(f"{path}={value!r}; expected null (rollout.response_length) or a positive number")
+        raise ConfigError(f"{path}={value!r}; expected null (rollout.response_length) or a positive finite number")
     return float(value)
 
 

@@ -93,3 +93,137 @@ def test_the_manager_stops_on_an_all_nan_batch_and_warns_on_some(tok, caplog):  
                        num_workers=0) as rm, caplog.at_level("WARNING"):
         assert rm(data).metrics["reward/num_nan"] == 1.0
     assert "1 NaN/inf score(s) in a batch of 2 scored 0" in caplog.text
+
+
+def _fails_unless_empty(solution_str, ground_truth, extra_info=None, **kw):
+    """Scores the empty response (as the start-up probe sees it) and fails on every other one, by ``extra_info``."""
+    import os
+    import sys
+    import time
+
+    if not solution_str:
+        return 0.0
+    kind = (extra_info or {}).get("kind", "raise")
+    if kind == "none":
+        return None
+    if kind == "nan":
+        return float("nan")
+    if kind == "sys_exit":
+        sys.exit(3)
+    if kind == "os_exit":
+        os._exit(3)
+    if kind == "hang":
+        time.sleep(60)
+    if kind == "garbage" and solution_str.split()[-1] != ground_truth:
+        raise ValueError("no answer")
+    if kind == "garbage":
+        return 1.0
+    raise ValueError("boom")
+
+
+def _mostly_non_empty(kind, n=6, empty=2):
+    return make_batch(["42"] * n + [""] * empty, non_tensors={"extra_info": [{"kind": kind}] * (n + empty)})
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind,needle", [("raise", "6 raised (first: ValueError: boom)"),
+                                         ("none", "6 raised (first: TypeError: a scorer must return a float"),
+                                         ("nan", "6 NaN/inf"),
+                                         ("sys_exit", "6 raised (first: SystemExit: 3 (the scorer called sys.exit))")])
+def test_a_scorer_failing_on_every_non_empty_response_stops_though_empty_ones_score(
+        tok, num_workers, kind, needle):  # noqa: F811
+    """A scorer that scores only the empty response passed the probe and trained to the end on all-zero rewards
+    (the batch's empty responses scored, so the all-responses stop never fired): the batch stops in one line naming
+    the scorer, the counts and the first error."""
+    from rewards.manager import RewardManager
+    from rewards.pool import ScorerError
+
+    if kind == "sys_exit" and num_workers == 0:
+        pytest.skip("sys.exit in this process ends it")
+    with RewardManager(tok, scorer=_fails_unless_empty, num_workers=num_workers) as rm:
+        with pytest.raises(ScorerError) as err:
+            rm(_mostly_non_empty(kind))
+        if num_workers:
+            assert rm._pool.num_restarts == 0  # sys.exit is the scorer's error, not a process to start again
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"reward: the scorer _fails_unless_empty of {__file__} failed on all "
+                                                "6 non-empty responses of the batch of 8 (")
+    assert needle in line and "the 2 that scored were empty" in line, line
+
+
+def test_a_scorer_failing_on_some_non_empty_responses_keeps_training(tok, caplog):  # noqa: F811
+    """Unparsable responses may make a working scorer raise: with one non-empty response scored the batch goes on,
+    counted and warned."""
+    from rewards.manager import RewardManager
+
+    texts = ["the answer is 42", "the", "answer is", "7", "", ""]
+    data = make_batch(texts, non_tensors={"extra_info": [{"kind": "garbage"}] * len(texts)})
+    with RewardManager(tok, scorer=_fails_unless_empty, num_workers=0) as rm, caplog.at_level("WARNING"):
+        out = rm(data)
+    assert out.reward_extra_info["score"] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert out.metrics["reward/num_errors"] == 3.0
+    assert "3 scorer error(s) in a batch of 6; first: ValueError: no answer" in caplog.text
+
+
+@pytest.mark.parametrize("kind,needle", [("hang", "16 ran past reward_model.timeout_s=0.2 s"),
+                                         ("os_exit", "16 ended their scoring process (first: scorer worker died "
+                                                     "(exit code 3))")])
+def test_a_scorer_hanging_or_dying_on_every_non_empty_response_stops_the_batch_early(tok, kind, needle):  # noqa: F811
+    """Each timeout costs timeout_s and each death a new process (a step took 268 s, or 45-58 s instead of 0.2 s,
+    and trained on zeros): after 16 such failures on non-empty responses with none scored the batch stops; the
+    pool scores the next batch."""
+    import time
+
+    from rewards.manager import RewardManager
+    from rewards.pool import ScorerError
+
+    with RewardManager(tok, scorer=_fails_unless_empty, timeout_s=0.2, num_workers=2) as rm:
+        t0 = time.perf_counter()
+        with pytest.raises(ScorerError) as err:
+            rm(_mostly_non_empty(kind, n=100))
+        elapsed = time.perf_counter() - t0
+        line = str(err.value)
+        assert "gave no score for the first 16 non-empty responses of the batch of 102 that finished" in line, line
+        assert needle in line and "other responses were not scored" in line, line
+        assert elapsed < 5.0  # all 100: 10 s of timeouts
+        assert rm(_mostly_non_empty("garbage", n=2)).reward_extra_info["score"] == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_the_failure_watch_judges_non_empty_responses_only():
+    """Empty responses neither prove nor disprove a scorer; one non-empty score ends the early stop; one judged
+    response is not a pattern."""
+    from rewards.pool import FailureWatch, ScorerError
+
+    watch = FailureWatch([True, False] + [False] * 20, early_after=16)
+    assert not watch.see(0, ("ok", 0.0, 0.0))
+    assert not watch.see(1, ("ok", {"score": 1.0}, 0.0))  # scored: a healthy scorer whatever follows
+    assert not any(watch.see(i, ("timeout", None, 1.0)) for i in range(2, 22))
+    watch.check(22, 1.0)
+    watch = FailureWatch([True] + [False] * 16, early_after=16)
+    assert not watch.see(0, ("ok", 0.0, 0.0))
+    assert [watch.see(i, ("timeout", None, 1.0)) for i in range(1, 17)] == [False] * 15 + [True]
+    assert watch.see(16, ("ok", 1.0, 0.0)) and watch.stopped  # a score finishing after the stop does not undo it
+    with pytest.raises(ScorerError, match=r"^reward: the scorer gave no score for the first 16 non-empty"):
+        watch.check(17, 1.0)
+    watch = FailureWatch([False, True, True])  # one non-empty response that failed
+    for i, outcome in enumerate([("error", "ValueError: x", 0.0), ("ok", 0.0, 0.0), ("ok", 0.0, 0.0)]):
+        watch.see(i, outcome)
+    watch.check(3, 1.0)
+    watch = FailureWatch([False, False, True])
+    for i, outcome in enumerate([("error", "ValueError: x", 0.0), ("ok", float("inf"), 0.0), ("ok", 0.0, 0.0)]):
+        watch.see(i, outcome)
+    with pytest.raises(ScorerError, match=r"all 2 non-empty .*\(1 raised \(first: ValueError: x\), 1 NaN/inf\); "
+                                          r"the 1 that scored were empty"):
+        watch.check(3, 1.0)
+
+
+def test_a_routed_scorer_failing_on_every_non_empty_response_is_named_by_its_data_source(tok):  # noqa: F811
+    from rewards.manager import RewardManager
+    from rewards.pool import ScorerError
+    from rewards.registry import register_scorer
+
+    register_scorer("tests/fails_unless_empty", overwrite=True)(_fails_unless_empty)
+    data = make_batch(["42", "7", ""], non_tensors={"data_source": ["tests/fails_unless_empty"] * 3})
+    with RewardManager(tok, num_workers=0) as rm, pytest.raises(
+            ScorerError, match=r"^reward: the scorer of data_source 'tests/fails_unless_empty' failed on all 2 "):
+        rm(data)

@@ -36,7 +36,7 @@ from rewards import math as math_reward
 from rewards.gsm8k import TOOL_RESPONSE_END
 
 __all__ = ["Scorer", "register_scorer", "get_scorer", "list_scorers", "registry_version", "load_custom_scorer",
-           "wants_data_source", "DEFAULT_DATA_SOURCES"]
+           "ImportEndedError", "wants_data_source", "DEFAULT_DATA_SOURCES"]
 
 Scorer = Callable[..., Any]  # score(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict
 
@@ -174,6 +174,15 @@ def wants_data_source(fn: Scorer) -> bool:
         return False
 
 
+class ImportEndedError(ImportError):
+    """A custom reward file whose import ended the process (``sys.exit``, ``exit()``, ``raise SystemExit``): ``how``
+    says how, e.g. ``sys.exit(0)``."""
+
+    def __init__(self, path: str, how: str):
+        super().__init__(f"importing custom reward file {path!r} ended the process ({how})")
+        self.path, self.how = path, how
+
+
 def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> Scorer:
     """Load the function ``name`` from the Python file ``path`` (verl's ``custom_reward_function.path/name``).
 
@@ -186,7 +195,10 @@ def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> 
 
     Raises:
         FileNotFoundError: if ``path`` is not a file.
-        ImportError: if the file fails to import (the original error is chained).
+        ImportError: if the file fails to import (the original error is chained); :class:`ImportEndedError` if
+            its import raised ``SystemExit`` (``sys.exit()`` at the top of a script).
+        KeyboardInterrupt: raised during the import (by a signal, or by the file itself: the caller tells them
+            apart); the half-imported module is removed first.
         AttributeError: if the module has no attribute ``name``.
         TypeError: if that attribute is not callable.
     """
@@ -203,9 +215,14 @@ def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> 
         sys.modules[mod_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as e:
-            del sys.modules[mod_name]
-            raise ImportError(f"importing custom reward file {path!r} failed: {e!r}") from e
+        except BaseException as e:
+            sys.modules.pop(mod_name, None)  # a later load imports the file again
+            if isinstance(e, SystemExit):
+                how = "sys.exit()" if e.code is None else f"sys.exit({e.code!r})"
+                raise ImportEndedError(path, how) from e
+            if isinstance(e, Exception):
+                raise ImportError(f"importing custom reward file {path!r} failed: {e!r}") from e
+            raise
     if not hasattr(module, name):
         funcs = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise AttributeError(f"custom reward file {path!r} has no function {name!r}; it defines {funcs}")

@@ -4,6 +4,9 @@ the workers anyway; the run then spent ``timeout_s`` on every response (validati
 stopped, and the killed run's hung scoring processes stayed behind. Now the probe waits at most
 ``min(timeout_s, 60 s)`` in a forked process group, refuses the run in one line naming the scorer and the time, and
 kills the group (the scorer's own subprocesses included)."""
+import os
+import subprocess
+import sys
 import textwrap
 import time
 from types import SimpleNamespace
@@ -196,3 +199,96 @@ def test_a_custom_file_whose_import_hangs_stops_main_before_workers(tmp_path):
     assert _gone(pid_file)
     out = proc.stdout + proc.stderr
     assert out.count(f"custom_reward_function.path={path}: read as") == 1, out[-3000:]
+
+
+# a file that ends the process at import, only where it is not imported by the process ``{pid}`` (this test's)
+ENDS_IN_PROBE = "import os, signal, sys\nif os.getpid() != {pid}:\n    {end}\n" + SIG + "    return 1.0\n"
+
+
+@pytest.mark.parametrize("end,how", [
+    ("sys.exit(0)", "sys.exit(0)"),
+    ("sys.exit()", "sys.exit()"),
+    ("raise SystemExit('bye')", "sys.exit('bye')"),
+    ("os._exit(0)", "exit code 0 without a Python exception: os._exit(0), or exit() in C code"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
+    ("raise KeyboardInterrupt", "KeyboardInterrupt raised at import"),
+])
+def test_a_custom_file_whose_import_ends_the_process_is_refused_in_one_line(tmp_path, end, how):
+    """Found by trying it: ``sys.exit(0)`` at the top of the reward file ended the run after start-up with exit 0,
+    no message and nothing trained (the probe's process died: not judged; then the driver's own import ended the
+    driver). The probe's import now judges a process that ended: one line naming the key, the file and how."""
+    from trainer.config_checks import custom_scorer
+
+    path = tmp_path / "ends.py"
+    path.write_text(ENDS_IN_PROBE.format(pid=os.getpid(), end=end))
+    with pytest.raises(ConfigError) as info:
+        custom_scorer({"reward_model": {"timeout_s": 5.0, "custom_reward_function": {"path": str(path)}}})
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"reward_model.custom_reward_function.path={str(path)!r}: importing it "
+                                              f"ended the process ({how}); "), msg
+
+
+def test_the_drivers_import_that_raises_system_exit_is_refused_and_can_be_loaded_again(tmp_path):
+    """Where only the driver's import ends the process (the file behaves otherwise in the probe), ``SystemExit`` is
+    the same one line, and the half-imported module is not kept for a later load. A ``KeyboardInterrupt`` from the
+    import is re-raised where it cannot be told from Ctrl-C (this process has Python's own SIGINT handler)."""
+    from rewards.registry import ImportEndedError, load_custom_scorer
+    from trainer.config_checks import custom_scorer
+
+    path = tmp_path / "ends_in_driver.py"
+    path.write_text(f"import os, sys\nif os.getpid() == {os.getpid()}:\n    sys.exit(3)\n" + SIG + "    return 1.0\n")
+    cfg = {"reward_model": {"timeout_s": 5.0, "custom_reward_function": {"path": str(path)}}}
+    with pytest.raises(ConfigError, match=r"^reward_model.custom_reward_function.path='.*': importing it ended the "
+                                          r"process \(sys.exit\(3\)\); "):
+        custom_scorer(cfg)
+    with pytest.raises(ImportEndedError, match=r"ended the process \(sys.exit\(3\)\)"):
+        load_custom_scorer(str(path))  # imported again, not the half-imported module
+    path.write_text(f"import os\nif os.getpid() == {os.getpid()}:\n    raise KeyboardInterrupt\n" + SIG +
+                    "    return 1.0\n")
+    with pytest.raises(KeyboardInterrupt):
+        custom_scorer(cfg)
+    path.write_text(SIG + "    return 2.0\n")
+    assert custom_scorer(cfg)("d", "x", "7") == 2.0
+
+
+_DRIVER_IMPORT = """
+    from trainer.config_checks import ConfigError, custom_scorer
+    from trainer.interrupt import install_handlers
+
+    install_handlers()
+    open(PATH, "w").write("import os, signal\\nif os.getpid() == %d:\\n    %s\\n    raise KeyboardInterrupt\\n"
+                          "def compute_score(solution_str, ground_truth, extra_info=None):\\n    return 1.0\\n"
+                          % (os.getpid(), sys.argv[-1]))
+    outcome = None
+    try:
+        try:
+            custom_scorer({"reward_model": {"timeout_s": 5.0, "custom_reward_function": {"path": PATH}}})
+            outcome = "loaded"
+        except ConfigError as exc:
+            outcome = "error: " + str(exc)
+        time.sleep(1.0)  # a signal recorded during the import is raised once it is done
+    except KeyboardInterrupt as exc:
+        outcome = outcome or "interrupted"
+    print(outcome, flush=True)
+    """
+
+
+@pytest.mark.parametrize("before,outcome", [
+    ("pass", "error: "),                                        # the file's own KeyboardInterrupt
+    ("os.kill(os.getpid(), signal.SIGINT)", "interrupted"),     # Ctrl-C came during the import
+])
+def test_in_the_driver_a_keyboard_interrupt_the_file_raises_is_refused_and_ctrl_c_is_not(tmp_path, before, outcome):
+    """Found by trying it: ``raise KeyboardInterrupt`` at import was reported as ``interrupted at step 0`` (exit 130).
+    In the driver (its handlers in force, every signal recorded before anything is raised for it) a
+    ``KeyboardInterrupt`` with no signal recorded is the file's: the one line; one while a Ctrl-C was recorded stops
+    the run as Ctrl-C."""
+    from tests.e2e_utils import ROOT
+
+    path = tmp_path / "case.py"
+    path.write_text(f"import os, signal, sys, time\nsys.path.insert(0, {ROOT!r})\nPATH = {str(tmp_path / 'r.py')!r}\n"
+                    + textwrap.dedent(_DRIVER_IMPORT))
+    out = subprocess.run([sys.executable, str(path), before], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith(outcome), out.stdout + out.stderr[-3000:]
+    if outcome.startswith("error"):
+        assert "importing it ended the process (KeyboardInterrupt raised at import); " in out.stdout, out.stdout

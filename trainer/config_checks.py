@@ -208,6 +208,12 @@ def check_reward_components(manager, reward_fn_key: str, datasets: Sequence) -> 
                              f"{reward_fn_key}={source}, given an empty response: {exc}") from exc
 
 
+def _import_ended(key: str, path, how: str) -> str:
+    """The one line for a custom reward file whose import ended the process (``how``: ``sys.exit(0)``, ...)."""
+    return (f"{key}.path={path!r}: importing it ended the process ({how}); a reward file must not end the process "
+            "at import: keep a script's own code under `if __name__ == '__main__':`")
+
+
 def custom_scorer(cfg: dict) -> Callable | None:
     """The function named by ``custom_reward_function.{path,name}`` (verl's keys, stored under
     ``reward_model``; name defaults to ``compute_score``), loaded with :func:`rewards.registry.load_custom_scorer`;
@@ -217,13 +223,15 @@ def custom_scorer(cfg: dict) -> Callable | None:
     Raises:
         ConfigError: the file is missing, fails to import, does not finish importing within the bound (naming the
             seconds; its process is killed), lacks the function or holds a non-callable under that name (one line
-            naming the key and the value).
+            naming the key and the value); its import ended the process (``sys.exit``, ``os._exit``, a crash, or a
+            ``KeyboardInterrupt`` the file raised itself, told apart from Ctrl-C by
+            :func:`trainer.interrupt.raised_by_code`).
     """
     rm = cfg.get("reward_model") or {}
     custom = rm.get("custom_reward_function") or {}
     if not custom.get("path"):
         return None
-    from rewards.registry import load_custom_scorer
+    from rewards.registry import ImportEndedError, load_custom_scorer
     from trainer.reward_probe import PROBE_BOUND_S, import_in_probe, probe_bound
 
     key, path = "reward_model.custom_reward_function", custom["path"]
@@ -234,7 +242,9 @@ def custom_scorer(cfg: dict) -> Callable | None:
         except (TypeError, ValueError):  # refused with the reward manager's own error
             timeout_s = PROBE_BOUND_S
         bound = probe_bound(timeout_s) if math.isfinite(timeout_s) and timeout_s > 0 else PROBE_BOUND_S
-        status, _ = import_in_probe(str(path), name, bound)
+        status, how, _ = import_in_probe(str(path), name, bound)
+        if status == "ended":
+            raise ConfigError(_import_ended(key, path, how))
         if status == "timeout":
             raise ConfigError(
                 f"{key}.path={path!r}: importing it did not finish in {bound:g} s (the start-up bound: "
@@ -243,6 +253,14 @@ def custom_scorer(cfg: dict) -> Callable | None:
                 "a timeout, a lock), and for a model or table loaded at import raise reward_model.timeout_s")
     try:
         return load_custom_scorer(path, name)
+    except ImportEndedError as exc:
+        raise ConfigError(_import_ended(key, path, exc.how)) from exc
+    except KeyboardInterrupt as exc:
+        from trainer.interrupt import raised_by_code
+
+        if not raised_by_code(exc):  # Ctrl-C / SIGTERM
+            raise
+        raise ConfigError(_import_ended(key, path, "KeyboardInterrupt raised at import")) from exc
     except (FileNotFoundError, ImportError) as exc:
         raise ConfigError(f"{key}.path={path!r}: {exc}") from exc
     except (AttributeError, TypeError) as exc:

@@ -276,6 +276,16 @@ def interrupted_by() -> int | None:
     return _STATE["signum"]
 
 
+def raised_by_code(exc: BaseException) -> bool:
+    """Whether ``exc``, a ``KeyboardInterrupt``, was raised by code (``raise KeyboardInterrupt`` in a file the run
+    imports) and not for a signal. Decidable only in the driver whose handler is in force (:func:`install_handlers`):
+    there every SIGINT and SIGTERM is recorded before anything is raised for it, so a bare ``KeyboardInterrupt`` while
+    none is recorded was raised by code. False elsewhere (Python's own SIGINT handler raises a bare one too)."""
+    return (isinstance(exc, KeyboardInterrupt) and not isinstance(exc, RunInterrupted) and _is_driver()
+            and _STATE["signum"] is None and signal.getsignal(signal.SIGINT) is _raise_interrupted
+            and signal.getsignal(signal.SIGTERM) is _raise_interrupted)
+
+
 def as_interrupt(exc: KeyboardInterrupt, step: int | None = None) -> RunInterrupted:
     """``exc`` as a :class:`RunInterrupted` with ``step`` filled in when given. Ray's blocking calls turn the
     handler's exception into a bare ``KeyboardInterrupt``; the signal is then the one the handler recorded."""

@@ -16,8 +16,9 @@ response too (each then scores 0 after ``timeout_s``, and the first batch stops 
 table loaded lazily) passes when it loads at import: the file is imported in the driver before the probe, and the
 probe and the scoring workers are forked from it. That import is bounded the same way: the file is first imported
 in a forked probe (:func:`import_in_probe`, called by :func:`trainer.config_checks.custom_scorer`), and a file whose
-import does not finish within the bound stops the run in one line; it is then imported in the driver (its import
-runs twice; what the probe's import prints is discarded).
+import does not finish within the bound, or ends the process (``sys.exit``, ``os._exit``, a crash), stops the run in
+one line; it is then imported in the driver (its import runs twice; what the probe's import prints is discarded).
+Unlike a scorer's process, the import's process is judged when it dies: the driver's import would end the driver.
 
 Each probe runs in a forked process under a guard (:func:`rewards.process_tree.guard_descendants`): the processes
 the scorer or the import starts, whatever process group or session they put themselves in, are killed with the probe
@@ -83,8 +84,8 @@ def run_probe(fn: Callable, args: tuple, kwargs: dict, bound_s: float) -> tuple[
     :func:`rewards.process_tree.guard_descendants`, in its own process group) and wait at most ``bound_s`` seconds.
     Returns ``(status, payload, seconds)``: ``"ok"`` (the normalised value, as :func:`rewards.pool.run_scorer`; 0.0
     when ``fn`` raised: not judged), ``"error"`` (it returned a value that is no score: the message), ``"raised"``
-    (its process died: not judged) or ``"timeout"``. The process and every process below it (and its group) are
-    killed in every case."""
+    (its process died: its exit code, negative for a signal's death, as ``multiprocessing``'s) or ``"timeout"``.
+    The process and every process below it (and its group) are killed in every case."""
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_probe_child, args=(send, fn, args, kwargs, os.getpid()), daemon=True,
@@ -103,32 +104,58 @@ def run_probe(fn: Callable, args: tuple, kwargs: dict, bound_s: float) -> tuple[
             return recv.recv()
         except (EOFError, OSError):  # the process died (os._exit, a crash in C code)
             proc.join(timeout=1.0)
-            return "raised", f"the probe's process died (exit code {proc.exitcode})", time.monotonic() - t0
+            return "raised", proc.exitcode, time.monotonic() - t0
     finally:
         _kill_group(proc)
         recv.close()
 
 
-def _import_quietly(path: str, name: str) -> float:
+def _import_quietly(path: str, name: str) -> float | dict:
+    """The probe's import: 0.0, or ``{"score": 0.0, "ended": how}`` when the import ended the process by raising
+    ``SystemExit`` or ``KeyboardInterrupt`` (the file's own: a signal kills a probe forked from the driver, whose
+    handler it inherits)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):  # what the import prints is printed once, by the driver's own import
         os.dup2(devnull, fd)
     sys.stdout = sys.stderr = open(os.devnull, "w")  # also where they are not file descriptors 1 and 2
-    from rewards.registry import load_custom_scorer
+    from rewards.registry import ImportEndedError, load_custom_scorer
 
-    load_custom_scorer(path, name)
+    try:
+        load_custom_scorer(path, name)
+    except ImportEndedError as exc:
+        return {"score": 0.0, "ended": exc.how}
+    except KeyboardInterrupt:
+        return {"score": 0.0, "ended": "KeyboardInterrupt raised at import"}
     return 0.0
 
 
-def import_in_probe(path: str, name: str, bound_s: float) -> tuple[str, float]:
+def _death(exitcode: int | None) -> str:
+    """How a process that sent nothing back ended, from its exit code (negative: the signal that killed it)."""
+    if exitcode is None:
+        return "the process ended"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode} without a Python exception: os._exit({exitcode}), or exit() in C code"
+
+
+def import_in_probe(path: str, name: str, bound_s: float) -> tuple[str, str | None, float]:
     """Import the custom reward file ``path`` (and look up ``name`` in it) as
     :func:`rewards.registry.load_custom_scorer` does, in a forked process bounded like a scorer's probe
     (:func:`run_probe`, its output discarded), so that a file whose import hangs (a blocking network call, a
-    ``sleep``) is found before the driver imports it. Returns ``(status, seconds)``: ``"ok"`` (imported, or it
-    raised: not judged here, the driver's own import reports it), ``"raised"`` (the process died: not judged) or
-    ``"timeout"`` (not finished within ``bound_s`` seconds; the process and everything it started were killed)."""
-    status, _, seconds = run_probe(_import_quietly, (path, name), {}, bound_s)
-    return status, seconds
+    ``sleep``) or ends the process (``sys.exit``, ``os._exit``) is found before the driver imports it. Returns
+    ``(status, how, seconds)``: ``"ok"`` (imported, or it raised an exception: not judged here, the driver's own
+    import reports it), ``"ended"`` (the import ended the process; ``how``: ``sys.exit(0)``, ``KeyboardInterrupt
+    raised at import``, the exit code or signal of a process that died) or ``"timeout"`` (not finished within
+    ``bound_s`` seconds; the process and everything it started were killed)."""
+    status, payload, seconds = run_probe(_import_quietly, (path, name), {}, bound_s)
+    if status == "raised":
+        return "ended", _death(payload), seconds
+    if status == "ok" and isinstance(payload, dict) and "ended" in payload:
+        return "ended", str(payload["ended"]), seconds
+    return ("timeout" if status == "timeout" else "ok"), None, seconds
 
 
 def _scorer_name(manager: Any, fn: Callable, reward_fn_key: str, source: str) -> str:

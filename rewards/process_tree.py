@@ -8,7 +8,8 @@ the work starts stays, whatever group or session it joins. When the work ends, t
 when the process that forked the guard dies, however it dies, the guard kills the work and everything below it.
 
 :func:`kill_tree` kills a process and everything below it (each stopped first, so none forks unseen), found with
-:func:`descendants` from ``/proc``; :func:`die_with_parent` ties a process's life to its parent's
+:func:`descendants` from ``/proc``; :func:`make_subreaper` keeps orphans below a process (the driver's
+:mod:`trainer.leftovers` too); :func:`die_with_parent` ties a process's life to its parent's
 (``PR_SET_PDEATHSIG``). Elsewhere than Linux, or without ``prctl``, no guard is forked and ``/proc`` is not read.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import signal
 import sys
 from typing import Sequence
 
-__all__ = ["die_with_parent", "guard_descendants", "descendants", "kill_tree"]
+__all__ = ["die_with_parent", "guard_descendants", "descendants", "kill_tree", "make_subreaper"]
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 #: the signal a guard receives when the process it watches ends (caught: it then kills what runs below it)
@@ -35,6 +36,13 @@ def _prctl(option: int, value: int) -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except Exception:  # noqa: BLE001 (no prctl)
         return False
+
+
+def make_subreaper() -> bool:
+    """Linux: make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process below it whose parent
+    ends is re-parented to it (not to init), whatever process group or session it is in. Not inherited by the
+    processes it forks. Returns whether it took effect (False elsewhere, or without ``prctl``)."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def die_with_parent(parent: int) -> None:
@@ -82,7 +90,8 @@ def kill_tree(pid: int, include_root: bool = True) -> None:
     """SIGKILL every process below ``pid`` (found with :func:`descendants`), and ``pid`` itself with
     ``include_root``. Each is stopped (SIGSTOP) before the next look, so none starts a new one unseen; a process
     that left the tree before (re-parented to a process outside it) is not reached, which a guard
-    (:func:`guard_descendants`) prevents. Processes that end meanwhile are skipped."""
+    (:func:`guard_descendants`) prevents. Processes that end meanwhile are skipped. The killed processes below
+    ``pid`` that are, or become, this process's children are reaped (:func:`_reap_killed`; up to 1 s)."""
     def signal_all(pids, sig):
         for p in pids:
             try:
@@ -99,6 +108,42 @@ def kill_tree(pid: int, include_root: bool = True) -> None:
         signal_all(new, signal.SIGSTOP)
         found += new
     signal_all(found, signal.SIGKILL)
+    _reap_killed([p for p in found if p != pid], set(found) | {pid})
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (None: no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _reap_killed(pids: list[int], killed: set[int], bound_s: float = 1.0) -> None:
+    """Reap those of ``pids`` (killed by :func:`kill_tree`, below its root) that are or become children of this
+    process: re-parented to it when their parent died, as they are when it is a child subreaper
+    (:func:`make_subreaper`), they would stay zombies until it exits. A process re-parented elsewhere (init) is
+    left to its new parent, and one whose parent (among ``killed``) has not ended within ``bound_s`` seconds too.
+    The root is never reaped here: its own parent waits for it (``Popen``, ``multiprocessing``)."""
+    import time
+
+    me, pending = os.getpid(), set(pids)
+    deadline = time.monotonic() + bound_s
+    while pending:
+        for p in list(pending):
+            try:
+                if os.waitpid(p, os.WNOHANG)[0]:  # ours, and ended: reaped
+                    pending.discard(p)
+                continue  # ours, not ended yet
+            except ChildProcessError:
+                pass
+            parent = _parent_of(p)
+            if parent is None or (parent != me and parent not in killed):  # gone, or another process's child now
+                pending.discard(p)
+        if not pending or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
 
 
 def guard_descendants(parent: int | None, close: Sequence = ()) -> None:
@@ -116,7 +161,7 @@ def guard_descendants(parent: int | None, close: Sequence = ()) -> None:
 
     Elsewhere, or without ``prctl``, nothing is forked: with ``parent`` this process dies with it
     (:func:`die_with_parent`), and the work's own processes are not tracked."""
-    if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
+    if not make_subreaper():
         if parent is not None:
             die_with_parent(parent)
         return

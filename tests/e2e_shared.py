@@ -10,7 +10,9 @@ subject is a run's training, not Ray's start-up or the driver process's signals,
 * run the entry point in a driver forked from a process that has imported what the entry point imports
   (:func:`run_main_forked`): each run is a new process, forked from that never-run parent, with the environment a
   ``subprocess`` of the test would get, that runs the script ``trainer/main.py`` as ``__main__`` (``runpy``) and
-  exits; nothing of one run (module state, caches, handlers, threads) is in the next one's process.
+  exits; nothing of one run (module state, caches, handlers, threads) is in the next one's process. As the command
+  line's process, the run's process is a child subreaper that kills what it started at its exit
+  (``trainer/leftovers.py``); it never reaches the shared Ray instance's processes, which are not below it.
 
 Both long-lived processes are this module run as a script (``holder`` / ``driver``); they end when the pytest
 process closes their stdin (at its exit, or when it dies); a forked run dies with its parent.
@@ -224,9 +226,12 @@ def _run_forked(req: dict, entry: str, replies_fd: int) -> None:
 
 def _wait(pid: int, timeout: float) -> tuple[int, bool]:
     """The exit code of the forked run ``pid`` (negative: killed by that signal), and whether it ran over
-    ``timeout`` seconds (then its process group was killed)."""
+    ``timeout`` seconds (then it was killed with every process below it, whatever session they joined: the run's
+    process keeps them below it, as the command line's does, ``trainer/leftovers.py``, and its process group)."""
     import signal
     import time
+
+    from rewards.process_tree import kill_tree
 
     deadline = time.monotonic() + timeout
     while True:
@@ -234,7 +239,11 @@ def _wait(pid: int, timeout: float) -> tuple[int, bool]:
         if done:
             return os.waitstatus_to_exitcode(status), False
         if time.monotonic() > deadline:
-            os.killpg(pid, signal.SIGKILL)
+            kill_tree(pid)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), True
         time.sleep(0.05)
 

@@ -4,6 +4,10 @@ Run directly, this process is the Ray driver. Under DeepSpeed's launcher on one 
 ``--launcher`` and starts one process per GPU), local rank 0 becomes the driver and the other ranks exit 0 at
 once, before importing torch; the ``--local_rank=N`` argument the launcher appends is removed before Hydra
 parses. ``RAY_ADDRESS`` joins an existing Ray cluster (multi-node runs use a Ray cluster).
+
+Run as a command (``__main__``), nothing this process starts outside Ray's management outlives it
+(:mod:`trainer.leftovers`); imported as ``trainer.main`` (a test, a program of one's own) it leaves its caller's
+processes alone.
 """
 from __future__ import annotations
 
@@ -41,10 +45,13 @@ sys.path[:] = [p for p in sys.path if not p or os.path.abspath(p) != os.path.joi
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-if __name__ == "__main__":  # Ctrl-C / SIGTERM from here on are recorded; they stop the run inside the try below
+if __name__ == "__main__":
+    from trainer.leftovers import adopt_descendants
+
+    adopt_descendants()  # what this process starts stays below it and is killed at its exit, however it ends
     from trainer.interrupt import install_handlers
 
-    install_handlers(held=True)
+    install_handlers(held=True)  # Ctrl-C / SIGTERM from here on are recorded; they stop the run in the try below
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402

@@ -140,6 +140,33 @@ def _named_weights_missing(m):
         json.dump({**config, "transformers_weights": "other.safetensors"}, f)
 
 
+def _edit_config(m, **changes):
+    with open(os.path.join(m, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(m, "config.json"), "w") as f:
+        json.dump({**config, **changes}, f)
+
+
+def _hidden_doubled(m):
+    _edit_config(m, hidden_size=64)
+
+
+def _vocab_changed(m):
+    _edit_config(m, vocab_size=5)
+
+
+def _more_layers_in_config(m):
+    _edit_config(m, num_hidden_layers=4)
+
+
+def _generation_config_truncated(m):
+    path = os.path.join(m, "generation_config.json")
+    _cut(path, os.path.getsize(path) // 2)
+    return [f"generation_config.json is truncated: its {os.path.getsize(path)} bytes end before its JSON is complete"]
+
+
+DIFFERENT = "(the config and the weights come from different models); use the config.json that came with these weights"
+
 DAMAGE = {  # name: (the folder copied, the damage, the words the one line must hold)
     "no_weights": ("single", _no_weights, ["no weights (expected model.safetensors, pytorch_model.bin or a "
                                            "*.index.json with its shards)"]),
@@ -159,6 +186,16 @@ DAMAGE = {  # name: (the folder copied, the damage, the words the one line must 
     "tokenizer_not_json": ("single", _tokenizer_not_json, ["tokenizer.json is not valid JSON (Expecting property"]),
     "tokenizer_config_truncated": ("single", _tokenizer_config_truncated, ["tokenizer_config.json is truncated"]),
     "tokenizer_broken_link": ("single", _tokenizer_broken_link, ["tokenizer.json is a broken symbolic link"]),
+    "hidden_doubled": ("single", _hidden_doubled, ["config.json says hidden_size=64 and vocab_size=23, but "
+                                                   "model.safetensors holds model.embed_tokens.weight of shape "
+                                                   f"[23, 32] {DIFFERENT}"]),
+    "vocab_changed": ("sharded", _vocab_changed, ["config.json says hidden_size=32 and vocab_size=5, but "
+                                                  "model-00001-of-00003.safetensors holds model.embed_tokens.weight "
+                                                  f"of shape [23, 32] {DIFFERENT}"]),
+    "more_layers_in_config": ("single", _more_layers_in_config,
+                              ["config.json says num_hidden_layers=4, but model.safetensors holds layers 0-1 only "
+                               f"(model.layers.<i>), so layers 2-3 would start from random values {DIFFERENT}"]),
+    "generation_config_truncated": ("single", _generation_config_truncated, ["; download or copy it again"]),
     "named_weights_missing": ("single", _named_weights_missing,
                               ["other.safetensors, the weights file that config.json's transformers_weights names, "
                                "is missing"]),
@@ -299,3 +336,110 @@ def test_a_tokenizer_without_eos_names_the_key_the_folder_and_its_tokenizer_conf
         check_model_context(cfg, SimpleNamespace(), no_eos)
     assert str(info.value) == (f"{key}={m!r}: the tokenizer has no EOS token (the folder has no "
                                f"tokenizer_config.json){fix}"), str(info.value)
+
+
+def _header_only(folder, shapes, name="model.safetensors"):
+    """A safetensors file of ``folder`` that holds only the header of tensors ``shapes`` (name -> shape): enough for
+    the shape checks, which read nothing else."""
+    raw = json.dumps({n: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]} for n, s in shapes.items()}).encode()
+    with open(os.path.join(folder, name), "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+
+
+def _llama_like(prefix="model.", vocab=32, hidden=8, layers=2, head=False):
+    out = {f"{prefix}embed_tokens.weight": [vocab, hidden], f"{prefix}norm.weight": [hidden]}
+    for i in range(layers):
+        out[f"{prefix}layers.{i}.self_attn.q_proj.weight"] = [hidden, hidden]
+    if head:
+        out["lm_head.weight"] = [vocab, hidden]
+    return out
+
+
+def test_config_against_weight_shapes_judges_what_it_can_and_leaves_the_rest(tmp_path):
+    """:func:`trainer.weight_shapes.config_weights_problem` on headers of the layouts it meets: a mismatch is named
+    with the config's values and the tensor's shape; working models whose embedding or layer count differs from the
+    plain rule (padded vocabularies, Mllama's extra rows, OPT's projection, multi-token-prediction layers, remote
+    code, quantized or ``.bin`` weights) are not refused."""
+    from trainer.weight_shapes import config_weights_problem as problem
+
+    files = ["model.safetensors"]
+    llama = {"model_type": "llama", "vocab_size": 32, "hidden_size": 8, "num_hidden_layers": 2}
+    _header_only(tmp_path, _llama_like(head=True))
+    assert problem(tmp_path, llama, files) is None
+    assert problem(tmp_path, {**llama, "vocab_size": 40}, files).startswith(
+        "config.json says hidden_size=8 and vocab_size=40, but model.safetensors holds model.embed_tokens.weight of "
+        "shape [32, 8]")
+    for skipped in ({"auto_map": {}}, {"quantization_config": {}, "num_hidden_layers": 2}):
+        assert problem(tmp_path, {**llama, "hidden_size": 16, **skipped}, files) is None, skipped
+    assert "layers 0-1 only" in problem(tmp_path, {**llama, "quantization_config": {}, "num_hidden_layers": 3}, files)
+    assert problem(tmp_path, {**llama, "num_hidden_layers": 1}, files) is None  # extra layers (MTP) are not loaded
+    assert problem(tmp_path, {**llama, "model_type": "dory", "num_hidden_layers": 4}, files) is None  # 2 per layer
+    assert problem(tmp_path, {**llama, "hidden_size": 16}, ["pytorch_model.bin"]) is None
+    # a vision-language model: the text config against the language model's tensors, the vision tower's layers aside
+    vlm = {"model_type": "qwen2_5_vl", "text_config": llama, "vision_config": {"depth": 4}}
+    _header_only(tmp_path, {**_llama_like("model.language_model."), "model.visual.blocks.3.mlp.weight": [4, 4]})
+    assert problem(tmp_path, vlm, files) is None
+    assert problem(tmp_path, {**vlm, "text_config": {**llama, "num_hidden_layers": 3}}, files).startswith(
+        "config.json's text_config says num_hidden_layers=3, but model.safetensors holds layers 0-1 only "
+        "(model.language_model.layers.<i>)")
+    # Mllama's embedding has vocab_size + 8 rows; OPT-350m's is word_embed_proj_dim wide
+    _header_only(tmp_path, _llama_like("language_model.model.", vocab=40))
+    assert problem(tmp_path, {"model_type": "mllama", "text_config": {**llama, "model_type": "mllama_text_model"}},
+                   files) is None
+    _header_only(tmp_path, _llama_like("model.decoder.", hidden=4))
+    assert problem(tmp_path, {**llama, "model_type": "opt", "word_embed_proj_dim": 4}, files) is None
+    # GPT-2's names and keys; an embedding found only by its rows; several candidates: not judged
+    gpt2 = {"model_type": "gpt2", "vocab_size": 32, "n_embd": 8, "n_layer": 3}
+    _header_only(tmp_path, {"wte.weight": [32, 8], "wpe.weight": [16, 8], "h.0.attn.c_attn.weight": [8, 24]})
+    assert problem(tmp_path, gpt2, files).startswith("config.json says n_layer=3, but model.safetensors holds "
+                                                     "layer 0 only (h.<i>), so layers 1-2 would start")
+    _header_only(tmp_path, {"backbone.emb.weight": [32, 6], "backbone.layers.0.mixer.weight": [6, 6]})
+    assert "backbone.emb.weight of shape [32, 6]" in problem(tmp_path, llama, files)
+    _header_only(tmp_path, {"encoder.embed_tokens.weight": [32, 6], "decoder.embed_tokens.weight": [32, 6]})
+    assert problem(tmp_path, llama, files) is None
+
+
+def test_config_against_sharded_and_megatron_weights(tiny, tmp_path):
+    """The index's ``weight_map`` names the shard that holds the embedding; the Megatron path reads every
+    ``*.safetensors`` of the folder; a critic folder is judged under its own key."""
+    from trainer.model_folder_checks import check_model_folders, loaded_weight_files, weights_problem
+    from trainer.weight_shapes import config_weights_problem
+
+    m = _copy(tiny, tmp_path, "sharded")
+    assert loaded_weight_files(m) == ["model.safetensors.index.json"]
+    _hidden_doubled(m)
+    hf = {"model_type": "llama", "vocab_size": 23, "hidden_size": 64, "num_hidden_layers": 2}
+    assert weights_problem(m, hf, all_safetensors=True) is None
+    line = config_weights_problem(m, hf, loaded_weight_files(m, hf, all_safetensors=True))
+    assert line.startswith("config.json says hidden_size=64 and vocab_size=23, but model-00001-of-00003.safetensors "
+                           "holds model.embed_tokens.weight of shape [23, 32]"), line
+    with pytest.raises(ConfigError) as info:
+        check_model_folders(_cfg("algorithm=gae", f"{KEY}={tiny['single']}", f"critic.model.path={m}"))
+    assert str(info.value).startswith(f"critic.model.path={m!r}: config.json says hidden_size=64"), str(info.value)
+
+
+def test_a_tokenizer_that_does_not_load_or_encode_is_one_line_naming_the_key_the_path_and_the_error(tiny, tmp_path):
+    """A ``tokenizer.json`` that parses but holds an empty WordLevel vocabulary loads, then ended the run with the
+    tokenizers library's traceback from the dataset's first prompt (``Exception: WordLevel error: Missing [UNK]
+    token from the vocabulary``); one whose model type is unknown did not load (a traceback from the driver)."""
+    from trainer.launch import load_tokenizer
+
+    m = _copy(tiny, tmp_path)
+    path = os.path.join(m, "tokenizer.json")
+    with open(path) as f:
+        tokenizer = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**tokenizer, "model": {**tokenizer["model"], "vocab": {}}}, f)
+    with pytest.raises(ConfigError) as info:
+        load_tokenizer(_cfg(f"{KEY}={m}"))
+    assert str(info.value) == (f"{KEY}={m!r}: the tokenizer does not encode text (Exception: WordLevel error: "
+                               "Missing [UNK] token from the vocabulary); download or copy it again"), str(info.value)
+    with open(path, "w") as f:
+        json.dump({**tokenizer, "model": {**tokenizer["model"], "type": "Nope"}}, f)
+    tok_key = "actor_rollout_ref.model.tokenizer_path"
+    with pytest.raises(ConfigError) as info:
+        load_tokenizer(_cfg(f"{KEY}={tiny['single']}", f"{tok_key}={m}"))
+    line = str(info.value)
+    assert line.startswith(f"{tok_key}={m!r}: the tokenizer does not load (Exception: data did not match any "
+                           "variant of untagged enum") and line.endswith("; download or copy it again"), line
+    assert len(load_tokenizer(_cfg(f"{KEY}={tiny['single']}"))) == 23

@@ -234,12 +234,27 @@ def import_external_lib(model_cfg: dict) -> None:
 
 
 def load_tokenizer(cfg: dict):
-    """The actor's tokenizer (``tokenizer_path`` or the model folder) with ``custom_chat_template`` applied."""
+    """The actor's tokenizer (``tokenizer_path`` or the model folder) with ``custom_chat_template`` applied, once it
+    has encoded a text of its own tokens (:func:`trainer.tokenizer_files.probe_text`).
+
+    Raises:
+        ConfigError: the tokenizer does not load, or does not encode that text (one line with the library's error,
+            :func:`trainer.tokenizer_files.load_problem`).
+    """
     from transformers import AutoTokenizer
 
+    from trainer.tokenizer_files import load_problem, probe_text
+
     model = cfg["actor_rollout_ref"]["model"]
-    tok = AutoTokenizer.from_pretrained(model["tokenizer_path"] or model["path"],
-                                        trust_remote_code=bool(model["trust_remote_code"]))
+    try:
+        tok = AutoTokenizer.from_pretrained(model["tokenizer_path"] or model["path"],
+                                            trust_remote_code=bool(model["trust_remote_code"]))
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises bare Exception for a bad file
+        raise ConfigError(load_problem(cfg, exc)) from exc
+    try:  # files that load can still fail on the first prompt (an empty WordLevel vocabulary: no [UNK] token)
+        tok(probe_text(tok), add_special_tokens=False)
+    except Exception as exc:  # noqa: BLE001 - as above
+        raise ConfigError(load_problem(cfg, exc, "does not encode text")) from exc
     if model["custom_chat_template"]:
         tok.chat_template = model["custom_chat_template"]
     return tok

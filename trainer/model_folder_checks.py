@@ -1,7 +1,8 @@
 """The files of the model folders a run loads, checked before any worker starts (``trainer.config_preflight``): the
 weights each role will load (single file or the shards of an index, ``.safetensors`` or ``.bin``; a safetensors
-file is checked against its own header, without loading a tensor) and the tokenizer each role reads (its files are
-judged by :mod:`trainer.tokenizer_files`).
+file is checked against its own header, without loading a tensor), ``config.json`` against the weights' shapes
+(:mod:`trainer.weight_shapes`), the actor's ``generation_config.json`` (its ``eos_token_id`` are stop tokens of the
+rollout) and the tokenizer each role reads (its files are judged by :mod:`trainer.tokenizer_files`).
 
 Nothing here imports torch or transformers: a folder that lacks its weights, holds a file cut short by a failed
 download or copy, or has no tokenizer is one ``ConfigError`` line naming the key, the path and what is wrong,
@@ -19,9 +20,11 @@ from trainer.file_problems import AGAIN, broken_link, json_problem
 # the tokenizer checks are named in __all__ too: importable from here as before
 from trainer.tokenizer_files import (ACTOR_KEY, chat_template_problem, no_eos_problem, prompts_are_chat,
                                      tokenizer_problem)
+from trainer.weight_shapes import config_weights_problem
 
-__all__ = ["check_model_folders", "read_model_config", "weights_problem", "tokenizer_problem", "safetensors_problem",
-           "bin_problem", "chat_template_problem", "no_eos_problem"]
+__all__ = ["check_model_folders", "read_model_config", "weights_problem", "loaded_weight_files",
+           "generation_config_problem", "tokenizer_problem", "safetensors_problem", "bin_problem",
+           "chat_template_problem", "no_eos_problem"]
 
 #: the weight files ``transformers``' ``from_pretrained`` looks for in a local folder, in its order
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -179,6 +182,38 @@ def weights_problem(folder: str, hf: dict | None = None, all_safetensors: bool =
     return _file_problem(os.path.join(folder, name))
 
 
+def loaded_weight_files(folder: str, hf: dict | None = None, all_safetensors: bool = False) -> list[str]:
+    """The names in ``folder`` of the weights files the loader reads, chosen as :func:`weights_problem` chooses them:
+    every ``*.safetensors`` (``all_safetensors``, when there is one), else ``config.json``'s
+    ``transformers_weights``, else the first of :data:`WEIGHT_FILES` present (an index stands for its shards)."""
+    names = sorted(os.listdir(folder))
+    if all_safetensors and any(n.endswith(".safetensors") for n in names):
+        return [n for n in names if n.endswith(".safetensors")]
+    explicit = (hf or {}).get("transformers_weights")
+    if isinstance(explicit, str):
+        return [explicit]
+    return [n for n in WEIGHT_FILES if n in names][:1]
+
+
+def generation_config_problem(folder: str) -> str | None:
+    """What is wrong with the ``generation_config.json`` of ``folder``, when there is one: it must be a JSON object
+    (the rollout reads its ``eos_token_id`` as stop tokens, ``rollout.stop_tokens``). None when it is sound or
+    absent."""
+    name = "generation_config.json"
+    broken = broken_link(folder, name)
+    if broken:
+        return f"{broken}; {AGAIN}"
+    file = os.path.join(folder, name)
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file, encoding="utf-8") as f:
+            out = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return json_problem(file, exc)
+    return None if isinstance(out, dict) else f"{name} holds a {type(out).__name__}, not a JSON object; {AGAIN}"
+
+
 def is_hub_id(value: str) -> bool:
     """``value`` reads as a Hugging Face Hub id (``name`` or ``org/name``), not as a local path."""
     return bool(_HUB_ID.match(value)) and not value.startswith((".", "~"))
@@ -228,9 +263,11 @@ def _loads(cfg: dict) -> list[tuple[str, str, str, str, bool, bool]]:
 
 
 def check_model_folders(cfg: dict) -> None:
-    """Every model folder the run loads (:func:`_loads`) holds sound weights (:func:`weights_problem`) and the
-    tokenizer its role reads (:func:`tokenizer_problem`: the role's ``tokenizer_path``, else the model folder's
-    own). Each folder is judged once, under the first key that names it; a Hub id is left to the download.
+    """Every model folder the run loads (:func:`_loads`) holds sound weights (:func:`weights_problem`) whose shapes
+    agree with its ``config.json`` (:func:`trainer.weight_shapes.config_weights_problem`), the actor's a sound
+    ``generation_config.json`` when it has one (:func:`generation_config_problem`), and the tokenizer its role
+    reads (:func:`tokenizer_problem`: the role's ``tokenizer_path``, else the model folder's own). Each
+    folder is judged once, under the first key that names it; a Hub id is left to the download.
 
     Raises:
         ConfigError: one line per problem, ``<key>='<path>': <what is wrong> (expected ...)``
@@ -273,13 +310,18 @@ def check_model_folders(cfg: dict) -> None:
                            "rendered with it; set actor_rollout_ref.model.custom_chat_template to a Jinja chat "
                            "template, set actor_rollout_ref.model.tokenizer_path to a tokenizer folder that has one, "
                            "or store the prompts as plain strings (tokenised without a template)")
+    actor = cfg["actor_rollout_ref"]["model"].get("path")
+    if actor is not None and os.path.isfile(os.path.join(actor, "config.json")):
+        problem = generation_config_problem(actor)
+        if problem:
+            errors.add(f"{ACTOR_KEY}={actor!r}: {problem}")
     errors.raise_if_any()
 
 
 def _judge_weights(errors: ErrorCollector, key: str, path: str, megatron: bool, checked: bool) -> bool:
     """Add to ``errors`` what is wrong with the model folder ``path`` of ``key`` (its existence and
-    ``config.json`` when no other check names them, ``not checked``; its weights). Returns whether ``path`` is a
-    model folder (a folder with ``config.json``)."""
+    ``config.json`` when no other check names them, ``not checked``; its weights, then their shapes against
+    ``config.json``). Returns whether ``path`` is a model folder (a folder with ``config.json``)."""
     if not os.path.isfile(os.path.join(path, "config.json")):
         if not checked:  # a folder no other check names
             line = _missing_folder(key, path, "config.json and the weights")
@@ -290,7 +332,8 @@ def _judge_weights(errors: ErrorCollector, key: str, path: str, megatron: bool, 
         return False
     hf = errors.run(read_model_config, key, path)
     if hf is not None:
-        problem = weights_problem(path, hf, all_safetensors=megatron)
+        problem = (weights_problem(path, hf, all_safetensors=megatron)
+                   or config_weights_problem(path, hf, loaded_weight_files(path, hf, megatron)))
         if problem:
             errors.add(f"{key}={path!r}: {problem}")
     return True

@@ -2,7 +2,8 @@
 :func:`trainer.model_folder_checks.check_model_folders` for the tokenizer each role reads): a tokenizer's own files
 must be there and its JSON files must parse; the actor's tokenizer must have a chat template when the prompts are chat
 messages (:func:`chat_template_problem`, :func:`prompts_are_chat`). :func:`no_eos_problem` is the one line for a
-tokenizer that loaded without an EOS token.
+tokenizer that loaded without an EOS token, :func:`load_problem` the one line for a tokenizer that does not load or
+does not encode :func:`probe_text`.
 
 Files are read as JSON and listed, as ``transformers`` would find them; nothing here imports torch or transformers.
 """
@@ -14,7 +15,8 @@ import os
 
 from trainer.file_problems import AGAIN, broken_link, json_problem
 
-__all__ = ["tokenizer_problem", "chat_template_problem", "no_eos_problem", "prompts_are_chat"]
+__all__ = ["tokenizer_problem", "chat_template_problem", "no_eos_problem", "load_problem", "probe_text",
+           "prompts_are_chat"]
 
 #: a tokenizer's own files: tokenizer.json, a SentencePiece model (tokenizer.model, spiece.model, ...), a vocabulary
 #: (vocab.json + merges.txt, vocab.txt) or a tiktoken file
@@ -105,6 +107,32 @@ def no_eos_problem(cfg: dict) -> str:
         why = "tokenizer_config.json names no eos_token"
     return (f"{key}={path!r}: the tokenizer has no EOS token ({why}); set \"eos_token\" in {file} to the token "
             "that ends a response")
+
+
+def load_problem(cfg: dict, exc: BaseException, failed: str = "does not load") -> str:
+    """The error line for the actor's tokenizer that ``failed`` (``does not load``, ``does not encode text``) with
+    ``exc``, e.g. ``Exception: WordLevel error: Missing [UNK] token from the vocabulary`` for an empty vocabulary:
+    the key and folder it was read from, the library's error on one line, and what to do."""
+    model = cfg["actor_rollout_ref"]["model"]
+    key, path = (("actor_rollout_ref.model.tokenizer_path", model["tokenizer_path"]) if model.get("tokenizer_path")
+                 else (ACTOR_KEY, model["path"]))
+    error = " ".join(str(exc).split())
+    error = f"{type(exc).__name__}: {error[:300]}{'...' if len(error) > 300 else ''}"
+    if isinstance(exc, ImportError):
+        fix = "install the package it names"
+    elif "trust_remote_code" in error and not model.get("trust_remote_code"):
+        fix = "set actor_rollout_ref.model.trust_remote_code=true if you trust the folder's code"
+    else:
+        fix = AGAIN
+    return f"{key}={path!r}: the tokenizer {failed} ({error}); {fix}"
+
+
+def probe_text(tokenizer) -> str:
+    """A text the tokenizer must encode: its first eight regular (not special) tokens by id, decoded; ``"a"`` when its
+    vocabulary holds special tokens only."""
+    special = set(tokenizer.all_special_ids)
+    ids = sorted(i for i in tokenizer.get_vocab().values() if i not in special)[:8]
+    return tokenizer.decode(ids) if ids else "a"
 
 
 def prompts_are_chat(cfg: dict) -> bool:

@@ -1,10 +1,12 @@
 """Single rows of a prompt data file: why a row cannot be used, and how an error names it.
 
 :func:`row_problem` says why a row is skipped as unusable (no prompt or ground truth, a chat message without its role
-or content), :func:`row_tools` reads a row's ``tools`` column, :func:`row_place` and :func:`row_origins` name a row by
-its file and index (counted from 0), and :func:`check_reward_key` makes sure every row names its reward scorer in
-``data.reward_fn_key``. A row that cannot be used is a :class:`DataError` naming its file and index
-(:class:`trainer.dataset.PromptDataset` reads the files and puts the place in front).
+or content, a ``prompt``, ``reward_model`` or ``extra_info`` of the wrong type), :func:`row_tools` and
+:func:`row_images` read a row's ``tools`` and ``images`` columns, :func:`row_place` and :func:`row_origins` name a row by
+its file and index (counted from 0), :func:`jsonl_problem` finds the row of a JSON-lines file that does not parse, and
+:func:`check_reward_key` makes sure every row names its reward scorer in ``data.reward_fn_key``. A row that cannot be
+used is a :class:`DataError` naming its file and index (:class:`trainer.dataset.PromptDataset` reads the files and puts
+the place in front).
 """
 from __future__ import annotations
 
@@ -19,6 +21,13 @@ class DataError(ValueError):
 def row_place(path: str, index: int) -> str:
     """How an error names a row: ``row <index> of <file> (counted from 0)``."""
     return f"row {index} of {path} (counted from 0)"
+
+
+def type_of(value: Any) -> str:
+    """A value's type with its article and the value, shortened: ``a str ('hello')``, ``an int (5)``."""
+    name = type(value).__name__
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({shown})"
 
 
 def row_tools(row: dict) -> list:
@@ -39,33 +48,102 @@ def row_tools(row: dict) -> list:
                             "definitions or its JSON text") from exc
     tools = list(tools) if not isinstance(tools, (str, dict)) and hasattr(tools, "__iter__") else tools
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise DataError(f"its 'tools' is a {type(tools).__name__}; expected a list of function definitions "
-                        "({'type': 'function', 'function': {...}})")
+        raise DataError(f"its 'tools' is {type_of(tools)}; expected a list of function definitions "
+                        "({'type': 'function', 'function': {...}}) or its JSON text")
     return tools
 
 
-def row_problem(row: dict, prompt_key: str = "prompt") -> str | None:
-    """Why ``row`` is skipped as unusable: no prompt (in the column ``prompt_key``) or an empty one, no
-    ``reward_model.ground_truth``, or a chat message without its ``role`` or ``content`` (it would render as
-    nothing); None for a usable row."""
-    prompt = row.get(prompt_key)
-    rm = row.get("reward_model")
+def row_images(row: dict, image_key: str = "images") -> list:
+    """A row's images (the column ``image_key``) as a list (``[]`` when absent or empty); its items are read later
+    (:func:`trainer.multimodal.load_image`: PIL images, paths, bytes or ``{'bytes', 'path'}`` dicts).
+
+    Raises:
+        DataError: the column is not a list (a single path or dict, a number); the message does not name the row.
+    """
+    images = row.get(image_key)
+    if images is None or (isinstance(images, (list, tuple)) and not images):
+        return []
+    if not isinstance(images, (list, tuple)):
+        raise DataError(f"its {image_key!r} is {type_of(images)}; expected a list of images (PIL images, paths, "
+                        "bytes or {'bytes', 'path'} dicts), one per <image> placeholder of the prompt")
+    return list(images)
+
+
+def _prompt_problem(prompt: Any, key: str) -> str | None:
+    """What makes ``prompt`` (the value of the column ``key``) unusable: none, empty, not a string or a list of chat
+    messages, or a message that is not a mapping with a string ``role`` and a ``content`` (text or a list of parts)."""
     if prompt is None:
-        return f"no {prompt_key!r} value"
+        return f"no {key!r} value"
+    if not isinstance(prompt, (str, list, tuple)):
+        return f"its {key!r} is {type_of(prompt)}, expected a list of chat messages or a string"
     if not prompt:
-        return f"an empty {prompt_key!r}"
+        return f"an empty {key!r}"
+    for i, m in enumerate(() if isinstance(prompt, str) else prompt):
+        if not isinstance(m, dict):
+            return f"chat message {i} of its {key!r} is {type_of(m)}, expected a mapping with a role and content"
+        if not (isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))):
+            shown = repr(m) if len(repr(m)) <= 80 else repr(m)[:77] + "..."
+            return f"chat message {i} of its {key!r} lacks its role or content: {shown}"
+    return None
+
+
+def _reward_model_problem(rm: Any) -> str | None:
+    """What makes ``reward_model`` unusable: not a mapping, or its ``ground_truth`` none or empty (``""``, ``[]``,
+    ``{}``). A ground truth of any other type (a number, a list of answers) goes to the scorer as it is."""
+    if rm is None:
+        return "no 'reward_model' value, expected a mapping with a 'ground_truth'"
     if not isinstance(rm, dict):
-        return f"its 'reward_model' is {rm!r}, not a mapping with a 'ground_truth'"
-    if rm.get("ground_truth") is None:
+        return f"its 'reward_model' is {type_of(rm)}, expected a mapping with a 'ground_truth'"
+    truth = rm.get("ground_truth")
+    if truth is None:
         return "no 'reward_model.ground_truth' value"
-    if rm.get("ground_truth") == "":
-        return "an empty 'reward_model.ground_truth'"
-    if not isinstance(prompt, str):
-        for i, m in enumerate(prompt):
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), (str, list))):
-                shown = repr(m) if len(repr(m)) <= 80 else repr(m)[:77] + "..."
-                return f"chat message {i} of its {prompt_key!r} lacks its role or content: {shown}"
+    if isinstance(truth, (str, list, dict)) and len(truth) == 0:
+        return f"an empty 'reward_model.ground_truth' ({truth!r})"
+    return None
+
+
+def row_problem(row: dict, prompt_key: str = "prompt") -> str | None:
+    """Why ``row`` is skipped as unusable, every reason joined by ``; ``: no prompt (in the column ``prompt_key``), an
+    empty one, one that is neither a string nor a list of chat messages, or a chat message without its ``role`` or
+    ``content`` (it would render as nothing); a ``reward_model`` that is not a mapping, or no (or an empty)
+    ``reward_model.ground_truth``; an ``extra_info`` that is not a mapping (the scorers and the protocol take a dict).
+    None for a usable row. A prompt stored as a plain string is usable (tokenised without the chat template)."""
+    extra = row.get("extra_info")
+    problems = [_prompt_problem(row.get(prompt_key), prompt_key), _reward_model_problem(row.get("reward_model")),
+                None if extra is None or isinstance(extra, dict) else
+                f"its 'extra_info' is {type_of(extra)}, expected a mapping (or no value)"]
+    return "; ".join(p for p in problems if p) or None
+
+
+def jsonl_problem(path: str) -> str | None:
+    """The first row of the JSON-lines file ``path`` that does not parse, named by :func:`row_place` and its line
+    number, with what is wrong (cut short, not JSON, or a JSON value that is not an object); None when every row
+    parses or the file is not JSON lines (its first line is not one JSON object). Rows are counted the way the
+    ``datasets`` reader (pyarrow) counts them: blank lines are skipped, objects side by side on a line are rows each.
+    Read only after a load error: the reader's own message counts its row within a block of the file (a truncated
+    last line of a 2240-row file was ``row 718``)."""
+    decoder, row = json.JSONDecoder(), 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            text = raw.decode("utf-8", errors="replace").rstrip()
+            pos = len(text) - len(text.lstrip())  # columns count from the line's start, indentation included
+            while pos < len(text):
+                try:
+                    value, end = decoder.raw_decode(text, pos)
+                except json.JSONDecodeError as exc:
+                    if row == 0:  # not JSON lines (e.g. one JSON document over several lines): leave it to the reader
+                        return None
+                    cut = exc.msg.startswith("Unterminated string") or exc.pos >= len(text)
+                    shown = repr(text.strip()) if len(text.strip()) <= 80 else repr(text.strip()[:77]) + "..."
+                    where = f"{exc.msg}{'' if exc.msg.endswith(' at') else ' at'} column {exc.pos + 1}"
+                    what = f"is cut short (truncated JSON: {where})" if cut else f"is not JSON ({where})"
+                    return f"{row_place(path, row)}, line {number} of the file, {what}: {shown}"
+                if not isinstance(value, dict):
+                    return (f"{row_place(path, row)}, line {number} of the file, is {type_of(value)}, expected a JSON "
+                            "object (one row)") if row else None
+                row, pos = row + 1, end
+                while pos < len(text) and text[pos].isspace():
+                    pos += 1
     return None
 
 

@@ -22,7 +22,7 @@ import jinja2
 import numpy as np
 import torch
 
-from trainer.data_rows import DataError, row_place, row_problem, row_tools
+from trainer.data_rows import DataError, jsonl_problem, row_images, row_place, row_problem, row_tools
 from trainer.multimodal import image_prompt_inputs
 from trainer.protocol import DataProto
 
@@ -65,6 +65,13 @@ def _load_rows(files: Sequence[str], origins: list | None = None) -> list[dict]:
             kind = "json"
         else:
             raise DataError(f"data file {path!r} has extension {ext!r}; expected .parquet, .jsonl or .json")
+        # the JSON reader logs its error with the row counted within a block of the file: the DataError names it
+        reader_log = logging.getLogger("datasets.packaged_modules.json.json")
+        level, counts = reader_log.level, datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+        reader_log.setLevel(logging.CRITICAL)
+        # load_dataset("json"/"parquet") of a local file sends a download count to the Hub: a name lookup that waits
+        # up to 5 s without a network
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
         try:
             ds = datasets.load_dataset(kind, data_files=path, split="train")
             got = ds.to_list()  # strings are decoded here: a non-UTF-8 byte raises now
@@ -74,10 +81,16 @@ def _load_rows(files: Sequence[str], origins: list | None = None) -> list[dict]:
         except Exception as exc:  # datasets raises many kinds; name the file
             if isinstance(exc, UnicodeDecodeError) or "utf-8" in str(exc).lower():
                 raise DataError(f"data file {path!r} is not valid UTF-8 text ({exc}); re-encode it as UTF-8") from exc
+            problem = jsonl_problem(path) if kind == "json" else None
+            if problem is not None:
+                raise DataError(f"{problem}; fix or remove that line") from exc
             cause = exc
             while cause.__cause__ is not None:  # datasets wraps the reader's error (e.g. the row of a JSON error)
                 cause = cause.__cause__
             raise DataError(f"could not read data file {path!r}: {type(cause).__name__}: {cause}") from exc
+        finally:
+            reader_log.setLevel(level)
+            datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = counts
     return rows
 
 
@@ -106,8 +119,9 @@ class PromptDataset:
 
     Raises:
         DataError: missing/empty files, missing columns, or no usable rows; a row that cannot be used (images that
-            do not match their placeholders, a chat template that cannot render it, a bad ``tools`` column, a
-            prompt too long under ``truncation=error``) is named by its file and index (counted from 0).
+            do not match their placeholders or an ``images`` column that is not a list, a chat template that cannot
+            render it, a bad ``tools`` column, a prompt too long under ``truncation=error``) or a JSON-lines row that
+            does not parse is named by its file and index (counted from 0).
     """
 
     files: Sequence[str]
@@ -178,11 +192,13 @@ class PromptDataset:
                            self.max_prompt_length, list(self.files))
         if self.num_invalid:
             logger.warning("skipped %d rows without a prompt or ground truth (or with a chat message lacking its role "
-                           "or content) in %s; the first: %s", self.num_invalid, list(self.files), first_invalid)
+                           "or content, or a prompt, reward_model or extra_info of the wrong type) in %s; the first: %s",
+                           self.num_invalid, list(self.files), first_invalid)
         if not self.rows:
             raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
                             f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
-                            "prompt or ground truth (or with a chat message lacking its role or content)"
+                            "prompt or ground truth (or with a chat message lacking its role or content, or a prompt, "
+                            "reward_model or extra_info of the wrong type)"
                             + (f"; the first of these: {first_invalid}" if first_invalid else ""))
 
     def row_problem(self, row: dict) -> str | None:
@@ -195,22 +211,22 @@ class PromptDataset:
         filter compares; None for a row that :meth:`row_problem` finds unusable. Does not change ``row``.
 
         Raises:
-            DataError: a row with images but no processor, or placeholders that do not match the images; a chat
-                template that cannot render the prompt; a bad ``tools`` column (the message does not name the row:
-                the dataset puts its file and index in front).
+            DataError: a row with images but no processor, an ``images`` column that is not a list, or
+                placeholders that do not match the images; a chat template that cannot render the prompt; a bad
+                ``tools`` column (the message does not name the row: the dataset puts its file and index in front).
         """
         if self.row_problem(row) is not None:
             return None
-        prompt = row[self.prompt_key]
-        if row.get(self.image_key):
+        prompt, images = row[self.prompt_key], row_images(row, self.image_key)
+        tools = row_tools(row) or list(self.tools)  # read for every row: a bad column is refused whatever the prompt
+        if images:
             try:
-                ids, _ = image_prompt_inputs(self.processor, prompt, row[self.image_key], self.chat_template_kwargs)
+                ids, _ = image_prompt_inputs(self.processor, prompt, images, self.chat_template_kwargs)
             except ValueError as exc:
                 raise DataError(f"its {self.image_key!r}: {exc}") from exc
             return ids
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        tools = row_tools(row) or list(self.tools)
         try:
             out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
                                                      **({"tools": tools} if tools else {}), **self.chat_template_kwargs)

@@ -21,9 +21,9 @@ linearly to ``-overlong_penalty_factor`` at ``L``. Strict accuracy (a scorer's `
 
 Robustness: a scorer that raises, returns NaN/inf or a value of the wrong type, or runs past ``timeout_s`` gives
 0.0 for that row and is counted in ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``; one that fails
-on every response of a batch stops the run (:func:`rewards.pool.check_not_all_failed`), and so does one that fails on
-every non-empty response while the empty ones score (:class:`rewards.pool.FailureWatch`, which also ends the scoring
-of a batch early once 16 non-empty responses timed out or killed their process and none scored). With
+on every response of a batch stops the run (:func:`rewards.failures.check_not_all_failed`), and so does one that fails
+on every non-empty response while the empty ones score (:class:`rewards.failures.FailureWatch`, which also ends the
+scoring of a batch early once 16 non-empty responses timed out or killed their process and none scored). With
 ``num_workers >= 1`` the scorers run in a pool of forked processes (:class:`rewards.pool.ScoringPool`) that kills a
 hung one; with ``num_workers=0`` in this process under a ``SIGALRM`` timer (main thread only; it cannot interrupt C
 code such as huge integer arithmetic).
@@ -37,14 +37,16 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
 
 from rewards.components import check_component_keys, component_matrix
+from rewards.failures import FailureWatch, check_batch, scorer_label
 from rewards.options import check_scorer_options, takes_extra_info
 from rewards.overlong import overlong_penalty, penalise_overlong  # noqa: F401  (re-exported)
-from rewards.pool import FailureWatch, Outcome, ScoringPool, check_not_all_failed, run_scorer
+from rewards.pool import Outcome, ScoringPool, run_scorer
 from rewards.registry import get_scorer, registry_version, wants_data_source
 from rewards.verify import as_accuracy
 
@@ -283,17 +285,6 @@ class RewardManager:
             fns.append(fn)
         return tasks, fns
 
-    def _scorer_label(self, tasks: list[tuple], blank: Sequence[bool]) -> str:
-        """The scorer(s) of the batch's non-empty responses, for an error message: ``the scorer <function> of
-        <file>``, ``the scorer '<registered name>' (...)``, or ``the scorer of data_source 'x'`` when routed."""
-        if self.scorer is not None:
-            code = getattr(self.scorer, "__code__", None)
-            name = f"{getattr(self.scorer, '__name__', self.scorer)}" + (f" of {code.co_filename}" if code else "")
-            return f"the scorer {self.scorer_name!r} ({name})" if self.scorer_name else f"the scorer {name}"
-        keys = sorted({repr(t[0]) for t, b in zip(tasks, blank) if not b} or {repr(t[0]) for t in tasks})
-        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
-        return f"the scorer{'s' if len(keys) > 1 else ''} of {self.reward_fn_key} {shown}"
-
     # ---- scoring ---------------------------------------------------------------------------------------
     def _score(self, data) -> tuple[list[float], list[dict | None], dict[str, float], torch.Tensor, torch.Tensor,
                                     list[bool]]:
@@ -301,6 +292,7 @@ class RewardManager:
         texts, valid, seen = self._decode(data)
         tasks, fns = self._tasks(data, texts)
         watch = FailureWatch([not t.strip() for t in texts])
+        label = partial(scorer_label, self.scorer, self.scorer_name, self.reward_fn_key, tasks, watch.blank)
         if self.num_workers == 0:
             outcomes = []
             for i, (fn, (_, args, kw)) in enumerate(zip(fns, tasks)):
@@ -310,7 +302,7 @@ class RewardManager:
         else:
             outcomes = self._get_pool().run(tasks, self.timeout_s, stop=watch.see)
         if watch.stopped:
-            watch.check(len(tasks), self.timeout_s, self._scorer_label(tasks, watch.blank))
+            watch.check(len(tasks), self.timeout_s, label())
         scores: list[float] = []
         dicts: list[dict | None] = []
         ran: list[bool] = []  # the scorer returned (no error, no timeout)
@@ -337,17 +329,7 @@ class RewardManager:
             scores.append(float(score))
             dicts.append(d)
             ran.append(status not in ("timeout", "error"))
-        label = "the scorer" if watch.scored else self._scorer_label(tasks, watch.blank)  # named when it stops
-        check_not_all_failed(counts["errors"], len(outcomes), first_error, counts["nan"], counts["timeouts"], label)
-        watch.check(len(outcomes), self.timeout_s, label)
-        if counts["nan"]:
-            logger.warning("reward: %d NaN/inf score(s) in a batch of %d scored 0", counts["nan"], len(outcomes))
-        if first_error is not None:
-            logger.warning("reward: %d scorer error(s) in a batch of %d; first: %s", counts["errors"],
-                           len(outcomes), first_error)
-        if counts["timeouts"]:
-            logger.warning("reward: %d sample(s) ran past timeout_s=%.1f s and scored 0", counts["timeouts"],
-                           self.timeout_s)
+        check_batch(watch, counts, first_error, len(outcomes), self.timeout_s, label, logger)  # stop, or warn
         metrics = {f"reward/num_{k}": float(v) for k, v in counts.items()}
         metrics["reward/time_s"] = time.perf_counter() - t0
         return scores, dicts, metrics, valid, seen, ran

@@ -39,7 +39,8 @@ from collections import deque
 from multiprocessing.connection import wait as _wait_conns
 from typing import Any, Callable, Sequence
 
-# the process-tree helpers are named in __all__ too: importable from here as before
+# the failure rules (rewards.failures) and the process-tree helpers are named in __all__ too: importable from here
+from rewards.failures import EARLY_STOP_FAILURES, WORKER_DIED, FailureWatch, ScorerError, check_not_all_failed
 from rewards.process_tree import descendants, die_with_parent, guard_descendants, kill_tree
 
 __all__ = ["to_plain_result", "run_scorer", "ScoringPool", "Outcome", "ScorerError", "check_not_all_failed",
@@ -82,124 +83,6 @@ def to_plain_result(res: Any) -> float | dict:
     if isinstance(res, (str, bytes)) or res is None:
         raise TypeError(f"a scorer must return a float or a dict with 'score', got {type(res).__name__}")
     return float(res)
-
-
-class ScorerError(ValueError):
-    """A scorer that failed on every response of a batch it could judge: broken, not one odd response (one line,
-    exit 2)."""
-
-
-_FIX = "fix the scorer (reward_model.custom_reward_function / reward_model.scorer)"
-
-
-def check_not_all_failed(errors: int, rows: int, first_error: str | None, nan: int = 0, timeouts: int = 0,
-                         scorer: str = "the scorer") -> None:
-    """Stop when none of ``rows`` (at least 2) responses of a batch got a usable score: the scorer raised
-    (``errors``), returned NaN/inf (``nan``) or ran past its timeout (``timeouts``) on every one. One failing response scores 0 and training goes on; a
-    scorer that fails on all of them (a bug in a ``custom_reward_function``, a missing dependency) would otherwise
-    train on rewards that are all 0. ``scorer`` names it in the message.
-
-    Raises:
-        ScorerError: naming the scorer, the counts and the first error.
-    """
-    if rows < 2 or errors + nan + timeouts < rows:
-        return
-    if timeouts:
-        raise ScorerError(f"reward: {scorer} gave no score for any of the {rows} responses of the batch "
-                          f"({timeouts} ran past reward_model.timeout_s, {nan} NaN/inf, {errors} raised); " + _FIX
-                          + " or raise reward_model.timeout_s")
-    if nan == 0:
-        raise ScorerError(f"reward: {scorer} raised on all {rows} responses of the batch (first: {first_error}); "
-                          + _FIX)
-    raised = f", {errors} raised (first: {first_error})" if errors else ""
-    raise ScorerError(f"reward: {scorer} gave no finite score for any of the {rows} responses of the batch "
-                      f"({nan} NaN/inf{raised}); " + _FIX)
-
-
-#: non-empty responses that ran past ``timeout_s`` or ended their scoring process, none scored yet, after which the
-#: scoring of a batch stops (:class:`FailureWatch`): each such failure costs ``timeout_s`` or a new process, and a
-#: scorer that hangs or dies on every response would cost ``timeout_s`` x responses / workers before the batch ended.
-#: A scorer that fails so on the first 16 it finishes but would score later ones is stopped too (too slow to train on)
-EARLY_STOP_FAILURES = 16
-
-#: the start of the error message of a response whose scoring process died (:meth:`ScoringPool.run`)
-WORKER_DIED = "scorer worker died"
-
-
-class FailureWatch:
-    """Judges a scorer by the responses it could judge: those whose text is not empty or whitespace (``blank[i]``
-    False). A scorer may refuse an empty response, so empty responses that score 0 cleanly do not show that it
-    works: one that fails on every non-empty response of a batch is broken even when the batch's empty responses
-    scored (a ``custom_reward_function`` that raises on anything but ``""`` trained on all-zero rewards to the end).
-
-    Feed it every outcome as it arrives (:meth:`see`, also the ``stop`` callback of :meth:`ScoringPool.run`); it
-    asks to stop the batch early once :data:`EARLY_STOP_FAILURES` non-empty responses timed out or killed their
-    process and none scored, so that a hanging or dying scorer costs ``EARLY_STOP_FAILURES x timeout_s / workers``
-    rather than a whole batch. A healthy batch is scored to its end: one non-empty score ends the watch.
-
-    Args:
-        blank: per row, whether the response text is empty or whitespace.
-        early_after: the failures above (>= 1).
-    """
-
-    def __init__(self, blank: Sequence[bool], early_after: int = EARLY_STOP_FAILURES):
-        self.blank = list(blank)
-        self.early_after = int(early_after)
-        self.judged = sum(not b for b in self.blank)  # rows the scorer could judge
-        self.scored = self.raised = self.nan = self.timeouts = self.died = 0  # over judged rows seen so far
-        self.blank_scored = 0  # empty responses that scored
-        self.first_error: str | None = None  # the first raised (a worker's death is counted apart)
-        self.first_death: str | None = None
-        self.stopped = False  # see() asked to stop the batch early
-
-    def see(self, i: int, outcome: Outcome) -> bool:
-        """Record row ``i``'s outcome; True when the batch should stop now (see the class doc), and from then on."""
-        status, payload = outcome[0], outcome[1]
-        finite = status == "ok" and math.isfinite(payload["score"] if isinstance(payload, dict) else payload)
-        if self.blank[i]:
-            self.blank_scored += finite
-            return False
-        if status == "timeout":
-            self.timeouts += 1
-        elif status == "error" and str(payload).startswith(WORKER_DIED):
-            self.died += 1
-            self.first_death = self.first_death or payload
-        elif status == "error":
-            self.raised += 1
-            self.first_error = self.first_error or payload
-        elif finite:
-            self.scored += 1
-        else:
-            self.nan += 1
-        self.stopped = self.stopped or (self.scored == 0 and self.timeouts + self.died >= self.early_after)
-        return self.stopped
-
-    def check(self, rows: int, timeout_s: float, scorer: str = "the scorer") -> None:
-        """After the batch (or an early stop): raise when the scorer failed on every non-empty response of it (at
-        least 2) or stopped early; a batch whose responses all failed is :func:`check_not_all_failed`'s.
-
-        Raises:
-            ScorerError: one line naming ``scorer``, the counts and the first error.
-        """
-        failed = self.raised + self.died + self.nan + self.timeouts
-        if not self.stopped and (self.judged < 2 or self.scored or failed < self.judged):
-            return
-        kinds = []
-        if self.raised:
-            kinds.append(f"{self.raised} raised (first: {self.first_error})")
-        if self.died:
-            kinds.append(f"{self.died} ended their scoring process (first: {self.first_death})")
-        if self.nan:
-            kinds.append(f"{self.nan} NaN/inf")
-        if self.timeouts:
-            kinds.append(f"{self.timeouts} ran past reward_model.timeout_s={timeout_s:g} s")
-        fix = _FIX + (" or raise reward_model.timeout_s" if self.timeouts else "")
-        if self.stopped:
-            raise ScorerError(f"reward: {scorer} gave no score for the first {failed} non-empty responses of the batch "
-                              f"of {rows} that finished ({', '.join(kinds)}); the batch's other responses were not "
-                              "scored; " + fix)
-        raise ScorerError(f"reward: {scorer} failed on all {self.judged} non-empty responses of the batch of {rows} "
-                          f"({', '.join(kinds)}); the {self.blank_scored} that scored were empty; " + fix)
 
 
 def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
@@ -256,6 +139,25 @@ class _Worker:
 
     def __init__(self, proc, conn):
         self.proc, self.conn = proc, conn
+
+
+class _Batch:
+    """One :meth:`ScoringPool.run`: its tasks, their outcomes so far (None until finished), the tasks not yet sent,
+    the idle workers and the busy ones (each with its task and the time it started), and whether ``stop`` ended it."""
+
+    def __init__(self, tasks: Sequence[Task], workers: Sequence[_Worker], stop: Callable[[int, Outcome], bool] | None):
+        self.tasks = tasks
+        self.results: list[Outcome | None] = [None] * len(tasks)
+        self.pending = deque(range(len(tasks)))
+        self.idle = list(workers)
+        self.busy: dict[_Worker, tuple[int, float]] = {}
+        self.stopped = False
+        self._stop = stop
+
+    def finish(self, i: int, outcome: Outcome) -> None:
+        """Record task ``i``'s outcome and ask ``stop`` whether the run ends now."""
+        self.results[i] = outcome
+        self.stopped = self.stopped or (self._stop is not None and bool(self._stop(i, outcome)))
 
 
 class ScoringPool:
@@ -362,60 +264,63 @@ class ScoringPool:
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.start()
-        n = len(tasks)
-        results: list[Outcome | None] = [None] * n
-        pending = deque(range(n))
-        idle = list(self._workers)
-        busy: dict[_Worker, tuple[int, float]] = {}
-        stopped = False
-
-        def finish(i: int, outcome: Outcome) -> None:
-            nonlocal stopped
-            results[i] = outcome
-            stopped = stopped or (stop is not None and bool(stop(i, outcome)))
-
-        while (pending or busy) and not stopped:
-            while idle and pending and not stopped:
-                w, i = idle.pop(), pending.popleft()
-                key, args, kwargs = tasks[i]
-                try:
-                    w.conn.send((i, key, args, kwargs))
-                except (BrokenPipeError, ConnectionError, EOFError):  # the worker died while idle
-                    idle.append(self._replace(w))
-                    pending.appendleft(i)
-                    continue
-                except Exception as e:  # the task itself cannot be pickled
-                    finish(i, ("error", f"task could not be sent to a worker: {e!r}"[:500], 0.0))
-                    idle.append(w)
-                    continue
-                busy[w] = (i, time.monotonic())
-            if not busy or stopped:
+        batch = _Batch(tasks, self._workers, stop)
+        while (batch.pending or batch.busy) and not batch.stopped:
+            self._send_pending(batch)
+            if not batch.busy or batch.stopped:
                 continue
-            next_deadline = min(t0 for _, t0 in busy.values()) + timeout_s
-            by_conn = {w.conn: w for w in busy}
-            for conn in _wait_conns(list(by_conn), timeout=max(0.0, next_deadline - time.monotonic())):
-                w = by_conn[conn]
-                i, t0 = busy.pop(w)
-                try:
-                    idx, outcome = conn.recv()
-                    idle.append(w)
-                    finish(idx, outcome)
-                except (EOFError, OSError, ConnectionError):
-                    w.proc.join(timeout=1.0)  # its exit code
-                    code = w.proc.exitcode
-                    idle.append(self._replace(w))
-                    finish(i, ("error", f"{WORKER_DIED} (exit code {code})", time.monotonic() - t0))
-            now = time.monotonic()
-            for w, (i, t0) in list(busy.items()):
-                if now - t0 >= timeout_s:
-                    del busy[w]
-                    idle.append(self._replace(w))
-                    finish(i, ("timeout", None, now - t0))
-        for w in busy:  # stopped early: what is still running is not waited for
+            self._receive(batch, timeout_s)
+            self._end_overdue(batch, timeout_s)
+        for w in batch.busy:  # stopped early: what is still running is not waited for
             self._kill(w)
             self._workers.remove(w)
             self.num_restarts += 1
-        return [r if r is not None else ("skipped", None, 0.0) for r in results]
+        return [r if r is not None else ("skipped", None, 0.0) for r in batch.results]
+
+    def _send_pending(self, batch: _Batch) -> None:
+        """Hand the batch's pending tasks to its idle workers; a worker found dead is replaced and its task sent
+        again, a task that cannot be sent is its error."""
+        while batch.idle and batch.pending and not batch.stopped:
+            w, i = batch.idle.pop(), batch.pending.popleft()
+            key, args, kwargs = batch.tasks[i]
+            try:
+                w.conn.send((i, key, args, kwargs))
+            except (BrokenPipeError, ConnectionError, EOFError):  # the worker died while idle
+                batch.idle.append(self._replace(w))
+                batch.pending.appendleft(i)
+                continue
+            except Exception as e:  # the task itself cannot be pickled
+                batch.finish(i, ("error", f"task could not be sent to a worker: {e!r}"[:500], 0.0))
+                batch.idle.append(w)
+                continue
+            batch.busy[w] = (i, time.monotonic())
+
+    def _receive(self, batch: _Batch, timeout_s: float) -> None:
+        """Take the outcomes that arrive before the earliest deadline of the busy workers; a worker that died
+        instead is replaced and its task gets :data:`rewards.failures.WORKER_DIED` with its exit code."""
+        next_deadline = min(t0 for _, t0 in batch.busy.values()) + timeout_s
+        by_conn = {w.conn: w for w in batch.busy}
+        for conn in _wait_conns(list(by_conn), timeout=max(0.0, next_deadline - time.monotonic())):
+            w = by_conn[conn]
+            i, t0 = batch.busy.pop(w)
+            try:
+                idx, outcome = conn.recv()
+                batch.idle.append(w)
+                batch.finish(idx, outcome)
+            except (EOFError, OSError, ConnectionError):
+                w.proc.join(timeout=1.0)  # its exit code
+                code = w.proc.exitcode
+                batch.idle.append(self._replace(w))
+                batch.finish(i, ("error", f"{WORKER_DIED} (exit code {code})", time.monotonic() - t0))
+
+    def _end_overdue(self, batch: _Batch, timeout_s: float) -> None:
+        """Kill and replace the workers whose task has run ``timeout_s`` or longer; the task is a timeout."""
+        now = time.monotonic()
+        for w, (i, t0) in list(batch.busy.items()):
+            if now - t0 >= timeout_s:
+                del batch.busy[w]
+                batch.idle.append(self._replace(w))
+                batch.finish(i, ("timeout", None, now - t0))
 
     def __del__(self):
         try:

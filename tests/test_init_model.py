@@ -28,7 +28,7 @@ def _cfg(out, *overrides):
 
 def _prepare(out, *overrides, resuming=False):
     """``prepare_embedded`` of the run with ``overrides``; returns its config (the model paths filled in)."""
-    from trainer.launch import prepare_embedded
+    from trainer.embedded_assets import prepare_embedded
 
     cfg = _cfg(out, *overrides)
     prepare_embedded(cfg, resuming=resuming)

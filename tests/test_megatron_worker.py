@@ -28,7 +28,8 @@ def _config(out_dir, strategy, world=1, extra=()):
 def _run_config(out_dir, strategy, world=1, extra=()):
     from hydra import compose, initialize_config_dir
 
-    from trainer.launch import prepare_embedded, resolve_config, validate
+    from trainer.embedded_assets import prepare_embedded
+    from trainer.launch import resolve_config, validate
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
         c = compose("ppo_trainer", overrides=[

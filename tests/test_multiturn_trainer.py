@@ -88,7 +88,7 @@ def test_a_chat_template_without_a_tool_role_is_refused_at_start(template):
 
 
 def test_an_unknown_synthetic_task_is_refused(tmp_path):
-    from trainer.launch import prepare_embedded
+    from trainer.embedded_assets import prepare_embedded
 
     cfg = _cfg("data=synthetic_tool", "data.synthetic_task=sums", f"trainer.output_dir={tmp_path}")
     with pytest.raises(ConfigError, match=r"data.synthetic_task='sums'; expected one of \['digits', 'arith_tool'\]"):

@@ -58,7 +58,7 @@ def test_a_scorer_that_raises_on_every_response_stops_the_run_in_one_line(tmp_pa
 
 
 def test_scorer_errors_on_some_responses_are_counted_on_all_they_stop():
-    from rewards.pool import ScorerError, check_not_all_failed
+    from rewards.failures import ScorerError, check_not_all_failed
 
     check_not_all_failed(3, 4, "ValueError: odd")  # some: counted by the manager, training goes on
     check_not_all_failed(1, 1, "ValueError: odd")  # a single response is not a pattern
@@ -69,7 +69,7 @@ def test_scorer_errors_on_some_responses_are_counted_on_all_they_stop():
 def test_a_scorer_that_gives_nan_on_every_response_stops_the_run():
     """A scorer returning NaN for every response trained on all-zero rewards and exited 0 (only reward/num_nan said
     so); like one that raises on all of them, it is broken. NaN on some responses is counted and warned."""
-    from rewards.pool import ScorerError, check_not_all_failed
+    from rewards.failures import ScorerError, check_not_all_failed
 
     check_not_all_failed(0, 4, None, nan=3)
     with pytest.raises(ScorerError, match=r"no finite score for any of the 4 responses of the batch \(4 NaN/inf\)"):
@@ -83,7 +83,7 @@ def test_a_scorer_that_gives_nan_on_every_response_stops_the_run():
 
 def test_the_manager_stops_on_an_all_nan_batch_and_warns_on_some(tok, caplog):  # noqa: F811
     from rewards.manager import RewardManager
-    from rewards.pool import ScorerError
+    from rewards.failures import ScorerError
 
     data = make_batch(["42", "7"], response_len=4)
     with RewardManager(tok, scorer=lambda s, g, extra_info=None, **k: float("nan"), num_workers=0) as rm:
@@ -136,7 +136,7 @@ def test_a_scorer_failing_on_every_non_empty_response_stops_though_empty_ones_sc
     (the batch's empty responses scored, so the all-responses stop never fired): the batch stops in one line naming
     the scorer, the counts and the first error."""
     from rewards.manager import RewardManager
-    from rewards.pool import ScorerError
+    from rewards.failures import ScorerError
 
     if kind == "sys_exit" and num_workers == 0:
         pytest.skip("sys.exit in this process ends it")
@@ -175,7 +175,7 @@ def test_a_scorer_hanging_or_dying_on_every_non_empty_response_stops_the_batch_e
     import time
 
     from rewards.manager import RewardManager
-    from rewards.pool import ScorerError
+    from rewards.failures import ScorerError
 
     with RewardManager(tok, scorer=_fails_unless_empty, timeout_s=0.2, num_workers=2) as rm:
         t0 = time.perf_counter()
@@ -192,7 +192,7 @@ def test_a_scorer_hanging_or_dying_on_every_non_empty_response_stops_the_batch_e
 def test_the_failure_watch_judges_non_empty_responses_only():
     """Empty responses neither prove nor disprove a scorer; one non-empty score ends the early stop; one judged
     response is not a pattern."""
-    from rewards.pool import FailureWatch, ScorerError
+    from rewards.failures import FailureWatch, ScorerError
 
     watch = FailureWatch([True, False] + [False] * 20, early_after=16)
     assert not watch.see(0, ("ok", 0.0, 0.0))
@@ -219,7 +219,7 @@ def test_the_failure_watch_judges_non_empty_responses_only():
 
 def test_a_routed_scorer_failing_on_every_non_empty_response_is_named_by_its_data_source(tok):  # noqa: F811
     from rewards.manager import RewardManager
-    from rewards.pool import ScorerError
+    from rewards.failures import ScorerError
     from rewards.registry import register_scorer
 
     register_scorer("tests/fails_unless_empty", overwrite=True)(_fails_unless_empty)

@@ -16,7 +16,8 @@ def _worker(out_dir, zero, *more):
     from hydra import compose, initialize_config_dir
 
     from trainer.config.workers import actor_worker_config
-    from trainer.launch import prepare_embedded, resolve_config, validate
+    from trainer.embedded_assets import prepare_embedded
+    from trainer.launch import resolve_config, validate
     from trainer.workers.actor import ActorRolloutRefWorker
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):

@@ -224,7 +224,7 @@ _EMBEDDED_DIGITS = (1, 2)  # operand digits of data=synthetic_tool: products of 
 
 @dataclass(frozen=True)
 class EmbeddedTask:
-    """The pieces of one generated task of the embedded default (``trainer/launch.py:prepare_embedded``).
+    """The pieces of one generated task of the embedded default (``trainer/embedded_assets.py:prepare_embedded``).
 
     Attributes:
         build_tokenizer: ``(save_dir) -> tokenizer``, the tokenizer (with its chat template) for the tiny model.

@@ -21,64 +21,12 @@ from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
 from trainer.run_folder import FINAL_METRICS, already_complete, write_final_metrics  # noqa: F401
 from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
+from trainer.embedded_assets import prepare_embedded
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
-
-
-def prepare_embedded(cfg: dict, resuming: bool = False) -> DataConfig:
-    """Write the tiny model + tokenizer and the synthetic task when the config asks for them (in place: the model
-    paths and ``data.train_files`` / ``data.val_files`` are filled in). Returns the ``data`` section with the
-    files filled in (:class:`trainer.config.data.DataConfig`).
-
-    The tiny model (``<trainer.output_dir>/init_model``) is built from the settings of
-    :func:`trainer.embedded.init_model_settings`; a model already there is used only when it was built from the same
-    (:func:`trainer.run_folder.place_init_model`: otherwise a fresh run builds its own, which replaces the earlier one
-    once every check has passed, and a resume, ``resuming``, is refused).
-
-    Raises:
-        ConfigError: an unknown ``data.synthetic_task``, a bad ``data`` value (its section's check), or a resume
-            whose tiny-model settings differ from those ``init_model`` was built from.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from trainer import embedded
-    from trainer.embedded_tool import embedded_task
-    from trainer.run_folder import place_init_model, write_embedded_data
-
-    out = os.path.abspath(cfg["trainer"]["output_dir"])
-    model, seed = cfg["actor_rollout_ref"]["model"], int(cfg["trainer"]["seed"])
-    data = DataConfig.from_dict(cfg["data"], "data")
-    try:  # data.synthetic_task: the generated task, its tokenizer and the tiny model's warm start
-        task = embedded_task(data.synthetic_task or "digits")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if model["path"] is None:
-        tiny = dict(model.get("tiny") or {})
-
-        def build(folder: str) -> int:
-            tok = task.build_tokenizer(folder)
-            torch.manual_seed(seed)
-            built = AutoModelForCausalLM.from_config(embedded.tiny_model_config(len(tok), **tiny))
-            task.warm_start(built, tok, data.warm_start_steps or 0, seed)
-            built.save_pretrained(folder)
-            return len(tok)
-
-        steps = (data.warm_start_steps or 0) if task.warm_starts else 0  # the digits task has no warm start
-        settings = embedded.init_model_settings(seed, data.synthetic_task or "digits", steps, tiny)
-        init_dir = place_init_model(out, settings, build, resuming)
-        model["path"] = init_dir
-        if cfg["critic"]["model"]["path"] is None:
-            cfg["critic"]["model"]["path"] = init_dir
-    if data.train_files is None:  # kept when the same; another run's rows stay until it is set aside (run_folder)
-        train, val = write_embedded_data(task.write_task, out, data.seed)
-        val = data.val_files if data.val_files is not None else val
-        cfg["data"]["train_files"], cfg["data"]["val_files"] = train, val
-        data = replaced(data, "data", train_files=train, val_files=val)
-    return data
 
 
 def resolve_config(hydra_cfg, report=None) -> dict:

@@ -18,8 +18,8 @@ class DataConfig(Section):
 
     Attributes:
         train_files, val_files: a parquet/JSON file or a list of them; None (the embedded task): generated into
-            ``<trainer.output_dir>/data`` at start-up (:func:`trainer.launch.prepare_embedded`), no held-out set
-            for ``val_files`` when ``train_files`` is given.
+            ``<trainer.output_dir>/data`` at start-up (:func:`trainer.embedded_assets.prepare_embedded`), no
+            held-out set for ``val_files`` when ``train_files`` is given.
         prompt_key, image_key, reward_fn_key: the rows' columns of the prompt, its images, the scorer's name.
         max_prompt_length, max_response_length: tokens (> 0).
         train_batch_size: prompts per step (> 0). val_batch_size: prompts per validation batch (None: all).

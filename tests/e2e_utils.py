@@ -51,6 +51,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs, read from ``/proc`` (Linux): a zombie no one reaped counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 class MainRun:
     """``trainer/main.py`` started in its own session (``Popen``), its output in ``<out_dir>.log``.
 

@@ -17,18 +17,9 @@ import time
 
 import pytest
 
-from tests.e2e_utils import ROOT
+from tests.e2e_utils import ROOT, pid_alive
 
 _PR_GET_CHILD_SUBREAPER = 37
-
-
-def _alive(pid: int) -> bool:
-    """A process that runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def _kill(pids) -> None:
@@ -119,7 +110,7 @@ def test_the_entry_point_kills_what_it_started_however_the_run_ends(tmp_path, ca
             assert out.stderr.strip().splitlines()[-1] == last, out.stderr[-3000:]
         if case == "exception":  # Hydra's report of it
             assert "RuntimeError: a bug" in out.stderr, out.stderr[-3000:]
-        left = [p for p in pids if _alive(p)]
+        left = [p for p in pids if pid_alive(p)]
         assert left == [], f"left running after the driver exited ({case}): {left}"
     finally:
         _kill(pids)
@@ -147,7 +138,7 @@ def test_importing_the_entry_point_leaves_the_callers_processes_alone(tmp_path):
         out = subprocess.run([sys.executable, path], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.split() == ["None"], out.stdout + out.stderr[-3000:]
         pids = [int(p) for p in pids_file.read_text().split()]
-        assert len(pids) == 2 and all(map(_alive, pids)), pids  # still there: not the caller's to lose
+        assert len(pids) == 2 and all(map(pid_alive, pids)), pids  # still there: not the caller's to lose
     finally:
         _kill(pids)
     from trainer import leftovers
@@ -199,7 +190,7 @@ def test_a_subreaper_reaps_the_processes_it_kills_below_a_child(tmp_path):
         out = subprocess.run([sys.executable, path], cwd=ROOT, capture_output=True, text=True, timeout=60)
         pids = [int(p) for p in pids_file.read_text().split()]
         assert out.returncode == 0 and out.stdout.split() == ["timeout", "[]"], out.stdout + out.stderr[-3000:]
-        assert len(pids) == 2 and not any(map(_alive, pids)), pids
+        assert len(pids) == 2 and not any(map(pid_alive, pids)), pids
     finally:
         _kill(pids)
 
@@ -229,7 +220,7 @@ def test_a_run_forked_on_the_shared_ray_kills_what_it_started_and_leaves_the_clu
         assert "done: step 1 of 1" in proc.stdout + proc.stderr, proc.stderr[-3000:]
         pids = [int(p) for p in pids_file.read_text().split()]
         assert len(pids) == 4, pids  # the probe's import and the driver's
-        left = [p for p in pids if _alive(p)]
+        left = [p for p in pids if pid_alive(p)]
         assert left == [], f"left running after the run: {left}"
         assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in cluster), cluster
         shared_ray_env(idle_timeout_s=60)  # the session's Ray still answers
@@ -258,8 +249,8 @@ def test_a_forked_run_killed_at_its_timeout_takes_what_it_started_with_it(tmp_pa
         pids = [int(p) for p in pids_file.read_text().split()]
         assert _wait(proc.pid, 0.1) == (-signal.SIGKILL, True)
         deadline = time.monotonic() + 5
-        while any(map(_alive, pids)) and time.monotonic() < deadline:
+        while any(map(pid_alive, pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(map(_alive, pids)), pids
+        assert not any(map(pid_alive, pids)), pids
     finally:
         _kill([proc.pid, *pids])

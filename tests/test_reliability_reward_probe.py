@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.e2e_utils import pid_alive
 from trainer.config_checks import ConfigError, check_reward_scorers
 
 SIG = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -26,15 +27,6 @@ class CharTokenizer:
 def _datasets(*sources):
     return [SimpleNamespace(files=["train.jsonl"], rows=[{"data_source": s, "reward_model": {"ground_truth": "7"}}
                                                          for s in sources])]
-
-
-def _alive(pid: int) -> bool:
-    """A process that runs (a zombie no one reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def _load(tmp_path, body, name="my_reward.py"):
@@ -78,9 +70,9 @@ def test_a_scorer_that_hangs_on_the_empty_response_is_refused_and_killed(tmp_pat
     assert "data_source='openai/gsm8k'" in msg and "reward_model.timeout_s=60" in msg
     scorer_pid, sleep_pid = map(int, pids.read_text().split())
     deadline = time.monotonic() + 5
-    while (_alive(scorer_pid) or _alive(sleep_pid)) and time.monotonic() < deadline:
+    while (pid_alive(scorer_pid) or pid_alive(sleep_pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(scorer_pid) and not _alive(sleep_pid)
+    assert not pid_alive(scorer_pid) and not pid_alive(sleep_pid)
 
 
 def test_a_routed_scorer_that_hangs_is_named_by_its_data_source(monkeypatch):
@@ -129,7 +121,7 @@ def test_a_hung_custom_reward_function_stops_main_before_workers(tmp_path):
                    timeout=120, forked=True)
     line = assert_one_line_error(proc, "compute_score", str(path), "did not return within 1 s")
     assert time.monotonic() - t0 < 60, line
-    assert not _alive(int(pid_file.read_text()))
+    assert not pid_alive(int(pid_file.read_text()))
 
 
 HANGS_AT_IMPORT = """import os, subprocess, time
@@ -143,9 +135,9 @@ time.sleep(10 ** 6)  # a blocking call at import (a network call without a timeo
 def _gone(pid_file) -> bool:
     deadline = time.monotonic() + 5
     pids = [int(p) for p in pid_file.read_text().split()]
-    while any(map(_alive, pids)) and time.monotonic() < deadline:
+    while any(map(pid_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not any(map(_alive, pids))
+    return not any(map(pid_alive, pids))
 
 
 def test_a_custom_file_whose_import_hangs_is_refused_in_one_line_and_killed(tmp_path):

@@ -12,26 +12,17 @@ import time
 
 import pytest
 
-from tests.e2e_utils import ROOT
+from tests.e2e_utils import ROOT, pid_alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-def _alive(pid: int) -> bool:
-    """A process that runs (a zombie no one reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 def _gone_within(pids, seconds: float = 5.0) -> list[int]:
     """The pids of ``pids`` still running after ``seconds``."""
     deadline = time.monotonic() + seconds
-    while any(map(_alive, pids)) and time.monotonic() < deadline:
+    while any(map(pid_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if pid_alive(p)]
     for p in left:  # do not leave them to the next test
         os.kill(p, signal.SIGKILL)
     return left
@@ -107,7 +98,7 @@ def test_scoring_workers_leave_no_process_that_their_scorer_started(tmp_path, th
         assert out[0][0] == ("ok" if then == "return" else "timeout")
         pids = _pids(pid_file, 2)
         if then == "return":
-            assert all(map(_alive, pids))  # the worker lives on: so do they, until the pool closes
+            assert all(map(pid_alive, pids))  # the worker lives on: so do they, until the pool closes
     finally:
         pool.close()
     assert _gone_within(pids) == []

@@ -39,6 +39,7 @@ def test_help_exits_zero(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_tiny_deepspeed_path(tmp_path):
     out = tmp_path / "mfu_ds.json"
     [row] = run_tool("tools/bench/mfu.py", "--tiny", "--deepspeed", out=str(out), timeout=300)["results"]

@@ -24,6 +24,7 @@ def test_sp2_tiny_json(tmp_path):
     assert doc["search"] == []
 
 
+@pytest.mark.bench
 def test_tokens_per_gpu_packs_one_sequence_per_sp_rank(tmp_path):
     """--tokens-per-gpu: the SP=2 micro-batch holds 2 sequences of --tokens (each rank holds --tokens), as the
     trainer's budget ppo_max_token_len_per_gpu x sp does; without it one sequence (each rank holds half)."""
@@ -54,6 +55,7 @@ def test_help_exits_zero(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_full_tiny_run(tmp_path):
     out = tmp_path / "u.json"
     doc = run_tool("tools/bench/ulysses.py", "--tiny", out=str(out), timeout=600)

@@ -387,6 +387,7 @@ def test_bad_input_is_refused_before_any_run(tmp_path, argv, msg, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_ours_side_on_the_cpu_saves_at_its_marks_and_is_scored(tmp_path):
     """The whole tool with ours alone (the embedded tiny model, CPU): trainer.export_hf_freq_s writes the marks, the
     runner stops the trainer after the last one, the evaluator scores the base model and each checkpoint."""

@@ -29,6 +29,7 @@ def _run(cmd, tmp_path, timeout):
         return json.load(f), proc.stdout
 
 
+@pytest.mark.bench
 def test_check_script_runs_on_cpu(tmp_path):
     res, out = _run([sys.executable, SCRIPT, "--device", "cpu", "--out", str(tmp_path / "out.json")], tmp_path, 300)
     assert res["ok"] and res["device"] == "cpu"

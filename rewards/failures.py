@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-if TYPE_CHECKING:
-    from rewards.pool import Outcome
+#: one scorer outcome: (status, payload, seconds) with status "ok" (payload: float or dict from
+#: rewards.pool.to_plain_result), "error" (payload: message) or "timeout" (payload None)
+Outcome = tuple[str, Any, float]
 
 __all__ = ["ScorerError", "check_not_all_failed", "FailureWatch", "EARLY_STOP_FAILURES", "WORKER_DIED",
            "scorer_label", "check_batch"]

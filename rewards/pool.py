@@ -40,16 +40,15 @@ from multiprocessing.connection import wait as _wait_conns
 from typing import Any, Callable, Sequence
 
 # the failure rules (rewards.failures) and the process-tree helpers are named in __all__ too: importable from here
-from rewards.failures import EARLY_STOP_FAILURES, WORKER_DIED, FailureWatch, ScorerError, check_not_all_failed
+from rewards.failures import (EARLY_STOP_FAILURES, WORKER_DIED, FailureWatch, Outcome, ScorerError,
+                              check_not_all_failed)
 from rewards.process_tree import descendants, die_with_parent, guard_descendants, kill_tree
 
 __all__ = ["to_plain_result", "run_scorer", "ScoringPool", "Outcome", "ScorerError", "check_not_all_failed",
            "FailureWatch", "EARLY_STOP_FAILURES", "die_with_parent", "guard_descendants", "descendants", "kill_tree"]
 
-# One task: (scorer key, positional args, keyword args). One outcome: (status, payload, seconds) with status
-# "ok" (payload: float or dict from to_plain_result), "error" (payload: message) or "timeout" (payload None).
+# One task: (scorer key, positional args, keyword args); one outcome: rewards.failures.Outcome.
 Task = tuple[Any, tuple, dict]
-Outcome = tuple[str, Any, float]
 
 
 def _plain_value(v: Any) -> Any:

@@ -298,9 +298,12 @@ def test_roles_place_the_rollout_on_bundles_of_its_own_or_a_share_of_the_first(m
 
     class FakeGroup:
         def __init__(self, cls, role, pg, world_size, config, device, cpus, share=1.0, sp_size=1, bundle_offset=0,
-                     timeout_s=None):
+                     timeout_s=None, wait=True):
             made[role] = (world_size, share, bundle_offset)
             received[role] = type(config).__name__
+
+        def wait_started(self):
+            pass
 
         def run_all(self, method):
             return [{}]

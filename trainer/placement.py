@@ -2,7 +2,8 @@
 
 One bundle per worker slot: ``{"GPU": 1, "CPU": k}`` on GPU machines, ``{"CPU": k}`` with
 ``trainer.device=cpu``. Roles that share the slots (actor+rollout+ref in one worker; the critic beside it)
-take a fraction of each bundle. Rank 0 of a group picks the rendezvous address; the others join it.
+take a fraction of each bundle. A group's ranks start side by side; rank 0 picks the rendezvous address, the
+others receive it before their first call and join it.
 
 Dispatch modes (how a method's batch is split over ranks and gathered back):
 
@@ -148,7 +149,8 @@ class WorkerGroup:
     PEER_DEATH_GRACE_S = 10.0
 
     def __init__(self, cls, role: str, pg, world_size: int, worker_config: Any, device: str, cpus_per_worker: int,
-                 share: float = 1.0, sp_size: int = 1, bundle_offset: int = 0, timeout_s: float | None = None):
+                 share: float = 1.0, sp_size: int = 1, bundle_offset: int = 0, timeout_s: float | None = None,
+                 wait: bool = True):
         self.role, self.world_size, self.sp_size = role, world_size, sp_size
         self.timeout_s = timeout_s
         if world_size % sp_size:
@@ -159,21 +161,31 @@ class WorkerGroup:
             opts["num_gpus"] = share
         groups = getattr(cls, "CONCURRENCY_GROUPS", None)
         remote = ray.remote(concurrency_groups=dict(groups))(cls) if groups else ray.remote(cls)
-        self.workers = []
-        addr = port = None
-        for rank in range(world_size):
-            w = remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle_offset + rank), name=None, **opts).remote(
-                worker_config, rank, world_size, addr, port, device, role)
-            if rank == 0:
-                addr, port = self._get([w.get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
-            self.workers.append(w)
-        where = self._get([w.location.remote() for w in self.workers], "location", list(range(world_size)))
+        # every rank's process starts now, side by side (each imports torch, DeepSpeed and the model code, seconds
+        # of CPU): rank 0 picks the rendezvous address in its constructor, the others receive it in
+        # set_master_addr_port (see wait_started), before any other call
+        self.workers = [remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=bundle_offset + rank), name=None, **opts).remote(
+            worker_config, rank, world_size, None, None, device, role) for rank in range(world_size)]
+        self.pids: list[int] = []
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait until every rank's process runs its worker (created with ``wait=False``: several groups then start
+        side by side), hand rank 0's rendezvous address to the other ranks and log where each rank runs."""
+        if self.pids:
+            return
+        ranks = list(range(self.world_size))
+        addr, port = self._get([self.workers[0].get_master_addr_port.remote()], "get_master_addr_port", [0])[0]
+        self._get([w.set_master_addr_port.remote(addr, port) for w in self.workers[1:]], "set_master_addr_port",
+                  ranks[1:])
+        where = self._get([w.location.remote() for w in self.workers], "location", ranks)
         self.pids = [w["pid"] for w in where]
         self.node_ids = [w["node_id"] for w in where]
         self.master_addr = f"{addr}:{port}"
-        logger.info("%s workers: %s", role, ", ".join(f"rank {r} pid {p}" for r, p in enumerate(self.pids)))
-        logger.info("%s nodes: %s; rendezvous at %s", role,
+        logger.info("%s workers: %s", self.role, ", ".join(f"rank {r} pid {p}" for r, p in enumerate(self.pids)))
+        logger.info("%s nodes: %s; rendezvous at %s", self.role,
                     ", ".join(f"rank {r} on node {w['node_id'][:12]} ({w['node_ip']})" for r, w in enumerate(where)),
                     self.master_addr)
 

@@ -294,10 +294,14 @@ class Roles:
         reserved = sum(r.share for r in self.specs if r.share is not None and r.bundle_offset < world)
         share = (1.0 - reserved) / max(1, len(shared))
         timeout_s = float(config["trainer"]["ray_timeout_s"] or 0) or None  # every call of a group; 0/null: none
+        groups = []  # every role's processes start side by side (attached at once: a failed start shuts all down)
         for r in self.specs:
-            self.attach(r.name, WorkerGroup(r.worker(), r.name, pg, r.world or world, r.worker_config(config),
-                                            device, cpus_per_worker, share=share if r.share is None else r.share,
-                                            sp_size=r.sp_size, bundle_offset=r.bundle_offset, timeout_s=timeout_s))
+            groups.append(WorkerGroup(r.worker(), r.name, pg, r.world or world, r.worker_config(config), device,
+                                      cpus_per_worker, share=share if r.share is None else r.share, sp_size=r.sp_size,
+                                      bundle_offset=r.bundle_offset, timeout_s=timeout_s, wait=False))
+            self.attach(r.name, groups[-1])
+        for g in groups:
+            g.wait_started()
         return {r.name: self.groups[r.name].init_model() for r in self.specs}
 
     def save(self, step_dir: str) -> None:

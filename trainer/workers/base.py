@@ -138,18 +138,20 @@ class DistributedWorker:
         config: what this worker's role receives (a :class:`trainer.config.workers.WorkerRuntime` subclass:
             its sections, ``deepspeed``, ``seed``, ``cpus_per_worker``).
         rank, world_size: this worker's place in its group.
-        master_addr, master_port: rank 0's rendezvous address (None on rank 0: it picks them).
+        master_addr, master_port: rank 0's rendezvous address (None on rank 0: it picks them; None on another rank:
+            :meth:`set_master_addr_port` gives them before the process group is joined).
         device: ``cpu`` or ``cuda``.
     """
 
     def __init__(self, config, rank: int, world_size: int, master_addr: str | None = None,
                  master_port: int | None = None, device: str = "cpu", role: str = "worker"):
         self.config, self.rank, self.world_size, self.device_type, self.role = config, rank, world_size, device, role
-        if master_addr is None:
+        if master_addr is None and rank == 0:
             master_addr, master_port = node_ip(), reserve_port()  # released when rank 0 binds it
-        self.master_addr, self.master_port = master_addr, master_port
-        os.environ.update({"MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port), "RANK": str(rank),
-                           "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"})
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0"})
+        self.master_addr = self.master_port = None
+        if master_addr is not None:
+            self.set_master_addr_port(master_addr, master_port)
         if device == "cpu":
             os.environ["DS_ACCELERATOR"] = "cpu"
             torch.set_num_threads(config.cpus_per_worker)
@@ -158,6 +160,12 @@ class DistributedWorker:
 
     def get_master_addr_port(self) -> tuple[str, int]:
         return self.master_addr, self.master_port
+
+    def set_master_addr_port(self, master_addr: str, master_port: int) -> None:
+        """Rank 0's rendezvous address (a rank > 0 created without it receives it here, before its first other
+        call)."""
+        self.master_addr, self.master_port = master_addr, master_port
+        os.environ.update({"MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)})
 
     def ping(self) -> int:
         return self.rank

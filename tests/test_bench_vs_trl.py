@@ -307,10 +307,17 @@ def test_report_from_json_writes_table_and_plot(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- process, memory
-def test_run_stops_a_side_at_its_timeout(tmp_path):
+def test_run_stops_a_side_at_its_timeout(tmp_path, monkeypatch):
+    import time
+
     log = str(tmp_path / "side.log")
+    monkeypatch.setattr(vs_trl, "SIGINT_GRACE_S", 0.5)  # (15 s in a real run)
+    # a side that ignores SIGINT is killed once the grace after SIGINT is over
+    hang = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 1 s"):
-        vs_trl._run([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"], log, 1)
+        vs_trl._run([sys.executable, "-c", hang], log, 1)
+    assert time.monotonic() - t0 < 30
     with pytest.raises(RuntimeError, match="exited 3"):
         vs_trl._run([sys.executable, "-c", "raise SystemExit(3)"], log, 30)
     assert vs_trl._run([sys.executable, "-c", "import os; print(os.environ['X_SIDE'])"], log, 30,
@@ -399,13 +406,14 @@ def test_budget_leaves_sides_unstarted_and_says_so(tmp_path):
     assert json.loads(out.read_text())["results"][0]["error"].startswith("not run")
 
 
-def test_a_side_stopped_in_shut_down_after_its_last_step_keeps_its_steps(tmp_path):
+def test_a_side_stopped_in_shut_down_after_its_last_step_keeps_its_steps(tmp_path, monkeypatch):
     """A process that wrote every step and then outlived its time limit (slow shut-down) still counts, with a note;
     one that had not written them is a failed side."""
     import sys
 
     from tools.bench.vs_trl import SideTimeout, _run_finished
 
+    monkeypatch.setattr(vs_trl, "SIGINT_GRACE_S", 0.5)  # (15 s in a real run; a test may run with SIGINT ignored)
     cmd = [sys.executable, "-c", "import time; print('steps done', flush=True); time.sleep(60)"]
     wall, note = _run_finished(cmd, str(tmp_path / "a.log"), 2, None, lambda: True)
     assert wall == 2.0 and "shutting down" in note

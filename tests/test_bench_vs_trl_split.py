@@ -70,6 +70,7 @@ def test_a_side_stopped_at_its_limit_keeps_the_steps_it_wrote(tmp_path, monkeypa
     path = os.path.join(str(tmp_path), "ours_hf", "metrics.jsonl")
     lines = [_line(9.0), _line(2.0)][:written]
     monkeypatch.setattr(vs_trl, "ours_command", lambda j, engine: _fake_trainer(path, lines, then_sleep=True))
+    monkeypatch.setattr(vs_trl, "SIGINT_GRACE_S", 0.5)  # (15 s in a real run; a test may run with SIGINT ignored)
     if not ok:
         with pytest.raises(vs_trl.SideTimeout):
             vs_trl._run_ours_side("ours_hf", job, str(tmp_path), 2)

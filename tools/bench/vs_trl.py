@@ -141,10 +141,14 @@ class SideTimeout(RuntimeError):
     """A side's process ran past its time limit (it may have finished its steps and been stopped in shut-down)."""
 
 
+#: seconds a side's session has after SIGINT at its timeout (the trainer shuts Ray down) before SIGKILL
+SIGINT_GRACE_S = 15.0
+
+
 def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) -> float:
     """Run ``cmd`` in its own session with output to ``log``; returns wall seconds. On timeout the session gets
-    SIGINT (the trainer shuts Ray down), then SIGKILL after 15 s. Raises RuntimeError on a non-zero exit or a
-    timeout (:class:`SideTimeout`; the message holds the log's tail)."""
+    SIGINT (the trainer shuts Ray down), then SIGKILL after :data:`SIGINT_GRACE_S`. Raises RuntimeError on a
+    non-zero exit or a timeout (:class:`SideTimeout`; the message holds the log's tail)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            **(env_extra or {})}
     t0 = time.perf_counter()
@@ -153,7 +157,7 @@ def _run(cmd: list[str], log: str, timeout: int, env_extra: dict | None = None) 
         try:
             rc, why = proc.wait(timeout=timeout), "exited"
         except subprocess.TimeoutExpired:
-            for sig, grace in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
+            for sig, grace in ((signal.SIGINT, SIGINT_GRACE_S), (signal.SIGKILL, 5)):
                 try:
                     os.killpg(proc.pid, sig)
                     proc.wait(timeout=grace)

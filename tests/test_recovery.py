@@ -43,4 +43,5 @@ def test_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
 def test_max_restarts_must_be_a_non_negative_integer(tmp_path):
     from tests.test_reliability_config import assert_one_line_error, run_cli
 
-    assert_one_line_error(run_cli(str(tmp_path / "out"), "trainer.max_restarts=-1"), "trainer.max_restarts=-1")
+    assert_one_line_error(run_cli(str(tmp_path / "out"), "trainer.max_restarts=-1", forked=True),
+                          "trainer.max_restarts=-1")

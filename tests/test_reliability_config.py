@@ -118,7 +118,7 @@ def _model_dir(tmp_path, eos: bool):
 
 def test_tokenizer_without_eos(tmp_path):
     path = _model_dir(tmp_path, eos=False)
-    proc = run_cli(str(tmp_path / "out"), f"actor_rollout_ref.model.path={path}", timeout=300)
+    proc = run_cli(str(tmp_path / "out"), f"actor_rollout_ref.model.path={path}", timeout=300, forked=True)
     assert_one_line_error(proc, "has no EOS token", path)
 
 

@@ -1,10 +1,13 @@
-"""The real entry point (Ray + 2 DeepSpeed workers on gloo, tiny model) end to end, 2 steps."""
+"""The real entry point (Ray + 2 DeepSpeed workers on gloo, tiny model) end to end, 2 steps: with ZeRO-2 as a user
+runs it (a new process that starts its own Ray), with ZeRO-3 forked from the session's pre-imported driver on its
+Ray instance (:mod:`tests.e2e_shared`)."""
 import math
 import os
 
 import pytest
 import torch
 
+from tests.e2e_shared import run_main_forked
 from tests.e2e_utils import SHORT, read_metrics, run_main
 
 pytestmark = pytest.mark.slow
@@ -19,7 +22,8 @@ def _weights(path):
 @pytest.mark.parametrize("zero", [2, 3])
 def test_grpo_two_steps_zero(tmp_path, zero):
     out = str(tmp_path / f"run_z{zero}")
-    run_main(out, f"deepspeed=zero{zero}", "actor_rollout_ref.actor.use_kl_loss=true", *SHORT)
+    run = run_main if zero == 2 else run_main_forked
+    run(out, f"deepspeed=zero{zero}", "actor_rollout_ref.actor.use_kl_loss=true", *SHORT)
     rows = read_metrics(out)
     steps = [r for r in rows if "actor/pg_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.e2e_shared import run_main_forked
-from tests.e2e_utils import read_metrics, run_main
+from tests.e2e_utils import read_metrics
 
 VLM_RUN = ["reward_model.scorer=gsm8k_flexible", "data.max_prompt_length=32", "data.max_response_length=2",
            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4",
@@ -45,8 +45,8 @@ def test_grpo_step_on_the_colour_task_with_ulysses_sp2(tmp_path):
 
 def test_image_rows_for_a_text_only_model_are_refused(tmp_path):
     _, train, val = _task(tmp_path)
-    proc = run_main(str(tmp_path / "out"), f"data.train_files={train}", f"data.val_files={val}", check=False,
-                    timeout=120)
+    proc = run_main_forked(str(tmp_path / "out"), f"data.train_files={train}", f"data.val_files={val}", check=False,
+                           timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "has images but the model has no processor (a text-only model" in last, last

@@ -13,8 +13,9 @@ docs/benchmarks.md); the compiled graph is only reused when shapes repeat, so ev
 
 On CPU the dynamic cache is used and nothing is compiled.
 
-``decode_loop="graph"`` replaces ``generate`` by the engine's own loop (:mod:`rollout.graph_decode`, not yet run on
-a GPU): one compiled function (one CUDA graph) per decode step, same buckets, stop ids, padding and log-probs.
+``decode_loop="graph"`` replaces ``generate`` by the engine's own loop (:mod:`rollout.graph_decode`): one compiled
+function (one CUDA graph) per decode step, same buckets, stop ids, padding and log-probs; the default, ``"auto"``,
+runs it on CUDA with a static cache for the text-only, full-attention models it runs.
 
 Log-probs. A logits processor (:class:`SampledTokenLogProbs`, run before transformers' temperature/top-k/top-p
 warpers) sees the RAW logits of each step. The engine reports ``log_softmax(logits / T)`` at the sampled token, i.e.
@@ -22,8 +23,7 @@ the same quantity the trainer recomputes from ``model(input_ids).logits / T`` (v
 top-k/top-p there either). They are therefore NOT the log-probs of the truncated sampling distribution when
 top-k/top-p are active. Greedy decoding reports ``log_softmax(logits)`` (T taken as 1). The processor holds one
 step's (rows, vocab) fp32 log-probs at a time, so the rows per ``generate`` call are bounded by ``max_batch_size``
-only (``generate(output_logits=True)``, used before, kept every step's logits: 100 MB per row at 512 new tokens
-and a 49k vocabulary, which capped a call at 128 rows).
+only (not by every step's logits, 100 MB per row at 512 new tokens and a 49k vocabulary).
 """
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ import torch.nn.functional as F
 
 from rollout.base import (RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags,  # noqa: F401
                           concat_image_inputs, finalize_responses)  # concat_image_inputs re-exported
-from rollout.graph_decode import GraphDecoder, graph_decode_unsupported
+from rollout.graph_decode import GraphDecoder, graph_decode_unsupported, resolve_decode_loop
 from rollout.log_prob_recorder import SampledTokenLogProbs  # noqa: F401 (re-exported)
 from rollout.stop_check import deferred_stop_check
 from rollout.sdpa_gqa import register_sdpa_gqa, sdpa_gqa_attention_forward  # noqa: F401 (re-exported)
 
 
-DECODE_LOOPS = ("generate", "graph")
+DECODE_LOOPS = ("auto", "generate", "graph")
 
 
 def _as_list(x: int | Sequence[int] | None) -> list[int]:
@@ -102,8 +102,8 @@ class HFRolloutEngine(RolloutEngine):
             knows is passed through.
         defer_stop_check: on CUDA, ``generate`` reads its all-rows-finished flag one step late instead of waiting
             for the device after every token (:func:`rollout.stop_check.deferred_stop_check`; same tokens).
-        decode_loop: ``"generate"`` (transformers' ``generate``) or ``"graph"`` (:mod:`rollout.graph_decode`: one
-            compiled function per decode step; not yet run on a GPU).
+        decode_loop: ``"generate"`` (transformers' ``generate``), ``"graph"`` (:mod:`rollout.graph_decode`, one
+            CUDA graph per decode step) or ``"auto"`` (:func:`rollout.graph_decode.resolve_decode_loop`).
 
     Raises:
         ValueError: when neither ``eos_token_id`` nor ``model_config.eos_token_id`` gives an EOS id; an unknown
@@ -115,7 +115,7 @@ class HFRolloutEngine(RolloutEngine):
                  use_static_cache: bool | None = None, compile_mode: str = "reduce-overhead",
                  max_batch_size: int = 256, prompt_len_multiple: int = 64, cache_len_multiple: int = 256,
                  attn_implementation: str = "auto", defer_stop_check: bool = True,
-                 decode_loop: str = "generate") -> None:
+                 decode_loop: str = "auto") -> None:
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device) if device is not None else torch.device(
@@ -139,7 +139,7 @@ class HFRolloutEngine(RolloutEngine):
             raise ValueError(f"decode_loop={decode_loop!r}; expected one of {list(DECODE_LOOPS)}")
         if decode_loop == "graph" and (why := graph_decode_unsupported(model_config)):
             raise ValueError(f"decode_loop='graph' does not run {why}; use decode_loop='generate'")
-        self.decode_loop = decode_loop
+        self.decode_loop = resolve_decode_loop(decode_loop, model_config, on_cuda, self.use_static_cache)
         self._graph: GraphDecoder | None = None
 
         if attn_implementation == "auto":

@@ -232,8 +232,28 @@ def test_models_the_graph_loop_does_not_run_are_refused():
     assert "StaticSlidingWindowLayer" in graph_decode_unsupported(MistralConfig(num_hidden_layers=1))
     with pytest.raises(ValueError, match="decode_loop='graph' does not run cache layers other than full attention"):
         HFRolloutEngine(MistralConfig(num_hidden_layers=1, vocab_size=V), device="cpu", decode_loop="graph")
-    with pytest.raises(ValueError, match=r"decode_loop='graf'; expected one of \['generate', 'graph'\]"):
+    with pytest.raises(ValueError, match=r"decode_loop='graf'; expected one of \['auto', 'generate', 'graph'\]"):
         HFRolloutEngine(_config("llama"), device="cpu", decode_loop="graf")
+
+
+def test_auto_runs_the_graph_loop_on_cuda_with_a_static_cache_for_the_models_it_runs():
+    """decode_loop=auto (the default): graph on CUDA with a static cache for a text model with full-attention layers;
+    generate on the CPU, without a static cache, and for vision-language or sliding-window models; an explicit
+    choice is kept."""
+    from transformers import MistralConfig, Qwen2VLConfig
+
+    from rollout.graph_decode import resolve_decode_loop
+
+    assert resolve_decode_loop("auto", _config("qwen2"), on_cuda=True, static_cache=True) == "graph"
+    assert resolve_decode_loop("auto", _config("llama"), on_cuda=True, static_cache=True) == "graph"
+    assert resolve_decode_loop("auto", _config("qwen2"), on_cuda=False, static_cache=True) == "generate"
+    assert resolve_decode_loop("auto", _config("qwen2"), on_cuda=True, static_cache=False) == "generate"
+    assert resolve_decode_loop("auto", Qwen2VLConfig(), on_cuda=True, static_cache=True) == "generate"
+    assert resolve_decode_loop("auto", MistralConfig(num_hidden_layers=1), on_cuda=True, static_cache=True) == "generate"
+    assert resolve_decode_loop("generate", _config("qwen2"), on_cuda=True, static_cache=True) == "generate"
+    assert resolve_decode_loop("graph", _config("qwen2"), on_cuda=False, static_cache=False) == "graph"
+    assert HFRolloutEngine(_config("llama", layers=1), device="cpu").decode_loop == "generate"
+    assert HFRolloutEngine(_config("llama", layers=1), device="cpu", use_static_cache=True).decode_loop == "generate"
 
 
 def _cfg(*overrides):
@@ -267,13 +287,14 @@ def test_the_decode_loop_key_reaches_the_engine_and_is_checked_before_start(monk
     build_engine(SimpleNamespace(rollout=rc), _config("llama"), "unused", [1], 1, torch.device("cpu"), "cpu",
                  torch.float32, 0)
     assert seen["decode_loop"] == "graph"
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.decode_loop='graf'; expected generate") as bad:
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.decode_loop='graf'; expected auto") as bad:
         validate(_cfg("actor_rollout_ref.rollout.decode_loop=graf"))
     assert "\n" not in str(bad.value)
     with pytest.raises(ConfigError, match="decode_loop=graph: the graph decode loop does not run a vision-language"):
         check_decode_loop(cfg, Qwen2VLConfig())
     check_decode_loop(cfg, _config("qwen2"))
-    check_decode_loop(_cfg(), Qwen2VLConfig())  # generate: nothing to check
+    check_decode_loop(_cfg(), Qwen2VLConfig())  # auto: nothing to check (generate for this model)
+    assert _cfg()["actor_rollout_ref"]["rollout"]["decode_loop"] == "auto"
     warned = unused_setting_warnings(_cfg("rollout=vllm", "+actor_rollout_ref.rollout.decode_loop=graph"))
     assert any("decode_loop=graph: ignored: a setting of rollout.name=hf" in w for w in warned)
 

@@ -11,7 +11,7 @@ from trainer.config_checks import ConfigError, as_int
 __all__ = ["SamplingKwargs", "RolloutConfig", "ENGINES"]
 
 ENGINES = ("hf", "vllm")
-DECODE_LOOPS = ("generate", "graph")  # rollout.hf_engine.DECODE_LOOPS (trainer/config imports no engine)
+DECODE_LOOPS = ("auto", "generate", "graph")  # rollout.hf_engine.DECODE_LOOPS (trainer/config imports no engine)
 
 
 def _temperature(key: str, value: float, given) -> None:
@@ -64,7 +64,7 @@ class RolloutConfig(Section):
         log_prob_*: batching of the old log-probs (rows per worker, or a token budget per worker).
         static_cache, max_batch_size, prompt_length_bucket, attn_implementation, decode_loop: hf engine options
             (attn_implementation and decode_loop are the hf group's keys: None under rollout=vllm; decode_loop:
-            ``generate`` or ``graph``, :mod:`rollout.graph_decode`).
+            ``auto``, ``generate`` or ``graph``, :func:`rollout.graph_decode.resolve_decode_loop`).
         tensor_model_parallel_size, gpu_memory_utilization, engine_kwargs: vLLM's (engine_kwargs: verl's
             ``engine_kwargs.vllm`` entries passed to ``vllm.LLM``; None when not set).
         sleep_level, update_weights_bucket_megabytes, offload_optimizer_during_rollout, lora_sync: how the
@@ -102,7 +102,7 @@ class RolloutConfig(Section):
 
     def check(self, key: str) -> None:
         """A known engine; the sampling values (n, temperature, top_p, top_k); the hf engine's
-        attn_implementation one that transformers knows and its decode_loop generate or graph."""
+        attn_implementation one that transformers knows and its decode_loop auto, generate or graph."""
         if self.name not in ENGINES:
             raise ConfigError(f"{key}.name={self.given('name')!r}; expected hf or vllm")
         _sampling(key, self)
@@ -116,6 +116,7 @@ class RolloutConfig(Section):
             if attn not in known:
                 raise ConfigError(f"{key}.attn_implementation={attn!r}; expected auto, sdpa, sdpa_gqa, eager or one "
                                   f"of transformers' {known}")
-        if self.name == "hf" and (self.decode_loop or "generate") not in DECODE_LOOPS:
-            raise ConfigError(f"{key}.decode_loop={self.given('decode_loop')!r}; expected generate (transformers' "
-                              "generate) or graph (one compiled function per decode step)")
+        if self.name == "hf" and (self.decode_loop or "auto") not in DECODE_LOOPS:
+            raise ConfigError(f"{key}.decode_loop={self.given('decode_loop')!r}; expected auto (graph on CUDA where "
+                              "it runs, else generate), generate (transformers' generate) or graph (one compiled "
+                              "function per decode step)")

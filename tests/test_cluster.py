@@ -4,13 +4,15 @@ trainer.n_gpus_per_node=1`` (CPU bundles).
 
 Checked: each node hosts one rank; the gloo rendezvous address is the rank-0 node's IP as Ray reports it (not
 127.0.0.1); every rank writes its own optimizer shard of the checkpoint; a second run resumes from it; more nodes
-than the cluster has stop in one line before any worker starts.
+than the cluster has stop in one line before any worker starts (that run forked from the session's pre-imported
+driver, :func:`tests.e2e_shared.run_main_forked`, with ``RAY_ADDRESS`` naming this cluster).
 """
 import os
 import re
 
 import pytest
 
+from tests.e2e_shared import run_main_forked
 from tests.e2e_utils import SHORT, read_metrics, run_main
 
 pytestmark = pytest.mark.slow
@@ -53,12 +55,12 @@ def test_two_node_run_places_a_rank_on_each_node_and_resumes(cluster, monkeypatc
     assert [r["step"] for r in read_metrics(out) if "actor/pg_loss" in r] == [1, 2, 3]
 
 
-def test_more_nodes_than_the_cluster_has_stop_in_one_line(cluster, monkeypatch, tmp_path):
-    from tests.test_reliability_config import assert_one_line_error, run_cli
+def test_more_nodes_than_the_cluster_has_stop_in_one_line(cluster, tmp_path):
+    from tests.test_reliability_config import assert_one_line_error
 
-    _with_address(cluster, monkeypatch)
-    proc = run_cli(str(tmp_path / "out"), "trainer.nnodes=3", "trainer.n_gpus_per_node=1",
-                   "data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=6")
+    proc = run_main_forked(str(tmp_path / "out"), "trainer.nnodes=3", "trainer.n_gpus_per_node=1",
+                           "data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=6", check=False,
+                           env={"RAY_ADDRESS": cluster.address})
     assert_one_line_error(proc, "trainer.nnodes=3 nodes of 1 workers", f"RAY_ADDRESS={cluster.address} has 2 node(s)")
 
 

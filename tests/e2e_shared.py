@@ -40,12 +40,19 @@ class _Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def send(self, request: dict) -> None:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+
+    def replied(self) -> bool:
+        """Whether a reply (or the end of the process's output) can be read now, without waiting."""
+        return bool(select.select([self.proc.stdout], [], [], 0)[0])
+
     def ask(self, request: dict | None, timeout: float) -> dict | None:
         """Send ``request`` (None: only read) and return the reply; None when the process died or ran over
         ``timeout`` seconds (then it is killed)."""
         if request is not None:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
+            self.send(request)
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
@@ -106,23 +113,87 @@ def run_main_forked(out_dir: str, *overrides: str, timeout: int = 600, check: bo
     run's exit code (2 for a user error, as the entry point; -9 when it ran over ``timeout`` seconds and was killed)
     and whose ``stdout`` and ``stderr`` are the run's (also in ``<out_dir>.stdout.log`` / ``<out_dir>.stderr.log``).
     """
-    ray_env = shared_ray_env()
-    driver = _CHILDREN.get("driver")
-    if driver is None or not driver.alive():  # Ray reads its authentication mode at import: the runs' one
-        driver = _CHILDREN["driver"] = _Child("driver", {**os.environ, **ENV, **ray_env})
-    logs = {"stdout": f"{out_dir}.stdout.log", "stderr": f"{out_dir}.stderr.log"}
-    args = [f"trainer.output_dir={out_dir}", *overrides]
-    run_env = {**os.environ, **ENV, **ray_env, **(env or {})}
-    reply = driver.ask({"args": args, **logs, "env": run_env, "timeout": timeout}, timeout=timeout + 60)
-    out, err = (open(p, encoding="utf-8", errors="replace").read() if os.path.exists(p) else ""
-                for p in logs.values())
-    rc = reply["rc"] if reply is not None else -9
-    proc = subprocess.CompletedProcess(["trainer/main.py (forked driver)", *args], rc, out, err)
+    run = ForkedRun(out_dir, *overrides, timeout=timeout, env=env)
+    rc = run.finish(timeout + 60)
+    out, err = run.output()
+    proc = subprocess.CompletedProcess(["trainer/main.py (forked driver)", *run.args], rc, out, err)
     if check and rc != 0:
-        why = " (ran over its timeout)" if reply is None or reply.get("timed_out") else ""
+        why = " (ran over its timeout)" if run.timed_out else ""
         raise AssertionError(f"main.py (forked driver) exited {rc}{why}\nSTDOUT:\n{out[-4000:]}\n"
                              f"STDERR:\n{err[-8000:]}")
     return proc
+
+
+class ForkedRun:
+    """:func:`run_main_forked` without waiting, for a test that acts on the run while it runs, with the methods of
+    :class:`tests.e2e_utils.MainRun`: ``text()`` (its output so far, stdout then stderr), ``wait_for(done, what)``
+    (the run must stay alive meanwhile), ``stepped(n)``, ``finish(timeout)`` (its exit code; -9 when it ran over its
+    ``timeout`` or ``finish``'s, then it is killed). The driver serves no other run before this one has finished."""
+
+    def __init__(self, out_dir: str, *overrides: str, timeout: int = 600, env: dict | None = None):
+        ray_env = shared_ray_env()
+        driver = _CHILDREN.get("driver")
+        if driver is None or not driver.alive():  # Ray reads its authentication mode at import: the runs' one
+            driver = _CHILDREN["driver"] = _Child("driver", {**os.environ, **ENV, **ray_env})
+        self.out, self.driver, self.rc, self.timed_out = out_dir, driver, None, False
+        self.logs = {"stdout": f"{out_dir}.stdout.log", "stderr": f"{out_dir}.stderr.log"}
+        self.args = [f"trainer.output_dir={out_dir}", *overrides]
+        run_env = {**os.environ, **ENV, **ray_env, **(env or {})}
+        driver.send({"args": self.args, **self.logs, "env": run_env, "timeout": timeout})
+        started = driver.ask(None, timeout=60)
+        assert started is not None, "the e2e driver did not fork the run"
+        self.pid = started["pid"]
+
+    def output(self) -> tuple[str, str]:
+        return tuple(open(p, encoding="utf-8", errors="replace").read() if os.path.exists(p) else ""
+                     for p in self.logs.values())
+
+    def text(self) -> str:
+        return "".join(self.output())
+
+    def poll(self) -> int | None:
+        """The exit code once the run has ended, else None."""
+        if self.rc is None and self.driver.replied():
+            self.finish(0)
+        return self.rc
+
+    def finish(self, timeout: float = 90) -> int:
+        if self.rc is None:
+            reply = self.driver.ask(None, timeout=timeout)
+            self.rc = reply["rc"] if reply is not None else -9
+            self.timed_out = reply is None or reply.get("timed_out")
+        return self.rc
+
+    def kill(self) -> int:
+        """Kill the run (SIGKILL to it and every process below it) unless it has ended; its exit code."""
+        import signal
+
+        from rewards.process_tree import kill_tree
+
+        if self.poll() is None:
+            kill_tree(self.pid)
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return self.finish(60)
+
+    def wait_for(self, done, what: str, timeout: float = 300) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.poll() is None, self.text()[-5000:]
+            if done():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{what} not reached in {timeout} s\n{self.text()[-5000:]}")
+
+    def stepped(self, step: int = 1) -> bool:
+        from tests.e2e_utils import MainRun
+
+        return MainRun.stepped(self, step)
 
 
 # ---- the two processes --------------------------------------------------------------------------------------
@@ -267,6 +338,7 @@ def _drive() -> None:
         pid = os.fork()
         if pid == 0:
             _run_forked(req, entry, replies.fileno())
+        _reply(replies, {"pid": pid})
         rc, timed_out = _wait(pid, float(req["timeout"]))
         _reply(replies, {"rc": rc, "timed_out": timed_out})
 

@@ -3,7 +3,8 @@
 A worker process killed by PID mid-run with ``save_freq=1``: the driver re-creates the workers, loads the last
 checkpoint and finishes with the same final step, one restart counted, every step's metrics exactly once, and
 the data loader where the checkpoint left it (no batch trained twice). ``max_restarts=0`` keeps failing fast
-(``test_reliability_faults.py::test_killed_worker_fails_fast_naming_role_and_rank_then_resumes``).
+(``test_reliability_faults.py::test_killed_worker_fails_fast_naming_role_and_rank_then_resumes``). The run is forked
+from the session's pre-imported driver on its Ray instance (:class:`tests.e2e_shared.ForkedRun`).
 """
 import os
 import re
@@ -11,7 +12,8 @@ import signal
 
 import pytest
 
-from tests.e2e_utils import SHORT, MainRun, read_metrics
+from tests.e2e_shared import ForkedRun
+from tests.e2e_utils import SHORT, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -21,11 +23,14 @@ ARGS = [a for a in SHORT if not a.startswith("trainer.total_training_steps")] + 
 
 
 def test_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
-    run = MainRun(str(tmp_path / "rec"), *ARGS, "trainer.max_restarts=1")
-    run.wait_for(lambda: run.stepped(2), "step 2")
-    pids = re.search(r"actor workers: rank 0 pid (\d+), rank 1 pid (\d+)", run.text())
-    os.kill(int(pids.group(2)), signal.SIGKILL)          # a worker this test's run started
-    rc = run.finish(timeout=300)
+    run = ForkedRun(str(tmp_path / "rec"), *ARGS, "trainer.max_restarts=1")
+    try:
+        run.wait_for(lambda: run.stepped(2), "step 2")
+        pids = re.search(r"actor workers: rank 0 pid (\d+), rank 1 pid (\d+)", run.text())
+        os.kill(int(pids.group(2)), signal.SIGKILL)          # a worker this test's run started
+        rc = run.finish(timeout=300)
+    finally:
+        run.kill()
     text = run.text()
     assert rc == 0, text[-5000:]
     rows = [r for r in read_metrics(run.out) if "actor/pg_loss" in r]

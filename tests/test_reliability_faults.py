@@ -1,47 +1,21 @@
 """Faults during a real run (Ray + 2 DeepSpeed workers, CPU): a killed worker, SIGTERM to the driver, an I/O error
-while saving. In every case the last committed checkpoint stays valid and ``trainer.resume_mode=auto`` continues."""
+while saving. In every case the last committed checkpoint stays valid and ``trainer.resume_mode=auto`` continues.
+The killed-worker and I/O-error runs are forked from the session's pre-imported driver on its Ray instance
+(:mod:`tests.e2e_shared`); the SIGTERM run (tests/test_interrupt.py) is a new process with its own Ray."""
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.e2e_shared import run_main_forked
-from tests.e2e_utils import ROOT, SHORT, read_metrics
+from tests.e2e_shared import ForkedRun, run_main_forked
+from tests.e2e_utils import SHORT, read_metrics
 
 pytestmark = pytest.mark.slow
 
 FAST = [a for a in SHORT if not a.startswith("trainer.total_training_steps")] + ["trainer.export_hf_on_end=false"]
-
-
-def _start(out_dir, *overrides):
-    log = open(os.path.join(os.path.dirname(out_dir), os.path.basename(out_dir) + ".log"), "w+")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"trainer.output_dir={out_dir}",
-                             *overrides], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    return proc, log
-
-
-def _wait_for_step(proc, log, out_dir, step, timeout=240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, _tail(log)
-        path = os.path.join(out_dir, "metrics.jsonl")
-        if os.path.exists(path) and any(r.get("step", 0) >= step and "actor/pg_loss" in r for r in read_metrics(out_dir)):
-            return
-        time.sleep(0.5)
-    proc.kill()
-    raise AssertionError(f"step {step} not reached in {timeout} s\n{_tail(log)}")
-
-
-def _tail(log, n=6000):
-    log.flush()
-    log.seek(0)
-    return log.read()[-n:]
 
 
 def _tracker(out_dir):
@@ -54,24 +28,23 @@ def _tracker(out_dir):
 
 def test_killed_worker_fails_fast_naming_role_and_rank_then_resumes(tmp_path):
     out = str(tmp_path / "kill")
-    proc, log = _start(out, "trainer.total_training_steps=40", "trainer.save_freq=2", *FAST)
+    run = ForkedRun(out, "trainer.total_training_steps=40", "trainer.save_freq=2", *FAST)
     try:
-        _wait_for_step(proc, log, out, 3)        # step 2 is committed
-        pids = re.search(r"actor workers: rank 0 pid (\d+), rank 1 pid (\d+)", _tail(log, 10 ** 7))
-        assert pids, _tail(log)
+        run.wait_for(lambda: run.stepped(3), "step 3", timeout=240)        # step 2 is committed
+        pids = re.search(r"actor workers: rank 0 pid (\d+), rank 1 pid (\d+)", run.text())
+        assert pids, run.text()[-6000:]
         t0 = time.monotonic()
         os.kill(int(pids.group(2)), signal.SIGKILL)   # a worker this test's run started
-        rc = proc.wait(timeout=120)
+        rc = run.finish(timeout=120)
         elapsed = time.monotonic() - t0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = _tail(log, 10 ** 7)
+        run.kill()
+    text = run.text()
     assert rc != 0 and elapsed < 60, (rc, elapsed)
     assert re.search(r"Worker(?:Failure|Died): actor rank 1 died during \w+", text), text[-4000:]
     last = _tracker(out)
     assert last >= 2
-    # the resume in a forked driver on the session's Ray (the killed run had its own Ray)
+    # the resume
     run_main_forked(out, f"trainer.total_training_steps={last + 1}", "trainer.save_freq=2", "trainer.resume_mode=auto",
                     *FAST)
     steps = [r["step"] for r in read_metrics(out) if "actor/pg_loss" in r]

@@ -14,6 +14,10 @@ tiny model (``<output_dir>/init_model``, from ``trainer.seed``, ``actor_rollout_
   changed keys (:func:`place_init_model`);
 - the log: the lines it held when this run started (:func:`log_sizes`) are the earlier run's, set aside with its
   other outputs; this run's lines stay in ``main.log``. A resume goes on appending to its run's log.
+
+The temporary folders are named ``.data-<pid>-*`` and ``.init_model-<pid>-*`` after the driver's process id and are
+removed at its exit; those of a driver that was killed outright (``SIGKILL``: no exit code runs) are removed by the
+next run's start in the same ``output_dir`` (:func:`remove_stale_staging`).
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import filecmp
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 import tempfile
 from typing import Callable, Iterable
@@ -36,6 +42,35 @@ INIT_MODEL = "init_model"
 BUILD_RECORD = "build_settings.json"
 _staged_models: dict[str, tempfile.TemporaryDirectory] = {}  # output_dir -> this run's tiny model, waiting
 _moved_models: list[tempfile.TemporaryDirectory] = []  # their former paths, links to init_model until exit
+_STAGING = re.compile(r"^\.(?:data|init_model)-(\d+)-")  # a staging folder's name: its driver's pid
+
+
+def _staging(output_dir: str, kind: str) -> tempfile.TemporaryDirectory:
+    """A new staging folder ``<output_dir>/.<kind>-<pid>-*`` of this driver (after removing dead drivers' ones)."""
+    remove_stale_staging(output_dir)
+    return tempfile.TemporaryDirectory(prefix=f".{kind}-{os.getpid()}-", dir=output_dir)
+
+
+def remove_stale_staging(output_dir: str) -> list[str]:
+    """Remove the staging folders in ``output_dir`` whose driver process is gone (one killed by ``SIGKILL`` before
+    its exit code could remove them); a live driver's are kept. Returns the removed paths."""
+    import psutil
+
+    removed = []
+    try:
+        names = os.listdir(output_dir)
+    except OSError:
+        return removed
+    for name in names:
+        m = _STAGING.match(name)
+        path = os.path.join(output_dir, name)
+        if m and int(m.group(1)) != os.getpid() and not psutil.pid_exists(int(m.group(1))) and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        logger.info("trainer.output_dir: removed %d temporary folder(s) of an earlier start that was killed: %s",
+                    len(removed), ", ".join(os.path.basename(p) for p in removed))
+    return removed
 
 
 def log_sizes() -> dict[str, int]:
@@ -59,7 +94,7 @@ def write_embedded_data(write: Callable[[str, int], tuple[str, str]], output_dir
     old = _staged.pop(os.path.realpath(output_dir), None)
     if old is not None:
         old.cleanup()
-    staged = tempfile.TemporaryDirectory(prefix=".data-", dir=output_dir)
+    staged = _staging(output_dir, "data")
     paths = write(staged.name, seed)
     names = [os.path.basename(p) for p in paths]
     there = [os.path.join(folder, n) for n in names]
@@ -138,7 +173,7 @@ def place_init_model(output_dir: str, settings: dict, build: Callable[[str], int
         _build_with_record(init_dir, settings, build)  # nothing there to keep (a resume writes over a broken one)
         return init_dir
     os.makedirs(output_dir, exist_ok=True)
-    staged = tempfile.TemporaryDirectory(prefix=".init_model-", dir=output_dir)
+    staged = _staging(output_dir, INIT_MODEL)
     _staged_models[os.path.realpath(output_dir)] = staged
     folder = os.path.join(staged.name, INIT_MODEL)
     _build_with_record(folder, settings, build)

@@ -109,9 +109,10 @@ def run_main_forked(out_dir: str, *overrides: str, timeout: int = 600, check: bo
     """``trainer/main.py trainer.output_dir=<out_dir> <overrides>`` as :func:`tests.e2e_utils.run_main` runs it, but
     forked from the pre-imported driver and on the shared Ray instance.
 
-    ``env``: more environment variables for the run. Returns a ``CompletedProcess`` whose ``returncode`` is the
-    run's exit code (2 for a user error, as the entry point; -9 when it ran over ``timeout`` seconds and was killed)
-    and whose ``stdout`` and ``stderr`` are the run's (also in ``<out_dir>.stdout.log`` / ``<out_dir>.stderr.log``).
+    ``env``: more environment variables for the run (a value None leaves that variable out). Returns a
+    ``CompletedProcess`` whose ``returncode`` is the run's exit code (2 for a user error, as the entry point; -9 when
+    it ran over ``timeout`` seconds and was killed) and whose ``stdout`` and ``stderr`` are the run's (also in
+    ``<out_dir>.stdout.log`` / ``<out_dir>.stderr.log``).
     """
     run = ForkedRun(out_dir, *overrides, timeout=timeout, env=env)
     rc = run.finish(timeout + 60)
@@ -138,7 +139,7 @@ class ForkedRun:
         self.out, self.driver, self.rc, self.timed_out = out_dir, driver, None, False
         self.logs = {"stdout": f"{out_dir}.stdout.log", "stderr": f"{out_dir}.stderr.log"}
         self.args = [f"trainer.output_dir={out_dir}", *overrides]
-        run_env = {**os.environ, **ENV, **ray_env, **(env or {})}
+        run_env = {k: v for k, v in {**os.environ, **ENV, **ray_env, **(env or {})}.items() if v is not None}
         driver.send({"args": self.args, **self.logs, "env": run_env, "timeout": timeout})
         started = driver.ask(None, timeout=60)
         assert started is not None, "the e2e driver did not fork the run"

@@ -414,6 +414,7 @@ def test_separate_placement_without_enough_cpus_stops_before_ray_starts(tmp_path
     cpus = int(machine_resources("cpu")[0]["CPU"])
     proc = run_cli(str(tmp_path / "out"), "trainer.device=cpu", "trainer.rollout_placement=separate",
                    f"trainer.n_gpus_per_node={cpus}", f"data.train_batch_size={4 * cpus}",
-                   f"actor_rollout_ref.actor.ppo_mini_batch_size={4 * cpus}")
+                   f"actor_rollout_ref.actor.ppo_mini_batch_size={4 * cpus}", forked=True,
+                   env={"RAY_ADDRESS": None})  # forked from the session's driver; no Ray to join: this machine's
     assert_one_line_error(proc, f"+ 1 rollout workers", f"= {cpus + 1} CPUs requested", f"has {cpus} CPUs")
     assert not os.path.exists(tmp_path / "out" / "init_model")

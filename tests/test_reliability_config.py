@@ -14,14 +14,17 @@ OK_BATCH = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_s
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
 
 
-def run_cli(out_dir, *overrides, timeout=180, forked=False):
+def run_cli(out_dir, *overrides, timeout=180, forked=False, env=None):
     """``trainer/main.py`` as a user runs it: a new Python process that starts its own Ray; ``forked=True``: forked
     from the session's pre-imported driver on the shared Ray instance (:func:`tests.e2e_shared.run_main_forked`,
-    about 5 s less per run), for runs whose subject is not Ray's start-up or which Ray they join."""
+    about 5 s less per run), for runs whose subject is not Ray's start-up or which Ray they join; ``env``: more
+    environment variables of the forked run (``{"RAY_ADDRESS": None}``: none, as for a run that starts its own
+    Ray)."""
     if forked:
         from tests.e2e_shared import run_main_forked
 
-        return run_main_forked(out_dir, *overrides, timeout=timeout, check=False)
+        return run_main_forked(out_dir, *overrides, timeout=timeout, check=False, env=env)
+    assert env is None, "env: forked runs only"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"trainer.output_dir={out_dir}",
                            *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -124,7 +127,7 @@ def test_tokenizer_without_eos(tmp_path):
 
 def test_world_size_the_cluster_cannot_place(tmp_path):
     # device=cuda on a machine whose Ray cluster has no GPU: refused before any worker is created
-    proc = run_cli(str(tmp_path / "out"), "trainer.device=cuda", timeout=300)
+    proc = run_cli(str(tmp_path / "out"), "trainer.device=cuda", timeout=300, forked=True, env={"RAY_ADDRESS": None})
     assert_one_line_error(proc, "2 GPUs requested", "trainer.n_gpus_per_node")
 
 

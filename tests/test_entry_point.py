@@ -27,8 +27,12 @@ def test_secondary_local_rank_exits_zero_without_work():
     assert p.returncode == 0 and p.stdout == ""
 
 
-def test_local_rank_zero_is_the_driver_and_the_argument_is_stripped():
-    # rank 0 goes on to Hydra: with the launcher's argument stripped, the first error is the user's bad key
-    p, _ = _run(["--local_rank=0", "trainer.no_such_key=1"])
+def test_local_rank_zero_is_the_driver_and_the_argument_is_stripped(tmp_path):
+    from tests.e2e_shared import run_main_forked
+
+    # rank 0 goes on to Hydra: with the launcher's argument stripped, the first error is the user's bad key (the
+    # script forked from the session's pre-imported driver: its module-level code runs as in a new process)
+    p = run_main_forked(str(tmp_path / "out"), "--local_rank=0", "trainer.no_such_key=1", check=False, timeout=120,
+                        env={"LOCAL_RANK": None})
     assert p.returncode == 2
     assert "no_such_key" in p.stderr and "local_rank" not in p.stderr

@@ -7,7 +7,10 @@ on all-zero rewards to the end. So a batch stops the run (:class:`ScorerError`, 
 * none of its responses got a usable score (:func:`check_not_all_failed`), or
 * the scorer failed on every response it could judge, the non-empty ones, though the empty ones scored
   (:class:`FailureWatch`, which also ends the scoring of a batch early once :data:`EARLY_STOP_FAILURES` non-empty
-  responses timed out or killed their process and none scored).
+  responses timed out or killed their process and none scored), or
+* in a batch of several data sources, it failed on every non-empty response of one of them, to at least two
+  different questions, while others scored (:func:`check_each_source`: a source its scorer does not handle, such
+  as verl's ``default_compute_score`` raising ``NotImplementedError``, would train on zeros for that source).
 
 :func:`scorer_label` names the scorer in those lines, and :func:`check_batch` applies both rules after a batch of
 :class:`rewards.manager.RewardManager` and warns of the rows that scored 0.
@@ -23,7 +26,7 @@ from typing import Any, Callable, Sequence
 Outcome = tuple[str, Any, float]
 
 __all__ = ["ScorerError", "check_not_all_failed", "FailureWatch", "EARLY_STOP_FAILURES", "WORKER_DIED",
-           "scorer_label", "check_batch"]
+           "scorer_label", "check_batch", "check_each_source"]
 
 
 class ScorerError(ValueError):
@@ -184,3 +187,44 @@ def check_batch(watch: FailureWatch, counts: dict[str, int], first_error: str | 
         log.warning("reward: %d scorer error(s) in a batch of %d; first: %s", counts["errors"], rows, first_error)
     if counts["timeouts"]:
         log.warning("reward: %d sample(s) ran past timeout_s=%.1f s and scored 0", counts["timeouts"], timeout_s)
+
+
+def check_each_source(sources: Sequence, questions: Sequence, outcomes: Sequence[Outcome], blank: Sequence[bool],
+                      reward_fn_key: str, timeout_s: float) -> None:
+    """Stop when, in a batch of several data sources, the scorer gave no usable score for any non-empty response
+    of one source (raised, NaN/inf, timed out or ended its process) though those responses answer at least two
+    different questions (``questions``: per row, e.g. its ground truth; one question's responses all failing is
+    more likely that row's problem than the scorer's) and another source scored. One source in the batch is the
+    batch rules' (:func:`check_batch`).
+
+    Args:
+        sources: per row, its ``reward_fn_key`` value; ``outcomes``: per row, the scorer's :data:`Outcome`;
+        blank: per row, whether the response is empty or whitespace.
+
+    Raises:
+        ScorerError: one line naming the source, the counts and the first error.
+    """
+    if len(outcomes) < len(sources) or len({repr(s) for s in sources}) < 2:
+        return
+    rows: dict[str, list[int]] = {}
+    for i, src in enumerate(sources):
+        if not blank[i]:
+            rows.setdefault(repr(src), []).append(i)
+
+    def usable(o: Outcome) -> bool:
+        return o[0] == "ok" and math.isfinite(o[1]["score"] if isinstance(o[1], dict) else o[1])
+
+    if not any(usable(outcomes[i]) for idx in rows.values() for i in idx):
+        return  # nothing scored anywhere: the batch rules name it
+    for src, idx in rows.items():
+        if any(usable(outcomes[i]) for i in idx) or len({repr(questions[i]) for i in idx}) < 2:
+            continue
+        status = [outcomes[i][0] for i in idx]
+        errors = [str(outcomes[i][1]) for i in idx if outcomes[i][0] == "error"]
+        kinds = [f"{len(errors)} raised (first: {errors[0]})"] if errors else []
+        kinds += [f"{status.count('ok')} NaN/inf"] if "ok" in status else []
+        if "timeout" in status:
+            kinds.append(f"{status.count('timeout')} ran past reward_model.timeout_s={timeout_s:g} s")
+        raise ScorerError(f"reward: the scorer of {reward_fn_key} {src} failed on all {len(idx)} non-empty responses "
+                          f"of that source in the batch of {len(sources)} ({', '.join(kinds)}), while the other "
+                          f"sources scored; " + _FIX + f", or leave {reward_fn_key} {src} out of the data")

@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewards.components import check_component_keys, component_matrix
-from rewards.failures import FailureWatch, check_batch, scorer_label
+from rewards.failures import FailureWatch, check_batch, check_each_source, scorer_label
 from rewards.options import check_scorer_options, takes_extra_info
 from rewards.overlong import overlong_penalty, penalise_overlong  # noqa: F401  (re-exported)
 from rewards.pool import Outcome, ScoringPool, run_scorer
@@ -330,6 +330,9 @@ class RewardManager:
             dicts.append(d)
             ran.append(status not in ("timeout", "error"))
         check_batch(watch, counts, first_error, len(outcomes), self.timeout_s, label, logger)  # stop, or warn
+        if self.routes_by_key:  # one data source the scorer fails on, among others it scores
+            check_each_source(data[self.reward_fn_key], [r.get("ground_truth") for r in data["reward_model"]],
+                              outcomes, watch.blank, self.reward_fn_key, self.timeout_s)
         metrics = {f"reward/num_{k}": float(v) for k, v in counts.items()}
         metrics["reward/time_s"] = time.perf_counter() - t0
         return scores, dicts, metrics, valid, seen, ran

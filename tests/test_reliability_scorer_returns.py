@@ -227,3 +227,36 @@ def test_a_routed_scorer_failing_on_every_non_empty_response_is_named_by_its_dat
     with RewardManager(tok, num_workers=0) as rm, pytest.raises(
             ScorerError, match=r"^reward: the scorer of data_source 'tests/fails_unless_empty' failed on all 2 "):
         rm(data)
+
+
+def _raises_for_math(data_source, solution_str, ground_truth, extra_info=None):
+    if data_source == "math":
+        raise NotImplementedError(f"Reward function is not implemented for {data_source=}")
+    return float(solution_str.strip() == ground_truth)
+
+
+def test_a_data_source_its_scorer_fails_on_stops_the_run_while_the_others_score(tok):  # noqa: F811
+    """verl's default_compute_score raises NotImplementedError for a data source it does not know: in a batch mixing
+    sources, that source's rows scored 0 (counted, warned) and trained on zeros to the end. Now the batch stops in
+    one line naming the source, once its responses to two different questions all failed; one question whose
+    responses all fail (that row's problem), or some of a source's responses failing, keep training."""
+    from rewards.failures import ScorerError
+    from rewards.manager import RewardManager
+
+    def batch(sources, truths):
+        texts = ["42"] * len(sources)
+        return make_batch(texts, non_tensors={"data_source": sources,
+                                              "reward_model": [{"ground_truth": t} for t in truths]})
+
+    with RewardManager(tok, scorer=_raises_for_math, num_workers=0) as rm:
+        with pytest.raises(ScorerError) as err:
+            rm(batch(["gsm8k"] * 4 + ["math"] * 4, ["42", "42", "7", "7", "1", "1", "2", "2"]))
+        line = str(err.value)
+        assert "\n" not in line and line.startswith(
+            "reward: the scorer of data_source 'math' failed on all 4 non-empty responses of that source in the "
+            "batch of 8 (4 raised (first: NotImplementedError: Reward function is not implemented for "
+            "data_source='math')), while the other sources scored;"), line
+        assert "leave data_source 'math' out of the data" in line
+        out = rm(batch(["gsm8k"] * 4 + ["math"] * 4, ["42", "42", "7", "7", "1", "1", "1", "1"]))  # one question
+        assert out.reward_extra_info["score"] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        assert rm(batch(["gsm8k"] * 4, ["42", "x", "y", "42"])).reward_extra_info["score"] == [1.0, 0.0, 0.0, 1.0]

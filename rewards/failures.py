@@ -204,12 +204,12 @@ def check_each_source(sources: Sequence, questions: Sequence, outcomes: Sequence
     Raises:
         ScorerError: one line naming the source, the counts and the first error.
     """
-    if len(outcomes) < len(sources) or len({repr(s) for s in sources}) < 2:
+    if len(outcomes) < len(sources) or len({str(s) for s in sources}) < 2:
         return
     rows: dict[str, list[int]] = {}
     for i, src in enumerate(sources):
         if not blank[i]:
-            rows.setdefault(repr(src), []).append(i)
+            rows.setdefault(repr(str(src)), []).append(i)  # numpy strings too
 
     def usable(o: Outcome) -> bool:
         return o[0] == "ok" and math.isfinite(o[1]["score"] if isinstance(o[1], dict) else o[1])
@@ -217,7 +217,7 @@ def check_each_source(sources: Sequence, questions: Sequence, outcomes: Sequence
     if not any(usable(outcomes[i]) for idx in rows.values() for i in idx):
         return  # nothing scored anywhere: the batch rules name it
     for src, idx in rows.items():
-        if any(usable(outcomes[i]) for i in idx) or len({repr(questions[i]) for i in idx}) < 2:
+        if any(usable(outcomes[i]) for i in idx) or len({str(questions[i]) for i in idx}) < 2:
             continue
         status = [outcomes[i][0] for i in idx]
         errors = [str(outcomes[i][1]) for i in idx if outcomes[i][0] == "error"]

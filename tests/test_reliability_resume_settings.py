@@ -24,6 +24,23 @@ def test_an_optimizer_setting_the_resume_would_ignore_is_refused(saved, tmp_path
     assert_one_line_error(_resume(out, override), "trainer.resume_mode", needle, "would be ignored")
 
 
+@pytest.mark.parametrize("override,needle", [
+    ("deepspeed=zero3", "(actor) was saved with ZeRO stage 2 but this run trains with stage 3 (deepspeed.zero_stage); "
+                        "resume with deepspeed=zero2"),
+    ("deepspeed=zero1", "(actor) was saved with ZeRO stage 2 but this run trains with stage 1"),
+    ("actor_rollout_ref.model.lora_rank=8", "(actor) was saved without LoRA adapters (every weight trained) but "
+                                            "actor_rollout_ref.model.lora_rank=8"),
+])
+def test_a_resume_with_another_zero_stage_or_lora_setting_is_refused_before_the_workers(saved, tmp_path, override,
+                                                                                        needle):
+    """The worker's load refused these after the workers had started (exit 1, a traceback); the checkpoint's client
+    state says the stage and LoRA setting it was saved with, so the check runs before start-up."""
+    out, _ = _copy(saved, tmp_path)
+    proc = _resume(out, override)
+    assert_one_line_error(proc, "trainer.resume_mode", needle)
+    assert "workers ready" not in proc.stdout + proc.stderr
+
+
 def test_a_changed_data_order_on_resume_is_refused(saved, tmp_path):
     """The saved loader position counts batches of the checkpoint's row order: a new seed would repeat or skip rows."""
     out, _ = _copy(saved, tmp_path)

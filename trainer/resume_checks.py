@@ -302,6 +302,8 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
         raise ConfigError(f"trainer.resume_mode: {path!r} is a {written} checkpoint but trainer.strategy={strategy}; "
                           f"resume with trainer.strategy={written}, or start from its HF export "
                           "(tools/export_hf.py) as actor_rollout_ref.model.path")
+    if written == "deepspeed":
+        _check_engine_settings(cfg, path)
     if written == "megatron":
         import torch
 
@@ -318,6 +320,32 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
             raise ConfigError(f"trainer.resume_mode: {path!r} (ckpt_format=torch) was saved with {saved} but this "
                               f"run has {want}; resume with the same tensor/pipeline sizes and worker count, or "
                               "start from its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
+
+
+def _check_engine_settings(cfg: dict, path: str) -> None:
+    """The actor's (and, when on, the critic's) DeepSpeed folder was saved with this run's ZeRO stage and LoRA
+    setting (its client state: :func:`trainer.checkpoint.deepspeed_manager.read_client_state`); the worker's load
+    refuses either difference, so it is named here, before the workers start."""
+    from trainer.checkpoint.deepspeed_manager import read_client_state
+    from trainer.config.deepspeed import effective_zero_stage
+
+    stage = effective_zero_stage(cfg["deepspeed"])
+    roles = {"actor": ("actor_rollout_ref.model", cfg["actor_rollout_ref"]["model"])}
+    if cfg["critic"].get("enable"):
+        roles["critic"] = ("critic.model", cfg["critic"]["model"])
+    for role, (key, model) in roles.items():
+        saved = read_client_state(os.path.join(path, role))
+        if saved.get("zero_stage") is not None and int(saved["zero_stage"]) != stage:
+            raise ConfigError(f"trainer.resume_mode: {path!r} ({role}) was saved with ZeRO stage {saved['zero_stage']} "
+                              f"but this run trains with stage {stage} (deepspeed.zero_stage); resume with "
+                              f"deepspeed=zero{saved['zero_stage']}, or start a new run from its HF export "
+                              "(tools/export_hf.py) as actor_rollout_ref.model.path")
+        rank = int(model.get("lora_rank") or 0)
+        if saved.get("lora") is not None and bool(saved["lora"]) != (rank > 0):
+            was = "with LoRA adapters" if saved["lora"] else "without LoRA adapters (every weight trained)"
+            raise ConfigError(f"trainer.resume_mode: {path!r} ({role}) was saved {was} but {key}.lora_rank={rank}; "
+                              f"resume with the checkpoint's {key}.lora_rank, or start a new run from its HF export "
+                              "(tools/export_hf.py) as actor_rollout_ref.model.path")
 
 
 def _check_checkpoint_files(cfg: dict, path: str) -> None:

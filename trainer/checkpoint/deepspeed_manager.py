@@ -235,15 +235,24 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         return dict((client or {}).get(CLIENT_STATE_KEY, meta))
 
     def _read_meta(self, path: str) -> dict:
-        """Client state from the rank-independent model-states file (cheap: no optimizer states)."""
-        latest = os.path.join(path, "latest")
-        if not os.path.isfile(latest):
-            raise FileNotFoundError(f"{latest!r} is missing: {path!r} is not a complete DeepSpeed checkpoint")
-        with open(latest) as f:
-            tag = f.read().strip()
-        folder = os.path.join(path, tag)
-        names = sorted(n for n in os.listdir(folder) if n.endswith("model_states.pt")) if os.path.isdir(folder) else []
-        if not names:
-            raise FileNotFoundError(f"no *model_states.pt in {folder!r}")
-        sd = load_deepspeed_file(os.path.join(folder, names[0]), mmap=True)
-        return dict(sd.get(CLIENT_STATE_KEY, {}))
+        return read_client_state(path)
+
+
+def read_client_state(path: str) -> dict:
+    """The client state a role folder ``path`` was saved with (``global_step``, ``world_size``, ``zero_stage``,
+    ``lora``), read from its first model-states file (memory-mapped: no optimizer states, no weights copied).
+
+    Raises:
+        FileNotFoundError: no ``latest`` tag file, or no ``*model_states.pt`` in the folder it names.
+    """
+    latest = os.path.join(path, "latest")
+    if not os.path.isfile(latest):
+        raise FileNotFoundError(f"{latest!r} is missing: {path!r} is not a complete DeepSpeed checkpoint")
+    with open(latest) as f:
+        tag = f.read().strip()
+    folder = os.path.join(path, tag)
+    names = sorted(n for n in os.listdir(folder) if n.endswith("model_states.pt")) if os.path.isdir(folder) else []
+    if not names:
+        raise FileNotFoundError(f"no *model_states.pt in {folder!r}")
+    sd = load_deepspeed_file(os.path.join(folder, names[0]), mmap=True)
+    return dict(sd.get(CLIENT_STATE_KEY, {}))

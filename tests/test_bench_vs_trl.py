@@ -415,8 +415,8 @@ def test_a_side_stopped_in_shut_down_after_its_last_step_keeps_its_steps(tmp_pat
 
     monkeypatch.setattr(vs_trl, "SIGINT_GRACE_S", 0.5)  # (15 s in a real run; a test may run with SIGINT ignored)
     cmd = [sys.executable, "-c", "import time; print('steps done', flush=True); time.sleep(60)"]
-    wall, note = _run_finished(cmd, str(tmp_path / "a.log"), 2, None, lambda: True)
-    assert wall == 2.0 and "shutting down" in note
-    with pytest.raises(SideTimeout, match="timed out after 2 s"):
-        _run_finished(cmd, str(tmp_path / "b.log"), 2, None, lambda: False)
+    wall, note = _run_finished(cmd, str(tmp_path / "a.log"), 1, None, lambda: True)
+    assert wall == 1.0 and "shutting down" in note
+    with pytest.raises(SideTimeout, match="timed out after 1 s"):
+        _run_finished(cmd, str(tmp_path / "b.log"), 1, None, lambda: False)
     assert _run_finished([sys.executable, "-c", "pass"], str(tmp_path / "c.log"), 30, None, lambda: False)[1] is None

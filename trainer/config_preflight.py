@@ -210,22 +210,26 @@ def _check_model_fit(cfg: dict) -> None:
     check_override_shapes(cfg)
     if run_strategy(cfg) == "megatron":
         check_megatron_model(cfg, hf)
-    ctx = hf.get("max_position_embeddings")
-    need = int(cfg["data"]["max_prompt_length"]) + int(cfg["data"]["max_response_length"])
+    _check_context(cfg, hf.get("max_position_embeddings"))
+
+
+def _check_context(cfg: dict, ctx) -> None:
+    """The longest prompt plus the longest response the rollout generates (``rollout.response_length``, which follows
+    ``data.max_response_length`` unless set apart) fit the model's context ``ctx`` (None: not known)."""
+    d = cfg["data"]
+    gen = int((cfg["actor_rollout_ref"].get("rollout") or {}).get("response_length") or d["max_response_length"])
+    need = int(d["max_prompt_length"]) + max(gen, int(d["max_response_length"]))
     if ctx is not None and need > int(ctx):
-        raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
+        which = ("data.max_response_length" if gen <= int(d["max_response_length"])
+                 else "actor_rollout_ref.rollout.response_length")
+        raise ConfigError(f"data.max_prompt_length+{which}={need} exceeds the model's context "
                           f"max_position_embeddings={ctx}")
 
 
 def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
     """Prompt+response must fit the model's context; the tokenizer needs an EOS token; the stop token ids
     (``rollout.stop_token_ids`` and the model's own, :func:`rollout.stop_tokens.resolve_stop_token_ids`) are valid."""
-    d = cfg["data"]
-    need = int(d["max_prompt_length"]) + int(d["max_response_length"])
-    ctx = getattr(hf_config, "max_position_embeddings", None)
-    if ctx is not None and need > int(ctx):
-        raise ConfigError(f"data.max_prompt_length+data.max_response_length={need} exceeds the model's context "
-                          f"max_position_embeddings={ctx}")
+    _check_context(cfg, getattr(hf_config, "max_position_embeddings", None))
     if tokenizer.eos_token_id is None:
         raise ConfigError(no_eos_problem(cfg))
     from rollout.stop_tokens import resolve_stop_token_ids

@@ -61,6 +61,9 @@ class RayPPOTrainer:
         self.algo = config["algorithm"]
         t = self.trainer_cfg = TrainerConfig.from_dict(config["trainer"], "trainer")
         self.data_cfg = DataConfig.from_dict(config["data"], "data")
+        # the generation cap (rollout.response_length follows data.max_response_length unless set apart)
+        self.response_length = int(config["actor_rollout_ref"]["rollout"].get("response_length")
+                                   or self.data_cfg.max_response_length)
         self.device, self.world = t.device, t.nnodes * t.n_gpus_per_node
         self.global_step = 0
         self.stop_token_ids = [tokenizer.eos_token_id]  # replaced by the rollout engine's set in init_workers
@@ -339,7 +342,7 @@ class RayPPOTrainer:
                 with timed("testing", timing):
                     metrics.update(validate_and_log(self, tracker, self.global_step))
         metrics.update(compute_data_metrics(batch, use_critic=self.roles.has("critic"),
-                                            max_response_length=self.data_cfg.max_response_length,
+                                            max_response_length=self.response_length,
                                             max_prompt_length=self.data_cfg.max_prompt_length))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_gpus=self.world))

@@ -59,3 +59,4 @@ def test_the_entry_point_refuses_a_rollout_past_the_context_and_measures_clippin
     with open(out / "metrics.jsonl") as f:
         step = [r for r in map(json.loads, f) if "response_length/clip_ratio" in r][-1]
     assert step["response_length/max"] == 3 and step["response_length/clip_ratio"] == 1.0
+

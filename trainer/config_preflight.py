@@ -171,11 +171,23 @@ def _check_no_overwrite(cfg: dict) -> None:
                       "another trainer.default_local_dir, or move them away")
 
 
+def _folder_files_hint(key: str, folder: str) -> str:
+    """What to write instead of a data folder: the list of its ``.parquet`` / ``.jsonl`` files, or that it has none."""
+    names = sorted(n for n in os.listdir(folder) if n.endswith((".parquet", ".jsonl", ".json")))
+    if not names:
+        return "it holds no .parquet or .jsonl file"
+    shown = ",".join(os.path.join(folder, n) for n in names[:4]) + (",..." if len(names) > 4 else "")
+    return f"name its files as a list: data.{key}=[{shown}]"
+
+
 def _check_data_files(cfg: dict) -> None:
     errors = ErrorCollector()
     for key in ("train_files", "val_files"):
         for f in _as_list(cfg["data"].get(key)):
-            if not os.path.isfile(f):
+            if os.path.isdir(f):
+                errors.add(f"data.{key}: {f!r} is a folder (expected a .parquet or .jsonl file); "
+                           + _folder_files_hint(key, f))
+            elif not os.path.isfile(f):
                 errors.add(f"data.{key}: file {f!r} does not exist (expected a .parquet or .jsonl file)")
     errors.raise_if_any()
 

@@ -272,19 +272,28 @@ def load_model_files(cfg: dict):
     tokens, the multi-turn chat template, the rollout's decode loop) and return its tokenizer (:func:`load_tokenizer`).
 
     Raises:
-        ConfigError: the model path holds no ``config.json``, or a check above fails.
+        ConfigError: the model path holds no ``config.json``, transformers does not load it
+            (:func:`trainer.meta_shapes.load_config_problem`), or a check above fails.
     """
     from transformers import AutoConfig
 
+    from trainer.meta_shapes import load_config_problem
+    from trainer.model_folder_checks import read_model_config
+
     model = cfg["actor_rollout_ref"]["model"]
     import_external_lib(model)
-    mpath = model["path"]
+    mpath, key, remote = model["path"], "actor_rollout_ref.model.path", bool(model["trust_remote_code"])
     if not os.path.exists(os.path.join(mpath, "config.json")):
-        raise ConfigError(f"actor_rollout_ref.model.path={mpath!r} is not a Hugging Face model folder "
-                          "(no config.json there)")
+        raise ConfigError(f"{key}={mpath!r} is not a Hugging Face model folder (no config.json there)")
+    problem = load_config_problem(read_model_config(key, mpath), mpath, remote)[1]  # before the tokenizer reads it
+    if problem:
+        raise ConfigError(f"{key}={mpath!r}: {problem}")
     tok = load_tokenizer(cfg)
-    hf_config = AutoConfig.from_pretrained(mpath, trust_remote_code=bool(model["trust_remote_code"]),
-                                           **dict(model["override_config"] or {}))
+    try:
+        hf_config = AutoConfig.from_pretrained(mpath, trust_remote_code=remote, **dict(model["override_config"] or {}))
+    except Exception as exc:  # noqa: BLE001 - the config class refuses an override (ValueError, TypeError, ...)
+        raise ConfigError(f"actor_rollout_ref.model.override_config={dict(model['override_config'])!r}: transformers "
+                          f"refuses it ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from exc
     check_model_context(cfg, hf_config, tok)
     check_decode_loop(cfg, hf_config)
     check_multi_turn_template(cfg, tok)

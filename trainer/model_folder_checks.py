@@ -4,7 +4,8 @@ file is checked against its own header, without loading a tensor), ``config.json
 (:mod:`trainer.weight_shapes`), the actor's ``generation_config.json`` (its ``eos_token_id`` are stop tokens of the
 rollout) and the tokenizer each role reads (its files are judged by :mod:`trainer.tokenizer_files`).
 
-Nothing here imports torch or transformers: a folder that lacks its weights, holds a file cut short by a failed
+Then transformers judges ``config.json`` itself (:mod:`trainer.meta_shapes`: it loads, the model builds on the meta
+device, its parameters have the weights' shapes). Nothing else here imports torch or transformers: a folder that lacks its weights, holds a file cut short by a failed
 download or copy, or has no tokenizer is one ``ConfigError`` line naming the key, the path and what is wrong,
 instead of a traceback in every worker after Ray has started.
 """
@@ -278,13 +279,14 @@ def check_model_folders(cfg: dict) -> None:
     reported: set = set()  # real folders with a problem already reported (under the first key that names them)
     seen_tokenizers: set = set()
     remote = bool(cfg["actor_rollout_ref"]["model"].get("trust_remote_code"))
+    by_transformers = _external_lib_imports(cfg["actor_rollout_ref"]["model"].get("external_lib"))
     custom_template = cfg["actor_rollout_ref"]["model"].get("custom_chat_template")
     for key, path, tkey, tpath, megatron, checked in _loads(cfg):
         here = (os.path.realpath(path), megatron)
         if here not in judged:
             before = len(errors.messages)
             judged[here] = _judge_weights(errors if here[0] not in reported else ErrorCollector(), key, path,
-                                          megatron, checked)
+                                          megatron, checked, remote if by_transformers else None)
             if len(errors.messages) > before:
                 reported.add(here[0])
         if tkey == key and not judged[here]:
@@ -318,10 +320,27 @@ def check_model_folders(cfg: dict) -> None:
     errors.raise_if_any()
 
 
-def _judge_weights(errors: ErrorCollector, key: str, path: str, megatron: bool, checked: bool) -> bool:
+def _external_lib_imports(name: str | None) -> bool:
+    """``model.external_lib`` (a module that registers models with transformers) is unset or imports; one that does
+    not is reported by ``trainer.launch.import_external_lib``, and transformers does not judge the folders then."""
+    if not name:
+        return True
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def _judge_weights(errors: ErrorCollector, key: str, path: str, megatron: bool, checked: bool,
+                   remote: bool | None) -> bool:
     """Add to ``errors`` what is wrong with the model folder ``path`` of ``key`` (its existence and
-    ``config.json`` when no other check names them, ``not checked``; its weights, then their shapes against
-    ``config.json``). Returns whether ``path`` is a model folder (a folder with ``config.json``)."""
+    ``config.json`` when no other check names them, ``not checked``; its weights, their shapes against
+    ``config.json``, then, unless ``remote`` (``trust_remote_code``) is None, ``config.json`` as transformers loads
+    it, :func:`trainer.meta_shapes.transformers_config_problem`). Returns whether ``path`` is a model folder (a
+    folder with ``config.json``)."""
     if not os.path.isfile(os.path.join(path, "config.json")):
         if not checked:  # a folder no other check names
             line = _missing_folder(key, path, "config.json and the weights")
@@ -332,8 +351,12 @@ def _judge_weights(errors: ErrorCollector, key: str, path: str, megatron: bool, 
         return False
     hf = errors.run(read_model_config, key, path)
     if hf is not None:
-        problem = (weights_problem(path, hf, all_safetensors=megatron)
-                   or config_weights_problem(path, hf, loaded_weight_files(path, hf, megatron)))
+        files = loaded_weight_files(path, hf, megatron)
+        problem = weights_problem(path, hf, all_safetensors=megatron) or config_weights_problem(path, hf, files)
+        if problem is None and remote is not None:
+            from trainer.meta_shapes import transformers_config_problem
+
+            problem = transformers_config_problem(path, hf, files, remote)
         if problem:
             errors.add(f"{key}={path!r}: {problem}")
     return True

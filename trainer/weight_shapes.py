@@ -18,7 +18,7 @@ import json
 import os
 import re
 
-__all__ = ["config_weights_problem", "read_safetensors_header"]
+__all__ = ["config_weights_problem", "read_safetensors_header", "header_shapes"]
 
 #: the names of the input embedding, strongest first; a tier with several 2-D matches is ambiguous (not judged)
 EMBEDDING_NAMES = (("embed_tokens.weight",),
@@ -87,6 +87,16 @@ class _Weights:
     def matrices(self, names) -> list[str]:
         """The 2-D tensors among ``names``."""
         return [n for n in names if len(self.shape(n) or ()) == 2]
+
+
+def header_shapes(folder: str, files: list[str]) -> dict[str, list[int]]:
+    """The shape of every tensor of the safetensors weights ``files`` of ``folder`` (the one weights file, an
+    ``*.index.json`` standing for the shards of its ``weight_map``, or several ``*.safetensors``), read from the
+    headers only; a tensor whose header entry cannot be read is left out. Never raises for an unreadable file."""
+    if not files or not all(f.endswith((".safetensors", ".safetensors.index.json")) for f in files):
+        return {}
+    weights = _Weights(folder, files)
+    return {n: s for n in weights.where if (s := weights.shape(n)) is not None}
 
 
 def _int(config: dict, keys) -> tuple[str, int] | None:

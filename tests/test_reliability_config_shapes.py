@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from tests.test_reliability_config import _cfg, assert_one_line_error, run_cli
+from tests.test_reliability_model_files import write_shards
 from trainer.launch import ConfigError, preflight
 
 KEY = "actor_rollout_ref.model.path"
@@ -122,13 +123,7 @@ def test_sound_folders_and_names_the_headers_do_not_hold_are_not_refused(tiny, t
     tensors = load_file(os.path.join(tiny, "model.safetensors"))
     sharded = _edited(tiny, tmp_path, "sharded")
     os.remove(os.path.join(sharded, "model.safetensors"))
-    names, weight_map = sorted(tensors), {}
-    for i in range(2):
-        shard = f"model-{i + 1:05d}-of-00002.safetensors"
-        save_file({n: tensors[n] for n in names[i::2]}, os.path.join(sharded, shard))
-        weight_map.update({n: shard for n in names[i::2]})
-    with open(os.path.join(sharded, "model.safetensors.index.json"), "w") as f:
-        json.dump({"weight_map": weight_map}, f)
+    write_shards(sharded, tensors, 2)
     index = ["model.safetensors.index.json"]
     assert problem(sharded, hf, index, False) is None
     with open(os.path.join(sharded, "config.json"), "w") as f:

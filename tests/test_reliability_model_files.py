@@ -15,12 +15,25 @@ from trainer.launch import ConfigError, preflight
 KEY = "actor_rollout_ref.model.path"
 
 
+
+def write_shards(folder: str, tensors: dict, parts: int) -> None:
+    """Save ``tensors`` into ``folder`` as ``parts`` safetensors shards with their ``model.safetensors.index.json``."""
+    from safetensors.numpy import save_file
+
+    names, weight_map = sorted(tensors), {}
+    for i in range(parts):
+        shard = f"model-{i + 1:05d}-of-{parts:05d}.safetensors"
+        save_file({n: tensors[n] for n in names[i::parts]}, os.path.join(folder, shard))
+        weight_map.update({n: shard for n in names[i::parts]})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The suite's tiny model folder (single ``model.safetensors`` + tokenizer), the same weights as three
     safetensors shards with their index, and as ``pytorch_model.bin``; nothing may change them: copy first."""
     import torch
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import load_file
 
     from tests.verl_scripts import embedded_assets
 
@@ -29,13 +42,7 @@ def tiny(tmp_path_factory):
     tensors = load_file(os.path.join(single, "model.safetensors"))
     sharded = str(root / "sharded")
     shutil.copytree(single, sharded, ignore=shutil.ignore_patterns("model.safetensors"))
-    names, weight_map = sorted(tensors), {}
-    for i in range(3):
-        shard = f"model-{i + 1:05d}-of-00003.safetensors"
-        save_file({n: tensors[n] for n in names[i::3]}, os.path.join(sharded, shard))
-        weight_map.update({n: shard for n in names[i::3]})
-    with open(os.path.join(sharded, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    write_shards(sharded, tensors, 3)
     bin_dir = str(root / "bin")
     shutil.copytree(single, bin_dir, ignore=shutil.ignore_patterns("model.safetensors"))
     torch.save({n: torch.from_numpy(t) for n, t in tensors.items()}, os.path.join(bin_dir, "pytorch_model.bin"))

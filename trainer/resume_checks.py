@@ -329,12 +329,17 @@ def _check_engine_settings(cfg: dict, path: str) -> None:
     from trainer.checkpoint.deepspeed_manager import read_client_state
     from trainer.config.deepspeed import effective_zero_stage
 
+    if cfg.get("deepspeed") is None:
+        return
     stage = effective_zero_stage(cfg["deepspeed"])
     roles = {"actor": ("actor_rollout_ref.model", cfg["actor_rollout_ref"]["model"])}
-    if cfg["critic"].get("enable"):
+    if (cfg.get("critic") or {}).get("enable"):
         roles["critic"] = ("critic.model", cfg["critic"]["model"])
     for role, (key, model) in roles.items():
-        saved = read_client_state(os.path.join(path, role))
+        try:
+            saved = read_client_state(os.path.join(path, role))
+        except (OSError, RuntimeError, ValueError):  # nothing recorded to compare: the worker's load judges it
+            continue
         if saved.get("zero_stage") is not None and int(saved["zero_stage"]) != stage:
             raise ConfigError(f"trainer.resume_mode: {path!r} ({role}) was saved with ZeRO stage {saved['zero_stage']} "
                               f"but this run trains with stage {stage} (deepspeed.zero_stage); resume with "

@@ -10,7 +10,7 @@ on all-zero rewards to the end. So a batch stops the run (:class:`ScorerError`, 
   responses timed out or killed their process and none scored), or
 * in a batch of several data sources, it failed on every non-empty response of one of them, to at least two
   different questions, while others scored (:func:`check_each_source`: a source its scorer does not handle, such
-  as verl's ``default_compute_score`` raising ``NotImplementedError``, would train on zeros for that source).
+  as one verl's ``default_compute_score`` raises for, would train on zeros for that source).
 
 :func:`scorer_label` names the scorer in those lines, and :func:`check_batch` applies both rules after a batch of
 :class:`rewards.manager.RewardManager` and warns of the rows that scored 0.
@@ -35,6 +35,12 @@ class ScorerError(ValueError):
 
 
 _FIX = "fix the scorer (reward_model.custom_reward_function / reward_model.scorer)"
+
+
+def _usable(outcome: Outcome) -> bool:
+    """Whether a scorer outcome is a finite score (a float, or a dict's ``score``)."""
+    status, payload = outcome[0], outcome[1]
+    return status == "ok" and math.isfinite(payload["score"] if isinstance(payload, dict) else payload)
 
 
 def check_not_all_failed(errors: int, rows: int, first_error: str | None, nan: int = 0, timeouts: int = 0,
@@ -101,7 +107,7 @@ class FailureWatch:
     def see(self, i: int, outcome: Outcome) -> bool:
         """Record row ``i``'s outcome; True when the batch should stop now (see the class doc), and from then on."""
         status, payload = outcome[0], outcome[1]
-        finite = status == "ok" and math.isfinite(payload["score"] if isinstance(payload, dict) else payload)
+        finite = _usable(outcome)
         if self.blank[i]:
             self.blank_scored += finite
             return False
@@ -211,13 +217,10 @@ def check_each_source(sources: Sequence, questions: Sequence, outcomes: Sequence
         if not blank[i]:
             rows.setdefault(repr(str(src)), []).append(i)  # numpy strings too
 
-    def usable(o: Outcome) -> bool:
-        return o[0] == "ok" and math.isfinite(o[1]["score"] if isinstance(o[1], dict) else o[1])
-
-    if not any(usable(outcomes[i]) for idx in rows.values() for i in idx):
+    if not any(_usable(outcomes[i]) for idx in rows.values() for i in idx):
         return  # nothing scored anywhere: the batch rules name it
     for src, idx in rows.items():
-        if any(usable(outcomes[i]) for i in idx) or len({str(questions[i]) for i in idx}) < 2:
+        if any(_usable(outcomes[i]) for i in idx) or len({str(questions[i]) for i in idx}) < 2:
             continue
         status = [outcomes[i][0] for i in idx]
         errors = [str(outcomes[i][1]) for i in idx if outcomes[i][0] == "error"]

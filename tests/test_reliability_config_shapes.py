@@ -148,3 +148,18 @@ def test_the_entry_point_stops_before_any_worker_starts(tiny, tmp_path):
     proc = run_cli(str(tmp_path / "out"), "trainer.total_training_steps=2", f"{KEY}={m}", timeout=120, forked=True)
     assert_one_line_error(proc, f"{KEY}={m!r}: config.json gives model.layers.0.mlp.down_proj.weight shape (32, 96) "
                           "but the weights hold (32, 64) (intermediate_size=96)")
+
+
+def test_a_config_with_values_transformers_encodes_in_json_loads(tmp_path):
+    """transformers writes an infinite float as ``{"__float__": "Infinity"}`` (Mamba-2's ``time_step_limit``) and
+    decodes it on reading: the check reads config.json with transformers' reader, so such a sound config loads."""
+    from transformers import AutoConfig
+
+    from trainer.meta_shapes import load_config_problem
+
+    AutoConfig.for_model("mamba2").save_pretrained(str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        hf = json.load(f)
+    assert "__float__" in json.dumps(hf)
+    config, problem = load_config_problem(hf, str(tmp_path), False)
+    assert problem is None and config.time_step_limit[1] == float("inf")

@@ -58,8 +58,7 @@ def load_config_problem(hf: dict, path: str, remote: bool):
                       f"{REMOTE_KEY}=true if the folder ships its code (auto_map in config.json), "
                       "or fix config.json's model_type")
     try:
-        if isinstance(model_type, str) and not (ships_code and remote):  # known to this transformers (above)
-            return CONFIG_MAPPING[model_type].from_dict(dict(hf)), None  # the config.json just read, not re-read
+        # transformers' own reader (it decodes the values its writer encodes, e.g. an infinite float)
         return AutoConfig.from_pretrained(path, trust_remote_code=remote), None
     except ImportError as exc:
         return None, f"config.json needs a package that is not installed ({_one_line(exc)}); install it"

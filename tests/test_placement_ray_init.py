@@ -44,3 +44,14 @@ def test_the_workers_warning_filter_hides_that_warning_only():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONWARNINGS": WORKER_WARNING_FILTER, "PATH": "/usr/bin:/bin"}, check=True)
     assert "all_gather_into_tensor" not in out.stderr and "something else is deprecated" in out.stderr
+
+
+def test_startup_split_names_each_part_of_the_start_up_in_seconds(monkeypatch):
+    """The "workers ready" line splits the time since the process started at Ray's start and the workers' start."""
+    import trainer.hf_exports as hf_exports
+    from trainer.placement import startup_split
+
+    monkeypatch.setattr(hf_exports, "process_start_time", lambda: 1000.0)
+    text = startup_split(1012.5, 1030.0, now=1046.25)
+    assert text == ("46.2 s after the process started (before Ray 12.5 s, Ray and the placement group 17.5 s, the "
+                    "workers' start-up 16.2 s)")

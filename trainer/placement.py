@@ -83,6 +83,18 @@ def init_ray(device: str) -> None:
                              "token (~/.ray/auth_token)") from None
 
 
+def startup_split(t_ray: float, t_workers: float, now: float | None = None) -> str:
+    """The driver's start-up as one phrase for the log: seconds from the process start (the operating system's
+    start time, :func:`trainer.hf_exports.process_start_time`) to ``now`` (default: the current time), split at
+    ``t_ray`` (:func:`init_ray` called) and ``t_workers`` (the placement group placed, the workers starting). All
+    three are ``time.time()`` values in seconds."""
+    from trainer.hf_exports import process_start_time
+
+    start, now = process_start_time(), time.time() if now is None else now
+    return (f"{now - start:.1f} s after the process started (before Ray {t_ray - start:.1f} s, Ray and the placement "
+            f"group {t_workers - t_ray:.1f} s, the workers' start-up {now - t_workers:.1f} s)")
+
+
 def _where() -> str:
     address = os.environ.get("RAY_ADDRESS")
     return f"the Ray cluster at RAY_ADDRESS={address}" if address else "the local Ray"

@@ -94,24 +94,25 @@ class RayPPOTrainer:
     # ---- workers --------------------------------------------------------------------------------------------
     def init_workers(self) -> None:
         """Start Ray, place the run's bundles and start every role's workers (again after a restart)."""
-        from trainer.placement import create_placement_group, init_ray
+        from trainer.async_rollout import OffPolicyPipeline
+        from trainer.placement import create_placement_group, init_ray, startup_split
         from trainer.rollout_placement import RolloutPlacement
 
-        t = self.trainer_cfg
+        t, t_ray = self.trainer_cfg, time.time()
         cpus = t.cpus_per_worker
         placement = RolloutPlacement.from_config(self.cfg)
         init_ray(self.device)
         self.pg = create_placement_group(self.device, t.nnodes, t.n_gpus_per_node, cpus,
                                          rollout_bundles=placement.rollout_bundles)
+        t_workers = time.time()
         infos = self.roles.start(self.pg, self.world, self.cfg, self.device, cpus)
         if placement.separate:
-            from trainer.async_rollout import OffPolicyPipeline
-
             self.pipeline = OffPolicyPipeline(self, placement)
         info = infos["actor"][0]
         self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
         self.hooks.workers_ready(self.roles, infos)
-        logger.info("workers ready: %d actor ranks (%s params)", self.world, info["num_params"])
+        logger.info("workers ready: %d actor ranks (%s params), %s", self.world, info["num_params"], startup_split(
+            t_ray, t_workers))
         check_interrupted()  # a Ctrl-C / SIGTERM whose exception was swallowed during start-up stops the run here
 
     # ---- checkpoints ------------------------------------------------------------------------------------------

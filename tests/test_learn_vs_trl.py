@@ -1,7 +1,7 @@
 """tools/bench/learn_vs_trl.py and its parts: the 700/300 row split, the wall-clock marks (trainer.hf_exports, the
 TRL callback with a fake trainer state), ours' command against the config, the TRL config and reward, the runner
-that stops a side at its last mark, the evaluator on a tiny random model with a fake checkpoint schedule, and the
-report/plot from synthetic results."""
+that stops a side at its last mark, the evaluator on a tiny random model with a fake checkpoint schedule, the
+report/plot from synthetic results and the merge of the files of several calls or GPU sessions."""
 import json
 import os
 import sys
@@ -431,3 +431,89 @@ def test_merge_docs_joins_runs_of_calls_with_the_same_job(tmp_path):
         json.dump(other, f)
     with pytest.raises(SystemExit, match="differs .* in lr"):
         learn_vs_trl.merge_docs([paths[0], str(tmp_path / "other.json")])
+
+
+# ---------------------------------------------------------------------------------------------- sessions combined
+def _session_doc(seed, base_acc=0.01, **job):
+    """An evaluated document of one GPU session: seed ``seed`` of both sides, its own folders and base score."""
+    full = _synthetic_doc()
+    keep = {"base"} | {learn_report.ckpt_id(r["side"], seed, e["mark_s"]) for r in full["runs"] if r["seed"] == seed
+                        for e in r["exports"]}
+    results = {k: v for k, v in full["eval"]["results"].items() if k in keep}
+    results["base"] = dict(results["base"], svamp=dict(results["base"]["svamp"], acc=base_acc))
+    where = f"/tmp/session{seed}"
+    job = {**dict(full["job"], seeds=[seed], sides=["trl", "ours"], model=f"{where}/smol_hf",
+                  test=f"{where}/data/svamp/test.parquet", gsm8k=f"{where}/data/gsm8k/test.parquet"), **job}
+    return dict(meta=dict(date=f"2026-12-0{seed}T10:00:00+00:00", device=f"NVIDIA H{seed}00", command=f"run {seed}"),
+                job=job, runs=[r for r in full["runs"] if r["seed"] == seed],
+                eval=dict(engine="vllm", results=results, errors={f"trl_s{seed}_t000360/gsm8k": "boom"}, rc=0))
+
+
+def _write(tmp_path, name, doc):
+    path = str(tmp_path / name)
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def test_report_from_combines_evaluated_files_of_two_sessions(tmp_path, capsys):
+    a, b = _write(tmp_path, "s1.json", _session_doc(1)), _write(tmp_path, "s2.json", _session_doc(2))
+    out = str(tmp_path / "learn.json")
+    doc = learn_vs_trl.main(["--report-from", f"{a},{b}", "--out", out])
+    assert [(r["side"], r["seed"], r["file"]) for r in doc["runs"]] == [("trl", 1, a), ("ours", 1, a),
+                                                                        ("trl", 2, b), ("ours", 2, b)]
+    assert doc["job"]["seeds"] == [1, 2] and doc["job"]["model"] == "/tmp/session1/smol_hf"
+    assert set(doc["eval"]["results"]) == set(_synthetic_doc()["eval"]["results"])  # the union of both sessions
+    assert set(doc["eval"]["errors"]) == {"trl_s1_t000360/gsm8k", "trl_s2_t000360/gsm8k"}
+    assert doc["meta_by_file"][b]["device"] == "NVIDIA H200" and doc["eval"]["by_file"][a]["engine"] == "vllm"
+    assert "base_spread" not in doc["eval"] and "differs" not in capsys.readouterr().out
+    text = (tmp_path / "learn.md").read_text()
+    assert "| 2 | 2.50 (2.00/3.00) | 5.50 (5.00/6.00) |" in text  # both seeds in one row, as from one session
+    assert f"| {b} | trl seed 2, ours seed 2 | 2026-12-02T10:00:00+00:00 | NVIDIA H200 | vllm | `run 2` |" in text
+    with open(out) as f:
+        assert json.load(f)["targets"]["every_mark"] is True
+    one = learn_vs_trl.main(["--report-from", a, "--out", str(tmp_path / "one.json")])  # one file: as before
+    assert "meta_by_file" not in one and "file" not in one["runs"][0]
+    assert "Combined" not in (tmp_path / "one.md").read_text()
+
+
+def test_report_from_refuses_a_differing_job_key(tmp_path):
+    a = _write(tmp_path, "s1.json", _session_doc(1))
+    b = _write(tmp_path, "s2.json", _session_doc(2, lr=1e-4, test="/x/held_out.parquet"))
+    with pytest.raises(SystemExit, match=r"--report-from .*s2\.json: its job differs from .*s1\.json's in lr, test$"):
+        learn_vs_trl.main(["--report-from", f"{a},{b}", "--out", str(tmp_path / "o.json")])
+
+
+def test_report_from_refuses_a_run_in_two_files(tmp_path):
+    a, b = _write(tmp_path, "s1.json", _session_doc(1)), _write(tmp_path, "s1_again.json", _session_doc(1))
+    with pytest.raises(SystemExit, match=r"s1_again\.json: trl seed 1 is also in .*s1\.json"):
+        learn_vs_trl.main(["--report-from", f"{a},{b}", "--out", str(tmp_path / "o.json")])
+
+
+def test_report_from_keeps_the_first_base_and_reports_a_differing_one(tmp_path, capsys):
+    a = _write(tmp_path, "s1.json", _session_doc(1))
+    b = _write(tmp_path, "s2.json", _session_doc(2, base_acc=0.02))
+    doc = learn_vs_trl.main(["--report-from", f"{a},{b}", "--out", str(tmp_path / "learn.json")])
+    assert doc["eval"]["results"]["base"]["svamp"]["acc"] == 0.01 and doc["table"][0]["trl"]["acc"]["mean"] == 0.01
+    assert doc["eval"]["base_spread"] == {"svamp": {"acc": [0.01, 0.02], "files": [a, b]}}  # gsm8k agreed
+    note = [line for line in capsys.readouterr().out.splitlines() if "differs between files" in line]
+    assert note == [f"note: the base model's accuracy differs between files (svamp: 1.00% in {a}, 2.00% in {b}); "
+                    f"the report uses {a}'s"]
+    assert f"svamp accuracy differs between the files' sessions: 1.00 ({a}), 2.00 ({b})" in \
+        (tmp_path / "learn.md").read_text()
+
+
+def test_report_from_refuses_an_unevaluated_file(tmp_path):
+    a = _write(tmp_path, "s1.json", _session_doc(1))
+    b = _write(tmp_path, "s2.json", dict(_session_doc(2), eval=None))
+    with pytest.raises(SystemExit, match=r"s2\.json: no evaluation results"):
+        learn_vs_trl.main(["--report-from", f"{a},{b}", "--out", str(tmp_path / "o.json")])
+
+
+def test_eval_from_refuses_a_run_in_two_files_and_compares_paths_whole(tmp_path):
+    a, b = _write(tmp_path, "a.json", _session_doc(1)), _write(tmp_path, "b.json", _session_doc(1))
+    with pytest.raises(SystemExit, match=r"--eval-from .*b\.json: trl seed 1 is also in"):
+        learn_vs_trl.merge_docs([a, b])
+    c = _write(tmp_path, "c.json", _session_doc(2))  # same basenames, other folders: one session's files must match
+    with pytest.raises(SystemExit, match="in gsm8k, model, test$"):
+        learn_vs_trl.merge_docs([a, c])

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["ckpt_id", "run_values", "mark_table", "targets", "gsm8k_rows", "markdown", "plot"]
+__all__ = ["SIDES", "ckpt_id", "run_values", "mark_table", "targets", "gsm8k_rows", "markdown", "plot"]
 
 SET = "svamp"
+SIDES = ("trl", "ours")  # the two sides, in the order they run and are reported
 
 
 def ckpt_id(side: str, seed: int, mark_s: float) -> str:
@@ -56,7 +57,7 @@ def mark_table(doc: dict, name: str = SET) -> list[dict]:
     rows = []
     for t in [0.0] + marks:
         row = dict(mark_s=t)
-        for side in ("trl", "ours"):
+        for side in SIDES:
             got = [base] * (base is not None) if t == 0 else \
                 [vals[id(r)][t] for r in runs if r["side"] == side and vals[id(r)][t] is not None]
             row[side] = {k: _stats([g[k] for g in got]) for k in ("acc", "format")}
@@ -154,7 +155,29 @@ def markdown(doc: dict) -> str:
     if g:
         lines += ["", "GSM8K test, greedy, strict (%):", "", "| model | acc | format | rows |", "|---|---|---|---|"]
         lines += [f"| {x['model']} | {_pct(x['acc'])} | {_pct(x['format'])} | {x['n']} |" for x in g]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _sources(doc)) + "\n"
+
+
+def _sources(doc: dict) -> list[str]:
+    """Markdown lines on the files a combined document came from (``meta_by_file``, ``eval.by_file``, each run's
+    ``file``; :mod:`tools.bench.learn_merge`) and on base scores that differ between them; none for one file."""
+    files = doc.get("meta_by_file")
+    if not files:
+        return []
+    ev = doc.get("eval") or {}
+    first = next(iter(files))
+    lines = ["", f"Combined from {len(files)} evaluated files (the base model at 0 min is {first}'s):", "",
+             "| file | runs | date | device | evaluator | command |", "|---|---|---|---|---|---|"]
+    for path, meta in files.items():
+        meta, runs = meta or {}, [f"{r['side']} seed {r['seed']}" for r in doc.get("runs", []) if r.get("file") == path]
+        engine = ((ev.get("by_file") or {}).get(path) or {}).get("engine")
+        lines.append(f"| {path} | {', '.join(runs) or '-'} | {meta.get('date', '-')} | {meta.get('device', '-')} | "
+                     f"{engine or '-'} | `{meta.get('command', '-')}` |")
+    for name, sp in (ev.get("base_spread") or {}).items():
+        seen = ", ".join(f"{_pct(a)} ({p})" for a, p in zip(sp["acc"], sp["files"]))
+        lines += ["", f"- The base model's {name} accuracy differs between the files' sessions: {seen}; the table "
+                      f"uses {sp['files'][0]}'s."]
+    return lines
 
 
 def plot(doc: dict, path: str) -> str | None:

@@ -28,6 +28,13 @@ Output: ``--out`` JSON (job, the row split, every run's manifest and log, the ev
 per mark, the targets, GSM8K before/after; ``tools/bench/learn_report.py``) and ``<out>.png`` (accuracy and format
 compliance against wall-clock minutes).
 
+Across calls and sessions (:mod:`tools.bench.learn_merge`): ``--eval-from A.json,B.json`` scores together the runs of
+un-evaluated files of one session (the checkpoints are on its disk); ``--report-from A.json,B.json`` combines
+*evaluated* files of separate sessions (e.g. one seed each) into one report: every file's runs, the union of their
+results, the first file's base model (a base accuracy that differs between files is kept in ``eval.base_spread``),
+each run's ``file`` and each file's ``meta`` (``meta_by_file``). The jobs must agree but for seeds, sides and (for
+``--report-from``) the folders of the model and data files; a (side, seed) run in two files is refused.
+
 Usage:
     python tools/bench/learn_vs_trl.py --model /tmp/smol_hf --train data/svamp/train.parquet \\
         --test data/svamp/test.parquet --gsm8k data/gsm8k/test.parquet --budget-s 720 --every-s 120 \\
@@ -35,6 +42,7 @@ Usage:
     python tools/bench/learn_vs_trl.py --seeds 1 --sides trl --skip-eval --work-dir W --out W/trl1.json ...
     python tools/bench/learn_vs_trl.py --eval-from W/trl1.json,W/ours1.json --work-dir W --out W/learn.json
     python tools/bench/learn_vs_trl.py --report-from learn.json --out learn.json     # table + plot again
+    python tools/bench/learn_vs_trl.py --report-from s1/learn.json,s2/learn.json --out learn.json  # two sessions
 """
 from __future__ import annotations
 
@@ -50,7 +58,8 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 
-SIDES = ("trl", "ours")
+from tools.bench.learn_merge import merge_docs  # noqa: E402  (--eval-from, --report-from A,B)
+from tools.bench.learn_report import SIDES  # noqa: E402
 EXPECTED_ROWS = (700, 300)  # SVAMP: the first 700 rows train, the last 300 held out (tools/data_preprocess/svamp.py)
 
 
@@ -250,27 +259,6 @@ def run_eval(doc: dict, work: str, args, limit_s: float) -> dict:
     return out
 
 
-def merge_docs(paths: list[str]) -> dict:
-    """One document from several of this tool's JSON files (e.g. one seed and side per call): the first file's
-    job and split, every file's runs (seeds and sides as listed there).
-
-    Raises: SystemExit when a file's job differs from the first's in a key other than seeds and sides."""
-    docs = []
-    for p in paths:
-        with open(p, encoding="utf-8") as f:
-            docs.append(json.load(f))
-    doc = dict(docs[0], runs=[r for d in docs for r in d.get("runs", [])])
-    doc.pop("eval", None)
-    same = {k: v for k, v in doc["job"].items() if k not in ("seeds", "sides")}
-    for p, d in zip(paths[1:], docs[1:]):
-        bad = sorted(k for k in same if d["job"].get(k) != same[k])
-        if bad:
-            raise SystemExit(f"error: --eval-from {p}: its job differs from {paths[0]}'s in {', '.join(bad)}")
-    doc["job"] = dict(doc["job"], seeds=sorted({r["seed"] for r in doc["runs"]}),
-                      sides=[s for s in SIDES if any(r["side"] == s for r in doc["runs"])])
-    return doc
-
-
 def write_report(doc: dict, out: str) -> None:
     """``doc`` as JSON at ``out``, its markdown at ``<out>.md`` (printed too) and the plot at ``<out>.png``."""
     from tools.bench.common import write_report_files
@@ -320,7 +308,9 @@ def _parser() -> argparse.ArgumentParser:
                     "started when less than its budget + grace is left, the evaluation gets what is left")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     ap.add_argument("--work-dir", default=None, help="runs, checkpoints and logs (default: next to --out)")
-    ap.add_argument("--report-from", help="write the table and plot of this JSON (no runs)")
+    ap.add_argument("--report-from", help="write the table and plot of this JSON (no runs); a comma list of "
+                    "evaluated JSON files (e.g. one seed per GPU session) combines them: their runs, the union of "
+                    "their results, the first file's base model (tools/bench/learn_merge.py)")
     ap.add_argument("--eval-from", help="comma list of this tool's JSON files: score their runs together (no "
                     "training); the job is the first file's")
     ap.add_argument("--skip-eval", action="store_true", help="train only (score later with --eval-from)")
@@ -388,8 +378,12 @@ def _internal(args) -> dict | None:
         with open(args.evaluate, encoding="utf-8") as f:
             return evaluate(json.load(f))
     if args.report_from:
-        with open(args.report_from, encoding="utf-8") as f:
-            doc = json.load(f)
+        paths = [p for p in args.report_from.split(",") if p] or [args.report_from]
+        if len(paths) > 1:  # evaluated files of separate sessions (tools/bench/learn_merge.py)
+            doc = merge_docs(paths, evaluated=True, flag="--report-from")
+        else:
+            with open(paths[0], encoding="utf-8") as f:
+                doc = json.load(f)
         write_report(doc, args.out)
         return doc
     return None

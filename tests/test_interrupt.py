@@ -90,6 +90,22 @@ def test_sigterm_during_start_up_stops_at_once_with_exit_143(tmp_path):
     assert _alive(procs) == [] and _session_left(run.proc.pid) == []
 
 
+def test_a_fresh_run_stopped_during_start_up_names_none_of_the_earlier_runs_checkpoints(tmp_path):
+    """A fresh run (``resume_mode=disable``) into a folder holding an earlier run's checkpoints, stopped before it
+    set them aside: the line names no checkpoint (the earlier run's latest is not this run's), and they stay."""
+    out = str(tmp_path / "again")
+    first = MainRun(out, *SHORT, "trainer.save_freq=1", "trainer.export_hf_on_end=false", "trainer.test_freq=-1")
+    assert first.finish(timeout=300) == 0, first.text()[-3000:]
+    earlier = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("global_step_"))
+    assert earlier, os.listdir(os.path.join(out, "checkpoints"))
+    run = Run(out, "trainer.resume_mode=disable")
+    run.wait_for(lambda: "actor workers: rank" in run.text(), "worker start-up")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 143, run.text()[-3000:]
+    _one_line(run.text(), r"interrupted at step 0; last checkpoint: none")
+    assert sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("global_step_")) == earlier
+
+
 _SIGTERM_RUN: dict = {}
 
 

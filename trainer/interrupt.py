@@ -49,7 +49,7 @@ from typing import Iterator, NoReturn
 # stop_step (request_stop)
 _STATE: dict = {"driver_pid": None, "signum": None, "raised": False, "exiting": False, "held": False,
                 "deferred": 0, "redeliver": False, "insist": False, "step": None, "stop_signal": None,
-                "stop_step": None}
+                "stop_step": None, "checkpoint_root": None}
 _WAKE = threading.Event()  # set by the handler when a recorded signal waits for a safe point (the helper thread)
 _HELPER: dict = {"thread": None, "pid": None}
 
@@ -296,16 +296,24 @@ def as_interrupt(exc: KeyboardInterrupt, step: int | None = None) -> RunInterrup
     return exc
 
 
-def exit_interrupted(signum: int, step: int | None, checkpoint_root: str | None) -> NoReturn:
+def own_checkpoints(checkpoint_root: str | None) -> None:
+    """Name the folder (``trainer.default_local_dir``) whose checkpoints are this run's: a resume's from the start,
+    a fresh run's once an earlier run's were set aside there (:func:`trainer.run_folder.settle_run_folder`). Until
+    then :func:`exit_interrupted` reports none, not the earlier run's latest."""
+    _STATE["checkpoint_root"] = checkpoint_root
+
+
+def exit_interrupted(signum: int, step: int | None) -> NoReturn:
     """Shut Ray down, print the one line, exit ``128 + signum`` (130 for SIGINT, 143 for SIGTERM). ``step`` None:
-    the step :func:`check_interrupted` last saw (0 before training)."""
+    the step :func:`check_interrupted` last saw (0 before training). The line names the latest checkpoint in the
+    folder :func:`own_checkpoints` named, or none."""
     _STATE["exiting"] = True
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     _STATE["signum"] = signum
     shutdown_ray()
     step = _STATE["step"] if step is None else step
-    last = "none"
+    last, checkpoint_root = "none", _STATE["checkpoint_root"]
     if checkpoint_root and os.path.isdir(checkpoint_root):  # no import of torch (checkpoint.base) otherwise
         from trainer.checkpoint.base import find_latest_checkpoint
 

@@ -316,6 +316,9 @@ def run(hydra_cfg: DictConfig) -> dict:
     # the workers fit this machine or the Ray cluster (PlacementError)
     check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
     step_dir = resume_path(cfg)  # None: a fresh run
+    from trainer.interrupt import as_interrupt, own_checkpoints
+
+    own_checkpoints(cfg["trainer"]["default_local_dir"] if step_dir is not None else None)
     data = prepare_embedded(cfg, resuming=step_dir is not None)
     tok = load_model_files(cfg)
     loader, val_ds = build_data(cfg, data, tok, load_processor(cfg))
@@ -334,12 +337,11 @@ def run(hydra_cfg: DictConfig) -> dict:
     start = resumed_step(step_dir)
     if step_dir is not None and not t.val_only and start >= trainer.last_step():
         return already_complete(t.output_dir, step_dir, start, trainer.last_step(), t)
-    from trainer.interrupt import as_interrupt
-
     try:
         trainer.init_workers()
         # every check passed (the workers' placement last): a fresh run sets the earlier run's outputs aside
         settle_run_folder(cfg, step_dir is None, [loader.dataset, val_ds], logs)
+        own_checkpoints(t.default_local_dir)
         last = trainer.fit()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
         raise as_interrupt(exc, trainer.global_step) from None

@@ -82,17 +82,17 @@ def main(cfg: DictConfig) -> None:
             sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (trainer/interrupt.py)
         exc = as_interrupt(exc)
-        exit_interrupted(exc.signum, exc.step, cfg.trainer.default_local_dir)
+        exit_interrupted(exc.signum, exc.step)
     except SystemExit as exc:
         if exc.code == signal.SIGTERM:  # Ray's own driver handler (sys.exit(15)), were it ever in force: SIGTERM
-            exit_interrupted(signal.SIGTERM, None, cfg.trainer.default_local_dir)
+            exit_interrupted(signal.SIGTERM, None)
         raise
     except Exception as exc:
         if interrupted_by() is not None:  # a worker died of the same Ctrl-C before the driver's handler ran
-            exit_interrupted(interrupted_by(), None, cfg.trainer.default_local_dir)
+            exit_interrupted(interrupted_by(), None)
         if stop_requested() is not None:  # SIGTERM asked the loop to stop; the workers died of the same signal
             signum, step = stop_requested()
-            exit_interrupted(signum, step, cfg.trainer.default_local_dir)
+            exit_interrupted(signum, step)
         if type(exc).__name__ in USER_ERRORS:  # a user error ends the run with one line naming the bad value
             report_user_error(all_errors(cfg, exc, prestart, logged))  # a config error: with every other one
             sys.exit(2)
@@ -159,4 +159,4 @@ if __name__ == "__main__":
         sys.argv = [sys.argv[0], *check_command_line(sys.argv[1:])]
         main()
     except KeyboardInterrupt as exc:  # before the run started
-        exit_interrupted(as_interrupt(exc).signum, None, None)
+        exit_interrupted(as_interrupt(exc).signum, None)

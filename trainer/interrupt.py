@@ -297,9 +297,10 @@ def as_interrupt(exc: KeyboardInterrupt, step: int | None = None) -> RunInterrup
 
 
 def own_checkpoints(checkpoint_root: str | None) -> None:
-    """Name the folder (``trainer.default_local_dir``) whose checkpoints are this run's: a resume's from the start,
-    a fresh run's once an earlier run's were set aside there (:func:`trainer.run_folder.settle_run_folder`). Until
-    then :func:`exit_interrupted` reports none, not the earlier run's latest."""
+    """Name the folder (``trainer.default_local_dir``) whose checkpoints are this run's: a resume's from the start
+    (``trainer/main.py``: unless ``resume_mode=disable``), a fresh run's once an earlier run's were set aside there
+    (:func:`trainer.run_folder.settle_run_folder`). Until then :func:`exit_interrupted` reports none, not the earlier
+    run's latest."""
     _STATE["checkpoint_root"] = checkpoint_root
 
 

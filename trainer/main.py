@@ -68,11 +68,14 @@ def report_user_error(exc: BaseException) -> None:
 
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from trainer.interrupt import as_interrupt, exit_interrupted, interrupted_by, shutdown_ray, stop_requested
+    from trainer.interrupt import (as_interrupt, exit_interrupted, interrupted_by, own_checkpoints, shutdown_ray,
+                                   stop_requested)
     from trainer.config_types import all_errors, check_run_config
     from trainer.launch import prestart, run
 
     logged = False  # whether run() logged the config's warnings and notes (all_errors does not log them again)
+    t = cfg.trainer  # the folder's checkpoints are this run's unless it starts afresh (then once set aside)
+    own_checkpoints(None if str(t.get("resume_mode")) == "disable" else t.get("default_local_dir"))
     try:
         check_run_config(cfg)  # mistyped values (all_errors below adds every other error of the config)
         logged = True  # run() logs them first

@@ -33,9 +33,15 @@ def test_a_chat_message_without_role_or_content_is_skipped_and_counted(tmp_path,
 
 def test_well_formed_messages_are_kept(tmp_path, tok):  # noqa: F811
     chat = [{"role": "system", "content": "x"}, {"role": "user", "content": "last of 2 ?"}]
-    rows = [_row(), {**_row(), "prompt": chat}, {**_row(), "prompt": "last of 3 ?"}]
+    empty_system = [{"role": "system", "content": ""}, {"role": "user", "content": "last of 4 ?"}]
+    image_only = [{"role": "user", "content": [{"type": "image"}]}]  # a part that is not text counts as content
+    rows = [_row(), {**_row(), "prompt": chat}, {**_row(), "prompt": "last of 3 ?"},
+            {**_row(), "prompt": empty_system}]
     ds = PromptDataset(_jsonl(tmp_path / "d.jsonl", rows), tok, max_prompt_length=32)
-    assert len(ds) == 3 and ds.num_invalid == 0
+    assert len(ds) == 4 and ds.num_invalid == 0
+    from trainer.data_rows import row_problem
+
+    assert row_problem({**_row(), "prompt": image_only}) is None
 
 
 def _error(path, tok, **kw):  # noqa: F811
@@ -82,7 +88,14 @@ def test_rows_with_images_that_do_not_match_are_named_by_their_file_and_index(tm
     ({"prompt": []}, "an empty 'prompt'"),
     ({"reward_model": {}}, "no 'reward_model.ground_truth' value"),
     ({"reward_model": {"ground_truth": ""}}, "an empty 'reward_model.ground_truth'"),
-    ({"prompt": [{"role": "user"}]}, "chat message 0 of its 'prompt' lacks its role")])
+    ({"prompt": [{"role": "user"}]}, "chat message 0 of its 'prompt' lacks its role"),
+    ({"prompt": "   "}, "an empty 'prompt'"),
+    ({"prompt": [{"role": "usr", "content": "last of 1 ?"}]}, "chat message 0 of its 'prompt' has the role 'usr', "
+     "expected one of ['system', 'developer', 'user', 'assistant', 'tool', 'function', 'ipython']"),
+    ({"prompt": [{"role": "system", "content": ""}, {"role": "user", "content": " \n"}]},
+     "every chat message of its 'prompt' has empty content"),
+    ({"prompt": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+     "every chat message of its 'prompt' has empty content")])
 def test_skipped_rows_name_the_first_one_with_its_file_index_and_reason(tmp_path, tok, caplog, bad, why):  # noqa: F811
     good = _jsonl(tmp_path / "good.jsonl", [_row()])
     path = _jsonl(tmp_path / "d.jsonl", [_row(), {**_row(), **bad}, {**_row(), **bad}])

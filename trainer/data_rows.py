@@ -69,14 +69,20 @@ def row_images(row: dict, image_key: str = "images") -> list:
     return list(images)
 
 
+# roles that chat templates render (OpenAI's and transformers' names, Llama 3.1's ``ipython`` tool output)
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+
+
 def _prompt_problem(prompt: Any, key: str) -> str | None:
-    """What makes ``prompt`` (the value of the column ``key``) unusable: none, empty, not a string or a list of chat
-    messages, or a message that is not a mapping with a string ``role`` and a ``content`` (text or a list of parts)."""
+    """What makes ``prompt`` (the value of the column ``key``) unusable: none, empty (or only whitespace), not a
+    string or a list of chat messages, a message that is not a mapping with a string ``role`` and a ``content`` (text
+    or a list of parts), a role outside :data:`CHAT_ROLES` (ChatML templates render any role as written, so a
+    misspelt one became a turn the model never saw in training), or messages whose contents are all empty."""
     if prompt is None:
         return f"no {key!r} value"
     if not isinstance(prompt, (str, list, tuple)):
         return f"its {key!r} is {type_of(prompt)}, expected a list of chat messages or a string"
-    if not prompt:
+    if not (prompt.strip() if isinstance(prompt, str) else prompt):
         return f"an empty {key!r}"
     for i, m in enumerate(() if isinstance(prompt, str) else prompt):
         if not isinstance(m, dict):
@@ -84,7 +90,19 @@ def _prompt_problem(prompt: Any, key: str) -> str | None:
         if not (isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))):
             shown = repr(m) if len(repr(m)) <= 80 else repr(m)[:77] + "..."
             return f"chat message {i} of its {key!r} lacks its role or content: {shown}"
+        if m["role"] not in CHAT_ROLES:
+            return f"chat message {i} of its {key!r} has the role {m['role']!r}, expected one of {list(CHAT_ROLES)}"
+    if not isinstance(prompt, str) and all(_empty(m["content"]) for m in prompt):
+        return f"every chat message of its {key!r} has empty content"
     return None
+
+
+def _empty(content: str | list) -> bool:
+    """An empty (or whitespace-only) text, or a list of parts none of which holds text or anything else."""
+    if isinstance(content, str):
+        return not content.strip()
+    return all(isinstance(p, dict) and p.get("type", "text") == "text" and not str(p.get("text") or "").strip()
+               for p in content)
 
 
 def _reward_model_problem(rm: Any) -> str | None:

@@ -192,13 +192,14 @@ class PromptDataset:
                            self.max_prompt_length, list(self.files))
         if self.num_invalid:
             logger.warning("skipped %d rows without a prompt or ground truth (or with a chat message lacking its role "
-                           "or content, or a prompt, reward_model or extra_info of the wrong type) in %s; the first: %s",
+                           "or content, an unknown role, only empty messages, or a prompt, reward_model or extra_info "
+                           "of the wrong type) in %s; the first: %s",
                            self.num_invalid, list(self.files), first_invalid)
         if not self.rows:
             raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
                             f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
-                            "prompt or ground truth (or with a chat message lacking its role or content, or a prompt, "
-                            "reward_model or extra_info of the wrong type)"
+                            "prompt or ground truth (or with a chat message lacking its role or content, an unknown "
+                            "role, only empty messages, or a prompt, reward_model or extra_info of the wrong type)"
                             + (f"; the first of these: {first_invalid}" if first_invalid else ""))
 
     def row_problem(self, row: dict) -> str | None:

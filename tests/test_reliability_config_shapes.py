@@ -143,6 +143,33 @@ def test_sound_folders_and_names_the_headers_do_not_hold_are_not_refused(tiny, t
     assert problem(wrong, quantized, ["model.safetensors"], False) is None  # packed shapes: not judged
 
 
+def test_a_shape_key_that_bin_weights_contradict_is_found(tiny, tmp_path):
+    """The same weights as ``pytorch_model.bin`` (torch's zip format) and as ``.bin`` shards with
+    ``pytorch_model.bin.index.json``: parameter shapes read on the meta device are compared like the safetensors
+    headers' (before, ``.bin`` weights were not judged and every worker failed in ``from_pretrained``)."""
+    import torch
+    from safetensors.numpy import load_file
+
+    from trainer.meta_shapes import transformers_config_problem as problem
+
+    tensors = load_file(os.path.join(tiny, "model.safetensors"))
+    single = _edited(tiny, tmp_path, "single", intermediate_size=96)
+    os.remove(os.path.join(single, "model.safetensors"))
+    torch.save({n: torch.from_numpy(t) for n, t in tensors.items()}, os.path.join(single, "pytorch_model.bin"))
+    said = MISMATCHES["intermediate_size"][1]
+    assert _error(tmp_path, f"{KEY}={single}") == f"{KEY}={single!r}: config.json gives {said}; {FIX}"
+    sharded = _edited(tiny, tmp_path, "sharded")
+    os.remove(os.path.join(sharded, "model.safetensors"))
+    write_shards(sharded, tensors, 2, fmt="bin")
+    with open(os.path.join(sharded, "config.json")) as f:
+        hf = json.load(f)
+    index = ["pytorch_model.bin.index.json"]
+    assert problem(sharded, hf, index, False) is None
+    with open(os.path.join(sharded, "config.json"), "w") as f:
+        json.dump({**hf, "num_key_value_heads": 4}, f)
+    assert MISMATCHES["num_key_value_heads"][1] in problem(sharded, {**hf, "num_key_value_heads": 4}, index, False)
+
+
 def test_the_entry_point_stops_before_any_worker_starts(tiny, tmp_path):
     m = _edited(tiny, tmp_path, intermediate_size=96)
     proc = run_cli(str(tmp_path / "out"), "trainer.total_training_steps=2", f"{KEY}={m}", timeout=120, forked=True)

@@ -16,22 +16,34 @@ KEY = "actor_rollout_ref.model.path"
 
 
 
-def write_shards(folder: str, tensors: dict, parts: int) -> None:
-    """Save ``tensors`` into ``folder`` as ``parts`` safetensors shards with their ``model.safetensors.index.json``."""
-    from safetensors.numpy import save_file
-
+def write_shards(folder: str, tensors: dict, parts: int, fmt: str = "safetensors") -> None:
+    """Save ``tensors`` (name -> numpy array) into ``folder`` as ``parts`` shards with their index:
+    ``model-0000i-of-0000n.safetensors`` and ``model.safetensors.index.json``, or (``fmt="bin"``, ``torch.save``'s
+    zip format) ``pytorch_model-0000i-of-0000n.bin`` and ``pytorch_model.bin.index.json``."""
     names, weight_map = sorted(tensors), {}
     for i in range(parts):
-        shard = f"model-{i + 1:05d}-of-{parts:05d}.safetensors"
-        save_file({n: tensors[n] for n in names[i::parts]}, os.path.join(folder, shard))
-        weight_map.update({n: shard for n in names[i::parts]})
-    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        part = {n: tensors[n] for n in names[i::parts]}
+        if fmt == "bin":
+            import torch
+
+            shard = f"pytorch_model-{i + 1:05d}-of-{parts:05d}.bin"
+            torch.save({n: torch.from_numpy(t) for n, t in part.items()}, os.path.join(folder, shard))
+        else:
+            from safetensors.numpy import save_file
+
+            shard = f"model-{i + 1:05d}-of-{parts:05d}.safetensors"
+            save_file(part, os.path.join(folder, shard))
+        weight_map.update({n: shard for n in part})
+    index = "pytorch_model.bin.index.json" if fmt == "bin" else "model.safetensors.index.json"
+    with open(os.path.join(folder, index), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The suite's tiny model folder (single ``model.safetensors`` + tokenizer), the same weights as three
-    safetensors shards with their index, and as ``pytorch_model.bin``; nothing may change them: copy first."""
+    safetensors shards with their index, as ``pytorch_model.bin``, as two ``.bin`` shards with
+    ``pytorch_model.bin.index.json`` and as a legacy-format (pickle, not zip) ``pytorch_model.bin``; nothing may
+    change them: copy first."""
     import torch
     from safetensors.numpy import load_file
 
@@ -46,7 +58,14 @@ def tiny(tmp_path_factory):
     bin_dir = str(root / "bin")
     shutil.copytree(single, bin_dir, ignore=shutil.ignore_patterns("model.safetensors"))
     torch.save({n: torch.from_numpy(t) for n, t in tensors.items()}, os.path.join(bin_dir, "pytorch_model.bin"))
-    return {"single": single, "sharded": sharded, "bin": bin_dir}
+    bin_sharded = str(root / "bin_sharded")
+    shutil.copytree(single, bin_sharded, ignore=shutil.ignore_patterns("model.safetensors"))
+    write_shards(bin_sharded, tensors, 2, fmt="bin")
+    legacy = str(root / "bin_legacy")
+    shutil.copytree(single, legacy, ignore=shutil.ignore_patterns("model.safetensors"))
+    torch.save({n: torch.from_numpy(t) for n, t in tensors.items()}, os.path.join(legacy, "pytorch_model.bin"),
+               _use_new_zipfile_serialization=False)
+    return {"single": single, "sharded": sharded, "bin": bin_dir, "bin_sharded": bin_sharded, "bin_legacy": legacy}
 
 
 def _copy(tiny, tmp_path, kind="single", name="m") -> str:
@@ -202,6 +221,23 @@ DAMAGE = {  # name: (the folder copied, the damage, the words the one line must 
     "more_layers_in_config": ("single", _more_layers_in_config,
                               ["config.json says num_hidden_layers=4, but model.safetensors holds layers 0-1 only "
                                f"(model.layers.<i>), so layers 2-3 would start from random values {DIFFERENT}"]),
+    # .bin weights (torch's zip format): their shapes read on the meta device, the same lines as safetensors
+    "bin_hidden_doubled": ("bin", _hidden_doubled, ["config.json says hidden_size=64 and vocab_size=23, but "
+                                                    "pytorch_model.bin holds model.embed_tokens.weight of shape "
+                                                    f"[23, 32] {DIFFERENT}"]),
+    "bin_vocab_changed": ("bin", _vocab_changed, ["config.json says hidden_size=32 and vocab_size=5, but "
+                                                  "pytorch_model.bin holds model.embed_tokens.weight of shape "
+                                                  f"[23, 32] {DIFFERENT}"]),
+    "bin_more_layers_in_config": ("bin", _more_layers_in_config,
+                                  ["config.json says num_hidden_layers=4, but pytorch_model.bin holds layers 0-1 "
+                                   f"only (model.layers.<i>), so layers 2-3 would start from random values "
+                                   f"{DIFFERENT}"]),
+    "bin_sharded_vocab_changed": ("bin_sharded", _vocab_changed,
+                                  ["config.json says hidden_size=32 and vocab_size=5, but pytorch_model-0000",
+                                   "-of-00002.bin holds model.embed_tokens.weight of shape [23, 32]"]),
+    "bin_sharded_more_layers_in_config": ("bin_sharded", _more_layers_in_config,
+                                          ["config.json says num_hidden_layers=4, but pytorch_model.bin.index.json "
+                                           "holds layers 0-1 only (model.layers.<i>)"]),
     "generation_config_truncated": ("single", _generation_config_truncated, ["; download or copy it again"]),
     "named_weights_missing": ("single", _named_weights_missing,
                               ["other.safetensors, the weights file that config.json's transformers_weights names, "
@@ -366,7 +402,7 @@ def test_config_against_weight_shapes_judges_what_it_can_and_leaves_the_rest(tmp
     """:func:`trainer.weight_shapes.config_weights_problem` on headers of the layouts it meets: a mismatch is named
     with the config's values and the tensor's shape; working models whose embedding or layer count differs from the
     plain rule (padded vocabularies, Mllama's extra rows, OPT's projection, multi-token-prediction layers, remote
-    code, quantized or ``.bin`` weights) are not refused."""
+    code, quantized weights, a weights file that cannot be read) are not refused."""
     from trainer.weight_shapes import config_weights_problem as problem
 
     files = ["model.safetensors"]
@@ -381,7 +417,7 @@ def test_config_against_weight_shapes_judges_what_it_can_and_leaves_the_rest(tmp
     assert "layers 0-1 only" in problem(tmp_path, {**llama, "quantization_config": {}, "num_hidden_layers": 3}, files)
     assert problem(tmp_path, {**llama, "num_hidden_layers": 1}, files) is None  # extra layers (MTP) are not loaded
     assert problem(tmp_path, {**llama, "model_type": "dory", "num_hidden_layers": 4}, files) is None  # 2 per layer
-    assert problem(tmp_path, {**llama, "hidden_size": 16}, ["pytorch_model.bin"]) is None
+    assert problem(tmp_path, {**llama, "hidden_size": 16}, ["pytorch_model.bin"]) is None  # no such file
     # a vision-language model: the text config against the language model's tensors, the vision tower's layers aside
     vlm = {"model_type": "qwen2_5_vl", "text_config": llama, "vision_config": {"depth": 4}}
     _header_only(tmp_path, {**_llama_like("model.language_model."), "model.visual.blocks.3.mlp.weight": [4, 4]})
@@ -423,6 +459,47 @@ def test_config_against_sharded_and_megatron_weights(tiny, tmp_path):
     with pytest.raises(ConfigError) as info:
         check_model_folders(_cfg("algorithm=gae", f"{KEY}={tiny['single']}", f"critic.model.path={m}"))
     assert str(info.value).startswith(f"critic.model.path={m!r}: config.json says hidden_size=64"), str(info.value)
+
+
+def test_bin_weights_are_judged_from_their_zip_archive_and_a_legacy_bin_is_left_alone(tiny, tmp_path, monkeypatch):
+    """``pytorch_model.bin`` and the shards of ``pytorch_model.bin.index.json`` (torch's zip format): every shape is
+    read (on the meta device, no tensor data), a sound folder passes and a mismatch is named. A legacy-format
+    (pickle) ``.bin`` is not judged and not read (``torch.load`` is not called: it would read the whole file); a
+    zip that torch does not read gives no shapes and no error. Before, no ``.bin`` was judged."""
+    import torch
+    from safetensors.numpy import load_file
+
+    from trainer.model_folder_checks import loaded_weight_files
+    from trainer.weight_shapes import config_weights_problem, header_shapes
+
+    want = {n: list(t.shape) for n, t in load_file(os.path.join(tiny["single"], "model.safetensors")).items()}
+    with open(os.path.join(tiny["single"], "config.json")) as f:
+        hf = json.load(f)
+    wrong = {**hf, "hidden_size": 64, "num_hidden_layers": 4}
+    for kind, files in (("bin", ["pytorch_model.bin"]), ("bin_sharded", ["pytorch_model.bin.index.json"])):
+        m = tiny[kind]
+        assert loaded_weight_files(m, hf) == files
+        assert header_shapes(m, files) == want, kind
+        assert config_weights_problem(m, hf, files) is None
+        preflight(_cfg(f"trainer.output_dir={tmp_path / 'out'}", f"{KEY}={m}"))
+        assert "but pytorch_model" in config_weights_problem(m, wrong, files), kind
+    legacy = _copy(tiny, tmp_path, "bin_legacy")
+    _edit_config(legacy, hidden_size=64, num_hidden_layers=4)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a legacy .bin must not be read")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "load", no_load)
+        assert header_shapes(legacy, ["pytorch_model.bin"]) == {}
+        assert config_weights_problem(legacy, wrong, ["pytorch_model.bin"]) is None
+    preflight(_cfg(f"trainer.output_dir={tmp_path / 'out'}", f"{KEY}={legacy}"))  # not judged: no error
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "pytorch_model.bin", "w") as z:
+        z.writestr("data.pkl", b"not a pickle")
+    assert header_shapes(str(tmp_path), ["pytorch_model.bin"]) == {}
+    assert config_weights_problem(str(tmp_path), wrong, ["pytorch_model.bin"]) is None
 
 
 def test_a_tokenizer_that_does_not_load_or_encode_is_one_line_naming_the_key_the_path_and_the_error(tiny, tmp_path):

@@ -1,16 +1,18 @@
 """A model folder's ``config.json`` judged by transformers itself, before any worker starts: the config loads (a
 ``model_type`` this transformers knows, values its config class accepts), the model builds from it on the meta
-device (no memory, no download; the auto class the workers use), and every parameter whose name the safetensors
-headers hold (after transformers' own renaming of checkpoint keys, with the base-model prefix added or stripped)
-has the shape the weights hold.
+device (no memory, no download; the auto class the workers use), and every parameter whose name the weights hold
+(after transformers' own renaming of checkpoint keys, with the base-model prefix added or stripped) has the shape the
+weights hold: shapes from the safetensors headers, or from a zip-format ``.bin`` loaded onto the meta device
+(:func:`trainer.weight_shapes.header_shapes`; single files or the shards of either format's index).
 
 A config that transformers refuses, or whose shapes disagree with the weights (``intermediate_size``,
 ``num_key_value_heads``, ``head_dim``, ...), used to end in a traceback from the driver or from every worker's
 ``from_pretrained``; :func:`transformers_config_problem` names it in one line. Not judged (never refused): parameters
-the headers do not hold (tied weights, other prefixes, fused experts), keys that transformers converts on load
-(their shapes change), quantized weights, remote code's model (``auto_map``), ``.bin`` weights (no header), and a
-model that cannot be built here for another reason than its config, and a ``config.json`` without ``model_type``
-(these are left to the workers).
+the weights do not hold (tied weights, other prefixes, fused experts), keys that transformers converts on load
+(their shapes change), quantized weights, remote code's model (``auto_map``), a ``.bin`` in the legacy (pickle, not
+zip) format or one that torch does not read (no shapes without reading the whole file), and a model that cannot be
+built here for another reason than its config, and a ``config.json`` without ``model_type`` (these are left to the
+workers).
 """
 from __future__ import annotations
 
@@ -147,7 +149,7 @@ def _likely_keys(name: str, want: tuple, have: list, ints: dict[str, int]) -> st
 
 def shape_mismatches(model, shapes: dict[str, list[int]]) -> list[tuple[str, tuple, list[int]]]:
     """``(parameter, shape in the model, shape in the weights)`` for every parameter of ``model`` (built on the
-    meta device) whose checkpoint key in ``shapes`` (tensor name -> shape, from the headers) transformers loads
+    meta device) whose checkpoint key in ``shapes`` (tensor name -> shape, from the weights) transformers loads
     into it without converting the tensor, where the two shapes differ."""
     params = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
     rename = _renamer(model, params)
@@ -163,9 +165,9 @@ def transformers_config_problem(folder: str, hf: dict, files: list[str], remote:
     """What transformers finds wrong with the ``config.json`` of the model folder ``folder`` (``hf``: that file as a
     dict; ``files``: the weights files the loader reads, ``trainer.model_folder_checks.loaded_weight_files``;
     ``remote``: ``trust_remote_code``): it does not load (:func:`load_config_problem`), the model does not build
-    from it (transformers' ValueError), or parameters built from it have other shapes than the safetensors weights
-    (the first three, each with the config keys that likely gave it). None when they agree or when this cannot
-    judge (see the module's docstring). Never raises."""
+    from it (transformers' ValueError), or parameters built from it have other shapes than the weights
+    (safetensors or zip-format ``.bin``; the first three, each with the config keys that likely gave it). None when
+    they agree or when this cannot judge (see the module's docstring). Never raises."""
     if not isinstance(hf.get("model_type"), str):
         return None  # transformers may still find the architecture by the folder's name: left to the loader
     hf_config, problem = load_config_problem(hf, folder, remote)

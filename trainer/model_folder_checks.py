@@ -5,9 +5,10 @@ file is checked against its own header, without loading a tensor), ``config.json
 rollout) and the tokenizer each role reads (its files are judged by :mod:`trainer.tokenizer_files`).
 
 Then transformers judges ``config.json`` itself (:mod:`trainer.meta_shapes`: it loads, the model builds on the meta
-device, its parameters have the weights' shapes). Nothing else here imports torch or transformers: a folder that lacks its weights, holds a file cut short by a failed
-download or copy, or has no tokenizer is one ``ConfigError`` line naming the key, the path and what is wrong,
-instead of a traceback in every worker after Ray has started.
+device, its parameters have the weights' shapes). Nothing else here imports transformers, and torch only to read a
+``.bin`` file's shapes (:mod:`trainer.weight_shapes`): a folder that lacks its weights, holds a file cut short by a
+failed download or copy, or has no tokenizer is one ``ConfigError`` line naming the key, the path and what is
+wrong, instead of a traceback in every worker after Ray has started.
 """
 from __future__ import annotations
 

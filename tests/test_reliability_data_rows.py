@@ -102,7 +102,7 @@ def test_skipped_rows_name_the_first_one_with_its_file_index_and_reason(tmp_path
     with caplog.at_level("WARNING", logger="trainer.dataset"):
         ds = PromptDataset([good, path], tok, max_prompt_length=16)
     assert ds.num_invalid == 2
-    assert "skipped 2 rows" in caplog.text and f"the first: row 1 of {path} (counted from 0): {why}" in caplog.text
+    assert "skipped 2 unusable rows" in caplog.text and f"the first: row 1 of {path} (counted from 0): {why}" in caplog.text
     only_bad = _jsonl(tmp_path / "bad.jsonl", [{**_row(), **bad}])
     msg = _error(only_bad, tok)
     assert msg.startswith("no usable rows") and f"the first of these: row 0 of {only_bad} (counted from 0): {why}" \

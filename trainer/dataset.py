@@ -191,9 +191,8 @@ class PromptDataset:
             logger.warning("filtered %d prompts longer than %d tokens from %s", self.num_filtered,
                            self.max_prompt_length, list(self.files))
         if self.num_invalid:
-            logger.warning("skipped %d rows without a prompt or ground truth (or with a chat message lacking its role "
-                           "or content, an unknown role, only empty messages, or a prompt, reward_model or extra_info "
-                           "of the wrong type) in %s; the first: %s",
+            logger.warning("skipped %d unusable rows (no prompt or ground truth, a chat message without a known role "
+                           "or any content, a field of the wrong type) in %s; the first: %s",
                            self.num_invalid, list(self.files), first_invalid)
         if not self.rows:
             raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "

@@ -29,6 +29,9 @@ BAD = [
     (f"{A}.ppo_epochs=-1", [f"{A}.ppo_epochs=-1", ">= 1"]),
     ("critic.ppo_epochs=0", ["critic.ppo_epochs=0", ">= 1"]),
     ("critic.cliprange_value=-1", ["critic.cliprange_value=-1", ">= 0"]),
+    # DeepSpeed clips only when > 0: a negative clip was accepted and silently trained without clipping
+    (f"{A}.grad_clip=-1", [f"{A}.grad_clip=-1", ">= 0", "0: no clipping"]),
+    ("critic.grad_clip=-0.5", ["critic.grad_clip=-0.5", ">= 0", "0: no clipping"]),
     (f"{A}.tau_pos=0", [f"{A}.tau_pos=0", "> 0"]),
     (f"{A}.tau_neg=-1", [f"{A}.tau_neg=-1", "> 0"]),
     (f"{A}.policy_loss.clip_cov_ratio=2", ["clip_cov_ratio=2", "<= 1"]),
@@ -72,7 +75,7 @@ def test_out_of_range_value_is_refused_before_start_up(override, needles):
                                       f"{A}.kl_loss_type=k3+", "algorithm.kl_penalty=low_var_kl", f"{R}.top_p=1.0",
                                       f"{R}.top_k=0", f"{R}.top_k=50", f"{A}.optim.betas=[0.9,0.95]",
                                       f"{A}.optim.weight_decay=0.1", f"{R}.val_kwargs.top_p=0.7",
-                                      "critic.cliprange_value=0", f"{A}.grad_clip=-1",
+                                      "critic.cliprange_value=0", f"{A}.grad_clip=0",
                                       f"{A}.optim.lr_scheduler_type=linear", f"{A}.ppo_max_token_len_per_gpu=0"])
 def test_values_in_range_pass(override):
     validate(_cfg(override, "algorithm=gae"))

@@ -12,7 +12,8 @@ from trainer.config.section import Section, bounded, built_by, finite
 from trainer.config_checks import ConfigError, as_int
 
 __all__ = ["OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "RefConfig", "CriticConfig",
-           "ULYSSES_SECTIONS", "ulysses_sizes", "check_ulysses_world", "check_ulysses_heads", "check_kl_type"]
+           "ULYSSES_SECTIONS", "ulysses_sizes", "check_ulysses_world", "check_ulysses_heads", "check_kl_type",
+           "check_grad_clip"]
 
 #: the sections with a ``ulysses_sequence_parallel_size``: the actor, its reference and the critic
 ULYSSES_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
@@ -58,6 +59,14 @@ def _token_budget(key: str, dynamic: bool, value) -> None:
 def _check_epochs(key: str, value: int) -> None:
     if value < 1:
         raise ConfigError(f"{key}.ppo_epochs={value}; expected an integer >= 1 (passes over each batch per step)")
+
+
+def check_grad_clip(key: str, value: float, given=None) -> float:
+    """``value`` of a role's gradient-norm clip when it is a finite number >= 0, else a ConfigError naming ``key``.
+    0 turns clipping off (DeepSpeed's ``gradient_clipping`` and Megatron's ``clip_grad`` clip only when > 0); a
+    negative value is refused rather than read as 0: torch's ``clip_grad_norm_`` (verl's FSDP path) would scale the
+    gradients by a negative factor with it."""
+    return bounded(key, value, given, ge=0, why="the largest gradient norm; 0: no clipping")
 
 
 def check_kl_type(key: str, value: str) -> None:
@@ -195,10 +204,10 @@ class ActorConfig(Section):
     optim: OptimConfig
 
     def check(self, key: str) -> None:
-        """grad_clip, entropy_coeff finite; kl_loss_coef >= 0; micro-batches of >= 1 row; a dual clip > 1; a known
-        loss_agg_mode."""
-        for name in ("grad_clip", "entropy_coeff"):
-            finite(f"{key}.{name}", getattr(self, name))
+        """grad_clip >= 0 (:func:`check_grad_clip`); entropy_coeff finite; kl_loss_coef >= 0; micro-batches of
+        >= 1 row; a dual clip > 1; a known loss_agg_mode."""
+        check_grad_clip(f"{key}.grad_clip", self.grad_clip, self.given("grad_clip"))
+        finite(f"{key}.entropy_coeff", self.entropy_coeff)
         bounded(f"{key}.kl_loss_coef", self.kl_loss_coef, self.given("kl_loss_coef"), ge=0,
                 why="the weight of the KL loss against the reference")
         if self.ppo_micro_batch_size_per_gpu <= 0:
@@ -252,9 +261,9 @@ class CriticConfig(Section):
     optim: OptimConfig
 
     def check(self, key: str) -> None:
-        """grad_clip finite; value forwards of >= 1 row; with use_dynamic_bsz token budgets >= 1; a known
-        loss_agg_mode."""
-        finite(f"{key}.grad_clip", self.grad_clip)
+        """grad_clip >= 0 (:func:`check_grad_clip`); value forwards of >= 1 row; with use_dynamic_bsz token
+        budgets >= 1; a known loss_agg_mode."""
+        check_grad_clip(f"{key}.grad_clip", self.grad_clip, self.given("grad_clip"))
         bounded(f"{key}.cliprange_value", self.cliprange_value, self.given("cliprange_value"), ge=0)
         _check_epochs(key, self.ppo_epochs)
         as_int(self.forward_micro_batch_size_per_gpu, f"{key}.forward_micro_batch_size_per_gpu", minimum=1)

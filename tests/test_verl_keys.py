@@ -396,6 +396,22 @@ def test_settings_that_another_choice_leaves_unused_warn():
     assert [w for w in report.warnings if ": ignored: " in w] == []  # each switched on: none is named
 
 
+def test_critic_checkpoint_retention_is_one_message_either_warned_or_refused():
+    """``trainer.max_critic_ckpt_to_keep=1`` without saves was warned as ignored AND refused as differing from
+    ``max_actor_ckpt_to_keep``: now the warning alone without saves, the error alone with them."""
+    from tests.verl_scripts import composed
+    from trainer.launch import validate
+
+    _, _, cfg, report = composed(["trainer.max_critic_ckpt_to_keep=1"])
+    assert [w for w in report.warnings if "max_critic_ckpt_to_keep" in w] == [
+        "trainer.max_critic_ckpt_to_keep=1: ignored: trainer.save_freq=-1 saves no checkpoints"]
+    validate(cfg)
+    _, _, cfg, report = composed(["trainer.max_critic_ckpt_to_keep=1", "trainer.save_freq=5"])
+    assert not [w for w in report.warnings if "max_critic_ckpt_to_keep" in w]
+    with pytest.raises(ConfigError, match="max_critic_ckpt_to_keep=1 differs from trainer.max_actor_ckpt_to_keep"):
+        validate(cfg)
+
+
 @pytest.mark.parametrize("unknown", [False, True])
 def test_a_mistyped_value_does_not_hide_the_other_errors(tmp_path, unknown):
     """``data.train_batch_size=abc`` stopped the checks of every other value (they were printed only after it was

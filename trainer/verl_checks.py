@@ -53,7 +53,11 @@ def _check_gen_batch_size(cfg: dict) -> None:
 def _check_validation_keys(cfg: dict) -> None:
     t = cfg["trainer"]
     actor_keep, critic_keep = t.get("max_actor_ckpt_to_keep"), t.get("max_critic_ckpt_to_keep")
-    if critic_keep is not None and critic_keep != actor_keep:
+    try:  # without saves (save_freq <= 0) both keys are unused: trainer.unused_settings warns, nothing to refuse
+        saves = int(t.get("save_freq") or 0) > 0
+    except (TypeError, ValueError):  # a mistyped save_freq is named by its own check
+        saves = True
+    if saves and critic_keep is not None and critic_keep != actor_keep:
         raise ConfigError(f"trainer.max_critic_ckpt_to_keep={critic_keep} differs from trainer.max_actor_ckpt_to_keep="
                           f"{actor_keep}: a checkpoint is one global_step_N folder for every role, kept or pruned "
                           "as a whole; set trainer.max_actor_ckpt_to_keep")

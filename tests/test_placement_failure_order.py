@@ -78,3 +78,24 @@ def test_the_grace_wait_ends_at_the_callers_deadline(monkeypatch):
     with pytest.raises(WorkerFailure, match=r"^actor rank 0 raised"):
         _group()._get(["r0", "r1"], "update_actor", [0, 1], timeout_s=2.0)
     assert len(waits) == 2 and 0 < waits[1] <= 2.0  # not PEER_DEATH_GRACE_S (10 s) past the deadline
+
+
+def test_a_run_failure_is_one_line_with_the_checkpoint_to_resume_from(tmp_path, monkeypatch, capsys):
+    """trainer/main.py's report of a dead worker: the first line of the error (Ray's report of the death follows it)
+    and the last checkpoint of the run's folder; a message that names its checkpoint already is kept as it is."""
+    import trainer.main as main
+    from trainer import interrupt
+    from trainer.placement import WorkerDied
+    from trainer.ppo_trainer import TrainingDiverged
+
+    step = tmp_path / "checkpoints" / "global_step_4"
+    step.mkdir(parents=True)
+    monkeypatch.setattr("trainer.checkpoint.base.find_latest_checkpoint", lambda root: str(step))
+    monkeypatch.setitem(interrupt._STATE, "checkpoint_root", str(tmp_path / "checkpoints"))
+    main.report_run_failure(WorkerDied("actor rank 1 died during update_actor: The actor died unexpectedly.\n"
+                                       "\tclass_name: ActorRolloutRefWorker\n\tpid: 123"))
+    diverged = "actor: 3 optimizer steps in a row were skipped; stopping at step 3. Last checkpoint: /x/global_step_2"
+    main.report_run_failure(TrainingDiverged(diverged))
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: actor rank 1 died during update_actor: The actor died unexpectedly; last checkpoint: {step}",
+        f"error: {diverged}"]

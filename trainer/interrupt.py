@@ -314,13 +314,18 @@ def exit_interrupted(signum: int, step: int | None) -> NoReturn:
     _STATE["signum"] = signum
     shutdown_ray()
     step = _STATE["step"] if step is None else step
-    last, checkpoint_root = "none", _STATE["checkpoint_root"]
+    print(f"interrupted at step {step or 0}; last checkpoint: {last_checkpoint()}", file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+
+
+def last_checkpoint() -> str:
+    """The latest complete checkpoint in the folder :func:`own_checkpoints` named, or ``"none"``."""
+    checkpoint_root = _STATE["checkpoint_root"]
     if checkpoint_root and os.path.isdir(checkpoint_root):  # no import of torch (checkpoint.base) otherwise
         from trainer.checkpoint.base import find_latest_checkpoint
 
-        last = find_latest_checkpoint(checkpoint_root) or "none"
-    print(f"interrupted at step {step or 0}; last checkpoint: {last}", file=sys.stderr, flush=True)
-    sys.exit(128 + signum)
+        return find_latest_checkpoint(checkpoint_root) or "none"
+    return "none"
 
 
 def _is_ray_process(cmdline: list[str]) -> bool:

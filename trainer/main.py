@@ -57,6 +57,8 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 
+# a worker process that died (trainer.max_restarts used up) and a diverged run: one line, not the driver's traceback
+RUN_FAILURES = ("WorkerDied", "TrainingDiverged")
 USER_ERRORS = ("ConfigError", "ConfigErrors", "DataError", "PlacementError", "FileNotFoundError", "ScorerError")
 
 
@@ -99,7 +101,23 @@ def main(cfg: DictConfig) -> None:
         if type(exc).__name__ in USER_ERRORS:  # a user error ends the run with one line naming the bad value
             report_user_error(all_errors(cfg, exc, prestart, logged))  # a config error: with every other one
             sys.exit(2)
+        if type(exc).__name__ in RUN_FAILURES:  # a worker process died, or training diverged: one line, exit 1
+            shutdown_ray()
+            report_run_failure(exc)
+            sys.exit(1)
         raise
+
+
+def report_run_failure(exc: BaseException) -> None:
+    """One ``error:`` line on stderr for a :data:`RUN_FAILURES` exception: its first line (a dead worker's carries
+    Ray's report of the death after it) and, unless it names one already, the last checkpoint the run can resume
+    from (``trainer.resume_mode=auto``)."""
+    from trainer.interrupt import last_checkpoint
+
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(" :.")
+    if "checkpoint:" not in line.lower():
+        line += f"; last checkpoint: {last_checkpoint()}"
+    print(f"error: {line}", file=sys.stderr, flush=True)
 
 
 def check_command_line(args: list[str]) -> list[str]:

@@ -325,7 +325,8 @@ def check_resume_checkpoint(cfg: dict, path: str) -> None:
 def _check_engine_settings(cfg: dict, path: str) -> None:
     """The actor's (and, when on, the critic's) DeepSpeed folder was saved with this run's ZeRO stage and LoRA
     setting (its client state: :func:`trainer.checkpoint.deepspeed_manager.read_client_state`); the worker's load
-    refuses either difference, so it is named here, before the workers start."""
+    refuses either difference, so it is named here, before the workers start. Then each role's optimizer and
+    precision (PRIME's PRM too): :func:`trainer.resume_engine.check_engine_layout`."""
     from trainer.checkpoint.deepspeed_manager import read_client_state
     from trainer.config.deepspeed import effective_zero_stage
 
@@ -351,6 +352,10 @@ def _check_engine_settings(cfg: dict, path: str) -> None:
             raise ConfigError(f"trainer.resume_mode: {path!r} ({role}) was saved {was} but {key}.lora_rank={rank}; "
                               f"resume with the checkpoint's {key}.lora_rank, or start a new run from its HF export "
                               "(tools/export_hf.py) as actor_rollout_ref.model.path")
+    from trainer.hooks.prime import prime_enabled
+    from trainer.resume_engine import check_engine_layout
+
+    check_engine_layout(cfg, path, [*roles, *(["reward"] if prime_enabled(cfg) else [])], _saved_config(path))
 
 
 def _check_checkpoint_files(cfg: dict, path: str) -> None:

@@ -169,7 +169,7 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         barrier()
         client_state = {CLIENT_STATE_KEY: {"global_step": step, "world_size": self.world_size,
                                            "zero_stage": int(self.engine.zero_optimization_stage()),
-                                           "lora": self.lora}}
+                                           "lora": self.lora, **optimizer_layout(self.engine)}}
         from trainer.workers.lora import frozen_weights_excluded
 
         with frozen_weights_excluded(self.engine.module) if self.lora else contextlib.nullcontext():
@@ -238,9 +238,32 @@ class DeepSpeedCheckpointManager(CheckpointManager):
         return read_client_state(path)
 
 
+def optimizer_layout(engine: Any) -> dict:
+    """What decides the layout of the optimizer state ``engine`` saves, for its client state: ``optimizer`` (the
+    class of the optimizer given to DeepSpeed: ``AdamW``, ``FusedAdam``, ``DeepSpeedCPUAdam``; its param groups are
+    saved with that class's keys) and ``precision`` (``bf16`` | ``fp16`` | ``fp32``: DeepSpeed names the ZeRO files
+    ``bf16_zero_pp_rank_*`` under bf16 and keeps fp16's loss scaler with the optimizer state)."""
+    opt = getattr(engine, "client_optimizer", None)
+    out = {"precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine_dtype(engine), "fp32")}
+    if isinstance(opt, torch.optim.Optimizer):
+        out["optimizer"] = type(opt).__name__
+    return out
+
+
 def read_client_state(path: str) -> dict:
     """The client state a role folder ``path`` was saved with (``global_step``, ``world_size``, ``zero_stage``,
-    ``lora``), read from its first model-states file (memory-mapped: no optimizer states, no weights copied).
+    ``lora``, and since they are recorded ``optimizer`` and ``precision``: :func:`optimizer_layout`), read from its
+    first model-states file (memory-mapped: no optimizer states, no weights copied).
+
+    Raises:
+        FileNotFoundError: no ``latest`` tag file, or no ``*model_states.pt`` in the folder it names.
+    """
+    return dict(read_model_states(path)[1].get(CLIENT_STATE_KEY, {}))
+
+
+def read_model_states(path: str) -> tuple[str, dict]:
+    """The tag folder that the ``latest`` file of the role folder ``path`` names and its first model-states file's
+    contents (memory-mapped), which hold the client state and DeepSpeed's ``ds_config``.
 
     Raises:
         FileNotFoundError: no ``latest`` tag file, or no ``*model_states.pt`` in the folder it names.
@@ -254,5 +277,4 @@ def read_client_state(path: str) -> dict:
     names = sorted(n for n in os.listdir(folder) if n.endswith("model_states.pt")) if os.path.isdir(folder) else []
     if not names:
         raise FileNotFoundError(f"no *model_states.pt in {folder!r}")
-    sd = load_deepspeed_file(os.path.join(folder, names[0]), mmap=True)
-    return dict(sd.get(CLIENT_STATE_KEY, {}))
+    return folder, load_deepspeed_file(os.path.join(folder, names[0]), mmap=True)

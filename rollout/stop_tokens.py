@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["resolve_stop_token_ids", "chat_end_of_turn_id", "as_id_list"]
+__all__ = ["resolve_stop_token_ids", "chat_end_of_turn_id", "as_id_list", "model_vocab_size"]
 
 _MARK = "\u2063dsrl-end-of-turn-probe\u2063"
 
@@ -83,6 +83,16 @@ def _generation_config_eos(model_path: str | None) -> list[int]:
         return []
 
 
+def model_vocab_size(hf_config) -> int | None:
+    """The model's ``vocab_size`` (its embedding rows; a vision-language model's ``text_config``), or None when
+    ``hf_config`` is None or names none."""
+    for cfg in (hf_config, getattr(hf_config, "text_config", None)):
+        size = getattr(cfg, "vocab_size", None) if cfg is not None else None
+        if isinstance(size, int) and size > 0:
+            return size
+    return None
+
+
 def resolve_stop_token_ids(tokenizer, hf_config=None, model_path: str | None = None,
                            extra: Sequence[int] | None = None) -> list[int]:
     """Every token id that ends a response, in a fixed order (first: the tokenizer's EOS).
@@ -103,7 +113,8 @@ def resolve_stop_token_ids(tokenizer, hf_config=None, model_path: str | None = N
 
     Raises:
         ValueError: no source gives any id, an ``extra`` entry is not a non-negative integer, or an id is
-            outside the tokenizer's vocabulary.
+            outside the vocabulary (the model's ``vocab_size`` when ``hf_config`` gives it, else the tokenizer's
+            size).
     """
     ids = as_id_list(getattr(tokenizer, "eos_token_id", None))
     ids += as_id_list(getattr(hf_config, "eos_token_id", None)) if hf_config is not None else []
@@ -115,9 +126,9 @@ def resolve_stop_token_ids(tokenizer, hf_config=None, model_path: str | None = N
     if not ids:
         raise ValueError("no stop token: the tokenizer has no eos_token_id, the model config none, and "
                          "actor_rollout_ref.rollout.stop_token_ids is empty; set one of them")
-    vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-    if hf_config is not None and getattr(hf_config, "vocab_size", None):
-        vocab = max(vocab or 0, int(hf_config.vocab_size))
+    # the model's embedding rows bound the ids it can generate: a token the tokenizer added past them (len(tokenizer)
+    # > vocab_size) is never produced; the tokenizer's size only when the model's is not known
+    vocab = model_vocab_size(hf_config) or (len(tokenizer) if hasattr(tokenizer, "__len__") else None)
     bad = [i for i in ids if vocab is not None and i >= vocab]
     if bad:
         raise ValueError(f"stop token ids {bad} are outside the vocabulary (size {vocab}); check "

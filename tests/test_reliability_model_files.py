@@ -381,6 +381,35 @@ def test_a_tokenizer_without_eos_names_the_key_the_folder_and_its_tokenizer_conf
                                f"tokenizer_config.json){fix}"), str(info.value)
 
 
+def test_a_tokenizer_eos_outside_the_models_vocabulary_is_one_line(tiny, tmp_path):
+    """``"eos_token": "<|eot|>"`` in ``tokenizer_config.json`` makes the tokenizer add that token past the model's
+    ``vocab_size``: it was accepted (the vocabulary check took the larger of the tokenizer's and the model's size)
+    and the run stopped at an id the model can never generate. Now one line naming the key, the token and the
+    sizes; the stop-token check itself now bounds every stop id by the model's ``vocab_size``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from rollout.stop_tokens import resolve_stop_token_ids
+    from trainer.config_preflight import check_model_context
+
+    m = _copy(tiny, tmp_path)
+    config_file = os.path.join(m, "tokenizer_config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    with open(config_file, "w") as f:
+        json.dump({**config, "eos_token": "<|eot|>"}, f)
+    tok, hf = AutoTokenizer.from_pretrained(m), AutoConfig.from_pretrained(m)
+    vocab = hf.vocab_size
+    assert tok.eos_token_id == vocab and len(tok) == vocab + 1  # the added token, one past the embedding
+    cfg = _cfg(f"trainer.output_dir={tmp_path / 'out'}", f"{KEY}={m}")
+    with pytest.raises(ConfigError) as info:
+        check_model_context(cfg, hf, tok)
+    assert str(info.value) == (f"{KEY}={m!r}: the tokenizer's eos_token '<|eot|>' has id {vocab}, outside the "
+                               f"model's vocabulary (vocab_size {vocab}): the model can never generate it; set "
+                               f'"eos_token" in {config_file} to a token of the model\'s vocabulary'), str(info.value)
+    with pytest.raises(ValueError, match=rf"stop token ids \[{vocab}\] are outside the vocabulary \(size {vocab}\)"):
+        resolve_stop_token_ids(tok, hf)
+
+
 def _header_only(folder, shapes, name="model.safetensors"):
     """A safetensors file of ``folder`` that holds only the header of tensors ``shapes`` (name -> shape): enough for
     the shape checks, which read nothing else."""

@@ -15,7 +15,7 @@ from trainer.megatron_checks import check_megatron_model
 from trainer.model_folder_checks import check_model_folders, read_model_config
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
                                    resume_schedule_warnings, resume_seed_warnings)
-from trainer.tokenizer_files import no_eos_problem
+from trainer.tokenizer_files import eos_outside_vocab_problem, no_eos_problem
 
 logger = logging.getLogger(__name__)
 
@@ -239,12 +239,17 @@ def _check_context(cfg: dict, ctx) -> None:
 
 
 def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
-    """Prompt+response must fit the model's context; the tokenizer needs an EOS token; the stop token ids
-    (``rollout.stop_token_ids`` and the model's own, :func:`rollout.stop_tokens.resolve_stop_token_ids`) are valid."""
+    """Prompt+response must fit the model's context; the tokenizer needs an EOS token inside the model's vocabulary
+    (``vocab_size``); the stop token ids (``rollout.stop_token_ids`` and the model's own,
+    :func:`rollout.stop_tokens.resolve_stop_token_ids`) are valid."""
     _check_context(cfg, getattr(hf_config, "max_position_embeddings", None))
     if tokenizer.eos_token_id is None:
         raise ConfigError(no_eos_problem(cfg))
-    from rollout.stop_tokens import resolve_stop_token_ids
+    from rollout.stop_tokens import model_vocab_size, resolve_stop_token_ids
+
+    vocab = model_vocab_size(hf_config)
+    if vocab is not None and tokenizer.eos_token_id >= vocab:  # a token added to the tokenizer past the embedding
+        raise ConfigError(eos_outside_vocab_problem(cfg, tokenizer, vocab))
 
     try:  # the set every engine stops at (the workers resolve it the same way)
         stops = resolve_stop_token_ids(tokenizer, hf_config, cfg["actor_rollout_ref"]["model"]["path"],

@@ -15,8 +15,8 @@ import os
 
 from trainer.file_problems import AGAIN, broken_link, json_problem
 
-__all__ = ["tokenizer_problem", "chat_template_problem", "no_eos_problem", "load_problem", "probe_text",
-           "prompts_are_chat"]
+__all__ = ["tokenizer_problem", "chat_template_problem", "no_eos_problem", "eos_outside_vocab_problem", "load_problem",
+           "probe_text", "prompts_are_chat"]
 
 #: a tokenizer's own files: tokenizer.json, a SentencePiece model (tokenizer.model, spiece.model, ...), a vocabulary
 #: (vocab.json + merges.txt, vocab.txt) or a tiktoken file
@@ -82,13 +82,29 @@ def chat_template_problem(folder: str) -> str | None:
             "or chat_template.json)")
 
 
+def _tokenizer_source(cfg: dict) -> tuple[str, str]:
+    """``(key, folder)`` the actor's tokenizer is read from: ``actor_rollout_ref.model.tokenizer_path``, else
+    ``.path``."""
+    model = cfg["actor_rollout_ref"]["model"]
+    return (("actor_rollout_ref.model.tokenizer_path", model["tokenizer_path"]) if model.get("tokenizer_path")
+            else (ACTOR_KEY, model["path"]))
+
+
+def eos_outside_vocab_problem(cfg: dict, tokenizer, vocab_size: int) -> str:
+    """The error line for an actor tokenizer whose EOS id is past the model's vocabulary (``vocab_size``
+    embedding rows): a token the tokenizer added (e.g. an ``eos_token`` of ``tokenizer_config.json`` that its
+    vocabulary lacks) that the model can never generate, so no response would end at it."""
+    key, path = _tokenizer_source(cfg)
+    return (f"{key}={path!r}: the tokenizer's eos_token {tokenizer.eos_token!r} has id {tokenizer.eos_token_id}, "
+            f"outside the model's vocabulary (vocab_size {vocab_size}): the model can never generate it; set "
+            f"\"eos_token\" in {os.path.join(str(path), 'tokenizer_config.json')} to a token of the model's vocabulary")
+
+
 def no_eos_problem(cfg: dict) -> str:
     """The error line for an actor tokenizer that was loaded without an EOS token: the key and folder it was read
     from (``actor_rollout_ref.model.tokenizer_path``, else ``.path``), what its ``tokenizer_config.json`` says and
     what to set there."""
-    model = cfg["actor_rollout_ref"]["model"]
-    key, path = (("actor_rollout_ref.model.tokenizer_path", model["tokenizer_path"]) if model.get("tokenizer_path")
-                 else (ACTOR_KEY, model["path"]))
+    key, path = _tokenizer_source(cfg)
     file = os.path.join(str(path), "tokenizer_config.json")
     config = None
     try:

@@ -49,14 +49,15 @@ def validate(cfg: dict) -> None:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
     """
     from trainer.config.workers import check_sections
+    from trainer.ds_config_checks import check_ds_config_entries
     from trainer.multi_turn import check_multi_turn
     from trainer.rollout_placement import check_rollout_placement
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
                      _check_discounts, _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
-                     _check_overlong, _check_strategy, _check_kernels, check_verl_semantics, check_multi_turn,
-                     check_rollout_placement))
+                     _check_overlong, _check_strategy, _check_kernels, check_ds_config_entries, check_verl_semantics,
+                     check_multi_turn, check_rollout_placement))
 
 
 def _world(cfg: dict) -> int:

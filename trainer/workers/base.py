@@ -264,8 +264,10 @@ class DistributedWorker:
         }
         if train:
             cfg["gradient_clipping"] = float(grad_clip)
-        if ds.ds_config:
+        if ds.ds_config:  # its entries that first-class keys own equal them (trainer.ds_config_checks)
             cfg = _deep_merge(cfg, ds.ds_config)
+            if not train:  # a frozen model keeps its own stage (0 below ZeRO-3)
+                cfg["zero_optimization"]["stage"] = stage
         return cfg
 
     def param_dtype(self) -> torch.dtype:

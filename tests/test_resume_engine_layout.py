@@ -60,20 +60,22 @@ def test_another_optimizer_or_precision_than_the_recorded_one_is_refused(tmp_pat
 @pytest.mark.parametrize("client,cfg", [
     (NEW, _cfg()),
     (NEW, _cfg(bf16=False)),
+    ({"optimizer": "FusedAdam", "precision": "fp32"}, _cfg()),  # torch's AdamW reads DeepSpeed's Adam state
     ({"optimizer": "FusedAdam", "precision": "bf16"}, _cfg("deepspeed_adamw", bf16=True, offload=True)),
     ({"optimizer": "DeepSpeedCPUAdam", "precision": "bf16"},
      _cfg("deepspeed_adamw", ds_config={"bf16": {"enabled": True}})),
 ])
 def test_the_same_optimizer_and_precision_resume(tmp_path, client, cfg):
-    """Optimizer offload on or off with deepspeed_adamw (FusedAdam / DeepSpeedCPUAdam) loads the same state."""
+    """Optimizer offload on or off with deepspeed_adamw (FusedAdam / DeepSpeedCPUAdam) loads the same state, and
+    torch_adamw loads DeepSpeed's Adam state (found by trying it: the resume trains on)."""
     _check_engine_settings(cfg, _role(str(tmp_path), client=client))
 
 
 def test_the_critic_and_prime_reward_folders_are_judged_too(tmp_path):
-    step = _role(str(tmp_path), client=NEW)
-    _role(step, "critic", client={"optimizer": "FusedAdam", "precision": "fp32"})
-    with pytest.raises(ConfigError, match=r"\(critic\) was saved with deepspeed.optimizer=deepspeed_adamw"):
-        _check_engine_settings(_cfg(critic=True), step)
+    step = _role(str(tmp_path), client={"optimizer": "FusedAdam", "precision": "fp32"})
+    _role(step, "critic", client=NEW)
+    with pytest.raises(ConfigError, match=r"\(critic\) was saved with deepspeed.optimizer=torch_adamw"):
+        _check_engine_settings(_cfg("deepspeed_adamw", critic=True), step)
     _role(step, "reward", client={"optimizer": "AdamW", "precision": "bf16"})
     with pytest.raises(ConfigError, match=r"\(reward\) was saved with bf16 precision"):
         _check_engine_settings(_cfg(prime=True), step)

@@ -5,8 +5,9 @@ so a resume with the other one died at its first step with ``KeyError: 'bias_cor
 (``deepspeed.bf16``, ``deepspeed.ds_config.fp16``: DeepSpeed names the ZeRO files of a bf16 run
 ``bf16_zero_pp_rank_*``, and an fp16 run keeps its loss scaler with the optimizer state; an fp32 checkpoint resumed
 with bf16 died in the workers with ``FileNotFoundError``). :func:`check_engine_layout` refuses a change of either
-before any worker starts. Settings that load the same state stay allowed: ``deepspeed.offload_optimizer`` with
-``deepspeed_adamw`` (``FusedAdam`` and ``DeepSpeedCPUAdam`` save the same param groups and state).
+before any worker starts. Changes that load the same state stay allowed: ``deepspeed.offload_optimizer`` with
+``deepspeed_adamw`` (``FusedAdam`` and ``DeepSpeedCPUAdam`` save the same param groups and state), and
+``torch_adamw`` on a ``deepspeed_adamw`` checkpoint (torch's AdamW reads DeepSpeed's Adam groups and state).
 
 What a role folder was saved with is read from its client state (``optimizer``, ``precision``:
 :func:`trainer.checkpoint.deepspeed_manager.optimizer_layout`); for a checkpoint saved before they were recorded, the
@@ -83,6 +84,11 @@ def saved_layout(role_dir: str, saved_cfg: dict | None = None) -> dict:
 
 
 def _differs(key: str, saved: str, now: str) -> bool:
+    """Whether ``now`` cannot resume a state saved with ``saved``. DeepSpeed's Adam (either class) loads into torch's
+    AdamW: its groups gain AdamW's defaults (decoupled weight decay), the moments and step count are kept; the
+    other way round the groups lack the ``bias_correction`` key that DeepSpeed's Adam reads."""
+    if key == "optimizer":
+        return saved == "torch_adamw" and now != saved
     if saved == "fp16 or fp32":
         return now == "bf16"
     return saved != now
@@ -91,7 +97,8 @@ def _differs(key: str, saved: str, now: str) -> bool:
 def _message(path: str, role: str, key: str, saved: str, now: str) -> str:
     if key == "optimizer":
         was, has, use = (f"deepspeed.optimizer={v}" for v in (saved, now, saved))
-        why = f"its optimizer state (param groups, moments) is {saved}'s and does not load into {now}"
+        why = ("torch's AdamW saved its param groups without the bias_correction key that DeepSpeed's Adam reads, so "
+               "the first step would fail")
     else:
         was, has = (f"{v} precision" + (f" ({_PRECISION_KEYS[v]})" if v in _PRECISION_KEYS else "")
                     for v in (saved, now))

@@ -33,6 +33,7 @@ from trainer.roles import Roles, actor_role, rollout_role
 from trainer.seqlen_balancing import balance_batch
 from trainer.validation import sampled, validate_and_log
 from trainer.workers.profiling import profile_meta
+from trainer.workers.step_guard import TrainingDiverged  # noqa: F401 (raised here; imported from here too)
 
 logger = logging.getLogger(__name__)
 
@@ -395,6 +396,3 @@ class RayPPOTrainer:
     def _on_sigterm(self, signum, frame) -> None:
         loop_sigterm(self, signum)  # the step finishes; a second SIGTERM stops at once (trainer/interrupt.py)
 
-
-class TrainingDiverged(RuntimeError):
-    """Too many optimizer steps in a row were skipped because of a non-finite loss or gradient."""

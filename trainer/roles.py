@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trainer.checkpoint.finite import one_line_errors
 from trainer.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,14 @@ class GroupClient:
         self.wg.run_all("save_checkpoint", role_dir)
 
     def load_checkpoint(self, role_dir: str) -> None:
-        self.wg.run_all("load_checkpoint", role_dir)
+        """Every rank loads ``role_dir``; a damaged one (non-finite state) is a one-line ConfigError."""
+        with one_line_errors():
+            self.wg.run_all("load_checkpoint", role_dir)
+
+    def check_finite_state(self, step_dir: str) -> None:
+        """Before saving ``step_dir``: a state that is not finite on any rank is a one-line TrainingDiverged."""
+        with one_line_errors():
+            self.wg.run_all("check_finite_state", step_dir)
 
     def shutdown(self) -> None:
         self.wg.shutdown()
@@ -305,10 +313,13 @@ class Roles:
         return {r.name: self.groups[r.name].init_model() for r in self.specs}
 
     def save(self, step_dir: str) -> None:
-        """Every role with a checkpoint folder saves into ``step_dir/<ckpt_dir>``."""
-        for r in self.specs:
-            if r.ckpt_dir is not None:
-                self.groups[r.name].save_checkpoint(os.path.join(step_dir, r.ckpt_dir))
+        """Every role with a checkpoint folder saves into ``step_dir/<ckpt_dir>``, once every role's state is seen
+        finite on every rank (:mod:`trainer.checkpoint.finite`: else nothing of the step is written)."""
+        saving = [r for r in self.specs if r.ckpt_dir is not None]
+        for r in saving:
+            self.groups[r.name].check_finite_state(step_dir)
+        for r in saving:
+            self.groups[r.name].save_checkpoint(os.path.join(step_dir, r.ckpt_dir))
 
     def load(self, step_dir: str) -> None:
         """Every role with a checkpoint folder loads from ``step_dir/<ckpt_dir>``.

@@ -217,7 +217,20 @@ class DistributedWorker:
         self.ckpt.save(role_dir)
 
     def load_checkpoint(self, role_dir: str) -> None:
+        """Load ``role_dir``; a loaded state that is not finite on any rank raises
+        :class:`trainer.checkpoint.finite.DamagedCheckpoint` on every rank."""
+        from trainer.checkpoint.finite import check_loaded_state
+
         self.ckpt.load(role_dir)
+        check_loaded_state(self._trained.engine, self.role, role_dir)
+
+    def check_finite_state(self, step_dir: str) -> None:
+        """Before ``step_dir`` is saved: :class:`trainer.checkpoint.finite.NonFiniteWeights` on every rank when the
+        trained role's state is not finite on any rank (a worker that trains nothing has nothing to check)."""
+        from trainer.checkpoint.finite import check_state_before_save
+
+        if getattr(self, "_trained", None) is not None:
+            check_state_before_save(self._trained.engine, self.role, step_dir)
 
     def export_hf(self, out_dir: str) -> None:
         """The trained role as a Hugging Face folder (ZeRO-3 parameters gathered; all ranks must call it)."""

@@ -174,6 +174,11 @@ class RolloutWorker(DistributedWorker):
             self.versions.save(role_dir)
 
     @ray.method(concurrency_group="weights")
+    def check_finite_state(self, step_dir: str) -> None:
+        """Nothing to check before a save (the weights versions held are the actor's, checked there); beside a
+        generation in progress, like the other checkpoint calls."""
+
+    @ray.method(concurrency_group="weights")
     def load_checkpoint(self, role_dir: str) -> None:
         self.versions.load(role_dir)
         self.loaded_version = None

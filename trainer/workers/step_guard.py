@@ -37,6 +37,11 @@ from trainer.workers.batching import global_count
 _NORM_CHECK_OFF = (("zero_optimization", "compute_grad_norm", False), ("bf16", "check_grad_overflow", False))
 
 
+class TrainingDiverged(RuntimeError):
+    """Too many optimizer steps in a row were skipped because of a non-finite loss or gradient, or a role's state
+    is not finite when a checkpoint is due (:mod:`trainer.checkpoint.finite`); one line naming the role."""
+
+
 @dataclass
 class StepOutcome:
     """What :func:`optimizer_step` did.

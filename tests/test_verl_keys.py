@@ -412,6 +412,101 @@ def test_critic_checkpoint_retention_is_one_message_either_warned_or_refused():
         validate(cfg)
 
 
+_A, _RC = "actor_rollout_ref.actor", "algorithm.rollout_correction"
+#: (the keys set, the choice that leaves them unused, the one that reads them, the keys named): each used to be
+#: accepted without a word while the run never read it
+FAMILIES = [
+    (["algorithm.norm_adv_by_std_in_grpo=false"], ["algorithm=rloo"], ["algorithm=grpo"],
+     ["algorithm.norm_adv_by_std_in_grpo=false"]),
+    (["algorithm.norm_adv_by_std_in_grpo=false"], ["algorithm=reinforce_plus_plus"], ["algorithm.adv_estimator=gdpo"],
+     ["algorithm.norm_adv_by_std_in_grpo=false"]),
+    ([f"{_A}.clip_ratio_c=10"], [f"{_A}.policy_loss.loss_mode=gspo"], [f"{_A}.policy_loss.loss_mode=dppo_tv"],
+     [f"{_A}.clip_ratio_c=10"]),
+    ([f"{_A}.tau_pos=2", f"{_A}.policy_loss.clip_cov_ratio=0.001", f"{_A}.policy_loss.ppo_kl_coef=0.5"],
+     [f"{_A}.policy_loss.loss_mode=gpg"], [],
+     [f"{_A}.tau_pos=2", f"{_A}.policy_loss.clip_cov_ratio=0.001", f"{_A}.policy_loss.ppo_kl_coef=0.5"]),
+    ([f"{_A}.clip_ratio=0.3"], [f"{_A}.policy_loss.loss_mode=sapo"], [f"{_A}.policy_loss.loss_mode=cispo"],
+     [f"{_A}.clip_ratio=0.3"]),  # clip_ratio_low/high follow it: not named
+    (["trainer.log_val_generations=3", "actor_rollout_ref.rollout.val_kwargs.n=4", "data.val_max_rows=5",
+      "trainer.val_also_greedy=true"], [], ["trainer.test_freq=5"],
+     ["trainer.log_val_generations=3", "trainer.val_also_greedy=true", "actor_rollout_ref.rollout.val_kwargs.n=4",
+      "data.val_max_rows=5"]),
+    (["trainer.test_freq=5"], ["data.train_files=/d/train.parquet"], [], ["trainer.test_freq=5"]),
+    ([f"{_RC}.rollout_is_threshold=5.0", f"{_RC}.rollout_is_batch_normalize=true"], [], [f"{_RC}.rollout_is=token"],
+     [f"{_RC}.rollout_is_threshold=5.0", f"{_RC}.rollout_is_batch_normalize=true"]),
+    (["actor_rollout_ref.model.lora_alpha=32", "actor_rollout_ref.model.target_modules=[q_proj]"], [],
+     ["actor_rollout_ref.model.lora_rank=8"],
+     ["actor_rollout_ref.model.lora_alpha=32", "actor_rollout_ref.model.target_modules=['q_proj']"]),
+    (["actor_rollout_ref.rollout.n_gpus=2", "trainer.async.trace_file=/tmp/x.json"], [],
+     ["trainer.rollout_placement=separate"], ["actor_rollout_ref.rollout.n_gpus=2", "trainer.async.trace_file=/tmp/x.json"]),
+    ([f"{_A}.megatron.tensor_model_parallel_size=2", f"{_A}.megatron.ckpt_format=torch"], [],
+     ["trainer.strategy=megatron"], [f"{_A}.megatron.tensor_model_parallel_size=2", f"{_A}.megatron.ckpt_format=torch"]),
+]
+
+
+@pytest.mark.parametrize("keys,unused,reads,named", FAMILIES, ids=[f[0][0].split("=")[0] + "|" + ",".join(f[1])
+                                                                   for f in FAMILIES])
+def test_a_family_of_settings_that_the_run_never_reads_warns(keys, unused, reads, named):
+    """One warning line per family naming the keys set away from their defaults; none with the choice that reads
+    them (trainer/unused_settings.py SWITCHED_OFF, trainer/unused_conditions.py)."""
+    from tests.verl_scripts import composed
+
+    def ignored(overrides):
+        _, _, _, report = composed(overrides)
+        return [k for w in report.warnings if ": ignored: " in w for k in w.split(": ignored: ")[0].split(", ")
+                if k.split("=")[0] in {n.split("=")[0] for n in named}]
+
+    assert sorted(ignored(keys + unused)) == sorted(named)
+    if reads:
+        assert ignored(keys + reads) == []
+
+
+def test_shipped_group_options_and_interpolated_defaults_are_not_named():
+    """algorithm=dr_grpo ships norm_adv_by_std_in_grpo=false for an estimator that does not read it; the async
+    trace file's default interpolates the output folder inside a string: neither is a setting of the user's."""
+    from tests.verl_scripts import composed
+
+    for overrides in (["algorithm=dr_grpo"], ["trainer.output_dir=/tmp/elsewhere"], ["data=gsm8k"], []):
+        _, _, _, report = composed(overrides)
+        assert [w for w in report.warnings if ": ignored: " in w] == [], (overrides, report.warnings)
+
+
+class _Reads(dict):
+    """A config mapping that records the keys read through ``get`` (nested sections too)."""
+
+    def __init__(self, data, seen, prefix=""):
+        super().__init__({k: _Reads(v, seen, f"{prefix}{k}.") if isinstance(v, dict) else v for k, v in data.items()})
+        self.seen, self.prefix = seen, prefix
+
+    def get(self, key, default=None):
+        self.seen.add(self.prefix + key)
+        return super().get(key, default)
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov", "sapo",
+                                  "dppo_tv", "dppo_kl"])
+def test_loss_mode_readers_name_exactly_the_keys_each_builtin_loss_reads(mode):
+    """Every built-in policy loss run once with a recording config: the keys it reads are exactly those whose
+    LOSS_MODE_READERS entry lists it."""
+    import torch
+
+    from trainer import core_algos
+    from trainer.unused_conditions import BUILTIN_LOSS_MODES, LOSS_MODE_READERS
+
+    assert set(BUILTIN_LOSS_MODES) <= set(core_algos.POLICY_LOSS_REGISTRY)
+    own = {k.split("actor_rollout_ref.actor.")[1] for keys in LOSS_MODE_READERS for k in keys}
+    seen: set = set()
+    cfg = _Reads({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
+                  "tau_pos": 1.0, "tau_neg": 1.05, "policy_loss": {"clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0,
+                  "clip_cov_ub": 5.0, "kl_cov_ratio": 2e-4, "ppo_kl_coef": 0.1}}, seen)
+    torch.manual_seed(0)
+    old, new, adv = torch.randn(2, 4), torch.randn(2, 4), torch.randn(2, 4)
+    core_algos.get_policy_loss_fn(mode)(old, new, adv, torch.ones(2, 4), "token-mean", config=cfg)
+    expected = {k.split("actor_rollout_ref.actor.")[1] for keys, readers in LOSS_MODE_READERS.items()
+                if mode in readers for k in keys}
+    assert seen & own == expected, (mode, sorted(seen & own))
+
+
 @pytest.mark.parametrize("unknown", [False, True])
 def test_a_mistyped_value_does_not_hide_the_other_errors(tmp_path, unknown):
     """``data.train_batch_size=abc`` stopped the checks of every other value (they were printed only after it was

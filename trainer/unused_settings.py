@@ -9,10 +9,11 @@ import os
 import re
 from functools import lru_cache
 
+from trainer import unused_conditions as c
 from trainer.verl_compat import R, _fmt, _get, leaves, same_value
 
-__all__ = ["ENGINE_KEYS", "GAMMA_READERS", "LAM_READERS", "SWITCHED_OFF", "ZERO_WEIGHTED", "switched_off_warnings",
-           "unused_setting_warnings", "zero_weight_warnings"]
+__all__ = ["ENGINE_KEYS", "GAMMA_READERS", "LAM_READERS", "SELECTED_BY", "SWITCHED_OFF", "ZERO_WEIGHTED",
+           "switched_off_warnings", "unused_setting_warnings", "zero_weight_warnings"]
 
 ROOT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ppo_trainer.yaml")
 KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
@@ -77,13 +78,13 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
 
 
 @lru_cache(maxsize=1)
-def _shipped_values() -> dict[str, list]:
-    """``{dotted key: [every value configs/ gives it]}``: the root config and every option of every group (a
-    group file's keys placed at its package: ``# @package`` or the group's name), interpolations kept."""
+def _shipped_files() -> tuple[dict, ...]:
+    """``{dotted key: value}`` of each file of configs/: the root config and every option of every group (a group
+    file's keys placed at its package: ``# @package`` or the group's name), interpolations kept."""
     from omegaconf import OmegaConf
 
     root = os.path.dirname(ROOT_CONFIG)
-    out: dict[str, list] = {}
+    out = []
     files = [(ROOT_CONFIG, "")] + [(os.path.join(root, g, f), g) for g in sorted(os.listdir(root))
                                    if os.path.isdir(os.path.join(root, g))
                                    for f in sorted(os.listdir(os.path.join(root, g))) if f.endswith(".yaml")]
@@ -93,19 +94,54 @@ def _shipped_values() -> dict[str, list]:
         package = head.group(1) if head else group
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         node.pop("defaults", None)
-        for key, value in leaves(node, "" if package == "_global_" else package):
+        out.append(dict(leaves(node, "" if package == "_global_" else package)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def _shipped_values() -> dict[str, list]:
+    """``{dotted key: [every value configs/ gives it]}`` (:func:`_shipped_files` joined)."""
+    out: dict[str, list] = {}
+    for values in _shipped_files():
+        for key, value in values.items():
             out.setdefault(key, []).append(value)
     return out
 
 
+#: keys whose shipped value depends on the group option (algorithm/dr_grpo.yaml ships norm_adv_by_std_in_grpo=false,
+#: every other option true): only the files that give the selector key the run's value count as their defaults
+SELECTED_BY = {"algorithm.norm_adv_by_std_in_grpo": "algorithm.adv_estimator"}
+
+
+def _defaults_of(run: dict, key: str) -> list:
+    """The values configs/ ships for ``key`` (of the files that agree with the run on ``SELECTED_BY[key]``)."""
+    selector = SELECTED_BY.get(key)
+    if selector is None:
+        return _shipped_values().get(key, [])
+    now = _get(run, selector, _MISSING)
+    return [f[key] for f in _shipped_files() if key in f and same_value(f.get(selector, _MISSING), now)]
+
+
 def _resolve(plain_cfg: dict, key: str, default):
     """``default`` of the leaf ``key``; an interpolation of one key (``${a.b}``, or ``${.b}`` beside the leaf)
-    is read from ``plain_cfg`` (the run's values); anything else is returned as it is."""
+    is read from ``plain_cfg`` (the run's values), also inside a string (``${trainer.output_dir}/x.json``);
+    anything else is returned as it is."""
     m = _INTERP.match(default) if isinstance(default, str) else None
     if m is None:
-        return default
+        return _resolve_inside(plain_cfg, key, default) if isinstance(default, str) and "${" in default else default
     ref = m.group(1)
     return _get(plain_cfg, f"{key.rpartition('.')[0]}{ref}" if ref.startswith(".") else ref, _MISSING)
+
+
+def _resolve_inside(plain_cfg: dict, key: str, text: str):
+    """``text`` with each ``${ref}`` in it replaced by the run's value (:data:`_MISSING` when one is not there)."""
+    parts = []
+    for piece in re.split(r"(\$\{\.?[\w.]+\})", text):
+        value = _resolve(plain_cfg, key, piece) if _INTERP.match(piece) else piece
+        if value is _MISSING:
+            return _MISSING
+        parts.append(str(value))
+    return "".join(parts)
 
 
 def _set_keys(run: dict, keys: tuple[str, ...]) -> list[str]:
@@ -119,7 +155,7 @@ def _set_keys(run: dict, keys: tuple[str, ...]) -> list[str]:
         for key, now in found:
             if now is _MISSING or key not in shipped:
                 continue
-            defaults = [d for d in (_resolve(run, key, v) for v in shipped[key]) if d is not _MISSING]
+            defaults = [d for d in (_resolve(run, key, v) for v in _defaults_of(run, key)) if d is not _MISSING]
             if defaults and all(not same_value(now, d) for d in defaults):
                 out.append(f"{key}={_fmt(now)}")
     return out
@@ -143,10 +179,25 @@ def _dynamic_bsz(run: dict) -> bool:
     return any(v is True for k, v in leaves(run) if k.endswith("use_dynamic_bsz"))
 
 
+_A = "actor_rollout_ref.actor"
+
+
+def _loss_mode_rows() -> tuple:
+    """One :data:`SWITCHED_OFF` row per :data:`trainer.unused_conditions.LOSS_MODE_READERS` entry."""
+    def row(keys, readers):
+        return (lambda r: c.loss_mode(r) in c.BUILTIN_LOSS_MODES and c.loss_mode(r) not in readers, keys,
+                lambda r: f"{_A}.policy_loss.loss_mode={c.loss_mode(r)} does not read them (only "
+                          f"{', '.join(readers)} do)")
+    return tuple(row(keys, readers) for keys, readers in c.LOSS_MODE_READERS.items())
+
+
 #: the estimators whose advantages read algorithm.gamma / algorithm.lam (tests/test_verl_keys.py checks every
 #: registered estimator against these lists)
 GAMMA_READERS, LAM_READERS = ("gae", "reinforce_plus_plus"), ("gae",)
-_A = "actor_rollout_ref.actor"
+_M, _RC = "actor_rollout_ref.model", "algorithm.rollout_correction"
+_VALIDATION_KEYS = ("trainer.log_val_generations", "trainer.val_also_greedy", f"{R}.val_kwargs.", "data.val_files",
+                    "data.val_max_rows", "data.val_batch_size")
+_LORA = ("lora_alpha", "target_modules", "exclude_modules")
 #: (the run leaves them unused, the keys (a trailing "." takes every key below), why): one warning per row
 SWITCHED_OFF = (
     (lambda r: not _critic_on(r), ("critic.",),
@@ -182,7 +233,23 @@ SWITCHED_OFF = (
      ("data.warm_start_steps",),
      lambda r: f"data.synthetic_task={_get(r, 'data.synthetic_task') or 'digits'} has no warm start "
                "(data=synthetic_tool's arith_tool task has)"),
-)
+    (lambda r: not c.reads_norm_std(r), ("algorithm.norm_adv_by_std_in_grpo",),
+     lambda r: f"algorithm.adv_estimator={_estimator(r)} does not read it (only {c.norm_std_readers()} do)"),
+    (lambda r: not c.validates(r), _VALIDATION_KEYS, c.no_validation_why),
+    (lambda r: not c.has_val_data(r), ("trainer.test_freq", "trainer.val_before_train"), c.no_validation_why),
+    (c.rollout_is_off, (f"{_RC}.rollout_is_threshold", f"{_RC}.rollout_is_batch_normalize"),
+     lambda r: f"rollout importance sampling is off ({_RC}.rollout_is={_get(r, f'{_RC}.rollout_is')}, "
+               f"trainer.async.staleness={_get(r, 'trainer.async.staleness')}; rollout_is=token turns it on)"),
+    (lambda r: c.lora_off(r, _M), tuple(f"{_M}.{k}" for k in _LORA),
+     lambda r: f"{_M}.lora_rank={_get(r, f'{_M}.lora_rank')} trains every weight (LoRA needs lora_rank > 0)"),
+    (lambda r: _critic_on(r) and c.lora_off(r, "critic.model"), tuple(f"critic.model.{k}" for k in _LORA),
+     lambda r: f"critic.model.lora_rank={_get(r, 'critic.model.lora_rank')} trains every weight of the critic"),
+    (lambda r: _get(r, "trainer.rollout_placement") != "separate", (f"{R}.n_gpus", "trainer.async.trace_file"),
+     lambda r: f"trainer.rollout_placement={_get(r, 'trainer.rollout_placement')} runs the engine in the actor's "
+               "workers (trainer.rollout_placement=separate gives it workers of its own)"),
+    (lambda r: c.strategy(r) != "megatron", (f"{_A}.megatron.",),
+     lambda r: f"trainer.strategy={c.strategy(r)} (only trainer.strategy=megatron reads actor.megatron)"),
+) + _loss_mode_rows()
 
 
 def _embedded_warm_starts(run: dict) -> bool:
@@ -202,12 +269,20 @@ def switched_off_warnings(cfg: dict) -> list[str]:
     without ``use_kl_in_reward``, ``filter_groups.*`` / ``overlong_buffer.*`` without their ``enable``, token
     budgets without dynamic batches, checkpoint retention without saves, ``gamma`` / ``lam`` of an estimator that
     does not read them, ``loss_scale_factor`` of a ``loss_agg_mode`` that does not divide by it, the embedded tiny
-    model's settings with a model path, a warm start of a task without one): one warning line per row naming the keys. Reads no key of a recording config."""
+    model's settings with a model path, a warm start of a task without one, ``norm_adv_by_std_in_grpo`` of an
+    estimator that does not read it, the validation-only keys without validation, ``rollout_correction.*`` with
+    rollout IS off, LoRA keys with ``lora_rank=0``, the separate placement's keys while colocated, ``actor.megatron.*``
+    with DeepSpeed, a policy loss's own keys with another ``loss_mode``): one warning line per row naming the keys.
+    Reads no key of a recording config."""
     from trainer.config_reads import plain
 
     run, out = plain(cfg), []
     for unused, keys, why in SWITCHED_OFF:
-        if unused(run):
+        try:
+            off = unused(run)
+        except (TypeError, ValueError, KeyError, AttributeError):  # a mistyped value is named by its own check
+            off = False
+        if off:
             found = [k for k in _set_keys(run, keys) if not k.endswith(".enable=false")]
             if found:
                 out.append(f"{', '.join(found)}: ignored: {why(run)}")

@@ -99,7 +99,8 @@ def test_p17_scheduler_optimizer_rng_resume(tmp_path, stage):
     torch.manual_seed(12345)
     new = linear_engine(stage, seed=7)
     meta = DeepSpeedCheckpointManager(new).load(path)
-    assert meta == {"global_step": 5, "world_size": 1, "zero_stage": stage, "lora": False}
+    assert meta == {"global_step": 5, "world_size": 1, "zero_stage": stage, "lora": False, "optimizer": "AdamW",
+                    "precision": "fp32"}
     assert new.lr_scheduler.last_epoch == 5
     assert new.lr_scheduler.get_last_lr() == pytest.approx([5e-3], abs=1e-12)
     for a, b in zip(adam_states(new), saved_exp_avg, strict=True):

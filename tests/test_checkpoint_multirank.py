@@ -82,7 +82,8 @@ def test_two_rank_zero3_roundtrip_and_export(tmp_path):
     export = next(g for g in got if "offline_ok" in g)
     assert [g["rank"] for g in ranks] == [0, 1]
     for g in ranks:
-        assert g["meta"] == {"global_step": STEP, "world_size": 2, "zero_stage": 3, "lora": False}
+        assert g["meta"] == {"global_step": STEP, "world_size": 2, "zero_stage": 3, "lora": False,
+                             "optimizer": "AdamW", "precision": "fp32"}
         assert g["params_ok"] and g["rng_ok"] and g["sched"] == STEP
     assert ranks[0]["probe"] != ranks[1]["probe"]  # per-rank RNG files, not one shared file
     assert sorted(n for n in os.listdir(tmp_path / f"global_step_{STEP}" / "actor") if n.startswith("rng")) == [

@@ -151,3 +151,31 @@ def resolved_config(*overrides: str) -> dict:
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base=None):
         return resolve_config(compose("ppo_trainer", overrides=list(overrides)))
+
+
+def one_process_group():
+    """A one-process gloo group for DeepSpeed, made once per test process (reused when a test made one already):
+    a free port, DeepSpeed's shared-memory all-reduce op off (a ~60 s JIT build, useless for one rank), and
+    ``MASTER_ADDR`` / ``MASTER_PORT`` restored afterwards (the group holds the port: child processes of later tests
+    must not inherit it). Returns the ``deepspeed`` module."""
+    import socket
+
+    import deepspeed
+    import torch
+
+    if not torch.distributed.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        try:
+            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return deepspeed

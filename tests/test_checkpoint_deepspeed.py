@@ -5,7 +5,6 @@ DeepSpeed on CPU: ``DS_ACCELERATOR=cpu`` before import, a gloo group, ``torch.op
 """
 
 import os
-import socket
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -19,18 +18,13 @@ from trainer.checkpoint.base import (commit_checkpoint, find_latest_checkpoint, 
                                      read_tracker, save_trainer_state, step_dir)
 from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager  # noqa: E402
 
+from tests.e2e_utils import one_process_group  # noqa: E402
+
 
 @pytest.fixture(scope="module", autouse=True)
 def dist_group():
     """One-process gloo group for DeepSpeed (reused if another test already made one)."""
-    if not torch.distributed.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        # the shared-memory all-reduce kernel is useless for one process and takes ~60 s to JIT-compile
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    one_process_group()
     yield
 
 

@@ -2,7 +2,6 @@
 non-finite weights is refused before anything is written (DeepSpeed on CPU, one gloo process, ZeRO 0-3)."""
 
 import os
-import socket
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -17,17 +16,13 @@ from trainer.checkpoint.deepspeed_manager import DeepSpeedCheckpointManager, loa
 from trainer.checkpoint.finite import (DamagedCheckpoint, NonFiniteWeights, _all_finite,  # noqa: E402
                                        check_loaded_state, check_state_before_save, nonfinite_state, one_line_errors)
 
+from tests.e2e_utils import one_process_group  # noqa: E402
+
 
 @pytest.fixture(scope="module", autouse=True)
 def dist_group():
     """One-process gloo group for DeepSpeed (reused if another test already made one)."""
-    if not torch.distributed.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    one_process_group()
     yield
 
 

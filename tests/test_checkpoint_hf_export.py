@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -22,6 +21,7 @@ from trainer.embedded import CHAT_TEMPLATE, build_tokenizer, tiny_model_config  
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from tests.e2e_utils import one_process_group  # noqa: E402
 from tools.export_hf import export_checkpoint, main as export_main  # noqa: E402
 
 VOCAB = 23
@@ -29,13 +29,7 @@ VOCAB = 23
 
 @pytest.fixture(scope="module", autouse=True)
 def dist_group():
-    if not torch.distributed.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # ~60 s JIT build, useless for 1 rank
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    one_process_group()
     yield
 
 

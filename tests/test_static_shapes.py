@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -119,23 +118,10 @@ def test_bucketed_outputs_and_grads_equal_unbucketed_on_edge_batches(arch, value
 @pytest.fixture(scope="module")
 def dist_group():
     """One-process gloo group for DeepSpeed (reused if another test already made one)."""
-    deepspeed = pytest.importorskip("deepspeed")
-    if not torch.distributed.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # a ~60 s JIT build, useless for one rank
-        try:
-            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-        finally:  # the group holds the port: child processes of later tests must not inherit MASTER_PORT
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    return deepspeed
+    pytest.importorskip("deepspeed")
+    from tests.e2e_utils import one_process_group
+
+    return one_process_group()
 
 
 @pytest.mark.parametrize("value_head", [False, True], ids=["log_probs", "critic_values"])

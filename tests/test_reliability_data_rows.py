@@ -91,7 +91,7 @@ def test_rows_with_images_that_do_not_match_are_named_by_their_file_and_index(tm
     ({"prompt": [{"role": "user"}]}, "chat message 0 of its 'prompt' lacks its role"),
     ({"prompt": "   "}, "an empty 'prompt'"),
     ({"prompt": [{"role": "usr", "content": "last of 1 ?"}]}, "chat message 0 of its 'prompt' has the role 'usr', "
-     "expected one of ['system', 'developer', 'user', 'assistant', 'tool', 'function', 'ipython']"),
+     "expected one of ['system', 'developer', 'user', 'assistant', 'model', 'tool', 'function', 'ipython']"),
     ({"prompt": [{"role": "system", "content": ""}, {"role": "user", "content": " \n"}]},
      "every chat message of its 'prompt' has empty content"),
     ({"prompt": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},

@@ -69,8 +69,9 @@ def row_images(row: dict, image_key: str = "images") -> list:
     return list(images)
 
 
-# roles that chat templates render (OpenAI's and transformers' names, Llama 3.1's ``ipython`` tool output)
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+# roles that chat templates render (OpenAI's and transformers' names, Llama 3.1's ``ipython`` tool output, Gemma's
+# ``model`` for the assistant's turns)
+CHAT_ROLES = ("system", "developer", "user", "assistant", "model", "tool", "function", "ipython")
 
 
 def _prompt_problem(prompt: Any, key: str) -> str | None:

@@ -206,3 +206,70 @@ def test_a_damaged_checkpoint_at_load_is_a_one_line_config_error_and_other_failu
     with pytest.raises(KeyError):
         with one_line_errors():
             raise KeyError("not a worker failure")
+
+
+def damage_pickle(path):
+    """Overwrite the start of the ``data.pkl`` member of the zip file ``path`` with 0xff, in place (same size)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("data.pkl"))
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = (int.from_bytes(f.read(2), "little") for _ in range(2))
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        f.write(b"\xff" * min(300, info.file_size))
+
+
+def test_a_damaged_pickle_is_one_line_naming_step_role_rank_file_and_error_without_weights_only_advice(tmp_path):
+    from trainer.workers.base import DistributedWorker
+
+    root = str(tmp_path)
+    eng = engine(2)
+    for step in (1, 2):
+        train_step(eng)
+        DeepSpeedCheckpointManager(eng, rank=0, world_size=1).save(os.path.join(step_dir(root, step), "actor"))
+        save_trainer_state(step_dir(root, step), {}, step, {})
+        commit_checkpoint(root, step)
+    role_dir = os.path.join(step_dir(root, 2), "actor")
+    name = next(n for n in os.listdir(os.path.join(role_dir, "global_step_2")) if n.endswith("optim_states.pt"))
+    size = os.path.getsize(os.path.join(role_dir, "global_step_2", name))
+    damage_pickle(os.path.join(role_dir, "global_step_2", name))
+    assert os.path.getsize(os.path.join(role_dir, "global_step_2", name)) == size
+    before = sorted(os.listdir(root))
+
+    class Worker:  # the state DistributedWorker.load_checkpoint reads
+        role, rank = "actor", 0
+
+    worker = Worker()
+    new = engine(2, seed=1)
+    worker.ckpt, worker._trained = DeepSpeedCheckpointManager(new, rank=0, world_size=1), type("T", (), {"engine": new})
+    with pytest.raises(DamagedCheckpoint) as err:
+        DistributedWorker.load_checkpoint(worker, role_dir)
+    line = str(err.value)
+    assert "\n" not in line and "weights_only" not in line and err.value.__cause__ is None
+    assert line.startswith(f"actor rank 0: the checkpoint {step_dir(root, 2)} is unreadable: its file "
+                           f"global_step_2/{name} does not load (UnpicklingError: ")
+    assert line.endswith(f"); it is damaged: resume from an earlier step with trainer.resume_mode={step_dir(root, 1)}, "
+                         "or start afresh with trainer.resume_mode=disable")
+    assert torch.load is not None and torch.load.__name__ == "load"  # the recording wrapper is gone
+    assert sorted(os.listdir(root)) == before
+    good = engine(2, seed=1)
+    worker.ckpt, worker._trained = DeepSpeedCheckpointManager(good, rank=0, world_size=1), type("T", (), {"engine": good})
+    DistributedWorker.load_checkpoint(worker, os.path.join(step_dir(root, 1), "actor"))  # the earlier step loads
+
+
+def test_only_failures_inside_torch_load_are_a_damaged_checkpoint(tmp_path):
+    from trainer.checkpoint.finite import reading_checkpoint
+
+    with pytest.raises(RuntimeError, match="size mismatch"):  # e.g. a state dict that does not fit the model
+        with reading_checkpoint("actor", 0, str(tmp_path / "global_step_1" / "actor")):
+            raise RuntimeError("size mismatch for weight")
+    role_dir = tmp_path / "global_step_1" / "critic"
+    role_dir.mkdir(parents=True)
+    (role_dir / "x.pt").write_bytes(b"PK\x03\x04" + b"\xff" * 100)  # not a zip archive: the zip reader fails
+    with pytest.raises(DamagedCheckpoint, match=r"^critic rank 3: the checkpoint .*global_step_1 is unreadable: its "
+                                                r"file x\.pt does not load \(RuntimeError: PytorchStreamReader failed "
+                                                r"reading zip archive: [^\n]*\); it is damaged: restore its files"):
+        with reading_checkpoint("critic", 3, str(role_dir)):
+            torch.load(str(role_dir / "x.pt"), weights_only=True)

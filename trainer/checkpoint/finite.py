@@ -11,6 +11,12 @@ read as NaN), which the next optimizer step spreads into the weights. So:
 * before a save (:func:`check_state_before_save`), the same state must be finite on every rank of every role,
   otherwise nothing is saved and the tracker keeps naming the last good step (:class:`NonFiniteWeights`).
 
+A damaged pickle (bytes overwritten inside a file's ``data.pkl``) fails earlier, in ``torch.load`` itself
+(``UnpicklingError``, ``EOFError``, a ``RuntimeError`` of the zip reader): :func:`reading_checkpoint`, around a
+rank's load of a role folder, raises such a failure of a ``torch.load`` as :class:`DamagedCheckpoint` too, naming
+the file and the error's first line (without torch's advice to load with ``weights_only=False``: these files are
+read as weights only on purpose). Failures outside ``torch.load`` (a shape mismatch, a collective) pass as they came.
+
 ``resume_mode=auto`` does not step back past a damaged step by itself: the damage is only seen once the workers
 hold the loaded state, after the resume was planned (data loader position, run length); the one line names the
 earlier step to pass as ``trainer.resume_mode``.
@@ -27,12 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Any, Iterator
 
 import torch
 
 __all__ = ["DamagedCheckpoint", "NonFiniteWeights", "nonfinite_state", "check_loaded_state",
-           "check_state_before_save", "one_line_errors"]
+           "check_state_before_save", "one_line_errors", "reading_checkpoint"]
 
 PARAMS, MASTER = "model parameters", "fp32 master weights"
 
@@ -70,9 +77,44 @@ def check_loaded_state(engine: Any, role: str, role_dir: str) -> None:
     bad = _gather(nonfinite_state(engine))
     if bad:
         r, kind = bad
-        step_dir = os.path.dirname(os.path.abspath(role_dir))
-        raise DamagedCheckpoint(f"{role} rank {r}: the checkpoint {step_dir} holds non-finite values in its "
-                                f"{kind}; it is damaged: {_earlier_advice(step_dir)}")
+        raise _damaged(role, r, role_dir, f"holds non-finite values in its {kind}")
+
+
+@contextlib.contextmanager
+def reading_checkpoint(role: str, rank: int, role_dir: str) -> Iterator[None]:
+    """Around this rank's load of ``role_dir`` (``.../global_step_<N>/<role>``): an exception raised inside a
+    ``torch.load`` of one of its files (a damaged pickle: ``UnpicklingError``, ``EOFError``, the zip reader's
+    ``RuntimeError``, ...) is raised as :class:`DamagedCheckpoint`, one line naming the step folder, the role, the
+    rank, the file, the exception type and its first line, and the newest complete earlier step. Anything raised
+    outside ``torch.load`` (and running out of memory inside it) passes as it came."""
+    real_load, failed = torch.load, {}
+
+    def recording_load(f, *args, **kwargs):
+        try:
+            return real_load(f, *args, **kwargs)
+        except Exception as exc:
+            if threading.current_thread() is owner and not isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+                failed.setdefault(id(exc), (exc, f))
+            raise
+
+    owner = threading.current_thread()
+    torch.load = recording_load
+    try:
+        yield
+    except Exception as exc:
+        hit = failed.get(id(exc))
+        if hit is None or hit[0] is not exc:
+            raise
+        name = hit[1]
+        if isinstance(name, (str, os.PathLike)):
+            name = os.path.relpath(os.path.abspath(name), os.path.abspath(role_dir))
+            where = f"its file {name} does not load"
+        else:
+            where = "a file does not load"
+        raise _damaged(role, rank, role_dir, f"is unreadable: {where} ({type(exc).__name__}: "
+                                             f"{_first_line(exc)})") from None
+    finally:
+        torch.load = real_load
 
 
 def check_state_before_save(engine: Any, role: str, step_dir: str) -> None:
@@ -110,6 +152,25 @@ def one_line_errors() -> Iterator[None]:
 
             raise TrainingDiverged(str(cause)) from None
         raise
+
+
+def _damaged(role: str, rank: int, role_dir: str, problem: str) -> DamagedCheckpoint:
+    """The one line of a damaged checkpoint: ``<role> rank <r>: the checkpoint <step folder> <problem>; it is
+    damaged: <what to do instead>``."""
+    step_dir = os.path.dirname(os.path.abspath(role_dir))
+    return DamagedCheckpoint(f"{role} rank {rank}: the checkpoint {step_dir} {problem}; it is damaged: "
+                             f"{_earlier_advice(step_dir)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message that says what failed: for torch's weights-only refusal (whose first
+    lines advise loading with ``weights_only=False``), the unpickler's own error at its end."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text[text.index(marker):]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else repr(exc)
 
 
 def _earlier_advice(step_dir: str) -> str:

@@ -217,11 +217,13 @@ class DistributedWorker:
         self.ckpt.save(role_dir)
 
     def load_checkpoint(self, role_dir: str) -> None:
-        """Load ``role_dir``; a loaded state that is not finite on any rank raises
-        :class:`trainer.checkpoint.finite.DamagedCheckpoint` on every rank."""
-        from trainer.checkpoint.finite import check_loaded_state
+        """Load ``role_dir``; a file that does not load (a damaged pickle) raises
+        :class:`trainer.checkpoint.finite.DamagedCheckpoint` on the rank that read it, a loaded state that is not
+        finite on any rank on every rank."""
+        from trainer.checkpoint.finite import check_loaded_state, reading_checkpoint
 
-        self.ckpt.load(role_dir)
+        with reading_checkpoint(self.role, self.rank, role_dir):
+            self.ckpt.load(role_dir)
         check_loaded_state(self._trained.engine, self.role, role_dir)
 
     def check_finite_state(self, step_dir: str) -> None:

@@ -204,9 +204,9 @@ def test_reading_a_field_records_its_key_and_building_only_what_its_checks_read(
     assert not os.listdir(tmp_path)
     assert model.use_remove_padding is True
     assert cr.read_keys(str(tmp_path)) == {"actor_rollout_ref.model.use_remove_padding"}
-    DeepSpeedConfig.from_dict(cr.TrackedDict(cfg["deepspeed"]), "deepspeed")  # its check reads three keys
+    DeepSpeedConfig.from_dict(cr.TrackedDict(cfg["deepspeed"]), "deepspeed")  # its check reads four keys
     assert cr.read_keys(str(tmp_path)) - {"actor_rollout_ref.model.use_remove_padding"} == {
-        "deepspeed.zero_stage", "deepspeed.optimizer", "deepspeed.ds_config"}
+        "deepspeed.zero_stage", "deepspeed.optimizer", "deepspeed.offload_optimizer", "deepspeed.ds_config"}
 
 
 def _attributes_read_outside_the_config_package() -> set[str]:

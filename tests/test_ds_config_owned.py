@@ -51,7 +51,8 @@ def test_entry_that_contradicts_a_first_class_key_or_is_unknown_is_refused(entri
     ("gradient_clipping:10.0", ["algorithm=prime", "actor_rollout_ref.actor.grad_clip=10.0"]),
     ("bf16:{enabled:false}", []), ("bf16:{enabled:true}", ["deepspeed.bf16=true"]), ("fp16:{enabled:false}", []),
     ("train_micro_batch_size_per_gpu:1,gradient_accumulation_steps:1", []),
-    ("zero_optimization:{offload_optimizer:{device:cpu,pin_memory:false}}", ["deepspeed.offload_optimizer=true"]),
+    ("zero_optimization:{offload_optimizer:{device:cpu,pin_memory:false}}", ["deepspeed.offload_optimizer=true",
+                                                                             "deepspeed.optimizer=deepspeed_adamw"]),
     ("zero_optimization:{offload_optimizer:{pin_memory:false},overlap_comm:false}", []),  # tuning only
     ("wall_clock_breakdown:true,steps_per_print:5,zero_allow_untested_optimizer:true", []),
 ])

@@ -33,8 +33,7 @@ def test_overlap_comm_only_for_zero2_training_on_cuda(device, stage, ds, overlap
 
 @pytest.mark.parametrize("device,stage,ds,fused", [
     ("cuda", 2, {}, True), ("cuda", 1, {}, True), ("cuda", 0, {}, True), ("cuda", 3, {}, False),
-    ("cpu", 2, {}, False), ("cuda", 2, {"offload_optimizer": True}, False),
-    ("cuda", 2, {"ds_config": {"zero_optimization": {"stage": 3}}}, False)])
+    ("cpu", 2, {}, False), ("cuda", 2, {"ds_config": {"zero_optimization": {"stage": 3}}}, False)])
 def test_torch_adamw_is_fused_on_cuda_with_zero_up_to_2(monkeypatch, device, stage, ds, fused):
     seen = {}
 
@@ -49,3 +48,15 @@ def test_torch_adamw_is_fused_on_cuda_with_zero_up_to_2(monkeypatch, device, sta
         torch.nn.Linear(4, 4), packaged_section(OptimConfig, "actor_rollout_ref.actor.optim", lr=1e-3), total_steps=5)
     assert isinstance(opt, Recorder) and bool(seen.get("fused")) is fused
     assert seen["lr"] == 1e-3
+
+
+def test_optimizer_offload_with_torch_adamw_is_refused_before_the_workers():
+    """DeepSpeed's ZeRO-Offload refuses a client optimizer other than its CPU Adam in every worker (a traceback after
+    start-up): the config check names both keys and the optimizer to use."""
+    from trainer.config_checks import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^deepspeed.offload_optimizer=true with deepspeed.optimizer=torch_adamw: "
+                                          r".*expected deepspeed.optimizer=deepspeed_adamw with the offload$"):
+        packaged_section(DeepSpeedConfig, "deepspeed", [], offload_optimizer=True)
+    ok = packaged_section(DeepSpeedConfig, "deepspeed", [], offload_optimizer=True, optimizer="deepspeed_adamw")
+    assert ok.offload_optimizer and ok.optimizer == "deepspeed_adamw"

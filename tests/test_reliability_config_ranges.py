@@ -85,3 +85,12 @@ def test_cli_stops_in_one_line_before_workers(tmp_path):
     proc = run_cli(str(tmp_path / "out"), f"{R}.top_p=1.5", forked=True)
     assert_one_line_error(proc, f"{R}.top_p=1.5", "<= 1")
     assert not os.path.exists(tmp_path / "out" / "init_model")
+
+
+def test_a_negative_prm_grad_clip_is_refused_like_the_actors():
+    """PRIME's PRM clips with its own ``reward_model.model.optim.grad_clip``: a negative one meant no clipping."""
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg("algorithm=prime", "reward_model.model.optim.grad_clip=-1"))
+    lines = [ln for ln in str(info.value).splitlines() if "reward_model.model.optim.grad_clip" in ln]
+    assert len(lines) == 1 and "=-1" in lines[0] and ">= 0" in lines[0], str(info.value)
+    validate(_cfg("algorithm=prime", "reward_model.model.optim.grad_clip=0"))  # 0: no clipping, allowed

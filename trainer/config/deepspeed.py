@@ -40,14 +40,19 @@ class DeepSpeedConfig(Section):
     ds_config: dict | None
 
     def check(self, key: str) -> None:
-        """A ZeRO stage of 0-3, a known optimizer, and a ``ds_config`` that keeps DeepSpeed's gradient norm check
-        (:func:`trainer.workers.step_guard.check_ds_config_keeps_norm_check`)."""
+        """A ZeRO stage of 0-3, a known optimizer (``deepspeed_adamw`` with ``offload_optimizer``: DeepSpeed's
+        ZeRO-Offload refuses a client optimizer other than its CPU Adam), and a ``ds_config`` that keeps DeepSpeed's
+        gradient norm check (:func:`trainer.workers.step_guard.check_ds_config_keeps_norm_check`)."""
         from trainer.workers.step_guard import check_ds_config_keeps_norm_check
 
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"{key}.zero_stage={self.given('zero_stage')}; expected 0, 1, 2 or 3")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"{key}.optimizer={self.given('optimizer')!r}; expected torch_adamw or deepspeed_adamw")
+        if self.offload_optimizer and self.optimizer == "torch_adamw":  # DeepSpeed refuses it in every worker
+            raise ConfigError(f"{key}.offload_optimizer=true with {key}.optimizer=torch_adamw: ZeRO-Offload steps the "
+                              f"optimizer on the CPU with DeepSpeed's CPU Adam; expected {key}.optimizer="
+                              "deepspeed_adamw with the offload")
         try:
             check_ds_config_keeps_norm_check(self.ds_config)
         except ValueError as exc:

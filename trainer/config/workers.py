@@ -144,6 +144,7 @@ def check_sections(cfg: dict) -> None:
     reward model's when ``reward_model.model`` has an ``optim``), so that their checks run before anything starts;
     every error is raised together (:class:`trainer.config_checks.ConfigErrors`, one line each)."""
     from trainer.config.data import DataConfig
+    from trainer.config.actor import check_grad_clip
     from trainer.config.prm import PRMConfig, PRMModelConfig
     from trainer.config.trainer import TrainerConfig
     from trainer.config_checks import ErrorCollector
@@ -163,4 +164,6 @@ def check_sections(cfg: dict) -> None:
     if isinstance((rm.get("model") or {}).get("optim"), dict):
         errors.run(PRMConfig.from_dict, rm, "reward_model")
         errors.run(PRMModelConfig.from_dict, rm["model"], "reward_model.model")
+        if rm["model"]["optim"].get("grad_clip") is not None:  # the PRM's own clip (PRIME), >= 0 as the actor's
+            errors.run(check_grad_clip, "reward_model.model.optim.grad_clip", rm["model"]["optim"]["grad_clip"])
     errors.raise_if_any()

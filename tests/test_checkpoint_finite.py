@@ -92,15 +92,20 @@ def corrupt_exp_avg_sq(role_dir):
     torch.save(sd, os.path.join(folder, name))
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_a_loaded_checkpoint_with_nan_optimizer_state_is_refused_naming_step_role_rank_and_state(tmp_path, stage):
-    root = str(tmp_path)
-    eng = engine(stage)
+def save_two_steps(eng, root):
+    """Train and save steps 1 and 2 of ``eng`` under ``root`` (its actor folder, the trainer state, the tracker)."""
     for step in (1, 2):
         train_step(eng)
         DeepSpeedCheckpointManager(eng, rank=0, world_size=1).save(os.path.join(step_dir(root, step), "actor"))
         save_trainer_state(step_dir(root, step), {}, step, {})
         commit_checkpoint(root, step)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_loaded_checkpoint_with_nan_optimizer_state_is_refused_naming_step_role_rank_and_state(tmp_path, stage):
+    root = str(tmp_path)
+    eng = engine(stage)
+    save_two_steps(eng, root)
     role_dir = os.path.join(step_dir(root, 2), "actor")
     corrupt_exp_avg_sq(role_dir)
     new = engine(stage, seed=1)
@@ -226,11 +231,7 @@ def test_a_damaged_pickle_is_one_line_naming_step_role_rank_file_and_error_witho
 
     root = str(tmp_path)
     eng = engine(2)
-    for step in (1, 2):
-        train_step(eng)
-        DeepSpeedCheckpointManager(eng, rank=0, world_size=1).save(os.path.join(step_dir(root, step), "actor"))
-        save_trainer_state(step_dir(root, step), {}, step, {})
-        commit_checkpoint(root, step)
+    save_two_steps(eng, root)
     role_dir = os.path.join(step_dir(root, 2), "actor")
     name = next(n for n in os.listdir(os.path.join(role_dir, "global_step_2")) if n.endswith("optim_states.pt"))
     size = os.path.getsize(os.path.join(role_dir, "global_step_2", name))

@@ -375,7 +375,19 @@ def _newest_usable(root: str, path: str) -> str:
         return path
     except IncompleteCheckpoint as exc:
         problem = exc.problem
-    step = parse_step(path)
+    earlier = newest_complete_before(root, parse_step(path))
+    if earlier is None:
+        return path
+    if (path, earlier) not in _warned_fallbacks:
+        _warned_fallbacks.add((path, earlier))
+        logger.warning("trainer.resume_mode=auto: the newest checkpoint %s is incomplete (%s); resuming from "
+                       "the newest complete earlier one, %s", path, problem, earlier)
+    return earlier
+
+
+def newest_complete_before(root: str, step: int) -> str | None:
+    """The newest step folder under ``root`` before ``step`` that is complete (``data.pt``) and whose files pass
+    :func:`trainer.checkpoint.verify.verify_step_folder`, or None."""
     for earlier_step, earlier in reversed(list_checkpoints(root)):
         if earlier_step >= step or not is_complete_checkpoint(earlier):
             continue
@@ -383,9 +395,5 @@ def _newest_usable(root: str, path: str) -> str:
             verify_step_folder(earlier, [])
         except IncompleteCheckpoint:
             continue
-        if (path, earlier) not in _warned_fallbacks:
-            _warned_fallbacks.add((path, earlier))
-            logger.warning("trainer.resume_mode=auto: the newest checkpoint %s is incomplete (%s); resuming from "
-                           "the newest complete earlier one, %s", path, problem, earlier)
         return earlier
-    return path
+    return None

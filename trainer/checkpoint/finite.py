@@ -175,12 +175,11 @@ def _first_line(exc: BaseException) -> str:
 
 def _earlier_advice(step_dir: str) -> str:
     """What to do instead of resuming from the damaged ``step_dir``: its newest complete earlier step, or afresh."""
-    from trainer.checkpoint.base import is_complete_checkpoint, list_checkpoints, parse_step
+    from trainer.checkpoint.base import newest_complete_before, parse_step
 
-    step, root = parse_step(step_dir), os.path.dirname(step_dir)
-    earlier = [p for s, p in list_checkpoints(root) if s < step and is_complete_checkpoint(p)]
+    earlier = newest_complete_before(os.path.dirname(step_dir), parse_step(step_dir))
     start = "start afresh with trainer.resume_mode=disable"
-    return f"resume from an earlier step with trainer.resume_mode={earlier[-1]}, or {start}" if earlier else \
+    return f"resume from an earlier step with trainer.resume_mode={earlier}, or {start}" if earlier else \
         f"restore its files, or {start}"
 
 

@@ -16,7 +16,9 @@ when there is more than one step, and so are steps run under the profiler):
   whether a separate old-log-prob pass ran; ``device_used_gib``: GPU memory in use at each rollout state (max);
 - ``update_mfu``: ``trainer.metric_utils.compute_mfu`` of the ``update`` stage over the step's trained tokens,
   each row taken at the mean row length (prompt + response), against ``peak_flops`` (989e12: H100/H200 dense
-  bf16); the attention term uses the mean length, so it is approximate.
+  bf16); the attention term uses the mean length, so it is approximate. ``trainer_mfu`` (ours): the mean of the
+  trainer's own ``perf/mfu/actor`` over the timed steps (:mod:`trainer.workers.update_mfu`: the worker's update
+  time, every row's own length), shown beside it in the table's "update MFU" cell.
 """
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ def ours_steps(metrics: list[dict], rows: int) -> list[dict]:
                         device_used_gib={_DEVICE_USED.match(k).group(1): float(v) for k, v in m.items()
                                          if _DEVICE_USED.match(k)},
                         reward=m.get("critic/score/mean"), profiled=bool(m.get("perf/profiled")),
+                        trainer_mfu=m.get("perf/mfu/actor"),
                         profile_s={k[13:]: float(v) for k, v in m.items() if k.startswith("perf/profile/")},
                         peak_torch_allocated_gib=max(mem["allocated"], default=None),
                         peak_torch_reserved_gib=max(mem["reserved"], default=None)))
@@ -131,6 +134,9 @@ def summarize(side: str, steps: list[dict], samples_per_step: int, wall: float) 
                response_len_mean=gen / rows if rows else float("nan"), split_s=split,
                first_step_s=steps[0]["step_s"], process_wall_s=wall, step_seconds=[s["step_s"] for s in steps],
                step_splits=[s["split_s"] for s in steps])
+    mfus = [s["trainer_mfu"] for s in used if s.get("trainer_mfu") is not None]
+    if mfus:  # the trainer's own perf/mfu/actor (exact row lengths, the worker's update time)
+        row["trainer_mfu"] = _mean(mfus)
     detail = sorted({k for s in used for k in s.get("detail_s", {})})
     if detail:  # means over the timed steps of the steps that logged them
         row["detail_s"] = {k: _mean(s["detail_s"][k] for s in used if k in s.get("detail_s", {})) for k in detail}
@@ -188,12 +194,14 @@ def markdown(doc: dict) -> str:
         if r.get("error"):
             lines.append(f"| {r['side']} | {r.get('engine', '-')} | failed: {r['error'][:80]} |")
             continue
-        mfu = r.get("update_mfu")
+        mfu, inner = r.get("update_mfu"), r.get("trainer_mfu")
+        mfu_cell = "-" if mfu is None else f"{100 * mfu:.1f}%"
+        mfu_cell += "" if inner is None else f" (trainer {100 * inner:.1f}%)"
         lines.append("| " + " | ".join([r["side"], r["engine"], str(r["timed_steps"]), _f(r["mean_step_s"]),
                                          _f(r["samples_per_s"]), _f(r["gen_tokens_per_step"]),
                                          _f(r["gen_tokens_per_s"]), _f(r["trained_tokens_per_s"]),
                                          _f(r.get("peak_gpu_used_gib")), _f(r.get("peak_torch_allocated_gib")),
-                                         "-" if mfu is None else f"{100 * mfu:.1f}%"]) + " |")
+                                         mfu_cell]) + " |")
     cols = _stage_columns([r for r in rows if not r.get("error")])
     lines += ["", "| side | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for r in rows:

@@ -20,6 +20,7 @@ from trainer.protocol import DataProto
 from trainer.workers.base import reset_peak_memory, stage_peak_memory
 from trainer.workers.batching import global_count, global_max, micro_batches, mini_batch_rows
 from trainer.workers.step_guard import count_skip, guarded_backward, optimizer_step
+from trainer.workers.update_mfu import update_mfu
 
 
 def forward_values_micro(role, mb: DataProto) -> torch.Tensor:
@@ -106,6 +107,9 @@ def ppo_update(worker, role, data: DataProto, cfg, n: int, temperature: float, k
             metrics[k].append(v)
     for k, v in stage_peak_memory(worker.device, kind).items():  # this process during the update, GiB
         metrics[k].append(v)
+    mfu = update_mfu(role, data["attention_mask"], cfg.ppo_epochs, t0, worker.device) if kind == "actor" else None
+    if mfu is not None:
+        metrics["perf/mfu/actor"].append(mfu)
     metrics[f"perf/worker_s/update_{kind}"].append(time.perf_counter() - t0)  # the trainer's timer less Ray's part
     return dict(metrics)
 

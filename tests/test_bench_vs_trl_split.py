@@ -99,3 +99,15 @@ def test_profiled_steps_are_left_out_of_the_means_and_keep_their_profile():
     assert r["profile_s"] == {"3": {"gen_wall_s": 1.4, "gen_device_s": 0.3}}
     assert vs_trl.side_env("ours_hf", {}, profile_steps="3") == {"DSRL_PROFILE_STEPS": "3"}
     assert vs_trl.side_env("trl", {}, profile_steps="3") == {}
+
+
+def test_the_trainers_own_update_mfu_is_averaged_over_timed_steps_and_shown():
+    lines = [dict(_line(30.0), **{"perf/mfu/actor": 0.05}), dict(_line(2.0), **{"perf/mfu/actor": 0.30}),
+             dict(_line(2.2), **{"perf/mfu/actor": 0.34})]
+    r = vs_trl_report.summarize("ours_hf", vs_trl_report.ours_steps(lines, 8), 8, 60.0)
+    assert r["trainer_mfu"] == pytest.approx(0.32)  # step 1 (compilation) left out
+    r["update_mfu"] = 0.25
+    md = vs_trl_report.markdown(dict(job={}, results=[dict(r, framework="ours", engine="hf")]))
+    assert "| 25.0% (trainer 32.0%) |" in md
+    no_mfu = vs_trl_report.summarize("ours_hf", vs_trl_report.ours_steps([_line(2.0)], 8), 8, 6.0)
+    assert "trainer_mfu" not in no_mfu

@@ -81,8 +81,9 @@ def check_kl_type(key: str, value: str) -> None:
 
 def _check_clip_ratio_c(key: str, value: float, given, loss_mode: str) -> None:
     """``clip_ratio_c`` checked only where the policy loss reads it, as verl does (its loss asserts it): > 1 for
-    vanilla's dual clip, > 0 for the DPPO losses' importance-weight truncation; any other loss mode leaves it
-    unread (:mod:`trainer.unused_settings` warns about a value set for it).
+    vanilla's dual clip, > 0 for the DPPO losses' importance-weight truncation. The other built-in loss modes leave
+    it unread (:mod:`trainer.unused_settings` warns about a value set for it); a loss mode registered through
+    ``external_lib`` checks what it reads itself.
 
     Raises:
         ConfigError: ``<key>.clip_ratio_c=<given>; expected > 1 (...)`` or ``expected a number > 0 (...)``.

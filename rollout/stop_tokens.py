@@ -71,16 +71,47 @@ def chat_end_of_turn_id(tokenizer) -> int | None:
     return None
 
 
-def _generation_config_eos(model_path: str | None) -> list[int]:
+def _generation_config_eos(model_path: str | None) -> Any:
+    """``eos_token_id`` as ``generation_config.json`` in ``model_path`` gives it (None without the file or when it
+    does not load)."""
     if not model_path or not os.path.isfile(os.path.join(model_path, "generation_config.json")):
-        return []
+        return None
     from transformers import GenerationConfig
 
     try:
-        return as_id_list(GenerationConfig.from_pretrained(model_path).eos_token_id)
+        return GenerationConfig.from_pretrained(model_path).eos_token_id
     except (OSError, ValueError) as exc:
         logger.warning("could not read %s/generation_config.json: %s", model_path, exc)
-        return []
+        return None
+
+
+def _in_file(model_path: str | None, name: str) -> str:
+    where = os.path.join(model_path, name) if model_path else "the model's " + name
+    return f"eos_token_id in {where}"
+
+
+def _stop_sources(tokenizer, hf_config, model_path: str | None, extra, config_label: str | None
+                  ) -> list[tuple[str, list[int]]]:
+    """``(where, ids)`` of every source of stop ids, in :func:`resolve_stop_token_ids`'s order; ``where`` names
+    the file and field (or the config key) that holds them.
+
+    Raises:
+        ValueError: a source gives an entry that is not a non-negative integer, naming that source.
+    """
+    eot = chat_end_of_turn_id(tokenizer)
+    raw = [("the tokenizer's eos_token_id", getattr(tokenizer, "eos_token_id", None)),
+           (config_label or _in_file(model_path, "config.json"),
+            getattr(hf_config, "eos_token_id", None) if hf_config is not None else None),
+           (_in_file(model_path, "generation_config.json"), _generation_config_eos(model_path)),
+           ("the chat template's end-of-turn token", eot),
+           ("actor_rollout_ref.rollout.stop_token_ids", list(extra or []))]
+    out = []
+    for where, value in raw:
+        try:
+            out.append((where, as_id_list(value)))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return out
 
 
 def model_vocab_size(hf_config) -> int | None:
@@ -94,7 +125,7 @@ def model_vocab_size(hf_config) -> int | None:
 
 
 def resolve_stop_token_ids(tokenizer, hf_config=None, model_path: str | None = None,
-                           extra: Sequence[int] | None = None) -> list[int]:
+                           extra: Sequence[int] | None = None, config_label: str | None = None) -> list[int]:
     """Every token id that ends a response, in a fixed order (first: the tokenizer's EOS).
 
     Sources, joined: ``tokenizer.eos_token_id``; ``hf_config.eos_token_id`` (int or list);
@@ -107,22 +138,19 @@ def resolve_stop_token_ids(tokenizer, hf_config=None, model_path: str | None = N
         hf_config: the model's ``PretrainedConfig`` (or None).
         model_path: the model folder (for ``generation_config.json``), or None.
         extra: more stop ids from the config.
+        config_label: what ``hf_config.eos_token_id`` came from, for the errors (default: ``eos_token_id in
+            <model_path>/config.json``; e.g. a config override that sets it).
 
     Returns:
         list[int], non-empty, without duplicates.
 
     Raises:
-        ValueError: no source gives any id, an ``extra`` entry is not a non-negative integer, or an id is
-            outside the vocabulary (the model's ``vocab_size`` when ``hf_config`` gives it, else the tokenizer's
-            size).
+        ValueError: no source gives any id; an entry of a source is not a non-negative integer; an id is outside
+            the vocabulary (the model's ``vocab_size`` when ``hf_config`` gives it, else the tokenizer's size).
+            The message names the file and field (or config key) that holds the bad entry.
     """
-    ids = as_id_list(getattr(tokenizer, "eos_token_id", None))
-    ids += as_id_list(getattr(hf_config, "eos_token_id", None)) if hf_config is not None else []
-    ids += _generation_config_eos(model_path)
-    eot = chat_end_of_turn_id(tokenizer)
-    ids += [eot] if eot is not None else []
-    ids += as_id_list(list(extra or []))
-    ids = list(dict.fromkeys(ids))
+    sources = _stop_sources(tokenizer, hf_config, model_path, extra, config_label)
+    ids = list(dict.fromkeys(i for _, found in sources for i in found))
     if not ids:
         raise ValueError("no stop token: the tokenizer has no eos_token_id, the model config none, and "
                          "actor_rollout_ref.rollout.stop_token_ids is empty; set one of them")
@@ -131,6 +159,8 @@ def resolve_stop_token_ids(tokenizer, hf_config=None, model_path: str | None = N
     vocab = model_vocab_size(hf_config) or (len(tokenizer) if hasattr(tokenizer, "__len__") else None)
     bad = [i for i in ids if vocab is not None and i >= vocab]
     if bad:
-        raise ValueError(f"stop token ids {bad} are outside the vocabulary (size {vocab}); check "
-                         "actor_rollout_ref.rollout.stop_token_ids and the model's eos_token_id")
+        blamed = [f"{where} gives {[i for i in found if i >= vocab]}" for where, found in sources
+                  if any(i >= vocab for i in found)]
+        raise ValueError(f"stop token ids {bad} are outside the vocabulary (size {vocab}): {'; '.join(blamed)}; "
+                         f"the model can never generate them; expected ids below {vocab} there")
     return ids

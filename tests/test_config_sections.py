@@ -69,7 +69,8 @@ def test_a_frozen_section_refuses_writes():
 
 
 @pytest.mark.parametrize("cls,key,name,value,line", [
-    (ActorConfig, "actor_rollout_ref.actor", "clip_ratio_c", 1.0, "actor_rollout_ref.actor.clip_ratio_c=1.0; expected > 1"),
+    (ActorConfig, "actor_rollout_ref.actor", "clip_ratio_c", 1.0, "actor_rollout_ref.actor.clip_ratio_c=1.0; expected > 1 "
+     "(the dual clip of actor_rollout_ref.actor.policy_loss.loss_mode=vanilla)"),
     (ActorConfig, "actor_rollout_ref.actor", "ppo_epochs", "two", "actor_rollout_ref.actor.ppo_epochs='two'; expected an integer"),
     (ActorConfig, "actor_rollout_ref.actor", "grad_clip", float("nan"),
      "actor_rollout_ref.actor.grad_clip=nan; expected a finite number"),
@@ -102,6 +103,26 @@ def test_a_bad_value_is_one_line_naming_the_dotted_key(cls, key, name, value, li
     with pytest.raises(ValueError) as info:
         cls.from_dict(section, key)
     assert str(info.value) == line
+
+
+@pytest.mark.parametrize("mode,value,error", [
+    ("gspo", 0.5, None), ("sapo", 1.0, None), ("dppo_tv", 0.5, None),
+    ("dppo_kl", 0.0, "actor_rollout_ref.actor.clip_ratio_c=0.0; expected a number > 0 (the importance-weight "
+                     "truncation of actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl)"),
+    ("vanilla", 1.0, "actor_rollout_ref.actor.clip_ratio_c=1.0; expected > 1 (the dual clip of "
+                     "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla)"),
+])
+def test_clip_ratio_c_is_checked_only_by_the_loss_that_reads_it(mode, value, error):
+    """verl asserts ``clip_ratio_c > 1`` in the dual-clip loss only: a loss mode that never reads it does not
+    refuse it, and DPPO's truncation needs only > 0 (its loss's own bound)."""
+    cfg = _cfg(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}", f"actor_rollout_ref.actor.clip_ratio_c={value}")
+    section = cfg["actor_rollout_ref"]["actor"]
+    if error is None:
+        assert ActorConfig.from_dict(section, "actor_rollout_ref.actor").clip_ratio_c == value
+        return
+    with pytest.raises(ConfigError) as info:
+        ActorConfig.from_dict(section, "actor_rollout_ref.actor")
+    assert str(info.value) == error
 
 
 def test_a_negative_kl_loss_coef_is_refused_like_the_in_reward_one():
@@ -177,7 +198,8 @@ def test_validate_reports_every_section_error_together():
     cfg["data"]["max_prompt_length"] = -4
     with pytest.raises(ConfigErrors) as info:
         validate(cfg)
-    assert {"actor_rollout_ref.actor.clip_ratio_c=0.5; expected > 1",
+    assert {"actor_rollout_ref.actor.clip_ratio_c=0.5; expected > 1 (the dual clip of "
+            "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla)",
             "actor_rollout_ref.rollout.temperature=-1; expected >= 0 (0: greedy)",
             "deepspeed.zero_stage=4; expected 0, 1, 2 or 3", "trainer.max_consecutive_skipped_steps=0; expected >= 1",
             "data.max_prompt_length=-4; expected a positive integer"} <= set(info.value.messages)

@@ -92,3 +92,25 @@ def test_f4_command_stops_before_workers_in_one_line(tmp_path):
                    "+deepspeed.ds_config={zero_optimization:{stage:3}}", forked=True)
     assert_one_line_error(proc, "deepspeed.ds_config.zero_optimization.stage=3 contradicts deepspeed.zero_stage=2")
     assert not os.path.exists(tmp_path / "out" / "init_model")
+
+
+@pytest.mark.parametrize("entries,more,line", [
+    ("zero_optimization:{stage3_prefetch_bucket_sizee:5}", ["deepspeed=zero3"],
+     "deepspeed.ds_config.zero_optimization.stage3_prefetch_bucket_sizee: not a key of DeepSpeed's DeepSpeedZeroConfig "
+     "(DeepSpeed refuses it); did you mean zero_optimization.stage3_prefetch_bucket_size?"),
+    ("zero_optimization:{offload_optimizer:{pin_memry:false}}", [],
+     "deepspeed.ds_config.zero_optimization.offload_optimizer.pin_memry: not a key of DeepSpeed's DeepSpeedZeroConfig "
+     "(DeepSpeed refuses it); did you mean zero_optimization.offload_optimizer.pin_memory?"),
+    ("bf16:{enabeld:false}", [],
+     "deepspeed.ds_config.bf16.enabeld: not a key of DeepSpeed's DeepSpeedBF16Config (DeepSpeed refuses it); "
+     "did you mean bf16.enabled?"),
+    ("zero_optimization:{zzqqxx:1}", [],
+     "deepspeed.ds_config.zero_optimization.zzqqxx: not a key of DeepSpeed's DeepSpeedZeroConfig (DeepSpeed refuses "
+     "it); remove it"),
+])
+def test_a_nested_key_typo_names_its_path_and_the_nearest_key(entries, more, line):
+    """A typo inside a section of ``ds_config`` was refused with pydantic's bare ``Extra inputs are not permitted`` and
+    no near-name hint, which a top-level typo gets; now its dotted path and the nearest key DeepSpeed has there."""
+    with pytest.raises(ConfigError) as err:
+        _ds(entries, *more)
+    assert str(err.value) == line

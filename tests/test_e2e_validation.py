@@ -106,3 +106,25 @@ def test_validation_keeps_reward_keys_that_hold_a_slash():
     # batches of 3 and 1 rows (acc True, False, True | True)
     assert m == {"val/a/b/greedy/score": 1.0, "val/a/b/greedy/acc": 0.75, "val/a/b/greedy/fmt/ok": 1.0,
                  "val/a/b/greedy/fmt/len": 5.0}
+
+
+@pytest.mark.parametrize("validation,source", [([], "start-up"), (["trainer.test_freq=2"], "trainer")])
+def test_val_also_greedy_beside_greedy_val_kwargs_is_warned_once(validation, source, caplog):
+    """``trainer.val_also_greedy=true`` with the shipped (greedy) ``val_kwargs`` and no validation was warned twice:
+    by the start-up checks (ignored: no validation runs) and by the trainer (does nothing: already greedy). One line:
+    the start-up one without validation, the trainer's with it."""
+    import logging
+
+    from tests.verl_scripts import composed
+    from trainer.validation import warn_greedy_noop
+
+    _, _, run, report = composed(["trainer.val_also_greedy=true", *validation])
+    startup = [w for w in report.warnings if "val_also_greedy" in w]
+    vk = SamplingKwargs.from_dict(run["actor_rollout_ref"]["rollout"]["val_kwargs"],
+                                  "actor_rollout_ref.rollout.val_kwargs")
+    caplog.clear()  # the start-up lines were logged too; counted from the report above
+    with caplog.at_level(logging.WARNING, logger="trainer.validation"):
+        warn_greedy_noop(run, True, vk)
+    trainer = [r.getMessage() for r in caplog.records if "val_also_greedy" in r.getMessage()]
+    assert len(startup + trainer) == 1, startup + trainer
+    assert (startup if source == "start-up" else trainer) != []

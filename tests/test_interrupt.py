@@ -158,3 +158,20 @@ def test_sigterm_during_training_finishes_the_step_saves_and_leaves_no_ray_proce
     last = read_metrics(run["out"])[-1]
     assert last["step"] == int(m.group(1)) and last["reward/num_errors"] == 0, last  # every score of the step
     assert run["alive"] == [] and run["session_left"] == []
+
+
+def test_ctrl_c_after_the_done_line_exits_0_and_does_not_report_an_interrupt(tmp_path):
+    """Ctrl-C right after the run printed ``done: ...`` (its work complete and saved) landed in the shut-down of Ray
+    and made the run exit 130 with ``interrupted at step N``; now the shut-down is cut short and the run exits 0."""
+    run = MainRun(str(tmp_path / "done"), *SHORT, "trainer.export_hf_on_end=false", "trainer.test_freq=-1")
+    deadline = time.monotonic() + 300
+    while "done: step 2 of 2" not in run.text():
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.text()[-5000:]
+        time.sleep(0.02)
+    procs = psutil.Process(run.proc.pid).children(recursive=True)
+    os.killpg(run.proc.pid, signal.SIGINT)       # what Ctrl-C in a terminal does
+    rc = run.finish()
+    text = run.text()
+    assert rc == 0, (rc, text[-3000:])
+    assert "interrupted at step" not in text and "Traceback" not in text, text[-3000:]
+    assert _alive(procs) == [] and _session_left(run.proc.pid) == []

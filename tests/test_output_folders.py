@@ -326,6 +326,37 @@ def test_the_embedded_data_of_another_seed_waits_until_the_earlier_run_is_set_as
     assert sorted(os.listdir(out)) == ["data", "earlier_runs"]
 
 
+def test_a_resume_over_an_edited_generated_data_file_is_refused_and_keeps_the_file(tmp_path):
+    """The embedded task's ``data/train.jsonl`` edited after the run wrote it was written over at a resume without a
+    word (the generated rows moved in once the checks passed). Now the resume is refused in one line naming the file
+    and the two ways on, as for a tiny model built from other settings; the edited file is kept, and pointing
+    ``data.train_files`` / ``val_files`` at it resumes on it as it is."""
+    from tests.test_init_model import _prepare
+    from trainer.run_folder import settle_run_folder
+
+    out = tmp_path / "run"
+    settle_run_folder(_prepare(str(out)), True, [], {})
+    data = out / "data"
+    rows = (data / "train.jsonl").read_text().splitlines()
+    edited = "\n".join([json.dumps({**json.loads(rows[0]), "prompt": [{"role": "user", "content": "1+1"}]}),
+                        *rows[1:]]) + "\n"
+    (data / "train.jsonl").write_text(edited)
+    with pytest.raises(ConfigError) as info:
+        settle_run_folder(_prepare(str(out), resuming=True), False, [], {})
+    assert str(info.value) == (
+        f"trainer.resume_mode: {data / 'train.jsonl'} differs from the rows the embedded task writes for data.seed=0 "
+        "(edited since the run wrote it?), and the resume would write those rows over it; to resume on the files as "
+        "they are (the resume's row checks compare them with the checkpoint's), set "
+        f"data.train_files={data / 'train.jsonl'} data.val_files={data / 'val.jsonl'}; to have the "
+        f"generated rows again, move the edited files out of {data}")
+    assert (data / "train.jsonl").read_text() == edited and sorted(os.listdir(data)) == ["train.jsonl", "val.jsonl"]
+    assert [n for n in os.listdir(out) if n.startswith(".data-")] == []
+    cfg = _prepare(str(out), f"data.train_files={data / 'train.jsonl'}", f"data.val_files={data / 'val.jsonl'}",
+                   resuming=True)
+    settle_run_folder(cfg, False, [], {})
+    assert (data / "train.jsonl").read_text() == edited and cfg["data"]["train_files"] == str(data / "train.jsonl")
+
+
 def test_a_fresh_run_keeps_its_own_log_lines_and_sets_the_earlier_ones_aside(tmp_path):
     """Found by a tester: a fresh run appended its lines to the earlier run's ``main.log`` (Hydra's log of the run
     folder, opened in mode ``a``). The lines the log held when the run started go to ``earlier_runs/`` with that

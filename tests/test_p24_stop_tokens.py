@@ -233,10 +233,42 @@ def test_p24_bad_stop_ids_refused_before_start(rigged_llama):
     tok, model, path = rigged_llama
     cfg = {"data": {"max_prompt_length": 8, "max_response_length": 4},
            "actor_rollout_ref": {"model": {"path": str(path)}, "rollout": {"stop_token_ids": [99]}}}
-    with pytest.raises(ConfigError, match=r"stop_token_ids.*\[99\].*outside the vocabulary"):
+    with pytest.raises(ConfigError) as info:
         check_model_context(cfg, AutoConfig.from_pretrained(path), tok)
+    assert str(info.value) == ("stop token ids [99] are outside the vocabulary (size 8): "
+                               "actor_rollout_ref.rollout.stop_token_ids gives [99]; the model can never generate "
+                               "them; expected ids below 8 there")
     cfg["actor_rollout_ref"]["rollout"]["stop_token_ids"] = ["eot"]
     with pytest.raises(ConfigError, match="'eot' is not an integer"):
+        check_model_context(cfg, AutoConfig.from_pretrained(path), tok)
+
+
+@pytest.mark.parametrize("file", ["config.json", "generation_config.json", "override_config"])
+def test_an_eos_id_outside_the_vocabulary_is_blamed_on_the_file_that_holds_it(rigged_llama, file):
+    """A model's own ``eos_token_id`` past its ``vocab_size`` was reported as a bad
+    ``actor_rollout_ref.rollout.stop_token_ids`` (a key the user never set); the line names the file and field."""
+    from transformers import AutoConfig
+
+    from trainer.config_checks import ConfigError
+    from trainer.launch import check_model_context
+
+    tok, model, path = rigged_llama
+    override = {}
+    if file == "override_config":
+        override, where = {"eos_token_id": [1, 99]}, "actor_rollout_ref.model.override_config.eos_token_id"
+    else:
+        data = json.loads((path / file).read_text())
+        (path / file).write_text(json.dumps({**data, "eos_token_id": [1, 99]}))
+        where = f"eos_token_id in {path / file}"
+    cfg = {"data": {"max_prompt_length": 8, "max_response_length": 4},
+           "actor_rollout_ref": {"model": {"path": str(path), "override_config": override},
+                                 "rollout": {"stop_token_ids": []}}}
+    with pytest.raises(ConfigError) as info:
+        check_model_context(cfg, AutoConfig.from_pretrained(path, **override), tok)
+    assert str(info.value) == (f"stop token ids [99] are outside the vocabulary (size 8): {where} gives [99]; the "
+                               "model can never generate them; expected ids below 8 there"), str(info.value)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": "eot"}))
+    with pytest.raises(ConfigError, match=rf"^eos_token_id in {path / 'generation_config.json'}: stop token id 'eot'"):
         check_model_context(cfg, AutoConfig.from_pretrained(path), tok)
 
 

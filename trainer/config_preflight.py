@@ -251,11 +251,14 @@ def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
     if vocab is not None and tokenizer.eos_token_id >= vocab:  # a token added to the tokenizer past the embedding
         raise ConfigError(eos_outside_vocab_problem(cfg, tokenizer, vocab))
 
-    try:  # the set every engine stops at (the workers resolve it the same way)
-        stops = resolve_stop_token_ids(tokenizer, hf_config, cfg["actor_rollout_ref"]["model"]["path"],
+    model = cfg["actor_rollout_ref"]["model"]
+    label = ("actor_rollout_ref.model.override_config.eos_token_id"
+             if "eos_token_id" in dict(model.get("override_config") or {}) else None)
+    try:  # the set every engine stops at (the workers resolve it the same way); the error names the bad id's source
+        stops = resolve_stop_token_ids(tokenizer, hf_config, model["path"], config_label=label,
                                        extra=cfg["actor_rollout_ref"]["rollout"].get("stop_token_ids"))
     except ValueError as exc:
-        raise ConfigError(f"actor_rollout_ref.rollout.stop_token_ids: {exc}") from None
+        raise ConfigError(str(exc)) from None
     logger.info("responses end at token ids %s (%s)", stops, tokenizer.convert_ids_to_tokens(stops))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # pad falls back to EOS (SmolLM2 has no pad token)

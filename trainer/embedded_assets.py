@@ -28,7 +28,8 @@ def prepare_embedded(cfg: dict, resuming: bool = False) -> DataConfig:
 
     Raises:
         ConfigError: an unknown ``data.synthetic_task``, a bad ``data`` value (its section's check), or a resume
-            whose tiny-model settings differ from those ``init_model`` was built from.
+            whose tiny-model settings differ from those ``init_model`` was built from, or whose generated data files
+            were edited (:func:`trainer.run_folder.write_embedded_data`).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -62,7 +63,7 @@ def prepare_embedded(cfg: dict, resuming: bool = False) -> DataConfig:
         if cfg["critic"]["model"]["path"] is None:
             cfg["critic"]["model"]["path"] = init_dir
     if data.train_files is None:  # kept when the same; another run's rows stay until it is set aside (run_folder)
-        train, val = write_embedded_data(task.write_task, out, data.seed)
+        train, val = write_embedded_data(task.write_task, out, data.seed, resuming)
         val = data.val_files if data.val_files is not None else val
         cfg["data"]["train_files"], cfg["data"]["val_files"] = train, val
         data = replaced(data, "data", train_files=train, val_files=val)

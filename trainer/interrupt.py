@@ -2,6 +2,8 @@
 
 * SIGINT (Ctrl-C) at any time stops the run at once: ``interrupted at step N; last checkpoint: PATH`` on stderr
   (N is the step in progress, 0 before training; PATH the newest committed checkpoint, or ``none``), exit 130.
+* Once the run's work is complete and saved (its ``done:`` line printed, :func:`run_complete`), SIGINT or SIGTERM
+  only cuts the shut-down short: the run is not reported as interrupted, and it exits 0.
 * SIGTERM during the training loop: the current step finishes, a checkpoint is saved when ``trainer.save_freq > 0``
   (else the HF export) and the run exits 143 (``RayPPOTrainer.fit``'s handler). SIGTERM before the loop starts, or
   a second SIGTERM while the step finishes, stops at once like Ctrl-C, with exit code 143. A failure after a
@@ -46,10 +48,10 @@ from typing import Iterator, NoReturn
 # raise waits (install_handlers(held=True), deferred()); redeliver: the next signal is the helper thread's
 # re-sending; insist: a second signal came while the first waited (deferred sections are not waited for); step: the
 # step in progress (check_interrupted); stop_signal / stop_step: a SIGTERM asked the loop to stop after step
-# stop_step (request_stop)
+# stop_step (request_stop); complete: the run's work is done and saved (run_complete)
 _STATE: dict = {"driver_pid": None, "signum": None, "raised": False, "exiting": False, "held": False,
                 "deferred": 0, "redeliver": False, "insist": False, "step": None, "stop_signal": None,
-                "stop_step": None, "checkpoint_root": None}
+                "stop_step": None, "checkpoint_root": None, "complete": False}
 _WAKE = threading.Event()  # set by the handler when a recorded signal waits for a safe point (the helper thread)
 _HELPER: dict = {"thread": None, "pid": None}
 
@@ -65,7 +67,7 @@ class RunInterrupted(KeyboardInterrupt):
 def install_handlers(held: bool = False) -> None:
     """Make SIGINT and SIGTERM raise :class:`RunInterrupted` in this (the driver) process. ``held``: a signal is
     only recorded until :func:`release` (the entry point's module-level imports, before its ``try``)."""
-    _STATE["driver_pid"] = os.getpid()
+    _STATE["driver_pid"], _STATE["complete"] = os.getpid(), False
     if held:
         _STATE["held"] = True
     _start_helper()
@@ -304,15 +306,36 @@ def own_checkpoints(checkpoint_root: str | None) -> None:
     _STATE["checkpoint_root"] = checkpoint_root
 
 
+def run_complete() -> None:
+    """The run's work is complete and saved (its ``done:`` line printed): a Ctrl-C or SIGTERM from here on only cuts
+    the shut-down short, and the run exits 0 (:func:`exit_interrupted`). No-op outside the driver."""
+    if _is_driver():
+        _STATE["complete"] = True
+
+
+def quiet_exit() -> None:
+    """After a complete run's shut-down (Ray down; the exit functions left, :mod:`trainer.leftovers`' among them):
+    ignore Ctrl-C and SIGTERM, so that they run and the exit code stays 0. No-op before :func:`run_complete`."""
+    if _is_driver() and _STATE["complete"]:
+        _STATE["exiting"] = True
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+
+
 def exit_interrupted(signum: int, step: int | None) -> NoReturn:
     """Shut Ray down, print the one line, exit ``128 + signum`` (130 for SIGINT, 143 for SIGTERM). ``step`` None:
     the step :func:`check_interrupted` last saw (0 before training). The line names the latest checkpoint in the
-    folder :func:`own_checkpoints` named, or none."""
+    folder :func:`own_checkpoints` named, or none. After :func:`run_complete` the signal only cut the shut-down
+    short: the line says so and the exit code is 0."""
     _STATE["exiting"] = True
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     _STATE["signum"] = signum
     shutdown_ray()
+    if _STATE["complete"]:
+        print(f"{signal.Signals(signum).name} during the shut-down: the run had completed (its done line above); "
+              "exit 0", file=sys.stderr, flush=True)
+        sys.exit(0)
     step = _STATE["step"] if step is None else step
     print(f"interrupted at step {step or 0}; last checkpoint: {last_checkpoint()}", file=sys.stderr, flush=True)
     sys.exit(128 + signum)

@@ -316,7 +316,7 @@ def run(hydra_cfg: DictConfig) -> dict:
     # the workers fit this machine or the Ray cluster (PlacementError)
     check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
     step_dir = resume_path(cfg)  # None: a fresh run
-    from trainer.interrupt import as_interrupt, own_checkpoints
+    from trainer.interrupt import as_interrupt, own_checkpoints, run_complete
 
     own_checkpoints(cfg["trainer"]["default_local_dir"] if step_dir is not None else None)
     data = prepare_embedded(cfg, resuming=step_dir is not None)
@@ -351,6 +351,8 @@ def run(hydra_cfg: DictConfig) -> dict:
           file=sys.stderr)
     if last.get("_stopped_by_sigterm"):  # not finished: a scheduler must not count the job as done (exit 143)
         summary["_stopped_by_sigterm"] = True
+    else:
+        run_complete()  # the work is saved: an interrupt from here on only cuts the shut-down short (exit 0)
     return summary
 
 

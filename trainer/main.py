@@ -70,8 +70,8 @@ def report_user_error(exc: BaseException) -> None:
 
 @hydra.main(config_path="../configs", config_name="ppo_trainer", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from trainer.interrupt import (as_interrupt, exit_interrupted, interrupted_by, own_checkpoints, shutdown_ray,
-                                   stop_requested)
+    from trainer.interrupt import (as_interrupt, exit_interrupted, interrupted_by, own_checkpoints, quiet_exit,
+                                   shutdown_ray, stop_requested)
     from trainer.config_types import all_errors, check_run_config
     from trainer.launch import prestart, run
 
@@ -85,6 +85,7 @@ def main(cfg: DictConfig) -> None:
         shutdown_ray()  # no Ray process of this run outlives it
         if last.get("_stopped_by_sigterm"):  # the step finished and the work was kept, but the run did not end
             sys.exit(128 + signal.SIGTERM)
+        quiet_exit()  # a complete run: a signal during the rest of the exit leaves the exit code 0
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (trainer/interrupt.py)
         exc = as_interrupt(exc)
         exit_interrupted(exc.signum, exc.step)

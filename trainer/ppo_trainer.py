@@ -31,7 +31,7 @@ from trainer.on_policy import OLD_FROM_UPDATE, OnPolicyRule
 from trainer.protocol import DataProto
 from trainer.roles import Roles, actor_role, rollout_role
 from trainer.seqlen_balancing import balance_batch
-from trainer.validation import sampled, validate_and_log
+from trainer.validation import validate_and_log, warn_greedy_noop
 from trainer.workers.profiling import profile_meta
 from trainer.workers.step_guard import TrainingDiverged  # noqa: F401 (raised here; imported from here too)
 
@@ -77,9 +77,7 @@ class RayPPOTrainer:
         self.hf_exports = TimedHFExports.from_config(config["trainer"])  # trainer.export_hf_freq_s (None: off)
         vk = self.val_kwargs = SamplingKwargs.from_dict(config["actor_rollout_ref"]["rollout"]["val_kwargs"],
                                                          "actor_rollout_ref.rollout.val_kwargs")
-        if t.val_also_greedy and not sampled(vk):
-            logger.warning("trainer.val_also_greedy=true does nothing: actor_rollout_ref.rollout.val_kwargs already "
-                           "decodes greedily (do_sample=%s, temperature=%s)", vk.do_sample, vk.temperature)
+        warn_greedy_noop(config, t.val_also_greedy, vk)  # once: without validation the start-up checks named it
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.hooks = build_hooks(config, self.world, pad, len(train_loader))
         self.loader = self.hooks.wrap_loader(train_loader)

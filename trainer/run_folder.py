@@ -7,7 +7,8 @@ tiny model (``<output_dir>/init_model``, from ``trainer.seed``, ``actor_rollout_
 
 - the data: when ``data/`` holds the same bytes (the same task and seed) they are kept as they are; when it holds
   other rows (an earlier run's), this run's rows wait in a temporary folder inside ``output_dir`` and move into
-  ``data/`` once the earlier ones are set aside (:func:`settle_run_folder`);
+  ``data/`` once the earlier ones are set aside (:func:`settle_run_folder`); a resume over other rows (files edited
+  since the run wrote them) is refused, the files kept (:func:`write_embedded_data`);
 - the tiny model: ``init_model/build_settings.json`` records the settings it was built from; the folder is used as
   it is when they are this run's. Otherwise a fresh run builds its own model in a temporary folder inside
   ``output_dir``, which becomes ``init_model`` once the earlier one is set aside; a resume is refused, naming the
@@ -84,11 +85,20 @@ def log_sizes() -> dict[str, int]:
     return out
 
 
-def write_embedded_data(write: Callable[[str, int], tuple[str, str]], output_dir: str, seed: int) -> tuple[str, str]:
+def write_embedded_data(write: Callable[[str, int], tuple[str, str]], output_dir: str, seed: int,
+                        resuming: bool = False) -> tuple[str, str]:
     """Write the embedded task's training and held-out files for ``seed`` (``write(folder, seed) -> (train, val)``)
     and return the paths this run reads: in ``<output_dir>/data`` when it holds none of them or the same bytes (kept
     as they are); else, an earlier run's rows being there, in a temporary folder inside ``output_dir`` that
-    :func:`settle_run_folder` moves into ``data/`` (a start that stops before leaves ``data/`` as it was)."""
+    :func:`settle_run_folder` moves into ``data/`` (a start that stops before leaves ``data/`` as it was).
+
+    A resume (``resuming``) whose ``data/`` holds other bytes than these rows (a file edited since the run wrote it;
+    the rows of another ``data.seed`` are refused with the other data keys) is refused, as a tiny model built from
+    other settings is (:func:`place_init_model`): the resume would write the generated rows over the file.
+
+    Raises:
+        ConfigError: (a resume) one line naming each differing file and the two ways on.
+    """
     folder = os.path.join(output_dir, DATA_DIR)
     os.makedirs(output_dir, exist_ok=True)
     old = _staged.pop(os.path.realpath(output_dir), None)
@@ -98,7 +108,13 @@ def write_embedded_data(write: Callable[[str, int], tuple[str, str]], output_dir
     paths = write(staged.name, seed)
     names = [os.path.basename(p) for p in paths]
     there = [os.path.join(folder, n) for n in names]
-    if any(os.path.exists(t) and not filecmp.cmp(p, t, shallow=False) for p, t in zip(paths, there)):
+    differ = [t for p, t in zip(paths, there) if os.path.exists(t) and not filecmp.cmp(p, t, shallow=False)]
+    if differ and resuming:
+        staged.cleanup()
+        from trainer.config_checks import ConfigError
+
+        raise ConfigError(_edited_data_line(differ, there, seed))
+    if differ:
         _staged[os.path.realpath(output_dir)] = staged  # an earlier run's rows: they stay until it is set aside
         return paths[0], paths[1]
     os.makedirs(folder, exist_ok=True)
@@ -107,6 +123,17 @@ def write_embedded_data(write: Callable[[str, int], tuple[str, str]], output_dir
             os.replace(p, t)
     staged.cleanup()
     return there[0], there[1]
+
+
+def _edited_data_line(differ: list[str], there: list[str], seed: int) -> str:
+    """The refusal of a resume whose generated data files ``differ`` from the rows of ``data.seed`` ``seed``
+    (``there``: the run's ``data/train.jsonl`` and ``val.jsonl``)."""
+    it = "it" if len(differ) == 1 else "them"
+    return (f"trainer.resume_mode: {', '.join(differ)} differ{'s' * (len(differ) == 1)} from the rows the embedded "
+            f"task writes for data.seed={seed} (edited since the run wrote {it}?), and the resume would write those "
+            f"rows over {it}; to resume on the files as they are (the resume's row checks compare them with the "
+            f"checkpoint's), set data.train_files={there[0]} data.val_files={there[1]}; to have the generated rows "
+            f"again, move the edited files out of {os.path.dirname(there[0])}")
 
 
 def read_build_record(init_dir: str) -> dict | None:
@@ -212,7 +239,7 @@ def settle_run_folder(cfg: dict, fresh: bool, datasets: Iterable, logs: dict[str
         return
     folder = os.path.join(os.path.abspath(out), DATA_DIR)
     os.makedirs(folder, exist_ok=True)
-    moved = {}  # the rows there were set aside (a fresh run) or are this run's own, written again (a resume)
+    moved = {}  # the rows there were set aside (a fresh run; a resume over other rows is refused before)
     for name in os.listdir(staged.name):
         moved[os.path.join(staged.name, name)] = os.path.join(folder, name)
         os.replace(os.path.join(staged.name, name), os.path.join(folder, name))
@@ -277,6 +304,9 @@ def already_complete(output_dir: str, step_dir: str, step: int, last_step: int, 
     print(f"done: the run is already complete: {step_dir} is step {step} of {last_step}, nothing left to train; "
           f"{output_dir} is kept as it was ({FINAL_METRICS} {'kept' if summary else 'absent'}; raise "
           "trainer.total_training_steps or trainer.total_epochs to train on)", file=sys.stderr)
+    from trainer.interrupt import run_complete
+
+    run_complete()  # nothing to do: an interrupt from here on only cuts the shut-down short (exit 0)
     return summary
 
 

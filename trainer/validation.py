@@ -3,9 +3,13 @@ and greedy with ``trainer.val_also_greedy``), and whether sampling settings samp
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from trainer.dataset import collate_prompts, pad_rows_to_multiple
+
+logger = logging.getLogger(__name__)
 
 
 def validate(trainer) -> dict:
@@ -86,3 +90,17 @@ def sampled(kwargs) -> bool:
     from rollout.base import SamplingConfig
 
     return not SamplingConfig(do_sample=kwargs.do_sample, temperature=kwargs.temperature).greedy
+
+
+def warn_greedy_noop(config: dict, also_greedy: bool, val_kwargs) -> bool:
+    """Warn that ``trainer.val_also_greedy=true`` does nothing when ``val_kwargs`` (a
+    :class:`trainer.config.rollout.SamplingKwargs`) already decode greedily, only when a validation pass runs
+    (:func:`trainer.unused_conditions.validates` on the plain run config ``config``): without one the start-up
+    checks (:mod:`trainer.unused_settings`) have already named the key as ignored. Returns whether it warned."""
+    from trainer.unused_conditions import validates
+
+    if not also_greedy or sampled(val_kwargs) or not validates(config):
+        return False
+    logger.warning("trainer.val_also_greedy=true does nothing: actor_rollout_ref.rollout.val_kwargs already decodes "
+                   "greedily (do_sample=%s, temperature=%s)", val_kwargs.do_sample, val_kwargs.temperature)
+    return True

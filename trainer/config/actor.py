@@ -79,6 +79,23 @@ def check_kl_type(key: str, value: str) -> None:
                           "suffix: the k2 gradient)")
 
 
+def _check_clip_ratio_c(key: str, value: float, given, loss_mode: str) -> None:
+    """``clip_ratio_c`` checked only where the policy loss reads it, as verl does (its loss asserts it): > 1 for
+    vanilla's dual clip, > 0 for the DPPO losses' importance-weight truncation. The other built-in loss modes leave
+    it unread (:mod:`trainer.unused_settings` warns about a value set for it); a loss mode registered through
+    ``external_lib`` checks what it reads itself.
+
+    Raises:
+        ConfigError: ``<key>.clip_ratio_c=<given>; expected > 1 (...)`` or ``expected a number > 0 (...)``.
+    """
+    if loss_mode == "vanilla" and not value > 1.0:
+        raise ConfigError(f"{key}.clip_ratio_c={given}; expected > 1 (the dual clip of "
+                          f"{key}.policy_loss.loss_mode=vanilla)")
+    if loss_mode in ("dppo_tv", "dppo_kl"):
+        bounded(f"{key}.clip_ratio_c", value, given, gt=0,
+                why=f"the importance-weight truncation of {key}.policy_loss.loss_mode={loss_mode}")
+
+
 def _check_agg_mode(key: str, mode: str) -> None:
     from trainer.algos.losses import LOSS_AGG_MODES
 
@@ -205,7 +222,7 @@ class ActorConfig(Section):
 
     def check(self, key: str) -> None:
         """grad_clip >= 0 (:func:`check_grad_clip`); entropy_coeff finite; kl_loss_coef >= 0; micro-batches of
-        >= 1 row; a dual clip > 1; a known loss_agg_mode."""
+        >= 1 row; ``clip_ratio_c`` as the policy loss reads it (:func:`_check_clip_ratio_c`); a known loss_agg_mode."""
         check_grad_clip(f"{key}.grad_clip", self.grad_clip, self.given("grad_clip"))
         finite(f"{key}.entropy_coeff", self.entropy_coeff)
         bounded(f"{key}.kl_loss_coef", self.kl_loss_coef, self.given("kl_loss_coef"), ge=0,
@@ -213,8 +230,7 @@ class ActorConfig(Section):
         if self.ppo_micro_batch_size_per_gpu <= 0:
             raise ConfigError(f"{key}.ppo_micro_batch_size_per_gpu={self.given('ppo_micro_batch_size_per_gpu')}; "
                               "expected >= 1")
-        if self.clip_ratio_c <= 1.0:
-            raise ConfigError(f"{key}.clip_ratio_c={self.given('clip_ratio_c')}; expected > 1")
+        _check_clip_ratio_c(key, self.clip_ratio_c, self.given("clip_ratio_c"), self.policy_loss.loss_mode)
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             bounded(f"{key}.{name}", getattr(self, name), self.given(name), gt=0,
                     why="the PPO ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]")

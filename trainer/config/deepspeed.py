@@ -2,6 +2,9 @@
 ``configs/deepspeed/zero*.yaml``, holds the defaults)."""
 from __future__ import annotations
 
+import difflib
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,8 +100,56 @@ def check_ds_config_values(ds_config: dict, zero_stage: int, key: str) -> None:
         errors = getattr(exc, "errors", None)
         if callable(errors):  # pydantic: the first field it refused, in the section's model (title)
             e = errors()[0]
+            if e.get("type") == "extra_forbidden":
+                raise ConfigError(_unknown_key_line(ds_config, getattr(exc, "title", ""), e["loc"], key)) from None
             where = ".".join(str(x) for x in e.get("loc", ()))
             raise ConfigError(f"{key}: {where}={e.get('input')!r} in DeepSpeed's {getattr(exc, 'title', 'config')}: "
                               f"{e.get('msg')}") from None
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"{key}: DeepSpeed refuses it: {reason}") from None
+
+
+def _unknown_key_line(ds_config: Mapping, title: str, loc: tuple, key: str) -> str:
+    """The error line of a nested ``ds_config`` key that DeepSpeed's model ``title`` (e.g. ``DeepSpeedZeroConfig``)
+    does not have, at ``loc`` inside that model: its dotted path in ``ds_config`` and, as for an unknown top-level
+    key (:func:`trainer.ds_config_checks.check_ds_config_entries`), the nearest key DeepSpeed has there."""
+    loc = tuple(str(x) for x in loc)
+    top = next((k for k, v in ds_config.items() if _holds(v, loc)), None)
+    parent = ".".join(([str(top)] if top is not None else []) + list(loc[:-1]))
+    close = difflib.get_close_matches(loc[-1], sorted(_model_keys(title, loc[:-1])), n=1)
+    hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "; remove it"
+    return (f"{key}.{parent + '.' if parent else ''}{loc[-1]}: not a key of DeepSpeed's {title or 'config'} "
+            f"(DeepSpeed refuses it){hint}")
+
+
+def _holds(node, loc: tuple) -> bool:
+    for part in loc:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _model_keys(title: str, path: tuple) -> set:
+    """The keys (field names and aliases) of DeepSpeed's pydantic model named ``title``, or of the model at ``path``
+    below it; empty when it is not found."""
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+
+    todo, model = [DeepSpeedConfigModel], None
+    while todo and model is None:
+        cls = todo.pop()
+        model = cls if cls.__name__ == title else None
+        todo += cls.__subclasses__()
+    for part in path:
+        fields = getattr(model, "model_fields", {})
+        field = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
+        model = _sub_model(field.annotation) if field is not None else None
+    fields = getattr(model, "model_fields", {})
+    return set(fields) | {f.alias for f in fields.values() if f.alias}
+
+
+def _sub_model(annotation):
+    """The pydantic model inside a field's annotation (``Optional[X]``, ``X | None``), or None."""
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        return annotation
+    return next((m for m in map(_sub_model, typing.get_args(annotation)) if m is not None), None)

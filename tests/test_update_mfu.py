@@ -37,12 +37,11 @@ def test_update_mfu_counts_every_rows_own_length_epochs_and_sp(monkeypatch, epoc
     mask = torch.zeros(3, 10, dtype=torch.long)
     for i, n in enumerate((10, 4, 7)):
         mask[i, :n] = 1
-    t0 = time.perf_counter() - 2.0
-    got = um.update_mfu(_role(sp), mask, epochs, t0, torch.device("cuda"))
-    seconds = time.perf_counter() - t0
-    want = compute_mfu(_role().hf_config, 21, [10, 4, 7], seconds, 1, 989e12) * epochs / sp
+    monkeypatch.setattr(um.time, "perf_counter", lambda: 102.0)
+    got = um.update_mfu(_role(sp), mask, epochs, 100.0, torch.device("cuda"))
+    want = compute_mfu(_role().hf_config, 21, [10, 4, 7], 2.0, 1, 989e12) * epochs / sp
     assert synced, "the device is synchronised before the update's time is read"
-    assert got == pytest.approx(want, rel=1e-3)
+    assert got == pytest.approx(want, rel=1e-9)
 
 
 def test_update_mfu_is_none_on_an_unknown_gpu_or_an_empty_batch(monkeypatch):

@@ -42,6 +42,7 @@ Usage:
         --batch 64 --n 8 --micro 8 --response-len 512 --sides trl_vllm,ours_vllm --steps 3 --out qwen.json
     python tools/bench/vs_trl.py --tiny --out /tmp/vs_trl.json     # CPU: embedded tiny model + synthetic task
     python tools/bench/vs_trl.py --report-from vs_trl.json --out vs_trl.json   # table + plot again
+    python tools/bench/vs_trl.py --report-from trl.json,ours.json --out qwen.json   # sides of separate calls
 """
 from __future__ import annotations
 
@@ -362,7 +363,9 @@ def _parser() -> argparse.ArgumentParser:
                     "most what is left of it (and --timeout); a side with under 30 s left is not started")
     ap.add_argument("--work-dir", default=None, help="logs and run outputs (default: next to --out)")
     ap.add_argument("--tiny", action="store_true", help="CPU: embedded tiny model + synthetic task, 3 steps")
-    ap.add_argument("--report-from", help="write the table and plot of this JSON (no runs)")
+    ap.add_argument("--report-from", metavar="A.json[,B.json...]",
+                    help="write the table and plot of this JSON (no runs); several files: one report of sides run in "
+                         "separate calls of the same job on the same card (tools/bench/vs_trl_merge.py)")
     ap.add_argument("--out", default="bench_vs_trl.json")
     ap.add_argument("--trl-child", help=argparse.SUPPRESS)  # internal: run TRL from a job JSON file
     return ap
@@ -406,8 +409,9 @@ def main(argv=None) -> dict:
 
         return run_job_file(args.trl_child, run_trl)
     if args.report_from:
-        with open(args.report_from, encoding="utf-8") as f:
-            doc = json.load(f)
+        from tools.bench.vs_trl_merge import merge_vs_docs
+
+        doc = merge_vs_docs([p for p in args.report_from.split(",") if p])
         write_report(doc, args.out)
         return doc
     try:

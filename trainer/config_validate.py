@@ -52,12 +52,13 @@ def validate(cfg: dict) -> None:
     from trainer.ds_config_checks import check_ds_config_entries
     from trainer.multi_turn import check_multi_turn
     from trainer.rollout_placement import check_rollout_placement
+    from trainer.run_length_checks import check_training_happens
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
                      _check_discounts, _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
                      _check_overlong, _check_strategy, _check_kernels, check_ds_config_entries, check_verl_semantics,
-                     check_multi_turn, check_rollout_placement))
+                     check_multi_turn, check_rollout_placement, check_training_happens))
 
 
 def _world(cfg: dict) -> int:

@@ -212,6 +212,10 @@ def _check_model_fit(cfg: dict) -> None:
     path = arr["model"].get("path")
     if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
         return  # reported by _check_model_paths
+    if path is None:
+        from trainer.override_checks import check_tiny_model
+
+        check_tiny_model(cfg)  # the embedded model's sizes build a model
     hf = _model_config_dict(cfg, path)
     from trainer.config.actor import check_ulysses_heads
     from trainer.config.trainer import run_strategy

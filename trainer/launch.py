@@ -76,7 +76,10 @@ def resolve_config(hydra_cfg, report=None) -> dict:
         logger.warning(line)
     for line in got.notes:
         logger.info(line)
-    if cfg["critic"].get("enable") is None:  # on for an estimator whose registry entry needs a critic
+    if cfg["critic"].get("enable") not in (None, True, False):
+        got.errors.append(f"critic.enable={cfg['critic']['enable']!r}; expected null (on exactly for an estimator "
+                          "that needs a critic, e.g. gae), true or false")
+    elif cfg["critic"].get("enable") is None:  # on for an estimator whose registry entry needs a critic
         from trainer.core_algos import ADV_ESTIMATOR_SPECS
 
         spec = ADV_ESTIMATOR_SPECS.get(cfg["algorithm"]["adv_estimator"])

@@ -105,3 +105,34 @@ def test_tiny_model_sizes_that_build_pass():
                                              ("+deepspeed.ds_config.zero_optimization=foo", "deepspeed.ds_config")])
 def test_c14_a_ds_config_that_is_no_mapping_is_one_line(override, needle):
     _refused(validate, _cfg(override), needle)
+
+
+BATCHES = [
+    (("algorithm=gae", "critic.ppo_mini_batch_size=3"), "critic.ppo_mini_batch_size=3 must divide"),
+    (("algorithm=gae", "critic.ppo_micro_batch_size_per_gpu=3"), "critic.ppo_micro_batch_size_per_gpu=3"),
+    (("algorithm=prime", "reward_model.mini_batch_size=3"), "reward_model.mini_batch_size=3 must divide"),
+]
+
+
+@pytest.mark.parametrize("overrides,needle", BATCHES, ids=[" ".join(b[0]) for b in BATCHES])
+def test_c13_the_critic_and_prm_batches_are_checked_as_the_actors(overrides, needle):
+    _refused(validate, _cfg(*overrides), needle)
+
+
+PRIME = [
+    (("data.accuracy_lower_bound=0.9", "data.accuracy_upper_bound=0.1"), "data.accuracy_lower_bound=0.9"),
+    (("data.oversample_factor=0.5",), "data.oversample_factor=0.5"),
+    (("reward_model.model.update=foo",), "reward_model.model.update='foo'"),
+    (("reward_model.prime_granularity=foo",), "reward_model.prime_granularity='foo'"),
+    (("reward_model.prime_norm=foo",), "reward_model.prime_norm='foo'"),
+]
+
+
+@pytest.mark.parametrize("overrides,needle", PRIME, ids=[" ".join(p[0]) for p in PRIME])
+def test_c14_a_bad_prime_setting_is_one_line_before_start_up(overrides, needle):
+    _refused(validate, _cfg("algorithm=prime", *overrides), needle)
+
+
+def test_the_prime_and_critic_defaults_pass():
+    validate(_cfg("algorithm=prime"))
+    validate(_cfg("algorithm=gae"))

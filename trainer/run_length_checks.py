@@ -1,16 +1,16 @@
 """Config checks of settings that train nothing, or train a group of identical samples: a critic warm-up with no
-critic or as long as the run, a learning-rate warm-up longer than its schedule, and greedy sampling under an
-estimator that compares the samples of one prompt.
+critic or as long as the run, and greedy sampling under an estimator that compares the samples of one prompt; and
+the warning of a learning-rate warm-up longer than its schedule.
 
 :func:`check_training_happens` runs in :func:`trainer.config_validate.validate` (the run's length when
 ``trainer.total_training_steps`` is set) and again once :func:`trainer.launch.plan_run_length` has filled in the
-length from the data, before any worker starts.
+length from the data, before any worker starts; :func:`lr_warmup_warnings` are logged then.
 """
 from __future__ import annotations
 
 from trainer.config_checks import ConfigError, ErrorCollector
 
-__all__ = ["check_training_happens", "check_critic_warmup", "check_lr_warmup", "check_greedy_groups"]
+__all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups"]
 
 
 def _critic_on(cfg: dict) -> bool:
@@ -59,15 +59,12 @@ def _optims(cfg: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def check_lr_warmup(cfg: dict) -> None:
-    """Each trained role's ``optim.lr_warmup_steps`` (when >= 0 it overrides ``lr_warmup_steps_ratio``, verl's
-    rule) is at most the schedule's steps: ``optim.total_training_steps``, or (-1) ``trainer.total_training_steps``
-    when known, as ``lr_warmup_steps_ratio`` is at most 1.
-
-    Raises:
-        ConfigError: naming the key, the warm-up and the schedule's steps (the learning rate would never reach
-            ``optim.lr``).
-    """
+def lr_warmup_warnings(cfg: dict) -> list[str]:
+    """One warning per trained role whose ``optim.lr_warmup_steps`` (when >= 0 it overrides
+    ``lr_warmup_steps_ratio``, verl's rule) exceeds the schedule's steps: ``optim.total_training_steps``, or (-1)
+    ``trainer.total_training_steps`` when known. The learning rate then never reaches ``optim.lr`` (a warning, not
+    an error: verl's example scripts keep their warm-up when a short run cuts their length)."""
+    out = []
     for key, optim in _optims(cfg):
         steps = optim.get("lr_warmup_steps")
         if steps is None or int(steps) < 0:
@@ -77,8 +74,10 @@ def check_lr_warmup(cfg: dict) -> None:
         if total is None or int(total) < 0:
             total, where = cfg["trainer"].get("total_training_steps"), "trainer.total_training_steps"
         if total is not None and int(steps) > int(total):
-            raise ConfigError(f"{key}.lr_warmup_steps={int(steps)} with {where}={int(total)}: the learning rate "
-                              f"would never reach {key}.lr; expected lr_warmup_steps <= the schedule's steps")
+            out.append(f"{key}.lr_warmup_steps={int(steps)} with {where}={int(total)}: the learning rate never "
+                       f"reaches {key}.lr in this run (it rises to {int(total)}/{int(steps)} of it); set "
+                       "lr_warmup_steps <= the schedule's steps")
+    return out
 
 
 def check_greedy_groups(cfg: dict) -> None:
@@ -114,12 +113,12 @@ def _number(value):
 
 
 def check_training_happens(cfg: dict) -> None:
-    """:func:`check_critic_warmup`, :func:`check_lr_warmup` and :func:`check_greedy_groups`; their errors together.
+    """:func:`check_critic_warmup` and :func:`check_greedy_groups`; their errors together.
 
     Raises:
         ConfigError: one line per failed check (:class:`trainer.config_checks.ConfigErrors` for several).
     """
     errors = ErrorCollector()
-    for check in (check_critic_warmup, check_lr_warmup, check_greedy_groups):
+    for check in (check_critic_warmup, check_greedy_groups):
         errors.run(check, cfg)
     errors.raise_if_any()

@@ -76,14 +76,7 @@ def resolve_config(hydra_cfg, report=None) -> dict:
         logger.warning(line)
     for line in got.notes:
         logger.info(line)
-    if cfg["critic"].get("enable") not in (None, True, False):
-        got.errors.append(f"critic.enable={cfg['critic']['enable']!r}; expected null (on exactly for an estimator "
-                          "that needs a critic, e.g. gae), true or false")
-    elif cfg["critic"].get("enable") is None:  # on for an estimator whose registry entry needs a critic
-        from trainer.core_algos import ADV_ESTIMATOR_SPECS
-
-        spec = ADV_ESTIMATOR_SPECS.get(cfg["algorithm"]["adv_estimator"])
-        cfg["critic"]["enable"] = bool(spec is not None and spec.needs_critic)
+    _resolve_critic(cfg, got.errors)
     if report is not None:
         report.warnings += got.warnings
         report.notes += got.notes
@@ -91,6 +84,19 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     elif got.errors:
         ErrorCollector(got.errors).raise_if_any()
     return cfg
+
+
+def _resolve_critic(cfg: dict, errors: list[str]) -> None:
+    """``critic.enable`` null: on exactly for an estimator whose registry entry needs a critic (e.g. GAE); a value
+    other than null, true or false adds its error line to ``errors``."""
+    if cfg["critic"].get("enable") not in (None, True, False):
+        errors.append(f"critic.enable={cfg['critic']['enable']!r}; expected null (on exactly for an estimator that "
+                      "needs a critic, e.g. gae), true or false")
+    elif cfg["critic"].get("enable") is None:
+        from trainer.core_algos import ADV_ESTIMATOR_SPECS
+
+        spec = ADV_ESTIMATOR_SPECS.get(cfg["algorithm"]["adv_estimator"])
+        cfg["critic"]["enable"] = bool(spec is not None and spec.needs_critic)
 
 
 def _expand_home_paths(cfg: dict) -> None:

@@ -38,8 +38,8 @@ class RolloutCorrection:
         rollout_is_batch_normalize: divide the weights by their batch mean.
 
     Raises:
-        ConfigError: (a ValueError) an unknown level or a threshold that is not a finite number >= 1, one line
-            naming the key.
+        ValueError: an unknown level or a threshold that is not a finite number >= 1, one line naming the key
+            (:func:`trainer.config_checks.check_rollout_correction` turns it into a ConfigError before start-up).
     """
 
     rollout_is: str | None = None
@@ -47,19 +47,17 @@ class RolloutCorrection:
     rollout_is_batch_normalize: bool = False
 
     def __post_init__(self) -> None:
-        from trainer.config_checks import ConfigError
-
         if self.rollout_is is not None and self.rollout_is not in LEVELS:
-            raise ConfigError(f"algorithm.rollout_correction.rollout_is={self.rollout_is!r}; expected null, "
-                              f"{', '.join(LEVELS)} or auto")
+            raise ValueError(f"algorithm.rollout_correction.rollout_is={self.rollout_is!r}; expected null, "
+                             f"{', '.join(LEVELS)} or auto")
         try:
             c = float(self.rollout_is_threshold)
         except (TypeError, ValueError):
             c = float("nan")
         if not c >= 1 or c == float("inf"):
-            raise ConfigError(f"algorithm.rollout_correction.rollout_is_threshold={self.rollout_is_threshold!r}; "
-                              "expected a finite number >= 1 (the upper clamp of the importance weight; below 1 "
-                              "every weight, an on-policy token's 1 too, is cut down)")
+            raise ValueError(f"algorithm.rollout_correction.rollout_is_threshold={self.rollout_is_threshold!r}; "
+                             "expected a finite number >= 1 (the upper clamp of the importance weight; below 1 "
+                             "every weight, an on-policy token's 1 too, is cut down)")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> "RolloutCorrection":
@@ -67,7 +65,7 @@ class RolloutCorrection:
         defaults; a key the mapping lacks, or None for the whole section, keeps the field's default above).
 
         Raises:
-            ConfigError: see the class.
+            ValueError: see the class.
         """
         s = dict(section or {})
         level = s.get("rollout_is")

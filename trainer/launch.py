@@ -257,21 +257,25 @@ def build_data(cfg: dict, data: DataConfig, tok, processor=None):
 
 def build_reward_managers(cfg: dict, data: DataConfig, tok, datasets) -> tuple:
     """Two :class:`rewards.manager.RewardManager` (training, validation) from ``reward_model`` and the ``data``
-    section ``data``; the scorers that the rows of ``datasets`` reach are checked against the scorer options first
-    (:func:`trainer.config_checks.check_reward_scorers`).
+    section ``data`` (:class:`rewards.batch_manager.BatchRewardManager` for a custom reward function with
+    ``reward_model.reward_manager=batch``, verl's batch call); the scorers that the rows of ``datasets`` reach are
+    checked against the scorer options first (:func:`trainer.config_checks.check_reward_scorers`).
 
     Raises:
         ConfigError: a row without ``data.reward_fn_key``, a data source without a scorer, a scorer option that a
             scorer does not take, a ``custom_reward_function`` file or function that does not load.
     """
+    from rewards.batch_manager import BatchRewardManager
     from rewards.manager import RewardManager
 
     rm, key = cfg["reward_model"], data.reward_fn_key
     custom = custom_scorer(cfg)  # custom_reward_function.path replaces the registered scorers
     scorer = rm["scorer"] if custom is None else custom
-    make = lambda keys=(): RewardManager(tok, reward_fn_key=key, scorer=scorer,  # noqa: E731
-                                         scorer_kwargs=reward_options(cfg), timeout_s=float(rm["timeout_s"]),
-                                         component_keys=keys, **overlong_kwargs(cfg))
+    # verl's batch manager calls the custom function once per batch; the registered scorers score rows
+    cls = BatchRewardManager if custom is not None and rm.get("reward_manager") == "batch" else RewardManager
+    make = lambda keys=(): cls(tok, reward_fn_key=key, scorer=scorer,  # noqa: E731
+                               scorer_kwargs=reward_options(cfg), timeout_s=float(rm["timeout_s"]),
+                               component_keys=keys, **overlong_kwargs(cfg))
     from trainer.adv_inputs import reward_component_keys  # the training rewards' components (GDPO)
 
     return check_reward_scorers(lambda: make(reward_component_keys(cfg)), key, datasets), make()

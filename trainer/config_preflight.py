@@ -181,8 +181,12 @@ def _folder_files_hint(key: str, folder: str) -> str:
 
 
 def _check_data_files(cfg: dict) -> None:
+    """The data files exist and are files; ``data.val_files`` only when a validation pass runs (else the run warns
+    that it is unused, :mod:`trainer.unused_settings`, and does not read it)."""
+    from trainer.unused_conditions import validates
+
     errors = ErrorCollector()
-    for key in ("train_files", "val_files"):
+    for key in ("train_files", "val_files") if validates(cfg) else ("train_files",):
         for f in _as_list(cfg["data"].get(key)):
             if os.path.isdir(f):
                 errors.add(f"data.{key}: {f!r} is a folder (expected a .parquet or .jsonl file); "

@@ -233,9 +233,9 @@ def load_processor(cfg: dict):
 
 def build_data(cfg: dict, data: DataConfig, tok, processor=None):
     """The training prompt loader (``data.gen_batch_size`` prompts per batch with dynamic sampling, else
-    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (or None) of the ``data``
-    section ``data`` (its files filled in, :func:`prepare_embedded`). ``processor`` (a vision-language model's, else
-    None) reads the rows' images (``data.image_key``)."""
+    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (None without one, or when
+    no validation runs) of the ``data`` section ``data`` (its files filled in, :func:`prepare_embedded`).
+    ``processor`` (a vision-language model's, else None) reads the rows' images (``data.image_key``)."""
     from trainer.dataset import PromptDataset, PromptLoader
 
     d = data
@@ -244,7 +244,11 @@ def build_data(cfg: dict, data: DataConfig, tok, processor=None):
                      chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),
                      processor=processor, image_key=d.image_key, tools=tool_schemas(cfg))
     train_ds = PromptDataset(d.train_files, max_rows=d.max_rows, **ds_kwargs)
-    val_ds = PromptDataset(d.val_files, max_rows=d.val_max_rows, **ds_kwargs) if d.val_files else None
+    from trainer.unused_conditions import validates
+
+    # data.val_files of a run that never validates is warned as unused (trainer.unused_settings), not read
+    use_val = bool(d.val_files) and validates(cfg)
+    val_ds = PromptDataset(d.val_files, max_rows=d.val_max_rows, **ds_kwargs) if use_val else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     dynamic = bool(cfg["algorithm"]["filter_groups"]["enable"])
     batch = (d.gen_batch_size or d.train_batch_size) if dynamic else d.train_batch_size

@@ -192,6 +192,16 @@ class PromptDataset:
                 ids = ids[-self.max_prompt_length:] if self.truncation == "left" else ids[:self.max_prompt_length]
             self.rows.append({**row, "input_ids": ids})
             self.origins.append(origin)
+        self._log_left_out(first_invalid)
+        if not self.rows:
+            raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
+                            f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
+                            "prompt or ground truth (or with a chat message lacking its role or content, an unknown "
+                            "role, only empty messages, or a prompt, reward_model or extra_info of the wrong type)"
+                            + (f"; the first of these: {first_invalid}" if first_invalid else ""))
+
+    def _log_left_out(self, first_invalid: str | None) -> None:
+        """A warning for the prompts filtered as too long, one for the rows skipped as unusable (naming the first)."""
         if self.num_filtered:
             logger.warning("filtered %d prompts longer than %d tokens from %s", self.num_filtered,
                            self.max_prompt_length, list(self.files))
@@ -199,12 +209,6 @@ class PromptDataset:
             logger.warning("skipped %d unusable rows (no prompt or ground truth, a chat message without a known role "
                            "or any content, a field of the wrong type) in %s; the first: %s",
                            self.num_invalid, list(self.files), first_invalid)
-        if not self.rows:
-            raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
-                            f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
-                            "prompt or ground truth (or with a chat message lacking its role or content, an unknown "
-                            "role, only empty messages, or a prompt, reward_model or extra_info of the wrong type)"
-                            + (f"; the first of these: {first_invalid}" if first_invalid else ""))
 
     def row_problem(self, row: dict) -> str | None:
         """Why ``row`` is skipped as unusable (:func:`trainer.data_rows.row_problem` under ``prompt_key``); None

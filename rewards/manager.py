@@ -33,8 +33,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -46,7 +44,7 @@ from rewards.components import check_component_keys, component_matrix
 from rewards.failures import FailureWatch, check_batch, check_each_source, scorer_label
 from rewards.options import check_scorer_options, takes_extra_info
 from rewards.overlong import overlong_penalty, penalise_overlong  # noqa: F401  (re-exported)
-from rewards.pool import Outcome, ScoringPool, run_scorer
+from rewards.pool import Outcome, ScoringPool, in_process as _in_process  # noqa: F401  (re-exported)
 from rewards.registry import get_scorer, registry_version, wants_data_source
 from rewards.verify import as_accuracy
 
@@ -78,33 +76,6 @@ class RewardOutput:
     reward_extra_info: dict[str, list] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     reward_components: torch.Tensor | None = None
-
-
-class _AlarmTimeout(BaseException):  # not an Exception: run_scorer must not swallow it
-    pass
-
-
-def _in_process(fn: Callable, args: tuple, kwargs: dict, timeout_s: float) -> Outcome:
-    """Run one scorer here; a SIGALRM timer bounds it when we are the main thread (else no limit)."""
-    use_alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-    if not use_alarm:
-        return run_scorer(fn, args, kwargs)
-
-    def on_alarm(signum, frame):
-        raise _AlarmTimeout()
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    t0 = time.perf_counter()
-    try:
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
-        try:
-            return run_scorer(fn, args, kwargs)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except _AlarmTimeout:
-        return "timeout", None, time.perf_counter() - t0
-    finally:
-        signal.signal(signal.SIGALRM, old)
 
 
 class RewardManager:
@@ -168,12 +139,16 @@ class RewardManager:
         self.scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
         self.scorer_kwargs = dict(scorer_kwargs or {})
         if self.scorer is not None:
-            check_scorer_options(self.scorer, self.scorer_kwargs, self.scorer_name)
+            self._check_options()
         self.timeout_s = float(timeout_s)
         self.num_workers = num_workers
         self.start_method = start_method
         self._pool: ScoringPool | None = None
         self._pool_version = -1
+
+    def _check_options(self) -> None:
+        """The fixed scorer takes the manager's call (:func:`rewards.options.check_scorer_options`)."""
+        check_scorer_options(self.scorer, self.scorer_kwargs, self.scorer_name)
 
     @property
     def routes_by_key(self) -> bool:
@@ -293,16 +268,7 @@ class RewardManager:
         tasks, fns = self._tasks(data, texts)
         watch = FailureWatch([not t.strip() for t in texts])
         label = partial(scorer_label, self.scorer, self.scorer_name, self.reward_fn_key, tasks, watch.blank)
-        if self.num_workers == 0:
-            outcomes = []
-            for i, (fn, (_, args, kw)) in enumerate(zip(fns, tasks)):
-                outcomes.append(_in_process(fn, args, kw, self.timeout_s))
-                if watch.see(i, outcomes[-1]):
-                    break
-        else:
-            outcomes = self._get_pool().run(tasks, self.timeout_s, stop=watch.see)
-        if watch.stopped:
-            watch.check(len(tasks), self.timeout_s, label())
+        outcomes = self._outcomes(tasks, fns, watch, label)
         scores: list[float] = []
         dicts: list[dict | None] = []
         ran: list[bool] = []  # the scorer returned (no error, no timeout)
@@ -336,6 +302,20 @@ class RewardManager:
         metrics = {f"reward/num_{k}": float(v) for k, v in counts.items()}
         metrics["reward/time_s"] = time.perf_counter() - t0
         return scores, dicts, metrics, valid, seen, ran
+
+    def _outcomes(self, tasks: list[tuple], fns: list[Callable], watch: FailureWatch, label: Callable) -> list:
+        """One :data:`rewards.pool.Outcome` per row: the tasks run in this process (``num_workers=0``) or the pool."""
+        if self.num_workers == 0:
+            outcomes = []
+            for i, (fn, (_, args, kw)) in enumerate(zip(fns, tasks)):
+                outcomes.append(_in_process(fn, args, kw, self.timeout_s))
+                if watch.see(i, outcomes[-1]):
+                    break
+        else:
+            outcomes = self._get_pool().run(tasks, self.timeout_s, stop=watch.see)
+        if watch.stopped:
+            watch.check(len(tasks), self.timeout_s, label())
+        return outcomes
 
     def __call__(self, data) -> RewardOutput:
         """Score a batch; see the module docstring for the columns read.

@@ -44,7 +44,8 @@ from rewards.failures import (EARLY_STOP_FAILURES, WORKER_DIED, FailureWatch, Ou
                               check_not_all_failed)
 from rewards.process_tree import descendants, die_with_parent, guard_descendants, kill_tree
 
-__all__ = ["to_plain_result", "run_scorer", "ScoringPool", "Outcome", "ScorerError", "check_not_all_failed",
+__all__ = ["to_plain_result", "run_scorer", "in_process", "ScoringPool", "Outcome", "ScorerError",
+           "check_not_all_failed",
            "FailureWatch", "EARLY_STOP_FAILURES", "die_with_parent", "guard_descendants", "descendants", "kill_tree"]
 
 # One task: (scorer key, positional args, keyword args); one outcome: rewards.failures.Outcome.
@@ -91,6 +92,34 @@ def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
         return "ok", to_plain_result(fn(*args, **kwargs)), time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - a scorer failure must never stop training
         return "error", f"{type(e).__name__}: {e}"[:500], time.perf_counter() - t0
+
+
+class _AlarmTimeout(BaseException):  # not an Exception: run_scorer must not swallow it
+    pass
+
+
+def in_process(fn: Callable, args: tuple, kwargs: dict, timeout_s: float) -> Outcome:
+    """Run one scorer here (:func:`run_scorer`); a SIGALRM timer bounds it to ``timeout_s`` when this is the main
+    thread (else no limit)."""
+    use_alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    if not use_alarm:
+        return run_scorer(fn, args, kwargs)
+
+    def on_alarm(signum, frame):
+        raise _AlarmTimeout()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    t0 = time.perf_counter()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            return run_scorer(fn, args, kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _AlarmTimeout:
+        return "timeout", None, time.perf_counter() - t0
+    finally:
+        signal.signal(signal.SIGALRM, old)
 
 
 def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, close_fds: Sequence,

@@ -164,14 +164,26 @@ def format_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None =
 # ---- user scorers from a file -----------------------------------------------------------------------------
 
 def wants_data_source(fn: Scorer) -> bool:
-    """True if ``fn`` takes a parameter named ``data_source`` (verl's custom reward signature); the reward
-    manager then passes the row's ``reward_fn_key`` value as ``data_source=``."""
+    """True if ``fn`` is called by keyword as verl's naive manager calls it, ``fn(data_source=..., solution_str=...,
+    ground_truth=..., extra_info=...)``: it takes a parameter named ``data_source`` (verl's custom reward
+    signature), or takes ``**kwargs`` but not ``(solution_str, ground_truth)`` by position (e.g.
+    ``compute_score(**kwargs)``). The reward manager then passes the row's ``reward_fn_key`` value as
+    ``data_source=``."""
     if getattr(fn, "wants_data_source", False):
         return True
     try:
-        return "data_source" in inspect.signature(fn).parameters
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return False
+    if "data_source" in sig.parameters:
+        return True
+    if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return False
+    try:
+        sig.bind("", "")
+    except TypeError:
+        return True  # keyword parameters only: verl's keywords
+    return False
 
 
 class ImportEndedError(ImportError):

@@ -11,7 +11,8 @@ def test_a_data_folder_is_named_as_a_folder_with_its_files(tmp_path):
     for n in ("part-1.parquet", "part-0.parquet", "notes.txt"):
         (tmp_path / "shards" / n).write_bytes(b"")
     (tmp_path / "empty").mkdir()
-    cfg = {"data": {"train_files": str(tmp_path / "shards"), "val_files": [str(tmp_path / "empty")]}}
+    cfg = {"data": {"train_files": str(tmp_path / "shards"), "val_files": [str(tmp_path / "empty")]},
+           "trainer": {"test_freq": 5}}  # val_files are read (and checked) when validation runs
     with pytest.raises(ConfigError) as err:
         _check_data_files(cfg)
     text = str(err.value)

@@ -227,7 +227,8 @@ def test_entry_point_prints_every_config_error_before_any_worker(tmp_path):
     # trainer/main.py run as a command, forked from the session's pre-imported driver (4 s of imports less)
     proc = run_main_forked(str(tmp_path), "trainer.save_frq=5", "actor_rollout_ref.model.lora_rank=-1",
                            "data.train_batch_size=7", "actor_rollout_ref.actor.clip_ratio_c=0.5",
-                           "data.val_files=/no/such.parquet", timeout=300, check=False)
+                           "data.val_files=/no/such.parquet", "trainer.test_freq=5",  # validation reads val_files
+                           timeout=300, check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 5, proc.stderr[-3000:]

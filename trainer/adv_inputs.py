@@ -59,7 +59,11 @@ def stage_columns(cfg: dict, spec=None) -> dict[str, str]:
         out["ref_log_prob"] = "the reference model"
     from trainer.algos.rollout_correction import RolloutCorrection
 
-    if RolloutCorrection.from_config(cfg["algorithm"].get("rollout_correction")).enabled:
+    try:
+        correction = RolloutCorrection.from_config(cfg["algorithm"].get("rollout_correction")).enabled
+    except ValueError:  # a bad value: trainer.config_checks.check_rollout_correction names it
+        correction = False
+    if correction:
         out["rollout_is_weights"] = "the rollout correction (algorithm.rollout_correction.rollout_is)"
     return out
 

@@ -181,8 +181,12 @@ def _folder_files_hint(key: str, folder: str) -> str:
 
 
 def _check_data_files(cfg: dict) -> None:
+    """The data files exist and are files; ``data.val_files`` only when a validation pass runs (else the run warns
+    that it is unused, :mod:`trainer.unused_settings`, and does not read it)."""
+    from trainer.unused_conditions import validates
+
     errors = ErrorCollector()
-    for key in ("train_files", "val_files"):
+    for key in ("train_files", "val_files") if validates(cfg) else ("train_files",):
         for f in _as_list(cfg["data"].get(key)):
             if os.path.isdir(f):
                 errors.add(f"data.{key}: {f!r} is a folder (expected a .parquet or .jsonl file); "
@@ -212,6 +216,10 @@ def _check_model_fit(cfg: dict) -> None:
     path = arr["model"].get("path")
     if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
         return  # reported by _check_model_paths
+    if path is None:
+        from trainer.override_checks import check_tiny_model
+
+        check_tiny_model(cfg)  # the embedded model's sizes build a model
     hf = _model_config_dict(cfg, path)
     from trainer.config.actor import check_ulysses_heads
     from trainer.config.trainer import run_strategy

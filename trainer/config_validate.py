@@ -52,12 +52,13 @@ def validate(cfg: dict) -> None:
     from trainer.ds_config_checks import check_ds_config_entries
     from trainer.multi_turn import check_multi_turn
     from trainer.rollout_placement import check_rollout_placement
+    from trainer.run_length_checks import check_training_happens
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
                      _check_discounts, _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
                      _check_overlong, _check_strategy, _check_kernels, check_ds_config_entries, check_verl_semantics,
-                     check_multi_turn, check_rollout_placement))
+                     check_multi_turn, check_rollout_placement, check_training_happens, _check_prime))
 
 
 def _world(cfg: dict) -> int:
@@ -93,29 +94,53 @@ def _check_rollout_engine(cfg: dict) -> None:
 
 
 def _check_batches(cfg: dict) -> None:
+    """The batch arithmetic of each role that updates: the actor, the critic (with a critic) and PRIME's reward
+    model (:func:`_check_update_batches`)."""
     d, arr = cfg["data"], cfg["actor_rollout_ref"]
-    actor, n, world = arr["actor"], int(arr["rollout"]["n"]), _world(cfg)
-    bs, mini = int(d["train_batch_size"]), int(actor["ppo_mini_batch_size"])
+    actor, world = arr["actor"], _world(cfg)
+    bs = int(d["train_batch_size"])
     if world < 1 or bs < 1:
         return  # reported by the trainer / data sections (trainer.config.trainer.TrainerConfig, data's checks)
     from trainer.config.actor import check_ulysses_world
 
     check_ulysses_world(cfg, world)
-    dp = world // int(actor["ulysses_sequence_parallel_size"])
     if bs % world:
         raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers")
+    A = "actor_rollout_ref.actor"
+    _check_update_batches(cfg, f"{A}.ppo_mini_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", actor,
+                          int(actor["ulysses_sequence_parallel_size"]))
+    if cfg["critic"].get("enable") is True:
+        c = cfg["critic"]
+        _check_update_batches(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", c,
+                              int(c["ulysses_sequence_parallel_size"]))
+    from trainer.hooks.prime import prime_enabled
+
+    rm = cfg.get("reward_model") or {}
+    if prime_enabled(cfg) and "mini_batch_size" in rm:
+        _check_update_batches(cfg, "reward_model.mini_batch_size", "reward_model.micro_batch_size_per_gpu", rm,
+                              int(rm.get("ulysses_sequence_parallel_size") or 1))
+
+
+def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, sp: int) -> None:
+    """One role's mini-batch (``mini_key``: prompts per optimizer step) divides ``data.train_batch_size`` and, x
+    ``rollout.n`` rows, the data-parallel ranks; its micro-batch (``micro_key``, rows per worker) divides a rank's
+    mini-batch or is larger (then clamped to it: one micro-batch)."""
+    bs, n = int(cfg["data"]["train_batch_size"]), int(cfg["actor_rollout_ref"]["rollout"]["n"])
+    mini_name, micro_name = mini_key.rsplit(".", 1)[1], micro_key.rsplit(".", 1)[1]
+    mini, dp = int(role[mini_name]), _world(cfg) // max(1, sp)
     if mini <= 0 or bs % mini:
-        raise ConfigError(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size={bs}")
+        raise ConfigError(f"{mini_key}={mini} must divide data.train_batch_size={bs}")
     if (mini * n) % dp:
-        raise ConfigError(f"ppo_mini_batch_size*rollout.n={mini * n} rows must be divisible by the data-parallel "
-                          f"size {dp}")
-    micro = int(actor["ppo_micro_batch_size_per_gpu"])
+        raise ConfigError(f"{mini_name}*rollout.n={mini * n} rows must be divisible by the data-parallel "
+                          f"size {dp}" + ("" if mini_key.startswith("actor_rollout_ref.") else f" ({mini_key})"))
+    micro = int(role[micro_name])
     if micro <= 0:
-        return  # reported by the actor's section (trainer.config.actor.ActorConfig)
+        return  # reported by the role's section (trainer.config.actor.ActorConfig / CriticConfig)
     # a micro-batch larger than the rank's mini-batch is clamped to it (one micro-batch); smaller must divide it
-    if not actor["use_dynamic_bsz"] and micro < mini * n // dp and (mini * n // dp) % micro:
+    short = micro_key.replace("actor_rollout_ref.", "")
+    if not role["use_dynamic_bsz"] and micro < mini * n // dp and (mini * n // dp) % micro:
         raise ConfigError(f"a mini-batch holds {mini * n // dp} rows per data-parallel rank, not divisible by "
-                          f"actor.ppo_micro_batch_size_per_gpu={micro}")
+                          f"{short}={micro}")
 
 
 def _check_numbers(cfg: dict) -> None:
@@ -178,6 +203,15 @@ def _check_filter_groups(cfg: dict) -> None:
             raise ConfigError("algorithm.filter_groups.enable=true with algorithm=prime: PRIME filters its "
                               "oversampled groups itself (data.oversample_factor, data.filter_accuracy, "
                               "data.accuracy_lower_bound)")
+
+
+def _check_prime(cfg: dict) -> None:
+    """With algorithm=prime, its settings (:class:`trainer.hooks.prime.PrimeConfig`: the accuracy band, the
+    oversampling, ``reward_model.model.update``, ``prime_granularity``, ``prime_norm``), as the driver builds them."""
+    from trainer.hooks.prime import PrimeConfig, prime_enabled
+
+    if prime_enabled(cfg) and int(cfg["actor_rollout_ref"]["rollout"]["n"]) >= 2:  # n < 2: the estimator's check
+        PrimeConfig.from_config(cfg, _world(cfg))
 
 
 def _check_overlong(cfg: dict) -> None:

@@ -98,6 +98,19 @@ def _prompt_problem(prompt: Any, key: str) -> str | None:
     return None
 
 
+def json_messages_text(prompt: Any) -> bool:
+    """True when ``prompt`` is a string holding the JSON text of chat messages (a list of mappings with ``role`` and
+    ``content``): a list saved as a string, which would be trained on as literal text without the chat template."""
+    if not isinstance(prompt, str) or not prompt.lstrip().startswith("["):
+        return False
+    try:
+        value = json.loads(prompt)
+    except ValueError:
+        return False
+    return isinstance(value, list) and bool(value) and \
+        all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+
+
 def _empty(content: str | list) -> bool:
     """An empty (or whitespace-only) text, or a list of parts none of which holds text or anything else."""
     if isinstance(content, str):

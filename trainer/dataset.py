@@ -22,7 +22,8 @@ import jinja2
 import numpy as np
 import torch
 
-from trainer.data_rows import DataError, jsonl_problem, row_images, row_place, row_problem, row_tools
+from trainer.data_rows import (DataError, json_messages_text, jsonl_problem, row_images, row_place, row_problem,
+                               row_tools)
 from trainer.multimodal import image_prompt_inputs
 from trainer.protocol import DataProto
 
@@ -113,6 +114,8 @@ class PromptDataset:
             show (``apply_chat_template(tools=...)``): the multi-turn tools' schemas, or empty. A row's own
             ``tools`` column (a list of definitions or its JSON text) replaces them for that row.
 
+    After loading, ``cut_by_max_rows`` says whether ``max_rows`` left usable rows out.
+
     Rows with images get ``multi_modal_inputs`` (the processor's tensors but ``input_ids`` / ``attention_mask``,
     e.g. ``pixel_values`` and ``image_grid_thw``) when read (``ds[i]``), computed again from the images so that
     the dataset holds no pixel tensors; other rows get ``{}`` when the dataset has a processor.
@@ -139,6 +142,7 @@ class PromptDataset:
     origins: list[tuple[str, int]] = field(default_factory=list, init=False)
     num_filtered: int = field(default=0, init=False)
     num_invalid: int = field(default=0, init=False)
+    cut_by_max_rows: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.files, str):
@@ -162,6 +166,7 @@ class PromptDataset:
         first_invalid = None  # the first row skipped as unusable: its file, index and why
         for row, origin in zip(raw, origins):
             if self.max_rows is not None and len(self.rows) >= self.max_rows:
+                self.cut_by_max_rows = True
                 break
             try:
                 ids = self.prompt_ids(row)
@@ -187,6 +192,16 @@ class PromptDataset:
                 ids = ids[-self.max_prompt_length:] if self.truncation == "left" else ids[:self.max_prompt_length]
             self.rows.append({**row, "input_ids": ids})
             self.origins.append(origin)
+        self._log_left_out(first_invalid)
+        if not self.rows:
+            raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
+                            f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
+                            "prompt or ground truth (or with a chat message lacking its role or content, an unknown "
+                            "role, only empty messages, or a prompt, reward_model or extra_info of the wrong type)"
+                            + (f"; the first of these: {first_invalid}" if first_invalid else ""))
+
+    def _log_left_out(self, first_invalid: str | None) -> None:
+        """A warning for the prompts filtered as too long, one for the rows skipped as unusable (naming the first)."""
         if self.num_filtered:
             logger.warning("filtered %d prompts longer than %d tokens from %s", self.num_filtered,
                            self.max_prompt_length, list(self.files))
@@ -194,12 +209,6 @@ class PromptDataset:
             logger.warning("skipped %d unusable rows (no prompt or ground truth, a chat message without a known role "
                            "or any content, a field of the wrong type) in %s; the first: %s",
                            self.num_invalid, list(self.files), first_invalid)
-        if not self.rows:
-            raise DataError(f"no usable rows in {list(self.files)}: {len(raw)} read, {self.num_filtered} longer "
-                            f"than data.max_prompt_length={self.max_prompt_length}, {self.num_invalid} without a "
-                            "prompt or ground truth (or with a chat message lacking its role or content, an unknown "
-                            "role, only empty messages, or a prompt, reward_model or extra_info of the wrong type)"
-                            + (f"; the first of these: {first_invalid}" if first_invalid else ""))
 
     def row_problem(self, row: dict) -> str | None:
         """Why ``row`` is skipped as unusable (:func:`trainer.data_rows.row_problem` under ``prompt_key``); None
@@ -213,7 +222,8 @@ class PromptDataset:
         Raises:
             DataError: a row with images but no processor, an ``images`` column that is not a list, or
                 placeholders that do not match the images; a chat template that cannot render the prompt; a bad
-                ``tools`` column (the message does not name the row: the dataset puts its file and index in front).
+                ``tools`` column; a prompt string holding the JSON text of chat messages (the message does not name
+                the row: the dataset puts its file and index in front).
         """
         if self.row_problem(row) is not None:
             return None
@@ -226,6 +236,10 @@ class PromptDataset:
                 raise DataError(f"its {self.image_key!r}: {exc}") from exc
             return ids
         if isinstance(prompt, str):
+            if json_messages_text(prompt):
+                raise DataError(f"its {self.prompt_key!r} is a string holding the JSON text of chat messages "
+                                f"({prompt[:60]!r}...); it would be trained on as literal text without the chat "
+                                "template: store the messages as a list of {role, content} mappings, not as a string")
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         try:
             out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
@@ -310,8 +324,11 @@ class PromptLoader:
         if batch_size <= 0:
             raise DataError(f"batch size {batch_size} must be positive")
         if len(dataset) < batch_size:
-            raise DataError(f"dataset has {len(dataset)} usable rows, fewer than one batch "
-                            f"(data.train_batch_size={batch_size})")
+            cut = getattr(dataset, "cut_by_max_rows", False)
+            raise DataError(f"dataset has {len(dataset)} usable rows"
+                            + (f" (data.max_rows={dataset.max_rows} kept only the first rows)" if cut else "")
+                            + f", fewer than one batch (data.train_batch_size={batch_size})"
+                            + ("; raise data.max_rows or lower data.train_batch_size" if cut else ""))
         self.dataset, self.batch_size, self.pad_token_id = dataset, batch_size, pad_token_id
         self.shuffle, self.seed, self.num_epochs = shuffle, seed, num_epochs
         self.epoch, self.position = 0, 0

@@ -24,6 +24,7 @@ from trainer.config_validate import detect_device, overlong_kwargs, validate  # 
 from trainer.embedded_assets import prepare_embedded
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
+from trainer.run_length_checks import check_training_happens, lr_warmup_warnings
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
@@ -75,11 +76,7 @@ def resolve_config(hydra_cfg, report=None) -> dict:
         logger.warning(line)
     for line in got.notes:
         logger.info(line)
-    if cfg["critic"].get("enable") is None:  # on for an estimator whose registry entry needs a critic
-        from trainer.core_algos import ADV_ESTIMATOR_SPECS
-
-        spec = ADV_ESTIMATOR_SPECS.get(cfg["algorithm"]["adv_estimator"])
-        cfg["critic"]["enable"] = bool(spec is not None and spec.needs_critic)
+    _resolve_critic(cfg, got.errors)
     if report is not None:
         report.warnings += got.warnings
         report.notes += got.notes
@@ -87,6 +84,19 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     elif got.errors:
         ErrorCollector(got.errors).raise_if_any()
     return cfg
+
+
+def _resolve_critic(cfg: dict, errors: list[str]) -> None:
+    """``critic.enable`` null: on exactly for an estimator whose registry entry needs a critic (e.g. GAE); a value
+    other than null, true or false adds its error line to ``errors``."""
+    if cfg["critic"].get("enable") not in (None, True, False):
+        errors.append(f"critic.enable={cfg['critic']['enable']!r}; expected null (on exactly for an estimator that "
+                      "needs a critic, e.g. gae), true or false")
+    elif cfg["critic"].get("enable") is None:
+        from trainer.core_algos import ADV_ESTIMATOR_SPECS
+
+        spec = ADV_ESTIMATOR_SPECS.get(cfg["algorithm"]["adv_estimator"])
+        cfg["critic"]["enable"] = bool(spec is not None and spec.needs_critic)
 
 
 def _expand_home_paths(cfg: dict) -> None:
@@ -223,9 +233,9 @@ def load_processor(cfg: dict):
 
 def build_data(cfg: dict, data: DataConfig, tok, processor=None):
     """The training prompt loader (``data.gen_batch_size`` prompts per batch with dynamic sampling, else
-    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (or None) of the ``data``
-    section ``data`` (its files filled in, :func:`prepare_embedded`). ``processor`` (a vision-language model's, else
-    None) reads the rows' images (``data.image_key``)."""
+    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (None without one, or when
+    no validation runs) of the ``data`` section ``data`` (its files filled in, :func:`prepare_embedded`).
+    ``processor`` (a vision-language model's, else None) reads the rows' images (``data.image_key``)."""
     from trainer.dataset import PromptDataset, PromptLoader
 
     d = data
@@ -234,7 +244,11 @@ def build_data(cfg: dict, data: DataConfig, tok, processor=None):
                      chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),
                      processor=processor, image_key=d.image_key, tools=tool_schemas(cfg))
     train_ds = PromptDataset(d.train_files, max_rows=d.max_rows, **ds_kwargs)
-    val_ds = PromptDataset(d.val_files, max_rows=d.val_max_rows, **ds_kwargs) if d.val_files else None
+    from trainer.unused_conditions import validates
+
+    # data.val_files of a run that never validates is warned as unused (trainer.unused_settings), not read
+    use_val = bool(d.val_files) and validates(cfg)
+    val_ds = PromptDataset(d.val_files, max_rows=d.val_max_rows, **ds_kwargs) if use_val else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     dynamic = bool(cfg["algorithm"]["filter_groups"]["enable"])
     batch = (d.gen_batch_size or d.train_batch_size) if dynamic else d.train_batch_size
@@ -247,21 +261,25 @@ def build_data(cfg: dict, data: DataConfig, tok, processor=None):
 
 def build_reward_managers(cfg: dict, data: DataConfig, tok, datasets) -> tuple:
     """Two :class:`rewards.manager.RewardManager` (training, validation) from ``reward_model`` and the ``data``
-    section ``data``; the scorers that the rows of ``datasets`` reach are checked against the scorer options first
-    (:func:`trainer.config_checks.check_reward_scorers`).
+    section ``data`` (:class:`rewards.batch_manager.BatchRewardManager` for a custom reward function with
+    ``reward_model.reward_manager=batch``, verl's batch call); the scorers that the rows of ``datasets`` reach are
+    checked against the scorer options first (:func:`trainer.config_checks.check_reward_scorers`).
 
     Raises:
         ConfigError: a row without ``data.reward_fn_key``, a data source without a scorer, a scorer option that a
             scorer does not take, a ``custom_reward_function`` file or function that does not load.
     """
+    from rewards.batch_manager import BatchRewardManager
     from rewards.manager import RewardManager
 
     rm, key = cfg["reward_model"], data.reward_fn_key
     custom = custom_scorer(cfg)  # custom_reward_function.path replaces the registered scorers
     scorer = rm["scorer"] if custom is None else custom
-    make = lambda keys=(): RewardManager(tok, reward_fn_key=key, scorer=scorer,  # noqa: E731
-                                         scorer_kwargs=reward_options(cfg), timeout_s=float(rm["timeout_s"]),
-                                         component_keys=keys, **overlong_kwargs(cfg))
+    # verl's batch manager calls the custom function once per batch; the registered scorers score rows
+    cls = BatchRewardManager if custom is not None and rm.get("reward_manager") == "batch" else RewardManager
+    make = lambda keys=(): cls(tok, reward_fn_key=key, scorer=scorer,  # noqa: E731
+                               scorer_kwargs=reward_options(cfg), timeout_s=float(rm["timeout_s"]),
+                               component_keys=keys, **overlong_kwargs(cfg))
     from trainer.adv_inputs import reward_component_keys  # the training rewards' components (GDPO)
 
     return check_reward_scorers(lambda: make(reward_component_keys(cfg)), key, datasets), make()
@@ -332,6 +350,9 @@ def run(hydra_cfg: DictConfig) -> dict:
                             *build_reward_managers(cfg, data, tok, [loader.dataset, val_ds]))
     dynamic = bool(cfg["algorithm"]["filter_groups"]["enable"])
     total = plan_run_length(cfg, len(trainer.loader), one_batch_per_step=not dynamic)
+    check_training_happens(cfg)  # the warm-ups against the length just planned from the data
+    for line in lr_warmup_warnings(cfg):
+        logger.warning(line)
     # the driver's trainer section was built before the run length was planned: the planned value replaces null
     trainer.trainer_cfg = t = replaced(trainer.trainer_cfg, "trainer", total_training_steps=total)
     start = resumed_step(step_dir)

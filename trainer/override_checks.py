@@ -12,9 +12,12 @@ from trainer.config_checks import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_override_shapes"]
+__all__ = ["check_override_shapes", "check_tiny_model"]
 
 KEY = "actor_rollout_ref.model.override_config"
+TINY = "actor_rollout_ref.model.tiny"
+TINY_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+              "max_position_embeddings")
 
 
 def _hf_config(cfg: dict):
@@ -74,3 +77,40 @@ def check_override_shapes(cfg: dict) -> None:
         raise ConfigError(f"{KEY}={override!r} changes the model's weights ({'; '.join(diff[:2])}{more}), so the "
                           "saved weights cannot load; override only settings that keep every weight's shape "
                           "(e.g. dropout, rope_scaling, attn_implementation)")
+
+
+def check_tiny_model(cfg: dict) -> None:
+    """The embedded tiny model's sizes (``actor_rollout_ref.model.tiny``, with ``model.path`` null): each of
+    :data:`TINY_SIZES` an integer >= 1, ``hidden_size`` a multiple of ``num_attention_heads`` and
+    ``num_attention_heads`` of ``num_key_value_heads`` (Llama's attention), and the model builds (on the meta
+    device, no memory).
+
+    Raises:
+        ConfigError: one line naming the key, the value and what was expected, or the build's error.
+    """
+    model = cfg["actor_rollout_ref"]["model"]
+    tiny = model.get("tiny")
+    if model.get("path") is not None or tiny is None:
+        return
+    if not isinstance(tiny, dict):
+        raise ConfigError(f"{TINY}={tiny!r}; expected a mapping of the tiny model's sizes")
+    from trainer import embedded
+    from trainer.config_checks import as_int
+
+    sizes = {name: as_int(tiny[name], f"{TINY}.{name}", minimum=1) for name in TINY_SIZES if name in tiny}
+    defaults = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}  # tiny_model_config's
+    heads = sizes.get("num_attention_heads", defaults["num_attention_heads"])
+    kv = sizes.get("num_key_value_heads", defaults["num_key_value_heads"])
+    hidden = sizes.get("hidden_size", defaults["hidden_size"])
+    if hidden % heads:
+        raise ConfigError(f"{TINY}.hidden_size={hidden} with num_attention_heads={heads}; expected hidden_size a "
+                          "multiple of num_attention_heads")
+    if heads % kv:
+        raise ConfigError(f"{TINY}.num_key_value_heads={kv} with num_attention_heads={heads}; expected a divisor of "
+                          "num_attention_heads")
+    vocab = len(embedded.SPECIAL) + len(embedded.DIGITS) + len(embedded.WORDS)
+    try:
+        _shapes(embedded.tiny_model_config(vocab, **dict(tiny)), remote=False)
+    except Exception as exc:  # noqa: BLE001 (transformers refuses the config)
+        raise ConfigError(f"{TINY}={dict(tiny)!r}: the tiny model cannot be built with it "
+                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from None

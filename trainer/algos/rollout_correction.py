@@ -33,11 +33,13 @@ class RolloutCorrection:
 
     Attributes:
         rollout_is: None (off), ``"token"`` or ``"sequence"``: the level of the importance weight.
-        rollout_is_threshold: ``C`` > 0, the upper clamp of the weight.
+        rollout_is_threshold: ``C`` >= 1, the upper clamp of the weight (below 1 every weight, even an on-policy
+            token's 1, would be cut down).
         rollout_is_batch_normalize: divide the weights by their batch mean.
 
     Raises:
-        ValueError: an unknown level or a threshold that is not a positive number (naming the key).
+        ValueError: an unknown level or a threshold that is not a finite number >= 1, one line naming the key
+            (:func:`trainer.config_checks.check_rollout_correction` turns it into a ConfigError before start-up).
     """
 
     rollout_is: str | None = None
@@ -47,14 +49,15 @@ class RolloutCorrection:
     def __post_init__(self) -> None:
         if self.rollout_is is not None and self.rollout_is not in LEVELS:
             raise ValueError(f"algorithm.rollout_correction.rollout_is={self.rollout_is!r}; expected null, "
-                             f"{' or '.join(LEVELS)}")
+                             f"{', '.join(LEVELS)} or auto")
         try:
             c = float(self.rollout_is_threshold)
         except (TypeError, ValueError):
             c = float("nan")
-        if not c > 0 or c == float("inf"):
+        if not c >= 1 or c == float("inf"):
             raise ValueError(f"algorithm.rollout_correction.rollout_is_threshold={self.rollout_is_threshold!r}; "
-                             "expected a finite number > 0")
+                             "expected a finite number >= 1 (the upper clamp of the importance weight; below 1 "
+                             "every weight, an on-policy token's 1 too, is cut down)")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> "RolloutCorrection":

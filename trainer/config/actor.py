@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config.section import Section, bounded, built_by, finite
+from trainer.config.section import AUTO_BOOL, Section, bounded, built_by, finite
 from trainer.config_checks import ConfigError, as_int
 
 __all__ = ["OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "RefConfig", "CriticConfig",
@@ -173,7 +173,7 @@ class MegatronConfig(Section):
     pipeline_model_parallel_size: int
     context_parallel_size: int
     use_distributed_optimizer: bool
-    bf16: Any  # auto | true | false
+    bf16: Any = field(metadata=AUTO_BOOL)  # auto | true | false
     ckpt_format: str
 
     def check(self, key: str) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import difflib
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config.section import Section
+from trainer.config.section import AUTO_BOOL, Section
 from trainer.config_checks import ConfigError
 
 __all__ = ["DeepSpeedConfig", "OPTIMIZERS", "effective_zero_stage", "check_ds_config_values"]
@@ -19,8 +19,10 @@ OPTIMIZERS = ("torch_adamw", "deepspeed_adamw")
 def effective_zero_stage(ds) -> int:
     """The ZeRO stage a run's ``deepspeed`` section (a mapping) trains with: ``ds_config.zero_optimization.stage``
     when set (the workers merge ``deepspeed.ds_config`` into DeepSpeed's config last), else ``zero_stage``."""
-    zero = (ds.get("ds_config") or {}).get("zero_optimization") or {}
-    return int(zero.get("stage", ds["zero_stage"]))
+    raw = ds.get("ds_config")
+    zero = (raw.get("zero_optimization") if isinstance(raw, Mapping) else None) or {}
+    stage = zero.get("stage", ds["zero_stage"]) if isinstance(zero, Mapping) else ds["zero_stage"]
+    return int(stage) if isinstance(stage, int) else int(ds["zero_stage"])  # another value: the section refuses it
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class DeepSpeedConfig(Section):
     """
 
     zero_stage: int
-    bf16: Any
+    bf16: Any = field(metadata=AUTO_BOOL)  # auto | true | false
     offload_optimizer: bool
     offload_param: bool
     optimizer: str

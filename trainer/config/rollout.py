@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config.section import ABSENT_OK, Section, bounded, built_by, finite
+from trainer.config.section import ABSENT_OK, AUTO_BOOL, Section, bounded, built_by, finite
 from trainer.config_checks import ConfigError, as_int
 
 __all__ = ["SamplingKwargs", "RolloutConfig", "ENGINES"]
@@ -28,6 +28,24 @@ def _sampling(key: str, section: Section) -> None:
     bounded(f"{key}.top_p", section.top_p, section.given("top_p"), gt=0, le=1, why="the nucleus mass; 1: off")
     if section.top_k < -1:
         raise ConfigError(f"{key}.top_k={section.given('top_k')}; expected -1 or 0 (off) or a positive integer")
+
+
+SLEEP_LEVELS = (1, 2)  # rollout.context: 1 keeps the engine's weights in CPU memory, 2 discards them
+
+
+def _engine_numbers(key: str, section: Section) -> None:
+    """The engine's batch, bucket and parallel sizes >= 1, ``sleep_level`` 1 or 2 and ``gpu_memory_utilization`` in
+    (0, 1] (the lengths follow ``data``'s and the old-log-prob micro-batch the actor's by default: their checks are
+    :class:`trainer.config.data.DataConfig`'s and :func:`trainer.config.workers.check_sections`')."""
+    for name in ("max_batch_size", "prompt_length_bucket", "tensor_model_parallel_size",
+                 "update_weights_bucket_megabytes"):
+        if getattr(section, name) < 1:
+            raise ConfigError(f"{key}.{name}={section.given(name)}; expected an integer >= 1")
+    if section.sleep_level not in SLEEP_LEVELS:
+        raise ConfigError(f"{key}.sleep_level={section.given('sleep_level')}; expected 1 (the engine's weights kept "
+                          "in CPU memory while it sleeps) or 2 (discarded)")
+    bounded(f"{key}.gpu_memory_utilization", section.gpu_memory_utilization, section.given("gpu_memory_utilization"),
+            gt=0, le=1, why="the share of the GPU's memory vLLM takes")
 
 
 def _multi_turn(value: Any, path: str):
@@ -85,7 +103,7 @@ class RolloutConfig(Section):
     log_prob_micro_batch_size_per_gpu: int
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
-    static_cache: Any  # auto | true | false
+    static_cache: Any = field(metadata=AUTO_BOOL)  # auto | true | false
     max_batch_size: int
     prompt_length_bucket: int
     attn_implementation: str | None = field(metadata=ABSENT_OK)
@@ -101,11 +119,13 @@ class RolloutConfig(Section):
     engine_kwargs: dict | None = field(metadata=ABSENT_OK)
 
     def check(self, key: str) -> None:
-        """A known engine; the sampling values (n, temperature, top_p, top_k); the hf engine's
+        """A known engine; the sampling values (n, temperature, top_p, top_k); the engine's counts and sizes
+        (:func:`_engine_numbers`); the hf engine's
         attn_implementation one that transformers knows and its decode_loop auto, generate or graph."""
         if self.name not in ENGINES:
             raise ConfigError(f"{key}.name={self.given('name')!r}; expected hf or vllm")
         _sampling(key, self)
+        _engine_numbers(key, self)
         if self.log_prob_use_dynamic_bsz:
             as_int(self.log_prob_max_token_len_per_gpu, f"{key}.log_prob_max_token_len_per_gpu", minimum=1)
         attn = self.attn_implementation or "auto"

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainer.config_checks import ConfigError
 
-__all__ = ["Section", "ABSENT_OK", "finite", "bounded", "built_by", "replaced"]
+__all__ = ["Section", "ABSENT_OK", "AUTO_BOOL", "finite", "bounded", "built_by", "replaced", "auto_bool"]
 
 #: field metadata: the key may be missing from the section (then the field is None)
 ABSENT_OK = {"absent_ok": True}
@@ -33,6 +33,21 @@ def built_by(fn, records_reads: bool = False) -> dict:
     ``records_reads`` ``fn`` receives the config's own mapping, so the keys it reads are recorded as read (a value
     that is not a section, e.g. :class:`rollout.multiturn.MultiTurnConfig`, records nothing later)."""
     return {"build": fn, "records_reads": records_reads}
+
+
+def auto_bool(value: Any, path: str) -> Any:
+    """``value`` of a key that takes ``auto``, ``true`` or ``false`` (the string auto or a boolean).
+
+    Raises:
+        ConfigError: another value, ``<path>=<value>; expected auto, true or false``.
+    """
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise ConfigError(f"{path}={value!r}; expected auto, true or false")
+
+
+#: field metadata: the key takes auto, true or false (:func:`auto_bool`)
+AUTO_BOOL = built_by(auto_bool)
 
 
 def finite(key: str, value: float) -> float:

@@ -147,12 +147,17 @@ def check_sections(cfg: dict) -> None:
     from trainer.config.actor import check_grad_clip
     from trainer.config.prm import PRMConfig, PRMModelConfig
     from trainer.config.trainer import TrainerConfig
-    from trainer.config_checks import ErrorCollector
+    from trainer.config_checks import ErrorCollector, as_int
 
     arr, errors = cfg[ARR], ErrorCollector()
     model = errors.run(ModelConfig.from_dict, arr["model"], f"{ARR}.model")
     for cls, name in ((ActorConfig, "actor"), (RefConfig, "ref"), (RolloutConfig, "rollout")):
         errors.run(cls.from_dict, arr[name], f"{ARR}.{name}")
+    micro = arr["actor"]["ppo_micro_batch_size_per_gpu"]  # refused by the actor's section when < 1
+    for name in ("rollout", "ref"):  # their old-log-prob micro-batch: the actor's unless set apart
+        if not arr[name]["log_prob_use_dynamic_bsz"] and arr[name]["log_prob_micro_batch_size_per_gpu"] != micro:
+            errors.run(as_int, arr[name]["log_prob_micro_batch_size_per_gpu"],
+                       f"{ARR}.{name}.log_prob_micro_batch_size_per_gpu", 1)
     errors.run(DeepSpeedConfig.from_dict, cfg["deepspeed"], "deepspeed")
     errors.run(TrainerConfig.from_dict, cfg["trainer"], "trainer")  # the driver's (trainer.ppo_trainer)
     errors.run(DataConfig.from_dict, cfg["data"], "data")

@@ -77,7 +77,7 @@ class PrimeConfig:
         reward_dpo_coef, reward_gt_coef: the weights of the implicit and the verifiable source (``algorithm.*``).
 
     Raises:
-        ValueError: a setting out of range (named in the message).
+        ConfigError: (a ValueError) a setting out of range, one line naming the key.
     """
 
     world: int
@@ -114,27 +114,29 @@ class PrimeConfig:
         return int(round(self.train_batch_size * float(self.oversample_factor)))
 
     def __post_init__(self) -> None:
+        from trainer.config_checks import ConfigError
+
         lower, upper = float(self.accuracy_lower_bound), float(self.accuracy_upper_bound)
         if self.n < 2:
-            raise ValueError(f"actor_rollout_ref.rollout.n={self.n}; PRIME's leave-one-out needs n >= 2")
+            raise ConfigError(f"actor_rollout_ref.rollout.n={self.n}; PRIME's leave-one-out needs n >= 2")
         if not float(self.oversample_factor) >= 1.0:
-            raise ValueError(f"data.oversample_factor={float(self.oversample_factor)}; expected >= 1")
+            raise ConfigError(f"data.oversample_factor={float(self.oversample_factor)}; expected >= 1")
         if self.n_prompts % self.world:
-            raise ValueError(f"data.train_batch_size*data.oversample_factor={self.n_prompts} prompts must divide "
-                             f"over the {self.world} workers")
+            raise ConfigError(f"data.train_batch_size*data.oversample_factor={self.n_prompts} prompts must divide "
+                              f"over the {self.world} workers")
         if not 0.0 <= lower <= upper <= 1.0:
-            raise ValueError(f"data.accuracy_lower_bound={lower}, data.accuracy_upper_bound={upper}; "
-                             "expected 0 <= lower <= upper <= 1")
+            raise ConfigError(f"data.accuracy_lower_bound={lower}, data.accuracy_upper_bound={upper}; "
+                              "expected 0 <= lower <= upper <= 1")
         if self.update not in UPDATE_MODES:
-            raise ValueError(f"reward_model.model.update={self.update!r}; expected one of {UPDATE_MODES}")
+            raise ConfigError(f"reward_model.model.update={self.update!r}; expected one of {UPDATE_MODES}")
         if self.loss_type != "ce":
-            raise ValueError(f"reward_model.model.loss_type={self.loss_type!r}; only 'ce' is built")
+            raise ConfigError(f"reward_model.model.loss_type={self.loss_type!r}; only 'ce' is built")
         if self.prime_granularity not in ("token", "whole"):
-            raise ValueError(f"reward_model.prime_granularity={self.prime_granularity!r}; expected token or whole")
+            raise ConfigError(f"reward_model.prime_granularity={self.prime_granularity!r}; expected token or whole")
         if self.prime_norm not in ("batch_norm", "none"):
-            raise ValueError(f"reward_model.prime_norm={self.prime_norm!r}; expected batch_norm or none")
+            raise ConfigError(f"reward_model.prime_norm={self.prime_norm!r}; expected batch_norm or none")
         if float(self.reward_dpo_coef) == 0 and float(self.reward_gt_coef) == 0:
-            raise ValueError("algorithm.reward_dpo_coef and algorithm.reward_gt_coef are both 0: no reward source")
+            raise ConfigError("algorithm.reward_dpo_coef and algorithm.reward_gt_coef are both 0: no reward source")
 
 
 class PrimeHook(StepHook):

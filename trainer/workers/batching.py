@@ -15,20 +15,21 @@ import torch.distributed as dist
 from trainer.protocol import DataProto
 
 
-def mini_batch_rows(ppo_mini_batch_size: int, n: int, dp_size: int, local_rows: int) -> int:
-    """Rows of one mini-batch on one data-parallel rank.
+def mini_batch_rows(ppo_mini_batch_size: int, n: int, dp_size: int, local_rows: int,
+                    key: str = "ppo_mini_batch_size") -> int:
+    """Rows of one mini-batch on one data-parallel rank (``key``: the mini-batch's config key, for messages).
 
     Raises:
         ValueError: when the mini-batch does not divide over the data-parallel ranks or the local batch.
     """
     total = ppo_mini_batch_size * n
     if total % dp_size:
-        raise ValueError(f"ppo_mini_batch_size*n = {ppo_mini_batch_size}*{n} = {total} rows is not divisible by "
+        raise ValueError(f"{key}*n = {ppo_mini_batch_size}*{n} = {total} rows is not divisible by "
                          f"the data-parallel size {dp_size}")
     rows = total // dp_size
     if rows <= 0 or local_rows % rows:
         raise ValueError(f"a data-parallel rank holds {local_rows} rows, not a multiple of its mini-batch of "
-                         f"{rows} rows (ppo_mini_batch_size={ppo_mini_batch_size}, n={n}, dp={dp_size})")
+                         f"{rows} rows ({key}={ppo_mini_batch_size}, n={n}, dp={dp_size})")
     return rows
 
 

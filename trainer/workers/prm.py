@@ -86,7 +86,8 @@ class PRMWorker(DistributedWorker):
             raise KeyError("update_rm needs the column 'acc' (batch,) float32 of verified accuracies")
         role, engine = self.prm, self.prm.engine
         mbs, dyn, max_tok = self._micro()
-        rows_per_mini = mini_batch_rows(self.rm_cfg.mini_batch_size, self.config.rollout_n, role.dp_size, len(data))
+        rows_per_mini = mini_batch_rows(self.rm_cfg.mini_batch_size, self.config.rollout_n, role.dp_size, len(data),
+                                        key="reward_model.mini_batch_size")
         data = data.select(_INPUTS + ["acc"])
         data["_row"] = torch.arange(len(data))
         dev = role.device

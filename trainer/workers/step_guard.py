@@ -146,7 +146,8 @@ def check_ds_config_keeps_norm_check(ds_config: dict | None) -> None:
         ValueError: naming the key, e.g. ``deepspeed.ds_config.zero_optimization.compute_grad_norm=False``.
     """
     for section, key, off in _NORM_CHECK_OFF:
-        value = ((ds_config or {}).get(section) or {}).get(key)
+        entry = (ds_config or {}).get(section) or {}
+        value = entry.get(key) if isinstance(entry, dict) else None  # DeepSpeed's own check refuses a non-mapping
         if value is not None and bool(value) == off:
             raise ValueError(f"deepspeed.ds_config.{section}.{key}={value}: DeepSpeed would then apply optimizer "
                              "steps whose gradient norm is not finite (NaN in the weights); remove the key")

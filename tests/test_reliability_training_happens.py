@@ -1,0 +1,84 @@
+"""Settings under which the run trains nothing, or trains on groups of identical samples, stop before any worker
+starts in one line: a critic warm-up without a critic or as long as the run (the actor is not updated during it),
+greedy rollouts under a group-relative estimator, and an importance-weight clamp below 1; an LR warm-up longer than
+its schedule is warned (verl's example scripts keep theirs when a test cuts their length). Before, each ran to its
+end with exit 0 and no message."""
+import os
+
+import pytest
+
+from trainer.launch import ConfigError, plan_run_length, resolve_config, validate
+from trainer.run_length_checks import check_training_happens, lr_warmup_warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+A, R, RC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm.rollout_correction"
+S = "trainer.total_training_steps=2"
+
+
+def _cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
+        return resolve_config(compose(config_name="ppo_trainer", overrides=list(overrides)))
+
+
+def _one_line(cfg, *needles):
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    lines = [ln for ln in str(info.value).splitlines() if needles[0] in ln]
+    assert len(lines) == 1, str(info.value)
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+BAD = [
+    # k01 / k02: the actor is not updated during the warm-up
+    ((S, "trainer.critic_warmup=5"), ("trainer.critic_warmup=5", "no critic", "adv_estimator=grpo")),
+    ((S, "trainer.critic_warmup=1", "algorithm=rloo"), ("trainer.critic_warmup=1", "no critic")),
+    ((S, "trainer.critic_warmup=5", "algorithm=gae"), ("trainer.critic_warmup=5", "total_training_steps=2",
+                                                       "never train")),
+    ((S, "trainer.critic_warmup=2", "algorithm=gae"), ("trainer.critic_warmup=2", "never train")),
+    # c04 / c09: greedy samples of one prompt are identical
+    ((f"{R}.temperature=0",), (f"{R}.temperature=0", "adv_estimator=grpo", "every advantage would be 0")),
+    ((f"{R}.do_sample=false",), (f"{R}.do_sample=false", "adv_estimator=grpo", "every advantage would be 0")),
+    ((f"{R}.temperature=0", "algorithm=rloo"), (f"{R}.temperature=0", "adv_estimator=rloo")),
+    # rc02 / rc01 / rc03: an importance-weight clamp below 1 cuts every weight; a bad level was a traceback
+    ((f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5"), (f"{RC}.rollout_is_threshold=0.5", ">= 1")),
+    ((f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=-1"), (f"{RC}.rollout_is_threshold=-1", ">= 1")),
+    ((f"{RC}.rollout_is=foo",), (f"{RC}.rollout_is='foo'", "token, sequence or auto")),
+]
+
+
+@pytest.mark.parametrize("overrides,needles", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_b05_b06_b09_settings_that_train_nothing_are_one_line(overrides, needles):
+    _one_line(_cfg(*overrides), *needles)
+
+
+@pytest.mark.parametrize("overrides", [
+    (S, "trainer.critic_warmup=1", "algorithm=gae"), (S, f"{A}.optim.lr_warmup_steps=2"),
+    (f"{R}.temperature=0", "algorithm=gae"), (f"{R}.do_sample=false", "algorithm=reinforce_plus_plus"),
+    (f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=1"), (S, f"{A}.optim.lr_warmup_steps_ratio=1.0")])
+def test_settings_that_train_pass(overrides):
+    validate(_cfg(*overrides))
+
+
+def test_b05_b10_warmups_are_checked_against_the_length_planned_from_the_data():
+    """Without trainer.total_training_steps the length comes from the data: checked once it is planned."""
+    cfg = _cfg("algorithm=gae", "trainer.critic_warmup=3", f"{A}.optim.lr_warmup_steps=3")
+    validate(cfg)  # the length is not known yet
+    plan_run_length(cfg, batches_per_epoch=2)
+    with pytest.raises(ConfigError, match="trainer.critic_warmup=3 with trainer.total_training_steps=2"):
+        check_training_happens(cfg)
+    (line,) = lr_warmup_warnings(cfg)
+    assert f"{A}.optim.lr_warmup_steps=3 with {A}.optim.total_training_steps=2" in line and "never reaches" in line
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ((S, f"{A}.optim.lr_warmup_steps=5"), f"{A}.optim.lr_warmup_steps=5 with trainer.total_training_steps=2"),
+    ((S, "algorithm=gae", "critic.optim.lr_warmup_steps=3"), "critic.optim.lr_warmup_steps=3 with trainer"),
+    ((f"{A}.optim.lr_warmup_steps=5", f"{A}.optim.total_training_steps=4"),
+     f"{A}.optim.lr_warmup_steps=5 with {A}.optim.total_training_steps=4")])
+def test_b10_an_lr_warmup_longer_than_its_schedule_is_warned(overrides, needle):
+    lines = lr_warmup_warnings(_cfg(*overrides))
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert lr_warmup_warnings(_cfg(S, f"{A}.optim.lr_warmup_steps=2")) == []

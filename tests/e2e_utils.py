@@ -153,6 +153,21 @@ def resolved_config(*overrides: str) -> dict:
         return resolve_config(compose("ppo_trainer", overrides=list(overrides)))
 
 
+def refused_in_one_line(check, cfg, *needles: str) -> None:
+    """``check(cfg)`` raises :class:`trainer.launch.ConfigError` with exactly one line holding ``needles[0]``, and
+    that line holds every needle."""
+    import pytest
+
+    from trainer.launch import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        check(cfg)
+    lines = [ln for ln in str(info.value).splitlines() if needles[0] in ln]
+    assert len(lines) == 1, str(info.value)
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
 def one_process_group():
     """A one-process gloo group for DeepSpeed, made once per test process (reused when a test made one already):
     a free port, DeepSpeed's shared-memory all-reduce op off (a ~60 s JIT build, useless for one rank), and

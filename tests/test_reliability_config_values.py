@@ -6,27 +6,12 @@ import os
 
 import pytest
 
+from tests.e2e_utils import refused_in_one_line, resolved_config
 from trainer.launch import ConfigError, resolve_config, validate
 from trainer.override_checks import check_tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 R, T = "actor_rollout_ref.rollout", "actor_rollout_ref.model.tiny"
-
-
-def _cfg(*overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
-        return resolve_config(compose(config_name="ppo_trainer", overrides=list(overrides)))
-
-
-def _refused(check, cfg, *needles):
-    with pytest.raises(ConfigError) as info:
-        check(cfg)
-    lines = [ln for ln in str(info.value).splitlines() if needles[0] in ln]
-    assert len(lines) == 1, str(info.value)
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 AUTO_BOOL = [
@@ -39,12 +24,12 @@ AUTO_BOOL = [
 
 @pytest.mark.parametrize("override,needle", AUTO_BOOL, ids=[a[0] for a in AUTO_BOOL])
 def test_b08_a_tri_state_key_takes_only_auto_true_or_false(override, needle):
-    _refused(validate, _cfg(override), needle, "expected auto, true or false")
+    refused_in_one_line(validate, resolved_config(override), needle, "expected auto, true or false")
 
 
 def test_b08_megatron_bf16_and_critic_enable_take_only_their_values():
-    _refused(validate, _cfg("trainer.strategy=megatron", "actor_rollout_ref.actor.megatron.bf16=maybe"),
-             "actor_rollout_ref.actor.megatron.bf16='maybe'", "expected auto, true or false")
+    cfg = resolved_config("trainer.strategy=megatron", "actor_rollout_ref.actor.megatron.bf16=maybe")
+    refused_in_one_line(validate, cfg, "actor_rollout_ref.actor.megatron.bf16='maybe'", "expected auto, true or false")
     with pytest.raises(ConfigError, match=r"critic.enable='maybe'; expected null .*, true or false"):
         resolve_config(_compose("critic.enable=maybe"))
 
@@ -59,7 +44,7 @@ def _compose(*overrides):
 @pytest.mark.parametrize("override", [f"{R}.static_cache=auto", f"{R}.static_cache=false", "deepspeed.bf16=true",
                                       "deepspeed.bf16=auto", "critic.enable=true"])
 def test_b08_auto_true_and_false_pass(override):
-    validate(_cfg(override))
+    validate(resolved_config(override))
 
 
 ENGINE = [
@@ -79,7 +64,7 @@ ENGINE = [
 
 @pytest.mark.parametrize("override,expected", ENGINE, ids=[e[0] for e in ENGINE])
 def test_c12_an_engine_size_out_of_range_is_one_line(override, expected):
-    _refused(validate, _cfg(override), override, expected)
+    refused_in_one_line(validate, resolved_config(override), override, expected)
 
 
 TINY = [
@@ -93,18 +78,18 @@ TINY = [
 
 @pytest.mark.parametrize("override,needle,expected", TINY, ids=[t[0] for t in TINY])
 def test_c12_c14_tiny_model_sizes_that_do_not_build_are_one_line(override, needle, expected):
-    _refused(check_tiny_model, _cfg(override), needle, expected)
+    refused_in_one_line(check_tiny_model, resolved_config(override), needle, expected)
 
 
 def test_tiny_model_sizes_that_build_pass():
-    check_tiny_model(_cfg(f"{T}.hidden_size=128", f"{T}.num_key_value_heads=4"))
+    check_tiny_model(resolved_config(f"{T}.hidden_size=128", f"{T}.num_key_value_heads=4"))
 
 
 @pytest.mark.parametrize("override,needle", [("deepspeed.ds_config=foo", "deepspeed.ds_config='foo'; expected a "
                                                                           "mapping"),
                                              ("+deepspeed.ds_config.zero_optimization=foo", "deepspeed.ds_config")])
 def test_c14_a_ds_config_that_is_no_mapping_is_one_line(override, needle):
-    _refused(validate, _cfg(override), needle)
+    refused_in_one_line(validate, resolved_config(override), needle)
 
 
 BATCHES = [
@@ -116,7 +101,7 @@ BATCHES = [
 
 @pytest.mark.parametrize("overrides,needle", BATCHES, ids=[" ".join(b[0]) for b in BATCHES])
 def test_c13_the_critic_and_prm_batches_are_checked_as_the_actors(overrides, needle):
-    _refused(validate, _cfg(*overrides), needle)
+    refused_in_one_line(validate, resolved_config(*overrides), needle)
 
 
 PRIME = [
@@ -130,9 +115,9 @@ PRIME = [
 
 @pytest.mark.parametrize("overrides,needle", PRIME, ids=[" ".join(p[0]) for p in PRIME])
 def test_c14_a_bad_prime_setting_is_one_line_before_start_up(overrides, needle):
-    _refused(validate, _cfg("algorithm=prime", *overrides), needle)
+    refused_in_one_line(validate, resolved_config("algorithm=prime", *overrides), needle)
 
 
 def test_the_prime_and_critic_defaults_pass():
-    validate(_cfg("algorithm=prime"))
-    validate(_cfg("algorithm=gae"))
+    validate(resolved_config("algorithm=prime"))
+    validate(resolved_config("algorithm=gae"))

@@ -3,32 +3,14 @@ starts in one line: a critic warm-up without a critic or as long as the run (the
 greedy rollouts under a group-relative estimator, and an importance-weight clamp below 1; an LR warm-up longer than
 its schedule is warned (verl's example scripts keep theirs when a test cuts their length). Before, each ran to its
 end with exit 0 and no message."""
-import os
-
 import pytest
 
-from trainer.launch import ConfigError, plan_run_length, resolve_config, validate
+from tests.e2e_utils import refused_in_one_line, resolved_config
+from trainer.launch import ConfigError, plan_run_length, validate
 from trainer.run_length_checks import check_training_happens, lr_warmup_warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 A, R, RC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm.rollout_correction"
 S = "trainer.total_training_steps=2"
-
-
-def _cfg(*overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
-        return resolve_config(compose(config_name="ppo_trainer", overrides=list(overrides)))
-
-
-def _one_line(cfg, *needles):
-    with pytest.raises(ConfigError) as info:
-        validate(cfg)
-    lines = [ln for ln in str(info.value).splitlines() if needles[0] in ln]
-    assert len(lines) == 1, str(info.value)
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 BAD = [
@@ -51,7 +33,7 @@ BAD = [
 
 @pytest.mark.parametrize("overrides,needles", BAD, ids=[" ".join(b[0]) for b in BAD])
 def test_b05_b06_b09_settings_that_train_nothing_are_one_line(overrides, needles):
-    _one_line(_cfg(*overrides), *needles)
+    refused_in_one_line(validate, resolved_config(*overrides), *needles)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -59,12 +41,12 @@ def test_b05_b06_b09_settings_that_train_nothing_are_one_line(overrides, needles
     (f"{R}.temperature=0", "algorithm=gae"), (f"{R}.do_sample=false", "algorithm=reinforce_plus_plus"),
     (f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=1"), (S, f"{A}.optim.lr_warmup_steps_ratio=1.0")])
 def test_settings_that_train_pass(overrides):
-    validate(_cfg(*overrides))
+    validate(resolved_config(*overrides))
 
 
 def test_b05_b10_warmups_are_checked_against_the_length_planned_from_the_data():
     """Without trainer.total_training_steps the length comes from the data: checked once it is planned."""
-    cfg = _cfg("algorithm=gae", "trainer.critic_warmup=3", f"{A}.optim.lr_warmup_steps=3")
+    cfg = resolved_config("algorithm=gae", "trainer.critic_warmup=3", f"{A}.optim.lr_warmup_steps=3")
     validate(cfg)  # the length is not known yet
     plan_run_length(cfg, batches_per_epoch=2)
     with pytest.raises(ConfigError, match="trainer.critic_warmup=3 with trainer.total_training_steps=2"):
@@ -79,6 +61,6 @@ def test_b05_b10_warmups_are_checked_against_the_length_planned_from_the_data():
     ((f"{A}.optim.lr_warmup_steps=5", f"{A}.optim.total_training_steps=4"),
      f"{A}.optim.lr_warmup_steps=5 with {A}.optim.total_training_steps=4")])
 def test_b10_an_lr_warmup_longer_than_its_schedule_is_warned(overrides, needle):
-    lines = lr_warmup_warnings(_cfg(*overrides))
+    lines = lr_warmup_warnings(resolved_config(*overrides))
     assert len(lines) == 1 and needle in lines[0], lines
-    assert lr_warmup_warnings(_cfg(S, f"{A}.optim.lr_warmup_steps=2")) == []
+    assert lr_warmup_warnings(resolved_config(S, f"{A}.optim.lr_warmup_steps=2")) == []

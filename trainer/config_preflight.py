@@ -125,7 +125,7 @@ def resume_path(cfg: dict) -> str | None:
     mode = cfg["trainer"]["resume_mode"]
     if mode in ("disable", "resume_path"):  # resume_path still here: no resume_from_path (resolve_config says so)
         return None
-    from trainer.checkpoint.base import resolve_resume_path
+    from trainer.checkpoint.resume import resolve_resume_path
 
     try:
         return resolve_resume_path(mode, cfg["trainer"]["default_local_dir"])[0]

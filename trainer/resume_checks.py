@@ -363,7 +363,7 @@ def _check_checkpoint_files(cfg: dict, path: str) -> None:
     on; PRIME's reward model), every DeepSpeed role folder holds each saving rank's files (model states, optimizer
     shard, RNG state), and no file of it is cut short (:func:`trainer.checkpoint.verify.verify_step_folder`): a
     missing or short file is named here, before start-up. ``resume_mode=auto`` has already stepped back to the
-    newest complete step when there is one (:func:`trainer.checkpoint.base.resolve_resume_path`); a path named
+    newest complete step when there is one (:func:`trainer.checkpoint.resume.resolve_resume_path`); a path named
     explicitly is refused as it is."""
     from trainer.checkpoint.verify import verify_step_folder
     from trainer.hooks.prime import prime_enabled

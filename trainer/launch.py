@@ -18,7 +18,7 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as
                                    check_reward_scorers, reward_options, run_checks)
 from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
-from trainer.run_folder import FINAL_METRICS, already_complete, write_final_metrics  # noqa: F401
+from trainer.run_folder import FINAL_METRICS, already_complete, nothing_saved_warnings, write_final_metrics  # noqa: F401
 from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.embedded_assets import prepare_embedded
@@ -56,7 +56,7 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     if t["device"] == "auto":
         t["device"] = detect_device()
     got = apply_verl_keys(cfg)
-    got.warnings += unused_setting_warnings(cfg)
+    got.warnings += unused_setting_warnings(cfg) + nothing_saved_warnings(t)
     _expand_home_paths(cfg)
     mode, path = t["resume_mode"], t["resume_from_path"]
     if mode == "resume_path":

@@ -323,3 +323,23 @@ def write_final_metrics(output_dir: str, summary: dict, trained: bool) -> bool:
     with open(path, "w") as f:
         json.dump(summary, f, indent=1, default=str)
     return True
+
+
+def nothing_saved_warnings(trainer: dict) -> list[str]:
+    """One warning when the run trains but writes no model: no checkpoint (``trainer.save_freq <= 0``), no HF export
+    at the end (``trainer.export_hf_on_end=false``) nor at wall-clock marks (``trainer.export_hf_freq_s <= 0``);
+    ``[]`` otherwise or for ``trainer.val_only`` (nothing is trained)."""
+    def num(key: str) -> float:
+        try:
+            return float(trainer.get(key) or 0)
+        except (TypeError, ValueError):
+            return 0.0  # a mistyped value has its own error
+
+    if trainer.get("val_only") or trainer.get("export_hf_on_end") is not False or num("save_freq") > 0 or \
+            num("export_hf_freq_s") > 0:
+        return []
+    return [f"trainer.export_hf_on_end=false with trainer.save_freq={trainer.get('save_freq')} and "
+            f"trainer.export_hf_freq_s={trainer.get('export_hf_freq_s')}: the trained model is written nowhere (no "
+            "checkpoint, no Hugging Face export), only the metrics; set trainer.save_freq=<N> > 0, "
+            "trainer.export_hf_on_end=true or trainer.export_hf_freq_s=<seconds>"]
+

@@ -1,7 +1,10 @@
 """What a run keeps of an output folder: a run that would write no model is warned at start, a second run into a
 folder a live run holds is refused, ``trainer.val_only`` keeps the training run's ``final_metrics.json`` and a resume
 from an older checkpoint sets the later timeline aside."""
+import json
 import logging
+import os
+import shutil
 
 import pytest
 
@@ -24,3 +27,29 @@ def test_a_run_that_writes_a_model_or_trains_nothing_is_not_warned(trainer):
     assert nothing_saved_warnings(trainer) == []
     assert len(nothing_saved_warnings({**trainer, "export_hf_on_end": False, "save_freq": 0, "export_hf_freq_s": -1,
                                        "val_only": False})) == 1
+
+
+def test_vo1_val_only_writes_its_own_file_and_keeps_final_metrics(tmp_path):
+    from trainer.run_folder import FINAL_METRICS, VAL_ONLY_METRICS, write_final_metrics
+
+    (tmp_path / FINAL_METRICS).write_text('{"actor/pg_loss": 0.5}')
+    assert write_final_metrics(str(tmp_path), {"val/x/acc": 1.0}, trained=False, val_only=True)
+    assert (tmp_path / FINAL_METRICS).read_text() == '{"actor/pg_loss": 0.5}'
+    assert json.loads((tmp_path / VAL_ONLY_METRICS).read_text()) == {"val/x/acc": 1.0}
+
+
+def test_vo1_a_val_only_resume_of_a_finished_run_keeps_its_final_metrics(saved, tmp_path):
+    """The session's ``saved`` run (1 step, saved at step 1), validated again with ``trainer.val_only=true``."""
+    from tests.e2e_utils import SHORT
+    from tests.test_reliability_config import run_cli
+
+    out = str(tmp_path / "run")
+    shutil.copytree(saved, out)
+    final = open(os.path.join(out, "final_metrics.json")).read()
+    proc = run_cli(out, *[a for a in SHORT if "total_training_steps" not in a], "trainer.total_training_steps=1",
+                   "trainer.save_freq=1", "trainer.export_hf_on_end=false", "trainer.val_only=true",
+                   "trainer.resume_mode=auto", timeout=300, forked=True)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert open(os.path.join(out, "final_metrics.json")).read() == final
+    got = json.loads(open(os.path.join(out, "val_only_metrics.json")).read())
+    assert got and all(k.startswith("val/") for k in got)

@@ -346,7 +346,7 @@ def run(hydra_cfg: DictConfig) -> dict:
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
         raise as_interrupt(exc, trainer.global_step) from None
     summary = {k: v for k, v in last.items() if not k.startswith("_")}
-    write_final_metrics(t.output_dir, summary, trained=trainer.global_step > start or t.val_only)
+    write_final_metrics(t.output_dir, summary, trained=trainer.global_step > start, val_only=t.val_only)
     print(f"done: step {trainer.global_step} of {total}{trainer.stop_reason}; output in {t.output_dir}",
           file=sys.stderr)
     if last.get("_stopped_by_sigterm"):  # not finished: a scheduler must not count the job as done (exit 143)

@@ -272,6 +272,7 @@ def _as_list(files) -> list[str]:
 
 
 FINAL_METRICS = "final_metrics.json"
+VAL_ONLY_METRICS = "val_only_metrics.json"  # a trainer.val_only run's metrics (final_metrics.json is kept)
 
 
 def already_complete(output_dir: str, step_dir: str, step: int, last_step: int, trainer_cfg=None) -> dict:
@@ -310,12 +311,14 @@ def already_complete(output_dir: str, step_dir: str, step: int, last_step: int, 
     return summary
 
 
-def write_final_metrics(output_dir: str, summary: dict, trained: bool) -> bool:
+def write_final_metrics(output_dir: str, summary: dict, trained: bool, val_only: bool = False) -> bool:
     """Write ``<output_dir>/final_metrics.json``, unless the run trained no step (a resume with nothing left: the data
     used up at the first draw, a SIGTERM before the first step) and an earlier one is there: its metrics are the
-    run's last and are kept (a warning says so). Returns whether the file was written."""
-    path = os.path.join(output_dir, FINAL_METRICS)
-    if not trained and os.path.isfile(path):
+    run's last and are kept (a warning says so). A ``trainer.val_only`` run (``val_only``) writes its validation
+    metrics to ``<output_dir>/val_only_metrics.json`` instead, so the training run's ``final_metrics.json`` is kept.
+    Returns whether the file was written."""
+    path = os.path.join(output_dir, VAL_ONLY_METRICS if val_only else FINAL_METRICS)
+    if not trained and not val_only and os.path.isfile(path):
         logger.warning("no step was trained after the resume: %s keeps the metrics of the run's last trained step",
                        path)
         return False

@@ -21,8 +21,8 @@ CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "response_length/mean", 
 BACKENDS = ("console", "wandb")
 # what a run writes into trainer.output_dir besides checkpoints (set aside by a fresh run with them when they are
 # inside it: set_aside_earlier_run)
-RUN_OUTPUTS = ("metrics.jsonl", "val_generations.jsonl", "final_metrics.json", "hf_actor", "hf_exports",
-               "async_trace.json")
+RUN_OUTPUTS = ("metrics.jsonl", "val_generations.jsonl", "final_metrics.json", "val_only_metrics.json", "hf_actor",
+               "hf_exports", "async_trace.json")
 EARLIER_RUNS = "earlier_runs"
 
 

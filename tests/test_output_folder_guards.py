@@ -53,3 +53,55 @@ def test_vo1_a_val_only_resume_of_a_finished_run_keeps_its_final_metrics(saved, 
     assert open(os.path.join(out, "final_metrics.json")).read() == final
     got = json.loads(open(os.path.join(out, "val_only_metrics.json")).read())
     assert got and all(k.startswith("val/") for k in got)
+
+
+def _holder(folder):
+    """Another process that holds ``folder`` as a live run does (until killed)."""
+    import subprocess
+    import sys
+
+    from tests.e2e_utils import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time; from trainer.run_lock import hold_output_dir; "
+                             "hold_output_dir(sys.argv[1]); print('held', flush=True); time.sleep(600)", folder],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_cc2_a_folder_a_live_run_holds_is_refused_and_a_dead_runs_lock_does_not_block(tmp_path, monkeypatch):
+    from trainer import run_lock
+    from trainer.config_checks import ConfigError
+
+    monkeypatch.setattr(run_lock, "_held", {})
+    folder = str(tmp_path / "out")
+    other = _holder(folder)
+    try:
+        with pytest.raises(ConfigError) as info:
+            run_lock.hold_output_dir(folder)
+        assert str(info.value).startswith(f"trainer.output_dir={folder!r} is in use by another run (pid {other.pid})")
+    finally:
+        other.kill()
+        other.wait()
+    run_lock.hold_output_dir(folder)  # the lock file of a dead run is no obstacle
+    run_lock.hold_output_dir(folder)  # nor is this process's own hold
+    assert open(os.path.join(folder, run_lock.LOCK_FILE)).read().strip() == str(os.getpid())
+    os.close(run_lock._held.pop(os.path.realpath(folder)))
+
+
+def test_cc2_a_second_run_into_a_live_runs_folder_stops_in_one_line_and_moves_nothing(tmp_path):
+    from tests.test_reliability_config import assert_one_line_error, run_cli
+
+    out = str(tmp_path / "run")
+    os.makedirs(os.path.join(out, "checkpoints", "global_step_3"))
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+        f.write('{"step": 1}\n')
+    other = _holder(out)
+    try:
+        proc = run_cli(out, "trainer.total_training_steps=2", forked=True)
+    finally:
+        other.kill()
+        other.wait()
+    assert_one_line_error(proc, f"trainer.output_dir={out!r} is in use by another run (pid {other.pid})")
+    assert sorted(set(os.listdir(out)) - {"main.log"}) == [".run.lock", "checkpoints", "metrics.jsonl"]  # log: appended
+    assert os.listdir(os.path.join(out, "checkpoints")) == ["global_step_3"]

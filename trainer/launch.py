@@ -310,6 +310,9 @@ def run(hydra_cfg: DictConfig) -> dict:
 
     logs = log_sizes()  # what the log holds before this run's first line: an earlier run's (set aside when fresh)
     cfg = prestart(hydra_cfg)
+    from trainer.run_lock import hold_output_dir
+
+    hold_output_dir(cfg["trainer"]["output_dir"])  # a live run's folder is refused before anything there changes
     from trainer.placement import check_placement
     from trainer.rollout_placement import RolloutPlacement
 

@@ -141,8 +141,22 @@ def _check_resume(cfg: dict) -> None:
         check_resume_checkpoint(cfg, step_dir)
         check_resume_optim(cfg, step_dir)
         check_resume_data(cfg, step_dir)
+        _check_later_steps(cfg, step_dir)
         for line in resume_schedule_warnings(cfg, step_dir) + resume_seed_warnings(cfg, step_dir):
             logger.warning(line)
+
+
+def _check_later_steps(cfg: dict, step_dir: str) -> None:
+    """A resume from an older step whose checkpoint folder, outside ``trainer.output_dir``, holds later steps is
+    refused (:func:`trainer.later_steps.later_steps_problem`); inside it they are set aside at start-up."""
+    from trainer.checkpoint.base import parse_step
+    from trainer.later_steps import later_steps_problem
+
+    t = cfg["trainer"]
+    if not t.get("val_only"):
+        problem = later_steps_problem(t["output_dir"], t["default_local_dir"], parse_step(step_dir))
+        if problem:
+            raise ConfigError(problem)
 
 
 def _check_no_overwrite(cfg: dict) -> None:

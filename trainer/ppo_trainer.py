@@ -279,7 +279,7 @@ class RayPPOTrainer:
         total = self.last_step()
         self.global_step = self.load_checkpoint()
         tracker = Tracking(t.project_name, t.experiment_name, t.logger, t.output_dir, plain(self.cfg),
-                           total_steps=total, start_step=self.global_step)
+                           total_steps=total, start_step=self.global_step, keep_rows=bool(t.val_only))
         self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}

@@ -14,7 +14,8 @@ from trainer.config_checks import ConfigError, ErrorCollector, check_model_files
 from trainer.megatron_checks import check_megatron_model
 from trainer.model_folder_checks import check_model_folders, read_model_config
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
-                                   resume_schedule_warnings, resume_seed_warnings)
+                                   resume_seed_warnings)
+from trainer.resume_schedule import resume_schedule_warnings
 from trainer.tokenizer_files import eos_outside_vocab_problem, no_eos_problem
 
 logger = logging.getLogger(__name__)

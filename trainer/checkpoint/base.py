@@ -273,6 +273,22 @@ def restore_rng_state(state: dict) -> None:
             logger.warning("checkpoint holds a CUDA RNG state but CUDA is not available; not restored")
 
 
+def rate_at_restored_step(scheduler: Any) -> None:
+    """After a torch ``LambdaLR`` scheduler's state was restored (a resume): set its optimizer's rates to this run's
+    schedule at the restored position (``base_lr x lr_lambda(last_epoch)``), so that the first resumed step trains at
+    the new schedule's rate when the schedule changed (another length or ``lr_scheduler_type``); the saved rates
+    were the old schedule's. The same rates as saved when the schedule is unchanged. Other schedulers are left as
+    they are."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if not isinstance(scheduler, LambdaLR):
+        return
+    rates = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = rates
+
+
 # --------------------------------------------------------------------------------------- trainer state
 
 

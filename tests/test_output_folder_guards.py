@@ -135,7 +135,8 @@ def test_rb2_a_resume_from_an_older_step_sets_the_later_timeline_aside(tmp_path,
     assert [s for s, _ in list_checkpoints(root)] == [1, 2] and read_tracker(root) == 2
     assert [s for s, _ in list_checkpoints(os.path.join(dest, "checkpoints"))] == list(range(3, 9))
     assert read_tracker(os.path.join(dest, "checkpoints")) == 8
-    assert _rows(tmp_path / "metrics.jsonl") == [1, 2] and _rows(os.path.join(dest, "metrics.jsonl")) == list(range(3, 9))
+    assert _rows(tmp_path / "metrics.jsonl") == [1, 2]
+    assert _rows(os.path.join(dest, "metrics.jsonl")) == list(range(3, 9))
     assert sorted(os.listdir(dest)) == ["checkpoints", "final_metrics.json", "hf_actor", "metrics.jsonl"]
     assert not (tmp_path / "hf_actor").exists() and not (tmp_path / "final_metrics.json").exists()
     line = [r.getMessage() for r in caplog.records if "earlier timeline" in r.getMessage()]

@@ -18,7 +18,8 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as
                                    check_reward_scorers, reward_options, run_checks)
 from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
-from trainer.run_folder import FINAL_METRICS, already_complete, nothing_saved_warnings, write_final_metrics  # noqa: F401
+from trainer.run_folder import (FINAL_METRICS, already_complete, nothing_saved_warnings,  # noqa: F401
+                               write_final_metrics)
 from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.embedded_assets import prepare_embedded

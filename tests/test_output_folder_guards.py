@@ -131,7 +131,7 @@ def test_rb2_a_resume_from_an_older_step_sets_the_later_timeline_aside(tmp_path,
     os.makedirs(tmp_path / "hf_actor")
     (tmp_path / "hf_actor" / "config.json").write_text("{}")
     with caplog.at_level(logging.WARNING):
-        dest = set_aside_later_steps(out, root, 2)
+        dest = set_aside_later_steps(out, root, os.path.join(root, "global_step_2"))
     assert [s for s, _ in list_checkpoints(root)] == [1, 2] and read_tracker(root) == 2
     assert [s for s, _ in list_checkpoints(os.path.join(dest, "checkpoints"))] == list(range(3, 9))
     assert read_tracker(os.path.join(dest, "checkpoints")) == 8
@@ -145,7 +145,7 @@ def test_rb2_a_resume_from_an_older_step_sets_the_later_timeline_aside(tmp_path,
     apply_retention(root, 1)
     assert [s for s, _ in list_checkpoints(root)] == [3]
     assert [s for s, _ in list_checkpoints(os.path.join(dest, "checkpoints"))] == list(range(3, 9))
-    assert set_aside_later_steps(out, root, 3) is None  # an ordinary resume moves nothing
+    assert set_aside_later_steps(out, root, os.path.join(root, "global_step_3")) is None  # an ordinary resume
 
 
 def test_rb2_later_steps_outside_the_output_folder_are_refused_before_start(tmp_path):

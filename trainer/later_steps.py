@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 
-from trainer.checkpoint.base import TRACKER_FILE, list_checkpoints, read_tracker, write_tracker
+from trainer.checkpoint.base import TRACKER_FILE, list_checkpoints, parse_step, read_tracker, write_tracker
 from trainer.tracking import _inside, _non_empty, earlier_runs_folder
 
 logger = logging.getLogger(__name__)
@@ -23,8 +23,12 @@ END_OUTPUTS = ("final_metrics.json", "hf_actor", "hf_exports")
 ROW_FILES = ("metrics.jsonl", "val_generations.jsonl")
 
 
-def _later(checkpoint_dir: str | None, step: int) -> list[tuple[int, str]]:
-    return [(s, p) for s, p in list_checkpoints(checkpoint_dir) if s > step] if checkpoint_dir else []
+def _later(checkpoint_dir: str | None, step: int, keep: str | None = None) -> list[tuple[int, str]]:
+    """The ``global_step_<N>`` folders of ``checkpoint_dir`` with ``N > step``, except ``keep``."""
+    if not checkpoint_dir:
+        return []
+    keep = os.path.realpath(keep) if keep else None
+    return [(s, p) for s, p in list_checkpoints(checkpoint_dir) if s > step and os.path.realpath(p) != keep]
 
 
 def later_steps_problem(output_dir: str, checkpoint_dir: str | None, step: int) -> str | None:
@@ -78,15 +82,17 @@ def _rows_after(path: str, step: int) -> bool:
     return False
 
 
-def set_aside_later_steps(output_dir: str, checkpoint_dir: str | None, step: int) -> str | None:
-    """A run resumed from step ``step``: move what an earlier timeline left after that step into
+def set_aside_later_steps(output_dir: str, checkpoint_dir: str | None, resumed: str) -> str | None:
+    """A run resumed from the step folder ``resumed`` (``.../global_step_<step>``, never moved itself): move what an
+    earlier timeline left after that step into
     ``<output_dir>/earlier_runs/<YYYYmmdd-HHMMSS>/``: the ``global_step_<N>`` folders with ``N > step`` of
     ``checkpoint_dir`` when it lies inside ``output_dir`` (to the same relative folder there, with a copy of the
     tracker, which is set to ``step``), the rows of ``metrics.jsonl`` and ``val_generations.jsonl`` after ``step``
     (the earlier ones stay), and that timeline's ``final_metrics.json``, ``hf_actor`` and ``hf_exports``. Nothing is
     moved when neither a later checkpoint nor a later row exists (an ordinary resume). One warning line names what
     moved; returns the folder, or None."""
-    later = _later(checkpoint_dir, step) if checkpoint_dir and _inside(checkpoint_dir, output_dir) else []
+    step = parse_step(resumed)
+    later = _later(checkpoint_dir, step, resumed) if checkpoint_dir and _inside(checkpoint_dir, output_dir) else []
     rows = [n for n in ROW_FILES if _rows_after(os.path.join(output_dir, n), step)]
     if not later and not rows:
         return None

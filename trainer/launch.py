@@ -344,7 +344,7 @@ def run(hydra_cfg: DictConfig) -> dict:
     try:
         trainer.init_workers()
         # every check passed (the workers' placement last): a fresh run sets the earlier run's outputs aside
-        settle_run_folder(cfg, step_dir is None, [loader.dataset, val_ds], logs, start)
+        settle_run_folder(cfg, step_dir is None, [loader.dataset, val_ds], logs, step_dir)
         own_checkpoints(t.default_local_dir)
         last = trainer.fit()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress

@@ -214,19 +214,20 @@ def _build_with_record(folder: str, settings: dict, build: Callable[[str], int])
         json.dump({"settings": settings, "vocab_size": vocab}, f, indent=1)
 
 
-def settle_run_folder(cfg: dict, fresh: bool, datasets: Iterable, logs: dict[str, int], resumed: int = 0) -> None:
+def settle_run_folder(cfg: dict, fresh: bool, datasets: Iterable, logs: dict[str, int],
+                      resumed: str | None = None) -> None:
     """Once every check has passed and the workers are placed: a fresh run sets the earlier run's outputs aside
     (:func:`trainer.tracking.set_aside_earlier_run`, with the embedded task's files in ``data/`` that this run does
     not read, ``init_model`` when this run built another (:func:`place_init_model`) and the earlier lines of the logs
-    in ``logs``), a run resumed from step ``resumed`` (not ``trainer.val_only``) the later steps of an earlier
-    timeline (:func:`trainer.later_steps.set_aside_later_steps`); then this run's waiting tiny model moves into
+    in ``logs``), a run resumed from the step folder ``resumed`` (not ``trainer.val_only``) the later steps of an
+    earlier timeline (:func:`trainer.later_steps.set_aside_later_steps`); then this run's waiting tiny model moves into
     ``init_model`` and its waiting rows (:func:`write_embedded_data`) into ``data/``; ``cfg``'s model paths,
     ``data.train_files`` / ``val_files`` and the ``datasets``' ``files`` follow them."""
     from trainer.tracking import set_aside_earlier_run
 
     t, d = cfg["trainer"], cfg["data"]
     out = t["output_dir"]
-    if not fresh and not t.get("val_only"):
+    if resumed is not None and not t.get("val_only"):
         from trainer.later_steps import set_aside_later_steps
 
         set_aside_later_steps(out, t["default_local_dir"], resumed)

@@ -11,8 +11,9 @@ import torch
 from trainer.checkpoint import base
 from trainer.checkpoint.base import (TRACKER_FILE, apply_retention, capture_rng_state, commit_checkpoint,
                                      find_latest_checkpoint, list_checkpoints, load_trainer_state, parse_step,
-                                     read_tracker, resolve_resume_path, restore_rng_state, save_trainer_state,
-                                     step_dir, write_tracker)
+                                     read_tracker, restore_rng_state, save_trainer_state, step_dir,
+                                     write_tracker)
+from trainer.checkpoint.resume import resolve_resume_path
 
 
 def _fake_save(root, step, complete=True):

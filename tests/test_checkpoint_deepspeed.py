@@ -213,3 +213,23 @@ def test_zero_roundtrip_tiny_llama_bit_exact(tmp_path, stage):
     after_new, after_ref = full_params(new), full_params(eng)
     for n in after_ref:
         assert torch.equal(after_new[n], after_ref[n]), n
+
+
+@pytest.mark.parametrize("new_total, constant, want", [(8, False, 5e-3), (4, True, 1e-2), (4, False, 0.0)])
+def test_lr1_lr2_a_changed_schedule_rules_the_first_resumed_step(tmp_path, new_total, constant, want):
+    """A 4-step cosine run saved at step 4 (its next rate: 0), resumed with 8 steps (the new cosine's rate at step 4
+    of 8: half of 1e-2) or a constant schedule: the first resumed step trains at the new schedule's rate."""
+    run = make_engine(torch.nn.Linear(4, 3), 2, warmup=0, total=4)
+    [train_step(run) for _ in range(4)]
+    path = os.path.join(step_dir(str(tmp_path), 4), "actor")
+    DeepSpeedCheckpointManager(run, rank=0, world_size=1).save(path)
+    model = torch.nn.Linear(4, 3)
+    if constant:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+        new, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(2),
+                                            lr_scheduler=transformers.get_constant_schedule(opt))
+    else:
+        new = make_engine(model, 2, warmup=0, total=new_total)
+    DeepSpeedCheckpointManager(new).load(path)
+    assert new.lr_scheduler.last_epoch == 4
+    assert train_step(new) == pytest.approx(want, abs=1e-12)

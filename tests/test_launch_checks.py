@@ -265,7 +265,7 @@ def test_a_changed_lr_schedule_on_resume_is_warned(tmp_path):
     0.005 to 0.002 at the resumed step without a word)."""
     import torch
 
-    from trainer.resume_checks import resume_schedule_warnings
+    from trainer.resume_schedule import resume_schedule_warnings
 
     step = tmp_path / "global_step_1"
     step.mkdir()
@@ -276,6 +276,25 @@ def test_a_changed_lr_schedule_on_resume_is_warned(tmp_path):
                                             "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"), str(step))
     assert "actor_rollout_ref.actor.optim.lr_scheduler_type='cosine' (checkpoint: 'constant')" in line
     assert "schedule changes at the resumed step" in line
+
+
+def test_lr1_a_changed_run_length_with_a_decaying_schedule_is_warned(tmp_path):
+    import torch
+
+    from trainer.resume_schedule import resume_schedule_warnings
+
+    step = tmp_path / "global_step_4"
+    step.mkdir()
+    cosine = "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"
+    torch.save({"global_step": 4, "config": _cfg(cosine, "trainer.total_training_steps=4")}, str(step / "data.pt"))
+    assert resume_schedule_warnings(_cfg(cosine, "trainer.total_training_steps=4"), str(step)) == []
+    (line,) = resume_schedule_warnings(_cfg(cosine, "trainer.total_training_steps=8"), str(step))
+    assert line.startswith("trainer.resume_mode: trainer.total_training_steps=8 (checkpoint: 4): the decaying "
+                           "learning-rate schedule (lr_scheduler_type=cosine)")
+    assert "the new schedule's rate applies from the first resumed step" in line
+    assert resume_schedule_warnings(_cfg("trainer.total_training_steps=8"), str(step))[0].count("\n") == 0
+    torch.save({"global_step": 4, "config": _cfg("trainer.total_training_steps=4")}, str(step / "data.pt"))
+    assert resume_schedule_warnings(_cfg("trainer.total_training_steps=8"), str(step)) == []  # constant: no decay
 
 
 def test_a_changed_seed_on_resume_is_warned(tmp_path):

@@ -14,7 +14,8 @@ import pytest
 
 from tests.e2e_utils import ROOT, SHORT
 from tests.test_reliability_config import assert_one_line_error, run_cli
-from trainer.checkpoint.base import resolve_resume_path, write_tracker
+from trainer.checkpoint.base import write_tracker
+from trainer.checkpoint.resume import resolve_resume_path
 from trainer.checkpoint.verify import IncompleteCheckpoint, expected_files, verify_step_folder
 from trainer.config_checks import ConfigError
 

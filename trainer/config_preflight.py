@@ -14,7 +14,8 @@ from trainer.config_checks import ConfigError, ErrorCollector, check_model_files
 from trainer.megatron_checks import check_megatron_model
 from trainer.model_folder_checks import check_model_folders, read_model_config
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
-                                   resume_schedule_warnings, resume_seed_warnings)
+                                   resume_seed_warnings)
+from trainer.resume_schedule import resume_schedule_warnings
 from trainer.tokenizer_files import eos_outside_vocab_problem, no_eos_problem
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def resume_path(cfg: dict) -> str | None:
     mode = cfg["trainer"]["resume_mode"]
     if mode in ("disable", "resume_path"):  # resume_path still here: no resume_from_path (resolve_config says so)
         return None
-    from trainer.checkpoint.base import resolve_resume_path
+    from trainer.checkpoint.resume import resolve_resume_path
 
     try:
         return resolve_resume_path(mode, cfg["trainer"]["default_local_dir"])[0]
@@ -141,8 +142,22 @@ def _check_resume(cfg: dict) -> None:
         check_resume_checkpoint(cfg, step_dir)
         check_resume_optim(cfg, step_dir)
         check_resume_data(cfg, step_dir)
+        _check_later_steps(cfg, step_dir)
         for line in resume_schedule_warnings(cfg, step_dir) + resume_seed_warnings(cfg, step_dir):
             logger.warning(line)
+
+
+def _check_later_steps(cfg: dict, step_dir: str) -> None:
+    """A resume from an older step whose checkpoint folder, outside ``trainer.output_dir``, holds later steps is
+    refused (:func:`trainer.later_steps.later_steps_problem`); inside it they are set aside at start-up."""
+    from trainer.checkpoint.base import parse_step
+    from trainer.later_steps import later_steps_problem
+
+    t = cfg["trainer"]
+    if not t.get("val_only"):
+        problem = later_steps_problem(t["output_dir"], t["default_local_dir"], parse_step(step_dir))
+        if problem:
+            raise ConfigError(problem)
 
 
 def _check_no_overwrite(cfg: dict) -> None:

@@ -18,7 +18,8 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as
                                    check_reward_scorers, reward_options, run_checks)
 from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
-from trainer.run_folder import FINAL_METRICS, already_complete, write_final_metrics  # noqa: F401
+from trainer.run_folder import (FINAL_METRICS, already_complete, nothing_saved_warnings,  # noqa: F401
+                               write_final_metrics)
 from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.embedded_assets import prepare_embedded
@@ -57,7 +58,7 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     if t["device"] == "auto":
         t["device"] = detect_device()
     got = apply_verl_keys(cfg)
-    got.warnings += unused_setting_warnings(cfg)
+    got.warnings += unused_setting_warnings(cfg) + nothing_saved_warnings(t)
     _expand_home_paths(cfg)
     mode, path = t["resume_mode"], t["resume_from_path"]
     if mode == "resume_path":
@@ -328,6 +329,9 @@ def run(hydra_cfg: DictConfig) -> dict:
 
     logs = log_sizes()  # what the log holds before this run's first line: an earlier run's (set aside when fresh)
     cfg = prestart(hydra_cfg)
+    from trainer.run_lock import hold_output_dir
+
+    hold_output_dir(cfg["trainer"]["output_dir"])  # a live run's folder is refused before anything there changes
     from trainer.placement import check_placement
     from trainer.rollout_placement import RolloutPlacement
 
@@ -361,13 +365,13 @@ def run(hydra_cfg: DictConfig) -> dict:
     try:
         trainer.init_workers()
         # every check passed (the workers' placement last): a fresh run sets the earlier run's outputs aside
-        settle_run_folder(cfg, step_dir is None, [loader.dataset, val_ds], logs)
+        settle_run_folder(cfg, step_dir is None, [loader.dataset, val_ds], logs, step_dir)
         own_checkpoints(t.default_local_dir)
         last = trainer.fit()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
         raise as_interrupt(exc, trainer.global_step) from None
     summary = {k: v for k, v in last.items() if not k.startswith("_")}
-    write_final_metrics(t.output_dir, summary, trained=trainer.global_step > start or t.val_only)
+    write_final_metrics(t.output_dir, summary, trained=trainer.global_step > start, val_only=t.val_only)
     print(f"done: step {trainer.global_step} of {total}{trainer.stop_reason}; output in {t.output_dir}",
           file=sys.stderr)
     if last.get("_stopped_by_sigterm"):  # not finished: a scheduler must not count the job as done (exit 143)

@@ -132,7 +132,8 @@ class RayPPOTrainer:
 
     def load_checkpoint(self, path: str | None = None) -> int:
         """Load the checkpoint ``trainer.resume_mode`` names (or the step folder ``path``); returns its step."""
-        from trainer.checkpoint.base import load_trainer_state, resolve_resume_path
+        from trainer.checkpoint.base import load_trainer_state
+        from trainer.checkpoint.resume import resolve_resume_path
 
         path, step = (path, -1) if path else resolve_resume_path(self.trainer_cfg.resume_mode, self._ckpt_root())
         if path is None:
@@ -278,7 +279,7 @@ class RayPPOTrainer:
         total = self.last_step()
         self.global_step = self.load_checkpoint()
         tracker = Tracking(t.project_name, t.experiment_name, t.logger, t.output_dir, plain(self.cfg),
-                           total_steps=total, start_step=self.global_step)
+                           total_steps=total, start_step=self.global_step, keep_rows=bool(t.val_only))
         self._driver_pid = os.getpid()
         old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         last: dict = {}

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DATA_FILTER_KEYS", "DATA_ORDER_KEYS", "RESTORED_OPTIM_KEYS", "ROW_FILTER_KEYS", "SCHEDULE_KEYS",
            "check_resume_checkpoint",
            "check_resume_data", "check_resume_model", "check_resume_optim", "check_resume_rows",
-           "resume_schedule_warnings", "resume_seed_warnings"]
+           "resume_seed_warnings"]
 
 #: the ``optim`` keys whose values a resume takes from the checkpoint (the optimizer's param groups)
 RESTORED_OPTIM_KEYS = ("lr", "weight_decay", "betas")
@@ -221,7 +221,7 @@ def check_resume_rows(step_dir: str, dataset, files=None, cfg: dict | None = Non
 def _optim_diffs(cfg: dict, step_dir: str, keys: tuple[str, ...]) -> list[str]:
     """``<role>.optim.<key>=<now> (checkpoint: <saved>)`` for each of ``keys`` whose value differs from the one the
     checkpoint at ``step_dir`` was saved with, over the trained roles (actor; critic when on; PRIME's PRM). A
-    warmup of -1 (from its ratio) is not compared: the checkpoint holds the number it was planned to."""
+    warmup or horizon of -1 (planned later) is not compared: the checkpoint holds the number it was planned to."""
     saved_cfg = _saved_config(step_dir)
     if saved_cfg is None:
         return []
@@ -236,19 +236,9 @@ def _optim_diffs(cfg: dict, step_dir: str, keys: tuple[str, ...]) -> list[str]:
             continue
         diffs += [f"{key}.optim.{k}={now[k]!r} (checkpoint: {saved[k]!r})" for k in keys
                   if k in now and k in saved and not _same(now[k], saved[k])
-                  and not (k == "lr_warmup_steps" and isinstance(now[k], int) and now[k] < 0)]
+                  and not (k in ("lr_warmup_steps", "total_training_steps") and isinstance(now[k], int)
+                           and now[k] < 0)]
     return diffs
-
-
-def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
-    """One warning line when a resume changes the learning-rate schedule (:data:`SCHEDULE_KEYS`): the scheduler's
-    step count is restored, so the new schedule takes over from the resumed step (the rate can jump there); the
-    run is allowed (a schedule changed on purpose is a use), but not silently."""
-    diffs = _optim_diffs(cfg, step_dir, SCHEDULE_KEYS)
-    if not diffs:
-        return []
-    return [f"trainer.resume_mode: {', '.join(diffs)}: the learning-rate schedule changes at the resumed step (the "
-            "scheduler's position is restored, the new schedule is followed from there; the rate may jump)"]
 
 
 def resume_seed_warnings(cfg: dict, step_dir: str) -> list[str]:
@@ -363,7 +353,7 @@ def _check_checkpoint_files(cfg: dict, path: str) -> None:
     on; PRIME's reward model), every DeepSpeed role folder holds each saving rank's files (model states, optimizer
     shard, RNG state), and no file of it is cut short (:func:`trainer.checkpoint.verify.verify_step_folder`): a
     missing or short file is named here, before start-up. ``resume_mode=auto`` has already stepped back to the
-    newest complete step when there is one (:func:`trainer.checkpoint.base.resolve_resume_path`); a path named
+    newest complete step when there is one (:func:`trainer.checkpoint.resume.resolve_resume_path`); a path named
     explicitly is refused as it is."""
     from trainer.checkpoint.verify import verify_step_folder
     from trainer.hooks.prime import prime_enabled

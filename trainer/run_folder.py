@@ -214,17 +214,23 @@ def _build_with_record(folder: str, settings: dict, build: Callable[[str], int])
         json.dump({"settings": settings, "vocab_size": vocab}, f, indent=1)
 
 
-def settle_run_folder(cfg: dict, fresh: bool, datasets: Iterable, logs: dict[str, int]) -> None:
+def settle_run_folder(cfg: dict, fresh: bool, datasets: Iterable, logs: dict[str, int],
+                      resumed: str | None = None) -> None:
     """Once every check has passed and the workers are placed: a fresh run sets the earlier run's outputs aside
     (:func:`trainer.tracking.set_aside_earlier_run`, with the embedded task's files in ``data/`` that this run does
     not read, ``init_model`` when this run built another (:func:`place_init_model`) and the earlier lines of the logs
-    in ``logs``), then this run's waiting tiny model moves into ``init_model`` and its waiting rows
-    (:func:`write_embedded_data`) into ``data/``; ``cfg``'s model paths, ``data.train_files`` / ``val_files`` and
-    the ``datasets``' ``files`` follow them."""
+    in ``logs``), a run resumed from the step folder ``resumed`` (not ``trainer.val_only``) the later steps of an
+    earlier timeline (:func:`trainer.later_steps.set_aside_later_steps`); then this run's waiting tiny model moves into
+    ``init_model`` and its waiting rows (:func:`write_embedded_data`) into ``data/``; ``cfg``'s model paths,
+    ``data.train_files`` / ``val_files`` and the ``datasets``' ``files`` follow them."""
     from trainer.tracking import set_aside_earlier_run
 
     t, d = cfg["trainer"], cfg["data"]
     out = t["output_dir"]
+    if resumed is not None and not t.get("val_only"):
+        from trainer.later_steps import set_aside_later_steps
+
+        set_aside_later_steps(out, t["default_local_dir"], resumed)
     model = _staged_models.pop(os.path.realpath(out), None) if fresh else None  # a resume stages none
     if fresh:
         reads = {os.path.realpath(f) for k in ("train_files", "val_files") for f in _as_list(d.get(k))}
@@ -272,6 +278,7 @@ def _as_list(files) -> list[str]:
 
 
 FINAL_METRICS = "final_metrics.json"
+VAL_ONLY_METRICS = "val_only_metrics.json"  # a trainer.val_only run's metrics (final_metrics.json is kept)
 
 
 def already_complete(output_dir: str, step_dir: str, step: int, last_step: int, trainer_cfg=None) -> dict:
@@ -310,12 +317,14 @@ def already_complete(output_dir: str, step_dir: str, step: int, last_step: int, 
     return summary
 
 
-def write_final_metrics(output_dir: str, summary: dict, trained: bool) -> bool:
+def write_final_metrics(output_dir: str, summary: dict, trained: bool, val_only: bool = False) -> bool:
     """Write ``<output_dir>/final_metrics.json``, unless the run trained no step (a resume with nothing left: the data
     used up at the first draw, a SIGTERM before the first step) and an earlier one is there: its metrics are the
-    run's last and are kept (a warning says so). Returns whether the file was written."""
-    path = os.path.join(output_dir, FINAL_METRICS)
-    if not trained and os.path.isfile(path):
+    run's last and are kept (a warning says so). A ``trainer.val_only`` run (``val_only``) writes its validation
+    metrics to ``<output_dir>/val_only_metrics.json`` instead, so the training run's ``final_metrics.json`` is kept.
+    Returns whether the file was written."""
+    path = os.path.join(output_dir, VAL_ONLY_METRICS if val_only else FINAL_METRICS)
+    if not trained and not val_only and os.path.isfile(path):
         logger.warning("no step was trained after the resume: %s keeps the metrics of the run's last trained step",
                        path)
         return False
@@ -323,3 +332,23 @@ def write_final_metrics(output_dir: str, summary: dict, trained: bool) -> bool:
     with open(path, "w") as f:
         json.dump(summary, f, indent=1, default=str)
     return True
+
+
+def nothing_saved_warnings(trainer: dict) -> list[str]:
+    """One warning when the run trains but writes no model: no checkpoint (``trainer.save_freq <= 0``), no HF export
+    at the end (``trainer.export_hf_on_end=false``) nor at wall-clock marks (``trainer.export_hf_freq_s <= 0``);
+    ``[]`` otherwise or for ``trainer.val_only`` (nothing is trained)."""
+    def num(key: str) -> float:
+        try:
+            return float(trainer.get(key) or 0)
+        except (TypeError, ValueError):
+            return 0.0  # a mistyped value has its own error
+
+    if trainer.get("val_only") or trainer.get("export_hf_on_end") is not False or num("save_freq") > 0 or \
+            num("export_hf_freq_s") > 0:
+        return []
+    return [f"trainer.export_hf_on_end=false with trainer.save_freq={trainer.get('save_freq')} and "
+            f"trainer.export_hf_freq_s={trainer.get('export_hf_freq_s')}: the trained model is written nowhere (no "
+            "checkpoint, no Hugging Face export), only the metrics; set trainer.save_freq=<N> > 0, "
+            "trainer.export_hf_on_end=true or trainer.export_hf_freq_s=<seconds>"]
+

@@ -21,8 +21,8 @@ CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "response_length/mean", 
 BACKENDS = ("console", "wandb")
 # what a run writes into trainer.output_dir besides checkpoints (set aside by a fresh run with them when they are
 # inside it: set_aside_earlier_run)
-RUN_OUTPUTS = ("metrics.jsonl", "val_generations.jsonl", "final_metrics.json", "hf_actor", "hf_exports",
-               "async_trace.json")
+RUN_OUTPUTS = ("metrics.jsonl", "val_generations.jsonl", "final_metrics.json", "val_only_metrics.json", "hf_actor",
+               "hf_exports", "async_trace.json")
 EARLIER_RUNS = "earlier_runs"
 
 
@@ -40,7 +40,8 @@ class Tracking:
         project, experiment: names (wandb project / run name).
         backends: subset of {"console", "wandb"}; the JSON-lines file is always written.
         output_dir: where ``metrics.jsonl`` goes (a fresh run's start-up has moved an earlier run's outputs aside:
-            :func:`set_aside_earlier_run`); a resumed run keeps the rows up to ``start_step``.
+            :func:`set_aside_earlier_run`); a resumed run keeps the rows up to ``start_step`` (every row with
+            ``keep_rows``: a ``trainer.val_only`` run appends its validation row).
         total_steps: length of the progress bar.
 
     Raises:
@@ -48,14 +49,15 @@ class Tracking:
     """
 
     def __init__(self, project: str, experiment: str, backends, output_dir: str, config: dict | None = None,
-                 total_steps: int | None = None, start_step: int = 0):
+                 total_steps: int | None = None, start_step: int = 0, keep_rows: bool = False):
         unknown = unknown_backends(backends)
         if unknown:
             raise ValueError(f"trainer.logger has unknown backend(s) {unknown}; expected console and/or wandb")
         backends = [backends] if isinstance(backends, str) else list(backends or [])
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        _keep_rows_up_to(self.path, start_step)
+        if not keep_rows:
+            _keep_rows_up_to(self.path, start_step)
         self._file = open(self.path, "a", encoding="utf-8")
         self.console = "console" in backends
         self._bar = None
@@ -143,12 +145,7 @@ def set_aside_earlier_run(output_dir: str, checkpoint_dir: str | None = None, mo
     ckpts, ckpt_rel = _earlier_checkpoints(output_dir, checkpoint_dir)
     if not found and not ckpts and not split:
         return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    dest, k = os.path.join(output_dir, EARLIER_RUNS, stamp), 1
-    while os.path.exists(dest):
-        k += 1
-        dest = os.path.join(output_dir, EARLIER_RUNS, f"{stamp}-{k}")
-    os.makedirs(dest)
+    dest = earlier_runs_folder(output_dir)
     for name in found:
         os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
         os.replace(os.path.join(output_dir, name), os.path.join(dest, name))
@@ -171,6 +168,17 @@ def set_aside_earlier_run(output_dir: str, checkpoint_dir: str | None = None, mo
     logger.warning("%s held an earlier run's %s: moved to %s (this run starts from scratch; to go on with the "
                    "earlier run, give that folder as trainer.output_dir with trainer.resume_mode=auto)", output_dir,
                    ", ".join(what), dest)
+    return dest
+
+
+def earlier_runs_folder(output_dir: str) -> str:
+    """A new folder ``<output_dir>/earlier_runs/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... added when it exists)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, k = os.path.join(output_dir, EARLIER_RUNS, stamp), 1
+    while os.path.exists(dest):
+        k += 1
+        dest = os.path.join(output_dir, EARLIER_RUNS, f"{stamp}-{k}")
+    os.makedirs(dest)
     return dest
 
 

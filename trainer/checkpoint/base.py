@@ -126,25 +126,30 @@ def find_latest_checkpoint(root: str | None) -> str | None:
     """``<root>/global_step_<N>`` named by the tracker; else the newest complete step folder; else None.
 
     The tracker is written last, so it normally names the newest complete checkpoint. When it names a folder that
-    no longer exists (deleted by hand), or is missing while complete step folders exist (its write was lost), the
-    newest complete folder (``data.pt`` present, :func:`is_complete_checkpoint`) is returned with a warning, so
-    that ``resume_mode=auto`` never trains from scratch over existing checkpoints. None when ``root`` does not
-    exist or holds no complete checkpoint.
+    no longer exists (deleted by hand), is missing while complete step folders exist (its write was lost), or holds
+    no integer (empty, or other text), the newest complete folder (``data.pt`` present,
+    :func:`is_complete_checkpoint`) is returned with a warning, so that ``resume_mode=auto`` never trains from
+    scratch over existing checkpoints. None when ``root`` does not exist or holds no complete checkpoint.
     """
     if not root or not os.path.isdir(root):
         return None
-    step = read_tracker(root)
+    try:
+        step, unreadable = read_tracker(root), None
+    except ValueError as exc:
+        step, unreadable = None, str(exc)
     if step is not None:
         path = step_dir(root, step)
         if os.path.isdir(path):
             return path
     complete = [p for _, p in list_checkpoints(root) if is_complete_checkpoint(p)]
+    using = f"using the newest complete checkpoint {complete[-1]}" if complete else "no complete checkpoint exists"
     if step is not None:
         logger.warning("checkpoint tracker in %s names step %d but %s does not exist; %s", root, step,
-                       step_dir(root, step), f"using the newest complete checkpoint {complete[-1]}" if complete
-                       else "no complete checkpoint exists")
+                       step_dir(root, step), using)
+    elif unreadable is not None:
+        logger.warning("checkpoint %s; %s", unreadable, using)
     elif complete:
-        logger.warning("no checkpoint tracker in %s; using the newest complete checkpoint %s", root, complete[-1])
+        logger.warning("no checkpoint tracker in %s; %s", root, using)
     return complete[-1] if complete else None
 
 
@@ -268,6 +273,22 @@ def restore_rng_state(state: dict) -> None:
             logger.warning("checkpoint holds a CUDA RNG state but CUDA is not available; not restored")
 
 
+def rate_at_restored_step(scheduler: Any) -> None:
+    """After a torch ``LambdaLR`` scheduler's state was restored (a resume): set its optimizer's rates to this run's
+    schedule at the restored position (``base_lr x lr_lambda(last_epoch)``), so that the first resumed step trains at
+    the new schedule's rate when the schedule changed (another length or ``lr_scheduler_type``); the saved rates
+    were the old schedule's. The same rates as saved when the schedule is unchanged. Other schedulers are left as
+    they are."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if not isinstance(scheduler, LambdaLR):
+        return
+    rates = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["lr"] = rate
+    scheduler._last_lr = rates
+
+
 # --------------------------------------------------------------------------------------- trainer state
 
 
@@ -326,74 +347,3 @@ def load_trainer_state(step_dir_path: str) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"trainer state {path!r} not found (incomplete checkpoint?)")
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-# -------------------------------------------------------------------------------------------- resuming
-
-
-def resolve_resume_path(resume_mode: str, root: str | None) -> tuple[str | None, int]:
-    """Map ``trainer.resume_mode`` to ``(step folder or None, global step)``.
-
-    - ``"disable"``: ``(None, 0)``: train from scratch.
-    - ``"auto"``: the tracker's checkpoint under ``root`` (``trainer.default_local_dir``), or ``(None, 0)``. When
-      that step folder is incomplete (a file missing or cut short, e.g. one rank's optimizer shard deleted:
-      :func:`trainer.checkpoint.verify.verify_step_folder`), the newest complete earlier step is taken with a
-      warning naming what is wrong with the newer one (auto resumes from the last usable checkpoint; the next save
-      writes over the broken step). With none, the newest is returned and refused before start-up, naming the file.
-    - any other string: a path whose last ``global_step_<N>`` component gives the step; it is used as named (an
-      incomplete one is refused before start-up, :func:`trainer.resume_checks.check_resume_checkpoint`).
-    The trainer then runs from step ``N + 1``.
-
-    Raises:
-        ValueError: empty mode, or a path without ``global_step_<N>`` (the message names it).
-        FileNotFoundError: an explicit path that does not exist.
-    """
-    if not isinstance(resume_mode, str) or not resume_mode:
-        raise ValueError(f"trainer.resume_mode must be 'auto', 'disable' or a checkpoint path, got {resume_mode!r}")
-    if resume_mode == "disable":
-        return None, 0
-    if resume_mode == "auto":
-        path = find_latest_checkpoint(root)
-        if path is None:
-            logger.info("resume_mode=auto: no checkpoint under %s, training from scratch", root)
-            return None, 0
-        path = _newest_usable(root, path)
-        return path, parse_step(path)
-    step = parse_step(resume_mode)
-    if not os.path.isdir(resume_mode):
-        raise FileNotFoundError(f"trainer.resume_mode names {resume_mode!r}, which does not exist")
-    return resume_mode, step
-
-
-_warned_fallbacks: set[tuple[str, str]] = set()  # resolve_resume_path runs several times per run: warn once
-
-
-def _newest_usable(root: str, path: str) -> str:
-    """``path`` when it is complete, else the newest complete step folder before it (warned once), else ``path``."""
-    try:
-        verify_step_folder(path, [])
-        return path
-    except IncompleteCheckpoint as exc:
-        problem = exc.problem
-    earlier = newest_complete_before(root, parse_step(path))
-    if earlier is None:
-        return path
-    if (path, earlier) not in _warned_fallbacks:
-        _warned_fallbacks.add((path, earlier))
-        logger.warning("trainer.resume_mode=auto: the newest checkpoint %s is incomplete (%s); resuming from "
-                       "the newest complete earlier one, %s", path, problem, earlier)
-    return earlier
-
-
-def newest_complete_before(root: str, step: int) -> str | None:
-    """The newest step folder under ``root`` before ``step`` that is complete (``data.pt``) and whose files pass
-    :func:`trainer.checkpoint.verify.verify_step_folder`, or None."""
-    for earlier_step, earlier in reversed(list_checkpoints(root)):
-        if earlier_step >= step or not is_complete_checkpoint(earlier):
-            continue
-        try:
-            verify_step_folder(earlier, [])
-        except IncompleteCheckpoint:
-            continue
-        return earlier
-    return None

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from trainer.checkpoint.atomic import atomic_torch_save, barrier, replace_dir
-from trainer.checkpoint.base import CheckpointManager, capture_rng_state, parse_step, restore_rng_state
+from trainer.checkpoint.base import (CheckpointManager, capture_rng_state, parse_step, rate_at_restored_step,
+                                     restore_rng_state)
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +227,8 @@ class DeepSpeedCheckpointManager(CheckpointManager):
                                                         load_lr_scheduler_states=load_lr_scheduler_states)
         if load_path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint in {path!r} (missing 'latest' file?)")
+        if load_lr_scheduler_states:  # the first resumed step at this run's schedule (a changed one included)
+            rate_at_restored_step(self.engine.lr_scheduler)
         if load_rng:
             rng_file = os.path.join(path, f"rng_rank_{self.rank}.pt")
             if not os.path.isfile(rng_file):

@@ -175,7 +175,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _earlier_advice(step_dir: str) -> str:
     """What to do instead of resuming from the damaged ``step_dir``: its newest complete earlier step, or afresh."""
-    from trainer.checkpoint.base import newest_complete_before, parse_step
+    from trainer.checkpoint.base import parse_step
+    from trainer.checkpoint.resume import newest_complete_before
 
     earlier = newest_complete_before(os.path.dirname(step_dir), parse_step(step_dir))
     start = "start afresh with trainer.resume_mode=disable"

@@ -1,6 +1,6 @@
 """Cheap readability checks of a saved checkpoint, run before anything loads it (the resume check before the workers
 start, :func:`trainer.resume_checks.check_resume_checkpoint`; ``resume_mode=auto``'s choice of a step,
-:func:`trainer.checkpoint.base.resolve_resume_path`; and ``tools/export_hf.py``), so that a truncated or
+:func:`trainer.checkpoint.resume.resolve_resume_path`; and ``tools/export_hf.py``), so that a truncated or
 half-deleted checkpoint stops in one line naming the file instead of a traceback from inside a worker.
 
 Every file ``torch.save`` writes is a zip archive whose directory sits at its end: a file cut short (a copy that
@@ -34,6 +34,7 @@ __all__ = ["TRAINER_STATE_FILE", "IncompleteCheckpoint", "unreadable_files", "sa
 TRAINER_STATE_FILE = "data.pt"
 _SHARD_RE = re.compile(r"^(?P<kind>(?:bf16_)?zero_pp_rank_)(?P<rank>\d+)(?P<rest>_mp_rank_\d+_(?:optim|model)_states\.pt)$")
 _RNG_RE = re.compile(r"^rng_rank_(\d+)\.pt$")
+_MODEL_ROLES = ("actor", "critic", "reward")  # role folders that hold a model: DeepSpeed's latest or meta.pt
 _ADVICE = ("use an earlier global_step_<N> (to resume: trainer.resume_mode=<its path>; trainer.resume_mode=auto "
            "takes the newest complete one), or restore the file")
 
@@ -146,7 +147,8 @@ def verify_step_folder(step_dir: str, roles: list[str], world: int | None = None
     run loads), every DeepSpeed role folder in it passes :func:`verify_deepspeed_role` (at the ranks of the run
     that saved the step, read from its ``data.pt``), and every ``*.pt`` file in it is complete. With ``world``, the
     DeepSpeed folders of ``roles`` were saved by that many ranks (DeepSpeed restores its partitions at the world
-    size that saved them). ``roles=[]`` and no ``world`` check completeness only (``resume_mode=auto``'s choice).
+    size that saved them). An ``actor``, ``critic`` or ``reward`` folder with neither DeepSpeed's ``latest`` nor
+    Megatron's ``meta.pt`` is incomplete. ``roles=[]`` and no ``world`` check completeness only (``resume_mode=auto``'s choice).
 
     Raises:
         IncompleteCheckpoint: (a ValueError) naming the file or folder that is missing or cut short.
@@ -161,6 +163,11 @@ def verify_step_folder(step_dir: str, roles: list[str], world: int | None = None
                              "its HF export (tools/export_hf.py) as actor_rollout_ref.model.path")
     for name in sorted(os.listdir(step_dir)):
         role_dir = os.path.join(step_dir, name)
+        if name in _MODEL_ROLES and os.path.isdir(role_dir) and \
+                not any(os.path.isfile(os.path.join(role_dir, f)) for f in ("latest", "meta.pt")):
+            raise IncompleteCheckpoint(f"{role_dir!r} holds neither a DeepSpeed (latest) nor a Megatron (meta.pt) "
+                                       "checkpoint: the checkpoint is incomplete (a save that did not finish, or "
+                                       "files deleted)")
         if os.path.isfile(os.path.join(role_dir, "latest")):
             ranks = verify_deepspeed_role(role_dir, world=saved, rng=True)
             if world is not None and name in roles and ranks != world:

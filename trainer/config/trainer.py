@@ -4,10 +4,10 @@ data group sets ``total_epochs``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config.section import Section
+from trainer.config.section import Section, built_by
 from trainer.config_checks import ConfigError
 from trainer.tracking import BACKENDS, unknown_backends
 
@@ -84,7 +84,7 @@ class TrainerConfig(Section):
     val_only: bool
     val_also_greedy: bool
     log_val_generations: int
-    resume_mode: str
+    resume_mode: str = field(metadata=built_by(lambda value, key: _resume_mode(value, key)))
     max_actor_ckpt_to_keep: int | None
     export_hf_on_end: bool
     seed: int
@@ -114,3 +114,11 @@ class TrainerConfig(Section):
         if unknown:
             raise ConfigError(f"{key}.logger={plain_logger(self.logger)!r}: unknown backend(s) {unknown}; "
                               f"expected a list of {list(BACKENDS)}")
+
+
+def _resume_mode(value, key: str) -> str:
+    """``trainer.resume_mode`` when allowed (:func:`trainer.checkpoint.resume.check_resume_mode`, which raises the
+    one-line ConfigError otherwise)."""
+    from trainer.checkpoint.resume import check_resume_mode
+
+    return check_resume_mode(value, key)

@@ -41,7 +41,8 @@ from typing import Any
 import torch
 
 from trainer.checkpoint.atomic import atomic_torch_save, barrier, replace_dir
-from trainer.checkpoint.base import CheckpointManager, capture_rng_state, parse_step, restore_rng_state
+from trainer.checkpoint.base import (CheckpointManager, capture_rng_state, parse_step, rate_at_restored_step,
+                                     restore_rng_state)
 from trainer.megatron.dist_ckpt import step_state_set_aside as _step_state_set_aside
 from trainer.megatron.engine import unwrap
 
@@ -237,6 +238,7 @@ class MegatronCheckpointManager(CheckpointManager):
             if extra["lr_scheduler"] is None:
                 raise KeyError(f"checkpoint {path!r} has no LR scheduler state")
             self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+            rate_at_restored_step(self.lr_scheduler)  # a LambdaLR (CPU); the shadow applies it itself
         if load_rng:
             restore_rng_state(extra["rng"])
             if same:

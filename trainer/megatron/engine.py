@@ -98,7 +98,10 @@ class ShadowLRScheduler:
         return self.shadow.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        from trainer.checkpoint.base import rate_at_restored_step
+
         self.shadow.load_state_dict(state)
+        rate_at_restored_step(self.shadow)  # the restored position's rate of this run's schedule
         self._apply()
 
 

@@ -1,0 +1,131 @@
+"""A resume from a checkpoint older than the newest one: the steps after it belong to an earlier timeline, which the
+resumed run would write over (its checkpoint folders, its ``metrics.jsonl`` rows, its end-of-run outputs). They are
+set aside into ``<output_dir>/earlier_runs/<YYYYmmdd-HHMMSS>/``, where a fresh run puts an earlier run's outputs
+(:func:`trainer.tracking.set_aside_earlier_run`), once every check has passed and the workers are placed
+(:func:`set_aside_later_steps`); a checkpoint folder outside ``trainer.output_dir`` with later steps is refused
+before start-up instead (:func:`later_steps_problem`)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+from trainer.checkpoint.base import TRACKER_FILE, list_checkpoints, parse_step, read_tracker, write_tracker
+from trainer.tracking import _inside, _non_empty, earlier_runs_folder
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["later_steps_problem", "set_aside_later_steps"]
+
+#: the outputs of a run's end (or its timed exports) that a later timeline left: set aside with its steps
+END_OUTPUTS = ("final_metrics.json", "hf_actor", "hf_exports")
+ROW_FILES = ("metrics.jsonl", "val_generations.jsonl")
+
+
+def _later(checkpoint_dir: str | None, step: int, keep: str | None = None) -> list[tuple[int, str]]:
+    """The ``global_step_<N>`` folders of ``checkpoint_dir`` with ``N > step``, except ``keep``."""
+    if not checkpoint_dir:
+        return []
+    keep = os.path.realpath(keep) if keep else None
+    return [(s, p) for s, p in list_checkpoints(checkpoint_dir) if s > step and os.path.realpath(p) != keep]
+
+
+def later_steps_problem(output_dir: str, checkpoint_dir: str | None, step: int) -> str | None:
+    """The refusal of a resume from step ``step`` while ``checkpoint_dir`` (``trainer.default_local_dir``), outside
+    ``output_dir``, holds checkpoints of later steps (they cannot be set aside into ``output_dir``'s
+    ``earlier_runs/``, and the resumed run would write over them); None when there are none or the folder lies
+    inside ``output_dir``."""
+    later = _later(checkpoint_dir, step)
+    if not later or _inside(checkpoint_dir, output_dir):
+        return None
+    return (f"trainer.resume_mode: resuming from step {step}, but trainer.default_local_dir={checkpoint_dir!r} "
+            f"holds checkpoints of later steps ({later[0][0]}..{later[-1][0]}) outside trainer.output_dir="
+            f"{output_dir!r}, which the resumed run would write over; expected trainer.resume_mode=auto (go on from "
+            "the newest), or move the later global_step_<N> folders away first")
+
+
+def _split_rows(path: str, step: int, dest: str) -> int:
+    """Move the rows of the JSON-lines file ``path`` whose ``step`` is after ``step`` (or that do not parse) to
+    ``dest``; returns how many moved."""
+    if not os.path.isfile(path):
+        return 0
+    keep, move = [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line if line.endswith("\n") else line + "\n"
+            try:
+                ok = int(json.loads(line).get("step", -1)) <= step
+            except (ValueError, TypeError, AttributeError):
+                ok = not line.strip()
+            (keep if ok else move).append(line)
+    if move:
+        with open(dest, "w", encoding="utf-8") as f:
+            f.writelines(move)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(path + ".tmp", path)
+    return len(move)
+
+
+def _rows_after(path: str, step: int) -> bool:
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if int(json.loads(line).get("step", -1)) > step:
+                    return True
+            except (ValueError, TypeError, AttributeError):
+                if line.strip():
+                    return True
+    return False
+
+
+def set_aside_later_steps(output_dir: str, checkpoint_dir: str | None, resumed: str) -> str | None:
+    """A run resumed from the step folder ``resumed`` (``.../global_step_<step>``, never moved itself): move what an
+    earlier timeline left after that step into
+    ``<output_dir>/earlier_runs/<YYYYmmdd-HHMMSS>/``: the ``global_step_<N>`` folders with ``N > step`` of
+    ``checkpoint_dir`` when it lies inside ``output_dir`` (to the same relative folder there, with a copy of the
+    tracker, which is set to ``step``), the rows of ``metrics.jsonl`` and ``val_generations.jsonl`` after ``step``
+    (the earlier ones stay), and that timeline's ``final_metrics.json``, ``hf_actor`` and ``hf_exports``. Nothing is
+    moved when neither a later checkpoint nor a later row exists (an ordinary resume). One warning line names what
+    moved; returns the folder, or None."""
+    step = parse_step(resumed)
+    later = _later(checkpoint_dir, step, resumed) if checkpoint_dir and _inside(checkpoint_dir, output_dir) else []
+    rows = [n for n in ROW_FILES if _rows_after(os.path.join(output_dir, n), step)]
+    if not later and not rows:
+        return None
+    dest = earlier_runs_folder(output_dir)
+    what = []
+    for name in rows:
+        moved = _split_rows(os.path.join(output_dir, name), step, os.path.join(dest, name))
+        what.append(f"{name} ({moved} rows after step {step})")
+    for name in END_OUTPUTS:
+        if _non_empty(os.path.join(output_dir, name)):
+            os.replace(os.path.join(output_dir, name), os.path.join(dest, name))
+            what.append(name)
+    if later:
+        into = os.path.join(dest, os.path.relpath(os.path.realpath(checkpoint_dir), os.path.realpath(output_dir)))
+        os.makedirs(into, exist_ok=True)
+        for _, path in later:
+            shutil.move(path, os.path.join(into, os.path.basename(path)))
+        if os.path.isfile(os.path.join(checkpoint_dir, TRACKER_FILE)):
+            shutil.copy2(os.path.join(checkpoint_dir, TRACKER_FILE), os.path.join(into, TRACKER_FILE))
+        _tracker_at_most(checkpoint_dir, step)
+        what.append(f"checkpoints (steps {later[0][0]}..{later[-1][0]} of {checkpoint_dir}, now in "
+                    f"{os.path.relpath(into, output_dir)})")
+    logger.warning("trainer.resume_mode: this run resumes from step %d, and %s held the later steps of an earlier "
+                   "timeline: moved %s to %s (this run writes its own steps after %d)", step, output_dir,
+                   ", ".join(what), dest, step)
+    return dest
+
+
+def _tracker_at_most(checkpoint_dir: str, step: int) -> None:
+    """The tracker names ``step`` when it named a later one (moved aside) or holds no integer."""
+    try:
+        named = read_tracker(checkpoint_dir)
+    except ValueError:
+        named = step + 1
+    if named is not None and named > step:
+        write_tracker(checkpoint_dir, step)

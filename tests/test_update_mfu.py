@@ -25,8 +25,7 @@ def _role(sp_size=1):
 
 
 def test_update_mfu_is_none_off_cuda():
-    mask = torch.ones(2, 8, dtype=torch.long)
-    assert um.update_mfu(_role(), mask, 1, time.perf_counter() - 1.0, torch.device("cpu")) is None
+    assert um.update_mfu(_role(), {}, 1, time.perf_counter() - 1.0, torch.device("cpu")) is None  # mask not read
 
 
 @pytest.mark.parametrize("epochs, sp", [(1, 1), (2, 1), (1, 2)])
@@ -38,7 +37,7 @@ def test_update_mfu_counts_every_rows_own_length_epochs_and_sp(monkeypatch, epoc
     for i, n in enumerate((10, 4, 7)):
         mask[i, :n] = 1
     monkeypatch.setattr(um.time, "perf_counter", lambda: 102.0)
-    got = um.update_mfu(_role(sp), mask, epochs, 100.0, torch.device("cuda"))
+    got = um.update_mfu(_role(sp), {"attention_mask": mask}, epochs, 100.0, torch.device("cuda"))
     want = compute_mfu(_role().hf_config, 21, [10, 4, 7], 2.0, 1, 989e12) * epochs / sp
     assert synced, "the device is synchronised before the update's time is read"
     assert got == pytest.approx(want, rel=1e-9)
@@ -47,7 +46,8 @@ def test_update_mfu_counts_every_rows_own_length_epochs_and_sp(monkeypatch, epoc
 def test_update_mfu_is_none_on_an_unknown_gpu_or_an_empty_batch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
-    mask = torch.ones(2, 4, dtype=torch.long)
+    mask = {"attention_mask": torch.ones(2, 4, dtype=torch.long)}
     assert um.update_mfu(_role(), mask, 1, time.perf_counter() - 1.0, torch.device("cuda")) is None
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    assert um.update_mfu(_role(), torch.zeros(2, 4), 1, time.perf_counter() - 1.0, torch.device("cuda")) is None
+    empty = {"attention_mask": torch.zeros(2, 4)}
+    assert um.update_mfu(_role(), empty, 1, time.perf_counter() - 1.0, torch.device("cuda")) is None

@@ -107,7 +107,7 @@ def ppo_update(worker, role, data: DataProto, cfg, n: int, temperature: float, k
             metrics[k].append(v)
     for k, v in stage_peak_memory(worker.device, kind).items():  # this process during the update, GiB
         metrics[k].append(v)
-    mfu = update_mfu(role, data["attention_mask"], cfg.ppo_epochs, t0, worker.device) if kind == "actor" else None
+    mfu = update_mfu(role, data, cfg.ppo_epochs, t0, worker.device) if kind == "actor" else None
     if mfu is not None:
         metrics["perf/mfu/actor"].append(mfu)
     metrics[f"perf/worker_s/update_{kind}"].append(time.perf_counter() - t0)  # the trainer's timer less Ray's part

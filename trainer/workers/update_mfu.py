@@ -36,27 +36,29 @@ def device_peak_flops(device_name: str) -> float | None:
     return PEAK_BF16_FLOPS[max(hits, key=len)]
 
 
-def update_mfu(role, attention_mask: torch.Tensor, ppo_epochs: int, t0: float, device: torch.device) -> float | None:
+def update_mfu(role, data, ppo_epochs: int, t0: float, device: torch.device) -> float | None:
     """MFU of an update that started at ``time.perf_counter() == t0`` and has just returned (module docstring).
 
     Args:
         role: the trained :class:`trainer.workers.model_utils.ModelRole` (its ``hf_config``, counted by
             :func:`trainer.metric_utils.flops_per_token`'s rules, and ``sp_size``, the Ulysses degree).
-        attention_mask: (rows, seq) of this rank's update batch, 1 on real tokens (any integer or bool dtype).
+        data: this rank's update batch (:class:`trainer.protocol.DataProto` or a mapping); its ``attention_mask``,
+            (rows, seq), 1 on real tokens (any integer or bool dtype), is read only on CUDA.
         ppo_epochs: passes over the batch.
         device: the worker's device; None is returned off CUDA.
 
     Returns:
-        the fraction of peak (0.4 = 40%), or None off CUDA, on an unknown GPU or an empty batch.
+        the fraction of peak (0.4 = 40%), or None off CUDA, on an unknown GPU, or for a batch without an attention
+        mask or with no tokens.
     """
-    if device.type != "cuda":
+    if device.type != "cuda" or "attention_mask" not in data:
         return None
     peak = device_peak_flops(torch.cuda.get_device_name(device))
     if peak is None:
         return None
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
-    seqlens = attention_mask.sum(-1).tolist()
+    seqlens = data["attention_mask"].sum(-1).tolist()
     if not sum(seqlens) or seconds <= 0:
         return None
     from trainer.metric_utils import compute_mfu

@@ -9,19 +9,9 @@ length from the data, before any worker starts; :func:`lr_warmup_warnings` are l
 from __future__ import annotations
 
 from trainer.config_checks import ConfigError, ErrorCollector
+from trainer.unused_settings import critic_on
 
 __all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups"]
-
-
-def _critic_on(cfg: dict) -> bool:
-    """Whether the run has a critic (``critic.enable``, null: on for an estimator that needs one)."""
-    enable = cfg["critic"].get("enable")
-    if enable is None:
-        from trainer.core_algos import ADV_ESTIMATOR_SPECS
-
-        spec = ADV_ESTIMATOR_SPECS.get(cfg["algorithm"]["adv_estimator"])
-        return bool(spec is not None and spec.needs_critic)
-    return enable is True
 
 
 def check_critic_warmup(cfg: dict) -> None:
@@ -34,7 +24,7 @@ def check_critic_warmup(cfg: dict) -> None:
     warmup = int(cfg["trainer"]["critic_warmup"])
     if warmup <= 0:
         return
-    if not _critic_on(cfg):
+    if not critic_on(cfg):
         enable = str(cfg["critic"].get("enable")).lower()
         raise ConfigError(f"trainer.critic_warmup={warmup} with no critic (algorithm.adv_estimator="
                           f"{cfg['algorithm']['adv_estimator']}, critic.enable={enable}): the "
@@ -51,7 +41,7 @@ def _optims(cfg: dict) -> list[tuple[str, dict]]:
     """``(dotted key, optim section)`` of each role that trains (the critic's with a critic, PRIME's reward
     model's when it has one)."""
     out = [("actor_rollout_ref.actor.optim", cfg["actor_rollout_ref"]["actor"]["optim"])]
-    if _critic_on(cfg):
+    if critic_on(cfg):
         out.append(("critic.optim", cfg["critic"]["optim"]))
     rm = (cfg.get("reward_model") or {}).get("model") or {}
     if isinstance(rm.get("optim"), dict):

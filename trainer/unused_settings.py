@@ -161,7 +161,8 @@ def _set_keys(run: dict, keys: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _critic_on(run: dict) -> bool:
+def critic_on(run: dict) -> bool:
+    """Whether the run has a critic: ``critic.enable``, or for null, whether the estimator needs one."""
     enable = (run.get("critic") or {}).get("enable")
     if enable is None:
         from trainer.core_algos import ADV_ESTIMATOR_SPECS
@@ -200,7 +201,7 @@ _VALIDATION_KEYS = ("trainer.log_val_generations", "trainer.val_also_greedy", f"
 _LORA = ("lora_alpha", "target_modules", "exclude_modules")
 #: (the run leaves them unused, the keys (a trailing "." takes every key below), why): one warning per row
 SWITCHED_OFF = (
-    (lambda r: not _critic_on(r), ("critic.",),
+    (lambda r: not critic_on(r), ("critic.",),
      lambda r: f"this run trains no critic (algorithm.adv_estimator={_estimator(r)}, critic.enable unset or false); "
                "algorithm=gae or critic.enable=true trains one"),
     (lambda r: not _get(r, KL_LOSS), (f"{_A}.kl_loss_coef", f"{_A}.kl_loss_type"),
@@ -222,7 +223,7 @@ SWITCHED_OFF = (
      lambda r: f"algorithm.adv_estimator={_estimator(r)} has no GAE lambda (gae has)"),
     (lambda r: _get(r, f"{_A}.loss_agg_mode") != "seq-mean-token-sum-norm", (f"{_A}.loss_scale_factor",),
      lambda r: f"{_A}.loss_agg_mode={_get(r, f'{_A}.loss_agg_mode')} (only seq-mean-token-sum-norm divides by it)"),
-    (lambda r: _critic_on(r) and _get(r, "critic.loss_agg_mode") != "seq-mean-token-sum-norm",
+    (lambda r: critic_on(r) and _get(r, "critic.loss_agg_mode") != "seq-mean-token-sum-norm",
      ("critic.loss_scale_factor",),
      lambda r: f"critic.loss_agg_mode={_get(r, 'critic.loss_agg_mode')} (only seq-mean-token-sum-norm divides by it)"),
     (lambda r: _get(r, "actor_rollout_ref.model.path") is not None,
@@ -242,7 +243,7 @@ SWITCHED_OFF = (
                f"trainer.async.staleness={_get(r, 'trainer.async.staleness')}; rollout_is=token turns it on)"),
     (lambda r: c.lora_off(r, _M), tuple(f"{_M}.{k}" for k in _LORA),
      lambda r: f"{_M}.lora_rank={_get(r, f'{_M}.lora_rank')} trains every weight (LoRA needs lora_rank > 0)"),
-    (lambda r: _critic_on(r) and c.lora_off(r, "critic.model"), tuple(f"critic.model.{k}" for k in _LORA),
+    (lambda r: critic_on(r) and c.lora_off(r, "critic.model"), tuple(f"critic.model.{k}" for k in _LORA),
      lambda r: f"critic.model.lora_rank={_get(r, 'critic.model.lora_rank')} trains every weight of the critic"),
     (lambda r: _get(r, "trainer.rollout_placement") != "separate", (f"{R}.n_gpus", "trainer.async.trace_file"),
      lambda r: f"trainer.rollout_placement={_get(r, 'trainer.rollout_placement')} runs the engine in the actor's "

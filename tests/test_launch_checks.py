@@ -375,3 +375,21 @@ def test_a_filter_key_change_that_keeps_the_rows_resumes_when_the_checkpoint_has
     old = _saved_step(tmp_path / "old", _cfg())          # saved without a fingerprint: the values are compared
     with pytest.raises(ConfigError, match=r"data\.max_prompt_length=18 \(checkpoint: 16\)"):
         check_resume_data(_cfg("data.max_prompt_length=18"), old)
+
+
+def test_a_gae_runs_critic_schedule_change_is_warned_with_critic_enable_left_null(tmp_path):
+    """``critic.enable`` null means on for GAE: the critic's schedule is compared as the actor's is (it was skipped,
+    as if the run had no critic)."""
+    import torch
+
+    from trainer.resume_checks import trained_roles
+    from trainer.resume_schedule import resume_schedule_warnings
+
+    gae = ("algorithm.adv_estimator=gae", "critic.enable=null")
+    assert [k for k, _ in trained_roles(_cfg(*gae))] == ["actor_rollout_ref.actor", "critic"]
+    assert [k for k, _ in trained_roles(_cfg("critic.enable=null"))] == ["actor_rollout_ref.actor"]
+    step = tmp_path / "global_step_1"
+    step.mkdir()
+    torch.save({"global_step": 1, "config": _cfg(*gae)}, str(step / "data.pt"))
+    (line,) = resume_schedule_warnings(_cfg(*gae, "critic.optim.lr_scheduler_type=cosine"), str(step))
+    assert "critic.optim.lr_scheduler_type='cosine' (checkpoint: 'constant')" in line

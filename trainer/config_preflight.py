@@ -17,6 +17,7 @@ from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, c
                                    resume_seed_warnings)
 from trainer.resume_schedule import resume_schedule_warnings
 from trainer.tokenizer_files import eos_outside_vocab_problem, no_eos_problem
+from trainer.unused_settings import critic_on
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def _check_model_paths(cfg: dict) -> None:
 
     arr = cfg["actor_rollout_ref"]
     paths = [("actor_rollout_ref.model.path", arr["model"].get("path"))]
-    if cfg["critic"].get("enable"):
+    if critic_on(cfg):
         paths.append(("critic.model.path", cfg["critic"]["model"].get("path")))
     for key, path in paths:
         if path is not None and not os.path.isfile(os.path.join(path, "config.json")):

@@ -9,6 +9,7 @@ import math
 
 from trainer.config_checks import ConfigError, as_int, check_rollout_correction, run_checks
 from trainer.megatron_checks import check_megatron
+from trainer.unused_settings import critic_on
 
 
 def overlong_kwargs(cfg: dict) -> dict:
@@ -109,7 +110,7 @@ def _check_batches(cfg: dict) -> None:
     A = "actor_rollout_ref.actor"
     _check_update_batches(cfg, f"{A}.ppo_mini_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", actor,
                           int(actor["ulysses_sequence_parallel_size"]))
-    if cfg["critic"].get("enable") is True:
+    if critic_on(cfg):
         c = cfg["critic"]
         _check_update_batches(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", c,
                               int(c["ulysses_sequence_parallel_size"]))

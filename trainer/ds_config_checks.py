@@ -15,6 +15,7 @@ import functools
 from collections.abc import Mapping
 
 from trainer.config_checks import ConfigError, ErrorCollector
+from trainer.unused_settings import critic_on
 
 __all__ = ["check_ds_config_entries", "deepspeed_top_level_keys"]
 
@@ -174,7 +175,7 @@ def _clip_owners(cfg: Mapping) -> list[tuple[str, object]]:
     from trainer.hooks.prime import prime_enabled
 
     owners = [("actor_rollout_ref.actor.grad_clip", cfg["actor_rollout_ref"]["actor"]["grad_clip"])]
-    if (cfg.get("critic") or {}).get("enable"):
+    if critic_on(cfg):
         owners.append(("critic.grad_clip", cfg["critic"]["grad_clip"]))
     optim = ((cfg.get("reward_model") or {}).get("model") or {}).get("optim")
     if prime_enabled(cfg) and isinstance(optim, Mapping) and "grad_clip" in optim:

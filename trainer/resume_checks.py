@@ -16,6 +16,7 @@ import os
 
 from trainer.config.trainer import run_strategy
 from trainer.config_checks import ConfigError, as_int
+from trainer.unused_settings import critic_on
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,17 @@ DATA_FILTER_KEYS = ("filter_overlong_prompts", "max_prompt_length", "apply_chat_
 ROW_FILTER_KEYS = ("max_rows", *DATA_FILTER_KEYS)
 _ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)),
           ("reward_model.model", ("reward_model", "model")))
+
+
+def trained_roles(cfg: dict) -> list[tuple[str, tuple[str, ...]]]:
+    """The ``(key, path)`` entries of :data:`_ROLES` that this run trains: the actor; the critic when the run has one
+    (:func:`trainer.unused_settings.critic_on`); PRIME's PRM with ``algorithm.use_prime``
+    (:func:`trainer.hooks.prime.prime_enabled`)."""
+    from trainer.hooks.prime import prime_enabled
+    from trainer.unused_settings import critic_on
+
+    on = {"critic": critic_on(cfg), "reward_model.model": prime_enabled(cfg)}
+    return [(key, path) for key, path in _ROLES if on.get(key, True)]
 
 
 def _same(a, b) -> bool:
@@ -226,11 +238,7 @@ def _optim_diffs(cfg: dict, step_dir: str, keys: tuple[str, ...]) -> list[str]:
     if saved_cfg is None:
         return []
     diffs = []
-    for key, path in _ROLES:
-        if key == "critic" and not (cfg.get("critic") or {}).get("enable"):
-            continue
-        if key == "reward_model.model" and not (cfg.get("algorithm") or {}).get("use_prime"):
-            continue  # the PRM is trained (and saved) with algorithm=prime only
+    for key, path in trained_roles(cfg):
         now, saved = _optim(cfg, path), _optim(saved_cfg, path)
         if not isinstance(now, dict) or not isinstance(saved, dict):
             continue
@@ -324,7 +332,7 @@ def _check_engine_settings(cfg: dict, path: str) -> None:
         return
     stage = effective_zero_stage(cfg["deepspeed"])
     roles = {"actor": ("actor_rollout_ref.model", cfg["actor_rollout_ref"]["model"])}
-    if (cfg.get("critic") or {}).get("enable"):
+    if critic_on(cfg):
         roles["critic"] = ("critic.model", cfg["critic"]["model"])
     for role, (key, model) in roles.items():
         try:
@@ -358,7 +366,7 @@ def _check_checkpoint_files(cfg: dict, path: str) -> None:
     from trainer.checkpoint.verify import verify_step_folder
     from trainer.hooks.prime import prime_enabled
 
-    roles = ["actor", *(["critic"] if cfg["critic"].get("enable") else []), *(["reward"] if prime_enabled(cfg) else [])]
+    roles = ["actor", *(["critic"] if critic_on(cfg) else []), *(["reward"] if prime_enabled(cfg) else [])]
     world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
     try:
         verify_step_folder(path, roles, world)

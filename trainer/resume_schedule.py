@@ -4,7 +4,7 @@ the new schedule's at that position (:func:`trainer.checkpoint.base.rate_at_rest
 step already trains at the new schedule's rate."""
 from __future__ import annotations
 
-from trainer.resume_checks import SCHEDULE_KEYS, _optim, _optim_diffs, _ROLES, _same, _saved_config
+from trainer.resume_checks import SCHEDULE_KEYS, _optim, _optim_diffs, _same, _saved_config, trained_roles
 
 __all__ = ["resume_schedule_warnings"]
 
@@ -36,16 +36,7 @@ def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
 
 def _trained(cfg: dict) -> list[dict]:
     """The ``optim`` sections of the roles this run trains (actor; critic when on; PRIME's PRM)."""
-    out = []
-    for key, path in _ROLES:
-        if key == "critic" and not (cfg.get("critic") or {}).get("enable"):
-            continue
-        if key == "reward_model.model" and not (cfg.get("algorithm") or {}).get("use_prime"):
-            continue
-        optim = _optim(cfg, path)
-        if isinstance(optim, dict):
-            out.append(optim)
-    return out
+    return [o for o in (_optim(cfg, path) for _, path in trained_roles(cfg)) if isinstance(o, dict)]
 
 
 def _length_diffs(cfg: dict, saved: dict) -> list[str]:

@@ -12,6 +12,7 @@ from trainer.config.model import ModelConfig
 from trainer.config.rollout import RolloutConfig
 from trainer.config.runtime import ARR, WorkerRuntime, needs_reference, runtime_kwargs
 from trainer.config.trainer import run_strategy
+from trainer.unused_settings import critic_on
 
 __all__ = ["WorkerRuntime", "ActorWorkerConfig", "CriticWorkerConfig", "RolloutWorkerConfig", "actor_worker_config",
            "critic_worker_config", "rollout_worker_config", "runtime_kwargs", "scheduler_total_steps",
@@ -161,7 +162,7 @@ def check_sections(cfg: dict) -> None:
     errors.run(DeepSpeedConfig.from_dict, cfg["deepspeed"], "deepspeed")
     errors.run(TrainerConfig.from_dict, cfg["trainer"], "trainer")  # the driver's (trainer.ppo_trainer)
     errors.run(DataConfig.from_dict, cfg["data"], "data")
-    if cfg["critic"].get("enable"):
+    if critic_on(cfg):
         errors.run(CriticConfig.from_dict, cfg["critic"], "critic")
         if model is not None:
             errors.run(model.for_role, cfg["critic"]["model"], "critic.model", True)

@@ -96,14 +96,17 @@ def test_cc2_a_second_run_into_a_live_runs_folder_stops_in_one_line_and_moves_no
     os.makedirs(os.path.join(out, "checkpoints", "global_step_3"))
     with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         f.write('{"step": 1}\n')
+    with open(os.path.join(out, "main.log"), "w") as f:
+        f.write("the live run's line\n")
     other = _holder(out)
-    try:
-        proc = run_cli(out, "trainer.total_training_steps=2", forked=True)
+    try:  # data.val_files unused: a warning of the checks, which must not reach the live run's log
+        proc = run_cli(out, "trainer.total_training_steps=2", "data.val_files=/no/val.parquet", forked=True)
     finally:
         other.kill()
         other.wait()
     assert_one_line_error(proc, f"trainer.output_dir={out!r} is in use by another run (pid {other.pid})")
-    assert sorted(set(os.listdir(out)) - {"main.log"}) == [".run.lock", "checkpoints", "metrics.jsonl"]  # log: appended
+    assert sorted(os.listdir(out)) == [".run.lock", "checkpoints", "main.log", "metrics.jsonl"]
+    assert open(os.path.join(out, "main.log")).read() == "the live run's line\n"
     assert os.listdir(os.path.join(out, "checkpoints")) == ["global_step_3"]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-__all__ = ["LOCK_FILE", "hold_output_dir"]
+__all__ = ["LOCK_FILE", "hold_output_dir", "hold_run_dir"]
 
 LOCK_FILE = ".run.lock"
 _held: dict[str, int] = {}  # realpath of an output folder -> the descriptor this process locks it with
@@ -39,3 +39,21 @@ def hold_output_dir(output_dir: str, key: str = "trainer.output_dir") -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[real] = fd
+
+
+def hold_run_dir(hydra_cfg) -> None:
+    """:func:`hold_output_dir` for the composed config's ``trainer.output_dir`` before any check runs, when it is a
+    folder or not there yet (else the checks name the bad value): Hydra's ``main.log`` lies in that folder, and the
+    checks' warnings would otherwise be appended to a live run's log before the refusal.
+
+    Raises:
+        ConfigError: as :func:`hold_output_dir`.
+    """
+    from omegaconf import OmegaConf
+
+    try:
+        out = OmegaConf.select(hydra_cfg, "trainer.output_dir", throw_on_resolution_failure=False)
+    except Exception:  # noqa: BLE001 - an unreadable value is the checks' to report
+        return
+    if isinstance(out, str) and out and (os.path.isdir(out) or not os.path.exists(out)):
+        hold_output_dir(out)

@@ -96,6 +96,8 @@ def test_a_run_failure_is_one_line_with_the_checkpoint_to_resume_from(tmp_path, 
                                        "\tclass_name: ActorRolloutRefWorker\n\tpid: 123"))
     diverged = "actor: 3 optimizer steps in a row were skipped; stopping at step 3. Last checkpoint: /x/global_step_2"
     main.report_run_failure(TrainingDiverged(diverged))
+    main.report_run_failure(WorkerDied("actor rank 1 died during save_checkpoint: The actor died unexpectedly."))
     assert capsys.readouterr().err.splitlines() == [
         f"error: actor rank 1 died during update_actor: The actor died unexpectedly; last checkpoint: {step}",
-        f"error: {diverged}"]
+        f"error: {diverged}",  # a call named "save_checkpoint: ..." is no checkpoint named
+        f"error: actor rank 1 died during save_checkpoint: The actor died unexpectedly; last checkpoint: {step}"]

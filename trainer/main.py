@@ -116,7 +116,7 @@ def report_run_failure(exc: BaseException) -> None:
     from trainer.interrupt import last_checkpoint
 
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(" :.")
-    if "checkpoint:" not in line.lower():
+    if "last checkpoint:" not in line.lower():  # not "save_checkpoint: ...", a call named by a dead worker
         line += f"; last checkpoint: {last_checkpoint()}"
     print(f"error: {line}", file=sys.stderr, flush=True)
 

@@ -16,8 +16,8 @@ from trainer.model_folder_checks import check_model_folders, read_model_config
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
                                    resume_seed_warnings)
 from trainer.resume_schedule import resume_schedule_warnings
+from trainer.run_roles import critic_on
 from trainer.tokenizer_files import eos_outside_vocab_problem, no_eos_problem
-from trainer.unused_settings import critic_on
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import math
 
 from trainer.config_checks import ConfigError, as_int, check_rollout_correction, run_checks
 from trainer.megatron_checks import check_megatron
-from trainer.unused_settings import critic_on
+from trainer.run_roles import critic_on
 
 
 def overlong_kwargs(cfg: dict) -> dict:

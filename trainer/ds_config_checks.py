@@ -15,7 +15,7 @@ import functools
 from collections.abc import Mapping
 
 from trainer.config_checks import ConfigError, ErrorCollector
-from trainer.unused_settings import critic_on
+from trainer.run_roles import critic_on
 
 __all__ = ["check_ds_config_entries", "deepspeed_top_level_keys"]
 

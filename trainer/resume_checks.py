@@ -16,7 +16,7 @@ import os
 
 from trainer.config.trainer import run_strategy
 from trainer.config_checks import ConfigError, as_int
-from trainer.unused_settings import critic_on
+from trainer.run_roles import critic_on
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,9 @@ _ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic"
 
 def trained_roles(cfg: dict) -> list[tuple[str, tuple[str, ...]]]:
     """The ``(key, path)`` entries of :data:`_ROLES` that this run trains: the actor; the critic when the run has one
-    (:func:`trainer.unused_settings.critic_on`); PRIME's PRM with ``algorithm.use_prime``
+    (:func:`trainer.run_roles.critic_on`); PRIME's PRM with ``algorithm.use_prime``
     (:func:`trainer.hooks.prime.prime_enabled`)."""
     from trainer.hooks.prime import prime_enabled
-    from trainer.unused_settings import critic_on
 
     on = {"critic": critic_on(cfg), "reward_model.model": prime_enabled(cfg)}
     return [(key, path) for key, path in _ROLES if on.get(key, True)]

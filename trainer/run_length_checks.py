@@ -9,7 +9,7 @@ length from the data, before any worker starts; :func:`lr_warmup_warnings` are l
 from __future__ import annotations
 
 from trainer.config_checks import ConfigError, ErrorCollector
-from trainer.unused_settings import critic_on
+from trainer.run_roles import critic_on
 
 __all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups"]
 

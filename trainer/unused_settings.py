@@ -10,6 +10,7 @@ import re
 from functools import lru_cache
 
 from trainer import unused_conditions as c
+from trainer.run_roles import critic_on  # noqa: F401 (re-exported: the rule the config checks share)
 from trainer.verl_compat import R, _fmt, _get, leaves, same_value
 
 __all__ = ["ENGINE_KEYS", "GAMMA_READERS", "LAM_READERS", "SELECTED_BY", "SWITCHED_OFF", "ZERO_WEIGHTED",
@@ -159,17 +160,6 @@ def _set_keys(run: dict, keys: tuple[str, ...]) -> list[str]:
             if defaults and all(not same_value(now, d) for d in defaults):
                 out.append(f"{key}={_fmt(now)}")
     return out
-
-
-def critic_on(run: dict) -> bool:
-    """Whether the run has a critic: ``critic.enable``, or for null, whether the estimator needs one."""
-    enable = (run.get("critic") or {}).get("enable")
-    if enable is None:
-        from trainer.core_algos import ADV_ESTIMATOR_SPECS
-
-        spec = ADV_ESTIMATOR_SPECS.get((run.get("algorithm") or {}).get("adv_estimator"))
-        enable = bool(spec is not None and spec.needs_critic)
-    return bool(enable)
 
 
 def _estimator(run: dict) -> str:

@@ -12,7 +12,7 @@ from trainer.config.model import ModelConfig
 from trainer.config.rollout import RolloutConfig
 from trainer.config.runtime import ARR, WorkerRuntime, needs_reference, runtime_kwargs
 from trainer.config.trainer import run_strategy
-from trainer.unused_settings import critic_on
+from trainer.run_roles import critic_on
 
 __all__ = ["WorkerRuntime", "ActorWorkerConfig", "CriticWorkerConfig", "RolloutWorkerConfig", "actor_worker_config",
            "critic_worker_config", "rollout_worker_config", "runtime_kwargs", "scheduler_total_steps",

@@ -24,6 +24,8 @@ BAD = [
     ((f"{R}.temperature=0",), (f"{R}.temperature=0", "adv_estimator=grpo", "every advantage would be 0")),
     ((f"{R}.do_sample=false",), (f"{R}.do_sample=false", "adv_estimator=grpo", "every advantage would be 0")),
     ((f"{R}.temperature=0", "algorithm=rloo"), (f"{R}.temperature=0", "adv_estimator=rloo")),
+    # top_k=1 keeps only the most likely token: greedy too
+    ((f"{R}.top_k=1",), (f"{R}.top_k=1", "adv_estimator=grpo", "every advantage would be 0")),
     # rc02 / rc01 / rc03: an importance-weight clamp below 1 cuts every weight; a bad level was a traceback
     ((f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5"), (f"{RC}.rollout_is_threshold=0.5", ">= 1")),
     ((f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=-1"), (f"{RC}.rollout_is_threshold=-1", ">= 1")),
@@ -39,6 +41,8 @@ def test_b05_b06_b09_settings_that_train_nothing_are_one_line(overrides, needles
 @pytest.mark.parametrize("overrides", [
     (S, "trainer.critic_warmup=1", "algorithm=gae"), (S, f"{A}.optim.lr_warmup_steps=2"),
     (f"{R}.temperature=0", "algorithm=gae"), (f"{R}.do_sample=false", "algorithm=reinforce_plus_plus"),
+    (f"{R}.top_k=1", "algorithm=gae"), (f"{R}.top_k=2",), (f"{R}.val_kwargs.top_k=1",),
+    (f"{R}.val_kwargs.temperature=0", f"{R}.val_kwargs.do_sample=false"),
     (f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=1"), (S, f"{A}.optim.lr_warmup_steps_ratio=1.0")])
 def test_settings_that_train_pass(overrides):
     validate(resolved_config(*overrides))
@@ -63,4 +67,23 @@ def test_b05_b10_warmups_are_checked_against_the_length_planned_from_the_data():
 def test_b10_an_lr_warmup_longer_than_its_schedule_is_warned(overrides, needle):
     lines = lr_warmup_warnings(resolved_config(*overrides))
     assert len(lines) == 1 and needle in lines[0], lines
-    assert lr_warmup_warnings(resolved_config(S, f"{A}.optim.lr_warmup_steps=2")) == []
+    assert lr_warmup_warnings(resolved_config(S, f"{A}.optim.lr_warmup_steps=1")) == []
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ((S, f"{A}.optim.lr_warmup_steps=2"), f"{A}.optim.lr_warmup_steps=2 with trainer.total_training_steps=2"),
+    ((S, f"{A}.optim.lr_warmup_steps_ratio=1.0"), f"{A}.optim.lr_warmup_steps_ratio=1 with trainer"),
+    ((S, "algorithm=gae", "critic.optim.lr_warmup_steps_ratio=1.0"), "critic.optim.lr_warmup_steps_ratio=1 with")])
+def test_cfg62_cfg65_an_lr_warmup_as_long_as_its_schedule_is_warned_with_its_true_peak(overrides, needle):
+    """The linear warm-up gives the last of the run's 2 steps half the rate: warned, and the peak named is 1/2."""
+    lines = lr_warmup_warnings(resolved_config(*overrides))
+    assert len(lines) == 1 and needle in lines[0] and "never reaches" in lines[0], lines
+    assert "its last step starts at 1/2 of it" in lines[0], lines
+    assert lr_warmup_warnings(resolved_config(S, f"{A}.optim.lr_warmup_steps_ratio=0.5")) == []
+
+
+def test_a_warmup_filled_in_from_the_ratio_is_named_by_its_ratio():
+    cfg = resolved_config(f"{A}.optim.lr_warmup_steps_ratio=1.0")
+    plan_run_length(cfg, batches_per_epoch=2)
+    (line,) = lr_warmup_warnings(cfg)
+    assert f"{A}.optim.lr_warmup_steps=2 (lr_warmup_steps_ratio=1) with {A}.optim.total_training_steps=2" in line

@@ -49,31 +49,59 @@ def _optims(cfg: dict) -> list[tuple[str, dict]]:
     return out
 
 
+def _warmup_steps(optim: dict, total: int) -> tuple[int, str] | None:
+    """The warm-up's training steps and how it was set (``lr_warmup_steps=N``, or the ratio it came from), or None
+    without a warm-up. ``lr_warmup_steps`` >= 0 overrides ``lr_warmup_steps_ratio`` (verl's rule); the run's
+    length planning fills it in from the ratio."""
+    steps, ratio = optim.get("lr_warmup_steps"), float(optim.get("lr_warmup_steps_ratio") or 0.0)
+    if steps is None or int(steps) < 0:
+        steps = int(ratio * total)
+        return (steps, f"lr_warmup_steps_ratio={ratio:g}") if steps > 0 else None
+    if ratio > 0 and int(steps) == int(ratio * total):
+        return int(steps), f"lr_warmup_steps={int(steps)} (lr_warmup_steps_ratio={ratio:g})"
+    return int(steps), f"lr_warmup_steps={int(steps)}"
+
+
 def lr_warmup_warnings(cfg: dict) -> list[str]:
-    """One warning per trained role whose ``optim.lr_warmup_steps`` (when >= 0 it overrides
-    ``lr_warmup_steps_ratio``, verl's rule) exceeds the schedule's steps: ``optim.total_training_steps``, or (-1)
-    ``trainer.total_training_steps`` when known. The learning rate then never reaches ``optim.lr`` (a warning, not
-    an error: verl's example scripts keep their warm-up when a short run cuts their length)."""
+    """One warning per trained role whose LR warm-up (``optim.lr_warmup_steps``, or ``lr_warmup_steps_ratio`` x
+    the schedule's steps) lasts at least the schedule's steps: ``optim.total_training_steps``, or (-1)
+    ``trainer.total_training_steps`` when known. The learning rate then never reaches ``optim.lr``: the linear
+    warm-up gives the last step ``(total - 1) / steps`` of it (a warning, not an error: verl's example scripts keep
+    their warm-up when a short run cuts their length)."""
     out = []
     for key, optim in _optims(cfg):
-        steps = optim.get("lr_warmup_steps")
-        if steps is None or int(steps) < 0:
-            continue
         total = optim.get("total_training_steps")
         where = f"{key}.total_training_steps"
         if total is None or int(total) < 0:
             total, where = cfg["trainer"].get("total_training_steps"), "trainer.total_training_steps"
-        if total is not None and int(steps) > int(total):
-            out.append(f"{key}.lr_warmup_steps={int(steps)} with {where}={int(total)}: the learning rate never "
-                       f"reaches {key}.lr in this run (it rises to {int(total)}/{int(steps)} of it); set "
-                       "lr_warmup_steps <= the schedule's steps")
+        if total is None:
+            continue
+        warmup = _warmup_steps(optim, int(total))
+        if warmup is not None and warmup[0] >= int(total):
+            steps, total = warmup[0], int(total)
+            out.append(f"{key}.{warmup[1]} with {where}={total}: the learning rate never reaches {key}.lr in "
+                       f"this run (its last step starts at {total - 1}/{steps} of it); set a warm-up shorter than "
+                       "the schedule's steps")
     return out
 
 
+def _greedy_setting(rollout: dict) -> str | None:
+    """The first rollout sampling setting that makes decoding greedy, as ``name=value``, or None: ``do_sample=false``,
+    ``temperature=0`` or ``top_k=1`` (only the most likely token is kept)."""
+    checks = (("do_sample", rollout.get("do_sample") is False),
+              ("temperature", _number(rollout.get("temperature")) == 0),
+              ("top_k", _number(rollout.get("top_k")) == 1))
+    for name, greedy in checks:
+        if greedy:
+            return f"{name}={str(rollout[name]).lower()}"
+    return None
+
+
 def check_greedy_groups(cfg: dict) -> None:
-    """Greedy training rollouts (``rollout.temperature=0`` or ``rollout.do_sample=false``) under an estimator that
-    compares the samples of one prompt (its registry entry is group-based, as where ``rollout.n=1`` is refused):
-    every sample of a group is the same, so every advantage would be 0.
+    """Greedy training rollouts (``rollout.temperature=0``, ``rollout.do_sample=false`` or ``rollout.top_k=1``)
+    under an estimator that compares the samples of one prompt (its registry entry is group-based, as where
+    ``rollout.n=1`` is refused): every sample of a group is the same, so every advantage would be 0. Validation's
+    ``rollout.val_kwargs`` are not read (greedy validation is fine).
 
     Raises:
         ConfigError: naming the estimator and the sampling key.
@@ -82,17 +110,14 @@ def check_greedy_groups(cfg: dict) -> None:
 
     est = cfg["algorithm"]["adv_estimator"]
     spec = core_algos.ADV_ESTIMATOR_SPECS.get(est)
-    rollout = cfg["actor_rollout_ref"]["rollout"]
     if spec is None or not spec.group_based:
         return
-    for name, greedy in (("do_sample", rollout.get("do_sample") is False),
-                         ("temperature", _number(rollout.get("temperature")) == 0)):
-        if greedy:
-            value = str(rollout[name]).lower()
-            raise ConfigError(f"algorithm.adv_estimator={est} compares the samples of one prompt, but "
-                              f"actor_rollout_ref.rollout.{name}={value} samples greedily: every sample of a "
-                              "group is the same and every advantage would be 0; expected do_sample=true and "
-                              "temperature > 0")
+    setting = _greedy_setting(cfg["actor_rollout_ref"]["rollout"])
+    if setting is not None:
+        raise ConfigError(f"algorithm.adv_estimator={est} compares the samples of one prompt, but "
+                          f"actor_rollout_ref.rollout.{setting} samples greedily: every sample of a "
+                          "group is the same and every advantage would be 0; expected do_sample=true, "
+                          "temperature > 0 and top_k != 1")
 
 
 def _number(value):

@@ -61,3 +61,36 @@ def test_zero_weight_warnings_read_a_plain_config():
            "reward_model": {"overlong_buffer": {"enable": False, "penalty_factor": 0.0}}}
     assert [w.split(" with ")[0] for w in zero_weight_warnings(cfg)] == [
         "algorithm.kl_ctrl.kl_coef=0", f"{A}.kl_loss_coef=0.0"]
+
+
+def _warnings(overrides, prefix):
+    from tests.verl_scripts import composed
+
+    return [w for w in composed(overrides)[3].warnings if w.startswith(prefix)]
+
+
+@pytest.mark.parametrize("overrides,key", [
+    ([f"{A}.optim.lr=0"], f"{A}.optim.lr=0"),
+    (["algorithm=gae", "critic.optim.lr=0.0"], "critic.optim.lr=0.0"),
+    (["critic.enable=true", "critic.optim.lr=0"], "critic.optim.lr=0")])
+def test_lr0_a_trained_role_with_a_zero_learning_rate_warns_that_it_is_never_updated(overrides, key):
+    hits = _warnings(overrides, key)
+    assert len(hits) == 1 and "its weights are never changed" in hits[0] and "\n" not in hits[0], hits
+
+
+@pytest.mark.parametrize("overrides", [[f"{A}.optim.lr=1e-6"], ["algorithm=gae", "critic.optim.lr=1e-5"]])
+def test_no_zero_lr_warning_for_a_learning_rate_above_0(overrides):
+    assert [w for w in _warnings(overrides, "") if "never changed" in w] == []
+
+
+@pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce_plus_plus"])
+def test_cfg24_critic_enable_with_an_estimator_that_reads_no_values_warns(algo):
+    hits = _warnings([f"algorithm={algo}", "critic.enable=true"], "critic.enable=true")
+    assert hits == [f"critic.enable=true: no effect: algorithm.adv_estimator={algo} does not read values, so the "
+                    "critic is trained every step and never used; set critic.enable=false (or null), or algorithm=gae"]
+
+
+@pytest.mark.parametrize("overrides", [["algorithm=gae", "critic.enable=true"], ["algorithm=gae"],
+                                       ["critic.enable=false"], []])
+def test_no_unread_critic_warning_when_the_estimator_reads_values_or_the_critic_is_off(overrides):
+    assert _warnings(overrides, "critic.enable") == []

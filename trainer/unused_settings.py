@@ -35,7 +35,9 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
     its path, ``use_kl_in_reward`` with PRIME (whose advantages never read the penalised rewards),
     ``rollout.multi_turn`` settings while multi-turn rollouts are off, ``critic.*`` settings of a run without a
     critic and ``actor.kl_loss_*`` without ``actor.use_kl_loss`` (:func:`switched_off_warnings`); the opposite
-    case, a term switched on whose coefficient is 0 (:func:`zero_weight_warnings`)."""
+    case, a term switched on whose coefficient is 0 (:func:`zero_weight_warnings`); a critic whose values the
+    estimator never reads (:func:`unread_critic_warnings`) and a trained role with ``optim.lr=0``
+    (:func:`zero_lr_warnings`)."""
     from trainer.config.deepspeed import effective_zero_stage
 
     rc = _get(cfg, R) or {}
@@ -75,7 +77,8 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
                            f"generates with rollout.name={name}")
     from trainer.multi_turn import unused_multi_turn_warnings
 
-    return out + unused_multi_turn_warnings(rc) + switched_off_warnings(cfg) + zero_weight_warnings(cfg)
+    return (out + unused_multi_turn_warnings(rc) + switched_off_warnings(cfg) + zero_weight_warnings(cfg)
+            + unread_critic_warnings(cfg) + zero_lr_warnings(cfg))
 
 
 @lru_cache(maxsize=1)
@@ -321,4 +324,33 @@ def zero_weight_warnings(cfg: dict) -> list[str]:
         if value is not _MISSING and _is_zero(value) and on(run):
             out.append(f"{coef}={_fmt(value)} with {switch}=true: no effect: {why(run)}; set {coef} > 0, or "
                        f"{off}")
+    return out
+
+
+def unread_critic_warnings(cfg: dict) -> list[str]:
+    """``critic.enable=true`` with an estimator whose registry entry reads no critic values (neither
+    ``needs_critic`` nor a ``values`` input: grpo, rloo, ...): the critic is built and trained every step for
+    nothing. One warning line naming both keys; none for an estimator the registry does not know (yet)."""
+    from trainer.core_algos import ADV_ESTIMATOR_SPECS
+
+    est = _estimator(cfg)
+    spec = ADV_ESTIMATOR_SPECS.get(est)
+    if _get(cfg, "critic.enable") is not True or spec is None or spec.needs_critic or "values" in spec.inputs:
+        return []
+    return [f"critic.enable=true: no effect: algorithm.adv_estimator={est} does not read values, so the critic is "
+            "trained every step and never used; set critic.enable=false (or null), or algorithm=gae"]
+
+
+def zero_lr_warnings(cfg: dict) -> list[str]:
+    """A trained role (:func:`trainer.resume_checks.trained_roles`: the actor, the critic when the run has one,
+    PRIME's reward model) whose ``optim.lr`` is 0: its weights are never updated. One warning line each."""
+    from trainer.config_reads import plain
+    from trainer.resume_checks import trained_roles
+
+    run, out = plain(cfg), []
+    for key, _ in trained_roles(run):
+        value = _get(run, f"{key}.optim.lr", _MISSING)
+        if value is not _MISSING and _is_zero(value):
+            out.append(f"{key}.optim.lr={_fmt(value)}: no effect: every update of {key} has a learning rate of 0, "
+                       f"so its weights are never changed; set {key}.optim.lr > 0")
     return out

@@ -241,9 +241,11 @@ def _check_model_fit(cfg: dict) -> None:
     from trainer.config.trainer import run_strategy
 
     check_ulysses_heads(cfg, hf.get("num_attention_heads"), hf.get("num_key_value_heads"))
-    from trainer.override_checks import check_override_shapes
+    from trainer.override_checks import check_override_shapes, override_key_warnings
 
     check_override_shapes(cfg)
+    for line in override_key_warnings(cfg):
+        logger.warning(line)
     if run_strategy(cfg) == "megatron":
         check_megatron_model(cfg, hf)
     _check_context(cfg, hf.get("max_position_embeddings"))

@@ -12,24 +12,28 @@ from trainer.config_checks import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_override_shapes", "check_tiny_model"]
+__all__ = ["check_override_shapes", "check_tiny_model", "override_key_warnings"]
 
 KEY = "actor_rollout_ref.model.override_config"
 TINY = "actor_rollout_ref.model.tiny"
+_ACTOR_PATH = object()
 TINY_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "max_position_embeddings")
 
 
-def _hf_config(cfg: dict):
+def _hf_config(cfg: dict, path=_ACTOR_PATH):
+    """The HF config of the model folder ``path`` (default: the actor's ``model.path``), the embedded tiny model's
+    for None."""
     from transformers import AutoConfig
 
     model = cfg["actor_rollout_ref"]["model"]
-    if model.get("path") is None:
+    path = model.get("path") if path is _ACTOR_PATH else path
+    if path is None:
         from trainer import embedded
 
         vocab = len(embedded.SPECIAL) + len(embedded.DIGITS) + len(embedded.WORDS)
         return embedded.tiny_model_config(vocab, **dict(model.get("tiny") or {}))
-    return AutoConfig.from_pretrained(model["path"], trust_remote_code=bool(model.get("trust_remote_code")))
+    return AutoConfig.from_pretrained(path, trust_remote_code=bool(model.get("trust_remote_code")))
 
 
 def _shapes(hf_config, remote: bool) -> dict:
@@ -114,3 +118,75 @@ def check_tiny_model(cfg: dict) -> None:
     except Exception as exc:  # noqa: BLE001 (transformers refuses the config)
         raise ConfigError(f"{TINY}={dict(tiny)!r}: the tiny model cannot be built with it "
                           f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from None
+
+
+def _known_key(hf_config, key: str) -> bool:
+    """Whether ``key`` is a setting of ``hf_config``'s class: an attribute of the config (its class's, or one its
+    folder's config.json set), an argument of an ``__init__`` of the class or its bases, an alias of its
+    ``attribute_map``, or a property over a private attribute (``attn_implementation``)."""
+    import inspect
+
+    if hasattr(hf_config, key) or hasattr(hf_config, f"_{key}") or key in (getattr(hf_config, "attribute_map", None)
+                                                                              or {}):
+        return True
+    for cls in type(hf_config).__mro__:
+        try:
+            if key in inspect.signature(cls.__init__).parameters:
+                return True
+        except (TypeError, ValueError):
+            continue
+    return False
+
+
+def _unknown_keys(hf_config, override: dict, prefix: str) -> list[str]:
+    """The dotted keys of ``override`` that ``hf_config``'s class does not define; a mapping over a sub-config
+    (``text_config``) is looked into, one over a plain dict value (``rope_scaling``) is not."""
+    out = []
+    for key, value in override.items():
+        if not _known_key(hf_config, str(key)):
+            out.append(f"{prefix}.{key}")
+        elif isinstance(value, dict) and hasattr(getattr(hf_config, key, None), "to_dict"):
+            out += _unknown_keys(getattr(hf_config, key), value, f"{prefix}.{key}")
+    return out
+
+
+def _override_sources(cfg: dict) -> list[tuple[str, dict, object]]:
+    """``(dotted key, override_config, model folder)`` of the actor's and, when the run has a critic, the critic's
+    own ``override_config`` (merged over the actor's, whose keys are checked once)."""
+    from trainer.run_roles import critic_on
+
+    model = cfg["actor_rollout_ref"]["model"]
+    out = [(KEY, dict(model.get("override_config") or {}), model.get("path"))]
+    critic = (cfg.get("critic") or {}).get("model") or {}
+    if critic_on(cfg) and critic.get("override_config"):
+        out.append(("critic.model.override_config", dict(critic["override_config"]),
+                    critic.get("path") or model.get("path")))
+    return out
+
+
+def override_key_warnings(cfg: dict) -> list[str]:
+    """One warning line per ``override_config`` (actor's; the critic's own, when the run has a critic) naming its
+    keys that the model's config class does not define (:func:`_known_key`): the workers set them on the config,
+    and no model code reads them (a typo such as ``attn_dropout`` for ``attention_dropout`` changes nothing). A
+    model whose config this process cannot load is not judged (its own check reports it)."""
+    import difflib
+
+    out = []
+    for key, override, path in _override_sources(cfg):
+        if not override:
+            continue
+        try:
+            hf_config = _hf_config(cfg, path)
+        except Exception:  # noqa: BLE001 (a folder or class this process cannot load: reported elsewhere)
+            continue
+        unknown = _unknown_keys(hf_config, override, key)
+        if not unknown:
+            continue
+        names = [n for n in dir(hf_config) if not n.startswith("_")]
+        hints = [f"{u.rsplit('.', 1)[1]} -> {m[0]}" for u in unknown
+                 if (m := difflib.get_close_matches(u.rsplit(".", 1)[1], names, n=1))]
+        hint = f" (did you mean: {', '.join(hints)})" if hints else ""
+        it = "it" if len(unknown) == 1 else "them"
+        out.append(f"{', '.join(unknown)}: ignored: {type(hf_config).__name__} does not define {it} (no attribute "
+                   f"or __init__ argument of that name), so no model code reads {it}{hint}")
+    return out

@@ -89,6 +89,34 @@ def test_cc2_a_folder_a_live_run_holds_is_refused_and_a_dead_runs_lock_does_not_
     os.close(run_lock._held.pop(os.path.realpath(folder)))
 
 
+def test_cc2_a_checkpoint_folder_outside_the_output_folder_that_a_live_run_saves_to_is_refused(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from tests.e2e_utils import ROOT
+    from trainer import run_lock
+    from trainer.config_checks import ConfigError
+
+    monkeypatch.setattr(run_lock, "_held", {})
+    shared = str(tmp_path / "shared")
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from trainer.run_lock import hold_checkpoint_dir; "
+                              "hold_checkpoint_dir(sys.argv[1], sys.argv[2]); print('held', flush=True); time.sleep(600)",
+                              str(tmp_path / "first"), shared], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError) as info:
+            run_lock.hold_checkpoint_dir(str(tmp_path / "second"), shared)
+        assert str(info.value).startswith(f"trainer.default_local_dir={shared!r} is in use by another run "
+                                          f"(pid {other.pid})") and "\n" not in str(info.value)
+    finally:
+        other.kill()
+        other.wait()
+    run_lock.hold_checkpoint_dir(str(tmp_path / "out"), str(tmp_path / "out" / "checkpoints"))  # the output lock's
+    assert not os.path.exists(tmp_path / "out" / "checkpoints" / run_lock.LOCK_FILE)
+    run_lock.hold_checkpoint_dir(str(tmp_path / "second"), shared)  # once the other run has ended
+    os.close(run_lock._held.pop(os.path.realpath(shared)))
+
+
 def test_cc2_a_second_run_into_a_live_runs_folder_stops_in_one_line_and_moves_nothing(tmp_path):
     from tests.test_reliability_config import assert_one_line_error, run_cli
 

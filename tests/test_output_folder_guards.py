@@ -179,6 +179,29 @@ def test_rb2_a_resume_from_an_older_step_sets_the_later_timeline_aside(tmp_path,
     assert set_aside_later_steps(out, root, os.path.join(root, "global_step_3")) is None  # an ordinary resume
 
 
+def test_a_cut_short_last_metrics_line_is_named_damaged_and_moves_no_output_of_the_run(tmp_path, caplog):
+    from trainer.checkpoint.base import list_checkpoints
+    from trainer.later_steps import set_aside_later_steps
+
+    out, root = str(tmp_path), str(tmp_path / "checkpoints")
+    _fake_steps(root, range(1, 4), 3)
+    full = "".join(json.dumps({"step": s, "actor/pg_loss": 0.5}) + "\n" for s in range(1, 4))
+    (tmp_path / "metrics.jsonl").write_text(full[:-12])  # step 3's row cut short
+    (tmp_path / "final_metrics.json").write_text('{"step": 3}')
+    os.makedirs(tmp_path / "hf_actor")
+    (tmp_path / "hf_actor" / "config.json").write_text("{}")
+    with caplog.at_level(logging.WARNING):
+        dest = set_aside_later_steps(out, root, os.path.join(root, "global_step_3"))
+    lines = [r.getMessage() for r in caplog.records if "trainer.resume_mode" in r.getMessage()]
+    assert len(lines) == 1 and "earlier timeline" not in lines[0] and "rows after" not in lines[0]
+    assert "metrics.jsonl (1 damaged line (cut short" in lines[0] and "other outputs stay in place" in lines[0]
+    assert (tmp_path / "final_metrics.json").exists() and (tmp_path / "hf_actor" / "config.json").exists()
+    assert [s for s, _ in list_checkpoints(root)] == [1, 2, 3]
+    assert _rows(tmp_path / "metrics.jsonl") == [1, 2]
+    assert open(os.path.join(dest, "metrics.jsonl")).read() == full[:-12].splitlines(True)[-1] + "\n"
+    assert sorted(os.listdir(dest)) == ["metrics.jsonl"]
+
+
 def test_rb2_later_steps_outside_the_output_folder_are_refused_before_start(tmp_path):
     from trainer.later_steps import later_steps_problem
 

@@ -138,6 +138,30 @@ def test_cc2_a_second_run_into_a_live_runs_folder_stops_in_one_line_and_moves_no
     assert os.listdir(os.path.join(out, "checkpoints")) == ["global_step_3"]
 
 
+def test_cc2_a_run_into_a_checkpoint_folder_a_live_run_has_saved_to_stops_in_one_line_naming_its_pid(tmp_path):
+    """The live run's checkpoints are there already: the refusal names that run, not "an earlier run"."""
+    import subprocess
+    import sys
+
+    from tests.e2e_utils import ROOT
+    from tests.test_reliability_config import assert_one_line_error, run_cli
+
+    shared = str(tmp_path / "shared")
+    _fake_steps(shared, [1], 1)
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from trainer.run_lock import hold_checkpoint_dir; "
+                              "hold_checkpoint_dir(sys.argv[1], sys.argv[2]); print('held', flush=True); time.sleep(600)",
+                              str(tmp_path / "first"), shared], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        proc = run_cli(str(tmp_path / "second"), "trainer.total_training_steps=2", "trainer.save_freq=1",
+                       f"trainer.default_local_dir={shared}", forked=True)
+    finally:
+        other.kill()
+        other.wait()
+    assert_one_line_error(proc, f"trainer.default_local_dir={shared!r} is in use by another run (pid {other.pid})")
+    assert sorted(os.listdir(shared)) == [".run.lock", "global_step_1", "latest_checkpointed_iteration.txt"]
+
+
 def _fake_steps(root, steps, tracker):
     from trainer.checkpoint.base import save_trainer_state, step_dir, write_tracker
 

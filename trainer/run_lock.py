@@ -19,7 +19,8 @@ def hold_output_dir(output_dir: str, key: str = "trainer.output_dir") -> None:
     already is kept as it is.
 
     Raises:
-        ConfigError: another live process holds it: one line naming ``key``, the folder and that run's pid.
+        ConfigError: another live process holds it: one line naming ``key``, the folder and that run's pid (with
+            ``alone`` set: it is reported without the other checks' lines, which would be about that run's files).
     """
     real = os.path.realpath(output_dir)
     if real in _held:
@@ -33,9 +34,11 @@ def hold_output_dir(output_dir: str, key: str = "trainer.output_dir") -> None:
         os.close(fd)
         from trainer.config_checks import ConfigError
 
-        raise ConfigError(f"{key}={output_dir!r} is in use by another run (pid {other}) that is still writing to it; "
-                          f"expected a folder no live run writes to: wait for that run to end, stop it, or give "
-                          f"another {key}") from None
+        exc = ConfigError(f"{key}={output_dir!r} is in use by another run (pid {other}) that is still writing to "
+                          f"it; expected a folder no live run writes to: wait for that run to end, stop it, or give "
+                          f"another {key}")
+        exc.alone = True  # the other checks would judge the live run's files: this line is the whole answer
+        raise exc from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[real] = fd

@@ -124,10 +124,10 @@ def in_process(fn: Callable, args: tuple, kwargs: dict, timeout_s: float) -> Out
 
 def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, close_fds: Sequence,
                  parent: int | None = None) -> None:
-    # Ctrl-C and a SIGTERM to the process group are the parent's business: it closes the pool (at its exit too,
-    # _close_at_exit), or its death ends this process (die_with_parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C and a SIGTERM / SIGHUP to the process group are the parent's business: it closes the pool (at its exit
+    # too, _close_at_exit), or its death ends this process (die_with_parent)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
     guard_descendants(parent, close=[conn, *close_fds])  # what the scorers start ends with this worker
     for c in close_fds:  # other workers' pipe ends inherited through fork
         try:

@@ -155,7 +155,7 @@ def guard_descendants(parent: int | None, close: Sequence = ()) -> None:
     work ends, the guard kills what is left below it (:func:`kill_tree`) and exits with the work's status (a
     signal's death as that signal); when ``parent`` (the process that forked this one; None: the parent at the
     start) ends, however it ends, the guard kills the work and everything below it, then exits. The guard ignores
-    SIGINT and SIGTERM (a signal to the process group is the parent's to act on) and reaps the processes
+    SIGINT, SIGTERM and SIGHUP (a signal to the process group is the parent's to act on) and reaps the processes
     re-parented to it. ``close``: connections the work keeps and the guard must not hold (so that the parent sees
     their end when the work dies).
 
@@ -185,17 +185,18 @@ def guard_descendants(parent: int | None, close: Sequence = ()) -> None:
 def _watch_parent(watched: int) -> dict:
     """Make this process (the guard to be) kill what runs below it and exit once ``watched`` is no longer its
     parent: on the guard signal (``PR_SET_PDEATHSIG``) and on each SIGALRM of the timer that :func:`_wait_for_work`
-    sets; at once when it is already gone. SIGINT and SIGTERM are ignored. Returns the handlers replaced, for the
-    work to restore."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, _GUARD_SIGNAL, signal.SIGALRM)}
+    sets; at once when it is already gone. SIGINT, SIGTERM and SIGHUP are ignored. Returns the handlers replaced, for
+    the work to restore."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, _GUARD_SIGNAL,
+                                              signal.SIGALRM)}
 
     def check_parent(*_):  # the guard signal (the parent ended, or only the thread that forked this one) and a timer
         if os.getppid() != watched:
             kill_tree(os.getpid(), include_root=False)
             os._exit(1)
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
     signal.signal(_GUARD_SIGNAL, check_parent)
     signal.signal(signal.SIGALRM, check_parent)
     _prctl(_PR_SET_PDEATHSIG, _GUARD_SIGNAL)

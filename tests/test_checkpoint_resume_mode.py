@@ -73,3 +73,30 @@ def test_r6_a_role_folder_without_latest_steps_back_to_the_newest_complete_step(
     with caplog.at_level(logging.WARNING):
         assert resolve_resume_path("auto", str(tmp_path)) == (first, 1)
     assert f"{newest} is incomplete" in caplog.text and "neither a DeepSpeed (latest)" in caplog.text
+
+
+def test_resume_from_path_with_resume_mode_auto_resolves_and_logs_no_resume_before_its_refusal(tmp_path, caplog):
+    from trainer.config_preflight import resume_path
+
+    t = {"resume_mode": "auto", "resume_from_path": str(tmp_path / "other" / "global_step_1"),
+         "default_local_dir": str(tmp_path / "checkpoints")}
+    with caplog.at_level(logging.INFO):
+        assert resume_path({"trainer": t}) is None
+    assert not [r for r in caplog.records if "training from scratch" in r.getMessage()]
+
+
+def test_a_tracker_naming_a_missing_step_is_warned_once_however_often_the_checkpoint_is_looked_up(tmp_path, caplog):
+    from trainer.checkpoint.base import find_latest_checkpoint
+
+    root = str(tmp_path / "checkpoints")
+    for step in (1, 2, 3):
+        os.makedirs(step_dir(root, step))
+        save_trainer_state(step_dir(root, step), None, step)
+    write_tracker(root, 9)
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):  # the config checks, the trainer and the failure line look it up
+            assert find_latest_checkpoint(root) == step_dir(root, 3)
+            resolve_resume_path("auto", str(tmp_path / "empty"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if "names step 9" in m]) == 1, lines
+    assert len([m for m in lines if "training from scratch" in m]) == 1, lines

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM of a real run (``python trainer/main.py``, embedded tiny task, Ray + 2 CPU workers).
+"""Ctrl-C, SIGTERM and SIGHUP of a real run (``python trainer/main.py``, embedded tiny task, Ray + 2 CPU workers).
 
 Ctrl-C (SIGINT to the whole process group, as a terminal sends it) after the first step: one line
 ``interrupted at step N; last checkpoint: ...``, exit 130, no traceback, and none of the run's processes (Ray's GCS,
@@ -158,6 +158,22 @@ def test_sigterm_during_training_finishes_the_step_saves_and_leaves_no_ray_proce
     last = read_metrics(run["out"])[-1]
     assert last["step"] == int(m.group(1)) and last["reward/num_errors"] == 0, last  # every score of the step
     assert run["alive"] == [] and run["session_left"] == []
+
+
+def test_sighup_during_training_finishes_the_step_saves_exits_129_and_leaves_no_ray_process(tmp_path):
+    """SIGHUP (the terminal or ssh session closed) to the driver is taken as SIGTERM is: the step finishes, the
+    checkpoint is saved, exit 129 (128 + SIGHUP), and no process of the run is left."""
+    run = Run(str(tmp_path / "hup"), "trainer.save_freq=100")
+    run.wait_for(run.stepped, "the first step")
+    procs = run.descendants()
+    run.proc.send_signal(signal.SIGHUP)
+    rc = run.finish()
+    text = run.text()
+    assert rc == 129, text[-3000:]
+    m = re.search(r"done: step (\d+) of 200 \(stopped early by SIGHUP\)", text)
+    assert m and os.path.isdir(os.path.join(run.out, "checkpoints", f"global_step_{m.group(1)}")), text[-3000:]
+    assert "Traceback" not in text and read_metrics(run.out)[-1]["step"] == int(m.group(1))
+    assert _alive(procs) == [] and _session_left(run.proc.pid) == []
 
 
 def test_ctrl_c_after_the_done_line_exits_0_and_does_not_report_an_interrupt(tmp_path):

@@ -265,3 +265,26 @@ def test_scorer_processes_outlive_a_group_sigterm_and_not_the_driver(tmp_path, e
         time.sleep(0.1)
     left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert left == [], f"scorer processes left after the driver ended ({end}): {left}"
+
+
+def test_sighup_stops_the_driver_as_sigterm_unless_nohup_ignores_it(tmp_path):
+    path = _script(tmp_path, """
+        from trainer.interrupt import RunInterrupted, install_handlers, stop_handlers
+        if sys.argv[1:] == ["nohup"]:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        install_handlers()
+        old = stop_handlers(signal.SIG_DFL)  # what the training loop's handler would take over
+        print(sorted(signal.Signals(s).name for s in old))
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(2)
+            print("not interrupted")
+        except RunInterrupted as exc:
+            print("interrupted by", signal.Signals(exc.signum).name)
+        """)
+    got = subprocess.run([sys.executable, path], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert got.stdout.split("\n")[:2] == ["['SIGHUP', 'SIGTERM']", "interrupted by SIGHUP"], got.stdout + got.stderr
+    got = subprocess.run([sys.executable, path, "nohup"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert got.stdout.split("\n")[:2] == ["['SIGTERM']", "not interrupted"], got.stdout + got.stderr

@@ -104,6 +104,27 @@ def test_timed_exports_from_config_and_manifest(tmp_path):
     assert len(hf_exports.read_entries(str(tmp_path / "hf_exports"))) == 2
 
 
+def test_a_resumed_runs_timed_exports_continue_after_the_earlier_marks_and_write_over_no_export(tmp_path):
+    root = tmp_path / "hf_exports"
+
+    def write(folder):
+        os.makedirs(folder)
+        (tmp_path / "hf_exports" / os.path.basename(folder) / "model.safetensors").write_text(folder)
+
+    first = hf_exports.TimedHFExports(hf_exports.WallClockMarks(20, start=0.0, clock=_Clock(21.0)), str(root))
+    first.export(write, 1)
+    os.makedirs(root / "t000040s")  # an export of the earlier process whose line was never written
+    clock = _Clock(22.0)  # the resumed process counts from its own start
+    resumed = hf_exports.TimedHFExports(hf_exports.WallClockMarks(20, start=0.0, clock=clock), str(root))
+    entry = resumed.export(write, 3)
+    clock.now = 41.0
+    resumed.export(write, 4)
+    assert (root / "t000020s" / "model.safetensors").read_text() == str(root / "t000020s")  # the step 1 export
+    got = [(e["mark_s"], e["global_step"], os.path.basename(e["path"])) for e in hf_exports.read_entries(str(root))]
+    assert got == [(20.0, 1, "t000020s"), (60.0, 3, "t000060s"), (80.0, 4, "t000080s")] and entry["mark_s"] == 60.0
+    assert hf_exports.export_dir(str(root), 1.5).endswith("t000001.500s")  # marks of a fraction of a second differ
+
+
 def test_export_hf_freq_s_is_checked_before_start_up():
     from hydra import compose, initialize_config_dir
 

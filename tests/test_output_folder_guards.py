@@ -89,6 +89,34 @@ def test_cc2_a_folder_a_live_run_holds_is_refused_and_a_dead_runs_lock_does_not_
     os.close(run_lock._held.pop(os.path.realpath(folder)))
 
 
+def test_cc2_a_checkpoint_folder_outside_the_output_folder_that_a_live_run_saves_to_is_refused(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from tests.e2e_utils import ROOT
+    from trainer import run_lock
+    from trainer.config_checks import ConfigError
+
+    monkeypatch.setattr(run_lock, "_held", {})
+    shared = str(tmp_path / "shared")
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from trainer.run_lock import hold_checkpoint_dir; "
+                              "hold_checkpoint_dir(sys.argv[1], sys.argv[2]); print('held', flush=True); time.sleep(600)",
+                              str(tmp_path / "first"), shared], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError) as info:
+            run_lock.hold_checkpoint_dir(str(tmp_path / "second"), shared)
+        assert str(info.value).startswith(f"trainer.default_local_dir={shared!r} is in use by another run "
+                                          f"(pid {other.pid})") and "\n" not in str(info.value)
+    finally:
+        other.kill()
+        other.wait()
+    run_lock.hold_checkpoint_dir(str(tmp_path / "out"), str(tmp_path / "out" / "checkpoints"))  # the output lock's
+    assert not os.path.exists(tmp_path / "out" / "checkpoints" / run_lock.LOCK_FILE)
+    run_lock.hold_checkpoint_dir(str(tmp_path / "second"), shared)  # once the other run has ended
+    os.close(run_lock._held.pop(os.path.realpath(shared)))
+
+
 def test_cc2_a_second_run_into_a_live_runs_folder_stops_in_one_line_and_moves_nothing(tmp_path):
     from tests.test_reliability_config import assert_one_line_error, run_cli
 
@@ -108,6 +136,30 @@ def test_cc2_a_second_run_into_a_live_runs_folder_stops_in_one_line_and_moves_no
     assert sorted(os.listdir(out)) == [".run.lock", "checkpoints", "main.log", "metrics.jsonl"]
     assert open(os.path.join(out, "main.log")).read() == "the live run's line\n"
     assert os.listdir(os.path.join(out, "checkpoints")) == ["global_step_3"]
+
+
+def test_cc2_a_run_into_a_checkpoint_folder_a_live_run_has_saved_to_stops_in_one_line_naming_its_pid(tmp_path):
+    """The live run's checkpoints are there already: the refusal names that run, not "an earlier run"."""
+    import subprocess
+    import sys
+
+    from tests.e2e_utils import ROOT
+    from tests.test_reliability_config import assert_one_line_error, run_cli
+
+    shared = str(tmp_path / "shared")
+    _fake_steps(shared, [1], 1)
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from trainer.run_lock import hold_checkpoint_dir; "
+                              "hold_checkpoint_dir(sys.argv[1], sys.argv[2]); print('held', flush=True); time.sleep(600)",
+                              str(tmp_path / "first"), shared], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        proc = run_cli(str(tmp_path / "second"), "trainer.total_training_steps=2", "trainer.save_freq=1",
+                       f"trainer.default_local_dir={shared}", forked=True)
+    finally:
+        other.kill()
+        other.wait()
+    assert_one_line_error(proc, f"trainer.default_local_dir={shared!r} is in use by another run (pid {other.pid})")
+    assert sorted(os.listdir(shared)) == [".run.lock", "global_step_1", "latest_checkpointed_iteration.txt"]
 
 
 def _fake_steps(root, steps, tracker):
@@ -149,6 +201,29 @@ def test_rb2_a_resume_from_an_older_step_sets_the_later_timeline_aside(tmp_path,
     assert [s for s, _ in list_checkpoints(root)] == [3]
     assert [s for s, _ in list_checkpoints(os.path.join(dest, "checkpoints"))] == list(range(3, 9))
     assert set_aside_later_steps(out, root, os.path.join(root, "global_step_3")) is None  # an ordinary resume
+
+
+def test_a_cut_short_last_metrics_line_is_named_damaged_and_moves_no_output_of_the_run(tmp_path, caplog):
+    from trainer.checkpoint.base import list_checkpoints
+    from trainer.later_steps import set_aside_later_steps
+
+    out, root = str(tmp_path), str(tmp_path / "checkpoints")
+    _fake_steps(root, range(1, 4), 3)
+    full = "".join(json.dumps({"step": s, "actor/pg_loss": 0.5}) + "\n" for s in range(1, 4))
+    (tmp_path / "metrics.jsonl").write_text(full[:-12])  # step 3's row cut short
+    (tmp_path / "final_metrics.json").write_text('{"step": 3}')
+    os.makedirs(tmp_path / "hf_actor")
+    (tmp_path / "hf_actor" / "config.json").write_text("{}")
+    with caplog.at_level(logging.WARNING):
+        dest = set_aside_later_steps(out, root, os.path.join(root, "global_step_3"))
+    lines = [r.getMessage() for r in caplog.records if "trainer.resume_mode" in r.getMessage()]
+    assert len(lines) == 1 and "earlier timeline" not in lines[0] and "rows after" not in lines[0]
+    assert "metrics.jsonl (1 damaged line (cut short" in lines[0] and "other outputs stay in place" in lines[0]
+    assert (tmp_path / "final_metrics.json").exists() and (tmp_path / "hf_actor" / "config.json").exists()
+    assert [s for s, _ in list_checkpoints(root)] == [1, 2, 3]
+    assert _rows(tmp_path / "metrics.jsonl") == [1, 2]
+    assert open(os.path.join(dest, "metrics.jsonl")).read() == full[:-12].splitlines(True)[-1] + "\n"
+    assert sorted(os.listdir(dest)) == ["metrics.jsonl"]
 
 
 def test_rb2_later_steps_outside_the_output_folder_are_refused_before_start(tmp_path):

@@ -124,9 +124,11 @@ def resume_path(cfg: dict) -> str | None:
     Raises:
         ConfigError: a ``resume_mode`` path that does not exist or holds no checkpoint.
     """
-    mode = cfg["trainer"]["resume_mode"]
+    mode, named = cfg["trainer"]["resume_mode"], cfg["trainer"].get("resume_from_path")
     if mode in ("disable", "resume_path"):  # resume_path still here: no resume_from_path (resolve_config says so)
         return None
+    if named and mode != str(named):  # resume_from_path without resume_mode=resume_path: refused by resolve_config,
+        return None  # so nothing is resolved (nor logged) for a resume that will not run
     from trainer.checkpoint.resume import resolve_resume_path
 
     try:

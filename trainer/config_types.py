@@ -133,12 +133,14 @@ def start_errors(cfg, defaults: dict, prestart, logged: bool = False) -> list[st
 def all_errors(cfg, exc: Exception, prestart, logged: bool = False):
     """``exc`` (a ConfigError of the launcher) with every other error of the Hydra run config ``cfg`` added
     (:func:`start_errors` against :func:`packaged_defaults`; ``logged``: the launcher's start-up logged the
-    config's warnings and notes already, they are not logged again); ``exc`` itself outside a Hydra app or when
-    nothing is added."""
+    config's warnings and notes already, they are not logged again); ``exc`` itself outside a Hydra app, when
+    nothing is added, or when ``exc.alone`` is set (a refusal the other checks' lines would only confuse)."""
     from trainer.config_checks import ConfigError
 
+    if not isinstance(exc, ConfigError) or getattr(exc, "alone", False):  # e.g. a folder a live run holds
+        return exc
     defaults = packaged_defaults()
-    if defaults is None or not isinstance(exc, ConfigError):
+    if defaults is None:
         return exc
     first = str(exc).splitlines()
     more = [m for m in start_errors(cfg, defaults, prestart, logged=logged) if m not in first]

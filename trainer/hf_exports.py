@@ -4,9 +4,12 @@ With ``trainer.export_hf_freq_s = F > 0`` the trainer writes the actor as a Hugg
 ``trainer.export_hf_on_end``) at the end of the first training step that ends at or after each mark ``F``, ``2F``,
 ``3F``, ... seconds of wall-clock since the trainer process started. The start is the operating system's start time
 of the driver process (``psutil.Process().create_time()``), so the start-up (imports, Ray, model loading,
-compilation) counts. A resumed run counts from its own start.
+compilation) counts. A resumed run counts from its own start, and its marks continue after the last mark of the
+exports already there (:func:`last_mark`: ``exports.jsonl`` and the ``t<mark>s`` folders): after an earlier process's
+``t000240s``, a resumed run's first 120 s mark is ``t000360s``, so no export of an earlier process is written over.
 
-Folders: ``<output_dir>/hf_exports/t<mark>s`` (``t000120s`` for the 120 s mark). Each export appends one JSON line to
+Folders: ``<output_dir>/hf_exports/t<mark>s`` (``t000120s`` for the 120 s mark; ``t000001.500s`` for a mark that is not
+a whole second). Each export appends one JSON line to
 ``<output_dir>/hf_exports/exports.jsonl``: ``mark_s`` (the mark, seconds), ``elapsed_s`` (seconds since the process
 started when the export began), ``global_step`` (optimizer steps done), ``path`` and ``export_s`` (seconds the
 export took). A step that passes several marks gives one export, named after the last mark it passed.
@@ -16,14 +19,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from typing import Callable
 
 __all__ = ["WallClockMarks", "TimedHFExports", "process_start_time", "export_dir", "append_entry", "read_entries",
-           "EXPORTS_SUBDIR", "MANIFEST"]
+           "last_mark", "EXPORTS_SUBDIR", "MANIFEST"]
 
 EXPORTS_SUBDIR = "hf_exports"
 MANIFEST = "exports.jsonl"
+_DIR_RE = re.compile(r"^t(\d+(?:\.\d+)?)s$")
 
 
 def process_start_time() -> float:
@@ -64,8 +69,23 @@ class WallClockMarks:
 
 
 def export_dir(root: str, mark_s: float) -> str:
-    """``<root>/t<mark, 6 digits>s``."""
-    return os.path.join(root, f"t{int(round(mark_s)):06d}s")
+    """``<root>/t<mark, 6 digits>s`` (with 3 decimals for a mark that is not a whole second: ``t000001.500s``)."""
+    mark_s = round(float(mark_s), 3)
+    return os.path.join(root, f"t{int(mark_s):06d}s" if mark_s == int(mark_s) else f"t{mark_s:010.3f}s")
+
+
+def last_mark(root: str) -> float:
+    """The last mark of the exports in ``root``: the largest ``mark_s`` of ``exports.jsonl`` and of the ``t<mark>s``
+    folders there (an export whose line was never written included); 0.0 when there are none."""
+    marks = []
+    for entry in read_entries(root):
+        try:
+            marks.append(float(entry["mark_s"]))
+        except (TypeError, KeyError, ValueError):
+            continue
+    if os.path.isdir(root):
+        marks += [float(m.group(1)) for m in map(_DIR_RE.match, os.listdir(root)) if m]
+    return max([m for m in marks if math.isfinite(m)], default=0.0)
 
 
 def append_entry(root: str, entry: dict) -> None:
@@ -96,6 +116,7 @@ class TimedHFExports:
 
     def __init__(self, marks: WallClockMarks, root: str):
         self.marks, self.root = marks, root
+        self.after: float | None = None  # the last mark of an earlier process's exports (read at the first export)
 
     @classmethod
     def from_config(cls, trainer_cfg: dict) -> "TimedHFExports | None":
@@ -109,14 +130,19 @@ class TimedHFExports:
         return self.marks.due() is not None
 
     def export(self, export_fn: Callable[[str], object], global_step: int) -> dict | None:
-        """Call ``export_fn(folder)`` for the mark due (nothing when none is) and record it; returns the entry."""
+        """Call ``export_fn(folder)`` for the mark due (nothing when none is) and record it; returns the entry. The
+        mark is counted after :func:`last_mark` of the folder as the first export found it (a resumed run's marks
+        continue after the earlier process's), so the folder is a new one."""
         mark = self.marks.due()
         if mark is None:
             return None
-        elapsed, path, t0 = self.marks.elapsed(), export_dir(self.root, mark), time.perf_counter()
+        if self.after is None:  # read here, not at start-up: a fresh run sets an earlier run's exports aside first
+            self.after = last_mark(self.root)
+        named = self.after + mark
+        elapsed, path, t0 = self.marks.elapsed(), export_dir(self.root, named), time.perf_counter()
         export_fn(path)
         self.marks.take(mark)
-        entry = dict(mark_s=mark, elapsed_s=elapsed, global_step=int(global_step), path=os.path.abspath(path),
+        entry = dict(mark_s=named, elapsed_s=elapsed, global_step=int(global_step), path=os.path.abspath(path),
                      export_s=time.perf_counter() - t0)
         append_entry(self.root, entry)
         return entry

@@ -1,4 +1,6 @@
-"""Ctrl-C and SIGTERM of the driver (``python trainer/main.py``): one line, an exit code, no Ray processes left.
+"""Ctrl-C, SIGTERM and SIGHUP of the driver (``python trainer/main.py``): one line, an exit code, no Ray processes
+left. SIGHUP (the terminal or ssh session closed) is a SIGTERM here (:data:`STOP_SIGNALS`), with exit code 129; a
+driver started with SIGHUP ignored (``nohup``) keeps ignoring it.
 
 * SIGINT (Ctrl-C) at any time stops the run at once: ``interrupted at step N; last checkpoint: PATH`` on stderr
   (N is the step in progress, 0 before training; PATH the newest committed checkpoint, or ``none``), exit 130.
@@ -43,6 +45,12 @@ import threading
 import time
 from typing import Iterator, NoReturn
 
+from trainer.ray_shutdown import _is_ray_process, stop_ray  # noqa: F401  (_is_ray_process re-exported)
+
+#: the signals that stop the run after the current step (the training loop's handler), as SIGTERM does
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_HANDLED = (signal.SIGINT, *STOP_SIGNALS)
+
 # driver_pid: the process install_handlers ran in; signum: the signal stopping the run (None: none yet); raised:
 # RunInterrupted was raised for it; exiting: exit_interrupted runs; held / deferred: the handler records, the
 # raise waits (install_handlers(held=True), deferred()); redeliver: the next signal is the helper thread's
@@ -57,7 +65,7 @@ _HELPER: dict = {"thread": None, "pid": None}
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """The driver received SIGINT or SIGTERM (``signum``); ``step`` is the training step in progress, if known."""
+    """The driver received SIGINT, SIGTERM or SIGHUP (``signum``); ``step`` is the training step in progress."""
 
     def __init__(self, signum: int, step: int | None = None):
         super().__init__(signal.Signals(signum).name)
@@ -65,14 +73,14 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 def install_handlers(held: bool = False) -> None:
-    """Make SIGINT and SIGTERM raise :class:`RunInterrupted` in this (the driver) process. ``held``: a signal is
-    only recorded until :func:`release` (the entry point's module-level imports, before its ``try``)."""
+    """Make SIGINT, SIGTERM and SIGHUP (unless ignored: ``nohup``) raise :class:`RunInterrupted` in this (the
+    driver) process. ``held``: a signal is only recorded until :func:`release` (the entry point's module-level
+    imports, before its ``try``)."""
     _STATE["driver_pid"], _STATE["complete"] = os.getpid(), False
     if held:
         _STATE["held"] = True
     _start_helper()
-    signal.signal(signal.SIGINT, _raise_interrupted)
-    signal.signal(signal.SIGTERM, _raise_interrupted)
+    _install()
 
 
 def release() -> None:
@@ -85,8 +93,19 @@ def reinstall_handlers() -> None:
     """Put the handlers of :func:`install_handlers` back if they were installed in this process (after something
     replaced them; ``ray.init`` in a process without :func:`ray_init_guard`)."""
     if _is_driver():
-        signal.signal(signal.SIGINT, _raise_interrupted)
-        signal.signal(signal.SIGTERM, _raise_interrupted)
+        _install()
+
+
+def _install() -> None:
+    for s in _HANDLED:
+        if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            signal.signal(s, _raise_interrupted)
+
+
+def stop_handlers(handler) -> dict:
+    """Install ``handler`` for the :data:`STOP_SIGNALS` this driver handles (a SIGHUP ``nohup`` ignores stays
+    ignored); returns the handlers replaced, for :func:`signal.signal` to put back."""
+    return {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
 
 
 def _is_driver() -> bool:
@@ -240,12 +259,12 @@ def request_stop(signum: int, step: int) -> None:
 
 
 def loop_sigterm(trainer, signum: int) -> None:
-    """The training loop's SIGTERM handler (``RayPPOTrainer._on_sigterm``): the first SIGTERM asks the loop to stop
+    """The training loop's SIGTERM / SIGHUP handler (``RayPPOTrainer._on_sigterm``): the first asks the loop to stop
     after the current step (``trainer._stop_requested``, :func:`request_stop`); a second one stops at once as Ctrl-C
     (:func:`stop_now`). A process forked from the driver (a reward-scoring worker) inherits the handler: it dies."""
     if os.getpid() != trainer._driver_pid:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
         return
     if trainer._stop_requested:
         stop_now(signum, trainer.global_step)
@@ -253,8 +272,9 @@ def loop_sigterm(trainer, signum: int) -> None:
     request_stop(signum, trainer.global_step)  # a failure before the end (workers killed too) ends as this SIGTERM
     import logging
 
+    name = signal.Signals(signum).name
     logging.getLogger("trainer.ppo_trainer").warning(
-        "SIGTERM received: the run stops after the current step (a second SIGTERM stops at once)")
+        "%s received: the run stops after the current step (a second %s stops at once)", name, name)
 
 
 def stop_requested() -> tuple[int, int] | None:
@@ -318,17 +338,17 @@ def quiet_exit() -> None:
     ignore Ctrl-C and SIGTERM, so that they run and the exit code stays 0. No-op before :func:`run_complete`."""
     if _is_driver() and _STATE["complete"]:
         _STATE["exiting"] = True
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in _HANDLED:
             signal.signal(s, signal.SIG_IGN)
 
 
 def exit_interrupted(signum: int, step: int | None) -> NoReturn:
-    """Shut Ray down, print the one line, exit ``128 + signum`` (130 for SIGINT, 143 for SIGTERM). ``step`` None:
+    """Shut Ray down, print the one line, exit ``128 + signum`` (130 SIGINT, 143 SIGTERM, 129 SIGHUP). ``step`` None:
     the step :func:`check_interrupted` last saw (0 before training). The line names the latest checkpoint in the
     folder :func:`own_checkpoints` named, or none. After :func:`run_complete` the signal only cut the shut-down
     short: the line says so and the exit code is 0."""
     _STATE["exiting"] = True
-    for s in (signal.SIGINT, signal.SIGTERM):
+    for s in _HANDLED:
         signal.signal(s, signal.SIG_IGN)
     _STATE["signum"] = signum
     shutdown_ray()
@@ -351,48 +371,7 @@ def last_checkpoint() -> str:
     return "none"
 
 
-def _is_ray_process(cmdline: list[str]) -> bool:
-    """A process of Ray's own (GCS, raylet, dashboard, monitors: a program under the ray package; workers: ``ray::``).
-    Other children of the driver (wandb's service, which ends at the driver's exit) are left alone."""
-    if not cmdline:
-        return False
-    return cmdline[0].startswith("ray::") or any(f"{os.sep}ray{os.sep}" in part for part in cmdline[:3])
-
-
 def shutdown_ray(timeout_s: float = 15.0) -> None:
-    """``ray.shutdown()``, then wait up to ``timeout_s`` for the Ray processes this driver started (a local Ray's
-    GCS, raylet and worker processes, :func:`_is_ray_process`, and their descendants) to end; kill those still there.
-    No-op when Ray is not initialized, except in the driver of ``trainer/main.py`` after a ``ray.init`` that a second
-    signal interrupted: the Ray processes it had started are stopped (SIGTERM, then SIGKILL)."""
-    if "ray" not in sys.modules:
-        return
-    import ray
-
-    node = getattr(sys.modules.get("ray._private.worker"), "_global_node", None)  # set before ray.init connects
-    connected = ray.is_initialized() or node is not None
-    if not connected and not _is_driver():
-        return
-    import psutil  # shipped with Ray (ray/thirdparty_files)
-
-    me = psutil.Process()
-    started = []
-    for p in me.children():
-        try:  # Ray's processes and theirs; not the driver's forks (reward scoring) nor other libraries' helpers
-            if _is_ray_process(p.cmdline()):
-                started += [p, *p.children(recursive=True)]
-        except psutil.Error:
-            pass
-    if connected:
-        ray.shutdown()
-    else:  # ray.init stopped half-way, before Ray knew of its node
-        for p in started:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-    _, alive = psutil.wait_procs(started, timeout=timeout_s if connected else min(timeout_s, 5.0))
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    """:func:`trainer.ray_shutdown.stop_ray` for this process (the driver of ``trainer/main.py`` or not): Ray shut
+    down and the Ray processes this process started ended."""
+    stop_ray(timeout_s, driver=_is_driver())

@@ -45,41 +45,58 @@ def later_steps_problem(output_dir: str, checkpoint_dir: str | None, step: int) 
             "the newest), or move the later global_step_<N> folders away first")
 
 
-def _split_rows(path: str, step: int, dest: str) -> int:
-    """Move the rows of the JSON-lines file ``path`` whose ``step`` is after ``step`` (or that do not parse) to
-    ``dest``; returns how many moved."""
+def _read_rows(path: str, step: int) -> tuple[list[str], list[str], list[str]]:
+    """The lines of the JSON-lines file ``path`` as ``(kept, later, damaged)``: rows of steps up to ``step`` (and
+    blank lines and rows without a step), rows of later steps, and lines that are not a JSON object (a last line
+    cut short by a crash or a copy): these are no step of any timeline."""
+    kept, later, damaged = [], [], []
     if not os.path.isfile(path):
-        return 0
-    keep, move = [], []
+        return kept, later, damaged
     with open(path, encoding="utf-8") as f:
         for line in f:
             line = line if line.endswith("\n") else line + "\n"
             try:
-                ok = int(json.loads(line).get("step", -1)) <= step
+                row_step = int(json.loads(line).get("step", -1)) if line.strip() else step
             except (ValueError, TypeError, AttributeError):
-                ok = not line.strip()
-            (keep if ok else move).append(line)
-    if move:
-        with open(dest, "w", encoding="utf-8") as f:
-            f.writelines(move)
+                damaged.append(line)
+                continue
+            (kept if row_step <= step else later).append(line)
+    return kept, later, damaged
+
+
+def _split_rows(output_dir: str, step: int, rows: dict, dest: str) -> list[str]:
+    """Move the later and damaged lines of each file of ``rows`` (name -> :func:`_read_rows`) to ``dest``, keeping
+    the rest in place; returns what moved, one phrase per file."""
+    what = []
+    for name, (kept, later, damaged) in rows.items():
+        if not later and not damaged:
+            continue
+        path = os.path.join(output_dir, name)
+        with open(os.path.join(dest, name), "w", encoding="utf-8") as f:
+            f.writelines(later + damaged)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.writelines(keep)
+            f.writelines(kept)
         os.replace(path + ".tmp", path)
-    return len(move)
+        parts = [f"{len(later)} rows after step {step}"] if later else []
+        if damaged:
+            parts.append(f"{len(damaged)} damaged line{'s' if len(damaged) > 1 else ''} (cut short or not a JSON "
+                         "object, no later step)")
+        what.append(f"{name} ({', '.join(parts)})")
+    return what
 
 
-def _rows_after(path: str, step: int) -> bool:
-    if not os.path.isfile(path):
-        return False
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                if int(json.loads(line).get("step", -1)) > step:
-                    return True
-            except (ValueError, TypeError, AttributeError):
-                if line.strip():
-                    return True
-    return False
+def _move_later_checkpoints(output_dir: str, checkpoint_dir: str, step: int, later: list, dest: str) -> str:
+    """Move the ``later`` step folders of ``checkpoint_dir`` to the same relative folder under ``dest``, with a copy
+    of the tracker (set to ``step`` in place); returns the phrase naming them."""
+    into = os.path.join(dest, os.path.relpath(os.path.realpath(checkpoint_dir), os.path.realpath(output_dir)))
+    os.makedirs(into, exist_ok=True)
+    for _, path in later:
+        shutil.move(path, os.path.join(into, os.path.basename(path)))
+    if os.path.isfile(os.path.join(checkpoint_dir, TRACKER_FILE)):
+        shutil.copy2(os.path.join(checkpoint_dir, TRACKER_FILE), os.path.join(into, TRACKER_FILE))
+    _tracker_at_most(checkpoint_dir, step)
+    return (f"checkpoints (steps {later[0][0]}..{later[-1][0]} of {checkpoint_dir}, now in "
+            f"{os.path.relpath(into, output_dir)})")
 
 
 def set_aside_later_steps(output_dir: str, checkpoint_dir: str | None, resumed: str) -> str | None:
@@ -89,32 +106,28 @@ def set_aside_later_steps(output_dir: str, checkpoint_dir: str | None, resumed: 
     ``checkpoint_dir`` when it lies inside ``output_dir`` (to the same relative folder there, with a copy of the
     tracker, which is set to ``step``), the rows of ``metrics.jsonl`` and ``val_generations.jsonl`` after ``step``
     (the earlier ones stay), and that timeline's ``final_metrics.json``, ``hf_actor`` and ``hf_exports``. Nothing is
-    moved when neither a later checkpoint nor a later row exists (an ordinary resume). One warning line names what
-    moved; returns the folder, or None."""
+    moved when neither a later checkpoint nor a later row exists (an ordinary resume). A damaged line of those files
+    (cut short, not JSON) is no later step: it is set aside there too, named as damaged, and alone it moves nothing
+    else. One warning line names what moved; returns the folder, or None."""
     step = parse_step(resumed)
     later = _later(checkpoint_dir, step, resumed) if checkpoint_dir and _inside(checkpoint_dir, output_dir) else []
-    rows = [n for n in ROW_FILES if _rows_after(os.path.join(output_dir, n), step)]
-    if not later and not rows:
+    rows = {n: _read_rows(os.path.join(output_dir, n), step) for n in ROW_FILES}
+    timeline = bool(later) or any(r[1] for r in rows.values())
+    if not timeline and not any(r[2] for r in rows.values()):
         return None
     dest = earlier_runs_folder(output_dir)
-    what = []
-    for name in rows:
-        moved = _split_rows(os.path.join(output_dir, name), step, os.path.join(dest, name))
-        what.append(f"{name} ({moved} rows after step {step})")
+    what = _split_rows(output_dir, step, rows, dest)
+    if not timeline:
+        logger.warning("trainer.resume_mode: this run resumes from step %d; %s holds no later step, but damaged "
+                       "lines: moved %s to %s (the run's other outputs stay in place)", step, output_dir,
+                       ", ".join(what), dest)
+        return dest
     for name in END_OUTPUTS:
         if _non_empty(os.path.join(output_dir, name)):
             os.replace(os.path.join(output_dir, name), os.path.join(dest, name))
             what.append(name)
     if later:
-        into = os.path.join(dest, os.path.relpath(os.path.realpath(checkpoint_dir), os.path.realpath(output_dir)))
-        os.makedirs(into, exist_ok=True)
-        for _, path in later:
-            shutil.move(path, os.path.join(into, os.path.basename(path)))
-        if os.path.isfile(os.path.join(checkpoint_dir, TRACKER_FILE)):
-            shutil.copy2(os.path.join(checkpoint_dir, TRACKER_FILE), os.path.join(into, TRACKER_FILE))
-        _tracker_at_most(checkpoint_dir, step)
-        what.append(f"checkpoints (steps {later[0][0]}..{later[-1][0]} of {checkpoint_dir}, now in "
-                    f"{os.path.relpath(into, output_dir)})")
+        what.append(_move_later_checkpoints(output_dir, checkpoint_dir, step, later, dest))
     logger.warning("trainer.resume_mode: this run resumes from step %d, and %s held the later steps of an earlier "
                    "timeline: moved %s to %s (this run writes its own steps after %d)", step, output_dir,
                    ", ".join(what), dest, step)

@@ -327,12 +327,12 @@ def run(hydra_cfg: DictConfig) -> dict:
     for noisy in ("httpx", "datasets", "filelock", "urllib3", "DeepSpeed", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from trainer.run_folder import log_sizes, settle_run_folder
-    from trainer.run_lock import hold_output_dir, hold_run_dir
+    from trainer.run_lock import hold_run_dir, hold_run_folders
 
     hold_run_dir(hydra_cfg)  # before the first log line: a refused run writes nothing into a live run's main.log
     logs = log_sizes()  # what the log holds before this run's first line: an earlier run's (set aside when fresh)
     cfg = prestart(hydra_cfg)
-    hold_output_dir(cfg["trainer"]["output_dir"])  # a live run's folder is refused before anything there changes
+    hold_run_folders(cfg["trainer"])  # a live run's folders are refused before anything there changes
     from trainer.placement import check_placement
     from trainer.rollout_placement import RolloutPlacement
 

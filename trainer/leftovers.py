@@ -59,11 +59,11 @@ def end_descendants(reap_s: float | None = None) -> None:
     """Kill every process below this one and reap those that are its children, waiting at most ``reap_s`` seconds
     (:data:`REAP_S`) for them to be gone. Ray is shut down first (:func:`trainer.interrupt.shutdown_ray`, which lets
     a local Ray's processes end by themselves; no-op when it is). Only in the process where
-    :func:`adopt_descendants` ran (a process forked from it that runs the exit functions does nothing); Ctrl-C and
-    SIGTERM are ignored from here on, the process is exiting."""
+    :func:`adopt_descendants` ran (a process forked from it that runs the exit functions does nothing); Ctrl-C,
+    SIGTERM and SIGHUP are ignored from here on, the process is exiting."""
     if _DRIVER["pid"] != os.getpid():
         return
-    for s in (signal.SIGINT, signal.SIGTERM):
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
     try:
         from trainer.interrupt import shutdown_ray

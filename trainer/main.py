@@ -51,7 +51,7 @@ if __name__ == "__main__":
     adopt_descendants()  # what this process starts stays below it and is killed at its exit, however it ends
     from trainer.interrupt import install_handlers
 
-    install_handlers(held=True)  # Ctrl-C / SIGTERM from here on are recorded; they stop the run in the try below
+    install_handlers(held=True)  # Ctrl-C / SIGTERM / SIGHUP from here on are recorded; they stop the run in the try below
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
@@ -84,7 +84,7 @@ def main(cfg: DictConfig) -> None:
         last = run(cfg)
         shutdown_ray()  # no Ray process of this run outlives it
         if last.get("_stopped_by_sigterm"):  # the step finished and the work was kept, but the run did not end
-            sys.exit(128 + signal.SIGTERM)
+            sys.exit(128 + (stop_requested() or (signal.SIGTERM,))[0])  # 143 SIGTERM, 129 SIGHUP
         quiet_exit()  # a complete run: a signal during the rest of the exit leaves the exit code 0
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (trainer/interrupt.py)
         exc = as_interrupt(exc)

@@ -25,7 +25,7 @@ from trainer.dataset import DataExhausted, PromptLoader
 from trainer.hooks import StepContext, build_hooks
 from trainer.hf_exports import TimedHFExports
 from trainer.hooks.base import timed
-from trainer.interrupt import check_interrupted, loop_sigterm
+from trainer.interrupt import check_interrupted, loop_sigterm, stop_handlers, stop_requested
 from trainer.metric_utils import reduce_rank_metrics, reward_output_metrics
 from trainer.on_policy import OLD_FROM_UPDATE, OnPolicyRule
 from trainer.protocol import DataProto
@@ -281,7 +281,7 @@ class RayPPOTrainer:
         tracker = Tracking(t.project_name, t.experiment_name, t.logger, t.output_dir, plain(self.cfg),
                            total_steps=total, start_step=self.global_step, keep_rows=bool(t.val_only))
         self._driver_pid = os.getpid()
-        old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        old_handlers = stop_handlers(self._on_sigterm)  # SIGTERM and SIGHUP: the step finishes
         last: dict = {}
         try:
             if t.val_only or (t.val_before_train and self.val_dataset is not None and self.global_step == 0):
@@ -292,7 +292,8 @@ class RayPPOTrainer:
             last = self._train_loop(tracker, total, last)
             self._finish(last)
         finally:
-            signal.signal(signal.SIGTERM, old_handler)
+            for signum, handler in old_handlers.items():
+                signal.signal(signum, handler)
             tracker.close()
         return last
 
@@ -351,16 +352,17 @@ class RayPPOTrainer:
         return metrics
 
     def _finish(self, last: dict) -> None:
-        """The stop reason, then what keeps the work: after SIGTERM a checkpoint (``save_freq > 0``: the run can
-        resume) or else the HF export; at the end the HF export (``trainer.export_hf_on_end``)."""
+        """The stop reason, then what keeps the work: after SIGTERM / SIGHUP a checkpoint (``save_freq > 0``: the run
+        can resume) or else the HF export; at the end the HF export (``trainer.export_hf_on_end``)."""
         t = self.trainer_cfg
+        name = signal.Signals((stop_requested() or (signal.SIGTERM,))[0]).name
         if self._stop_requested:
-            self.stop_reason = " (stopped early by SIGTERM)"
+            self.stop_reason = f" (stopped early by {name})"
             last["_stopped_by_sigterm"] = True
         elif self.global_step < t.total_training_steps:
             self.stop_reason = f" (trainer.total_epochs={t.total_epochs} epochs of data used up)"
         if self._stop_requested and t.save_freq > 0:
-            logger.warning("SIGTERM: saving step %d before exiting", self.global_step)
+            logger.warning("%s: saving step %d before exiting", name, self.global_step)
             self.save_checkpoint()
         elif t.export_hf_on_end:  # the end, or SIGTERM in a run without checkpoints: the export keeps the work
             out = os.path.join(t.output_dir, "hf_actor")

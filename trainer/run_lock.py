@@ -8,7 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-__all__ = ["LOCK_FILE", "hold_output_dir", "hold_run_dir"]
+__all__ = ["LOCK_FILE", "hold_checkpoint_dir", "hold_output_dir", "hold_run_dir", "hold_run_folders"]
 
 LOCK_FILE = ".run.lock"
 _held: dict[str, int] = {}  # realpath of an output folder -> the descriptor this process locks it with
@@ -19,7 +19,8 @@ def hold_output_dir(output_dir: str, key: str = "trainer.output_dir") -> None:
     already is kept as it is.
 
     Raises:
-        ConfigError: another live process holds it: one line naming ``key``, the folder and that run's pid.
+        ConfigError: another live process holds it: one line naming ``key``, the folder and that run's pid (with
+            ``alone`` set: it is reported without the other checks' lines, which would be about that run's files).
     """
     real = os.path.realpath(output_dir)
     if real in _held:
@@ -33,9 +34,11 @@ def hold_output_dir(output_dir: str, key: str = "trainer.output_dir") -> None:
         os.close(fd)
         from trainer.config_checks import ConfigError
 
-        raise ConfigError(f"{key}={output_dir!r} is in use by another run (pid {other}) that is still writing to it; "
-                          f"expected a folder no live run writes to: wait for that run to end, stop it, or give "
-                          f"another {key}") from None
+        exc = ConfigError(f"{key}={output_dir!r} is in use by another run (pid {other}) that is still writing to "
+                          f"it; expected a folder no live run writes to: wait for that run to end, stop it, or give "
+                          f"another {key}")
+        exc.alone = True  # the other checks would judge the live run's files: this line is the whole answer
+        raise exc from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[real] = fd
@@ -57,3 +60,36 @@ def hold_run_dir(hydra_cfg) -> None:
         return
     if isinstance(out, str) and out and (os.path.isdir(out) or not os.path.exists(out)):
         hold_output_dir(out)
+        try:
+            ckpt = OmegaConf.select(hydra_cfg, "trainer.default_local_dir", throw_on_resolution_failure=False)
+        except Exception:  # noqa: BLE001 - as above
+            return
+        if isinstance(ckpt, str) and ckpt and (os.path.isdir(ckpt) or not os.path.exists(ckpt)):
+            hold_checkpoint_dir(out, ckpt)
+
+
+def hold_checkpoint_dir(output_dir: str, checkpoint_dir: str) -> None:
+    """:func:`hold_output_dir` for ``trainer.default_local_dir`` when it lies outside ``output_dir`` (inside it, the
+    output folder's lock covers it): two live runs with different output folders never save into one checkpoint
+    folder.
+
+    Raises:
+        ConfigError: another live process holds ``checkpoint_dir`` (as its checkpoint or output folder): one line
+            naming ``trainer.default_local_dir``, the folder and that run's pid.
+    """
+    if not checkpoint_dir:
+        return
+    out, real = os.path.realpath(output_dir), os.path.realpath(checkpoint_dir)
+    if real != out and not real.startswith(out + os.sep):
+        hold_output_dir(checkpoint_dir, "trainer.default_local_dir")
+
+
+def hold_run_folders(trainer_cfg: dict) -> None:
+    """:func:`hold_output_dir` for the resolved ``trainer.output_dir`` and :func:`hold_checkpoint_dir` for its
+    ``trainer.default_local_dir``.
+
+    Raises:
+        ConfigError: as :func:`hold_output_dir`, naming the key of the folder a live run holds.
+    """
+    hold_output_dir(trainer_cfg["output_dir"])
+    hold_checkpoint_dir(trainer_cfg["output_dir"], trainer_cfg["default_local_dir"])

@@ -144,13 +144,26 @@ def find_latest_checkpoint(root: str | None) -> str | None:
     complete = [p for _, p in list_checkpoints(root) if is_complete_checkpoint(p)]
     using = f"using the newest complete checkpoint {complete[-1]}" if complete else "no complete checkpoint exists"
     if step is not None:
-        logger.warning("checkpoint tracker in %s names step %d but %s does not exist; %s", root, step,
-                       step_dir(root, step), using)
+        log_once(logging.WARNING, "checkpoint tracker in %s names step %d but %s does not exist; %s", root, step,
+                 step_dir(root, step), using)
     elif unreadable is not None:
-        logger.warning("checkpoint %s; %s", unreadable, using)
+        log_once(logging.WARNING, "checkpoint %s; %s", unreadable, using)
     elif complete:
-        logger.warning("no checkpoint tracker in %s; %s", root, using)
+        log_once(logging.WARNING, "no checkpoint tracker in %s; %s", root, using)
     return complete[-1] if complete else None
+
+
+_logged: set[str] = set()  # the lines log_once logged in this process
+
+
+def log_once(level: int, msg: str, *args, log: logging.Logger | None = None) -> None:
+    """Log ``msg % args`` on ``log`` (this module's logger by default) at ``level`` unless this process logged the
+    same line already: the resume's checkpoint is looked up several times per run (the config checks, the trainer,
+    the failure line), and each finding is one line."""
+    line = msg % args if args else msg
+    if line not in _logged:
+        _logged.add(line)
+        (log or logger).log(level, "%s", line)
 
 
 def list_checkpoints(root: str) -> list[tuple[int, str]]:

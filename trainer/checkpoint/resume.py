@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 import os
 
-from trainer.checkpoint.base import (find_latest_checkpoint, is_complete_checkpoint, list_checkpoints, parse_step,
-                                     step_dir)
+from trainer.checkpoint.base import (find_latest_checkpoint, is_complete_checkpoint, list_checkpoints, log_once,
+                                     parse_step, step_dir)
 from trainer.checkpoint.verify import IncompleteCheckpoint, verify_step_folder
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def resolve_resume_path(resume_mode: str, root: str | None) -> tuple[str | None,
     if resume_mode == "auto":
         path = find_latest_checkpoint(root)
         if path is None:
-            logger.info("resume_mode=auto: no checkpoint under %s, training from scratch", root)
+            log_once(logging.INFO, "resume_mode=auto: no checkpoint under %s, training from scratch", root, log=logger)
             return None, 0
         path = _newest_usable(root, path)
         return path, parse_step(path)
@@ -90,9 +90,6 @@ def resolve_resume_path(resume_mode: str, root: str | None) -> tuple[str | None,
     if not os.path.isdir(resume_mode):
         raise FileNotFoundError(f"trainer.resume_mode names {resume_mode!r}, which does not exist")
     return resume_mode, step
-
-
-_warned_fallbacks: set[tuple[str, str]] = set()  # resolve_resume_path runs several times per run: warn once
 
 
 def _newest_usable(root: str, path: str) -> str:
@@ -105,10 +102,8 @@ def _newest_usable(root: str, path: str) -> str:
     earlier = newest_complete_before(root, parse_step(path))
     if earlier is None:
         return path
-    if (path, earlier) not in _warned_fallbacks:
-        _warned_fallbacks.add((path, earlier))
-        logger.warning("trainer.resume_mode=auto: the newest checkpoint %s is incomplete (%s); resuming from "
-                       "the newest complete earlier one, %s", path, problem, earlier)
+    log_once(logging.WARNING, "trainer.resume_mode=auto: the newest checkpoint %s is incomplete (%s); resuming "
+             "from the newest complete earlier one, %s", path, problem, earlier, log=logger)
     return earlier
 
 

@@ -64,12 +64,15 @@ def _plain_value(v: Any) -> Any:
 def to_plain_result(res: Any) -> float | dict:
     """Normalise a scorer's return value: a float, or a dict of plain values whose ``"score"`` is a float.
 
-    Accepts numbers (bool, int, float, numpy/torch scalars), dicts with a ``"score"`` key, and tuples/lists
-    (the first element is the score, as verl's PRIME manager does). Non-finite scores are returned as they
-    are (the manager counts and zeroes them).
+    Accepts numbers (bool, int, float, numpy/torch scalars), dicts with a ``"score"`` key, and a tuple/list of one
+    number. A sequence of several values is refused: verl's naive manager writes the returned value into one
+    element of the reward tensor, which fails for several values, and taking one of them (a ``(format, accuracy)``
+    pair) would train on the wrong one. Non-finite scores are returned as they are (the manager counts and zeroes
+    them).
 
     Raises:
-        TypeError: for a dict without ``"score"`` or any other type.
+        TypeError: for a dict without ``"score"``, a tuple/list that does not hold exactly one value, or any other
+            type.
         ValueError: when the score is not convertible to float.
     """
     if isinstance(res, dict):
@@ -78,7 +81,10 @@ def to_plain_result(res: Any) -> float | dict:
         out = {str(k): _plain_value(v) for k, v in res.items()}
         out["score"] = float(res["score"])
         return out
-    if isinstance(res, (tuple, list)) and res:
+    if isinstance(res, (tuple, list)):
+        if len(res) != 1:
+            raise TypeError(f"a scorer must return one score (a float or a dict with 'score'), got a "
+                            f"{type(res).__name__} of {len(res)} values: {res!r:.100}")
         return float(res[0])
     if isinstance(res, (str, bytes)) or res is None:
         raise TypeError(f"a scorer must return a float or a dict with 'score', got {type(res).__name__}")

@@ -12,7 +12,9 @@ SIG = "def compute_score(data_source, solution_str, ground_truth, extra_info=Non
 BAD = {"none": (SIG + "    return None\n", "got NoneType"),
        "string": (SIG + "    return 'good'\n", "got str"),
        "dict_without_score": (SIG + "    return {'acc': 1.0}\n", "must include 'score'"),
-       "list_of_strings": (SIG + "    return ['1.0x']\n", "could not convert")}
+       "list_of_strings": (SIG + "    return ['1.0x']\n", "could not convert"),
+       "list_of_two_scores": (SIG + "    return [0.0, float(solution_str == ground_truth)]\n",
+                              "got a list of 2 values: [0.0, 0.0]")}
 GOOD = {"float": SIG + "    return 1.0\n",
         "int": SIG + "    return 0\n",
         "dict": SIG + "    return {'score': 1.0, 'acc': True}\n",
@@ -27,6 +29,19 @@ def test_a_scorer_returning_an_unusable_value_stops_before_start_up(tmp_path, na
     path.write_text(source)
     proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", forked=True)
     assert_one_line_error(proc, "compute_score", str(path), needle)
+
+
+def test_a_scorer_returning_several_values_is_refused_and_one_value_in_a_sequence_is_its_score():
+    """A list or tuple of several values was scored by its first element (a ``[format, accuracy]`` pair trained on
+    the format score, silently); verl's naive manager fails on it. One value in a sequence is that score."""
+    from rewards.pool import run_scorer, to_plain_result
+
+    assert to_plain_result([0.5]) == 0.5 and to_plain_result((1,)) == 1.0
+    for value, kind in (([0.0, 1.0], "list of 2"), ((1.0, 0.0, 1.0), "tuple of 3"), ([], "list of 0")):
+        with pytest.raises(TypeError, match=f"must return one score .*got a {kind} values"):
+            to_plain_result(value)
+    status, message, _ = run_scorer(lambda s, g: [0.0, 1.0], ("x", "y"), {})
+    assert status == "error" and message.startswith("TypeError: a scorer must return one score"), message
 
 
 @pytest.mark.parametrize("name", sorted(GOOD))

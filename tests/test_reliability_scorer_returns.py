@@ -110,6 +110,33 @@ def test_the_manager_stops_on_an_all_nan_batch_and_warns_on_some(tok, caplog):  
     assert "1 NaN/inf score(s) in a batch of 2 scored 0" in caplog.text
 
 
+def test_a_score_beyond_float32_range_counts_as_nan_and_is_named(tok, caplog):  # noqa: F811
+    """A score finite as a Python float but beyond float32's range (1e39) became inf in the reward tensor: NaN
+    advantages, skipped optimizer steps, and ``reward/num_nan=0``. It is counted, zeroed and warned like NaN, the
+    warning naming the value and the scorer; a batch of nothing else stops the run."""
+    import torch
+
+    from rewards.failures import FLOAT32_MAX, ScorerError, finite_score
+    from rewards.manager import RewardManager
+
+    assert finite_score(FLOAT32_MAX) and finite_score(-3.4e38) and not finite_score(1e39)
+    assert torch.isfinite(torch.tensor([FLOAT32_MAX], dtype=torch.float32)).all()
+
+    def huge_when_7(s, g, extra_info=None):
+        return {"score": 1e39, "acc": 1e39} if s.strip() == "7" else 1.0
+
+    data = make_batch(["42", "7"], response_len=4)
+    with RewardManager(tok, scorer=huge_when_7, num_workers=0) as rm, caplog.at_level("WARNING"):
+        out = rm(data)
+        assert rm.verify(data) == [1.0, 0.0]
+    assert out.metrics["reward/num_nan"] == 1.0 and out.reward_extra_info["score"] == [1.0, 0.0]
+    assert torch.isfinite(out.token_level_scores).all()
+    assert "1 NaN/inf score(s) in a batch of 2 scored 0 (first: 1e+39 from the scorer huge_when_7 of" in caplog.text
+    with RewardManager(tok, scorer=lambda s, g, extra_info=None: -1e39, num_workers=0) as rm:
+        with pytest.raises(ScorerError, match="no finite score"):
+            rm(data)
+
+
 def _fails_unless_empty(solution_str, ground_truth, extra_info=None, **kw):
     """Scores the empty response (as the start-up probe sees it) and fails on every other one, by ``extra_info``."""
     import os

@@ -162,6 +162,8 @@ def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, c
                 out = (idx, run_scorer(fn, args, kwargs))
             except SystemExit as e:  # sys.exit in a scorer: its error, not a worker to replace
                 out = (idx, ("error", f"SystemExit: {e.code!r} (the scorer called sys.exit)"[:500], 0.0))
+            except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt (SIGINT is ignored here: the scorer's own
+                out = (idx, ("error", f"{type(e).__name__}: {e}"[:500], 0.0))  # raise), GeneratorExit: its error
         try:
             conn.send(out)
         except Exception as e:  # an unpicklable dict value, say

@@ -108,6 +108,18 @@ def test_slow_raising_and_dying_scorers_pass_the_probe(tmp_path):
                              _datasets("gsm8k"))
 
 
+def test_a_scorer_raising_keyboard_interrupt_on_the_empty_response_passes_the_probe_quietly(tmp_path, capfd):
+    """``KeyboardInterrupt`` (a ``BaseException``) on the empty response is not judged, like an exception, and its
+    probe process prints no traceback (it printed ``Process reward-probe: Traceback ...``)."""
+    from rewards.manager import RewardManager
+
+    _, fn = _load(tmp_path, "raise KeyboardInterrupt('oops')\n", name="kbint.py")
+    check_reward_scorers(lambda: RewardManager(CharTokenizer(), scorer=fn, num_workers=0), "data_source",
+                         _datasets("gsm8k"))
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "oops" not in out + err, err[-2000:]
+
+
 def test_a_hung_custom_reward_function_stops_main_before_workers(tmp_path):
     """End to end: one line naming the file, the function and the bound, before any worker; the probe's process is
     gone."""

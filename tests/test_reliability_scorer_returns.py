@@ -152,6 +152,8 @@ def _fails_unless_empty(solution_str, ground_truth, extra_info=None, **kw):
         return float("nan")
     if kind == "sys_exit":
         sys.exit(3)
+    if kind == "keyboard_interrupt":
+        raise KeyboardInterrupt("oops")
     if kind == "os_exit":
         os._exit(3)
     if kind == "hang":
@@ -171,7 +173,8 @@ def _mostly_non_empty(kind, n=6, empty=2):
 @pytest.mark.parametrize("kind,needle", [("raise", "6 raised (first: ValueError: boom)"),
                                          ("none", "6 raised (first: TypeError: a scorer must return a float"),
                                          ("nan", "6 NaN/inf"),
-                                         ("sys_exit", "6 raised (first: SystemExit: 3 (the scorer called sys.exit))")])
+                                         ("sys_exit", "6 raised (first: SystemExit: 3 (the scorer called sys.exit))"),
+                                         ("keyboard_interrupt", "6 raised (first: KeyboardInterrupt: oops)")])
 def test_a_scorer_failing_on_every_non_empty_response_stops_though_empty_ones_score(
         tok, num_workers, kind, needle):  # noqa: F811
     """A scorer that scores only the empty response passed the probe and trained to the end on all-zero rewards
@@ -180,8 +183,8 @@ def test_a_scorer_failing_on_every_non_empty_response_stops_though_empty_ones_sc
     from rewards.manager import RewardManager
     from rewards.failures import ScorerError
 
-    if kind == "sys_exit" and num_workers == 0:
-        pytest.skip("sys.exit in this process ends it")
+    if kind in ("sys_exit", "keyboard_interrupt") and num_workers == 0:
+        pytest.skip("sys.exit or KeyboardInterrupt in this process ends it")
     with RewardManager(tok, scorer=_fails_unless_empty, num_workers=num_workers) as rm:
         with pytest.raises(ScorerError) as err:
             rm(_mostly_non_empty(kind))
@@ -191,6 +194,21 @@ def test_a_scorer_failing_on_every_non_empty_response_stops_though_empty_ones_sc
     assert "\n" not in line and line.startswith(f"reward: the scorer _fails_unless_empty of {__file__} failed on all "
                                                 "6 non-empty responses of the batch of 8 (")
     assert needle in line and "the 2 that scored were empty" in line, line
+
+
+def test_a_scorer_raising_keyboard_interrupt_in_a_worker_is_its_error_without_tracebacks(tok, capfd):  # noqa: F811
+    """A scorer raising ``KeyboardInterrupt`` (any ``BaseException``) killed its scoring process, which printed a
+    traceback per response, and the stop line said only ``scorer worker died (exit code 1)``. It is the scorer's
+    error, named, like ``sys.exit``: no traceback, no process to start again."""
+    from rewards.failures import ScorerError
+    from rewards.manager import RewardManager
+
+    with RewardManager(tok, scorer=_fails_unless_empty, num_workers=2) as rm:
+        with pytest.raises(ScorerError, match=r"\(6 raised \(first: KeyboardInterrupt: oops\)\)"):
+            rm(_mostly_non_empty("keyboard_interrupt"))
+        assert rm._pool.num_restarts == 0
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "oops" not in out + err, err[-2000:]
 
 
 def test_a_scorer_failing_on_some_non_empty_responses_keeps_training(tok, caplog):  # noqa: F811

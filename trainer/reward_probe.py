@@ -59,8 +59,8 @@ def _probe_child(conn, fn: Callable, args: tuple, kwargs: dict, parent: int) -> 
     def probe(*a, **kw):
         try:
             return fn(*a, **kw)
-        except Exception:  # noqa: BLE001 - not judged: the scorer may refuse an empty response
-            return 0.0
+        except BaseException:  # noqa: BLE001 - not judged: the scorer may refuse an empty response (KeyboardInterrupt
+            return 0.0  # and sys.exit too, without a traceback; the scoring workers report them as its errors)
 
     try:
         conn.send(run_scorer(probe, args, kwargs))

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 from rewards.failures import (EARLY_STOP_FAILURES, WORKER_DIED, FailureWatch, Outcome, ScorerError,
                               check_not_all_failed)
 from rewards.process_tree import descendants, die_with_parent, guard_descendants, kill_tree
+from rewards.scorer_call import call_scorer
 
 __all__ = ["to_plain_result", "run_scorer", "in_process", "ScoringPool", "Outcome", "ScorerError",
            "check_not_all_failed",
@@ -92,10 +93,11 @@ def to_plain_result(res: Any) -> float | dict:
 
 
 def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
-    """Call ``fn(*args, **kwargs)`` and normalise the result; exceptions become ``("error", message, s)``."""
+    """Call ``fn(*args, **kwargs)`` (an ``async def`` scorer awaited: :func:`rewards.scorer_call.call_scorer`) and
+    normalise the result; exceptions become ``("error", message, s)``."""
     t0 = time.perf_counter()
     try:
-        return "ok", to_plain_result(fn(*args, **kwargs)), time.perf_counter() - t0
+        return "ok", to_plain_result(call_scorer(fn, args, kwargs)), time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - a scorer failure must never stop training
         return "error", f"{type(e).__name__}: {e}"[:500], time.perf_counter() - t0
 

@@ -121,7 +121,9 @@ def _empty(content: str | list) -> bool:
 
 def _reward_model_problem(rm: Any) -> str | None:
     """What makes ``reward_model`` unusable: not a mapping, or its ``ground_truth`` none or empty (``""``, ``[]``,
-    ``{}``). A ground truth of any other type (a number, a list of answers) goes to the scorer as it is."""
+    ``{}``). A ground truth of any other type (a number, a list of answers) goes to a custom scorer as it is; one
+    routed to a built-in scorer, which compares a string or a number, is refused by
+    :func:`trainer.config_checks.check_ground_truths`."""
     if rm is None:
         return "no 'reward_model' value, expected a mapping with a 'ground_truth'"
     if not isinstance(rm, dict):

@@ -17,6 +17,7 @@ from rewards.failures import FailureWatch, ScorerError
 from rewards.manager import RewardManager
 from rewards.options import PASSED_BY_MANAGER, scorer_label
 from rewards.pool import in_process, to_plain_result
+from rewards.scorer_call import call_scorer
 
 __all__ = ["BatchRewardManager", "BATCH_ARGS", "check_batch_scorer"]
 
@@ -110,7 +111,7 @@ class BatchRewardManager(RewardManager):
         held: dict = {}
 
         def call(**kw):
-            held["out"] = self.scorer(**kw)
+            held["out"] = call_scorer(self.scorer, (), kw)
             return 0.0
 
         t0 = time.perf_counter()

@@ -5,10 +5,11 @@ reads some of those keys as separate rewards. :func:`component_matrix` collects 
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
+
+from rewards.failures import finite_score
 
 __all__ = ["check_component_keys", "component_matrix"]
 
@@ -54,7 +55,7 @@ def component_matrix(dicts: Sequence[dict | None], ran: Sequence[bool],
                 v = float(d[key])
             except (TypeError, ValueError):
                 raise ValueError(f"row {i}: reward component {key!r} = {d[key]!r:.100}; expected a number") from None
-            if math.isfinite(v):
+            if finite_score(v):
                 out[i, k] = v
             else:
                 nan += 1

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 Outcome = tuple[str, Any, float]
 
 __all__ = ["ScorerError", "check_not_all_failed", "FailureWatch", "EARLY_STOP_FAILURES", "WORKER_DIED",
-           "scorer_label", "check_batch", "check_each_source"]
+           "scorer_label", "check_batch", "check_each_source", "FLOAT32_MAX", "finite_score"]
 
 
 class ScorerError(ValueError):
@@ -37,10 +37,20 @@ class ScorerError(ValueError):
 _FIX = "fix the scorer (reward_model.custom_reward_function / reward_model.scorer)"
 
 
+#: the largest finite float32: the reward tensors are float32, so a score beyond it (``1e39``) would become inf there
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def finite_score(value: float) -> bool:
+    """Whether the score ``value`` stays finite in the float32 reward tensors: not NaN, not inf, and
+    ``|value| <= FLOAT32_MAX`` (a larger Python float becomes inf there and every advantage of its group NaN)."""
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+
+
 def _usable(outcome: Outcome) -> bool:
-    """Whether a scorer outcome is a finite score (a float, or a dict's ``score``)."""
+    """Whether a scorer outcome is a score finite in float32 (a float, or a dict's ``score``): :func:`finite_score`."""
     status, payload = outcome[0], outcome[1]
-    return status == "ok" and math.isfinite(payload["score"] if isinstance(payload, dict) else payload)
+    return status == "ok" and finite_score(payload["score"] if isinstance(payload, dict) else payload)
 
 
 def check_not_all_failed(errors: int, rows: int, first_error: str | None, nan: int = 0, timeouts: int = 0,
@@ -175,11 +185,12 @@ def scorer_label(scorer: Callable | None, scorer_name: str | None, reward_fn_key
 
 
 def check_batch(watch: FailureWatch, counts: dict[str, int], first_error: str | None, rows: int, timeout_s: float,
-                label: Callable[[], str], log: logging.Logger) -> None:
+                label: Callable[[], str], log: logging.Logger, first_nan: float | None = None) -> None:
     """After a batch of ``rows`` responses is scored: stop the run when the scorer failed on all of them
     (:func:`check_not_all_failed`) or on every non-empty one (:meth:`FailureWatch.check`), naming it by ``label()``
     unless a non-empty response scored; else warn on ``log`` of the rows that scored 0 (``counts``: ``errors``,
-    ``nan``, ``timeouts``; ``first_error`` the first raised).
+    ``nan``, ``timeouts``; ``first_error`` the first raised; ``first_nan`` the first score not finite in float32,
+    named with the scorer).
 
     Raises:
         ScorerError: as those two checks.
@@ -188,7 +199,9 @@ def check_batch(watch: FailureWatch, counts: dict[str, int], first_error: str | 
     check_not_all_failed(counts["errors"], rows, first_error, counts["nan"], counts["timeouts"], name)
     watch.check(rows, timeout_s, name)
     if counts["nan"]:
-        log.warning("reward: %d NaN/inf score(s) in a batch of %d scored 0", counts["nan"], rows)
+        log.warning("reward: %d NaN/inf score(s) in a batch of %d scored 0 (first: %r from %s; a score beyond "
+                    "float32's range, |score| > %.4g, counts as inf)", counts["nan"], rows, first_nan, label(),
+                    FLOAT32_MAX)
     if first_error is not None:
         log.warning("reward: %d scorer error(s) in a batch of %d; first: %s", counts["errors"], rows, first_error)
     if counts["timeouts"]:

@@ -19,10 +19,11 @@ with ``overlong_buffer_len = B > 0`` and ``max_response_length = L``, a response
 ``min(0, -(n - (L - B)) / B) * overlong_penalty_factor`` added to its score: 0 up to ``L - B`` tokens, falling
 linearly to ``-overlong_penalty_factor`` at ``L``. Strict accuracy (a scorer's ``acc``) is not changed.
 
-Robustness: a scorer that raises, returns NaN/inf or a value of the wrong type, or runs past ``timeout_s`` gives
-0.0 for that row and is counted in ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``; one that fails
-on every response of a batch stops the run (:func:`rewards.failures.check_not_all_failed`), and so does one that fails
-on every non-empty response while the empty ones score (:class:`rewards.failures.FailureWatch`, which also ends the
+Robustness: a scorer that raises, returns NaN/inf (or a number beyond float32's range, inf in the reward tensor) or a
+value of the wrong type, or runs past ``timeout_s`` gives 0.0 for that row and is counted in ``reward/num_errors``,
+``reward/num_nan``, ``reward/num_timeouts``; one that fails on every response of a batch stops the run
+(:func:`rewards.failures.check_not_all_failed`), and so does one that fails on every non-empty response while the
+empty ones score (:class:`rewards.failures.FailureWatch`, which also ends the
 scoring of a batch early once 16 non-empty responses timed out or killed their process and none scored). With
 ``num_workers >= 1`` the scorers run in a pool of forked processes (:class:`rewards.pool.ScoringPool`) that kills a
 hung one; with ``num_workers=0`` in this process under a ``SIGALRM`` timer (main thread only; it cannot interrupt C
@@ -41,7 +42,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewards.components import check_component_keys, component_matrix
-from rewards.failures import FailureWatch, check_batch, check_each_source, scorer_label
+from rewards.failures import FailureWatch, check_batch, check_each_source, finite_score, scorer_label
 from rewards.options import check_scorer_options, takes_extra_info
 from rewards.overlong import overlong_penalty, penalise_overlong  # noqa: F401  (re-exported)
 from rewards.pool import Outcome, ScoringPool, in_process as _in_process  # noqa: F401  (re-exported)
@@ -273,7 +274,7 @@ class RewardManager:
         dicts: list[dict | None] = []
         ran: list[bool] = []  # the scorer returned (no error, no timeout)
         counts = {"errors": 0, "nan": 0, "timeouts": 0, "dicts": 0}
-        first_error = None
+        first_error = first_nan = None
         for status, payload, _ in outcomes:
             d = None
             score = 0.0
@@ -289,13 +290,14 @@ class RewardManager:
                     score = payload["score"]
                 else:
                     score = payload
-                if not math.isfinite(score):
+                if not finite_score(score):  # NaN, inf, or inf once cast to the float32 reward tensor
                     counts["nan"] += 1
+                    first_nan = score if first_nan is None else first_nan
                     score = 0.0
             scores.append(float(score))
             dicts.append(d)
             ran.append(status not in ("timeout", "error"))
-        check_batch(watch, counts, first_error, len(outcomes), self.timeout_s, label, logger)  # stop, or warn
+        check_batch(watch, counts, first_error, len(outcomes), self.timeout_s, label, logger, first_nan)  # or warn
         if self.routes_by_key:  # one data source the scorer fails on, among others it scores
             check_each_source(data[self.reward_fn_key], [r.get("ground_truth") for r in data["reward_model"]],
                               outcomes, watch.blank, self.reward_fn_key, self.timeout_s)

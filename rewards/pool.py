@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 from rewards.failures import (EARLY_STOP_FAILURES, WORKER_DIED, FailureWatch, Outcome, ScorerError,
                               check_not_all_failed)
 from rewards.process_tree import descendants, die_with_parent, guard_descendants, kill_tree
+from rewards.scorer_call import call_scorer
 
 __all__ = ["to_plain_result", "run_scorer", "in_process", "ScoringPool", "Outcome", "ScorerError",
            "check_not_all_failed",
@@ -64,12 +65,15 @@ def _plain_value(v: Any) -> Any:
 def to_plain_result(res: Any) -> float | dict:
     """Normalise a scorer's return value: a float, or a dict of plain values whose ``"score"`` is a float.
 
-    Accepts numbers (bool, int, float, numpy/torch scalars), dicts with a ``"score"`` key, and tuples/lists
-    (the first element is the score, as verl's PRIME manager does). Non-finite scores are returned as they
-    are (the manager counts and zeroes them).
+    Accepts numbers (bool, int, float, numpy/torch scalars), dicts with a ``"score"`` key, and a tuple/list of one
+    number. A sequence of several values is refused: verl's naive manager writes the returned value into one
+    element of the reward tensor, which fails for several values, and taking one of them (a ``(format, accuracy)``
+    pair) would train on the wrong one. Non-finite scores are returned as they are (the manager counts and zeroes
+    them).
 
     Raises:
-        TypeError: for a dict without ``"score"`` or any other type.
+        TypeError: for a dict without ``"score"``, a tuple/list that does not hold exactly one value, or any other
+            type.
         ValueError: when the score is not convertible to float.
     """
     if isinstance(res, dict):
@@ -78,7 +82,10 @@ def to_plain_result(res: Any) -> float | dict:
         out = {str(k): _plain_value(v) for k, v in res.items()}
         out["score"] = float(res["score"])
         return out
-    if isinstance(res, (tuple, list)) and res:
+    if isinstance(res, (tuple, list)):
+        if len(res) != 1:
+            raise TypeError(f"a scorer must return one score (a float or a dict with 'score'), got a "
+                            f"{type(res).__name__} of {len(res)} values: {res!r:.100}")
         return float(res[0])
     if isinstance(res, (str, bytes)) or res is None:
         raise TypeError(f"a scorer must return a float or a dict with 'score', got {type(res).__name__}")
@@ -86,10 +93,11 @@ def to_plain_result(res: Any) -> float | dict:
 
 
 def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
-    """Call ``fn(*args, **kwargs)`` and normalise the result; exceptions become ``("error", message, s)``."""
+    """Call ``fn(*args, **kwargs)`` (an ``async def`` scorer awaited: :func:`rewards.scorer_call.call_scorer`) and
+    normalise the result; exceptions become ``("error", message, s)``."""
     t0 = time.perf_counter()
     try:
-        return "ok", to_plain_result(fn(*args, **kwargs)), time.perf_counter() - t0
+        return "ok", to_plain_result(call_scorer(fn, args, kwargs)), time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - a scorer failure must never stop training
         return "error", f"{type(e).__name__}: {e}"[:500], time.perf_counter() - t0
 
@@ -156,6 +164,8 @@ def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, c
                 out = (idx, run_scorer(fn, args, kwargs))
             except SystemExit as e:  # sys.exit in a scorer: its error, not a worker to replace
                 out = (idx, ("error", f"SystemExit: {e.code!r} (the scorer called sys.exit)"[:500], 0.0))
+            except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt (SIGINT is ignored here: the scorer's own
+                out = (idx, ("error", f"{type(e).__name__}: {e}"[:500], 0.0))  # raise), GeneratorExit: its error
         try:
             conn.send(out)
         except Exception as e:  # an unpicklable dict value, say

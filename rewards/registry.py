@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import numbers
 import os
 import sys
 from typing import Any, Callable, Literal
@@ -36,7 +37,7 @@ from rewards import math as math_reward
 from rewards.gsm8k import TOOL_RESPONSE_END
 
 __all__ = ["Scorer", "register_scorer", "get_scorer", "list_scorers", "registry_version", "load_custom_scorer",
-           "ImportEndedError", "wants_data_source", "DEFAULT_DATA_SOURCES"]
+           "ImportEndedError", "wants_data_source", "DEFAULT_DATA_SOURCES", "ground_truth_problem"]
 
 Scorer = Callable[..., Any]  # score(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict
 
@@ -114,8 +115,28 @@ def _aliases(scorer_name: str) -> tuple[str, ...]:
 
 _Method = Literal["strict", "flexible"]
 
+#: the built-in scorers: each compares the response's answer with ONE reference answer, a string or a number
+_ONE_ANSWER: set = set()
+
+
+def _one_answer(fn: Scorer) -> Scorer:
+    _ONE_ANSWER.add(fn)
+    return fn
+
+
+def ground_truth_problem(fn: Scorer, truth: Any) -> str | None:
+    """Why the scorer ``fn`` cannot compare the ground truth ``truth``, or None. The built-in scorers compare one
+    reference answer, a string or a number (verl's ``gsm8k`` compares with ``==`` and scores a list 0, its MATH
+    scorers compare its text ``"['6']"``): a list, a dict or another value would score 0 on every response. A
+    custom scorer gets the value as it is (None here)."""
+    if fn not in _ONE_ANSWER or isinstance(truth, (str, numbers.Real)):
+        return None
+    return (f"the built-in scorer {getattr(fn, '__name__', fn)} compares the answer with one reference answer, a "
+            f"string or a number, so every response would score 0")
+
 
 @register_scorer("gsm8k", "gsm8k_strict", *_aliases("gsm8k"))
+@_one_answer
 def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None, method: _Method = "strict",
                 format_score: float = 0.0, score: float = 1.0,
                 answer_after: str | None = TOOL_RESPONSE_END) -> float:
@@ -126,6 +147,7 @@ def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: dict | None = 
 
 
 @register_scorer("gsm8k_flexible", *_aliases("gsm8k_flexible"))
+@_one_answer
 def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                    method: _Method = "flexible", format_score: float = 0.0, score: float = 1.0,
                    answer_after: str | None = TOOL_RESPONSE_END) -> float:
@@ -136,6 +158,7 @@ def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None
 
 
 @register_scorer("math", *_aliases("math"))
+@_one_answer
 def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                timeout_seconds: float | None = math_reward.TIMEOUT_SECONDS) -> float:
     """MATH: the last ``\\boxed{}`` answer, math-verify equivalence with an exact numeric cross-check, within
@@ -144,6 +167,7 @@ def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = N
 
 
 @register_scorer("format_gsm8k")
+@_one_answer
 def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
                  format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END) -> dict:
     """Shaped GSM8K reward, dict with score/acc/format, read after the last ``answer_after``
@@ -153,6 +177,7 @@ def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None =
 
 
 @register_scorer("format_boxed")
+@_one_answer
 def format_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
                  format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END) -> dict:
     """Shaped boxed-answer reward, dict with score/acc/format, read after the last ``answer_after``
@@ -244,4 +269,4 @@ def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> 
     return fn
 
 
-register_scorer("arith_tool", arith_tool.TASK_NAME)(arith_tool.compute_score)
+register_scorer("arith_tool", arith_tool.TASK_NAME)(_one_answer(arith_tool.compute_score))

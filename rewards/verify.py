@@ -6,7 +6,7 @@ through :meth:`rewards.manager.RewardManager.verify`.
 """
 from __future__ import annotations
 
-import math
+from rewards.failures import finite_score
 
 __all__ = ["as_accuracy", "accuracy_from_reward"]
 
@@ -17,7 +17,7 @@ def as_accuracy(value) -> float:
         a = float(value)
     except (TypeError, ValueError):
         return 0.0
-    return a if math.isfinite(a) else 0.0
+    return a if finite_score(a) else 0.0
 
 
 def accuracy_from_reward(reward_extra_info: dict, batch_size: int) -> list[float]:

@@ -216,3 +216,39 @@ def test_reading_local_files_does_not_reach_the_network(tmp_path, tok, monkeypat
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     ds = PromptDataset(_jsonl(tmp_path / "d.jsonl", [_row()]), tok, max_prompt_length=16)
     assert len(ds) == 1 and asked == [] and datasets.config.HF_UPDATE_DOWNLOAD_COUNTS is True
+
+
+def test_content_given_as_text_parts_is_the_same_prompt_as_its_text(tmp_path, tok):  # noqa: F811
+    """A chat message whose content is a list of text parts (``[{"type": "text", "text": ...}]``) was rendered by a
+    text-only template as the list's Python text (``"last of 6 ?"`` became 8 tokens of ``<unk>`` and brackets): its
+    text parts are joined into one string, as templates that take parts render them; a part that is not text in a
+    row without images is refused, naming the row, the message and the part."""
+    parts = {**_row(), "prompt": [{"role": "user", "content": [{"type": "text", "text": "last of "},
+                                                               {"type": "text", "text": "1 ?"}]}]}
+    ds = PromptDataset(_jsonl(tmp_path / "d.jsonl", [_row(), parts]), tok, max_prompt_length=16)
+    assert ds.rows[1]["input_ids"] == ds.rows[0]["input_ids"]
+    assert ds.rows[1]["prompt"] == parts["prompt"]  # the row itself is kept as it was
+    image = {**_row(), "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "1"}]}]}
+    path = _jsonl(tmp_path / "image.jsonl", [_row(), image])
+    message = _error(path, tok)
+    assert message.startswith(f"row 1 of {path} (counted from 0): chat message 0 of its 'prompt' has the content "
+                              "part {'type': 'image'}, not a text part"), message
+
+
+def test_plain_string_prompts_are_warned_once_when_the_tokenizer_has_a_chat_template(tmp_path, tok,  # noqa: F811
+                                                                                      caplog):
+    """A plain-string prompt is tokenised without the chat template (as documented), which the model then never
+    sees in training: one warning per data set, with the count; none for chat messages or a tokenizer without one."""
+    from types import SimpleNamespace
+
+    from trainer.data_rows import plain_prompt_note
+
+    rows = [{**_row(), "prompt": "last of 1 ?"}, _row(), {**_row(), "prompt": "last of 2 ?"}]
+    with caplog.at_level("WARNING", logger="trainer.dataset"):
+        PromptDataset(_jsonl(tmp_path / "d.jsonl", rows), tok, max_prompt_length=16)
+        PromptDataset(_jsonl(tmp_path / "chat.jsonl", [_row(), _row()]), tok, max_prompt_length=16)
+    lines = [r.getMessage() for r in caplog.records if "plain strings" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("data: 2 of 3 prompts ('prompt') are plain strings, tokenised "
+                                                   "without the tokenizer's chat template"), lines
+    assert "d.jsonl" in lines[0]
+    assert plain_prompt_note(rows, "prompt", SimpleNamespace(chat_template=None)) is None

@@ -139,3 +139,32 @@ def test_a_name_without_a_scorer_is_named_with_the_first_row_that_has_it(tmp_pat
     assert msg.startswith(f"data.reward_fn_key='data_source': row 1 of {path} (counted from 0) has "
                           "data_source='gsm9k': no reward scorer registered for 'gsm9k'; registered: "), msg
     assert "\n" not in msg and "reward_model.scorer=<name>" in msg, msg
+
+
+@pytest.mark.parametrize("truth", [["6"], {"target": ["6"]}])
+def test_a_ground_truth_a_built_in_scorer_cannot_compare_is_named_with_its_row_and_scorer(tmp_path, tok, truth):
+    """A list ground truth (``["6"]``) routed to a built-in scorer scored 0 on every response, silently (verl's gsm8k
+    compares with ``==``, its MATH scorers the text ``"['6']"``): refused before start-up in one line naming the file,
+    the row, the value and the scorer; strings and numbers pass, and a custom function is given any value."""
+    from rewards.registry import load_custom_scorer
+
+    path = _write(tmp_path / "train.jsonl", [_row(gt="6", data_source="gsm8k"), _row(gt=6, data_source="math"),
+                                             _row(gt=truth, data_source="synthetic/digits"),
+                                             _row(gt=truth, data_source="gsm8k")])
+    ds = PromptDataset(path, tok, max_prompt_length=32)
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(_make(), "data_source", [ds])
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(
+        f"row 2 of {path} (counted from 0) has reward_model.ground_truth={truth!r} (a {type(truth).__name__}) and is "
+        "scored by data_source='synthetic/digits': the built-in scorer gsm8k_flexible compares the answer with one "
+        "reference answer, a string or a number, so every response would score 0; 1 more row(s) too; "), msg
+    with pytest.raises(ConfigError, match=r"row 2 of .* scored by reward_model.scorer=math: the built-in scorer "
+                                          "math_boxed compares"):
+        check_reward_scorers(_make(scorer="math"), "data_source", [ds])
+    fn_path = tmp_path / "rw.py"
+    fn_path.write_text("def compute_score(solution_str, ground_truth, extra_info=None):\n"
+                       "    return float(solution_str.strip() in ground_truth)\n")
+    check_reward_scorers(_make(scorer=load_custom_scorer(str(fn_path))), "data_source", [ds])
+    ok = _write(tmp_path / "ok.jsonl", [_row(gt="6", data_source="gsm8k"), _row(gt=6.0, data_source="math")])
+    check_reward_scorers(_make(), "data_source", [PromptDataset(ok, tok, max_prompt_length=32)])

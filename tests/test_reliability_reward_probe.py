@@ -108,6 +108,34 @@ def test_slow_raising_and_dying_scorers_pass_the_probe(tmp_path):
                              _datasets("gsm8k"))
 
 
+def test_a_scorer_raising_keyboard_interrupt_on_the_empty_response_passes_the_probe_quietly(tmp_path, capfd):
+    """``KeyboardInterrupt`` (a ``BaseException``) on the empty response is not judged, like an exception, and its
+    probe process prints no traceback (it printed ``Process reward-probe: Traceback ...``)."""
+    from rewards.manager import RewardManager
+
+    _, fn = _load(tmp_path, "raise KeyboardInterrupt('oops')\n", name="kbint.py")
+    check_reward_scorers(lambda: RewardManager(CharTokenizer(), scorer=fn, num_workers=0), "data_source",
+                         _datasets("gsm8k"))
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "oops" not in out + err, err[-2000:]
+
+
+def test_an_async_scorer_passes_the_probe_and_one_raising_on_the_empty_response_is_not_judged(tmp_path, capfd):
+    """An ``async def compute_score`` was refused by the probe (``float() argument must be ... not 'coroutine'``)
+    with a ``RuntimeWarning: coroutine ... was never awaited``; its coroutine is awaited now, and what it raises when
+    awaited is not judged, as for a plain function."""
+    from rewards.manager import RewardManager
+    from rewards.registry import load_custom_scorer
+
+    for name, body in {"async_ok": "return 1.0\n", "async_raises": "raise ValueError('no answer')\n"}.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text("async " + SIG + textwrap.indent(body, "    "))
+        fn = load_custom_scorer(str(path))
+        check_reward_scorers(lambda: RewardManager(CharTokenizer(), scorer=fn, num_workers=0), "data_source",
+                             _datasets("gsm8k"))
+    assert "never awaited" not in "".join(capfd.readouterr())
+
+
 def test_a_hung_custom_reward_function_stops_main_before_workers(tmp_path):
     """End to end: one line naming the file, the function and the bound, before any worker; the probe's process is
     gone."""

@@ -12,7 +12,9 @@ SIG = "def compute_score(data_source, solution_str, ground_truth, extra_info=Non
 BAD = {"none": (SIG + "    return None\n", "got NoneType"),
        "string": (SIG + "    return 'good'\n", "got str"),
        "dict_without_score": (SIG + "    return {'acc': 1.0}\n", "must include 'score'"),
-       "list_of_strings": (SIG + "    return ['1.0x']\n", "could not convert")}
+       "list_of_strings": (SIG + "    return ['1.0x']\n", "could not convert"),
+       "list_of_two_scores": (SIG + "    return [0.0, float(solution_str == ground_truth)]\n",
+                              "got a list of 2 values: [0.0, 0.0]")}
 GOOD = {"float": SIG + "    return 1.0\n",
         "int": SIG + "    return 0\n",
         "dict": SIG + "    return {'score': 1.0, 'acc': True}\n",
@@ -27,6 +29,19 @@ def test_a_scorer_returning_an_unusable_value_stops_before_start_up(tmp_path, na
     path.write_text(source)
     proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", forked=True)
     assert_one_line_error(proc, "compute_score", str(path), needle)
+
+
+def test_a_scorer_returning_several_values_is_refused_and_one_value_in_a_sequence_is_its_score():
+    """A list or tuple of several values was scored by its first element (a ``[format, accuracy]`` pair trained on
+    the format score, silently); verl's naive manager fails on it. One value in a sequence is that score."""
+    from rewards.pool import run_scorer, to_plain_result
+
+    assert to_plain_result([0.5]) == 0.5 and to_plain_result((1,)) == 1.0
+    for value, kind in (([0.0, 1.0], "list of 2"), ((1.0, 0.0, 1.0), "tuple of 3"), ([], "list of 0")):
+        with pytest.raises(TypeError, match=f"must return one score .*got a {kind} values"):
+            to_plain_result(value)
+    status, message, _ = run_scorer(lambda s, g: [0.0, 1.0], ("x", "y"), {})
+    assert status == "error" and message.startswith("TypeError: a scorer must return one score"), message
 
 
 @pytest.mark.parametrize("name", sorted(GOOD))
@@ -95,6 +110,33 @@ def test_the_manager_stops_on_an_all_nan_batch_and_warns_on_some(tok, caplog):  
     assert "1 NaN/inf score(s) in a batch of 2 scored 0" in caplog.text
 
 
+def test_a_score_beyond_float32_range_counts_as_nan_and_is_named(tok, caplog):  # noqa: F811
+    """A score finite as a Python float but beyond float32's range (1e39) became inf in the reward tensor: NaN
+    advantages, skipped optimizer steps, and ``reward/num_nan=0``. It is counted, zeroed and warned like NaN, the
+    warning naming the value and the scorer; a batch of nothing else stops the run."""
+    import torch
+
+    from rewards.failures import FLOAT32_MAX, ScorerError, finite_score
+    from rewards.manager import RewardManager
+
+    assert finite_score(FLOAT32_MAX) and finite_score(-3.4e38) and not finite_score(1e39)
+    assert torch.isfinite(torch.tensor([FLOAT32_MAX], dtype=torch.float32)).all()
+
+    def huge_when_7(s, g, extra_info=None):
+        return {"score": 1e39, "acc": 1e39} if s.strip() == "7" else 1.0
+
+    data = make_batch(["42", "7"], response_len=4)
+    with RewardManager(tok, scorer=huge_when_7, num_workers=0) as rm, caplog.at_level("WARNING"):
+        out = rm(data)
+        assert rm.verify(data) == [1.0, 0.0]
+    assert out.metrics["reward/num_nan"] == 1.0 and out.reward_extra_info["score"] == [1.0, 0.0]
+    assert torch.isfinite(out.token_level_scores).all()
+    assert "1 NaN/inf score(s) in a batch of 2 scored 0 (first: 1e+39 from the scorer huge_when_7 of" in caplog.text
+    with RewardManager(tok, scorer=lambda s, g, extra_info=None: -1e39, num_workers=0) as rm:
+        with pytest.raises(ScorerError, match="no finite score"):
+            rm(data)
+
+
 def _fails_unless_empty(solution_str, ground_truth, extra_info=None, **kw):
     """Scores the empty response (as the start-up probe sees it) and fails on every other one, by ``extra_info``."""
     import os
@@ -110,6 +152,8 @@ def _fails_unless_empty(solution_str, ground_truth, extra_info=None, **kw):
         return float("nan")
     if kind == "sys_exit":
         sys.exit(3)
+    if kind == "keyboard_interrupt":
+        raise KeyboardInterrupt("oops")
     if kind == "os_exit":
         os._exit(3)
     if kind == "hang":
@@ -129,7 +173,8 @@ def _mostly_non_empty(kind, n=6, empty=2):
 @pytest.mark.parametrize("kind,needle", [("raise", "6 raised (first: ValueError: boom)"),
                                          ("none", "6 raised (first: TypeError: a scorer must return a float"),
                                          ("nan", "6 NaN/inf"),
-                                         ("sys_exit", "6 raised (first: SystemExit: 3 (the scorer called sys.exit))")])
+                                         ("sys_exit", "6 raised (first: SystemExit: 3 (the scorer called sys.exit))"),
+                                         ("keyboard_interrupt", "6 raised (first: KeyboardInterrupt: oops)")])
 def test_a_scorer_failing_on_every_non_empty_response_stops_though_empty_ones_score(
         tok, num_workers, kind, needle):  # noqa: F811
     """A scorer that scores only the empty response passed the probe and trained to the end on all-zero rewards
@@ -138,8 +183,8 @@ def test_a_scorer_failing_on_every_non_empty_response_stops_though_empty_ones_sc
     from rewards.manager import RewardManager
     from rewards.failures import ScorerError
 
-    if kind == "sys_exit" and num_workers == 0:
-        pytest.skip("sys.exit in this process ends it")
+    if kind in ("sys_exit", "keyboard_interrupt") and num_workers == 0:
+        pytest.skip("sys.exit or KeyboardInterrupt in this process ends it")
     with RewardManager(tok, scorer=_fails_unless_empty, num_workers=num_workers) as rm:
         with pytest.raises(ScorerError) as err:
             rm(_mostly_non_empty(kind))
@@ -149,6 +194,21 @@ def test_a_scorer_failing_on_every_non_empty_response_stops_though_empty_ones_sc
     assert "\n" not in line and line.startswith(f"reward: the scorer _fails_unless_empty of {__file__} failed on all "
                                                 "6 non-empty responses of the batch of 8 (")
     assert needle in line and "the 2 that scored were empty" in line, line
+
+
+def test_a_scorer_raising_keyboard_interrupt_in_a_worker_is_its_error_without_tracebacks(tok, capfd):  # noqa: F811
+    """A scorer raising ``KeyboardInterrupt`` (any ``BaseException``) killed its scoring process, which printed a
+    traceback per response, and the stop line said only ``scorer worker died (exit code 1)``. It is the scorer's
+    error, named, like ``sys.exit``: no traceback, no process to start again."""
+    from rewards.failures import ScorerError
+    from rewards.manager import RewardManager
+
+    with RewardManager(tok, scorer=_fails_unless_empty, num_workers=2) as rm:
+        with pytest.raises(ScorerError, match=r"\(6 raised \(first: KeyboardInterrupt: oops\)\)"):
+            rm(_mostly_non_empty("keyboard_interrupt"))
+        assert rm._pool.num_restarts == 0
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "oops" not in out + err, err[-2000:]
 
 
 def test_a_scorer_failing_on_some_non_empty_responses_keeps_training(tok, caplog):  # noqa: F811

@@ -2,7 +2,8 @@
 (verl's naive manager: ``data_source=, solution_str=, ground_truth=, extra_info=``; it was refused, "cannot be
 called as fn(solution_str, ground_truth, ...)"), and ``reward_model.reward_manager=batch`` calls a batch function
 once per batch (``data_sources=, solution_strs=, ground_truths=, extra_infos=``; it was called one row at a time,
-"missing a required argument: 'ground_truths'")."""
+"missing a required argument: 'ground_truths'"); an ``async def compute_score`` is awaited, as verl's reward loop
+awaits it."""
 import os
 
 import pytest
@@ -51,6 +52,56 @@ def test_d15_a_kwargs_only_compute_score_gets_verls_keywords(tok, num_workers): 
     assert out.metrics["reward/num_errors"] == 0.0
 
 
+async def async_compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    import asyncio
+
+    await asyncio.sleep(0)
+    if solution_str.strip() == "boom":
+        raise ValueError("async boom")
+    return float(solution_str.strip() == ground_truth)
+
+
+async def async_batch_fn(data_sources, solution_strs, ground_truths, extra_infos=None):
+    return [float(s.strip() == g) for s, g in zip(solution_strs, ground_truths)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_async_compute_score_is_awaited_as_verls_reward_loop_does(tok, num_workers, capfd):  # noqa: F811
+    """An ``async def compute_score`` returned a coroutine: refused with ``float() argument must be ... not
+    'coroutine'`` and a ``RuntimeWarning: coroutine ... was never awaited`` with its source line. verl's reward loop
+    awaits it; so does every scorer call here (the scoring processes, this process, the start-up probe), and what
+    it raises is that row's error."""
+    import gc
+    import warnings
+
+    data = make_batch(["42", "7", "boom"], non_tensors={"data_source": ["a", "b", "c"]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with RewardManager(tok, scorer=async_compute_score, num_workers=num_workers) as rm:
+            out = rm(data)
+        gc.collect()
+    assert out.reward_extra_info["score"] == [1.0, 0.0, 0.0]
+    assert out.metrics["reward/num_errors"] == 1.0
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
+    assert "never awaited" not in "".join(capfd.readouterr())
+
+
+def test_an_async_scorer_is_awaited_where_an_event_loop_runs_and_by_the_batch_manager(tok):  # noqa: F811
+    import asyncio
+
+    from rewards.scorer_call import call_scorer
+
+    async def inside_a_loop():
+        return call_scorer(async_compute_score, (), {"data_source": "a", "solution_str": "42", "ground_truth": "42"})
+
+    assert asyncio.run(inside_a_loop()) == 1.0
+    with pytest.raises(ValueError, match="async boom"):
+        call_scorer(async_compute_score, ("a", "boom", "42"), {})
+    out = BatchRewardManager(tok, scorer=async_batch_fn, num_workers=0)(
+        make_batch(["42", "7"], non_tensors={"data_source": ["a", "b"]}))
+    assert out.reward_extra_info["score"] == [1.0, 0.0] and out.metrics["reward/num_errors"] == 0.0
+
+
 def test_d16_the_batch_manager_calls_the_function_once_per_batch(tok):  # noqa: F811
     data = make_batch(["42", "7", "42"], non_tensors={"data_source": ["a", "b", "c"]})
     CALLS.clear()
@@ -80,7 +131,9 @@ def _write(path, text):
     ("naive", "def compute_score(**kwargs):\n    return float(kwargs['solution_str'].strip() == "
               "str(kwargs['ground_truth']))\n"),
     ("batch", "def compute_score(data_sources, solution_strs, ground_truths, extra_infos=None):\n"
-              "    return [1.0 for _ in solution_strs]\n")])
+              "    return [1.0 for _ in solution_strs]\n"),
+    ("naive", "async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+              "    return float(solution_str.strip() == str(ground_truth))\n")])
 def test_d15_d16_verl_reward_files_pass_the_start_up_checks(tmp_path, manager, source):
     """The driver's reward managers from a config (the start-up probe calls each function on an empty response)."""
     from hydra import compose, initialize_config_dir

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 __all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "as_int", "run_checks", "check_model_files",
-           "check_rollout_correction", "reward_options", "check_reward_scorers"]
+           "check_rollout_correction", "reward_options", "check_reward_scorers", "check_ground_truths"]
 
 
 class ConfigError(ValueError):
@@ -140,7 +140,8 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
         ConfigError: a row without a scorer name in ``reward_fn_key`` (naming the file and the row, or the file that
             lacks the column: :func:`trainer.data_rows.check_reward_key`), a name without a scorer (naming the first row
             that has it), an option a scorer does not take (naming the option and the scorer), or reward components
-            (``algorithm.gdpo_reward_keys``) that a scorer does not return (:func:`check_reward_components`).
+            (``algorithm.gdpo_reward_keys``) that a scorer does not return (:func:`check_reward_components`), or a
+            ground truth a built-in scorer cannot compare (a list, a mapping: :func:`check_ground_truths`).
     """
     from trainer.data_rows import DataError, check_reward_key, row_origins, row_place
 
@@ -164,6 +165,7 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
                 raise
             raise DataError(f"data.reward_fn_key={reward_fn_key!r}: {row_place(*places[name])} has "
                             f"{reward_fn_key}={name!r}: {exc.args[0] if exc.args else exc}") from exc
+        check_ground_truths(manager, reward_fn_key, datasets)
         from trainer.reward_probe import check_scorer_returns
 
         check_scorer_returns(manager, reward_fn_key, datasets)
@@ -176,6 +178,36 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"reward_model: {exc}") from exc
     return manager
+
+
+def check_ground_truths(manager, reward_fn_key: str, datasets: Sequence) -> None:
+    """Every row of ``datasets`` routed to a built-in scorer (by its ``reward_fn_key`` value, or the manager's fixed
+    ``reward_model.scorer``) has a ground truth that scorer can compare: one answer, a string or a number
+    (:func:`rewards.registry.ground_truth_problem`); a custom reward function is given any value.
+
+    Raises:
+        DataError: one line naming the first such row (file, index), its ground truth, the scorer and the ways out.
+    """
+    from rewards.registry import get_scorer, ground_truth_problem
+    from trainer.data_rows import DataError, row_origins, row_place
+
+    bad = []
+    for ds in datasets:
+        for row, origin in zip(ds.rows, row_origins(ds)) if ds is not None else ():
+            fn = manager.scorer if manager.scorer is not None else get_scorer(row.get(reward_fn_key))
+            truth = (row.get("reward_model") or {}).get("ground_truth")
+            why = ground_truth_problem(fn, truth)
+            if why is not None:
+                bad.append((origin, row, truth, why))
+    if not bad:
+        return
+    origin, row, truth, why = bad[0]
+    routed = (f"reward_model.scorer={manager.scorer_name}" if manager.scorer is not None else
+              f"{reward_fn_key}={row.get(reward_fn_key)!r}")
+    more = f"; {len(bad) - 1} more row(s) too" if len(bad) > 1 else ""
+    raise DataError(f"{row_place(*origin)} has reward_model.ground_truth={truth!r:.80} (a {type(truth).__name__}) "
+                    f"and is scored by {routed}: {why}{more}; give each row one answer, or score it with a "
+                    "reward_model.custom_reward_function that reads this ground truth")
 
 
 def check_reward_components(manager, reward_fn_key: str, datasets: Sequence) -> None:

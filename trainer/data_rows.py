@@ -11,7 +11,7 @@ the place in front).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 
 class DataError(ValueError):
@@ -98,6 +98,44 @@ def _prompt_problem(prompt: Any, key: str) -> str | None:
     return None
 
 
+def text_messages(messages: Any, key: str) -> list[dict]:
+    """``messages`` as a text-only chat template takes them: a ``content`` given as a list of parts (OpenAI's
+    ``[{"type": "text", "text": ...}]``) becomes the concatenation of its text parts, as templates that take parts
+    render them (a template that takes strings only rendered the list as its Python text, ``[{'type': ...}]``);
+    string contents are kept. Does not change ``messages``.
+
+    Raises:
+        DataError: a part that is not a text part (an image part in a row without images, a mapping without a
+            string ``text``), naming the message and the part (not the row: the dataset puts it in front).
+    """
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m.get("content"), str):
+            out.append(m)
+            continue
+        for part in m["content"]:
+            if not (isinstance(part, dict) and part.get("type", "text") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise DataError(f"chat message {i} of its {key!r} has the content part {part!r:.80}, not a text part "
+                                "({'type': 'text', 'text': ...}); a prompt without images is rendered as text: keep "
+                                "only text parts, or give the row its images (data.image_key) for a model with a "
+                                "processor")
+        out.append({**m, "content": "".join(part["text"] for part in m["content"])})
+    return out
+
+
+def plain_prompt_note(rows: Sequence[dict], key: str, tokenizer: Any) -> str | None:
+    """A warning when some of ``rows`` hold a plain-string prompt in ``key`` while ``tokenizer`` has a chat template:
+    such prompts are tokenised as they are, without the template (chat messages are rendered with it); None
+    otherwise."""
+    plain = sum(isinstance(r.get(key), str) for r in rows)
+    if not plain or not getattr(tokenizer, "chat_template", None):
+        return None
+    return (f"data: {plain} of {len(rows)} prompts ({key!r}) are plain strings, tokenised without the tokenizer's "
+            "chat template (it has one); store them as chat messages ([{\"role\": \"user\", \"content\": ...}]) "
+            "to have them rendered with it")
+
+
 def json_messages_text(prompt: Any) -> bool:
     """True when ``prompt`` is a string holding the JSON text of chat messages (a list of mappings with ``role`` and
     ``content``): a list saved as a string, which would be trained on as literal text without the chat template."""
@@ -121,7 +159,9 @@ def _empty(content: str | list) -> bool:
 
 def _reward_model_problem(rm: Any) -> str | None:
     """What makes ``reward_model`` unusable: not a mapping, or its ``ground_truth`` none or empty (``""``, ``[]``,
-    ``{}``). A ground truth of any other type (a number, a list of answers) goes to the scorer as it is."""
+    ``{}``). A ground truth of any other type (a number, a list of answers) goes to a custom scorer as it is; one
+    routed to a built-in scorer, which compares a string or a number, is refused by
+    :func:`trainer.config_checks.check_ground_truths`."""
     if rm is None:
         return "no 'reward_model' value, expected a mapping with a 'ground_truth'"
     if not isinstance(rm, dict):

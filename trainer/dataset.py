@@ -22,8 +22,8 @@ import jinja2
 import numpy as np
 import torch
 
-from trainer.data_rows import (DataError, json_messages_text, jsonl_problem, row_images, row_place, row_problem,
-                               row_tools)
+from trainer.data_rows import (DataError, json_messages_text, jsonl_problem, plain_prompt_note, row_images, row_place,
+                               row_problem, row_tools, text_messages)
 from trainer.multimodal import image_prompt_inputs
 from trainer.protocol import DataProto
 
@@ -205,6 +205,9 @@ class PromptDataset:
         if self.num_filtered:
             logger.warning("filtered %d prompts longer than %d tokens from %s", self.num_filtered,
                            self.max_prompt_length, list(self.files))
+        note = None if self.processor is not None else plain_prompt_note(self.rows, self.prompt_key, self.tokenizer)
+        if note:
+            logger.warning("%s; in %s", note, list(self.files))
         if self.num_invalid:
             logger.warning("skipped %d unusable rows (no prompt or ground truth, a chat message without a known role "
                            "or any content, a field of the wrong type) in %s; the first: %s",
@@ -242,8 +245,9 @@ class PromptDataset:
                                 "template: store the messages as a list of {role, content} mappings, not as a string")
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         try:
-            out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
-                                                     **({"tools": tools} if tools else {}), **self.chat_template_kwargs)
+            out = self.tokenizer.apply_chat_template(text_messages(prompt, self.prompt_key), add_generation_prompt=True,
+                                                     tokenize=True, **({"tools": tools} if tools else {}),
+                                                     **self.chat_template_kwargs)
         except jinja2.TemplateError as exc:  # the template (the tokenizer's or custom_chat_template) cannot render it
             raise DataError(f"the chat template cannot render its prompt ({type(exc).__name__}: {exc}); check "
                             "actor_rollout_ref.model.custom_chat_template and data.apply_chat_template_kwargs") \

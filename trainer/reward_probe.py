@@ -53,14 +53,15 @@ def _probe_child(conn, fn: Callable, args: tuple, kwargs: dict, parent: int) -> 
         pass
     from rewards.pool import run_scorer
     from rewards.process_tree import guard_descendants
+    from rewards.scorer_call import call_scorer
 
     guard_descendants(parent, close=(conn,))  # nothing the scorer starts outlives the probe or a killed driver
 
     def probe(*a, **kw):
         try:
-            return fn(*a, **kw)
-        except Exception:  # noqa: BLE001 - not judged: the scorer may refuse an empty response
-            return 0.0
+            return call_scorer(fn, a, kw)  # an async scorer's coroutine raises when it is awaited
+        except BaseException:  # noqa: BLE001 - not judged: the scorer may refuse an empty response (KeyboardInterrupt
+            return 0.0  # and sys.exit too, without a traceback; the scoring workers report them as its errors)
 
     try:
         conn.send(run_scorer(probe, args, kwargs))

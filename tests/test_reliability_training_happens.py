@@ -87,29 +87,3 @@ def test_a_warmup_filled_in_from_the_ratio_is_named_by_its_ratio():
     plan_run_length(cfg, batches_per_epoch=2)
     (line,) = lr_warmup_warnings(cfg)
     assert f"{A}.optim.lr_warmup_steps=2 (lr_warmup_steps_ratio=1) with {A}.optim.total_training_steps=2" in line
-
-
-@pytest.mark.parametrize("overrides,key", [
-    ((S, f"{A}.optim.lr_scheduler_type=cosine", f"{A}.optim.total_training_steps=1000"), f"{A}.optim"),
-    ((S, "algorithm=gae", "critic.optim.total_training_steps=7"), "critic.optim")])
-def test_cfg61_a_set_optim_total_training_steps_is_replaced_by_the_run_length_with_a_warning(overrides, key, caplog):
-    """verl's trainer overwrites each optim.total_training_steps with the run's length: so does plan_run_length,
-    naming the value it replaced in one line."""
-    cfg = resolved_config(*overrides)
-    with caplog.at_level("WARNING"):
-        plan_run_length(cfg, batches_per_epoch=8)
-    optims = {f"{A}.optim": cfg["actor_rollout_ref"]["actor"]["optim"], "critic.optim": cfg["critic"]["optim"]}
-    assert all(o["total_training_steps"] == 2 for o in optims.values())
-    lines = [r.getMessage() for r in caplog.records if "total_training_steps=" in r.getMessage() and "replaced" in
-             r.getMessage()]
-    assert len(lines) == 1 and lines[0].startswith(f"{key}.total_training_steps=") and "2 steps" in lines[0], lines
-
-
-@pytest.mark.parametrize("overrides", [(S,), (S, f"{A}.optim.total_training_steps=2"),
-                                       (S, "critic.optim.total_training_steps=9")])  # no critic: the unused line
-def test_an_optim_length_left_at_minus_1_or_equal_to_the_run_is_not_warned(overrides, caplog):
-    cfg = resolved_config(*overrides)
-    with caplog.at_level("WARNING"):
-        plan_run_length(cfg, batches_per_epoch=8)
-    assert cfg["actor_rollout_ref"]["actor"]["optim"]["total_training_steps"] == 2
-    assert [r for r in caplog.records if "replaced by the run's length" in r.getMessage()] == []

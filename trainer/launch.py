@@ -25,7 +25,7 @@ from trainer.config_validate import detect_device, overlong_kwargs, validate  # 
 from trainer.embedded_assets import prepare_embedded
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
-from trainer.run_length_checks import check_training_happens, lr_warmup_warnings, plan_schedule_lengths
+from trainer.run_length_checks import check_training_happens, lr_warmup_warnings
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
@@ -130,8 +130,7 @@ def plan_run_length(cfg: dict, batches_per_epoch: int, one_batch_per_step: bool 
 
     ``trainer.total_training_steps`` = its own value when set, else ``trainer.total_epochs * batches_per_epoch``;
     the run also ends when ``total_epochs`` epochs of prompt batches are used up (verl's epoch loop). Each
-    ``optim.total_training_steps`` becomes that total (a value set to another number is warned about:
-    :func:`trainer.run_length_checks.plan_schedule_lengths`), and each ``optim.lr_warmup_steps`` < 0 becomes
+    ``optim.total_training_steps`` of -1 becomes that total, and each ``optim.lr_warmup_steps`` < 0 becomes
     ``int(optim.lr_warmup_steps_ratio * optim.total_training_steps)`` (verl's rule). Changes ``cfg`` in place.
 
     Args:
@@ -153,9 +152,9 @@ def plan_run_length(cfg: dict, batches_per_epoch: int, one_batch_per_step: bool 
         logger.warning("trainer.total_training_steps=%d needs more data than trainer.total_epochs=%d epochs of %d "
                        "batches: the run ends after the last epoch, at step %d (verl's rule); raise "
                        "trainer.total_epochs to train %d steps", total, epochs, batches_per_epoch, data_steps, total)
-    for line in plan_schedule_lengths(cfg, total):
-        logger.warning(line)
     for optim in _trained_optims(cfg):
+        if int(optim["total_training_steps"]) < 0:
+            optim["total_training_steps"] = total
         if int(optim["lr_warmup_steps"] or 0) < 0:
             optim["lr_warmup_steps"] = int(float(optim["lr_warmup_steps_ratio"] or 0.0)
                                            * int(optim["total_training_steps"]))

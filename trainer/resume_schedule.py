@@ -15,8 +15,8 @@ _NEW_RATE = ("the new schedule's rate applies from the first resumed step, at th
 def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
     """Warning lines for a resume that changes the learning-rate schedule: one when a key of :data:`SCHEDULE_KEYS`
     differs from the checkpoint's, one when the run's length (``trainer.total_training_steps``, or
-    ``trainer.total_epochs`` when the length comes from the data; every ``optim.total_training_steps`` follows it)
-    differs while a trained role's schedule decays (not ``constant``): the schedule is stretched or shrunk over the new
+    ``trainer.total_epochs`` when the length comes from the data, or an ``optim.total_training_steps`` set) differs
+    while a trained role's schedule decays (not ``constant``): the schedule is stretched or shrunk over the new
     length. The run is allowed (a schedule changed on purpose is a use), but not silently."""
     out = []
     diffs = _optim_diffs(cfg, step_dir, SCHEDULE_KEYS)
@@ -27,7 +27,7 @@ def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
     decaying = sorted({o.get("lr_scheduler_type") for o in _trained(cfg) if o.get("lr_scheduler_type") != "constant"})
     if saved is None or not decaying:
         return out
-    length = _length_diffs(cfg, saved)  # each optim.total_training_steps follows it (plan_schedule_lengths)
+    length = _length_diffs(cfg, saved) + _optim_diffs(cfg, step_dir, ("total_training_steps",))
     if length:
         out.append(f"trainer.resume_mode: {', '.join(length)}: the decaying learning-rate schedule "
                    f"(lr_scheduler_type={', '.join(map(str, decaying))}) spans the run's new length ({_NEW_RATE})")

@@ -11,8 +11,7 @@ from __future__ import annotations
 from trainer.config_checks import ConfigError, ErrorCollector
 from trainer.run_roles import critic_on
 
-__all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups",
-           "plan_schedule_lengths"]
+__all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups"]
 
 
 def check_critic_warmup(cfg: dict) -> None:
@@ -38,35 +37,15 @@ def check_critic_warmup(cfg: dict) -> None:
                           "the run's steps")
 
 
-def _optims(cfg: dict, every: bool = False) -> list[tuple[str, dict]]:
+def _optims(cfg: dict) -> list[tuple[str, dict]]:
     """``(dotted key, optim section)`` of each role that trains (the critic's with a critic, PRIME's reward
-    model's when it has one); with ``every``, the critic's also without a critic."""
+    model's when it has one)."""
     out = [("actor_rollout_ref.actor.optim", cfg["actor_rollout_ref"]["actor"]["optim"])]
-    if every or critic_on(cfg):
+    if critic_on(cfg):
         out.append(("critic.optim", cfg["critic"]["optim"]))
     rm = (cfg.get("reward_model") or {}).get("model") or {}
     if isinstance(rm.get("optim"), dict):
         out.append(("reward_model.model.optim", rm["optim"]))
-    return out
-
-
-def plan_schedule_lengths(cfg: dict, total: int) -> list[str]:
-    """verl's rule: every ``optim.total_training_steps`` (actor, critic, PRIME's reward model) becomes the run's
-    length ``total``, whatever it was set to (verl's trainer overwrites it, so a value in a copied verl script
-    changes nothing there either). Changes ``cfg`` in place.
-
-    Returns:
-        One warning line per trained role whose value was set (>= 0) to another number than ``total``.
-    """
-    trained = {key for key, _ in _optims(cfg)}
-    out = []
-    for key, optim in _optims(cfg, every=True):
-        given = optim.get("total_training_steps")
-        if key in trained and given is not None and int(given) >= 0 and int(given) != total:
-            out.append(f"{key}.total_training_steps={int(given)}: replaced by the run's length, {total} steps "
-                       "(verl's rule: the learning-rate schedule spans the run); set trainer.total_training_steps "
-                       "for another length, or leave this key at -1")
-        optim["total_training_steps"] = total
     return out
 
 

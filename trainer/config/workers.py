@@ -80,10 +80,10 @@ class RolloutWorkerConfig(WorkerRuntime):
 def scheduler_total_steps(run_steps: int | None, train_batch_size: int, role: ActorConfig | CriticConfig) -> int:
     """Optimizer steps of a whole run for the LR schedule of one trained role (actor or critic).
 
-    ``role.optim.total_training_steps`` (set to ``trainer.total_training_steps`` by
-    :func:`trainer.launch.plan_run_length`, verl's rule) counts TRAINING steps; DeepSpeed steps the scheduler once
-    per optimizer step, and one training step makes ``ppo_epochs * train_batch_size / ppo_mini_batch_size`` of
-    them.
+    ``role.optim.total_training_steps`` (filled from ``trainer.total_training_steps`` when -1) counts TRAINING
+    steps; DeepSpeed steps the scheduler once per optimizer step, and one training step makes
+    ``ppo_epochs * train_batch_size / ppo_mini_batch_size`` of them. Setting the key explicitly lets a run stopped
+    early (``trainer.total_training_steps`` smaller) keep the schedule of the full run, so that resuming is exact.
 
     Raises:
         ValueError: neither count is planned yet (call :func:`trainer.launch.plan_run_length` first).

@@ -87,3 +87,30 @@ def test_a_warmup_filled_in_from_the_ratio_is_named_by_its_ratio():
     plan_run_length(cfg, batches_per_epoch=2)
     (line,) = lr_warmup_warnings(cfg)
     assert f"{A}.optim.lr_warmup_steps=2 (lr_warmup_steps_ratio=1) with {A}.optim.total_training_steps=2" in line
+
+
+@pytest.mark.parametrize("overrides,key", [
+    ((S, f"{A}.optim.lr_scheduler_type=cosine", f"{A}.optim.total_training_steps=1000"), f"{A}.optim"),
+    ((S, "algorithm=gae", "critic.optim.total_training_steps=7"), "critic.optim")])
+def test_cfg61_a_set_optim_total_training_steps_other_than_the_run_is_kept_and_warned(overrides, key, caplog):
+    """A set optim.total_training_steps decides the schedule (a run stopped early keeps the full run's schedule),
+    but verl replaces it with the run's length: one line says the schedule spans another length."""
+    cfg = resolved_config(*overrides)
+    given = int(key.startswith("critic") and 7 or 1000)
+    with caplog.at_level("WARNING"):
+        plan_run_length(cfg, batches_per_epoch=8)
+    section = cfg["critic"]["optim"] if key.startswith("critic") else cfg["actor_rollout_ref"]["actor"]["optim"]
+    assert section["total_training_steps"] == given
+    lines = [r.getMessage() for r in caplog.records if "the learning-rate schedule spans" in r.getMessage()]
+    assert lines == [f"{key}.total_training_steps={given}: the learning-rate schedule spans {given} steps while the "
+                     "run trains 2 (verl's trainer would replace it with the run's length; leave it at -1 for that)"]
+
+
+@pytest.mark.parametrize("overrides", [(S,), (S, f"{A}.optim.total_training_steps=2"),
+                                       (S, "critic.optim.total_training_steps=9")])  # no critic: the unused line
+def test_an_optim_length_left_at_minus_1_or_equal_to_the_run_is_not_warned(overrides, caplog):
+    cfg = resolved_config(*overrides)
+    with caplog.at_level("WARNING"):
+        plan_run_length(cfg, batches_per_epoch=8)
+    assert cfg["actor_rollout_ref"]["actor"]["optim"]["total_training_steps"] == 2
+    assert [r for r in caplog.records if "the learning-rate schedule spans" in r.getMessage()] == []

@@ -25,7 +25,7 @@ from trainer.config_validate import detect_device, overlong_kwargs, validate  # 
 from trainer.embedded_assets import prepare_embedded
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
-from trainer.run_length_checks import check_training_happens, lr_warmup_warnings
+from trainer.run_length_checks import check_training_happens, lr_warmup_warnings, schedule_length_warnings
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
@@ -152,6 +152,8 @@ def plan_run_length(cfg: dict, batches_per_epoch: int, one_batch_per_step: bool 
         logger.warning("trainer.total_training_steps=%d needs more data than trainer.total_epochs=%d epochs of %d "
                        "batches: the run ends after the last epoch, at step %d (verl's rule); raise "
                        "trainer.total_epochs to train %d steps", total, epochs, batches_per_epoch, data_steps, total)
+    for line in schedule_length_warnings(cfg, total):
+        logger.warning(line)
     for optim in _trained_optims(cfg):
         if int(optim["total_training_steps"]) < 0:
             optim["total_training_steps"] = total

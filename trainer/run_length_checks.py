@@ -11,7 +11,8 @@ from __future__ import annotations
 from trainer.config_checks import ConfigError, ErrorCollector
 from trainer.run_roles import critic_on
 
-__all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups"]
+__all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups",
+           "schedule_length_warnings"]
 
 
 def check_critic_warmup(cfg: dict) -> None:
@@ -46,6 +47,21 @@ def _optims(cfg: dict) -> list[tuple[str, dict]]:
     rm = (cfg.get("reward_model") or {}).get("model") or {}
     if isinstance(rm.get("optim"), dict):
         out.append(("reward_model.model.optim", rm["optim"]))
+    return out
+
+
+def schedule_length_warnings(cfg: dict, total: int) -> list[str]:
+    """One warning per trained role whose ``optim.total_training_steps`` is set (>= 0) to another number than the
+    run's length ``total``: its learning-rate schedule spans that many steps, not the run. Kept (a run stopped early
+    keeps the full run's schedule, so that its resume is exact), but said, because verl's trainer replaces the value
+    with the run's length. Call before the -1 entries are filled in."""
+    out = []
+    for key, optim in _optims(cfg):
+        given = optim.get("total_training_steps")
+        if given is not None and int(given) >= 0 and int(given) != total:
+            out.append(f"{key}.total_training_steps={int(given)}: the learning-rate schedule spans {int(given)} "
+                       f"steps while the run trains {total} (verl's trainer would replace it with the run's length; "
+                       "leave it at -1 for that)")
     return out
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -60,8 +61,13 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def _default_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class MainRun:
-    """``trainer/main.py`` started in its own session (``Popen``), its output in ``<out_dir>.log``.
+    """``trainer/main.py`` started in its own session (``Popen``), its output in ``<out_dir>.log``, with SIGHUP at its
+    default disposition as from a terminal (a test session started under ``nohup`` would pass its ignored SIGHUP on).
 
     ``wait_for(done)`` polls ``done()`` until it is true (the run must stay alive meanwhile); ``stepped(n)`` is
     true once step ``n`` is in ``metrics.jsonl``; ``finish()`` waits for the exit code (the session is killed if
@@ -73,7 +79,8 @@ class MainRun:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
         self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "trainer", "main.py"),
                                       f"trainer.output_dir={out_dir}", *overrides], cwd=ROOT, env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_default_sighup)
 
     def text(self) -> str:
         self.log.flush()

@@ -16,7 +16,7 @@ import os
 
 from trainer.config.trainer import run_strategy
 from trainer.config_checks import ConfigError, as_int
-from trainer.run_roles import critic_on
+from trainer.run_roles import critic_on, trained_roles  # noqa: F401 (trained_roles re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -46,20 +46,6 @@ DATA_FILTER_KEYS = ("filter_overlong_prompts", "max_prompt_length", "apply_chat_
 #: keeps the same rows (a larger ``max_prompt_length`` where no prompt was longer, ``max_rows`` beyond the rows there
 #: are) resumes; without one, the values are compared
 ROW_FILTER_KEYS = ("max_rows", *DATA_FILTER_KEYS)
-_ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)),
-          ("reward_model.model", ("reward_model", "model")))
-
-
-def trained_roles(cfg: dict) -> list[tuple[str, tuple[str, ...]]]:
-    """The ``(key, path)`` entries of :data:`_ROLES` that this run trains: the actor; the critic when the run has one
-    (:func:`trainer.run_roles.critic_on`); PRIME's PRM with ``algorithm.use_prime``
-    (:func:`trainer.hooks.prime.prime_enabled`)."""
-    from trainer.hooks.prime import prime_enabled
-
-    on = {"critic": critic_on(cfg), "reward_model.model": prime_enabled(cfg)}
-    return [(key, path) for key, path in _ROLES if on.get(key, True)]
-
-
 def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
@@ -349,7 +335,7 @@ def _check_engine_settings(cfg: dict, path: str) -> None:
             raise ConfigError(f"trainer.resume_mode: {path!r} ({role}) was saved {was} but {key}.lora_rank={rank}; "
                               f"resume with the checkpoint's {key}.lora_rank, or start a new run from its HF export "
                               "(tools/export_hf.py) as actor_rollout_ref.model.path")
-    from trainer.hooks.prime import prime_enabled
+    from trainer.run_roles import prime_enabled
     from trainer.resume_engine import check_engine_layout
 
     check_engine_layout(cfg, path, [*roles, *(["reward"] if prime_enabled(cfg) else [])], _saved_config(path))
@@ -363,7 +349,7 @@ def _check_checkpoint_files(cfg: dict, path: str) -> None:
     newest complete step when there is one (:func:`trainer.checkpoint.resume.resolve_resume_path`); a path named
     explicitly is refused as it is."""
     from trainer.checkpoint.verify import verify_step_folder
-    from trainer.hooks.prime import prime_enabled
+    from trainer.run_roles import prime_enabled
 
     roles = ["actor", *(["critic"] if critic_on(cfg) else []), *(["reward"] if prime_enabled(cfg) else [])]
     world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])

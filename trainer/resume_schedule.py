@@ -4,7 +4,8 @@ the new schedule's at that position (:func:`trainer.checkpoint.base.rate_at_rest
 step already trains at the new schedule's rate."""
 from __future__ import annotations
 
-from trainer.resume_checks import SCHEDULE_KEYS, _optim, _optim_diffs, _same, _saved_config, trained_roles
+from trainer.resume_checks import SCHEDULE_KEYS, _optim_diffs, _same, _saved_config
+from trainer.run_roles import trained_optims
 
 __all__ = ["resume_schedule_warnings"]
 
@@ -36,7 +37,7 @@ def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
 
 def _trained(cfg: dict) -> list[dict]:
     """The ``optim`` sections of the roles this run trains (actor; critic when on; PRIME's PRM)."""
-    return [o for o in (_optim(cfg, path) for _, path in trained_roles(cfg)) if isinstance(o, dict)]
+    return [optim for _, optim in trained_optims(cfg)]
 
 
 def _length_diffs(cfg: dict, saved: dict) -> list[str]:

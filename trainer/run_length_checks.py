@@ -9,7 +9,7 @@ length from the data, before any worker starts; :func:`lr_warmup_warnings` are l
 from __future__ import annotations
 
 from trainer.config_checks import ConfigError, ErrorCollector
-from trainer.run_roles import critic_on
+from trainer.run_roles import critic_on, trained_optims
 
 __all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups",
            "schedule_length_warnings"]
@@ -38,25 +38,13 @@ def check_critic_warmup(cfg: dict) -> None:
                           "the run's steps")
 
 
-def _optims(cfg: dict) -> list[tuple[str, dict]]:
-    """``(dotted key, optim section)`` of each role that trains (the critic's with a critic, PRIME's reward
-    model's when it has one)."""
-    out = [("actor_rollout_ref.actor.optim", cfg["actor_rollout_ref"]["actor"]["optim"])]
-    if critic_on(cfg):
-        out.append(("critic.optim", cfg["critic"]["optim"]))
-    rm = (cfg.get("reward_model") or {}).get("model") or {}
-    if isinstance(rm.get("optim"), dict):
-        out.append(("reward_model.model.optim", rm["optim"]))
-    return out
-
-
 def schedule_length_warnings(cfg: dict, total: int) -> list[str]:
     """One warning per trained role whose ``optim.total_training_steps`` is set (>= 0) to another number than the
     run's length ``total``: its learning-rate schedule spans that many steps, not the run. Kept (a run stopped early
     keeps the full run's schedule, so that its resume is exact), but said, because verl's trainer replaces the value
     with the run's length. Call before the -1 entries are filled in."""
     out = []
-    for key, optim in _optims(cfg):
+    for key, optim in trained_optims(cfg):
         given = optim.get("total_training_steps")
         if given is not None and int(given) >= 0 and int(given) != total:
             out.append(f"{key}.total_training_steps={int(given)}: the learning-rate schedule spans {int(given)} "
@@ -85,7 +73,7 @@ def lr_warmup_warnings(cfg: dict) -> list[str]:
     warm-up gives the last step ``(total - 1) / steps`` of it (a warning, not an error: verl's example scripts keep
     their warm-up when a short run cuts their length)."""
     out = []
-    for key, optim in _optims(cfg):
+    for key, optim in trained_optims(cfg):
         total = optim.get("total_training_steps")
         where = f"{key}.total_training_steps"
         if total is None or int(total) < 0:

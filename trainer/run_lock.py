@@ -52,20 +52,25 @@ def hold_run_dir(hydra_cfg) -> None:
     Raises:
         ConfigError: as :func:`hold_output_dir`.
     """
+    out = _composed_folder(hydra_cfg, "trainer.output_dir")
+    if out is not None:
+        hold_output_dir(out)
+        ckpt = _composed_folder(hydra_cfg, "trainer.default_local_dir")
+        if ckpt is not None:
+            hold_checkpoint_dir(out, ckpt)
+
+
+def _composed_folder(hydra_cfg, key: str) -> str | None:
+    """The composed config's ``key`` when it is a folder or not there yet; None for anything else (the checks name
+    a bad value)."""
     from omegaconf import OmegaConf
 
     try:
-        out = OmegaConf.select(hydra_cfg, "trainer.output_dir", throw_on_resolution_failure=False)
+        value = OmegaConf.select(hydra_cfg, key, throw_on_resolution_failure=False)
     except Exception:  # noqa: BLE001 - an unreadable value is the checks' to report
-        return
-    if isinstance(out, str) and out and (os.path.isdir(out) or not os.path.exists(out)):
-        hold_output_dir(out)
-        try:
-            ckpt = OmegaConf.select(hydra_cfg, "trainer.default_local_dir", throw_on_resolution_failure=False)
-        except Exception:  # noqa: BLE001 - as above
-            return
-        if isinstance(ckpt, str) and ckpt and (os.path.isdir(ckpt) or not os.path.exists(ckpt)):
-            hold_checkpoint_dir(out, ckpt)
+        return None
+    ok = isinstance(value, str) and value and (os.path.isdir(value) or not os.path.exists(value))
+    return value if ok else None
 
 
 def hold_checkpoint_dir(output_dir: str, checkpoint_dir: str) -> None:

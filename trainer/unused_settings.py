@@ -342,10 +342,10 @@ def unread_critic_warnings(cfg: dict) -> list[str]:
 
 
 def zero_lr_warnings(cfg: dict) -> list[str]:
-    """A trained role (:func:`trainer.resume_checks.trained_roles`: the actor, the critic when the run has one,
+    """A trained role (:func:`trainer.run_roles.trained_roles`: the actor, the critic when the run has one,
     PRIME's reward model) whose ``optim.lr`` is 0: its weights are never updated. One warning line each."""
     from trainer.config_reads import plain
-    from trainer.resume_checks import trained_roles
+    from trainer.run_roles import trained_roles
 
     run, out = plain(cfg), []
     for key, _ in trained_roles(run):

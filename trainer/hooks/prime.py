@@ -28,6 +28,7 @@ from trainer.hooks.base import StepContext, StepHook
 from trainer.metric_utils import reduce_rank_metrics
 from trainer.protocol import DataProto
 from trainer.roles import PRMGroup, Role
+from trainer.run_roles import prime_enabled  # noqa: F401 (re-exported: the rule lives with the other roles)
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +36,6 @@ __all__ = ["UPDATE_MODES", "PrimeConfig", "PrimeHook", "prime_enabled", "truncat
 
 UPDATE_MODES = ("before", "after", "none")
 _PRM_INPUTS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "acc"]
-
-
-def prime_enabled(cfg) -> bool:
-    """True when the config asks for PRIME (``algorithm.use_prime``)."""
-    return bool((cfg.get("algorithm") or {}).get("use_prime", False))
 
 
 def truncated_rows(responses: torch.Tensor, response_mask: torch.Tensor, stop_token_ids) -> torch.Tensor:

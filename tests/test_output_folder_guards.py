@@ -265,3 +265,32 @@ def test_rb2_a_run_resumed_from_an_older_checkpoint_keeps_the_later_ones(saved, 
                                                                                   {"step": 3, "old": 1}]
     assert read_tracker(root) == 2 and sorted(os.listdir(root))[:2] == ["global_step_1", "global_step_2"]
     assert _rows(os.path.join(out, "metrics.jsonl")) == [1, 2] and "earlier timeline" in proc.stderr + proc.stdout
+
+
+def test_cc2_a_folder_inside_a_live_runs_folder_is_refused_naming_that_run(tmp_path, monkeypatch):
+    """A checkpoint or output folder placed inside another live run's output folder would mix the two runs' files:
+    refused like the live run's folder itself; once that run has ended it is taken."""
+    from trainer import run_lock
+    from trainer.config_checks import ConfigError
+
+    monkeypatch.setattr(run_lock, "_held", {})
+    live = str(tmp_path / "live")
+    inside = str(tmp_path / "live" / "deep" / "ckpt")
+    other = _holder(live)
+    try:
+        with pytest.raises(ConfigError) as info:
+            run_lock.hold_checkpoint_dir(str(tmp_path / "mine"), inside)
+        assert str(info.value).startswith(f"trainer.default_local_dir={inside!r} lies inside {live!r}, the folder of "
+                                          f"another run (pid {other.pid})") and "\n" not in str(info.value)
+        with pytest.raises(ConfigError, match=r"trainer.output_dir=.* lies inside .*live"):
+            run_lock.hold_output_dir(str(tmp_path / "live" / "sub"))
+        assert not os.path.exists(tmp_path / "live" / "deep") and not os.path.exists(tmp_path / "live" / "sub")
+    finally:
+        other.kill()
+        other.wait()
+    run_lock.hold_checkpoint_dir(str(tmp_path / "mine"), inside)  # once the other run has ended
+    os.close(run_lock._held.pop(os.path.realpath(inside)))
+    run_lock.hold_output_dir(live)  # this process's own folder: a folder inside it is this run's to use
+    run_lock.hold_output_dir(str(tmp_path / "live" / "sub"))
+    for folder in (live, str(tmp_path / "live" / "sub")):
+        os.close(run_lock._held.pop(os.path.realpath(folder)))

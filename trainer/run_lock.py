@@ -2,7 +2,8 @@
 lifetime (:func:`hold_output_dir`), so that a second run into a folder a live run writes to is refused before it
 moves or writes anything there. The kernel drops the lock when the holding process ends, however it ends (a
 ``SIGKILL`` included), so a lock file left by a dead run never blocks; the file stays (it holds the pid of the last
-run that held it)."""
+run that held it). A folder inside a live run's locked folder is refused the same way (a run whose checkpoints
+would land among another run's outputs)."""
 from __future__ import annotations
 
 import fcntl
@@ -19,12 +20,14 @@ def hold_output_dir(output_dir: str, key: str = "trainer.output_dir") -> None:
     already is kept as it is.
 
     Raises:
-        ConfigError: another live process holds it: one line naming ``key``, the folder and that run's pid (with
-            ``alone`` set: it is reported without the other checks' lines, which would be about that run's files).
+        ConfigError: another live process holds it, or a folder above it: one line naming ``key``, the folder, the
+            held folder above it if any and that run's pid (with ``alone`` set: it is reported without the other
+            checks' lines, which would be about that run's files).
     """
     real = os.path.realpath(output_dir)
     if real in _held:
         return
+    _refuse_inside_a_live_run(real, output_dir, key)
     os.makedirs(real, exist_ok=True)
     fd = os.open(os.path.join(real, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -32,16 +35,48 @@ def hold_output_dir(output_dir: str, key: str = "trainer.output_dir") -> None:
     except OSError:
         other = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
         os.close(fd)
-        from trainer.config_checks import ConfigError
-
-        exc = ConfigError(f"{key}={output_dir!r} is in use by another run (pid {other}) that is still writing to "
-                          f"it; expected a folder no live run writes to: wait for that run to end, stop it, or give "
-                          f"another {key}")
-        exc.alone = True  # the other checks would judge the live run's files: this line is the whole answer
-        raise exc from None
+        raise _in_use(f"{key}={output_dir!r} is in use by another run (pid {other}) that is still writing to it",
+                      key) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[real] = fd
+
+
+def _in_use(what: str, key: str):
+    from trainer.config_checks import ConfigError
+
+    exc = ConfigError(f"{what}; expected a folder no live run writes to: wait for that run to end, stop it, or give "
+                      f"another {key}")
+    exc.alone = True  # the other checks would judge the live run's files: this line is the whole answer
+    return exc
+
+
+def _refuse_inside_a_live_run(real: str, given: str, key: str) -> None:
+    """Raise when a folder above ``real`` (a realpath) holds the lock file of a live run other than this process.
+
+    Raises:
+        ConfigError: one line naming ``key``, ``given``, the live run's folder and its pid.
+    """
+    parent = os.path.dirname(real)
+    while parent and parent not in _held:
+        lock = os.path.join(parent, LOCK_FILE)
+        if os.path.isfile(lock):
+            try:
+                fd = os.open(lock, os.O_RDONLY)
+            except OSError:
+                fd = None
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError:
+                    other = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                    raise _in_use(f"{key}={given!r} lies inside {parent!r}, the folder of another run (pid {other}) "
+                                  f"that is still writing to it", key) from None
+                finally:
+                    os.close(fd)
+        if parent == os.path.dirname(parent):
+            break
+        parent = os.path.dirname(parent)
 
 
 def hold_run_dir(hydra_cfg) -> None:

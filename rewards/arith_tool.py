@@ -18,8 +18,8 @@ TASK_NAME = "synthetic/arith_tool"
 
 
 def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  answer_after: str | None = TOOL_RESPONSE_END, format_score: float = 0.0, score: float = 1.0,
-                  **kwargs: Any) -> dict:
+                  answer_after: str | None = TOOL_RESPONSE_END, format_score: float = 0.0,
+                  score: float = 1.0) -> dict:
     """Score one trajectory.
 
     Args:

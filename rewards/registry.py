@@ -139,22 +139,35 @@ def ground_truth_problem(fn: Scorer, truth: Any) -> str | None:
 @_one_answer
 def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None, method: _Method = "strict",
                 format_score: float = 0.0, score: float = 1.0,
-                answer_after: str | None = TOOL_RESPONSE_END) -> float:
+                answer_after: str | None = TOOL_RESPONSE_END) -> float | dict:
     """GSM8K: the number after the last ``#### `` marker (``method="strict"``) or the last number in the
-    response (``method="flexible"``), after the last ``answer_after``; see :func:`rewards.gsm8k.compute_score`."""
-    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score,
-                               answer_after=answer_after)
+    response (``method="flexible"``), after the last ``answer_after``; see :func:`rewards.gsm8k.compute_score`.
+    Returns the score, or with a shaped ``score``/``format_score`` a dict with ``acc`` (see :func:`_gsm8k`)."""
+    return _gsm8k(solution_str, ground_truth, method, format_score, score, answer_after)
+
+
+def _gsm8k(solution_str: str, ground_truth: Any, method: _Method, format_score: float, score: float,
+           answer_after: str | None) -> float | dict:
+    """:func:`rewards.gsm8k.compute_score`; when ``score``/``format_score`` shape it (other than 1 and 0), a dict
+    ``{"score": that, "acc": 1.0 if correct else 0.0}``, so that ``acc`` (validation, dynamic sampling, PRIME's
+    accuracy band) stays correctness rather than the shaped score (a wrong answer's ``format_score`` or a correct
+    one's ``score`` above 1)."""
+    value = gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score,
+                                answer_after=answer_after)
+    if format_score == 0.0 and score == 1.0:
+        return value
+    return {"score": value, "acc": gsm8k.compute_score(solution_str, ground_truth, method=method,
+                                                        answer_after=answer_after)}
 
 
 @register_scorer("gsm8k_flexible", *_aliases("gsm8k_flexible"))
 @_one_answer
 def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                    method: _Method = "flexible", format_score: float = 0.0, score: float = 1.0,
-                   answer_after: str | None = TOOL_RESPONSE_END) -> float:
+                   answer_after: str | None = TOOL_RESPONSE_END) -> float | dict:
     """GSM8K with flexible extraction by default: the last number in the response after the last
-    ``answer_after`` (see :mod:`rewards.gsm8k`)."""
-    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score,
-                               answer_after=answer_after)
+    ``answer_after`` (see :mod:`rewards.gsm8k`); returns as :func:`gsm8k_score`."""
+    return _gsm8k(solution_str, ground_truth, method, format_score, score, answer_after)
 
 
 @register_scorer("math", *_aliases("math"))

@@ -141,3 +141,48 @@ def test_p27_unknown_option_stops_main_before_workers(tmp_path):
     proc = run_cli(str(tmp_path / "out"), *OK_BATCH, "+reward_model.scorer_kwargs.mehtod=strict", timeout=300,
                    forked=True)
     assert_one_line_error(proc, "'mehtod'", "'synthetic/digits'", "gsm8k_flexible")
+
+
+def test_a_shaped_gsm8k_score_leaves_acc_as_correctness(tmp_path):
+    """``format_score``/``score`` shape the reward, not the accuracy: ``acc`` (validation's ``val/<ds>/acc``, dynamic
+    sampling's ``acc``, PRIME's accuracy band) is 1 for a correct answer and 0 otherwise."""
+    from rewards.verify import accuracy_from_reward
+
+    assert get_scorer("gsm8k")("#### 41", "42") == 0.0 and get_scorer("gsm8k")("#### 42", "42") == 1.0  # plain
+    assert get_scorer("gsm8k")("#### 41", "42", format_score=0.5) == {"score": 0.5, "acc": 0.0}
+    assert get_scorer("gsm8k_flexible")("so 42", "42", score=2.0) == {"score": 2.0, "acc": 1.0}
+    assert get_scorer("gsm8k")("no answer", "42", format_score=0.5, score=2.0) == {"score": 0.0, "acc": 0.0}
+    batch = _batch(["#### 7", "#### 8", "none"], ["openai/gsm8k", "svamp", "gsm8k"], ["7", "7", "7"])
+    with RewardManager(CharTokenizer(), num_workers=0, scorer_kwargs={"format_score": 0.5, "score": 2.0}) as rm:
+        out = rm(batch)
+    assert out.token_level_scores.sum(-1).tolist() == [2.0, 0.5, 0.0]
+    assert accuracy_from_reward(out.reward_extra_info, 3) == [1.0, 0.0, 0.0]
+
+
+def test_a_named_scorer_beside_a_custom_reward_function_is_refused_in_one_line(tmp_path):
+    """Both name the scorer: the custom function would score every row and ``reward_model.scorer`` none."""
+    from trainer.config_checks import custom_scorer
+
+    path = tmp_path / "r.py"
+    path.write_text("def compute_score(solution_str, ground_truth, extra_info=None):\n    return 0.77\n")
+    cfg = {"reward_model": {"scorer": "math", "custom_reward_function": {"path": str(path)}}}
+    with pytest.raises(ConfigError, match=r"^reward_model.scorer=math and custom_reward_function.path=.*r\.py' both "
+                                          r"name the scorer; expected one: .*reward_model.scorer=null"):
+        custom_scorer(cfg)
+    cfg["reward_model"]["scorer"] = None
+    assert custom_scorer(cfg)("x", "1") == 0.77
+    proc = run_cli(str(tmp_path / "out"), f"custom_reward_function.path={path}", "reward_model.scorer=math",
+                   forked=True)
+    assert_one_line_error(proc, "reward_model.scorer=math and custom_reward_function.path=")
+
+
+def test_p27_no_built_in_scorer_swallows_an_option():
+    """A scorer that takes ``**kwargs`` passes every option the start-up check sees and drops it: none of the
+    registered scorers may, and an option the tool task's scorer does not take is refused like any other."""
+    import inspect
+
+    for name in list_scorers():
+        params = inspect.signature(get_scorer(name)).parameters.values()
+        assert all(p.kind is not p.VAR_KEYWORD for p in params), name
+    with pytest.raises(TypeError, match=r"'method' is not taken by scorer 'arith_tool'"):
+        check_scorer_options(get_scorer("arith_tool"), {"method": "flexible"}, "arith_tool")

@@ -257,12 +257,17 @@ def custom_scorer(cfg: dict) -> Callable | None:
             seconds; its process is killed), lacks the function or holds a non-callable under that name (one line
             naming the key and the value); its import ended the process (``sys.exit``, ``os._exit``, a crash, or a
             ``KeyboardInterrupt`` the file raised itself, told apart from Ctrl-C by
-            :func:`trainer.interrupt.raised_by_code`).
+            :func:`trainer.interrupt.raised_by_code`); ``reward_model.scorer`` names a scorer too (the custom
+            function would score every row and the named scorer none).
     """
     rm = cfg.get("reward_model") or {}
     custom = rm.get("custom_reward_function") or {}
     if not custom.get("path"):
         return None
+    if rm.get("scorer") is not None:
+        raise ConfigError(f"reward_model.scorer={rm['scorer']} and custom_reward_function.path={custom['path']!r} "
+                          "both name the scorer; expected one: the custom function scores every row, so set "
+                          "reward_model.scorer=null (or drop the path to use the named scorer)")
     from rewards.registry import ImportEndedError, load_custom_scorer
     from trainer.reward_probe import PROBE_BOUND_S, import_in_probe, probe_bound
 

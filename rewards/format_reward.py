@@ -29,8 +29,10 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
         format_score: reward for a well-formed but wrong final answer (``0 <= format_score <= correct_score``
             is the usual choice, not enforced).
         answer_format: ``"gsm8k"`` (the last ``#### N`` marker with a number, strict GSM8K extraction) or
-            ``"boxed"`` (the last closed, non-empty ``\\boxed{...}``/``\\fbox{...}``, compared with
-            :func:`rewards.math.is_equiv`).
+            ``"boxed"`` (the last closed ``\\boxed{...}``/``\\fbox{...}`` whose content is not empty
+            (:func:`rewards.math.is_empty_answer`: ``\\boxed{\\,}`` or ``\\boxed{\\text{}}`` is no answer), compared
+            with :func:`rewards.math.is_equiv`). A gsm8k answer is well-formed only as a readable number (commas as
+            thousands separators only, not ``1/0``; :func:`rewards.gsm8k.extract_solution`).
         answer_after: read the answer only after the last occurrence of this string, e.g. the end of the last
             tool answer (:func:`rewards.gsm8k.final_answer_text`); None reads the whole response.
 
@@ -51,7 +53,7 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
         acc = well_formed and gsm8k.numbers_equal(answer, ground_truth)
     else:
         answer = math_reward.remove_boxed(math_reward.last_boxed_only_string(solution_str))
-        well_formed = answer is not None and bool(answer.strip())
+        well_formed = answer is not None and not math_reward.is_empty_answer(answer)
         acc = well_formed and math_reward.compute_score(solution_str, ground_truth) == 1.0
     if acc:
         score = correct_score

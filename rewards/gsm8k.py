@@ -9,8 +9,21 @@ Two extraction methods, with the same names as verl's ``gsm8k.compute_score``:
   text is searched: a model that keeps writing after its marker still gets credit).
 * ``flexible``: the last number anywhere in the text.
 
-All scans are linear in the text length: markers are found with ``str.rfind`` and numbers with regexes
-that have no nested or overlapping quantifiers, so there is no catastrophic backtracking; a 1 MB response
+Both methods read a number the same way:
+
+* Commas count only as thousands separators (``1,000``, ``12,345,678``, ``1,234.5``). A number whose commas are not
+  thousands groups (``1,2``, ``3,4,5``, ``5,00``, ``1234,567``, ``0,5``) is ambiguous (a list, or a European decimal)
+  and gives no answer (score 0, as a response without an answer; never ``12``). A comma not followed by a digit
+  (``#### 42, so``) is punctuation, as is a period at the end of a sentence (``42.``); ``1, 2, 3`` is three numbers.
+* What is attached to the number and changes its value is read with it, never cut off: ``3/4`` (spaces allowed
+  around the slash) is the fraction 3/4, ``1.5e3`` is 1500 and ``1.5e-3`` 0.0015. A power (``2^10``, ``2^{10}``,
+  ``2**10``), a chain (``12/25/2023``, ``1e3/4``, ``1.2.3``), a difference or range (``10-3``) and a number that is
+  not finite (``1/0``, ``1e999``) give no answer: in strict mode never the base ``2``, in flexible mode never the
+  denominator, exponent or power ``4``/``3``/``10``. ``**`` after a space is Markdown bold (``**42**`` is 42).
+
+All scans are linear in the text length: markers are found with ``str.rfind``, numbers with regexes whose
+repetitions are possessive or need a separator to go on, so there is no catastrophic backtracking, and what stands
+before and after a number is matched at one position; flexible mode scans the reversed text once. A 1 MB response
 scores in milliseconds. Answers are compared as exact decimals (``fractions.Fraction``), so ``42.0 == 42``.
 """
 from __future__ import annotations
@@ -30,40 +43,77 @@ TOOL_RESPONSE_END = "</tool_response>"
 # int() on more than 4300 digits anyway.
 _MAX_NUMBER_CHARS = 200
 
+# A number's digits: digit runs joined by single commas, with an optional fraction (``1,234.5``), or a bare fraction
+# (``.5``). A comma not followed by a digit (``42, so``) and a period with no digits after it (end of sentence,
+# ``42.``) are punctuation, not part of the number. Whether the commas are thousands separators is checked after the
+# match (:func:`_plain`). Every repetition is possessive and needs a comma or a period to go on: linear time.
+_NUM = r"[0-9]++(?:,[0-9]++)*+(?:\.[0-9]++)?|\.[0-9]++"
 # A marker, then optional spaces, sign and currency in either order (``-$3``, ``$-3``), then the number.
 # Every quantifier is possessive or separated by a required character, so a run of spaces or '#' is never
 # re-scanned (linear time; needs Python >= 3.11 for possessive quantifiers).
-# The number is digits/commas with an optional fraction, or a bare fraction (``.5``). A trailing period with
-# no digits after it (end of sentence, ``42.``) is not part of the number.
 _STRICT_RE = re.compile(
     r"(?<!#)#{4,}+"  # a run of 4+ '#', taken whole (possessive, no backtracking into the run)
     r"[ \t]*+(?:(?P<sign1>[-+\u2212])[ \t]*+)?(?:\$[ \t]*+)?(?P<sign2>[-+\u2212])?"
-    r"(?P<num>[0-9][0-9,]*+(?:\.[0-9]+)?|\.[0-9]+)"
+    r"(?P<num>" + _NUM + ")"
 )
-# Any number in free text (flexible mode): commas only as thousands separators (``1,000``) so that a list
-# ``1, 2, 3`` is read as separate numbers. It is matched on the REVERSED text, so that ``search`` finds the
-# last number first (one left-to-right scan in C, no Python loop over all numbers). Reversed number:
-# optional ``fraction.``, then ``ddd,`` groups, then digits, then optional ``$`` and minus sign.
+# Commas as thousands separators: a first group of 1-3 digits (not starting with 0: ``0,5`` is a European decimal),
+# then groups of exactly 3.
+_THOUSANDS_RE = re.compile(r"[1-9][0-9]{0,2}(?:,[0-9]{3})++(?:\.[0-9]++)?")
+# What may follow a number and changes its value: ``/d`` (the answer is the fraction ``3/4``, not ``3``; spaces
+# allowed around the slash), an exponent (``1.5e3``, ``1.5e-3``); and what makes it no answer: a power (``2^10``,
+# ``2 ^ 10``, ``2**10``; never its base), a slash before a signed or ``$`` denominator, a minus and digits (``10-3``,
+# a range or a difference), a comma or period and digits after a complete number (``1.2.3``). A match without
+# ``den`` or ``exp`` means no answer. Anchored at one position, each alternative scans at most the spaces there.
+_AFTER_RE = re.compile(
+    r"[ \t]*+/[ \t]*+(?P<den>" + _NUM + ")"
+    r"|(?P<exp>[eE][-+\u2212]?[0-9]++)"
+    r"|[ \t]*+\^|\*\*(?=[-+\u2212({]?[0-9])|[ \t]*+/[ \t]*+[-+\u2212$]|[-\u2212][0-9]|[,.][0-9]"
+)
+# Any number in free text (flexible mode), matched on the REVERSED text, so that ``search`` finds the last number
+# first (one left-to-right scan in C, no Python loop over all numbers). Reversed number: optional ``fraction.``,
+# then digit runs joined by commas (checked by :func:`_plain`: ``1, 2, 3`` is three numbers, ``1,2`` none), then
+# optional ``$`` and minus sign.
 _REV_NUMBER_RE = re.compile(
-    r"(?:[0-9]++\.(?![0-9])"  # a bare fraction ``.5``
-    r"|(?:[0-9]+\.(?=[0-9]))?+(?:[0-9]{3},(?=[0-9]))*+[0-9]++)"  # ``1,234.5``
-    r"\$?(?P<sign>[-\u2212])?"
+    r"(?P<num>[0-9]++\.(?![0-9])"  # a bare fraction ``.5``
+    r"|(?:[0-9]++\.(?=[0-9]))?+[0-9]++(?:,[0-9]++)*+)"  # ``1,234.5``
+    r"(?P<cur>\$)?(?P<sign>[-\u2212])?"
 )
-# What may follow the strict number and changes its value: ``/d`` (the answer is the fraction ``3/4``, not ``3``),
-# an exponent (``1.5e3``), or ``^`` (a power, which is not read: no answer rather than its base).
-_AFTER_RE = re.compile(r"/(?P<den>[0-9][0-9,]*+(?:\.[0-9]++)?)|(?P<exp>[eE][-+]?[0-9]++)|\^")
+# What may stand before a number (matched on the reversed text, right after a reversed number): the mirror of
+# :data:`_AFTER_RE`. ``power``: ``^``, ``^{``, ``2**`` (``**`` after a space is Markdown bold); ``exp``: the number is
+# the exponent of ``1.5e3``; ``den``: the denominator of ``3/4``; ``chain``: ``1.2.3``.
+_REV_BEFORE_RE = re.compile(
+    r"(?P<power>[{(]?+[ \t]*+\^|\*\*(?=[0-9A-Za-z)}\]]))"
+    r"|(?P<plus>\+)?+(?:(?P<exp>[eE](?=[0-9]))|[ \t]*+(?P<den>/)[ \t]*+(?=[0-9]))"
+    r"|(?P<chain>[.,](?=[0-9]))"
+    r"|(?P<frac>\{\}(?=[0-9]))|(?P<root>\{trqs\\)"  # ``\frac{3}{4}``, ``\sqrt{2}``
+)
+# Reversed ``-\frac{`` (``\dfrac``, ``\tfrac``): what must stand before the numerator of a LaTeX fraction.
+_REV_FRAC_CMD_RE = re.compile(r"\{carf[dt]?\\(?P<sign>[-\u2212])?")
 _DIGIT_RE = re.compile(r"[0-9]")  # a plain char class: ``search`` skips non-digits at C speed
 # How far back from the last marker we look for the start of its '#' run on the fast path.
 _FAST_RUN_LOOKBACK = 64
+# A number as normalize_number reads one side of a fraction: sign, digits with commas and a fraction, exponent.
+_DECIMAL_RE = re.compile(r"(?P<sign>[-+]?)(?P<mantissa>[0-9][0-9,]*(?:\.[0-9]*)?|\.[0-9]+)(?P<exp>[eE][-+]?[0-9]+)?")
+_MAX_EXP_CHARS = 6  # ``e-1234``: normalize_number bounds the value (|x| <= 1e30) anyway
+
+
+def _plain(num: str) -> str | None:
+    """``num`` (digits, commas, one period) without its thousands separators; None when its commas are not
+    thousands separators (``1,2``, ``5,00``, ``1234,567``: a list or a European decimal) or it is too long."""
+    if len(num) > _MAX_NUMBER_CHARS:
+        return None
+    if "," in num:
+        if _THOUSANDS_RE.fullmatch(num) is None:
+            return None
+        num = num.replace(",", "")
+    return num
 
 
 def _clean(sign: str | None, num: str) -> str | None:
-    num = num.replace(",", "")
-    if not num or len(num) > _MAX_NUMBER_CHARS:
+    num = _plain(num)
+    if not num:
         return None
-    if sign in ("-", "\u2212"):
-        num = "-" + num
-    return num
+    return "-" + num if sign in ("-", "\u2212") else num
 
 
 def extract_solution(text: str, method: str = "strict") -> str | None:
@@ -75,8 +125,10 @@ def extract_solution(text: str, method: str = "strict") -> str | None:
             (last number anywhere in the text).
 
     Returns:
-        The answer as a plain decimal string without commas or ``$`` (``"-3"``, ``"1000"``, ``"42"``,
-        ``"0.5"``), or None when no answer is found.
+        The answer as a plain decimal string without thousands separators or ``$`` (``"-3"``, ``"1000"``,
+        ``"0.5"``), a fraction (``"3/4"``) or an exponent form (``"1.5e3"``); None when no answer is found, when
+        the number is ambiguous (commas that are not thousands separators, a power, a chain such as
+        ``12/25/2023``) or when it is not a finite number (``1/0``).
 
     Raises:
         ValueError: if ``method`` is not ``"strict"`` or ``"flexible"``.
@@ -85,14 +137,8 @@ def extract_solution(text: str, method: str = "strict") -> str | None:
         raise ValueError(f"method must be 'strict' or 'flexible', got {method!r}")
     if not isinstance(text, str) or not text:
         return None
-    if method == "strict":
-        return _extract_strict(text)
-    rev = text[::-1]
-    d = _DIGIT_RE.search(rev)
-    if d is None:
-        return None
-    m = _REV_NUMBER_RE.match(rev, d.start())  # every digit starts a (reversed) number, so this matches
-    return _clean(m.group("sign"), m.group(0)[::-1].lstrip("-\u2212$"))
+    answer = _extract_strict(text) if method == "strict" else _extract_flexible(text)
+    return answer if answer is not None and normalize_number(answer) is not None else None
 
 
 def _extract_strict(text: str) -> str | None:
@@ -124,20 +170,87 @@ def _strict_answer(text: str, m: re.Match) -> str | None:
     if num is None or after is None:
         return num
     if after.group("den") is not None:
-        den = after.group("den").replace(",", "")
-        return f"{num}/{den}" if len(den) <= _MAX_NUMBER_CHARS else None
-    if after.group("exp") is not None:
-        exp = after.group("exp")
-        return num + exp if len(exp) <= 6 else None  # normalize_number bounds the value (|x| <= 1e30)
-    return None
+        den = _plain(after.group("den"))
+        answer = None if den is None else f"{num}/{den}"
+    elif after.group("exp") is not None:
+        exp = after.group("exp").replace("\u2212", "-")
+        answer = num + exp if len(exp) <= _MAX_EXP_CHARS else None
+    else:
+        return None
+    if _AFTER_RE.match(text, after.end()) is not None:  # a chain: ``12/25/2023``, ``1e3/4``, ``3/4^2``
+        return None
+    return answer
+
+
+def _extract_flexible(text: str) -> str | None:
+    """The last number of ``text`` with what is attached to it, as the strict path reads it: the last number may
+    be the denominator (``3/4``) or exponent (``1.5e-3``) of the answer; a power (``2^10``), a chain or an
+    ambiguous number is no answer (never its last digits)."""
+    rev = text[::-1]
+    d = _DIGIT_RE.search(rev)
+    if d is None:
+        return None
+    last = _REV_NUMBER_RE.match(rev, d.start())  # every digit starts a (reversed) number, so this matches
+    if _AFTER_RE.match(text, len(text) - d.start()) is not None:  # only a power can follow the last number
+        return None
+    kind, before = _attached_before(rev, last)
+    if kind is None:
+        return _clean(last.group("sign"), last.group("num")[::-1])
+    if kind == "frac":
+        return _latex_fraction(text, rev, last, before)
+    if kind not in ("den", "exp") or last.group("cur") or (kind == "den" and (last.group("sign") or before["plus"])):
+        return None  # a power, a chain, a difference (``10-3``), ``3/-4``, ``3/$4``
+    head = _REV_NUMBER_RE.match(rev, before.end())
+    if _attached_before(rev, head)[0] is not None:  # ``12/25/2023``, ``2^3/4``, ``1e2e3``
+        return None
+    num = _clean(head.group("sign"), head.group("num")[::-1])
+    tail = _clean(last.group("sign"), last.group("num")[::-1])
+    if num is None or tail is None:
+        return None
+    if kind == "den":
+        return f"{num}/{tail}"
+    exp = before["exp"] + ("+" if before["plus"] else "") + tail  # as written, as the strict path keeps it
+    return num + exp if tail.lstrip("-").isdigit() and len(exp) <= _MAX_EXP_CHARS else None
+
+
+def _attached_before(rev: str, m: re.Match) -> tuple[str | None, re.Match | None]:
+    """What stands before the number ``m`` (a match of :data:`_REV_NUMBER_RE` on the reversed text ``rev``):
+    ``("power" | "exp" | "den" | "chain" | "frac" | "root" | "minus", match)``, or ``(None, None)`` when nothing is attached.
+    ``minus``: the sign is an operator between numbers (``10-3``)."""
+    end = m.end()
+    if m.group("sign") and end < len(rev) and "0" <= rev[end] <= "9":
+        return "minus", None
+    before = _REV_BEFORE_RE.match(rev, end)
+    if before is None:
+        return None, None
+    return next(k for k in ("power", "exp", "den", "chain", "frac", "root") if before.group(k) is not None), before
+
+
+def _latex_fraction(text: str, rev: str, last: re.Match, before: re.Match) -> str | None:
+    """``\\frac{3}{4}`` (``-\\dfrac{3}{4}``, ``\\tfrac``) read from its denominator ``last`` (preceded by ``}{``):
+    ``"3/4"``; another command's second argument (``\\binom{3}{4}``) or a denominator that is not a whole argument
+    (``\\frac{3}{4x}``): None."""
+    end = len(text) - last.start()
+    if last.group("sign") or last.group("cur") or text[end:end + 1] != "}":
+        return None
+    head = _REV_NUMBER_RE.match(rev, before.end())
+    cmd = _REV_FRAC_CMD_RE.match(rev, head.end())
+    if cmd is None or head.group("cur"):
+        return None
+    num, den = _plain(head.group("num")[::-1]), _plain(last.group("num")[::-1])
+    if not num or not den:
+        return None
+    negative = bool(head.group("sign")) != bool(cmd.group("sign"))
+    return ("-" if negative else "") + f"{num}/{den}"
 
 
 def normalize_number(value: Any) -> Fraction | None:
     """Parse a number written as GSM8K/SVAMP writes answers into an exact ``Fraction``.
 
     Accepts ints, floats (``12.0`` from SVAMP; via their shortest ``repr``), and strings such as
-    ``"1,000"``, ``"-3"``, ``"$42."``, ``"42.0"`` or a full reference solution ending in ``#### N``.
-    Returns None for anything else (never raises).
+    ``"1,000"``, ``"-3"``, ``"$42."``, ``"42.0"``, ``"1.5e3"``, a fraction ``"3/4"`` (either side a decimal) or a full
+    reference solution ending in ``#### N``. Commas only as thousands separators (``"1,2"`` is None).
+    Returns None for anything else, and for a zero denominator or a value above 1e30 in exponent form (never raises).
     """
     if isinstance(value, bool):
         return None
@@ -155,17 +268,34 @@ def normalize_number(value: Any) -> Fraction | None:
     s = value.strip()
     if _MARKER in s:
         s = extract_solution(s, "strict") or ""
-    s = s.replace(",", "").replace("$", "").replace("\u2212", "-").strip().rstrip(".")
-    if not s or len(s) > _MAX_NUMBER_CHARS:
+    s = s.replace("$", "").replace("\u2212", "-").strip().rstrip(".")
+    if not s or len(s) > 2 * _MAX_NUMBER_CHARS + 1:
         return None
+    num, slash, den = s.partition("/")
+    x = _parse_decimal(num.strip())
+    if not slash or x is None:
+        return x
+    y = _parse_decimal(den.strip())
+    return None if y is None or y == 0 else x / y
+
+
+def _parse_decimal(s: str) -> Fraction | None:
+    """A signed decimal (thousands separators allowed, :func:`_plain`) or exponent form as a Fraction, else None."""
+    m = _DECIMAL_RE.fullmatch(s)
+    if m is None:
+        return None
+    mantissa = _plain(m.group("mantissa"))
+    if mantissa is None:
+        return None
+    sign = "-" if m.group("sign") == "-" else ""
     try:
-        if "e" in s.lower():  # scientific notation, e.g. "1e3"; bounded to avoid huge integers
-            f = float(s)
+        if m.group("exp"):  # scientific notation, e.g. "1e3"; bounded to avoid huge integers
+            f = float(sign + mantissa + m.group("exp"))
             if f != f or abs(f) == float("inf") or abs(f) > 1e30:
                 return None
             return Fraction(repr(f))
-        return Fraction(s)
-    except (ValueError, ZeroDivisionError):
+        return Fraction(sign + mantissa)
+    except (ValueError, ZeroDivisionError, OverflowError):
         return None
 
 

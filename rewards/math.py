@@ -5,6 +5,11 @@ response (``\\fbox`` is unwrapped too). Equivalence is decided by math-verify (`
 ``math_verify.verify``; LaTeX is parsed by latex2sympy, an ANTLR grammar) when it is importable, with a
 string-normalising fallback otherwise; see :func:`is_equiv` for the order of the checks.
 
+No answer: a box whose content typesets as nothing (``\\boxed{\\,}``, ``\\boxed{\\text{}}``, ``\\boxed{$ $}``,
+``\\boxed{\\quad}``, ``\\boxed{{}}``; :func:`is_empty_answer`) scores 0 like a missing box, and an empty or None
+ground truth never matches. A leading ``x=``/``y=`` is dropped from one side (``x=2`` matches ``2`` both ways), but two
+equations in different variables (``x=2``, ``y=2``) are different answers.
+
 Correctness: math-verify rounds decimals to 6 places when it compares them (``0.333333`` == ``\\frac{1}{3}``); a
 numeric answer it accepts is compared again exactly (:mod:`rewards.math_exact`), so rounding never makes unequal
 values equal.
@@ -33,7 +38,7 @@ from typing import Any
 from rewards.math_exact import answers_agree
 from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, structure_ok, time_bound
 
-__all__ = ["last_boxed_only_string", "remove_boxed", "normalize_answer", "is_tame", "is_equiv",
+__all__ = ["last_boxed_only_string", "remove_boxed", "normalize_answer", "is_empty_answer", "is_tame", "is_equiv",
            "compute_score", "MAX_ANSWER_CHARS", "TIMEOUT_SECONDS"]
 
 MAX_ANSWER_CHARS = 256  # longer boxed answers are compared as strings only (LaTeX parsing is ~1 ms/char)
@@ -105,22 +110,30 @@ def remove_boxed(s: str | None) -> str | None:
 # string normalisation (fallback, and a cheap exact-match fast path before math-verify)
 
 _REMOVE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "$", "\\%", "%")
+# Spacing and invisible material that typesets as nothing: ``\quad``, ``\ `` (a control space), ``~``, ``\hspace{1cm}``,
+# ``\phantom{5}``. A line break ``\\`` is matched first so that its second backslash is never read as a command.
+_SPACING_RE = re.compile(
+    r"\\\\|\\(?:q?quad|enspace|enskip|thinspace|medspace|thickspace|negthinspace|negmedspace|negthickspace|hfill?"
+    r"|vfill|nobreak|relax|textstyle)(?![a-zA-Z])|\\[hv]space\*?\{[^{}]*\}|\\[hv]?phantom\{[^{}]*\}|\\[ >]|~")
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+# What :func:`is_empty_answer` deletes besides :func:`normalize_answer`: text-style wrapper names and braces (any
+# nesting: ``\text{\mbox{ }}``), line breaks, whitespace, periods, ``$``, ``\left``/``\right``, spacing.
+_NOTHING_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textnormal|textsf|texttt|mathrm|mbox|hbox|left|right|displaystyle)"
+    r"(?![a-zA-Z])|\\[,;:!%]|\^\\circ|\^\{\\circ\}|[{}$%.\s]")
+_LABEL_RE = re.compile(r"^[xy]=")  # a leading ``x=`` / ``y=`` names the variable the answer is for
 _FRAC_RE = re.compile(r"^(-?)\\frac\{(-?[0-9]{1,50})\}\{(-?[0-9]{1,50})\}$")
 _SIMPLE_FRAC_RE = re.compile(r"^(-?[0-9]{1,50})/([0-9]{1,50})$")
 _DEC_RE = re.compile(r"^-?(?:[0-9]{1,200}(?:\.[0-9]{0,200})?|\.[0-9]{1,200})$")
 
 
-def normalize_answer(s: Any) -> str:
-    """Presentation-only normalisation of a LaTeX answer (in the spirit of Hendrycks et al.'s
-    ``strip_string``): drops ``\\left``/``\\right``, spacing commands, ``$``, ``\\text{}`` wrappers, degree
-    signs, spaces and a trailing period; ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``1,000`` -> ``1000``; braces
-    that typeset as nothing (``{{x}}`` -> ``{x}``, braces around the whole answer).
-    Two answers with equal normalised strings are equal. Never raises."""
+def _normalize(s: Any) -> str:
+    """:func:`normalize_answer` without dropping a leading ``x=`` / ``y=``."""
     s = "" if s is None else str(s)
     s = s.strip()
     if len(s) > 100 * MAX_ANSWER_CHARS:
         return s
+    s = _SPACING_RE.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else "", s)
     for tok in _REMOVE:
         s = s.replace(tok, "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
@@ -129,9 +142,28 @@ def normalize_answer(s: Any) -> str:
     s = "".join(s.split())
     s = re.sub(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))", "", s)
     s = s.rstrip(".")
-    if s.startswith("x=") or s.startswith("y="):
-        s = s[2:]
     return collapse_braces(s)
+
+
+def normalize_answer(s: Any) -> str:
+    """Presentation-only normalisation of a LaTeX answer (in the spirit of Hendrycks et al.'s
+    ``strip_string``): drops ``\\left``/``\\right``, spacing commands (``\\,``, ``\\quad``, ``\\ ``, ``~``,
+    ``\\hspace{..}``, ``\\phantom{..}``), ``$``, ``\\text{}`` wrappers, degree signs, spaces, a trailing period and a
+    leading ``x=``/``y=``; ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``1,000`` -> ``1000``; braces that typeset as
+    nothing (``{{x}}`` -> ``{x}``, braces around the whole answer). Two answers with equal normalised strings are
+    equal, unless they name different variables (:func:`is_equiv`). Returns a str (``""`` for None); never raises."""
+    return _LABEL_RE.sub("", _normalize(s))
+
+
+def is_empty_answer(s: Any) -> bool:
+    """True when the answer ``s`` (a box's content, or a ground truth) typesets as nothing: None, or only spacing
+    (``\\,``, ``\\quad``, ``~``), empty text wrappers (``\\text{}``, nested too), braces, ``$``, periods, a bare
+    ``x=``. Such an answer is no answer: it never matches, and earns no format reward. Linear time; never raises."""
+    try:
+        s = "" if s is None else str(s)
+        return not normalize_answer(s) or not _NOTHING_RE.sub("", _SPACING_RE.sub("", s))
+    except Exception:  # a value whose str() raises
+        return True
 
 
 def _as_fraction(s: str) -> Fraction | None:
@@ -152,8 +184,12 @@ def _as_fraction(s: str) -> Fraction | None:
 
 def _plain_verdict(pred: str, gold: str) -> bool | None:
     """True when the normalised strings are equal; the exact comparison when both are plain numbers; else
-    None (undecided)."""
-    a, b = normalize_answer(pred), normalize_answer(gold)
+    None (undecided). A leading ``x=``/``y=`` is dropped unless both sides have one and they differ (``x=2`` is not
+    ``y=2``: then the answers are compared whole)."""
+    a, b = _normalize(pred), _normalize(gold)
+    la, lb = _LABEL_RE.match(a), _LABEL_RE.match(b)
+    if not (la and lb and la.group(0) != lb.group(0)):
+        a, b = _LABEL_RE.sub("", a), _LABEL_RE.sub("", b)
     if a == b:
         return True
     fa, fb = _as_fraction(a), _as_fraction(b)
@@ -217,11 +253,11 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
     structure_ok`) -> False; else math-verify (``\\frac{1}{2}`` == ``0.5``, ``(1,2)`` == ``(1, 2)``) on
     :func:`is_tame` parses, with numeric answers confirmed exactly (:func:`rewards.math_exact.answers_agree`:
     ``\\frac{1}{3}`` != ``0.333333``), all within ``timeout_seconds`` (None: no limit; see
-    :func:`rewards.math_guards.time_bound`). Without math-verify, or on any error or timeout: False.
-    Never raises.
+    :func:`rewards.math_guards.time_bound`). An empty answer on either side (:func:`is_empty_answer`), no
+    math-verify, any error or timeout: False. Never raises.
     """
     try:
-        if not isinstance(pred, str) or not isinstance(gold, str):
+        if not isinstance(pred, str) or not isinstance(gold, str) or is_empty_answer(pred) or is_empty_answer(gold):
             return False
         pred, gold = collapse_braces(pred.strip()), collapse_braces(gold.strip())
         verdict = _plain_verdict(pred, gold)
@@ -258,11 +294,13 @@ def compute_score(solution_str: str, ground_truth: Any, timeout_seconds: float |
         timeout_seconds: hard limit in seconds of the comparison (see :func:`is_equiv`); None: no limit.
 
     Returns:
-        A Python float in {0.0, 1.0}. A response without a (closed) box scores 0.0. Never raises.
+        A Python float in {0.0, 1.0}. A response without a (closed) box, or whose box is empty
+        (:func:`is_empty_answer`), scores 0.0, as does any response against an empty or None ground truth. Never
+        raises.
     """
     try:
         pred = remove_boxed(last_boxed_only_string(solution_str))
-        if pred is None or not pred.strip():
+        if pred is None or is_empty_answer(pred):
             return 0.0
         return 1.0 if is_equiv(pred, _gold_answer(ground_truth), timeout_seconds=timeout_seconds) else 0.0
     except Exception:

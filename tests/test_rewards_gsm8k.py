@@ -111,3 +111,72 @@ def test_reference_solutions_score_one_against_their_own_answer():
         gt = row["answer"].split("####")[-1].strip()
         assert compute_score(row["answer"], gt) == 1.0, row["answer"]
         assert compute_score(row["answer"] + "\n" + FILLER, gt) == 1.0
+
+
+# F3: the strict number takes commas only as thousands separators (as flexible mode does); a number whose commas
+# are not thousands groups (a list, a European decimal) is ambiguous and is no answer; a trailing comma is
+# punctuation.
+@pytest.mark.parametrize("text,expected", [
+    ("#### 1,000", "1000"), ("#### 12,345,678", "12345678"), ("#### 1,234.5", "1234.5"), ("#### -$1,000", "-1000"),
+    ("#### 42, so that is it", "42"), ("#### 1,000, so", "1000"), ("#### 42,", "42"), ("#### 1, 2, 3", "1"),
+    ("#### 1,000/4", "1000/4"), ("#### 3 / 4", "3/4"),
+    ("The digits are #### 1,2", None), ("#### 3,4,5", None), ("#### 5,00", None), ("#### 1234,567", None),
+    ("#### 0,5", None), ("#### 1,2345", None), ("#### 1,000,00", None), ("#### 1,234.5,6", None),
+    ("#### 3/1,5", None), ("#### 7\n#### 1,2", None),  # the last answer is ambiguous: not an earlier one
+])
+def test_strict_commas_count_only_as_thousands_separators(text, expected):
+    assert extract_solution(text, "strict") == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("#### 1,000", "1000"), ("it is 12,345,678", "12345678"), ("so 1,234.5 total", "1234.5"), ("ends 42, so", "42"),
+    ("answer: 1, 2, 3", "3"), ("The digits are 1,2", None), ("3,4,5", None), ("it is 5,00", None),
+    ("x 1234,567", None), ("0,5", None),
+])
+def test_flexible_commas_follow_the_same_rule(text, expected):
+    assert extract_solution(text, "flexible") == expected
+
+
+def test_an_ambiguous_comma_number_scores_as_no_answer():
+    from rewards.format_reward import compute_score as shaped
+    for text, truth in (("The digits are #### 1,2", "12"), ("#### 3,4,5", "345"), ("#### 5,00", "500"),
+                        ("#### 5,00", "5")):
+        assert compute_score(text, truth) == 0.0
+        assert compute_score(text, truth, format_score=0.1) == 0.0  # no answer, not a wrong one
+        assert shaped(text, truth, answer_format="gsm8k") == {"score": 0.0, "acc": 0.0, "format": 0.0}
+    assert compute_score("#### 1,000", "1000") == 1.0 and compute_score("#### 42, so", "42") == 1.0
+
+
+# F4: flexible mode reads what is attached to the last number as the strict path does: ``3/4`` is the fraction,
+# ``1.5e3`` the exponent form, a power (``2^10``, ``2**10``, ``2^{10}``) is no answer; never the denominator,
+# exponent or power alone.
+@pytest.mark.parametrize("text,expected", [
+    ("The answer is 3/4", "3/4"), ("so -3/4.", "-3/4"), ("it is $1,000/4", "1000/4"),
+    ("The answer is 1.5e3", "1.5e3"), ("The answer is 1.5e-3", "1.5e-3"), ("so 2E+5 then", "2E+5"),
+    ("The answer is 2^10", None), ("The answer is 2**10", None), ("so 2^{10}", None), ("so 2 ^ 10", None),
+    ("it is 2^", None), ("area 5 m^2", None),
+    ("12/25/2023", None), ("1/2/3", None), ("3/-4", None), ("2^3/4", None), ("1e3/4", None), ("1e2e3", None),
+    ("1e1234567", None), ("10-3", None), ("pages 12-15", None),
+    ("so \\frac{3}{4}", "3/4"), ("so -\\dfrac{3}{4}.", "-3/4"), ("\\binom{3}{4}", None), ("\\frac{3}{4x}", None),
+    ("\\sqrt{2}", None), ("\\boxed{18}", "18"), ("The answer is **42**", "42"), ("it is 2**", "2"),
+    ("it was -17 degrees", "-17"), ("3 / 4", "3/4"), ("12 / hour", "12"), ("answer 42.", "42"), ("x = -5", "-5"),
+])
+def test_flexible_reads_what_is_attached_to_the_last_number(text, expected):
+    assert extract_solution(text, "flexible") == expected
+
+
+def test_flexible_scores_fractions_exponents_and_powers_as_numbers():
+    for text, truth, score in (("The answer is 3/4", "4", 0.0), ("The answer is 3/4", "0.75", 1.0),
+                               ("The answer is 2^10", "10", 0.0), ("The answer is 2^10", "1024", 0.0),
+                               ("The answer is 1.5e3", "3", 0.0), ("The answer is 1.5e3", "1500", 1.0),
+                               ("The answer is 1.5e-3", "0.0015", 1.0), ("1/2.5", "0.4", 1.0)):
+        assert compute_score(text, truth, method="flexible") == score, (text, truth)
+
+
+@pytest.mark.parametrize("text", ["1/" * 500_000, "1e" * 500_000, "2^" * 500_000, "1/1,1" * 200_000,
+                                  "9" * 1_000_000 + "/3", "3/" + "9" * 1_000_000, "1e-" * 300_000])
+def test_flexible_attachments_stay_linear(text):
+    t0 = time.perf_counter()
+    for method in ("strict", "flexible"):
+        assert compute_score(text, "1", method=method) in (0.0, 1.0)
+    assert time.perf_counter() - t0 < 0.5

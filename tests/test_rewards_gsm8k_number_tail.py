@@ -27,3 +27,14 @@ def test_long_tails_stay_fast():
     for text in ("#### 1/" + "1" * 100_000, "#### 2" + "/1" * 100_000, "#### 1e" + "1" * 100_000):
         assert compute_score(text, "1") == 0.0
     assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.mark.parametrize("text", ["#### 12/25/2023", "#### 1/2/3", "#### 3/-4", "#### 2**10",
+                                  "#### 2 ^ 10", "#### 10-3", "#### 1e3/4", "#### 1/0", "#### 1e1234"])
+def test_a_chain_of_attachments_or_an_unreadable_number_is_no_answer(text):
+    assert extract_solution(text) is None
+    assert compute_score(text, "1", format_score=0.1) == 0.0
+
+
+def test_a_bare_fraction_denominator_is_read():
+    assert extract_solution("#### 3/.5") == "3/.5" and compute_score("#### 3/.5", "6") == 1.0

@@ -171,3 +171,48 @@ def test_math500_reference_solutions_score_one():
         rows = [json.loads(line) for line in f][:60]
     scores = [compute_score(r["solution"], r["answer"]) for r in rows]
     assert sum(scores) >= 0.95 * len(rows), [r["answer"] for r, s in zip(rows, scores) if s == 0]
+
+
+# F5 (a): a box whose content typesets as nothing (spacing commands, empty \text{}, braces, $ $) is no answer:
+# score 0 against any ground truth (an empty or None one included) and no format reward; an empty or None ground
+# truth never matches anything.
+EMPTY_BOXES = ["\\boxed{}", "\\boxed{ }", "\\boxed{\\,}", "\\boxed{\\text{}}", "\\boxed{$ $}", "\\boxed{\\!}",
+               "\\boxed{\\;}", "\\boxed{\\quad}", "\\boxed{\\qquad}", "\\boxed{{}}", "\\boxed{{ }\\ }", "\\boxed{~}",
+               "\\boxed{\\hspace{1cm}}", "\\boxed{\\text{\\mbox{ }}}", "\\boxed{\\left.\\right.}",
+               "\\boxed{\\displaystyle}", "\\boxed{\\textbf{\\text{}}}", "\\boxed{\\\\}", "\\fbox{\\:}",
+               "\\boxed{\\phantom{5}}", "\\boxed{x=}"]
+
+
+@pytest.mark.parametrize("box", EMPTY_BOXES)
+def test_a_box_that_normalises_to_nothing_is_no_answer(box):
+    from rewards.registry import get_scorer
+    for truth in ("", None, " ", "\\,", "\\text{}", "5"):
+        assert compute_score(f"so {box}", truth) == 0.0, truth
+    assert M.is_empty_answer(remove_boxed(last_boxed_only_string(box)))
+    assert get_scorer("format_boxed")(f"so {box}", "5") == {"score": 0.0, "acc": 0.0, "format": 0.0}
+
+
+def test_an_empty_or_none_ground_truth_never_matches():
+    for truth in ("", None, "  ", "\\,", "\\boxed{}", "\\boxed{\\text{}}", "{}"):
+        for text in ("\\boxed{5}", "\\boxed{x}", "\\boxed{\\,}", "\\boxed{}"):
+            assert compute_score(text, truth) == 0.0, (text, truth)
+        assert not M.is_equiv("", "" if truth is None else truth)
+    assert not M.is_equiv("\\,", "\\text{}")
+    assert M.is_empty_answer(None) and M.is_empty_answer("  ") and not M.is_empty_answer("0")
+    assert not M.is_empty_answer("\\emptyset") and not M.is_empty_answer("\\text{Evelyn}")
+
+
+# F5 (b): a leading ``x=``/``y=`` names the variable: an equation in another variable is another answer, while a
+# label on one side only is still dropped.
+@pytest.mark.parametrize("pred,gold,score", [
+    ("x=2", "y=2", 0.0), ("y=2", "x=2", 0.0), ("x = \\frac{1}{2}", "y=0.5", 0.0),
+    ("x=2", "2", 1.0), ("2", "x=2", 1.0), ("x=2", "x=2", 1.0), ("y = 2", "y=2", 1.0), ("x=2", "x=3", 0.0),
+])
+def test_an_equation_in_another_variable_is_another_answer(pred, gold, score):
+    assert compute_score(f"\\boxed{{{pred}}}", gold) == score
+
+
+def test_an_equation_in_another_variable_without_math_verify(monkeypatch):
+    monkeypatch.setattr(M, "_MV", False)
+    assert compute_score("\\boxed{x=2}", "y=2") == 0.0
+    assert compute_score("\\boxed{x=2}", "2") == 1.0 and compute_score("\\boxed{2}", "y=2") == 1.0

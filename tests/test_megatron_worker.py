@@ -46,6 +46,8 @@ def _run_config(out_dir, strategy, world=1, extra=()):
 def _batch(seed, rows=16):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 23, (rows, P + R), generator=g)
+    ids[::2, P + 1] = 0  # the pad id sampled as a response token: HF's padding_idx row gets no gradient from it
+    ids[1::4, P - 1] = 0  # and in a prompt
     mask = torch.ones(rows, P + R, dtype=torch.long)
     for i in range(rows):  # left-padded prompts, right-padded responses
         mask[i, :i % 3] = 0

@@ -136,6 +136,31 @@ def build_gpt_model(hf_config: Any, params_dtype: torch.dtype = torch.float32, p
     return model, cfg, model_shape(hf_config, tp, pp)
 
 
+def match_hf_padding_idx(model: torch.nn.Module, pad_token_id: int | None) -> None:
+    """Give the megatron-core embedding the HF embedding's ``padding_idx`` rule: a position whose input id is
+    ``pad_token_id`` sends no gradient into the embedding table (``torch.nn.Embedding(padding_idx=...)``, which the
+    HF Llama/Qwen2/Mistral models build with ``config.pad_token_id``). Without it a sampled pad token trained the pad
+    row on this path and not on the DeepSpeed path, so the two gave different gradients for one batch. The forward
+    values are unchanged; a tied output layer still trains the row, as in HF.
+
+    Args:
+        model: a ``GPTModel`` (unwrapped) built by :func:`build_gpt_model`; a stage without the embedding is left
+            as it is.
+        pad_token_id: the HF config's ``pad_token_id``; None leaves the model as it is.
+    """
+    emb = getattr(getattr(model, "embedding", None), "word_embeddings", None)
+    if emb is None or pad_token_id is None:
+        return
+
+    def hook(module, args, output):
+        ids = args[0]  # (batch, seq) token ids; output (batch, seq, hidden)
+        if output.requires_grad and ids.shape == output.shape[:-1]:
+            return torch.where((ids == pad_token_id).unsqueeze(-1), output.detach(), output)
+        return output
+
+    emb.register_forward_hook(hook)
+
+
 def load_hf_weights(model: torch.nn.Module, hf_state: dict[str, torch.Tensor], shape) -> None:
     """Copy a full HF state dict into this rank's megatron-core ``model`` (converted and sharded).
 

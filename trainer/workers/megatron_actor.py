@@ -121,11 +121,12 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         from megatron.core import parallel_state as ps
 
         from trainer.megatron.engine import MegatronEngine, ShadowLRScheduler
-        from trainer.megatron.model import build_gpt_model, load_hf_weights
+        from trainer.megatron.model import build_gpt_model, load_hf_weights, match_hf_padding_idx
 
         dtype = self.param_dtype()
         model, tcfg, shape = build_gpt_model(hf_config, params_dtype=dtype)
         load_hf_weights(model, hf_state, shape)
+        match_hf_padding_idx(model, getattr(hf_config, "pad_token_id", None))
         self.shape = shape
         cuda = self.device.type == "cuda"
         if cuda and dtype != torch.float32:

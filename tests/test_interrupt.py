@@ -79,32 +79,43 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_no_ray_process(tmp_path):
     assert _alive(procs) == [] and _session_left(run.proc.pid) == []
 
 
-def test_sigterm_during_start_up_stops_at_once_with_exit_143(tmp_path):
-    run = Run(str(tmp_path / "early"))
-    run.wait_for(lambda: "actor workers: rank" in run.text(), "worker start-up")
-    procs = run.descendants()
-    run.proc.send_signal(signal.SIGTERM)
-    rc = run.finish()
-    assert rc == 143, (rc, run.text()[-3000:])
-    _one_line(run.text(), r"interrupted at step 0; last checkpoint: none")
-    assert _alive(procs) == [] and _session_left(run.proc.pid) == []
+@pytest.fixture(scope="module")
+def stopped_in_start_up(saved, tmp_path_factory):
+    """One fresh run (``resume_mode=disable``) sent SIGTERM during start-up (once its workers are up), made once for
+    the two tests below: into a copy of a real run's output folder, whose checkpoints it had not set aside yet.
+    ``out``, ``rc``, ``text``, ``earlier`` (the step folders before the run), ``alive`` (its processes still running
+    after it ended) and ``session_left`` (processes left in its session)."""
+    import shutil
 
-
-def test_a_fresh_run_stopped_during_start_up_names_none_of_the_earlier_runs_checkpoints(tmp_path):
-    """A fresh run (``resume_mode=disable``) into a folder holding an earlier run's checkpoints, stopped before it
-    set them aside: the line names no checkpoint (the earlier run's latest is not this run's), and they stay."""
-    out = str(tmp_path / "again")
-    from tests.e2e_shared import run_main_forked
-
-    run_main_forked(out, *SHORT, "trainer.save_freq=1", "trainer.export_hf_on_end=false", "trainer.test_freq=-1")
+    out = str(tmp_path_factory.mktemp("early") / "again")
+    shutil.copytree(saved, out)  # an earlier run's output folder with its checkpoint of step 1 (tests/conftest.py)
     earlier = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("global_step_"))
     assert earlier, os.listdir(os.path.join(out, "checkpoints"))
     run = Run(out, "trainer.resume_mode=disable")
     run.wait_for(lambda: "actor workers: rank" in run.text(), "worker start-up")
+    procs = run.descendants()
     run.proc.send_signal(signal.SIGTERM)
-    assert run.finish() == 143, run.text()[-3000:]
-    _one_line(run.text(), r"interrupted at step 0; last checkpoint: none")
-    assert sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("global_step_")) == earlier
+    rc = run.finish()
+    return dict(out=out, rc=rc, text=run.text(), earlier=earlier, alive=_alive(procs),
+                session_left=_session_left(run.proc.pid))
+
+
+def test_sigterm_during_start_up_stops_at_once_with_exit_143(stopped_in_start_up):
+    run = stopped_in_start_up
+    assert run["rc"] == 143, (run["rc"], run["text"][-3000:])
+    _one_line(run["text"], r"interrupted at step 0; last checkpoint: none")
+    assert run["alive"] == [] and run["session_left"] == []
+
+
+def test_a_fresh_run_stopped_during_start_up_names_none_of_the_earlier_runs_checkpoints(stopped_in_start_up):
+    """A fresh run (``resume_mode=disable``) into a folder holding an earlier run's checkpoints, stopped before it
+    set them aside: the line names no checkpoint (the earlier run's latest is not this run's), and they stay."""
+    run = stopped_in_start_up
+    out = run["out"]
+    assert run["rc"] == 143, run["text"][-3000:]
+    _one_line(run["text"], r"interrupted at step 0; last checkpoint: none")
+    assert sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("global_step_")) == \
+        run["earlier"]
 
 
 _SIGTERM_RUN: dict = {}

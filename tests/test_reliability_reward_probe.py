@@ -286,7 +286,7 @@ _DRIVER_IMPORT = """
             outcome = "loaded"
         except ConfigError as exc:
             outcome = "error: " + str(exc)
-        time.sleep(1.0)  # a signal recorded during the import is raised once it is done
+        time.sleep(0.3)  # a signal recorded during the import is raised once it is done (at once)
     except KeyboardInterrupt as exc:
         outcome = outcome or "interrupted"
     print(outcome, flush=True)

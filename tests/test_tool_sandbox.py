@@ -181,11 +181,12 @@ def test_model_code_never_runs_in_this_process(tool, monkeypatch):
 
 
 def test_hostile_batch_leaves_the_rollout_going(tool):
-    # the hostile calls get 8 s; the benign call starts beside a busy loop and a fork bomb on two loaded cores, so it
-    # gets its own tool with room to start (it is judged on its answer, not on its speed)
+    # the hostile calls get 4 s (the busy loop's timeout is all this test waits for); the benign call starts beside a
+    # busy loop and a fork bomb on two loaded cores, so it gets its own tool with room to start (it is judged on its
+    # answer, not on its speed)
     limits = dict(memory_mb=512, max_processes=16, max_output_bytes=4096, isolation=tool.isolation,
                   min_isolation="process")
-    hostile = PythonTool(timeout_s=8.0, cpu_s=8, **limits)
+    hostile = PythonTool(timeout_s=4.0, cpu_s=4, **limits)
     benign = PythonTool(timeout_s=60.0, cpu_s=30, **limits)
     codes = ["while True: pass", "import os\nwhile True: os.fork()", "print('y' * 10**8)", "raise SystemExit(3)"]
     calls = [ToolCall("python", {"code": c}) for c in codes] + [ToolCall("benign", {"code": "print(6 * 7)"})]

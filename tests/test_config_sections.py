@@ -92,6 +92,8 @@ def test_a_frozen_section_refuses_writes():
     (TrainerConfig, "trainer", "log_val_generations", -2, "trainer.log_val_generations=-2; expected an integer >= 0"),
     (DataConfig, "data", "max_response_length", 0, "data.max_response_length=0; expected a positive integer"),
     (DataConfig, "data", "gen_batch_size", 0, "data.gen_batch_size=0; expected an integer >= 1"),
+    (DataConfig, "data", "val_batch_size", -1, "data.val_batch_size=-1; expected an integer >= 1"),
+    (DataConfig, "data", "val_batch_size", 0, "data.val_batch_size=0; expected an integer >= 1"),
     (DataConfig, "data", "shuffle", "no", "data.shuffle='no'; expected true or false"),
 ])
 def test_a_bad_value_is_one_line_naming_the_dotted_key(cls, key, name, value, line):

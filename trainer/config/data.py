@@ -57,8 +57,9 @@ class DataConfig(Section):
         for name in ("max_prompt_length", "max_response_length", "train_batch_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{key}.{name}={self.given(name)}; expected a positive integer")
-        if self.gen_batch_size is not None:
-            at_least(f"{key}.gen_batch_size", self.gen_batch_size, 1)
+        for name in ("gen_batch_size", "val_batch_size"):  # null: the train batch / every validation row at once
+            if getattr(self, name) is not None:
+                at_least(f"{key}.{name}", getattr(self, name), 1)
         for name in ("max_rows", "val_max_rows"):  # null keeps every row
             if getattr(self, name) is not None:
                 at_least(f"{key}.{name}", getattr(self, name), 1)

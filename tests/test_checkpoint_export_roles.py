@@ -142,3 +142,23 @@ def test_p29_critic_saved_with_the_actors_architectures_still_exports(tmp_path):
     assert _config_json(out)["architectures"] == ["LlamaForTokenClassification"]
     model = transformers.AutoModelForTokenClassification.from_pretrained(out)
     assert model.config.num_labels == 1
+
+
+def test_the_critics_new_value_head_is_drawn_from_the_runs_seed(tmp_path):
+    """Two critics of one config start with the same value head whatever the process's RNG did before (two runs
+    with one ``trainer.seed`` are repeatable), and another seed draws another head."""
+    import dataclasses
+
+    from trainer.workers.critic import CriticWorker
+
+    path = _backbone(str(tmp_path), True)
+    heads = []
+    for noise, seed in ((1, 7), (2, 7), (3, 8)):
+        torch.manual_seed(noise)
+        cfg = _config(path, 0)
+        w = CriticWorker(dataclasses.replace(cfg, seed=seed), 0, 1, device="cpu", role="critic")
+        w.init_model()
+        heads.append({k: v.detach().clone() for k, v in w.critic.engine.module.state_dict().items()
+                      if k.startswith("score.")})
+    assert heads[0] and all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+    assert any(not torch.equal(heads[0][k], heads[2][k]) for k in heads[0])

@@ -65,8 +65,10 @@ class ModelRole:
             keep = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 (must stay alive while loading)
         sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
         use_rmpad = model_cfg.use_remove_padding or sp > 1
-        model = load_hf_model(path, hf_config if override else None, value_head, remote,
-                              vision_language=is_vision_language(hf_config))
+        with torch.random.fork_rng(devices=[]):  # a value head is new: drawn from trainer.seed, the same on every rank
+            torch.manual_seed(int(worker.config.seed))
+            model = load_hf_model(path, hf_config if override else None, value_head, remote,
+                                  vision_language=is_vision_language(hf_config))
         if use_rmpad:
             from patches.ulysses import apply_ulysses_patch
 

@@ -393,3 +393,28 @@ def test_a_gae_runs_critic_schedule_change_is_warned_with_critic_enable_left_nul
     torch.save({"global_step": 1, "config": _cfg(*gae)}, str(step / "data.pt"))
     (line,) = resume_schedule_warnings(_cfg(*gae, "critic.optim.lr_scheduler_type=cosine"), str(step))
     assert "critic.optim.lr_scheduler_type='cosine' (checkpoint: 'constant')" in line
+
+
+def test_a_resume_that_changes_the_optimizer_steps_per_step_under_a_moving_schedule_is_warned(tmp_path):
+    """The schedule counts optimizer steps: with half the mini-batch (or twice the epochs) the restored count falls
+    at another point of the run, and a cosine run went back into warm-up with its rate rising, without a word."""
+    import torch
+
+    from trainer.resume_schedule import resume_schedule_warnings
+
+    step = tmp_path / "global_step_2"
+    step.mkdir()
+    cosine = ("actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps=1")
+    base = ("data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+    torch.save({"global_step": 2, "config": _cfg(*cosine, *base)}, str(step / "data.pt"))
+    assert resume_schedule_warnings(_cfg(*cosine, *base), str(step)) == []
+    (line,) = resume_schedule_warnings(_cfg(*cosine, "data.train_batch_size=8",
+                                            "actor_rollout_ref.actor.ppo_mini_batch_size=4"), str(step))
+    assert line.startswith("trainer.resume_mode: actor_rollout_ref.actor.ppo_mini_batch_size=4 (checkpoint: 8): "
+                           "actor_rollout_ref.actor makes 2 optimizer steps per training step (checkpoint: 1)")
+    assert "\n" not in line and "may go back into warm-up" in line
+    (line,) = resume_schedule_warnings(_cfg(*cosine, *base, "actor_rollout_ref.actor.ppo_epochs=3"), str(step))
+    assert "actor_rollout_ref.actor.ppo_epochs=3 (checkpoint: 1)" in line and "makes 3 optimizer steps" in line
+    torch.save({"global_step": 2, "config": _cfg(*base)}, str(step / "data.pt"))  # constant, no warm-up: nothing moves
+    assert resume_schedule_warnings(_cfg("data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"),
+                                    str(step)) == []

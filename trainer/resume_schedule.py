@@ -5,7 +5,7 @@ step already trains at the new schedule's rate."""
 from __future__ import annotations
 
 from trainer.resume_checks import SCHEDULE_KEYS, _optim_diffs, _same, _saved_config
-from trainer.run_roles import trained_optims
+from trainer.run_roles import ROLES, trained_optims, trained_roles
 
 __all__ = ["resume_schedule_warnings"]
 
@@ -18,13 +18,19 @@ def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
     differs from the checkpoint's, one when the run's length (``trainer.total_training_steps``, or
     ``trainer.total_epochs`` when the length comes from the data, or an ``optim.total_training_steps`` set) differs
     while a trained role's schedule decays (not ``constant``): the schedule is stretched or shrunk over the new
-    length. The run is allowed (a schedule changed on purpose is a use), but not silently."""
+    length; one per trained role whose optimizer steps per training step changed (``ppo_epochs``,
+    ``ppo_mini_batch_size``, PRIME's ``reward_model.mini_batch_size``) while its schedule moves (decays or warms up):
+    the schedule counts optimizer steps, so the restored count falls at another point of the run
+    (:func:`_per_step_diffs`).
+    The run is allowed (a schedule changed on purpose is a use), but not silently."""
     out = []
     diffs = _optim_diffs(cfg, step_dir, SCHEDULE_KEYS)
     if diffs:
         out.append(f"trainer.resume_mode: {', '.join(diffs)}: the learning-rate schedule changes at the resumed step "
                    f"({_NEW_RATE})")
     saved = _saved_config(step_dir)
+    if saved is not None:
+        out += _per_step_diffs(cfg, saved)
     decaying = sorted({o.get("lr_scheduler_type") for o in _trained(cfg) if o.get("lr_scheduler_type") != "constant"})
     if saved is None or not decaying:
         return out
@@ -48,3 +54,48 @@ def _length_diffs(cfg: dict, saved: dict) -> list[str]:
     if then.get(key) is None or _same(now.get(key), then.get(key)):
         return []
     return [f"trainer.{key}={now.get(key)!r} (checkpoint: {then.get(key)!r})"]
+
+
+def _node(cfg: dict, path: tuple[str, ...]):
+    for part in path:
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _updates_per_step(cfg: dict, key: str) -> tuple[int, dict[str, object]] | None:
+    """A trained role's optimizer steps per training step, as :func:`trainer.config.workers.scheduler_total_steps`
+    (and the PRM's config) count them, with the keys they come from; None for values that are not numbers."""
+    path = dict(ROLES)[key]
+    try:
+        batch = int(_node(cfg, ("data",)).get("train_batch_size"))
+        if key == "reward_model.model":
+            keys = {"reward_model.mini_batch_size": _node(cfg, ("reward_model",)).get("mini_batch_size")}
+            epochs, mini = 1, int(keys["reward_model.mini_batch_size"])
+        else:
+            node = _node(cfg, path)
+            keys = {f"{key}.ppo_epochs": node.get("ppo_epochs"),
+                    f"{key}.ppo_mini_batch_size": node.get("ppo_mini_batch_size")}
+            epochs, mini = int(node.get("ppo_epochs")), int(node.get("ppo_mini_batch_size"))
+    except (TypeError, ValueError):
+        return None
+    return max(1, epochs * max(1, batch // max(1, mini))), keys
+
+
+def _per_step_diffs(cfg: dict, saved: dict) -> list[str]:
+    """Warnings for the trained roles whose optimizer steps per training step differ from the checkpoint's while their
+    schedule moves (not ``constant`` without warm-up)."""
+    out = []
+    for key, path in trained_roles(cfg):
+        optim = _node(cfg, path).get("optim") or {}
+        moves = (optim.get("lr_scheduler_type") != "constant" or (optim.get("lr_warmup_steps") or 0) > 0
+                 or (optim.get("lr_warmup_steps_ratio") or 0) > 0)
+        now, then = _updates_per_step(cfg, key), _updates_per_step(saved, key)
+        if not moves or now is None or then is None or now[0] == then[0]:
+            continue
+        changed = [f"{k}={v!r} (checkpoint: {then[1].get(k)!r})" for k, v in now[1].items()
+                   if not _same(v, then[1].get(k))]
+        out.append(f"trainer.resume_mode: {', '.join(changed) or key}: {key} makes {now[0]} optimizer steps per "
+                   f"training step (checkpoint: {then[0]}), and its learning-rate schedule (lr_scheduler_type="
+                   f"{optim.get('lr_scheduler_type')}, warm-up included) counts optimizer steps, so the restored count "
+                   f"falls at another point of the run: the rate may go back into warm-up or rise ({_NEW_RATE})")
+    return out

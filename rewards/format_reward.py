@@ -45,13 +45,10 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
     """
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
-    acc = False
-    solution_str = gsm8k.final_answer_text(solution_str, answer_after)[0]
     if answer_format == "gsm8k":
-        answer = gsm8k.extract_solution(solution_str, method="strict")
-        well_formed = answer is not None
-        acc = well_formed and gsm8k.numbers_equal(answer, ground_truth)
+        well_formed, acc = gsm8k.judge(solution_str, ground_truth, method="strict", answer_after=answer_after)
     else:
+        solution_str = gsm8k.final_answer_text(solution_str, answer_after)[0]
         answer = math_reward.remove_boxed(math_reward.last_boxed_only_string(solution_str))
         well_formed = answer is not None and not math_reward.is_empty_answer(answer)
         acc = well_formed and math_reward.compute_score(solution_str, ground_truth) == 1.0

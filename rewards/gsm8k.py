@@ -32,7 +32,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["extract_solution", "normalize_number", "numbers_equal", "compute_score", "TOOL_RESPONSE_END",
+__all__ = ["extract_solution", "normalize_number", "numbers_equal", "judge", "compute_score", "TOOL_RESPONSE_END",
            "final_answer_text"]
 
 _MARKER = "####"
@@ -215,7 +215,8 @@ def _extract_flexible(text: str) -> str | None:
 
 def _attached_before(rev: str, m: re.Match) -> tuple[str | None, re.Match | None]:
     """What stands before the number ``m`` (a match of :data:`_REV_NUMBER_RE` on the reversed text ``rev``):
-    ``("power" | "exp" | "den" | "chain" | "frac" | "root" | "minus", match)``, or ``(None, None)`` when nothing is attached.
+    ``("power" | "exp" | "den" | "chain" | "frac" | "root" | "minus", match)``, or ``(None, None)`` when nothing
+    is attached.
     ``minus``: the sign is an operator between numbers (``10-3``)."""
     end = m.end()
     if m.group("sign") and end < len(rev) and "0" <= rev[end] <= "9":
@@ -342,7 +343,19 @@ def compute_score(solution_str: str, ground_truth: Any, method: str = "strict", 
     Raises:
         ValueError: for an unknown ``method`` (a configuration error, not a property of the response).
     """
+    answered, correct = judge(solution_str, ground_truth, method=method, answer_after=answer_after)
+    return float(score) if correct else float(format_score) if answered else 0.0
+
+
+def judge(solution_str: str, ground_truth: Any, method: str = "strict",
+          answer_after: str | None = None) -> tuple[bool, bool]:
+    """``(answered, correct)`` for a GSM8K response: whether an answer was extracted (:func:`extract_solution`,
+    after the last ``answer_after``, see :func:`final_answer_text`) and whether it equals ``ground_truth``
+    (:func:`numbers_equal`). The rule every GSM8K score is built from (:func:`compute_score`, the registered
+    scorers' ``acc``, the format scorer's ``format``).
+
+    Raises:
+        ValueError: for an unknown ``method``.
+    """
     answer = extract_solution(final_answer_text(solution_str, answer_after)[0], method=method)
-    if answer is None:
-        return 0.0
-    return float(score) if numbers_equal(answer, ground_truth) else float(format_score)
+    return answer is not None, answer is not None and numbers_equal(answer, ground_truth)

@@ -300,7 +300,7 @@ def compute_score(solution_str: str, ground_truth: Any, timeout_seconds: float |
     """
     try:
         pred = remove_boxed(last_boxed_only_string(solution_str))
-        if pred is None or is_empty_answer(pred):
+        if pred is None:  # an empty box is no answer too: is_equiv refuses it
             return 0.0
         return 1.0 if is_equiv(pred, _gold_answer(ground_truth), timeout_seconds=timeout_seconds) else 0.0
     except Exception:

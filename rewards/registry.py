@@ -148,16 +148,15 @@ def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: dict | None = 
 
 def _gsm8k(solution_str: str, ground_truth: Any, method: _Method, format_score: float, score: float,
            answer_after: str | None) -> float | dict:
-    """:func:`rewards.gsm8k.compute_score`; when ``score``/``format_score`` shape it (other than 1 and 0), a dict
-    ``{"score": that, "acc": 1.0 if correct else 0.0}``, so that ``acc`` (validation, dynamic sampling, PRIME's
-    accuracy band) stays correctness rather than the shaped score (a wrong answer's ``format_score`` or a correct
-    one's ``score`` above 1)."""
-    value = gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score,
-                                answer_after=answer_after)
+    """:func:`rewards.gsm8k.compute_score` from one :func:`rewards.gsm8k.judge`; when ``score``/``format_score``
+    shape it (other than 1 and 0), a dict ``{"score": that, "acc": 1.0 if correct else 0.0}``, so that ``acc``
+    (validation, dynamic sampling, PRIME's accuracy band) stays correctness rather than the shaped score (a wrong
+    answer's ``format_score`` or a correct one's ``score`` above 1)."""
+    answered, correct = gsm8k.judge(solution_str, ground_truth, method=method, answer_after=answer_after)
+    value = float(score) if correct else float(format_score) if answered else 0.0
     if format_score == 0.0 and score == 1.0:
         return value
-    return {"score": value, "acc": gsm8k.compute_score(solution_str, ground_truth, method=method,
-                                                        answer_after=answer_after)}
+    return {"score": value, "acc": float(correct)}
 
 
 @register_scorer("gsm8k_flexible", *_aliases("gsm8k_flexible"))

@@ -58,8 +58,9 @@ def resolve_resume_path(resume_mode: str, root: str | None) -> tuple[str | None,
 
     - ``"disable"``: ``(None, 0)``: train from scratch.
     - ``"auto"``: the tracker's checkpoint under ``root`` (``trainer.default_local_dir``), or ``(None, 0)``. When
-      that step folder is incomplete (a file missing or cut short, e.g. one rank's optimizer shard deleted:
-      :func:`trainer.checkpoint.verify.verify_step_folder`), the newest complete earlier step is taken with a
+      that step folder is incomplete or damaged (a file missing or cut short, e.g. one rank's optimizer shard
+      deleted, or a file whose bytes changed since the save: :func:`trainer.checkpoint.verify.verify_step_folder`),
+      the newest complete earlier step is taken with a
       warning naming what is wrong with the newer one (auto resumes from the last usable checkpoint; the next save
       writes over the broken step). With none, the newest is returned and refused before start-up, naming the file.
       A tracker that is missing, empty or not an integer falls back to the newest complete step with a warning
@@ -102,7 +103,7 @@ def _newest_usable(root: str, path: str) -> str:
     earlier = newest_complete_before(root, parse_step(path))
     if earlier is None:
         return path
-    log_once(logging.WARNING, "trainer.resume_mode=auto: the newest checkpoint %s is incomplete (%s); resuming "
+    log_once(logging.WARNING, "trainer.resume_mode=auto: the newest checkpoint %s is incomplete or damaged (%s); resuming "
              "from the newest complete earlier one, %s", path, problem, earlier, log=logger)
     return earlier
 

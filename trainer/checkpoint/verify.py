@@ -4,7 +4,13 @@ start, :func:`trainer.resume_checks.check_resume_checkpoint`; ``resume_mode=auto
 half-deleted checkpoint stops in one line naming the file instead of a traceback from inside a worker.
 
 Every file ``torch.save`` writes is a zip archive whose directory sits at its end: a file cut short (a copy that
-stopped, a full disk) has none, which :func:`zipfile.is_zipfile` sees by reading the last bytes only.
+stopped, a full disk) has none, which :func:`zipfile.is_zipfile` sees by reading the last bytes only. The archive
+also records the CRC-32 of every member (``torch.utils.serialization.config.save.compute_crc32``, on by default),
+which ``torch.load`` does not check: a file whose bytes changed after the save, same size (a bad disk, a copy
+damaged in place), loads silently, and finite wrong values pass every later check. :func:`damaged_member` reads each
+member through :mod:`zipfile`, which compares the CRC-32 (files in parallel; about 1.5 GB/s per thread on one CPU
+core), so such a file is named before anything loads it too; a member saved without a CRC-32 (recorded as 0) is not
+judged. Each file is read once per size and modification time in a process.
 
 A DeepSpeed role folder saved by W ranks (:class:`trainer.checkpoint.deepspeed_manager.DeepSpeedCheckpointManager`,
 deepspeed 0.19's ``save_checkpoint``) holds, besides ``latest`` and the tag folder it names:
@@ -23,11 +29,14 @@ A kind of file that is gone for every rank at once (all optimizer shards) is not
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["TRAINER_STATE_FILE", "IncompleteCheckpoint", "unreadable_files", "saved_ranks", "saved_world",
+__all__ = ["TRAINER_STATE_FILE", "IncompleteCheckpoint", "unreadable_files", "damaged_member", "saved_ranks",
+           "saved_world",
            "expected_files", "verify_deepspeed_role", "verify_step_folder"]
 
 #: the trainer state of a step folder (data loader, global step, run config), written after every role
@@ -57,6 +66,43 @@ def unreadable_files(folder: str) -> list[str]:
             if name.endswith(".pt") and not zipfile.is_zipfile(path):
                 bad.append(path)
     return sorted(bad)
+
+
+def damaged_member(path: str) -> str | None:
+    """The first member of the ``torch.save`` archive ``path`` whose bytes differ from the CRC-32 recorded when it
+    was written (the member's name, e.g. ``archive/data/3``), or None when every member with a recorded CRC-32
+    matches. Reads the whole file; the answer is kept per ``(path, size, modification time)``.
+
+    Raises:
+        OSError: the file cannot be read. ``path`` must be a zip archive (see :func:`unreadable_files`).
+    """
+    st = os.stat(path)
+    return _damaged_member(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _damaged_member(path: str, size: int, mtime_ns: int) -> str | None:
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.CRC == 0 and info.file_size:  # saved with compute_crc32 off: nothing to compare
+                continue
+            try:
+                with archive.open(info) as member:
+                    while member.read(1 << 24):
+                        pass
+            except zipfile.BadZipFile:
+                return info.filename
+    return None
+
+
+def _damaged_files(folder: str) -> list[tuple[str, str]]:
+    """``(file, member)`` for each complete ``*.pt`` archive under ``folder`` with a member that fails its CRC-32
+    (:func:`damaged_member`), sorted by file."""
+    paths = sorted(os.path.join(root, name) for root, _, names in os.walk(folder) for name in names
+                   if name.endswith(".pt") and zipfile.is_zipfile(os.path.join(root, name)))
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(len(paths), 1))) as pool:
+        members = list(pool.map(damaged_member, paths))
+    return [(path, member) for path, member in zip(paths, members) if member is not None]
 
 
 def saved_ranks(role_dir: str, tag: str | None = None) -> int:
@@ -183,3 +229,8 @@ def _no_unreadable(folder: str) -> None:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise IncompleteCheckpoint(f"{bad[0]!r}{more} is not a complete torch checkpoint file (cut short or "
                                    "corrupted)")
+    damaged = _damaged_files(folder)
+    if damaged:
+        (path, member), more = damaged[0], f" (and {len(damaged) - 1} more files)" if len(damaged) > 1 else ""
+        raise IncompleteCheckpoint(f"{path!r}{more} is damaged: its member {member!r} does not match the CRC-32 "
+                                   "recorded when it was saved (bytes changed since the save)")

@@ -117,6 +117,43 @@ def test_cc2_a_checkpoint_folder_outside_the_output_folder_that_a_live_run_saves
     os.close(run_lock._held.pop(os.path.realpath(shared)))
 
 
+def test_a_checkpoint_folder_inside_this_output_folder_that_another_live_run_saves_to_is_refused(tmp_path,
+                                                                                                   monkeypatch):
+    """The other run has its own output folder and saves into this one's ``checkpoints`` (or a folder in it): this
+    run's set-aside of earlier checkpoints would move its steps away."""
+    import subprocess
+    import sys
+
+    from tests.e2e_utils import ROOT
+    from trainer import run_lock
+    from trainer.config_checks import ConfigError
+
+    monkeypatch.setattr(run_lock, "_held", {})
+    out = tmp_path / "out"
+    for held in (out / "checkpoints", out / "checkpoints" / "sub"):
+        other = subprocess.Popen([sys.executable, "-c", "import sys, time; from trainer.run_lock import "
+                                  "hold_checkpoint_dir; hold_checkpoint_dir(sys.argv[1], sys.argv[2]); "
+                                  "print('held', flush=True); time.sleep(600)", str(tmp_path / "first"), str(held)],
+                                 cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            assert other.stdout.readline().strip() == "held"
+            run_lock.hold_output_dir(str(out))  # the output folder itself is free
+            for mine in (out / "checkpoints", out / "checkpoints" / "sub"):
+                if held == out / "checkpoints" or mine == held:
+                    with pytest.raises(ConfigError) as info:
+                        run_lock.hold_checkpoint_dir(str(out), str(mine))
+                    assert str(info.value).startswith(f"trainer.default_local_dir={str(mine)!r} is in use by another "
+                                                      f"run (pid {other.pid})") and "\n" not in str(info.value)
+                    assert (f"(its folder {str(held)!r})" in str(info.value)) == (mine != held)
+                else:  # a sibling of the other run's folder inside this one's
+                    run_lock.hold_checkpoint_dir(str(out), str(mine))
+        finally:
+            other.kill()
+            other.wait()
+        run_lock.hold_checkpoint_dir(str(out), str(held))  # once the other run has ended
+        os.close(run_lock._held.pop(os.path.realpath(out)))
+
+
 def test_cc2_a_second_run_into_a_live_runs_folder_stops_in_one_line_and_moves_nothing(tmp_path):
     from tests.test_reliability_config import assert_one_line_error, run_cli
 

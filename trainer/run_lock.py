@@ -59,24 +59,32 @@ def _refuse_inside_a_live_run(real: str, given: str, key: str) -> None:
     """
     parent = os.path.dirname(real)
     while parent and parent not in _held:
-        lock = os.path.join(parent, LOCK_FILE)
-        if os.path.isfile(lock):
-            try:
-                fd = os.open(lock, os.O_RDONLY)
-            except OSError:
-                fd = None
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except OSError:
-                    other = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-                    raise _in_use(f"{key}={given!r} lies inside {parent!r}, the folder of another run (pid {other}) "
-                                  f"that is still writing to it", key) from None
-                finally:
-                    os.close(fd)
+        other = _live_holder(parent)
+        if other is not None:
+            raise _in_use(f"{key}={given!r} lies inside {parent!r}, the folder of another run (pid {other}) "
+                          f"that is still writing to it", key)
         if parent == os.path.dirname(parent):
             break
         parent = os.path.dirname(parent)
+
+
+def _live_holder(folder: str) -> str | None:
+    """The pid (as its lock file records it, or ``"unknown"``) of a live process other than this one that holds
+    ``folder``'s lock file; None when nobody holds it (no file, or a dead run's)."""
+    lock = os.path.join(folder, LOCK_FILE)
+    if folder in _held or not os.path.isfile(lock):
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except OSError:
+        return os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+    finally:
+        os.close(fd)
 
 
 def hold_run_dir(hydra_cfg) -> None:
@@ -109,19 +117,31 @@ def _composed_folder(hydra_cfg, key: str) -> str | None:
 
 
 def hold_checkpoint_dir(output_dir: str, checkpoint_dir: str) -> None:
-    """:func:`hold_output_dir` for ``trainer.default_local_dir`` when it lies outside ``output_dir`` (inside it, the
-    output folder's lock covers it): two live runs with different output folders never save into one checkpoint
-    folder.
+    """:func:`hold_output_dir` for ``trainer.default_local_dir`` when it lies outside ``output_dir``: two live runs
+    with different output folders never save into one checkpoint folder. Inside it (the default), the output
+    folder's lock covers it, and it, or a folder between it and ``output_dir``, must not be another live run's
+    checkpoint or output folder (a run with its own output folder saving into this one's ``checkpoints``: this
+    run's set-aside of earlier checkpoints would move that run's steps away).
 
     Raises:
-        ConfigError: another live process holds ``checkpoint_dir`` (as its checkpoint or output folder): one line
-            naming ``trainer.default_local_dir``, the folder and that run's pid.
+        ConfigError: another live process holds ``checkpoint_dir`` (as its checkpoint or output folder), or a
+            folder between it and ``output_dir``: one line naming ``trainer.default_local_dir``, the folder and
+            that run's pid.
     """
     if not checkpoint_dir:
         return
     out, real = os.path.realpath(output_dir), os.path.realpath(checkpoint_dir)
     if real != out and not real.startswith(out + os.sep):
         hold_output_dir(checkpoint_dir, "trainer.default_local_dir")
+        return
+    folder = real
+    while folder != out:
+        other = _live_holder(folder)
+        if other is not None:
+            where = "" if folder == real else f" (its folder {folder!r})"
+            raise _in_use(f"trainer.default_local_dir={checkpoint_dir!r} is in use by another run (pid {other}) that "
+                          f"is still writing to it{where}", "trainer.default_local_dir")
+        folder = os.path.dirname(folder)
 
 
 def hold_run_folders(trainer_cfg: dict) -> None:

@@ -70,3 +70,29 @@ def test_rollout_is_end_to_end_step(tmp_path):
     for r in steps:
         for key in ("rollout_corr/is_weight_mean", "rollout_corr/is_truncated_frac", "rollout/log_prob_diff_max"):
             assert math.isfinite(r[key]), key
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -float("inf"), float("inf")])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_p06_a_non_finite_log_prob_at_a_masked_position_leaves_every_weight_and_metric_finite(bad, level, normalize):
+    """Masking by multiplying made a masked NaN (or -inf: -inf * 0 is NaN) the row's sequence weight, and with batch
+    normalisation every row's; the weights must be those of the counted tokens alone."""
+    from trainer.algos.losses import compute_policy_loss_vanilla
+    from trainer.algos.rollout_correction import RolloutCorrection, apply_rollout_correction
+    from trainer.protocol import DataProto
+
+    mask = torch.tensor([[1, 0], [1, 1]])
+    batch = DataProto.from_dict({"old_log_probs": torch.tensor([[0.0, bad], [-0.1, -0.2]]),
+                                 "rollout_log_probs": torch.tensor([[0.0, 0.0], [0.0, 0.0]]), "response_mask": mask})
+    metrics = apply_rollout_correction(batch, RolloutCorrection(level, 2.0, normalize))
+    w = batch["rollout_is_weights"]
+    raw = torch.tensor([[1.0, 0.0], [0.9048374, 0.8187308]]) if level == "token" else \
+        torch.tensor([[1.0, 0.0], [0.7408182, 0.7408182]])
+    counted = raw[mask > 0] if level == "token" else raw[:, 0]
+    expected = raw / counted.mean() if normalize else raw
+    torch.testing.assert_close(w, expected, rtol=1e-5, atol=1e-6)
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics
+    lp = batch["old_log_probs"]
+    loss, _ = compute_policy_loss_vanilla(lp, lp, torch.ones(2, 2), mask, rollout_is_weights=w)
+    assert torch.isfinite(loss)

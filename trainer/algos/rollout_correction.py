@@ -105,7 +105,7 @@ def rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
         raise ValueError(f"old_log_probs {tuple(old_log_probs.shape)}, rollout_log_probs "
                          f"{tuple(rollout_log_probs.shape)} and response_mask {tuple(response_mask.shape)} must match")
     m = response_mask > 0
-    delta = (old_log_probs.float() - rollout_log_probs.float()) * m
+    delta = torch.where(m, old_log_probs.float() - rollout_log_probs.float(), 0.0)  # NaN * 0 is NaN: not a mask
     if spec.rollout_is == "token":
         raw, counted = torch.exp(delta.clamp(-_LOG_BOUND, _LOG_BOUND)), m
     else:

@@ -159,6 +159,7 @@ def test_rollout_engine_receives_megatron_weights(workers):
 
 def test_checkpoint_round_trip_resumes_bit_exact(workers, tmp_path):
     mg = workers["mg"]
+    mg.update_actor(_train_batch(mg, seed=3))  # a checkpoint follows a step: the optimizer has its state (alone too)
     path = str(tmp_path / "global_step_7" / "actor")
     mg.save_checkpoint(path)
     b = _train_batch(mg, seed=4)

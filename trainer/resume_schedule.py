@@ -5,7 +5,7 @@ step already trains at the new schedule's rate."""
 from __future__ import annotations
 
 from trainer.resume_checks import SCHEDULE_KEYS, _optim_diffs, _same, _saved_config
-from trainer.run_roles import ROLES, trained_optims, trained_roles
+from trainer.run_roles import role_section, trained_optims, trained_roles, updates_per_step
 
 __all__ = ["resume_schedule_warnings"]
 
@@ -56,40 +56,15 @@ def _length_diffs(cfg: dict, saved: dict) -> list[str]:
     return [f"trainer.{key}={now.get(key)!r} (checkpoint: {then.get(key)!r})"]
 
 
-def _node(cfg: dict, path: tuple[str, ...]):
-    for part in path:
-        cfg = cfg.get(part) if isinstance(cfg, dict) else None
-    return cfg if isinstance(cfg, dict) else {}
-
-
-def _updates_per_step(cfg: dict, key: str) -> tuple[int, dict[str, object]] | None:
-    """A trained role's optimizer steps per training step, as :func:`trainer.config.workers.scheduler_total_steps`
-    (and the PRM's config) count them, with the keys they come from; None for values that are not numbers."""
-    path = dict(ROLES)[key]
-    try:
-        batch = int(_node(cfg, ("data",)).get("train_batch_size"))
-        if key == "reward_model.model":
-            keys = {"reward_model.mini_batch_size": _node(cfg, ("reward_model",)).get("mini_batch_size")}
-            epochs, mini = 1, int(keys["reward_model.mini_batch_size"])
-        else:
-            node = _node(cfg, path)
-            keys = {f"{key}.ppo_epochs": node.get("ppo_epochs"),
-                    f"{key}.ppo_mini_batch_size": node.get("ppo_mini_batch_size")}
-            epochs, mini = int(node.get("ppo_epochs")), int(node.get("ppo_mini_batch_size"))
-    except (TypeError, ValueError):
-        return None
-    return max(1, epochs * max(1, batch // max(1, mini))), keys
-
-
 def _per_step_diffs(cfg: dict, saved: dict) -> list[str]:
     """Warnings for the trained roles whose optimizer steps per training step differ from the checkpoint's while their
     schedule moves (not ``constant`` without warm-up)."""
     out = []
     for key, path in trained_roles(cfg):
-        optim = _node(cfg, path).get("optim") or {}
+        optim = role_section(cfg, path).get("optim") or {}
         moves = (optim.get("lr_scheduler_type") != "constant" or (optim.get("lr_warmup_steps") or 0) > 0
                  or (optim.get("lr_warmup_steps_ratio") or 0) > 0)
-        now, then = _updates_per_step(cfg, key), _updates_per_step(saved, key)
+        now, then = updates_per_step(cfg, key), updates_per_step(saved, key)
         if not moves or now is None or then is None or now[0] == then[0]:
             continue
         changed = [f"{k}={v!r} (checkpoint: {then[1].get(k)!r})" for k, v in now[1].items()

@@ -9,6 +9,7 @@ from trainer.config.model import ModelConfig
 from trainer.config.section import Section
 from trainer.config.runtime import WorkerRuntime, runtime_kwargs
 from trainer.config_checks import ConfigError
+from trainer.run_roles import optimizer_steps_per_training_step
 
 __all__ = ["PRMConfig", "PRMModelConfig", "PRMWorkerConfig", "prm_worker_config"]
 
@@ -72,8 +73,8 @@ def prm_worker_config(cfg: dict) -> PRMWorkerConfig:
         rm["model"], "reward_model.model", own_lora=False)
     steps = pm.optim.total_training_steps
     steps = int(cfg["trainer"]["total_training_steps"]) if steps is None or steps < 0 else steps
-    minis = max(1, int(cfg["data"]["train_batch_size"]) // max(1, prm.mini_batch_size))
+    per_step = optimizer_steps_per_training_step(cfg["data"]["train_batch_size"], prm.mini_batch_size)
     clip = rm["model"]["optim"]["grad_clip"]
     return PRMWorkerConfig(**runtime_kwargs(cfg), model=model, prm=prm, prm_model=pm,
                            ref_path=pm.ref_path or model.path, grad_clip=float(clip),
-                           rollout_n=int(cfg["actor_rollout_ref"]["rollout"]["n"]), total_steps=max(1, steps * minis))
+                           rollout_n=int(cfg["actor_rollout_ref"]["rollout"]["n"]), total_steps=max(1, steps * per_step))

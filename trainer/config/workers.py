@@ -12,7 +12,7 @@ from trainer.config.model import ModelConfig
 from trainer.config.rollout import RolloutConfig
 from trainer.config.runtime import ARR, WorkerRuntime, needs_reference, runtime_kwargs
 from trainer.config.trainer import run_strategy
-from trainer.run_roles import critic_on
+from trainer.run_roles import critic_on, optimizer_steps_per_training_step
 
 __all__ = ["WorkerRuntime", "ActorWorkerConfig", "CriticWorkerConfig", "RolloutWorkerConfig", "actor_worker_config",
            "critic_worker_config", "rollout_worker_config", "runtime_kwargs", "scheduler_total_steps",
@@ -94,8 +94,8 @@ def scheduler_total_steps(run_steps: int | None, train_batch_size: int, role: Ac
             raise ValueError("trainer.total_training_steps is not planned yet: call trainer.launch.plan_run_length "
                              "(or set trainer.total_training_steps) before building a trained role")
         steps = int(run_steps)
-    minis = max(1, int(train_batch_size) // max(1, role.ppo_mini_batch_size))
-    return max(1, steps * role.ppo_epochs * minis)
+    return max(1, steps * optimizer_steps_per_training_step(train_batch_size, role.ppo_mini_batch_size,
+                                                            role.ppo_epochs))
 
 
 def actor_worker_config(cfg: dict) -> ActorWorkerConfig:

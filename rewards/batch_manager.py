@@ -65,7 +65,8 @@ class _FirstRow:
 class BatchRewardManager(RewardManager):
     """A :class:`rewards.manager.RewardManager` whose ``scorer`` (a callable, the custom reward function) scores
     the whole batch in one call (see the module docstring). The rows' ``reward_fn_key`` values are passed as
-    ``data_sources`` (None where a row lacks it); rows are not routed by them.
+    ``data_sources`` (None where a row lacks it; a batch without the column is refused, as every data file without
+    it is before start-up); rows are not routed by them.
 
     Raises:
         TypeError: ``scorer`` is not a callable, or does not take the batch call (:func:`check_batch_scorer`).
@@ -84,6 +85,11 @@ class BatchRewardManager(RewardManager):
         """False: one function scores every row."""
         return False
 
+    @property
+    def reads_key(self) -> bool:
+        """True: the rows' ``reward_fn_key`` values are the call's ``data_sources``."""
+        return True
+
     def _tasks(self, data, texts: list[str]) -> tuple[list[tuple], list[Callable]]:
         """One task: the batch call's keyword arguments (and the function, returning the first row's result)."""
         n = len(texts)
@@ -94,7 +100,11 @@ class BatchRewardManager(RewardManager):
         for i in range(n):
             if not isinstance(rm[i], dict) or "ground_truth" not in rm[i]:
                 raise ValueError(f"row {i}: reward_model must be a dict with 'ground_truth', got {rm[i]!r:.200}")
-        sources = list(data[self.reward_fn_key]) if self.reward_fn_key in data else [None] * n
+        if self.reward_fn_key not in data:  # verl's batch manager raises the same KeyError
+            raise KeyError(f"reward_fn_key column {self.reward_fn_key!r} is not in the batch (non-tensor columns: "
+                           f"{sorted(data.non_tensor)}); the batch call's data_sources are read from it: set "
+                           "data.reward_fn_key")
+        sources = list(data[self.reward_fn_key])
         extras = list(data["extra_info"]) if "extra_info" in data else [None] * n
         kwargs = dict(self.scorer_kwargs, data_sources=sources, solution_strs=list(texts),
                       ground_truths=[r["ground_truth"] for r in rm], extra_infos=extras)

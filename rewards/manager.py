@@ -157,6 +157,12 @@ class RewardManager:
         ``data_source`` (verl's custom signature)."""
         return self.scorer is None or wants_data_source(self.scorer)
 
+    @property
+    def reads_key(self) -> bool:
+        """True when the scorer is given each row's ``reward_fn_key`` value (routed by it, or passed it), so every
+        data file must have that column."""
+        return self.routes_by_key
+
     def check_data_sources(self, values) -> None:
         """Check, before training, every scorer that routing reaches: each distinct ``reward_fn_key`` value in
         ``values`` must have a registered scorer that takes ``scorer_kwargs``. With a fixed scorer the values

@@ -168,3 +168,33 @@ def test_a_ground_truth_a_built_in_scorer_cannot_compare_is_named_with_its_row_a
     check_reward_scorers(_make(scorer=load_custom_scorer(str(fn_path))), "data_source", [ds])
     ok = _write(tmp_path / "ok.jsonl", [_row(gt="6", data_source="gsm8k"), _row(gt=6.0, data_source="math")])
     check_reward_scorers(_make(), "data_source", [PromptDataset(ok, tok, max_prompt_length=32)])
+
+
+def _batch_fn(data_sources, solution_strs, ground_truths, extra_infos=None):
+    return [float(s == "synthetic") for s in data_sources]
+
+
+def test_p20_the_batch_manager_refuses_a_reward_fn_key_that_names_no_column(tmp_path, tok):
+    """``reward_model.reward_manager=batch`` passes the column's values as ``data_sources``: a key naming no column
+    gave the function ``[None, ...]`` and the run trained on zero rewards without a word (verl raises a KeyError)."""
+    import torch
+
+    from rewards.batch_manager import BatchRewardManager
+    from trainer.protocol import DataProto
+
+    path = _write(tmp_path / "train.jsonl", [_row(data_source="synthetic"), _row(data_source="synthetic")])
+    ds = PromptDataset(path, tok, max_prompt_length=32)
+    make = lambda: BatchRewardManager(CharTokenizer(), scorer=_batch_fn, reward_fn_key="data_sourc",  # noqa: E731
+                                      num_workers=0)
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(make, "data_sourc", [ds])
+    msg = str(info.value)
+    assert msg.startswith(f"data.reward_fn_key='data_sourc': the column 'data_sourc' is missing from {path} ") and \
+        "reward_manager=batch passes this column to the batch reward function as data_sources" in msg, msg
+    ok = lambda: BatchRewardManager(CharTokenizer(), scorer=_batch_fn, num_workers=0)  # noqa: E731
+    check_reward_scorers(ok, "data_source", [ds])  # the right key passes
+    data = DataProto.from_dict({"responses": torch.ones(2, 2, dtype=torch.long), "response_mask": torch.ones(2, 2)},
+                               {"data_source": ["synthetic"] * 2, "reward_model": [{"ground_truth": "1"}] * 2})
+    assert ok()(data).reward_extra_info["score"] == [1.0, 1.0]
+    with pytest.raises(KeyError, match=r"reward_fn_key column 'data_sourc' is not in the batch .* data_sources"):
+        make()(data)  # a batch that did not come from checked data

@@ -148,10 +148,11 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
     try:
         manager = make_rm()
         places: dict = {}  # each scorer name -> (file, index) of the first row that names it
-        for ds in datasets if manager.routes_by_key else ():
+        for ds in datasets if manager.reads_key else ():
             if ds is not None:
                 # a row without a scorer name: named with its file and index (a custom function is given any value)
-                check_reward_key(ds, reward_fn_key, allow_none=manager.scorer is not None)
+                check_reward_key(ds, reward_fn_key, allow_none=manager.scorer is not None,
+                                 batch=not manager.routes_by_key)
                 if manager.scorer is None:
                     for row, origin in zip(ds.rows, row_origins(ds)):
                         places.setdefault(row.get(reward_fn_key), origin)

@@ -243,13 +243,14 @@ def _scorer_name_problem(row: dict, key: str) -> str | None:
     return None
 
 
-def check_reward_key(ds: Any, key: str, allow_none: bool = False) -> None:
+def check_reward_key(ds: Any, key: str, allow_none: bool = False, batch: bool = False) -> None:
     """Every row of ``ds`` (a :class:`trainer.dataset.PromptDataset`, or anything with ``rows`` and ``files``) names
     its reward scorer in the column ``key`` (``data.reward_fn_key``): a non-empty string. A JSON-lines row without it, or a
     parquet null, reads as None; an empty string or a value of another type (a number, a list) names no scorer
     either: the run would stop with ``no reward scorer registered for ...`` naming neither the file nor the row.
     ``allow_none``: only a file without the column is refused (a custom reward function that takes
-    ``data_source`` is given each row's value as it is, None included).
+    ``data_source`` is given each row's value as it is, None included). ``batch``: the values are a batch reward
+    function's ``data_sources`` (``reward_model.reward_manager=batch``), which every file must have as a column.
 
     Raises:
         DataError: one line naming ``data.reward_fn_key``, the file and the row (counted from 0) with its value, or
@@ -269,6 +270,10 @@ def check_reward_key(ds: Any, key: str, allow_none: bool = False) -> None:
     else:
         others = f"; {len(bad) - 1} more row(s) name no scorer either" if len(bad) > 1 else ""
         where = f"{row_place(*origins[first])} {why}{others}"
+    if batch:
+        raise DataError(f"data.reward_fn_key={key!r}: {where}; reward_model.reward_manager=batch passes this "
+                        f"column to the batch reward function as data_sources: give every row a {key!r} value, or "
+                        "set data.reward_fn_key=<a column every row has>")
     out = ("or drop the data_source parameter of the custom reward function" if allow_none else
            "or force one scorer for every row with reward_model.scorer=<name>")
     raise DataError(f"data.reward_fn_key={key!r}: {where}; the reward scorer of a row is picked by this column (a "

@@ -110,3 +110,38 @@ def test_duplicated_uids_in_the_data_do_not_merge_groups(tmp_path, tok):
     with pytest.raises(Stop):
         tr.train_step(batch, {})
     assert seen["uid"] == ["3-0", "3-1", "3-2", "3-3"]
+
+
+def test_p21_verls_middle_truncation_keeps_both_ends_and_a_bad_value_is_refused_before_start_up(tmp_path, tok):
+    from trainer.config_checks import ConfigError
+    from trainer.config.data import DataConfig
+    from trainer.dataset import truncate_prompt
+
+    ids = list(range(10))
+    assert truncate_prompt(ids, 5, "middle") == [0, 1, 7, 8, 9]  # verl: first max//2, last max - max//2
+    assert truncate_prompt(ids, 4, "middle") == [0, 1, 8, 9]
+    assert truncate_prompt(ids, 4, "left") == [6, 7, 8, 9] and truncate_prompt(ids, 4, "right") == [0, 1, 2, 3]
+    assert truncate_prompt(ids, 10, "middle") == ids
+    long_row = _row(" ".join(["3"] * 30))
+    ds = PromptDataset(_jsonl(tmp_path / "d.jsonl", [long_row]), tok, max_prompt_length=16,
+                       filter_overlong_prompts=False, truncation="middle")
+    full = PromptDataset(_jsonl(tmp_path / "e.jsonl", [long_row]), tok, max_prompt_length=64).rows[0]["input_ids"]
+    assert ds.rows[0]["input_ids"] == full[:8] + full[-8:]
+    from tests.verl_scripts import composed
+
+    cfg = composed(["data.truncation=middel"])[2]
+    with pytest.raises(ConfigError, match=r"^data.truncation='middel'; expected one of error, left, right, middle$"):
+        DataConfig.from_dict(cfg["data"], "data").check("data")
+
+
+def test_the_batch_carries_the_chat_messages_of_a_non_default_prompt_key(tmp_path, tok):
+    """``raw_prompt`` is the ``data.prompt_key`` column (it was read from ``prompt`` only: None for every row)."""
+    rows = [{"question": [{"role": "user", "content": f"last of {i} ?"}], "data_source": "digits",
+             "reward_model": {"ground_truth": str(i)}} for i in (1, 2)]
+    ds = PromptDataset(_jsonl(tmp_path / "q.jsonl", rows), tok, max_prompt_length=16, prompt_key="question")
+    batch = collate_prompts(ds.rows, tok.pad_token_id, ds.prompt_key)
+    assert list(batch["raw_prompt"]) == [r["question"] for r in rows] and "question" not in batch.non_tensor
+    from trainer.dataset import PromptLoader
+
+    loader = PromptLoader(ds, batch_size=2, pad_token_id=tok.pad_token_id, shuffle=False)
+    assert list(loader.next_batch()[0]["raw_prompt"]) == [r["question"] for r in rows]

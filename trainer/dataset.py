@@ -30,6 +30,28 @@ from trainer.protocol import DataProto
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("reward_model",)
+#: ``data.truncation`` values (verl's): raise, keep the last tokens, keep the first, keep both ends
+TRUNCATIONS = ("error", "left", "right", "middle")
+
+
+def truncate_prompt(ids: list[int], max_len: int, truncation: str) -> list[int]:
+    """``ids`` cut to ``max_len`` tokens by ``data.truncation``: ``left`` keeps the last ``max_len``, ``right`` the
+    first, ``middle`` the first ``max_len // 2`` and the last ``max_len - max_len // 2`` (verl's
+    ``RLHFDataset``); ``ids`` as it is when it fits.
+
+    Raises:
+        ValueError: ``truncation`` is not ``left``, ``right`` or ``middle``.
+    """
+    if len(ids) <= max_len:
+        return ids
+    if truncation == "left":
+        return ids[-max_len:]
+    if truncation == "right":
+        return ids[:max_len]
+    if truncation == "middle":
+        head = max_len // 2
+        return ids[:head] + ids[len(ids) - (max_len - head):]
+    raise ValueError(f"data.truncation={truncation!r}; expected left, right or middle to cut a prompt")
 
 
 class DataExhausted(Exception):
@@ -105,7 +127,8 @@ class PromptDataset:
         max_prompt_length: the longest prompt in tokens.
         prompt_key: the column holding the prompt.
         filter_overlong_prompts: drop rows longer than ``max_prompt_length`` (counted and logged); otherwise
-            ``truncation`` decides: ``error`` raises, ``left``/``right`` cut the prompt.
+            ``truncation`` decides: ``error`` raises, ``left``/``right``/``middle`` cut the prompt
+            (:func:`truncate_prompt`).
         chat_template_kwargs: extra arguments of ``apply_chat_template`` (``data.apply_chat_template_kwargs``).
         processor: a Hugging Face processor (``apply_chat_template`` + ``__call__(text=, images=)``) for rows with
             images; None for a text-only model.
@@ -149,8 +172,8 @@ class PromptDataset:
             self.files = [self.files]
         if self.max_prompt_length <= 0:
             raise DataError(f"data.max_prompt_length={self.max_prompt_length}; expected a positive number of tokens")
-        if self.truncation not in ("error", "left", "right"):
-            raise DataError(f"data.truncation={self.truncation!r}; expected one of error, left, right")
+        if self.truncation not in TRUNCATIONS:
+            raise DataError(f"data.truncation={self.truncation!r}; expected one of {', '.join(TRUNCATIONS)}")
         origins: list[tuple[str, int]] = []
         raw = _load_rows(self.files, origins)
         if not raw:
@@ -188,8 +211,8 @@ class PromptDataset:
                 if self.truncation == "error":
                     raise DataError(f"{row_place(*origin)}: its prompt has {len(ids)} tokens > "
                                     f"data.max_prompt_length={self.max_prompt_length}; set "
-                                    "data.filter_overlong_prompts=True or data.truncation=left|right")
-                ids = ids[-self.max_prompt_length:] if self.truncation == "left" else ids[:self.max_prompt_length]
+                                    "data.filter_overlong_prompts=True or data.truncation=left|right|middle")
+                ids = truncate_prompt(ids, self.max_prompt_length, self.truncation)
             self.rows.append({**row, "input_ids": ids})
             self.origins.append(origin)
         self._log_left_out(first_invalid)
@@ -286,11 +309,12 @@ class PromptDataset:
         return {**row, "multi_modal_inputs": mm}
 
 
-def collate_prompts(rows: Sequence[dict], pad_token_id: int) -> DataProto:
+def collate_prompts(rows: Sequence[dict], pad_token_id: int, prompt_key: str = "prompt") -> DataProto:
     """Left-pad prompts into a DataProto with ``input_ids``, ``attention_mask``, ``position_ids`` (B, P) int64.
 
-    Non-tensor columns: ``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt`` and ``ability``
-    (when present), one entry per row.
+    Non-tensor columns: ``data_source``, ``reward_model``, ``extra_info``, ``raw_prompt`` (the row's
+    ``prompt_key`` column, ``data.prompt_key``) and every other column all rows have (``ability``, ...), one entry
+    per row.
     """
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
@@ -304,10 +328,10 @@ def collate_prompts(rows: Sequence[dict], pad_token_id: int) -> DataProto:
         "data_source": [r.get("data_source", "unknown") for r in rows],
         "reward_model": [r["reward_model"] for r in rows],
         "extra_info": [r.get("extra_info") or {} for r in rows],
-        "raw_prompt": [r.get("prompt") for r in rows],
+        "raw_prompt": [r.get(prompt_key) for r in rows],
     }
     for key in rows[0]:
-        if key not in non_tensor and key not in ("input_ids", "prompt") and all(key in r for r in rows):
+        if key not in non_tensor and key not in ("input_ids", prompt_key) and all(key in r for r in rows):
             non_tensor[key] = [r[key] for r in rows]
     return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos}, non_tensor)
 
@@ -360,7 +384,8 @@ class PromptLoader:
         order = self._order(self.epoch)
         idx = order[self.position * self.batch_size:(self.position + 1) * self.batch_size]
         self.position += 1
-        batch = collate_prompts([self.dataset[i] for i in idx], self.pad_token_id)
+        batch = collate_prompts([self.dataset[i] for i in idx], self.pad_token_id,
+                                getattr(self.dataset, "prompt_key", "prompt"))
         batch.meta["epoch"] = self.epoch
         return batch, self.epoch
 

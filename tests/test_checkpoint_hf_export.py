@@ -159,6 +159,10 @@ def test_tools_export_hf_from_saved_step(tmp_path, tokenizer, stage, tie):
         assert {t.dtype for t in safetensor_keys(out).values()} == {torch.bfloat16}
     with pytest.raises(ValueError, match="is the checkpoint root"):
         export_checkpoint(str(tmp_path), str(tmp_path / "x"))
+    tag = os.listdir(role_dir)  # a --tag that is not there is named as such, not as an incomplete checkpoint
+    tag = next(n for n in tag if n.startswith("global_step"))
+    with pytest.raises(ValueError, match=rf"^--tag 'global_step_9': no such tag in .* \(tags there: {tag}; "):
+        export_checkpoint(role_dir, str(tmp_path / "x"), tag="global_step_9")
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="without HF metadata"):
         export_checkpoint(str(tmp_path / "empty"), str(tmp_path / "x"))

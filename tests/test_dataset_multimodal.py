@@ -87,3 +87,32 @@ def test_bad_multimodal_rows_name_the_problem(tmp_path):
     one = [{"prompt": "<image> 1", "images": [img], "data_source": "d", "reward_model": {"ground_truth": "1"}}]
     with pytest.raises(DataError, match="the row has images but the model has no processor"):
         PromptDataset(_write(tmp_path / "b.jsonl", one), proc.tokenizer, 512)
+
+
+def test_image_paths_relative_to_the_data_file_load_from_any_folder_and_a_missing_one_names_the_row(tmp_path,
+                                                                                                     monkeypatch):
+    """The colour task written from one folder and trained from another stopped with a bare ``[Errno 2]``."""
+    import json
+
+    from trainer.embedded_vlm import build_vlm_processor, write_colour_task
+
+    proc = build_vlm_processor()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    train, _ = write_colour_task("vlm_data", train_rows=2, val_rows=1)
+    first = json.loads(open(train).readline())
+    assert first["images"] == ["images/s0_0.png"]  # relative to the data file, not to the folder it was written from
+    monkeypatch.chdir(tmp_path / "b")
+    ds = PromptDataset(str(tmp_path / "a" / train), proc.tokenizer, max_prompt_length=64, processor=proc)
+    assert ds.rows[0]["images"] == [str(tmp_path / "a" / "vlm_data" / "images" / "s0_0.png")]
+    assert ds[0]["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]
+    rows = [{**first, "images": ["images/none.png"]}, {**first, "images": [{"path": "images/s0_1.png"}]}]
+    path = _write(tmp_path / "a" / "vlm_data" / "c.jsonl", [rows[1]])
+    assert PromptDataset(path, proc.tokenizer, max_prompt_length=64, processor=proc).rows[0]["images"] == \
+        [{"path": str(tmp_path / "a" / "vlm_data" / "images" / "s0_1.png")}]  # a {'path'} dict too
+    path = _write(tmp_path / "a" / "vlm_data" / "d.jsonl", rows)
+    with pytest.raises(DataError, match=r"^row 0 of .*d\.jsonl \(counted from 0\): its 'images': the image file "
+                                        r"'images/none.png' is not there \(a relative path is read from the data "
+                                        r"file's folder, else from the working folder .*b\)$"):
+        PromptDataset(path, proc.tokenizer, max_prompt_length=64, processor=proc)

@@ -228,6 +228,11 @@ def _check_folders(local_dir: str, target_dir: str, tag: str | None, overwrite: 
     hf_dir = os.path.join(local_dir, "huggingface")
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise FileNotFoundError(f"{hf_dir}/config.json not found; the checkpoint was saved without HF metadata")
+    if tag is not None and not os.path.isdir(os.path.join(local_dir, tag)):
+        tags = sorted(n for n in os.listdir(local_dir) if os.path.isdir(os.path.join(local_dir, n))
+                      and n not in ("huggingface", "lora_adapter"))
+        raise ValueError(f"--tag {tag!r}: no such tag in {local_dir!r} (tags there: {', '.join(tags) or 'none'}; "
+                         "without --tag, the one its 'latest' file names)")
     if tag is not None or os.path.isfile(os.path.join(local_dir, "latest")):
         verify_deepspeed_role(local_dir, tag)
     bad = unreadable_files(local_dir)
@@ -303,6 +308,9 @@ def _write_export(model, hf_dir: str, target_dir: str, sd: dict | None, out_dtyp
         AutoTokenizer.from_pretrained(hf_dir).save_pretrained(target_dir)
     except (OSError, ValueError) as e:
         logger.warning("no tokenizer exported from %s: %s", hf_dir, e)
+    from trainer.checkpoint.atomic import give_umask_modes
+
+    give_umask_modes(target_dir)  # safetensors writes its weights 0600 (an adapter folder inside is included)
     return target_dir
 
 

@@ -191,6 +191,7 @@ class PromptDataset:
             if self.max_rows is not None and len(self.rows) >= self.max_rows:
                 self.cut_by_max_rows = True
                 break
+            row = self._image_paths_from(row, origin[0])
             try:
                 ids = self.prompt_ids(row)
             except DataError as exc:
@@ -240,6 +241,24 @@ class PromptDataset:
         """Why ``row`` is skipped as unusable (:func:`trainer.data_rows.row_problem` under ``prompt_key``); None
         for a usable row."""
         return row_problem(row, self.prompt_key)
+
+    def _image_paths_from(self, row: dict, data_file: str) -> dict:
+        """``row`` with each relative image path (a string, or a ``{'path'}`` dict without bytes) that is not a file
+        from the working folder but is one from ``data_file``'s folder replaced by that path: verl reads a relative
+        path from the working folder; data written with paths relative to its own file is read from any folder.
+        ``row`` itself is not changed."""
+        images = row.get(self.image_key)
+        if not isinstance(images, (list, tuple)) or not images:
+            return row
+        base, changed, out = os.path.dirname(os.path.abspath(data_file)), False, []
+        for x in images:
+            path = x.get("path") if isinstance(x, dict) and not x.get("bytes") else x
+            if isinstance(path, str) and path and not os.path.isabs(path) and not os.path.isfile(path) \
+                    and os.path.isfile(os.path.join(base, path)):
+                path, changed = os.path.join(base, path), True
+                x = {**x, "path": path} if isinstance(x, dict) else path
+            out.append(x)
+        return {**row, self.image_key: out} if changed else row
 
     def prompt_ids(self, row: dict) -> list[int] | None:
         """The prompt's token ids as the model will see them (image tokens expanded), i.e. the length the overlong

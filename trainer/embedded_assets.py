@@ -11,6 +11,7 @@ import os
 
 from trainer.config.data import DataConfig
 from trainer.config.section import replaced
+from trainer.checkpoint.atomic import give_umask_modes
 from trainer.config_checks import ConfigError
 
 __all__ = ["prepare_embedded"]
@@ -54,6 +55,7 @@ def prepare_embedded(cfg: dict, resuming: bool = False) -> DataConfig:
             built = AutoModelForCausalLM.from_config(embedded.tiny_model_config(len(tok), **tiny))
             task.warm_start(built, tok, data.warm_start_steps or 0, seed)
             built.save_pretrained(folder)
+            give_umask_modes(folder)  # safetensors writes its weights 0600
             return len(tok)
 
         steps = (data.warm_start_steps or 0) if task.warm_starts else 0  # the digits task has no warm start

@@ -83,11 +83,16 @@ def write_tiny_vlm(out_dir: str, seed: int = 0) -> str:
     proc = build_vlm_processor(out_dir)
     torch.manual_seed(seed)
     Qwen2VLForConditionalGeneration(tiny_vlm_config(proc.tokenizer)).save_pretrained(out_dir)
+    from trainer.checkpoint.atomic import give_umask_modes
+
+    give_umask_modes(out_dir)  # safetensors writes its weights 0600
     return out_dir
 
 
-def make_colour_rows(num_rows: int, seed: int, image_dir: str) -> list[dict]:
-    """Rows in verl's multimodal layout; each image is written as a PNG into ``image_dir``."""
+def make_colour_rows(num_rows: int, seed: int, image_dir: str, relative_to: str | None = None) -> list[dict]:
+    """Rows in verl's multimodal layout; each image is written as a PNG into ``image_dir``, and named in its row by
+    its path relative to ``relative_to`` (the data files' folder, which relative image paths are read from:
+    :class:`trainer.dataset.PromptDataset`), or as joined when None."""
     from PIL import Image
 
     rng = random.Random(seed)
@@ -100,7 +105,7 @@ def make_colour_rows(num_rows: int, seed: int, image_dir: str) -> list[dict]:
         img.paste(COLOURS[name], (x, y, x + 24, y + 24))
         path = os.path.join(image_dir, f"s{seed}_{i}.png")
         img.save(path)
-        rows.append({"data_source": TASK_NAME, "images": [path],
+        rows.append({"data_source": TASK_NAME, "images": [os.path.relpath(path, relative_to) if relative_to else path],
                      "prompt": [{"role": "user", "content": "<image> which colour is the square ? red 0 green 1 blue 2"}],
                      "reward_model": {"style": "rule", "ground_truth": str(list(COLOURS).index(name))},
                      "extra_info": {"index": i, "colour": name}})
@@ -111,4 +116,4 @@ def write_colour_task(out_dir: str, train_rows: int = 256, val_rows: int = 32, s
     """Write ``train.jsonl`` / ``val.jsonl`` (and their images, under ``images/``) of the colour task; returns the
     two paths."""
     images = os.path.join(out_dir, "images")
-    return write_task(out_dir, train_rows, val_rows, seed, make=lambda n, s: make_colour_rows(n, s, images))
+    return write_task(out_dir, train_rows, val_rows, seed, make=lambda n, s: make_colour_rows(n, s, images, out_dir))

@@ -32,16 +32,22 @@ def load_image(x: Any):
     a file path or raw encoded bytes.
 
     Raises:
-        ValueError: anything else (names its type).
+        ValueError: anything else (names its type), a path that is not a file or bytes that are not an image.
     """
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     if isinstance(x, dict):
         x = x.get("bytes") or x.get("path")
-    if isinstance(x, (bytes, bytearray)):
-        x = Image.open(io.BytesIO(x))
-    elif isinstance(x, str):
-        x = Image.open(x)
+    try:
+        if isinstance(x, (bytes, bytearray)):
+            x = Image.open(io.BytesIO(x))
+        elif isinstance(x, str):
+            if not os.path.isfile(x):
+                raise ValueError(f"the image file {x!r} is not there (a relative path is read from the data file's "
+                                 f"folder, else from the working folder {os.getcwd()})")
+            x = Image.open(x)
+    except UnidentifiedImageError as exc:
+        raise ValueError(f"cannot read an image: {exc}") from exc
     if not isinstance(x, Image.Image):
         raise ValueError(f"cannot read an image from a {type(x).__name__}; expected a PIL image, a path, bytes or "
                          "a {'bytes', 'path'} dict")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["atomic_write_text", "atomic_torch_save", "barrier", "replace_dir"]
+__all__ = ["atomic_write_text", "atomic_torch_save", "barrier", "replace_dir", "umask_mode", "give_umask_modes"]
 
 
 def _fsync_dir(path: str) -> None:
@@ -27,6 +27,28 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def umask_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: ``0o666`` less the process's umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def give_umask_modes(path: str) -> None:
+    """Give ``path`` (a file, or every file under a folder) the mode :func:`umask_mode` says: ``tempfile.mkstemp``
+    and safetensors (0.8) create files readable by their owner alone (0600), so a teammate or a serving process of
+    another user could read a model folder's config and tokenizer but not its weights. Files this process cannot
+    change are left as they are."""
+    mode = umask_mode()
+    files = [path] if os.path.isfile(path) else [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
+    for f in files:
+        try:
+            if os.stat(f).st_mode & 0o777 != mode:
+                os.chmod(f, mode)
+        except OSError:
+            pass
+
+
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file in the same folder + ``os.replace``."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -37,6 +59,7 @@ def atomic_write_text(path: str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, umask_mode())  # mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -53,6 +76,7 @@ def atomic_torch_save(obj: Any, path: str) -> None:
     os.close(fd)
     try:
         torch.save(obj, tmp)
+        os.chmod(tmp, umask_mode())  # mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

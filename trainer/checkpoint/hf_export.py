@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.atomic import barrier
+from trainer.checkpoint.atomic import barrier, give_umask_modes
 from trainer.checkpoint.deepspeed_manager import LORA_SUBDIR, save_hf_metadata, trained_model_config
 
 logger = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ def export_hf(module_or_engine: Any, out_dir: str, tokenizer: Any = None, dtype:
     config.save_pretrained(out_dir)
     gen = getattr(module, "generation_config", None) if not value_head else None
     save_hf_metadata(out_dir, None, tokenizer, None, gen)
+    give_umask_modes(out_dir)  # safetensors writes its weights 0600
     logger.info("exported HF model (%s) to %s", dtype, out_dir)
     barrier()
     return out_dir

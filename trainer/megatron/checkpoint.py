@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.atomic import atomic_torch_save, barrier, replace_dir
+from trainer.checkpoint.atomic import atomic_torch_save, barrier, give_umask_modes, replace_dir
 from trainer.checkpoint.base import (CheckpointManager, capture_rng_state, parse_step, rate_at_restored_step,
                                      restore_rng_state)
 from trainer.megatron.dist_ckpt import step_state_set_aside as _step_state_set_aside
@@ -298,6 +298,7 @@ class MegatronCheckpointManager(CheckpointManager):
 
             save_hf_metadata(out_dir, self.hf_config, self.tokenizer, dtype)
             save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+            give_umask_modes(out_dir)  # safetensors writes its weights 0600
         barrier()
 
 

@@ -115,7 +115,7 @@ def test_duplicated_uids_in_the_data_do_not_merge_groups(tmp_path, tok):
 def test_p21_verls_middle_truncation_keeps_both_ends_and_a_bad_value_is_refused_before_start_up(tmp_path, tok):
     from trainer.config_checks import ConfigError
     from trainer.config.data import DataConfig
-    from trainer.dataset import truncate_prompt
+    from trainer.data_rows import truncate_prompt
 
     ids = list(range(10))
     assert truncate_prompt(ids, 5, "middle") == [0, 1, 7, 8, 9]  # verl: first max//2, last max - max//2

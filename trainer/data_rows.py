@@ -11,6 +11,7 @@ the place in front).
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Sequence
 
 
@@ -51,6 +52,49 @@ def row_tools(row: dict) -> list:
         raise DataError(f"its 'tools' is {type_of(tools)}; expected a list of function definitions "
                         "({'type': 'function', 'function': {...}}) or its JSON text")
     return tools
+
+
+#: ``data.truncation`` values (verl's): raise, keep the last tokens, keep the first, keep both ends
+TRUNCATIONS = ("error", "left", "right", "middle")
+
+
+def truncate_prompt(ids: list[int], max_len: int, truncation: str) -> list[int]:
+    """``ids`` cut to ``max_len`` tokens by ``data.truncation``: ``left`` keeps the last ``max_len``, ``right`` the
+    first, ``middle`` the first ``max_len // 2`` and the last ``max_len - max_len // 2`` (verl's
+    ``RLHFDataset``); ``ids`` as it is when it fits.
+
+    Raises:
+        ValueError: ``truncation`` is not ``left``, ``right`` or ``middle``.
+    """
+    if len(ids) <= max_len:
+        return ids
+    if truncation == "left":
+        return ids[-max_len:]
+    if truncation == "right":
+        return ids[:max_len]
+    if truncation == "middle":
+        head = max_len // 2
+        return ids[:head] + ids[len(ids) - (max_len - head):]
+    raise ValueError(f"data.truncation={truncation!r}; expected left, right or middle to cut a prompt")
+
+
+def image_paths_from(row: dict, image_key: str, data_file: str) -> dict:
+    """``row`` with each relative image path (a string, or a ``{'path'}`` dict without bytes) of its ``image_key``
+    column that is not a file from the working folder but is one from ``data_file``'s folder replaced by that path:
+    verl reads a relative path from the working folder; data written with paths relative to its own file is read
+    from any folder. ``row`` itself is not changed."""
+    images = row.get(image_key)
+    if not isinstance(images, (list, tuple)) or not images:
+        return row
+    base, changed, out = os.path.dirname(os.path.abspath(data_file)), False, []
+    for x in images:
+        path = x.get("path") if isinstance(x, dict) and not x.get("bytes") else x
+        if isinstance(path, str) and path and not os.path.isabs(path) and not os.path.isfile(path) \
+                and os.path.isfile(os.path.join(base, path)):
+            path, changed = os.path.join(base, path), True
+            x = {**x, "path": path} if isinstance(x, dict) else path
+        out.append(x)
+    return {**row, image_key: out} if changed else row
 
 
 def row_images(row: dict, image_key: str = "images") -> list:

@@ -22,36 +22,16 @@ import jinja2
 import numpy as np
 import torch
 
-from trainer.data_rows import (DataError, json_messages_text, jsonl_problem, plain_prompt_note, row_images, row_place,
-                               row_problem, row_tools, text_messages)
+from trainer.data_rows import (TRUNCATIONS, DataError, image_paths_from, json_messages_text, jsonl_problem,
+                               plain_prompt_note, row_images, row_place, row_problem, row_tools, text_messages,
+                               truncate_prompt)
 from trainer.multimodal import image_prompt_inputs
 from trainer.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("reward_model",)
-#: ``data.truncation`` values (verl's): raise, keep the last tokens, keep the first, keep both ends
-TRUNCATIONS = ("error", "left", "right", "middle")
 
-
-def truncate_prompt(ids: list[int], max_len: int, truncation: str) -> list[int]:
-    """``ids`` cut to ``max_len`` tokens by ``data.truncation``: ``left`` keeps the last ``max_len``, ``right`` the
-    first, ``middle`` the first ``max_len // 2`` and the last ``max_len - max_len // 2`` (verl's
-    ``RLHFDataset``); ``ids`` as it is when it fits.
-
-    Raises:
-        ValueError: ``truncation`` is not ``left``, ``right`` or ``middle``.
-    """
-    if len(ids) <= max_len:
-        return ids
-    if truncation == "left":
-        return ids[-max_len:]
-    if truncation == "right":
-        return ids[:max_len]
-    if truncation == "middle":
-        head = max_len // 2
-        return ids[:head] + ids[len(ids) - (max_len - head):]
-    raise ValueError(f"data.truncation={truncation!r}; expected left, right or middle to cut a prompt")
 
 
 class DataExhausted(Exception):
@@ -128,7 +108,7 @@ class PromptDataset:
         prompt_key: the column holding the prompt.
         filter_overlong_prompts: drop rows longer than ``max_prompt_length`` (counted and logged); otherwise
             ``truncation`` decides: ``error`` raises, ``left``/``right``/``middle`` cut the prompt
-            (:func:`truncate_prompt`).
+            (:func:`trainer.data_rows.truncate_prompt`).
         chat_template_kwargs: extra arguments of ``apply_chat_template`` (``data.apply_chat_template_kwargs``).
         processor: a Hugging Face processor (``apply_chat_template`` + ``__call__(text=, images=)``) for rows with
             images; None for a text-only model.
@@ -191,7 +171,7 @@ class PromptDataset:
             if self.max_rows is not None and len(self.rows) >= self.max_rows:
                 self.cut_by_max_rows = True
                 break
-            row = self._image_paths_from(row, origin[0])
+            row = image_paths_from(row, self.image_key, origin[0])
             try:
                 ids = self.prompt_ids(row)
             except DataError as exc:
@@ -241,24 +221,6 @@ class PromptDataset:
         """Why ``row`` is skipped as unusable (:func:`trainer.data_rows.row_problem` under ``prompt_key``); None
         for a usable row."""
         return row_problem(row, self.prompt_key)
-
-    def _image_paths_from(self, row: dict, data_file: str) -> dict:
-        """``row`` with each relative image path (a string, or a ``{'path'}`` dict without bytes) that is not a file
-        from the working folder but is one from ``data_file``'s folder replaced by that path: verl reads a relative
-        path from the working folder; data written with paths relative to its own file is read from any folder.
-        ``row`` itself is not changed."""
-        images = row.get(self.image_key)
-        if not isinstance(images, (list, tuple)) or not images:
-            return row
-        base, changed, out = os.path.dirname(os.path.abspath(data_file)), False, []
-        for x in images:
-            path = x.get("path") if isinstance(x, dict) and not x.get("bytes") else x
-            if isinstance(path, str) and path and not os.path.isabs(path) and not os.path.isfile(path) \
-                    and os.path.isfile(os.path.join(base, path)):
-                path, changed = os.path.join(base, path), True
-                x = {**x, "path": path} if isinstance(x, dict) else path
-            out.append(x)
-        return {**row, self.image_key: out} if changed else row
 
     def prompt_ids(self, row: dict) -> list[int] | None:
         """The prompt's token ids as the model will see them (image tokens expanded), i.e. the length the overlong

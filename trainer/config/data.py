@@ -63,7 +63,8 @@ class DataConfig(Section):
         for name in ("max_rows", "val_max_rows"):  # null keeps every row
             if getattr(self, name) is not None:
                 at_least(f"{key}.{name}", getattr(self, name), 1)
-        from trainer.dataset import TRUNCATIONS
+        from trainer.data_rows import TRUNCATIONS
 
         if self.truncation not in TRUNCATIONS:
-            raise ConfigError(f"{key}.truncation={self.given('truncation')!r}; expected one of {', '.join(TRUNCATIONS)}")
+            raise ConfigError(f"{key}.truncation={self.given('truncation')!r}; expected one of "
+                              f"{', '.join(TRUNCATIONS)}")

@@ -339,3 +339,29 @@ def test_p20_prime_accuracy_custom_reward_fn_key_matches_verify():
 def test_accuracy_from_reward_non_numbers():
     assert accuracy_from_reward({"score": [0.3, 0.4, 0.5], "acc": ["x", float("nan"), None]}, 3) == [0.0, 0.0, 0.5]
     assert np.allclose(accuracy_from_reward({"score": [0.3]}, 1), [0.3])
+
+
+def test_a_batch_where_no_group_passes_is_warned_once_naming_why(caplog):
+    """Every group filtered out (all truncated, or all outside the band): the batch is the groups the filters
+    dropped (verl's fill-up), which a user saw only as prime/groups_passed=0."""
+    import logging
+
+    ctl = PrimeHook(_cfg(), world=2, stop_token_ids=2)
+    uid = ["p0", "p0", "p1", "p1", "p2", "p2", "p3", "p3"]
+    responses = torch.tensor([[5, 7]] * 4 + [[5, 2]] * 4)  # p0, p1 cut at the length limit; p2, p3 end
+    batch = DataProto.from_dict({"responses": responses, "response_mask": torch.ones(8, 2)}, {"uid": uid})
+    rew = _Rew({"score": [0.0] * 8, "acc": [0, 0, 0, 0, 0, 0, 1, 1]})
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            metrics = {}
+            assert len(ctl.band_filter(batch, rew, metrics)) == 4 and metrics["prime/groups_passed"] == 0
+    lines = [r.getMessage() for r in caplog.records if "no group of this batch passed" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "2 of 4 groups hold a response cut at data.max_response_length (data.filter_truncate)" in lines[0]
+    assert "75% of groups solve none and 25% all, outside the accuracy band [0.2, 0.8]" in lines[0]
+    caplog.clear()
+    metrics = {}
+    rew = _Rew({"score": [0.0] * 8, "acc": [0, 1] * 4})
+    with caplog.at_level(logging.WARNING):
+        PrimeHook(_cfg(), world=2, stop_token_ids=2).band_filter(batch, rew, metrics)
+    assert metrics["prime/groups_passed"] == 2 and "no group" not in caplog.text

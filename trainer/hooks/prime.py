@@ -207,10 +207,30 @@ class PrimeHook(StepHook):
                                       lower=float(c.accuracy_lower_bound), upper=float(c.accuracy_upper_bound),
                                       filter_accuracy=bool(c.filter_accuracy), filter_truncate=bool(c.filter_truncate))
         metrics.update(m)
+        if m["prime/groups_passed"] == 0:
+            self._warn_none_passed(m, c)
         metrics["prime/acc"] = float(np.mean(acc)) if acc else 0.0
         out = batch.index(keep)
         metrics["prime/acc_kept"] = float(out["acc"].mean()) if len(out) else 0.0
         return out
+
+    def _warn_none_passed(self, m: dict, c) -> None:
+        """Warn once per run that no group passed the filters, so the whole batch is groups they filtered out
+        (verl's fill-up): each kind of failing group counted, with the keys that set the filters."""
+        if getattr(self, "_warned_none_passed", False):
+            return
+        self._warned_none_passed = True
+        parts = []
+        if c.filter_truncate and m["prime/truncated_groups"]:
+            parts.append(f"{m['prime/truncated_groups']:.0f} of {m['prime/groups_total']:.0f} groups hold a response "
+                         "cut at data.max_response_length (data.filter_truncate)")
+        if c.filter_accuracy:
+            parts.append(f"{m['prime/solve_none'] * 100:.0f}% of groups solve none and "
+                         f"{m['prime/solve_all'] * 100:.0f}% all, outside the accuracy band [{c.accuracy_lower_bound}, {c.accuracy_upper_bound}] "
+                         "(data.accuracy_lower_bound / accuracy_upper_bound)")
+        logger.warning("PRIME: no group of this batch passed the filters (%s); the batch is made of groups they "
+                       "filtered out, as in verl; logged once, prime/groups_passed counts each step",
+                       "; ".join(parts) or "none passed")
 
     def _scores(self, batch: DataProto, metrics: dict) -> torch.Tensor:
         sel = batch.select(_PRM_INPUTS)

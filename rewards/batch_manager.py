@@ -100,9 +100,11 @@ class BatchRewardManager(RewardManager):
                       ground_truths=[r["ground_truth"] for r in rm], extra_infos=extras)
         return [(_KEY, (), kwargs)], [_FirstRow(self.scorer)]
 
-    def _outcomes(self, tasks: list[tuple], fns: list[Callable], watch: FailureWatch, label: Callable) -> list:
+    def _outcomes(self, tasks: list[tuple], fns: list[Callable], watch: FailureWatch, label: Callable,
+                  hits: list | None = None) -> list:
         """One outcome per row from the one batch call: its error or timeout for every row, else each entry of the
-        list it returned, normalised as a row scorer's result.
+        list it returned, normalised as a row scorer's result. ``hits`` is left empty: a batch function's own time
+        limits are not attributed to rows.
 
         Raises:
             ScorerError: the call returned something other than a list of one result per response.

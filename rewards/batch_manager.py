@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from rewards.failures import FailureWatch, ScorerError
 from rewards.manager import RewardManager
-from rewards.options import PASSED_BY_MANAGER, scorer_label
+from rewards.options import PASSED_BY_MANAGER, _check_values, scorer_label
 from rewards.pool import in_process, to_plain_result
 from rewards.scorer_call import call_scorer
 
@@ -31,6 +31,7 @@ def check_batch_scorer(fn: Callable, options: Mapping[str, Any]) -> None:
 
     Raises:
         TypeError: one line naming the function, the call and what does not fit.
+        OptionValueError: an option value of the wrong type (:func:`rewards.options.check_scorer_options`).
     """
     label = scorer_label(fn)
     reserved = sorted(set(options) & (set(BATCH_ARGS) | set(PASSED_BY_MANAGER)))
@@ -48,6 +49,7 @@ def check_batch_scorer(fn: Callable, options: Mapping[str, Any]) -> None:
                         f"solution_strs=[...], ground_truths=[...], extra_infos=[...], **options) with options "
                         f"{sorted(options)} (verl's BatchRewardManager): {exc}; use reward_manager=naive for a "
                         "function of one response") from None
+    _check_values(fn, options, label)  # a value of the wrong type for its annotation or default: OptionValueError
 
 
 class _FirstRow:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from rewards.failures import FailureWatch, ScorerError
 from rewards.manager import RewardManager
-from rewards.options import PASSED_BY_MANAGER, scorer_label
+from rewards.options import PASSED_BY_MANAGER, _check_values, scorer_label
 from rewards.pool import in_process, to_plain_result
 from rewards.scorer_call import call_scorer
 
@@ -31,6 +31,7 @@ def check_batch_scorer(fn: Callable, options: Mapping[str, Any]) -> None:
 
     Raises:
         TypeError: one line naming the function, the call and what does not fit.
+        OptionValueError: an option value of the wrong type (:func:`rewards.options.check_scorer_options`).
     """
     label = scorer_label(fn)
     reserved = sorted(set(options) & (set(BATCH_ARGS) | set(PASSED_BY_MANAGER)))
@@ -48,6 +49,7 @@ def check_batch_scorer(fn: Callable, options: Mapping[str, Any]) -> None:
                         f"solution_strs=[...], ground_truths=[...], extra_infos=[...], **options) with options "
                         f"{sorted(options)} (verl's BatchRewardManager): {exc}; use reward_manager=naive for a "
                         "function of one response") from None
+    _check_values(fn, options, label)  # a value of the wrong type for its annotation or default: OptionValueError
 
 
 class _FirstRow:
@@ -110,9 +112,11 @@ class BatchRewardManager(RewardManager):
                       ground_truths=[r["ground_truth"] for r in rm], extra_infos=extras)
         return [(_KEY, (), kwargs)], [_FirstRow(self.scorer)]
 
-    def _outcomes(self, tasks: list[tuple], fns: list[Callable], watch: FailureWatch, label: Callable) -> list:
+    def _outcomes(self, tasks: list[tuple], fns: list[Callable], watch: FailureWatch, label: Callable,
+                  hits: list | None = None) -> list:
         """One outcome per row from the one batch call: its error or timeout for every row, else each entry of the
-        list it returned, normalised as a row scorer's result.
+        list it returned, normalised as a row scorer's result. ``hits`` is left empty: a batch function's own time
+        limits are not attributed to rows.
 
         Raises:
             ScorerError: the call returned something other than a list of one result per response.

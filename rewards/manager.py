@@ -28,6 +28,13 @@ scoring of a batch early once 16 non-empty responses timed out or killed their p
 ``num_workers >= 1`` the scorers run in a pool of forked processes (:class:`rewards.pool.ScoringPool`) that kills a
 hung one; with ``num_workers=0`` in this process under a ``SIGALRM`` timer (main thread only; it cannot interrupt C
 code such as huge integer arithmetic).
+
+A scorer's own time limit (the MATH scorer's ``timeout_seconds``, :func:`rewards.math_guards.time_bound`) is another
+matter: a comparison it cuts short scores 0 like a wrong answer (as in verl), and the scorer returns normally; such
+responses are counted in ``reward/num_scorer_timeouts`` (:func:`rewards.math_guards.note_limit_hit`, carried back
+from the scoring processes with each outcome) and the first batch that has any logs one warning naming the scorer, the
+limit and how to raise it. Before forking its scoring processes the manager warms math-verify
+(:func:`rewards.math.warm_math_verify`), so that no worker pays its cold start inside the first comparison's limit.
 """
 from __future__ import annotations
 
@@ -43,6 +50,7 @@ import torch
 
 from rewards.components import check_component_keys, component_matrix
 from rewards.failures import FailureWatch, check_batch, check_each_source, finite_score, scorer_label
+from rewards.math_guards import take_limit_hits
 from rewards.options import check_scorer_options, takes_extra_info
 from rewards.overlong import overlong_penalty, penalise_overlong  # noqa: F401  (re-exported)
 from rewards.pool import Outcome, ScoringPool, in_process as _in_process  # noqa: F401  (re-exported)
@@ -66,7 +74,8 @@ class RewardOutput:
         reward_extra_info: ``{"score": [B floats], <key>: [B values]}`` for every key returned by a
             dict-returning scorer (e.g. ``acc``, ``format``); None where a row's result lacks that key
             (float result, error, timeout).
-        metrics: ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``, ``reward/num_dicts``,
+        metrics: ``reward/num_errors``, ``reward/num_nan``, ``reward/num_timeouts``, ``reward/num_scorer_timeouts``
+            (responses scored 0 because the scorer's own time limit cut a comparison short), ``reward/num_dicts``,
             ``reward/num_empty_responses`` (counts), ``reward/score_mean``, ``reward/time_s`` (seconds).
         reward_components: (batch, K) float32 on the device of ``responses``, column k the value of the manager's
             ``component_keys[k]`` in each row's scorer dict (0.0 where the scorer failed or timed out, or the value
@@ -146,6 +155,7 @@ class RewardManager:
         self.start_method = start_method
         self._pool: ScoringPool | None = None
         self._pool_version = -1
+        self._warned_scorer_limit = False  # the scorer's own time limit warning is logged once
 
     def _check_options(self) -> None:
         """The fixed scorer takes the manager's call (:func:`rewards.options.check_scorer_options`)."""
@@ -185,7 +195,10 @@ class RewardManager:
             self._pool = None
         if self._pool is None:
             from rewards import math as math_reward
-            math_reward.load_math_verify()  # import once here, so forked workers inherit it (~1 s otherwise)
+            # import and run a first comparison here, so that forked workers inherit math-verify warmed: its import
+            # (~1 s) and its first parse and verify (~0.3 s idle, over 1 s on a loaded machine) would otherwise fall in
+            # each worker's first comparison, inside the scorer's own timeout_seconds (a correct answer scored 0)
+            math_reward.warm_math_verify()
             table = {_CALLABLE_KEY: self.scorer} if self.scorer is not None else {}
             self._pool = ScoringPool(self.num_workers, table=table, resolve=get_scorer,
                                      start_method=self.start_method)
@@ -275,15 +288,20 @@ class RewardManager:
         tasks, fns = self._tasks(data, texts)
         watch = FailureWatch([not t.strip() for t in texts])
         label = partial(scorer_label, self.scorer, self.scorer_name, self.reward_fn_key, tasks, watch.blank)
-        outcomes = self._outcomes(tasks, fns, watch, label)
+        hits: list[list[float]] = []
+        outcomes = self._outcomes(tasks, fns, watch, label, hits)
         scores: list[float] = []
         dicts: list[dict | None] = []
         ran: list[bool] = []  # the scorer returned (no error, no timeout)
-        counts = {"errors": 0, "nan": 0, "timeouts": 0, "dicts": 0}
+        counts = {"errors": 0, "nan": 0, "timeouts": 0, "scorer_timeouts": 0, "dicts": 0}
         first_error = first_nan = None
-        for status, payload, _ in outcomes:
+        limits = []  # the scorer's own limits that cut a comparison short
+        for i, (status, payload, _) in enumerate(outcomes):
             d = None
             score = 0.0
+            if status == "ok" and i < len(hits) and hits[i]:
+                counts["scorer_timeouts"] += 1  # scored (0 as a rule) though its comparison was not finished
+                limits.extend(hits[i])
             if status == "timeout":
                 counts["timeouts"] += 1
             elif status == "error":
@@ -304,6 +322,9 @@ class RewardManager:
             dicts.append(d)
             ran.append(status not in ("timeout", "error"))
         check_batch(watch, counts, first_error, len(outcomes), self.timeout_s, label, logger, first_nan)  # or warn
+        if counts["scorer_timeouts"] and not self._warned_scorer_limit:
+            self._warned_scorer_limit = True
+            self._warn_scorer_limit(counts["scorer_timeouts"], len(outcomes), limits, label())
         if self.routes_by_key:  # one data source the scorer fails on, among others it scores
             check_each_source(data[self.reward_fn_key], [r.get("ground_truth") for r in data["reward_model"]],
                               outcomes, watch.blank, self.reward_fn_key, self.timeout_s)
@@ -311,16 +332,34 @@ class RewardManager:
         metrics["reward/time_s"] = time.perf_counter() - t0
         return scores, dicts, metrics, valid, seen, ran
 
-    def _outcomes(self, tasks: list[tuple], fns: list[Callable], watch: FailureWatch, label: Callable) -> list:
-        """One :data:`rewards.pool.Outcome` per row: the tasks run in this process (``num_workers=0``) or the pool."""
+    def _warn_scorer_limit(self, n: int, rows: int, limits: list[float], scorer: str) -> None:
+        """One warning (the first batch that has any): ``n`` responses scored 0 because ``scorer``'s own time limit
+        (``limits``: the ``timeout_seconds`` that cut comparisons short) ended their comparison."""
+        known = sorted({x for x in limits if x == x})  # NaN: a limit not recorded
+        limit = "timeout_seconds=" + "/".join(f"{x:g}" for x in known[:3]) + " s" if known else "timeout_seconds"
+        logger.warning(
+            "reward: %d of %d responses scored 0 because %s did not finish comparing the answer within its own time "
+            "limit (%s), not because the answer was wrong (a correct answer may be among them); counted in "
+            "reward/num_scorer_timeouts at every step; raise the limit with "
+            "+reward_model.scorer_kwargs.timeout_seconds=<seconds> (null: no limit of its own; reward_model.timeout_s=%g "
+            "still bounds each response). This warning is logged once", n, rows, scorer, limit, self.timeout_s)
+
+    def _outcomes(self, tasks: list[tuple], fns: list[Callable], watch: FailureWatch, label: Callable,
+                  hits: list | None = None) -> list:
+        """One :data:`rewards.pool.Outcome` per row: the tasks run in this process (``num_workers=0``) or the pool.
+        ``hits``, when given, is filled with one list per row: the limits of the comparisons its scorer's own time
+        bound cut short (:func:`rewards.math_guards.take_limit_hits`)."""
+        hits = [] if hits is None else hits
         if self.num_workers == 0:
             outcomes = []
+            take_limit_hits()  # earlier ones of this process are not this batch's
             for i, (fn, (_, args, kw)) in enumerate(zip(fns, tasks)):
                 outcomes.append(_in_process(fn, args, kw, self.timeout_s))
+                hits.append(take_limit_hits())
                 if watch.see(i, outcomes[-1]):
                     break
         else:
-            outcomes = self._get_pool().run(tasks, self.timeout_s, stop=watch.see)
+            outcomes = self._get_pool().run(tasks, self.timeout_s, stop=watch.see, limit_hits=hits)
         if watch.stopped:
             watch.check(len(tasks), self.timeout_s, label())
         return outcomes

@@ -36,10 +36,10 @@ from fractions import Fraction
 from typing import Any
 
 from rewards.math_exact import answers_agree
-from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, structure_ok, time_bound
+from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, note_limit_hit, structure_ok, time_bound
 
 __all__ = ["last_boxed_only_string", "remove_boxed", "normalize_answer", "is_empty_answer", "is_tame", "is_equiv",
-           "compute_score", "MAX_ANSWER_CHARS", "TIMEOUT_SECONDS"]
+           "compute_score", "load_math_verify", "warm_math_verify", "MAX_ANSWER_CHARS", "TIMEOUT_SECONDS"]
 
 MAX_ANSWER_CHARS = 256  # longer boxed answers are compared as strings only (LaTeX parsing is ~1 ms/char)
 TIMEOUT_SECONDS = 1.0  # default hard limit of one comparison (parse + verify + cross-check), see time_bound
@@ -222,6 +222,29 @@ def load_math_verify():
     return _MV or None
 
 
+#: comparisons :func:`warm_math_verify` runs: a fraction (ANTLR's first full parse) and a polynomial identity (sympy
+#: imports ``sympy.combinatorics`` / ``sympy.tensor`` lazily the first time it compares polynomials)
+_WARM_UP = ((r"\frac{x}{2}", "x/2"), ("x^2+1", "1+x^2"))
+_WARMED = False
+
+
+def warm_math_verify() -> bool:
+    """Run math-verify's first comparisons once in this process, without a time limit: its first parse and verify
+    pay a cold start (the parser's and sympy's lazy imports and caches: about 0.3 s idle, more than the scorer's 1 s
+    ``timeout_seconds`` on a loaded machine) that would otherwise fall inside the first scored comparison. The reward
+    manager calls it before forking its scoring processes, which inherit the warmed state. Returns True when
+    math-verify is available and warmed (at most once per process); never raises."""
+    global _WARMED
+    if not _WARMED and load_math_verify() is not None:
+        try:
+            for pred, gold in _WARM_UP:
+                _verify_exact(pred, gold)
+        except Exception:  # a broken install: scoring falls back as before
+            pass
+        _WARMED = True
+    return _WARMED and bool(_MV)
+
+
 def _parse_latex(s: str):
     parse, _, latex_cfg = load_math_verify()
     return parse("\\boxed{" + s + "}", extraction_config=[latex_cfg(boxed_match_priority=0)],
@@ -254,7 +277,9 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
     :func:`is_tame` parses, with numeric answers confirmed exactly (:func:`rewards.math_exact.answers_agree`:
     ``\\frac{1}{3}`` != ``0.333333``), all within ``timeout_seconds`` (None: no limit; see
     :func:`rewards.math_guards.time_bound`). An empty answer on either side (:func:`is_empty_answer`), no
-    math-verify, any error or timeout: False. Never raises.
+    math-verify, any error or timeout: False. A comparison cut short by ``timeout_seconds`` is recorded
+    (:func:`rewards.math_guards.note_limit_hit`), so that the reward manager counts it apart from a wrong answer
+    (``reward/num_scorer_timeouts``) and warns. Never raises.
     """
     try:
         if not isinstance(pred, str) or not isinstance(gold, str) or is_empty_answer(pred) or is_empty_answer(gold):
@@ -269,7 +294,8 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
             return False
         with time_bound(timeout_seconds):
             return _verify_exact(pred, gold)
-    except ScorerTimeout:
+    except ScorerTimeout:  # not a verified wrong answer: recorded for the reward manager, still False
+        note_limit_hit(timeout_seconds)
         return False
     except Exception:
         return False

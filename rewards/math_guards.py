@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 __all__ = ["MAX_NESTING", "MAX_PLAIN_NESTING", "collapse_braces", "nesting_depths", "structure_ok", "is_tame",
-           "ScorerTimeout", "time_bound"]
+           "ScorerTimeout", "time_bound", "note_limit_hit", "take_limit_hits"]
 
 MAX_NESTING = 6  # groups of any kind inside each other (\frac{\sqrt{x^{2}}}{2} is 3)
 MAX_PLAIN_NESTING = 3  # plain groups: (, [, \{, \left, a brace that is no command's argument, a subscript
@@ -189,7 +189,29 @@ def is_tame(expr) -> bool:
 
 class ScorerTimeout(BaseException):
     """Raised by :func:`time_bound` when its time is up. A ``BaseException``, so that the libraries' own
-    ``except Exception`` blocks do not swallow it; catch it where the bounded work is called."""
+    ``except Exception`` blocks do not swallow it; catch it where the bounded work is called (and record it there
+    with :func:`note_limit_hit`)."""
+
+
+# The limits (seconds) of the comparisons that the scorer's own bound (time_bound) ended since the last
+# take_limit_hits(), in this process. A comparison cut short scores 0 like a wrong answer (verl does the same), so the
+# scorer's return value cannot tell them apart: the reward manager takes these around each scorer call (in its scoring
+# processes too, which send them back with the outcome) and counts the responses in ``reward/num_scorer_timeouts``.
+_LIMIT_HITS: list[float] = []
+
+
+def note_limit_hit(seconds: float | None) -> None:
+    """Record that a comparison did not finish within the scorer's own limit of ``seconds`` (its
+    ``timeout_seconds``) and was scored as not equal."""
+    _LIMIT_HITS.append(float(seconds) if seconds is not None else float("nan"))
+
+
+def take_limit_hits() -> list[float]:
+    """The limits recorded by :func:`note_limit_hit` since the last call (one entry per comparison cut short), and
+    forget them."""
+    hits = list(_LIMIT_HITS)
+    _LIMIT_HITS.clear()
+    return hits
 
 
 @contextmanager

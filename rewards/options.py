@@ -5,7 +5,11 @@ A scorer's options are its named keyword parameters other than the ones the rewa
 refused (instead of being passed into a ``**kwargs`` that drops it, so that e.g. ``method=flexible`` would
 change nothing); a scorer that declares ``**kwargs`` itself takes any option. Values are checked against the
 parameter's annotation where it is one of ``Literal[...]``, ``float``, ``int``, ``bool``, ``str`` (or a union of
-these, e.g. ``float | None``); other annotations are not checked.
+these, e.g. ``float | None``); other annotations are not checked. A parameter without an annotation takes the type of
+its default when that is a ``bool``, ``int``, ``float`` or ``str`` (``bonus=0.0``: a number; an int is accepted for a
+float, a bool is not for an int or a float; None, the value Hydra gives for ``null``, is accepted too); a default of
+another type, or None, gives no type. A value of the wrong type is refused before start-up
+(:class:`OptionValueError`), instead of making the scorer raise on every response at the first step.
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from typing import Any, Callable, Literal, Mapping
 
 from rewards.registry import wants_data_source
 
-__all__ = ["PASSED_BY_MANAGER", "takes_extra_info", "scorer_label", "scorer_options", "check_scorer_options"]
+__all__ = ["PASSED_BY_MANAGER", "takes_extra_info", "scorer_label", "scorer_options", "check_scorer_options",
+           "OptionValueError"]
 
 # parameters the reward manager fills itself; they are not options
 PASSED_BY_MANAGER = ("solution_str", "ground_truth", "extra_info", "data_source")
@@ -92,14 +97,54 @@ def _describe(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
+class OptionValueError(ValueError):
+    """A scorer option's value of the wrong type for the scorer's parameter (its annotation, or the type of its
+    default). ``option``, ``value``, ``expected`` (words) and ``scorer`` (its label) say which;
+    :meth:`naming` words it with the config key that holds the option."""
+
+    def __init__(self, option: str, value: Any, expected: str, scorer: str):
+        self.option, self.value, self.expected, self.scorer = option, value, expected, scorer
+        super().__init__(f"scorer option {option}={value!r} for scorer {scorer}: expected {expected}")
+
+    def naming(self, key: str) -> str:
+        """The message with the option named by ``key``, the dotted config key of the options that hold it
+        (``reward_model.custom_reward_function.reward_kwargs``): ``<key>.<option>=<value>: expected ... (scorer
+        ...)``."""
+        return f"{key}.{self.option}={self.value!r}: expected {self.expected} (a parameter of scorer {self.scorer})"
+
+
+#: the default's types that give an unannotated parameter its type
+_DEFAULT_TYPES = (bool, int, float, str)
+
+
+def _expected_from_default(param: inspect.Parameter) -> tuple[Any, str] | None:
+    """(the type hint, its words) that an unannotated parameter's default gives, or None (no default, a default of
+    another type, an annotation)."""
+    if param.annotation is not param.empty or param.default is param.empty:
+        return None
+    default = param.default
+    kind = type(default)
+    if kind not in _DEFAULT_TYPES:  # None, a list, a subclass: no type
+        return None
+    words = {bool: "a bool (true or false)", int: "an int", float: "a number (float or int)", str: "a string"}[kind]
+    return kind | None, f"{words}, the type of its default {default!r}"
+
+
 def _check_values(fn: Callable, options: Mapping[str, Any], label: str) -> None:
     try:
         hints = typing.get_type_hints(fn)
-    except Exception:  # unresolvable annotations: the values are not checked
-        return
+    except Exception:  # unresolvable annotations: the annotated values are not checked
+        hints = {}
+    sig = _signature(fn)
+    params = sig.parameters if sig is not None else {}
     for key, value in options.items():
-        if key in hints and _matches(value, hints[key]) is False:
-            raise ValueError(f"scorer option {key}={value!r} for scorer {label}: expected {_describe(hints[key])}")
+        if key in hints:
+            if _matches(value, hints[key]) is False:
+                raise OptionValueError(key, value, _describe(hints[key]), label)
+            continue
+        implied = _expected_from_default(params[key]) if key in params else None
+        if implied is not None and _matches(value, implied[0]) is False:
+            raise OptionValueError(key, value, implied[1], label)
 
 
 def check_scorer_options(fn: Callable, options: Mapping[str, Any], name: str | None = None) -> None:
@@ -116,8 +161,9 @@ def check_scorer_options(fn: Callable, options: Mapping[str, Any], name: str | N
         TypeError: an option the scorer does not take (naming the option, the scorer and the options it
             takes), an option that the reward manager passes itself, or a scorer whose required parameters
             the call leaves unfilled.
-        ValueError: an option value outside the parameter's annotation (e.g. ``method='fuzzy'`` for
-            ``Literal["strict", "flexible"]``).
+        OptionValueError: (a ValueError) an option value outside the parameter's annotation (e.g.
+            ``method='fuzzy'`` for ``Literal["strict", "flexible"]``), or, for a parameter without one, of another
+            type than its default (``bonus='abc'`` for ``bonus=0.0``).
     """
     label = scorer_label(fn, name)
     reserved = sorted(set(options) & set(PASSED_BY_MANAGER))

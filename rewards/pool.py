@@ -42,10 +42,11 @@ from typing import Any, Callable, Sequence
 # the failure rules (rewards.failures) and the process-tree helpers are named in __all__ too: importable from here
 from rewards.failures import (EARLY_STOP_FAILURES, WORKER_DIED, FailureWatch, Outcome, ScorerError,
                               check_not_all_failed)
+from rewards.math_guards import take_limit_hits
 from rewards.process_tree import descendants, die_with_parent, guard_descendants, kill_tree
 from rewards.scorer_call import call_scorer
 
-__all__ = ["to_plain_result", "run_scorer", "in_process", "ScoringPool", "Outcome", "ScorerError",
+__all__ = ["to_plain_result", "run_scorer", "run_scorer_noted", "in_process", "ScoringPool", "Outcome", "ScorerError",
            "check_not_all_failed",
            "FailureWatch", "EARLY_STOP_FAILURES", "die_with_parent", "guard_descendants", "descendants", "kill_tree"]
 
@@ -100,6 +101,14 @@ def run_scorer(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
         return "ok", to_plain_result(call_scorer(fn, args, kwargs)), time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - a scorer failure must never stop training
         return "error", f"{type(e).__name__}: {e}"[:500], time.perf_counter() - t0
+
+
+def run_scorer_noted(fn: Callable, args: tuple, kwargs: dict) -> tuple[Outcome, list[float]]:
+    """:func:`run_scorer`, and the limits of the comparisons the scorer's own time bound cut short during the call
+    (:func:`rewards.math_guards.take_limit_hits`; earlier ones of this process are dropped first)."""
+    take_limit_hits()
+    outcome = run_scorer(fn, args, kwargs)
+    return outcome, take_limit_hits()
 
 
 class _AlarmTimeout(BaseException):  # not an Exception: run_scorer must not swallow it
@@ -158,18 +167,18 @@ def _worker_main(conn, table: dict, resolve: Callable[[Any], Callable] | None, c
         try:
             fn = table[key] if key in table else resolve(key)
         except Exception as e:  # noqa: BLE001
-            out = (idx, ("error", f"cannot resolve scorer {key!r}: {e}"[:500], 0.0))
+            out = (idx, ("error", f"cannot resolve scorer {key!r}: {e}"[:500], 0.0), [])
         else:
             try:
-                out = (idx, run_scorer(fn, args, kwargs))
+                out = (idx, *run_scorer_noted(fn, args, kwargs))  # (idx, outcome, the scorer's own limit hits)
             except SystemExit as e:  # sys.exit in a scorer: its error, not a worker to replace
-                out = (idx, ("error", f"SystemExit: {e.code!r} (the scorer called sys.exit)"[:500], 0.0))
+                out = (idx, ("error", f"SystemExit: {e.code!r} (the scorer called sys.exit)"[:500], 0.0), [])
             except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt (SIGINT is ignored here: the scorer's own
-                out = (idx, ("error", f"{type(e).__name__}: {e}"[:500], 0.0))  # raise), GeneratorExit: its error
+                out = (idx, ("error", f"{type(e).__name__}: {e}"[:500], 0.0), [])  # raise), GeneratorExit: its error
         try:
             conn.send(out)
         except Exception as e:  # an unpicklable dict value, say
-            conn.send((idx, ("error", f"scorer result could not be sent back: {e!r}"[:500], out[1][2])))
+            conn.send((idx, ("error", f"scorer result could not be sent back: {e!r}"[:500], out[1][2]), []))
 
 
 class _Worker:
@@ -186,6 +195,7 @@ class _Batch:
     def __init__(self, tasks: Sequence[Task], workers: Sequence[_Worker], stop: Callable[[int, Outcome], bool] | None):
         self.tasks = tasks
         self.results: list[Outcome | None] = [None] * len(tasks)
+        self.limit_hits: list[list[float]] = [[] for _ in tasks]  # per task: rewards.math_guards.take_limit_hits
         self.pending = deque(range(len(tasks)))
         self.idle = list(workers)
         self.busy: dict[_Worker, tuple[int, float]] = {}
@@ -287,8 +297,11 @@ class ScoringPool:
 
     # ---- running ----------------------------------------------------------------------------------------
     def run(self, tasks: Sequence[Task], timeout_s: float,
-            stop: Callable[[int, Outcome], bool] | None = None) -> list[Outcome]:
-        """Run every task; returns one ``(status, payload, seconds)`` per task, in order.
+            stop: Callable[[int, Outcome], bool] | None = None,
+            limit_hits: list | None = None) -> list[Outcome]:
+        """Run every task; returns one ``(status, payload, seconds)`` per task, in order. ``limit_hits``, when given,
+        is filled with one list per task: the limits of the comparisons that the scorer's own time bound cut short
+        (:func:`rewards.math_guards.note_limit_hit`; empty for a task that timed out, died or was skipped).
 
         A task still running ``timeout_s`` seconds after its worker started it gets ``("timeout", None, t)``
         and its worker is killed and replaced; a worker that dies gives ``("error", "scorer worker died ...", t)``.
@@ -313,6 +326,8 @@ class ScoringPool:
             self._kill(w)
             self._workers.remove(w)
             self.num_restarts += 1
+        if limit_hits is not None:
+            limit_hits[:] = batch.limit_hits
         return [r if r is not None else ("skipped", None, 0.0) for r in batch.results]
 
     def _send_pending(self, batch: _Batch) -> None:
@@ -342,8 +357,9 @@ class ScoringPool:
             w = by_conn[conn]
             i, t0 = batch.busy.pop(w)
             try:
-                idx, outcome = conn.recv()
+                idx, outcome, hits = conn.recv()
                 batch.idle.append(w)
+                batch.limit_hits[idx] = list(hits)
                 batch.finish(idx, outcome)
             except (EOFError, OSError, ConnectionError):
                 w.proc.join(timeout=1.0)  # its exit code

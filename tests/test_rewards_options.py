@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rewards.manager import RewardManager
-from rewards.options import check_scorer_options, scorer_options
+from rewards.options import OptionValueError, check_scorer_options, scorer_options
 from rewards.registry import DEFAULT_DATA_SOURCES, get_scorer, list_scorers
 from tests.test_reliability_config import OK_BATCH, assert_one_line_error, run_cli
 from trainer.config_checks import ConfigError, check_reward_scorers, reward_options
@@ -188,3 +188,115 @@ def test_p27_no_built_in_scorer_swallows_an_option():
         assert all(p.kind is not p.VAR_KEYWORD for p in params), name
     with pytest.raises(TypeError, match=r"'method' is not taken by scorer 'arith_tool'"):
         check_scorer_options(get_scorer("arith_tool"), {"method": "flexible"}, "arith_tool")
+
+
+# ---- an option value of the wrong type (case P27, values): an unannotated parameter takes its default's type -------
+
+def _unannotated(solution_str, ground_truth, extra_info=None, bonus=0.0, n=3, strict=False, tag="x", none=None,
+                 table=()):
+    return 0.0
+
+
+@pytest.mark.parametrize("option,value,ok", [
+    ("bonus", "abc", False), ("bonus", True, False), ("bonus", 1, True), ("bonus", 0.5, True), ("bonus", None, True),
+    ("n", 1.5, False), ("n", True, False), ("n", "2", False), ("n", 2, True),
+    ("strict", 1, False), ("strict", "true", False), ("strict", True, True),
+    ("tag", 1, False), ("tag", "y", True),
+    ("none", "anything", True), ("none", 1, True), ("table", "anything", True),  # None / a tuple: no type
+])
+def test_p27_an_unannotated_options_value_is_checked_against_its_defaults_type(option, value, ok):
+    if ok:
+        check_scorer_options(_unannotated, {option: value})
+        return
+    with pytest.raises(OptionValueError, match=rf"^scorer option {option}={value!r:.10}.*_unannotated: expected .*"
+                                               rf"the type of its default") as info:
+        check_scorer_options(_unannotated, {option: value})
+    assert (info.value.option, info.value.value) == (option, value)
+
+
+def test_p27_an_annotation_decides_over_the_default():
+    from typing import Any
+
+    def annotated(solution_str, ground_truth, bonus: Any = 0.0, scale: int = 1.0):
+        return 0.0
+
+    check_scorer_options(annotated, {"bonus": "abc"})  # Any: not checked
+    check_scorer_options(annotated, {"scale": 2})
+    with pytest.raises(OptionValueError, match=r"scale=0.5.*expected int$"):
+        check_scorer_options(annotated, {"scale": 0.5})
+
+
+WRONG_BONUS = """
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+        return {"score": float(solution_str.strip() == str(ground_truth)) + bonus}
+    """
+
+
+def _check_config(*overrides, sources=("gsm8k", "math500")):
+    """The start-up check of the scorers and their options (:func:`check_reward_scorers`) on the config that
+    ``overrides`` make as Hydra types them (``bonus=abc`` a string, ``bonus=1`` an int)."""
+    from tests.e2e_utils import resolved_config
+    from trainer.config_checks import custom_scorer, reward_option_keys
+
+    cfg = resolved_config(*overrides)
+    scorer = custom_scorer(cfg) or cfg["reward_model"]["scorer"]
+    make = _make(scorer=scorer, scorer_kwargs=reward_options(cfg))
+    return check_reward_scorers(make, "data_source", _datasets(*sources), reward_option_keys(cfg))
+
+
+def test_p27_a_wrong_type_option_value_is_one_line_naming_its_key(tmp_path):
+    """Before: ``custom_reward_function.reward_kwargs.bonus=abc`` passed start-up and every response of step 1 raised
+    ``TypeError`` in the scorer (the run stopped blaming it). Both option keys are named, the custom function's and
+    the built-in scorers'."""
+    path = _custom_file(tmp_path, WRONG_BONUS)
+    with pytest.raises(ConfigError) as info:
+        _check_config(f"reward_model.custom_reward_function.path={path}",
+                      "+reward_model.custom_reward_function.reward_kwargs.bonus=abc")
+    assert str(info.value) == (f"reward_model.custom_reward_function.reward_kwargs.bonus='abc': expected a number "
+                               f"(float or int), the type of its default 0.0 (a parameter of scorer "
+                               f"{path}:compute_score)")
+    with pytest.raises(ConfigError, match=r"^reward_model.custom_reward_function.reward_kwargs.bonus=True: expected a "
+                                          r"number"):
+        _check_config(f"reward_model.custom_reward_function.path={path}",
+                      "+reward_model.custom_reward_function.reward_kwargs.bonus=true")
+    # the built-in scorers' options: reward_model.scorer_kwargs, routed (math500 -> math) or fixed
+    with pytest.raises(ConfigError, match=r"^reward_model.scorer_kwargs.timeout_seconds='abc': expected float \| None "
+                                          r"\(a parameter of scorer 'math500'"):
+        _check_config("+reward_model.scorer_kwargs.timeout_seconds=abc", sources=["math500"])
+    with pytest.raises(ConfigError, match=r"^reward_model.scorer_kwargs.format_score='high': expected float "
+                                          r"\(a parameter of scorer 'format_boxed'"):
+        _check_config("reward_model.scorer=format_boxed", "+reward_model.scorer_kwargs.format_score=high")
+    # a custom function's option under scorer_kwargs is named by that key
+    with pytest.raises(ConfigError, match=r"^reward_model.scorer_kwargs.bonus='abc': expected a number"):
+        _check_config(f"reward_model.custom_reward_function.path={path}", "+reward_model.scorer_kwargs.bonus=abc")
+
+
+@pytest.mark.parametrize("value,want", [("0.5", 1.5), ("1", 2.0)])
+def test_p27_a_right_type_option_value_passes_and_scores(tmp_path, value, want):
+    path = _custom_file(tmp_path, WRONG_BONUS)
+    manager = _check_config(f"reward_model.custom_reward_function.path={path}",
+                            f"+reward_model.custom_reward_function.reward_kwargs.bonus={value}")
+    assert manager.scorer_kwargs == {"bonus": float(value) if "." in value else int(value)}
+    out = manager(_batch(["7"], ["gsm8k"], ["7"]))
+    assert out.token_level_scores.sum(-1).tolist() == [want] and out.metrics["reward/num_errors"] == 0.0
+
+
+def test_p27_a_batch_functions_option_value_is_checked_too(tmp_path):
+    from rewards.batch_manager import check_batch_scorer
+    from rewards.registry import load_custom_scorer
+
+    fn = load_custom_scorer(_custom_file(tmp_path, """
+        def compute_score(data_sources, solution_strs, ground_truths, extra_infos, bonus=0.0):
+            return [bonus for _ in solution_strs]
+        """))
+    check_batch_scorer(fn, {"bonus": 1})
+    with pytest.raises(OptionValueError, match=r"bonus='abc'.*expected a number"):
+        check_batch_scorer(fn, {"bonus": "abc"})
+
+
+def test_p27_a_wrong_type_option_value_stops_main_before_workers(tmp_path):
+    path = _custom_file(tmp_path, WRONG_BONUS)
+    proc = run_cli(str(tmp_path / "out"), "trainer.total_training_steps=1", f"custom_reward_function.path={path}",
+                   "custom_reward_function.reward_kwargs.bonus=abc", forked=True)
+    assert_one_line_error(proc, "reward_model.custom_reward_function.reward_kwargs.bonus='abc': expected a number",
+                          "the type of its default 0.0")

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 __all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "as_int", "run_checks", "check_model_files",
-           "check_rollout_correction", "reward_options", "check_reward_scorers", "check_ground_truths"]
+           "check_rollout_correction", "reward_options", "reward_option_keys", "check_reward_scorers",
+           "check_ground_truths"]
 
 
 class ConfigError(ValueError):
@@ -131,18 +132,36 @@ def reward_options(cfg: dict) -> dict:
     return merged
 
 
-def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequence) -> Any:
+def reward_option_keys(cfg: dict) -> dict[str, str]:
+    """The config key that holds each scorer option of :func:`reward_options`: ``reward_model.scorer_kwargs`` or
+    ``reward_model.custom_reward_function.reward_kwargs`` (the first, for an option set in both)."""
+    rm = cfg.get("reward_model") or {}
+    keys: dict[str, str] = {}
+    for key, opts in (("reward_model.scorer_kwargs", rm.get("scorer_kwargs")),
+                      ("reward_model.custom_reward_function.reward_kwargs",
+                       (rm.get("custom_reward_function") or {}).get("reward_kwargs"))):
+        for k in opts if isinstance(opts, dict) else ():
+            keys.setdefault(k, key)
+    return keys
+
+
+def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequence,
+                         option_keys: dict[str, str] | None = None) -> Any:
     """Build one reward manager with ``make_rm()`` and check every scorer that routing reaches: each distinct
     ``reward_fn_key`` value in the rows of ``datasets`` (:class:`trainer.dataset.PromptDataset` or None) has a
-    registered scorer taking the scorer options. Returns the manager.
+    registered scorer taking the scorer options. Returns the manager. ``option_keys`` (:func:`reward_option_keys`):
+    the config key of each option, to name an option value of the wrong type by its key.
 
     Raises:
         ConfigError: a row without a scorer name in ``reward_fn_key`` (naming the file and the row, or the file that
             lacks the column: :func:`trainer.data_rows.check_reward_key`), a name without a scorer (naming the first row
             that has it), an option a scorer does not take (naming the option and the scorer), or reward components
             (``algorithm.gdpo_reward_keys``) that a scorer does not return (:func:`check_reward_components`), or a
-            ground truth a built-in scorer cannot compare (a list, a mapping: :func:`check_ground_truths`).
+            ground truth a built-in scorer cannot compare (a list, a mapping: :func:`check_ground_truths`), or an
+            option value of the wrong type for its scorer's parameter (:class:`rewards.options.OptionValueError`:
+            ``reward_model.custom_reward_function.reward_kwargs.bonus='abc': expected a number ...``).
     """
+    from rewards.options import OptionValueError
     from trainer.data_rows import DataError, check_reward_key, row_origins, row_place
 
     try:
@@ -176,6 +195,9 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
         raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
     except DataError as exc:
         raise ConfigError(str(exc)) from exc
+    except OptionValueError as exc:
+        key = (option_keys or {}).get(exc.option)
+        raise ConfigError(exc.naming(key) if key else f"reward_model: {exc}") from exc
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"reward_model: {exc}") from exc
     return manager

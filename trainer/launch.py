@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.config.data import DataConfig
 from trainer.config.section import replaced
 from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as_int, custom_scorer,  # noqa: F401
-                                   check_reward_scorers, reward_options, run_checks)
+                                   check_reward_scorers, reward_option_keys, reward_options, run_checks)
 from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
 from trainer.run_folder import (FINAL_METRICS, already_complete, nothing_saved_warnings,  # noqa: F401
@@ -285,7 +285,8 @@ def build_reward_managers(cfg: dict, data: DataConfig, tok, datasets) -> tuple:
                                component_keys=keys, **overlong_kwargs(cfg))
     from trainer.adv_inputs import reward_component_keys  # the training rewards' components (GDPO)
 
-    return check_reward_scorers(lambda: make(reward_component_keys(cfg)), key, datasets), make()
+    return (check_reward_scorers(lambda: make(reward_component_keys(cfg)), key, datasets, reward_option_keys(cfg)),
+            make())
 
 
 def load_model_files(cfg: dict):

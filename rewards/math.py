@@ -232,8 +232,9 @@ def warm_math_verify() -> bool:
     """Run math-verify's first comparisons once in this process, without a time limit: its first parse and verify
     pay a cold start (the parser's and sympy's lazy imports and caches: about 0.3 s idle, more than the scorer's 1 s
     ``timeout_seconds`` on a loaded machine) that would otherwise fall inside the first scored comparison. The reward
-    manager calls it before forking its scoring processes, which inherit the warmed state. Returns True when
-    math-verify is available and warmed (at most once per process); never raises."""
+    manager calls it before forking its scoring processes, which inherit the warmed state, and :func:`is_equiv`
+    before its first timed comparison in a process (scoring in the manager's own process, a direct call). Returns
+    True when math-verify is available and warmed (at most once per process); never raises."""
     global _WARMED
     if not _WARMED and load_math_verify() is not None:
         try:
@@ -290,8 +291,8 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
             return verdict
         if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
             return False
-        if not structure_ok(pred) or not structure_ok(gold) or load_math_verify() is None:
-            return False
+        if not structure_ok(pred) or not structure_ok(gold) or not warm_math_verify():
+            return False  # the first call in a process warms math-verify outside the limit (the manager's own too)
         with time_bound(timeout_seconds):
             return _verify_exact(pred, gold)
     except ScorerTimeout:  # not a verified wrong answer: recorded for the reward manager, still False

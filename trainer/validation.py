@@ -52,7 +52,7 @@ def validation_pass(trainer, greedy: bool) -> dict:
     n_val = 1
     for start in range(0, len(ds), bs):
         rows = [ds[i] for i in range(start, min(start + bs, len(ds)))]
-        batch = collate_prompts(rows, pad_id, ds.prompt_key)
+        batch = collate_prompts(rows, pad_id, getattr(ds, "prompt_key", "prompt"))
         batch["uid"] = [f"val-{start + i}" for i in range(len(batch))]
         batch.meta.update(validate=True, greedy=greedy, seed=trainer.trainer_cfg.seed)
         padded, _ = pad_rows_to_multiple(batch, trainer.world)

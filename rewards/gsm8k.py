@@ -25,8 +25,9 @@ Both methods read a number the same way:
   or a further digit group after a space (``1 000``). Strict mode never reads its first operand (``#### 10 - 3``,
   ``#### 48 + 24 = 72``, ``#### 6×7``, ``#### 12:30``, ``#### 2 ** 10`` give no answer); an operator with no operand
   after it is punctuation (``#### 42 - that is it`` is 42). Flexible mode never reads the last operand (``The answer
-  is 10 - 3``, ``3 * 4``: no answer), but a number after ``=`` is a result (``5 + 3 = 8`` is 8), and ``Step 3: 42``
-  (a space after the colon) is a label, 42.
+  is 10 - 3``, ``3 * 4``, ``1 000``: no answer), but a number after ``=`` is a result (``5 + 3 = 8`` is 8), ``Step
+  3: 42`` (a space after the colon) is a label, 42, and only a last number of 3 digits is a digit group (``42 42 42``
+  and ``1 2 3`` read the last number).
 
 All scans are linear in the text length: markers are found with ``str.rfind``, numbers with regexes whose
 repetitions are possessive or need a separator to go on, so there is no catastrophic backtracking, and what stands
@@ -103,12 +104,14 @@ _REV_BEFORE_RE = re.compile(
     r"|(?P<chain>[.,](?=[0-9]))"
     r"|(?P<frac>\{\}(?=[0-9]))|(?P<root>\{trqs\\)"  # ``\frac{3}{4}``, ``\sqrt{2}``
     # ``op``: the number is the second operand of an expression (``10 - 3``, ``3 * 4``, ``3×4``, ``(1+2) / 3``,
-    # ``6 \times 7``, ``2 ** 10``, ``12:30``, ``5 * (3``) or a further digit group (``1 000``): the operand before
-    # the operator ends in a digit or ``)``. Not ``=`` (``5 + 3 = 8`` reads 8, the result), not ``: `` with a space
-    # after the colon (``Step 3: 42`` is a label), not ``**`` right before the number after a space (``2 **10**`` is
-    # Markdown bold).
+    # ``6 \times 7``, ``2 ** 10``, ``12:30``, ``5 * (3``): the operand before the operator ends in a digit or ``)``.
+    # Not ``=`` (``5 + 3 = 8`` reads 8, the result), not ``: `` with a space after the colon (``Step 3: 42`` is a
+    # label), not ``**`` right before the number after a space (``2 **10**`` is Markdown bold). ``group``: a space and
+    # a digit before the number, a further digit group when the number has exactly 3 digits (``1 000``, never
+    # ``000``; :func:`_attached_before`); ``42 42 42`` and ``1 2 3`` still read the last number.
     r"|(?P<op>[ \t]*+\(?+[ \t]*+(?:[-+\u2212\u2013\u00d7\u00f7/]|\*(?!\*)|semit\\|todc\\|vid\\)[ \t]*+(?=[0-9)])"
-    r"|[ \t]++\*\*[ \t]*+(?=[0-9)])|:[ \t]*+(?=[0-9)])|[ \t]++(?=[0-9]))"
+    r"|[ \t]++\*\*[ \t]*+(?=[0-9)])|:[ \t]*+(?=[0-9)]))"
+    r"|(?P<group>[ \t]++(?=[0-9]))"  # a space, then a digit: a digit group when the number has 3 digits
 )
 # A sign read with the last number that is a minus between two operands (``10-3``, ``10 -3``, ``(2+3) -3``).
 _REV_MINUS_RE = re.compile(r"[ \t]*+[0-9)]")
@@ -243,13 +246,16 @@ def _attached_before(rev: str, m: re.Match) -> tuple[str | None, re.Match | None
     ``("power" | "exp" | "den" | "chain" | "frac" | "root" | "op" | "minus", match)``, or ``(None, None)`` when nothing
     is attached.
     ``minus``: the sign is an operator between numbers (``10-3``, ``10 -3``); ``op``: the number is the second
-    operand of an expression or a further digit group (``10 - 3``, ``3 * 4``, ``1 000``)."""
+    operand of an expression or a further 3-digit group (``10 - 3``, ``3 * 4``, ``1 000``)."""
     end = m.end()
     if m.group("sign") and _REV_MINUS_RE.match(rev, end) is not None:
         return "minus", None
     before = _REV_BEFORE_RE.match(rev, end)
     if before is None:
         return None, None
+    if before.group("group") is not None:  # ``1 000``: the number is a thousands group, not an answer
+        plain = m.group("num")
+        return ("op", before) if len(plain) == 3 and plain.isdigit() and not m.group("cur") else (None, None)
     kinds = ("power", "exp", "den", "chain", "frac", "root", "op")
     return next(k for k in kinds if before.group(k) is not None), before
 

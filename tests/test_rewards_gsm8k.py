@@ -226,6 +226,7 @@ def test_p03_strict_keeps_what_is_not_an_expression(text, expected):
     ("5 + 3 = 8", "8"), ("5+3=8", "8"), ("48 + 24 = 72.", "72"), ("x = -5", "-5"), ("Step 3: 42", "42"),
     ("Answer - 42", "42"), ("42 - that is it", "42"), ("The answer is **42**", "42"), ("2 **10**", "10"),
     ("3 / 4", "3/4"), ("so \\frac{3}{4}", "3/4"), ("1, 2, 3", "3"), ("it was -17 degrees", "-17"),
+    ("1 234 567", None), ("the answer is 42 42 42", "42"), ("answer: 1 2 3", "3"),  # only a 3-digit group is one
 ])
 def test_p03_flexible_treats_a_spaced_expression_like_10_3(text, expected):
     assert extract_solution(text, "flexible") == expected

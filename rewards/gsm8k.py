@@ -20,6 +20,14 @@ Both methods read a number the same way:
   ``2**10``), a chain (``12/25/2023``, ``1e3/4``, ``1.2.3``), a difference or range (``10-3``) and a number that is
   not finite (``1/0``, ``1e999``) give no answer: in strict mode never the base ``2``, in flexible mode never the
   denominator, exponent or power ``4``/``3``/``10``. ``**`` after a space is Markdown bold (``**42**`` is 42).
+* An expression is no answer, with or without spaces around its operator: an operator (``+ - − – * × ÷ / : ^ **
+  =``, ``\times``, ``\cdot``, ``\div``) followed by an operand (a number, optionally after ``(``, a sign or ``$``),
+  or a further digit group after a space (``1 000``). Strict mode never reads its first operand (``#### 10 - 3``,
+  ``#### 48 + 24 = 72``, ``#### 6×7``, ``#### 12:30``, ``#### 2 ** 10`` give no answer); an operator with no operand
+  after it is punctuation (``#### 42 - that is it`` is 42). Flexible mode never reads the last operand (``The answer
+  is 10 - 3``, ``3 * 4``, ``1 000``: no answer), but a number after ``=`` is a result (``5 + 3 = 8`` is 8), ``Step
+  3: 42`` (a space after the colon) is a label, 42, and only a last number of 3 digits is a digit group (``42 42 42``
+  and ``1 2 3`` read the last number).
 
 All scans are linear in the text length: markers are found with ``str.rfind``, numbers with regexes whose
 repetitions are possessive or need a separator to go on, so there is no catastrophic backtracking, and what stands
@@ -61,13 +69,22 @@ _STRICT_RE = re.compile(
 _THOUSANDS_RE = re.compile(r"[1-9][0-9]{0,2}(?:,[0-9]{3})++(?:\.[0-9]++)?")
 # What may follow a number and changes its value: ``/d`` (the answer is the fraction ``3/4``, not ``3``; spaces
 # allowed around the slash), an exponent (``1.5e3``, ``1.5e-3``); and what makes it no answer: a power (``2^10``,
-# ``2 ^ 10``, ``2**10``; never its base), a slash before a signed or ``$`` denominator, a minus and digits (``10-3``,
-# a range or a difference), a comma or period and digits after a complete number (``1.2.3``). A match without
-# ``den`` or ``exp`` means no answer. Anchored at one position, each alternative scans at most the spaces there.
+# ``2 ^ 10``, ``2**10``, ``2 ** 10``; never its base), a slash before a signed, ``$`` or parenthesised denominator, a
+# comma or period and digits after a complete number (``1.2.3``), an operator and an operand (:data:`_OPERATOR`,
+# :data:`_OPERAND`: ``10-3``, ``10 - 3``, ``48 + 24 = 72``, ``6 * 7``, ``6×7``, ``12:30``, ``1.5 \times 10^3``; the
+# expression, never its first operand) and a further digit group after a space (``1 000``). An operator that is not
+# followed by an operand is punctuation (``42 - that is it``, ``42: done``). ``**`` right after a space opens Markdown
+# bold (``42 **note**``, ``2 **10**``), so after a space it is a power only with a space after it too. A match
+# without ``den`` or ``exp`` means no answer. Anchored at one position, each alternative scans at most the spaces
+# there.
+_OPERATOR = r"(?:[-+\u2212\u2013*\u00d7\u00f7:=]|\\(?:times|cdot|div)(?![A-Za-z]))"
+# An operand after an operator: optional spaces and ``(``, an optional sign and ``$``, then a number.
+_OPERAND = r"[ \t]*+\(?+[ \t]*+[-+\u2212]?+\$?+\.?+[0-9]"
 _AFTER_RE = re.compile(
-    r"[ \t]*+/[ \t]*+(?P<den>" + _NUM + ")"
-    r"|(?P<exp>[eE][-+\u2212]?[0-9]++)"
-    r"|[ \t]*+\^|\*\*(?=[-+\u2212({]?[0-9])|[ \t]*+/[ \t]*+[-+\u2212$]|[-\u2212][0-9]|[,.][0-9]"
+    r"(?P<exp>[eE][-+\u2212]?[0-9]++)"
+    r"|\*\*[ \t]*+[-+\u2212({]?[0-9]|[,.][0-9]"
+    r"|[ \t]*+(?:/[ \t]*+(?:(?P<den>" + _NUM + r")|[-+\u2212$(])"
+    r"|\^|" + _OPERATOR + _OPERAND + r"|(?<=[ \t])(?:\*\*[ \t]++" + _OPERAND + r"|[0-9]))"
 )
 # Any number in free text (flexible mode), matched on the REVERSED text, so that ``search`` finds the last number
 # first (one left-to-right scan in C, no Python loop over all numbers). Reversed number: optional ``fraction.``,
@@ -86,7 +103,18 @@ _REV_BEFORE_RE = re.compile(
     r"|(?P<plus>\+)?+(?:(?P<exp>[eE](?=[0-9]))|[ \t]*+(?P<den>/)[ \t]*+(?=[0-9]))"
     r"|(?P<chain>[.,](?=[0-9]))"
     r"|(?P<frac>\{\}(?=[0-9]))|(?P<root>\{trqs\\)"  # ``\frac{3}{4}``, ``\sqrt{2}``
+    # ``op``: the number is the second operand of an expression (``10 - 3``, ``3 * 4``, ``3×4``, ``(1+2) / 3``,
+    # ``6 \times 7``, ``2 ** 10``, ``12:30``, ``5 * (3``): the operand before the operator ends in a digit or ``)``.
+    # Not ``=`` (``5 + 3 = 8`` reads 8, the result), not ``: `` with a space after the colon (``Step 3: 42`` is a
+    # label), not ``**`` right before the number after a space (``2 **10**`` is Markdown bold). ``group``: a space and
+    # a digit before the number, a further digit group when the number has exactly 3 digits (``1 000``, never
+    # ``000``; :func:`_attached_before`); ``42 42 42`` and ``1 2 3`` still read the last number.
+    r"|(?P<op>[ \t]*+\(?+[ \t]*+(?:[-+\u2212\u2013\u00d7\u00f7/]|\*(?!\*)|semit\\|todc\\|vid\\)[ \t]*+(?=[0-9)])"
+    r"|[ \t]++\*\*[ \t]*+(?=[0-9)])|:[ \t]*+(?=[0-9)]))"
+    r"|(?P<group>[ \t]++(?=[0-9]))"  # a space, then a digit: a digit group when the number has 3 digits
 )
+# A sign read with the last number that is a minus between two operands (``10-3``, ``10 -3``, ``(2+3) -3``).
+_REV_MINUS_RE = re.compile(r"[ \t]*+[0-9)]")
 # Reversed ``-\frac{`` (``\dfrac``, ``\tfrac``): what must stand before the numerator of a LaTeX fraction.
 _REV_FRAC_CMD_RE = re.compile(r"\{carf[dt]?\\(?P<sign>[-\u2212])?")
 _DIGIT_RE = re.compile(r"[0-9]")  # a plain char class: ``search`` skips non-digits at C speed
@@ -199,7 +227,7 @@ def _extract_flexible(text: str) -> str | None:
     if kind == "frac":
         return _latex_fraction(text, rev, last, before)
     if kind not in ("den", "exp") or last.group("cur") or (kind == "den" and (last.group("sign") or before["plus"])):
-        return None  # a power, a chain, a difference (``10-3``), ``3/-4``, ``3/$4``
+        return None  # a power, a chain, an expression (``10-3``, ``10 - 3``, ``3 * 4``), ``3/-4``, ``3/$4``
     head = _REV_NUMBER_RE.match(rev, before.end())
     if _attached_before(rev, head)[0] is not None:  # ``12/25/2023``, ``2^3/4``, ``1e2e3``
         return None
@@ -215,16 +243,21 @@ def _extract_flexible(text: str) -> str | None:
 
 def _attached_before(rev: str, m: re.Match) -> tuple[str | None, re.Match | None]:
     """What stands before the number ``m`` (a match of :data:`_REV_NUMBER_RE` on the reversed text ``rev``):
-    ``("power" | "exp" | "den" | "chain" | "frac" | "root" | "minus", match)``, or ``(None, None)`` when nothing
+    ``("power" | "exp" | "den" | "chain" | "frac" | "root" | "op" | "minus", match)``, or ``(None, None)`` when nothing
     is attached.
-    ``minus``: the sign is an operator between numbers (``10-3``)."""
+    ``minus``: the sign is an operator between numbers (``10-3``, ``10 -3``); ``op``: the number is the second
+    operand of an expression or a further 3-digit group (``10 - 3``, ``3 * 4``, ``1 000``)."""
     end = m.end()
-    if m.group("sign") and end < len(rev) and "0" <= rev[end] <= "9":
+    if m.group("sign") and _REV_MINUS_RE.match(rev, end) is not None:
         return "minus", None
     before = _REV_BEFORE_RE.match(rev, end)
     if before is None:
         return None, None
-    return next(k for k in ("power", "exp", "den", "chain", "frac", "root") if before.group(k) is not None), before
+    if before.group("group") is not None:  # ``1 000``: the number is a thousands group, not an answer
+        plain = m.group("num")
+        return ("op", before) if len(plain) == 3 and plain.isdigit() and not m.group("cur") else (None, None)
+    kinds = ("power", "exp", "den", "chain", "frac", "root", "op")
+    return next(k for k in kinds if before.group(k) is not None), before
 
 
 def _latex_fraction(text: str, rev: str, last: re.Match, before: re.Match) -> str | None:

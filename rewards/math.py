@@ -7,8 +7,18 @@ string-normalising fallback otherwise; see :func:`is_equiv` for the order of the
 
 No answer: a box whose content typesets as nothing (``\\boxed{\\,}``, ``\\boxed{\\text{}}``, ``\\boxed{$ $}``,
 ``\\boxed{\\quad}``, ``\\boxed{{}}``; :func:`is_empty_answer`) scores 0 like a missing box, and an empty or None
-ground truth never matches. A leading ``x=``/``y=`` is dropped from one side (``x=2`` matches ``2`` both ways), but two
-equations in different variables (``x=2``, ``y=2``) are different answers.
+ground truth never matches.
+
+Equations (:func:`_equation`): a box ``label = answer`` is read as its answer only when the left side is a label, a
+single variable name: one Latin letter or Greek letter command (not ``\\pi``), optionally under ``\\mathbf``/
+``\\vec``/``\\hat``/``\\bar``/``\\overline``/``\\tilde``, with an optional subscript (``a_1``, ``a_{12}``) and primes,
+optionally applied to such names (``f(x)``, ``g(x,y)``); a chain ``x = y = 5`` only when every left part is one.
+``x=2`` matches ``2`` both ways and ``x=2``; two equations labelled differently (``x=2``, ``y=2``) are different
+answers. Any other equation (``2+2=5``, ``3=5``, ``1=2=3=5``, ``x+y=5``, ``AB=5``) is not a plain answer: it is
+compared whole, never reduced to its right-hand side (math-verify would take ``5`` from ``2+2=5``), so it never
+matches a plain gold (``\\boxed{2+2=5}`` scores 0 against ``5``, ``\\boxed{0}`` 0 against ``5x-7y+11z+4=0``);
+two equations in variables are compared as equations by math-verify (``-5x+7y-11z-4=0`` is ``5x-7y+11z+4=0``,
+``y-2x-3=0`` is ``y=2x+3``); an equation without a variable (``2+2=5``) matches only the same text.
 
 Correctness: math-verify rounds decimals to 6 places when it compares them (``0.333333`` == ``\\frac{1}{3}``); a
 numeric answer it accepts is compared again exactly (:mod:`rewards.math_exact`), so rounding never makes unequal
@@ -184,16 +194,69 @@ def _as_fraction(s: str) -> Fraction | None:
 
 def _plain_verdict(pred: str, gold: str) -> bool | None:
     """True when the normalised strings are equal; the exact comparison when both are plain numbers; else
-    None (undecided). A leading ``x=``/``y=`` is dropped unless both sides have one and they differ (``x=2`` is not
-    ``y=2``: then the answers are compared whole)."""
+    None (undecided). Labels are handled before (:func:`_equation`)."""
     a, b = _normalize(pred), _normalize(gold)
-    la, lb = _LABEL_RE.match(a), _LABEL_RE.match(b)
-    if not (la and lb and la.group(0) != lb.group(0)):
-        a, b = _LABEL_RE.sub("", a), _LABEL_RE.sub("", b)
     if a == b:
         return True
     fa, fb = _as_fraction(a), _as_fraction(b)
     return None if fa is None or fb is None else fa == fb
+
+
+# A label: the name of what the answer is for, a single variable: one Latin letter or one Greek letter command
+# (``\pi`` is a number, not a name), optionally wrapped in ``\mathbf``/``\vec``/``\hat``/``\bar``/``\overline``/
+# ``\tilde``, optionally with a subscript (``a_1``, ``a_{12}``, ``x_n``) and primes (``f'``), optionally applied
+# to such names (``f(x)``, ``g(x,y)``, ``f'(t)``). Matched on the normalised text (no spaces).
+_GREEK = (r"alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|"
+          r"sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Upsilon|Phi|Psi|Omega")
+_NAME = r"(?:[A-Za-z]|\\(?:" + _GREEK + r")(?![A-Za-z]))"
+_VAR = (r"(?:\\(?:mathbf|vec|hat|bar|overline|tilde)\{" + _NAME + r"\}|" + _NAME + r")"
+        r"(?:_(?:[A-Za-z0-9]|\{[A-Za-z0-9,]{1,8}\}))?'*")
+_LABEL_NAME_RE = re.compile(_VAR + r"(?:\(" + _VAR + r"(?:," + _VAR + r")*\))?")
+_MAX_LABELS = 8  # a longer chain ``a = b = ... = 5`` is not read as labels
+# Tokens that open or close a group (``=`` inside one is not the equation's: ``\{x=1\}``, ``\text{a=b}``).
+_GROUP_TOKENS = re.compile(r"\\[{}]|\\[A-Za-z]+|\\.|[{}()\[\]=]", re.S)
+
+
+def _equation(s: str) -> tuple[str, tuple[str, ...] | None, str]:
+    """How a box's content reads as an answer: ``(kind, labels, answer)``.
+
+    * ``("plain", None, s)``: no top-level ``=``.
+    * ``("labelled", labels, answer)``: ``label = answer`` or a chain ``x = y = answer`` whose every left part is a
+      label (:data:`_LABEL_NAME_RE`: a single variable name such as ``x``, ``a_1``, ``f(x)``, ``\theta``); the
+      answer is the last right-hand side, ``labels`` the normalised left parts.
+    * ``("equation", None, s)``: any other equation (``2+2=5``, ``3=5``, ``1=2=3=5``, ``5x-7y+4=0``, ``x+y=5``,
+      ``a<=b``): not a plain answer, compared whole.
+    """
+    parts, depth, start = [], 0, 0
+    for m in _GROUP_TOKENS.finditer(s):
+        tok = m.group(0)
+        if tok in ("{", "(", "[", "\\{"):
+            depth += 1
+        elif tok in ("}", ")", "]", "\\}"):
+            depth -= 1
+        elif tok == "=" and depth == 0:
+            parts.append(s[start:m.start()])
+            start = m.end()
+            if len(parts) > _MAX_LABELS:
+                return "equation", None, s
+    if not parts:
+        return "plain", None, s
+    labels = []
+    for part in parts:
+        label = _normalize(part)
+        if _LABEL_NAME_RE.fullmatch(label) is None:
+            return "equation", None, s
+        labels.append(label)
+    answer = s[start:].strip()
+    return ("labelled", tuple(labels), answer) if answer else ("equation", None, s)
+
+
+_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+
+
+def _has_variable(s: str) -> bool:
+    """Whether ``s`` names a variable: a Latin letter outside LaTeX command names (``\\frac``, ``\\pi``)."""
+    return any(c.isascii() and c.isalpha() for c in _COMMAND_RE.sub("", _normalize(s)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -272,20 +335,34 @@ def _verify_exact(pred: str, gold: str) -> bool:
 def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECONDS) -> bool:
     """True when two LaTeX answers (box contents) are mathematically equal.
 
-    Order: normalised strings equal -> True; both plain numbers (integers, decimals, ``a/b``, ``\\frac{a}{b}``)
-    -> exact comparison; longer than ``MAX_ANSWER_CHARS`` or nested too deep (:func:`rewards.math_guards.
-    structure_ok`) -> False; else math-verify (``\\frac{1}{2}`` == ``0.5``, ``(1,2)`` == ``(1, 2)``) on
-    :func:`is_tame` parses, with numeric answers confirmed exactly (:func:`rewards.math_exact.answers_agree`:
-    ``\\frac{1}{3}`` != ``0.333333``), all within ``timeout_seconds`` (None: no limit; see
-    :func:`rewards.math_guards.time_bound`). An empty answer on either side (:func:`is_empty_answer`), no
-    math-verify, any error or timeout: False. A comparison cut short by ``timeout_seconds`` is recorded
-    (:func:`rewards.math_guards.note_limit_hit`), so that the reward manager counts it apart from a wrong answer
-    (``reward/num_scorer_timeouts``) and warns. Never raises.
+    Order: equations first (:func:`_equation`): a leading label is dropped (``x=2`` vs ``2``) unless both sides are
+    labelled differently (``x=2`` vs ``y=2``: compared whole); an equation whose left side is not a label
+    (``2+2=5``) against a plain answer, or without a variable, is equal only as the same normalised text; two
+    equations in variables go on whole. Then: normalised strings equal -> True; both plain numbers (integers,
+    decimals, ``a/b``, ``\\frac{a}{b}``) -> exact comparison; longer than ``MAX_ANSWER_CHARS`` or nested too deep
+    (:func:`rewards.math_guards.structure_ok`) -> False; else math-verify (``\\frac{1}{2}`` == ``0.5``, ``(1,2)`` ==
+    ``(1, 2)``) on :func:`is_tame` parses, with numeric answers confirmed exactly
+    (:func:`rewards.math_exact.answers_agree`: ``\\frac{1}{3}`` != ``0.333333``), all within ``timeout_seconds``
+    (None: no limit; see :func:`rewards.math_guards.time_bound`). An empty answer on either side
+    (:func:`is_empty_answer`), no math-verify, any error or timeout: False. A comparison cut short by
+    ``timeout_seconds`` is recorded (:func:`rewards.math_guards.note_limit_hit`), so that the reward manager counts
+    it apart from a wrong answer (``reward/num_scorer_timeouts``) and warns. Never raises.
     """
     try:
         if not isinstance(pred, str) or not isinstance(gold, str) or is_empty_answer(pred) or is_empty_answer(gold):
             return False
         pred, gold = collapse_braces(pred.strip()), collapse_braces(gold.strip())
+        (pkind, plabels, pans), (gkind, glabels, gans) = _equation(pred), _equation(gold)
+        if pkind == "equation" or gkind == "equation":
+            if pkind == "plain" or gkind == "plain" or not _has_variable(pred) or not _has_variable(gold):
+                # an equation is never a plain answer (``2+2=5`` is not 5), and an equation without a variable
+                # (``2+2=5``, ``3=4``) is a claim, true or false, never equal to another one: the text only
+                return _normalize(pred) == _normalize(gold)
+            # two equations in variables: compared whole (math-verify compares the equations, never one side with
+            # an answer: ``5x-7y+11z+4=0`` is ``-5x+7y-11z-4=0``)
+        elif not (plabels and glabels and plabels != glabels):  # ``x=2`` vs ``2``, ``x=2`` vs ``x=2``
+            pred, gold = pans, gans
+        # else different labels (``x=2`` vs ``y=2``): compared whole, different answers
         verdict = _plain_verdict(pred, gold)
         if verdict is not None:
             return verdict

@@ -180,3 +180,69 @@ def test_flexible_attachments_stay_linear(text):
     for method in ("strict", "flexible"):
         assert compute_score(text, "1", method=method) in (0.0, 1.0)
     assert time.perf_counter() - t0 < 0.5
+
+
+# P03 (operators): the strict answer read the first operand of an expression after the marker (``#### 10 - 3``,
+# ``#### 48 + 24 = 72``, ``#### 6×7``, ``#### 12:30``, ``#### 1 000``, ``#### 2 ** 10`` all scored 1.0 against their
+# first number). An operator and an operand, or a further digit group after a space, now make the answer None (no
+# answer: format not complied with either), in strict mode and, for the last number, in flexible mode.
+@pytest.mark.parametrize("text,first", [
+    ("#### 10-3", "10"), ("#### 10 - 3", "10"), ("#### 48 + 24 = 72", "48"), ("#### 6 * 7 = 42", "6"),
+    ("#### 6×7", "6"), ("#### 12:30", "12"), ("#### 1 000", "1"), ("#### 2**10", "2"), ("#### 2 ** 10", "2"),
+    ("#### 1.5 × 10^3", "1.5"), ("#### 10 \u2212 3", "10"), ("#### 10\u20133", "10"), ("#### 6÷2", "6"),
+    ("#### 42 = 42", "42"), ("#### 5 * (3+1)", "5"), ("#### 3/(4)", "3"), ("#### 6 \\times 7", "6"),
+    ("#### 6\\cdot 7", "6"), ("#### 42 - -3", "42"), ("#### 10 - $3", "10"), ("#### 3/4 + 1", "0.75"),
+    ("#### 1\t000", "1"), ("#### 7\n#### 10 - 3", "7"),
+])
+def test_p03_an_expression_after_the_marker_is_no_answer(text, first):
+    from rewards.registry import get_scorer
+    from rewards.gsm8k import judge
+    assert extract_solution(text) is None
+    assert get_scorer("gsm8k")(text, first) == 0.0
+    assert compute_score(text, first, format_score=0.1) == 0.0  # no answer, not a wrong one
+    assert judge(text, first) == (False, False)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("#### 42", "42"), ("#### 42.", "42"), ("#### 1,000", "1000"), ("#### -3", "-3"), ("#### $42", "42"),
+    ("#### 42 dollars", "42"), ("#### 42\n\nNext", "42"), ("#### 42\n- 3 more lines", "42"), ("#### 3/4", "3/4"),
+    ("#### 3 / 4", "3/4"), ("#### 3/4 of the cake", "3/4"), ("#### 42 - that is the answer", "42"),
+    ("#### 42 -", "42"), ("#### 42: done", "42"), ("#### 42 + tip", "42"), ("#### 42 * note", "42"),
+    ("#### 42 **bold**", "42"), ("#### 2 **10**", "2"),  # ``**`` right after a space opens Markdown bold
+    ("#### 1, 2, 3", "1"), ("#### 1.5e3", "1.5e3"), ("#### 1.5e-3", "1.5e-3"), ("#### 42 (rounded)", "42"),
+])
+def test_p03_strict_keeps_what_is_not_an_expression(text, expected):
+    assert extract_solution(text) == expected
+    assert compute_score(text, expected) == 1.0
+
+
+@pytest.mark.parametrize("text,expected", [
+    # the last number as the second operand of an expression: no answer, as ``10-3`` already was
+    ("The answer is 10 - 3", None), ("3 * 4", None), ("The answer is 5 + 3", None), ("5+3", None), ("3 × 4", None),
+    ("so 6÷2", None), ("10 \u2212 3", None), ("10 \u2013 3", None), ("it is 3 -3", None), ("(2+3) -3", None),
+    ("5 * (3)", None), ("(1+2) / 3", None), ("6 \\times 7", None), ("x 2 ** 10", None), ("2** 10", None),
+    ("12:30", None), ("1 000", None), ("5 - 3/4", None), ("10 - $3", None), ("page 12 - 15", None),
+    # a result after ``=`` is read; labels and bold are not operators
+    ("5 + 3 = 8", "8"), ("5+3=8", "8"), ("48 + 24 = 72.", "72"), ("x = -5", "-5"), ("Step 3: 42", "42"),
+    ("Answer - 42", "42"), ("42 - that is it", "42"), ("The answer is **42**", "42"), ("2 **10**", "10"),
+    ("3 / 4", "3/4"), ("so \\frac{3}{4}", "3/4"), ("1, 2, 3", "3"), ("it was -17 degrees", "-17"),
+    ("1 234 567", None), ("the answer is 42 42 42", "42"), ("answer: 1 2 3", "3"),  # only a 3-digit group is one
+])
+def test_p03_flexible_treats_a_spaced_expression_like_10_3(text, expected):
+    assert extract_solution(text, "flexible") == expected
+
+
+def test_p03_flexible_expression_scores():
+    assert compute_score("The answer is 10 - 3", "3", method="flexible") == 0.0
+    assert compute_score("The answer is 10 - 3", "3", method="flexible", format_score=0.1) == 0.0
+    assert compute_score("3 * 4", "4", method="flexible") == 0.0
+    assert compute_score("so 5 + 3 = 8", "8", method="flexible") == 1.0
+
+
+@pytest.mark.parametrize("text", ["#### 1" + " " * 1_000_000 + "x", "#### 1" + " -" * 500_000, "1" + " *" * 500_000,
+                                  "1 " * 500_000, "#### 1 " + "(" * 1_000_000, "1" + " + (" * 250_000 + "2"])
+def test_p03_operator_scans_stay_linear(text):
+    t0 = time.perf_counter()
+    for method in ("strict", "flexible"):
+        assert compute_score(text, "1", method=method) in (0.0, 1.0)
+    assert time.perf_counter() - t0 < 1.5

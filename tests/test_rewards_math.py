@@ -216,3 +216,62 @@ def test_an_equation_in_another_variable_without_math_verify(monkeypatch):
     monkeypatch.setattr(M, "_MV", False)
     assert compute_score("\\boxed{x=2}", "y=2") == 0.0
     assert compute_score("\\boxed{x=2}", "2") == 1.0 and compute_score("\\boxed{2}", "y=2") == 1.0
+
+
+# P04 (equations): math-verify reads a boxed equation by its last right-hand side, so ``\boxed{2+2=5}``,
+# ``\boxed{3=5}`` and ``\boxed{1=2=3=5}`` scored 1.0 against 5. A box is ``label = answer`` only when every left
+# part is a label (a single variable name: ``x``, ``a_1``, ``f(x)``, ``\theta``); any other equation is compared
+# whole and never matches a plain gold.
+@pytest.mark.parametrize("pred,gold,score", [
+    ("2+2=5", "5", 0.0), ("3=5", "5", 0.0), ("1=2=3=5", "5", 0.0), ("2+2=4", "4", 0.0), ("x+y=5", "5", 0.0),
+    ("AB=5", "5", 0.0), ("\\pi=3", "3", 0.0), ("x=1=5", "5", 0.0), ("2+2=5", "3=4", 0.0), ("2+2=5", "x=5", 0.0),
+    ("0", "5x - 7y + 11z + 4 = 0", 0.0), ("5", "2+3=5", 0.0),
+    ("x=5", "5", 1.0), ("x = 5", "5", 1.0), ("5", "x=5", 1.0), ("a_1=3", "3", 1.0), ("a_{12} = 3", "3", 1.0),
+    ("f(x)=5", "5", 1.0), ("\\theta = \\frac{\\pi}{2}", "\\frac{\\pi}{2}", 1.0), ("n=7", "7", 1.0), ("x=y=5", "5", 1.0),
+    ("x=5", "x=5", 1.0), ("x=2", "y=2", 0.0), ("2+2=5", "2+2=5", 1.0),
+])
+def test_p04_a_boxed_equation_is_an_answer_only_after_a_label(pred, gold, score):
+    assert compute_score(f"so \\boxed{{{pred}}}", gold) == score
+
+
+def test_p04_registered_math_scorer_rejects_false_equations():
+    from rewards.registry import get_scorer
+    scorer = get_scorer("math")
+    for box in ("\\boxed{2+2=5}", "\\boxed{3=5}", "\\boxed{1=2=3=5}", "\\boxed{2 + 2 = 5}"):
+        assert scorer(box, "5") == 0.0, box
+    assert scorer("\\boxed{x=5}", "5") == 1.0
+
+
+@pytest.mark.parametrize("pred,gold,score", [
+    ("5x - 7y + 11z + 4 = 0", "5x - 7y + 11z + 4 = 0", 1.0), ("-5x + 7y - 11z - 4 = 0", "5x - 7y + 11z + 4 = 0", 1.0),
+    ("y = 2x + 3", "y = 2x + 3", 1.0), ("2x+3", "y = 2x + 3", 1.0), ("y-2x-3=0", "y = 2x + 3", 1.0),
+    ("y=-2x", "y = -2x", 1.0), ("y = 2x + 4", "y = 2x + 3", 0.0),
+])
+def test_p04_equations_against_equation_golds(pred, gold, score):
+    if not HAS_MV and score == 1.0 and pred.replace(" ", "") != gold.replace(" ", ""):
+        pytest.skip("needs math-verify")
+    assert compute_score(f"\\boxed{{{pred}}}", gold) == score
+
+
+def test_p04_false_equations_without_math_verify(monkeypatch):
+    monkeypatch.setattr(M, "_MV", False)
+    assert compute_score("\\boxed{2+2=5}", "5") == 0.0 and compute_score("\\boxed{1=2=3=5}", "5") == 0.0
+    assert compute_score("\\boxed{x=5}", "5") == 1.0
+
+
+def test_p04_label_rule():
+    for s in ("x=5", "a_1=3", "a_{12}=3", "f(x)=5", "g(x,y)=1", "\\theta=1", "f'(t)=3", "\\mathbf{v}=(1,2)", "x=y=5"):
+        assert M._equation(s)[0] == "labelled", s
+    for s in ("2+2=5", "3=5", "1=2=3=5", "x+y=5", "AB=5", "\\pi=3", "a<=b", "5x-7y+11z+4=0"):
+        assert M._equation(s)[0] == "equation", s
+    for s in ("5", "\\{x=1\\}", "\\text{a=b}", "x\\le 5"):
+        assert M._equation(s)[0] == "plain", s
+    assert M._equation("x = y = \\frac{1}{2}") == ("labelled", ("x", "y"), "\\frac{1}{2}")
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(MATH500, "test.jsonl")), reason=f"MATH-500 not found at {MATH500}")
+def test_p04_every_math500_gold_scores_one_against_itself_boxed():
+    with open(os.path.join(MATH500, "test.jsonl")) as f:
+        golds = [json.loads(line)["answer"] for line in f]
+    assert len(golds) == 500 and sum("=" in g for g in golds) >= 4  # x=5, y = 2x + 3, y = -2x, 5x - 7y + 11z + 4 = 0
+    assert [g for g in golds if compute_score(f"so \\boxed{{{g}}}", g) != 1.0] == []

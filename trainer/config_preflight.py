@@ -239,10 +239,11 @@ def _check_model_fit(cfg: dict) -> None:
 
         check_tiny_model(cfg)  # the embedded model's sizes build a model
     hf = _model_config_dict(cfg, path)
-    from trainer.config.actor import check_ulysses_heads
+    from trainer.config.actor import attention_softcap, check_ulysses_heads, check_ulysses_softcap
     from trainer.config.trainer import run_strategy
 
     check_ulysses_heads(cfg, hf.get("num_attention_heads"), hf.get("num_key_value_heads"))
+    check_ulysses_softcap(cfg, attention_softcap(hf))
     from trainer.override_checks import check_override_shapes, override_key_warnings
 
     check_override_shapes(cfg)

@@ -333,3 +333,28 @@ def check_ulysses_heads(cfg: Mapping, heads: int | None, kv_heads: int | None) -
         except ValueError as exc:
             raise ConfigError(f"{key}={int(sp)} does not fit the model's heads (num_attention_heads={heads}, "
                               f"num_key_value_heads={kv_heads}): {exc}") from None
+
+
+def attention_softcap(hf: Mapping) -> float | None:
+    """The model's attention logit soft-capping (``attn_logit_softcapping``: Gemma 2), read from a model config
+    as a dict (its ``text_config`` too, for a multimodal model); None when it has none."""
+    for conf in (hf, hf.get("text_config") or {}):
+        value = conf.get("attn_logit_softcapping") if isinstance(conf, Mapping) else None
+        if value is not None:
+            return float(value)
+    return None
+
+
+def check_ulysses_softcap(cfg: Mapping, softcap: float | None) -> None:
+    """A Ulysses size above 1 needs the varlen kernels, which have no attention logit soft-capping: such a model
+    (``softcap`` not None, :func:`attention_softcap`) trains without SP (its forwards are then padded batches
+    through the model's own attention, :func:`trainer.workers.model_utils.packs_sequences`).
+
+    Raises:
+        ConfigError: naming the key, the size and the model's soft-capping value.
+    """
+    for key, sp in ulysses_sizes(cfg):
+        if softcap is not None and int(sp) > 1:
+            raise ConfigError(f"{key}={int(sp)}: the model's attention uses logit soft-capping "
+                              f"(attn_logit_softcapping={softcap:g}, e.g. Gemma 2), which the Ulysses varlen kernels "
+                              "do not support; expected 1 (no sequence parallelism) for this model")

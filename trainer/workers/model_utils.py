@@ -64,7 +64,7 @@ class ModelRole:
 
             keep = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 (must stay alive while loading)
         sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
-        use_rmpad = model_cfg.use_remove_padding or sp > 1
+        use_rmpad = packs_sequences(model_cfg.use_remove_padding, sp, hf_config)
         with torch.random.fork_rng(devices=[]):  # a value head is new: drawn from trainer.seed, the same on every rank
             torch.manual_seed(int(worker.config.seed))
             model = load_hf_model(path, hf_config if override else None, value_head, remote,
@@ -92,6 +92,25 @@ class ModelRole:
         return cls(engine=engine, tokenizer=tok, hf_config=hf_config, model_path=path, sp=sp_obj, sp_size=sp,
                    dp_group=dp_group, dp_size=dp_size, dp_rank=dp_rank, use_remove_padding=use_rmpad,
                    device=worker.device, value_head=value_head)
+
+
+def packs_sequences(use_remove_padding: bool, sp: int, hf_config) -> bool:
+    """Whether a role's forwards run packed (``use_remove_padding``, or Ulysses SP above 1) through the Ulysses
+    patch's varlen attention. A model with attention logit soft-capping (Gemma 2; the varlen kernels have none)
+    runs padded batches through its own attention instead, said once in an info line (SP above 1 is refused
+    before start-up: :func:`trainer.config.actor.check_ulysses_softcap`)."""
+    from trainer.config.actor import attention_softcap
+
+    packed = bool(use_remove_padding) or sp > 1
+    softcap = attention_softcap(hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config))
+    if packed and softcap is not None and sp <= 1:
+        from trainer.checkpoint.base import log_once
+
+        log_once(logging.INFO, "use_remove_padding: off for this model: its attention uses logit soft-capping "
+                 "(attn_logit_softcapping=%g), which the packed (varlen) kernels do not support; its forwards run "
+                 "padded batches through its own attention", softcap, log=logger)
+        return False
+    return packed
 
 
 def _with_lora(worker, model: torch.nn.Module, model_cfg, train: bool, value_head: bool) -> torch.nn.Module:

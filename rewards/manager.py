@@ -33,8 +33,9 @@ A scorer's own time limit (the MATH scorer's ``timeout_seconds``, :func:`rewards
 matter: a comparison it cuts short scores 0 like a wrong answer (as in verl), and the scorer returns normally; such
 responses are counted in ``reward/num_scorer_timeouts`` (:func:`rewards.math_guards.note_limit_hit`, carried back
 from the scoring processes with each outcome) and the first batch that has any logs one warning naming the scorer, the
-limit and how to raise it. Before forking its scoring processes the manager warms math-verify
-(:func:`rewards.math.warm_math_verify`), so that no worker pays its cold start inside the first comparison's limit.
+limit and how to raise it (the outcomes are read and counted by :mod:`rewards.outcomes`). Before forking its scoring
+processes the manager warms math-verify (:func:`rewards.math.warm_math_verify`), so that no worker pays its cold start
+inside the first comparison's limit.
 """
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rewards.components import check_component_keys, component_matrix
-from rewards.failures import FailureWatch, check_batch, check_each_source, finite_score, scorer_label
+from rewards.failures import FailureWatch, check_batch, check_each_source, scorer_label
 from rewards.math_guards import take_limit_hits
 from rewards.options import check_scorer_options, takes_extra_info
+from rewards.outcomes import tally_outcomes, warn_scorer_limit
 from rewards.overlong import overlong_penalty, penalise_overlong  # noqa: F401  (re-exported)
 from rewards.pool import Outcome, ScoringPool, in_process as _in_process  # noqa: F401  (re-exported)
 from rewards.registry import get_scorer, registry_version, wants_data_source
@@ -290,59 +292,19 @@ class RewardManager:
         label = partial(scorer_label, self.scorer, self.scorer_name, self.reward_fn_key, tasks, watch.blank)
         hits: list[list[float]] = []
         outcomes = self._outcomes(tasks, fns, watch, label, hits)
-        scores: list[float] = []
-        dicts: list[dict | None] = []
-        ran: list[bool] = []  # the scorer returned (no error, no timeout)
-        counts = {"errors": 0, "nan": 0, "timeouts": 0, "scorer_timeouts": 0, "dicts": 0}
-        first_error = first_nan = None
-        limits = []  # the scorer's own limits that cut a comparison short
-        for i, (status, payload, _) in enumerate(outcomes):
-            d = None
-            score = 0.0
-            if status == "ok" and i < len(hits) and hits[i]:
-                counts["scorer_timeouts"] += 1  # scored (0 as a rule) though its comparison was not finished
-                limits.extend(hits[i])
-            if status == "timeout":
-                counts["timeouts"] += 1
-            elif status == "error":
-                counts["errors"] += 1
-                first_error = first_error or payload
-            else:
-                if isinstance(payload, dict):
-                    counts["dicts"] += 1
-                    d = payload
-                    score = payload["score"]
-                else:
-                    score = payload
-                if not finite_score(score):  # NaN, inf, or inf once cast to the float32 reward tensor
-                    counts["nan"] += 1
-                    first_nan = score if first_nan is None else first_nan
-                    score = 0.0
-            scores.append(float(score))
-            dicts.append(d)
-            ran.append(status not in ("timeout", "error"))
-        check_batch(watch, counts, first_error, len(outcomes), self.timeout_s, label, logger, first_nan)  # or warn
+        tally = tally_outcomes(outcomes, hits)  # scores, dicts, whether each ran, counts
+        counts = tally.counts
+        check_batch(watch, counts, tally.first_error, len(outcomes), self.timeout_s, label, logger,
+                    tally.first_nan)  # or warn
         if counts["scorer_timeouts"] and not self._warned_scorer_limit:
             self._warned_scorer_limit = True
-            self._warn_scorer_limit(counts["scorer_timeouts"], len(outcomes), limits, label())
+            warn_scorer_limit(logger, counts["scorer_timeouts"], len(outcomes), tally.limits, label(), self.timeout_s)
         if self.routes_by_key:  # one data source the scorer fails on, among others it scores
             check_each_source(data[self.reward_fn_key], [r.get("ground_truth") for r in data["reward_model"]],
                               outcomes, watch.blank, self.reward_fn_key, self.timeout_s)
         metrics = {f"reward/num_{k}": float(v) for k, v in counts.items()}
         metrics["reward/time_s"] = time.perf_counter() - t0
-        return scores, dicts, metrics, valid, seen, ran
-
-    def _warn_scorer_limit(self, n: int, rows: int, limits: list[float], scorer: str) -> None:
-        """One warning (the first batch that has any): ``n`` responses scored 0 because ``scorer``'s own time limit
-        (``limits``: the ``timeout_seconds`` that cut comparisons short) ended their comparison."""
-        known = sorted({x for x in limits if x == x})  # NaN: a limit not recorded
-        limit = "timeout_seconds=" + "/".join(f"{x:g}" for x in known[:3]) + " s" if known else "timeout_seconds"
-        logger.warning(
-            "reward: %d of %d responses scored 0 because %s did not finish comparing the answer within its own time "
-            "limit (%s), not because the answer was wrong (a correct answer may be among them); counted in "
-            "reward/num_scorer_timeouts at every step; raise the limit with "
-            "+reward_model.scorer_kwargs.timeout_seconds=<seconds> (null: no limit of its own; reward_model.timeout_s=%g "
-            "still bounds each response). This warning is logged once", n, rows, scorer, limit, self.timeout_s)
+        return tally.scores, tally.dicts, metrics, valid, seen, tally.ran
 
     def _outcomes(self, tasks: list[tuple], fns: list[Callable], watch: FailureWatch, label: Callable,
                   hits: list | None = None) -> list:

@@ -3,7 +3,8 @@
 The model's final answer is the content of the LAST ``\\boxed{...}``, ``\\boxed x`` or ``\\fbox{...}`` in the
 response (``\\fbox`` is unwrapped too). Equivalence is decided by math-verify (``math_verify.parse`` +
 ``math_verify.verify``; LaTeX is parsed by latex2sympy, an ANTLR grammar) when it is importable, with a
-string-normalising fallback otherwise; see :func:`is_equiv` for the order of the checks.
+string-normalising fallback otherwise; see :func:`is_equiv` for the order of the checks. The answer's text
+(normalisation, the empty answer, equations and labels) is read by :mod:`rewards.math_text`.
 
 No answer: a box whose content typesets as nothing (``\\boxed{\\,}``, ``\\boxed{\\text{}}``, ``\\boxed{$ $}``,
 ``\\boxed{\\quad}``, ``\\boxed{{}}``; :func:`is_empty_answer`) scores 0 like a missing box, and an empty or None
@@ -47,11 +48,12 @@ from typing import Any
 
 from rewards.math_exact import answers_agree
 from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, note_limit_hit, structure_ok, time_bound
+# the answer's text (normalisation, the empty answer, equations and labels): rewards.math_text, importable from here
+from rewards.math_text import MAX_ANSWER_CHARS, _equation, _has_variable, _normalize, is_empty_answer, normalize_answer
 
 __all__ = ["last_boxed_only_string", "remove_boxed", "normalize_answer", "is_empty_answer", "is_tame", "is_equiv",
            "compute_score", "load_math_verify", "warm_math_verify", "MAX_ANSWER_CHARS", "TIMEOUT_SECONDS"]
 
-MAX_ANSWER_CHARS = 256  # longer boxed answers are compared as strings only (LaTeX parsing is ~1 ms/char)
 TIMEOUT_SECONDS = 1.0  # default hard limit of one comparison (parse + verify + cross-check), see time_bound
 
 _BOX_PREFIXES = ("\\boxed", "\\fbox")
@@ -117,63 +119,11 @@ def remove_boxed(s: str | None) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# string normalisation (fallback, and a cheap exact-match fast path before math-verify)
+# the plain verdict: equal normalised strings, or plain numbers compared exactly
 
-_REMOVE = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "$", "\\%", "%")
-# Spacing and invisible material that typesets as nothing: ``\quad``, ``\ `` (a control space), ``~``, ``\hspace{1cm}``,
-# ``\phantom{5}``. A line break ``\\`` is matched first so that its second backslash is never read as a command.
-_SPACING_RE = re.compile(
-    r"\\\\|\\(?:q?quad|enspace|enskip|thinspace|medspace|thickspace|negthinspace|negmedspace|negthickspace|hfill?"
-    r"|vfill|nobreak|relax|textstyle)(?![a-zA-Z])|\\[hv]space\*?\{[^{}]*\}|\\[hv]?phantom\{[^{}]*\}|\\[ >]|~")
-_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
-# What :func:`is_empty_answer` deletes besides :func:`normalize_answer`: text-style wrapper names and braces (any
-# nesting: ``\text{\mbox{ }}``), line breaks, whitespace, periods, ``$``, ``\left``/``\right``, spacing.
-_NOTHING_RE = re.compile(
-    r"\\(?:text|textbf|textit|textrm|textnormal|textsf|texttt|mathrm|mbox|hbox|left|right|displaystyle)"
-    r"(?![a-zA-Z])|\\[,;:!%]|\^\\circ|\^\{\\circ\}|[{}$%.\s]")
-_LABEL_RE = re.compile(r"^[xy]=")  # a leading ``x=`` / ``y=`` names the variable the answer is for
 _FRAC_RE = re.compile(r"^(-?)\\frac\{(-?[0-9]{1,50})\}\{(-?[0-9]{1,50})\}$")
 _SIMPLE_FRAC_RE = re.compile(r"^(-?[0-9]{1,50})/([0-9]{1,50})$")
 _DEC_RE = re.compile(r"^-?(?:[0-9]{1,200}(?:\.[0-9]{0,200})?|\.[0-9]{1,200})$")
-
-
-def _normalize(s: Any) -> str:
-    """:func:`normalize_answer` without dropping a leading ``x=`` / ``y=``."""
-    s = "" if s is None else str(s)
-    s = s.strip()
-    if len(s) > 100 * MAX_ANSWER_CHARS:
-        return s
-    s = _SPACING_RE.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else "", s)
-    for tok in _REMOVE:
-        s = s.replace(tok, "")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = s.replace("^\\circ", "").replace("^{\\circ}", "")
-    s = _TEXT_RE.sub(r"\1", s)
-    s = "".join(s.split())
-    s = re.sub(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))", "", s)
-    s = s.rstrip(".")
-    return collapse_braces(s)
-
-
-def normalize_answer(s: Any) -> str:
-    """Presentation-only normalisation of a LaTeX answer (in the spirit of Hendrycks et al.'s
-    ``strip_string``): drops ``\\left``/``\\right``, spacing commands (``\\,``, ``\\quad``, ``\\ ``, ``~``,
-    ``\\hspace{..}``, ``\\phantom{..}``), ``$``, ``\\text{}`` wrappers, degree signs, spaces, a trailing period and a
-    leading ``x=``/``y=``; ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``1,000`` -> ``1000``; braces that typeset as
-    nothing (``{{x}}`` -> ``{x}``, braces around the whole answer). Two answers with equal normalised strings are
-    equal, unless they name different variables (:func:`is_equiv`). Returns a str (``""`` for None); never raises."""
-    return _LABEL_RE.sub("", _normalize(s))
-
-
-def is_empty_answer(s: Any) -> bool:
-    """True when the answer ``s`` (a box's content, or a ground truth) typesets as nothing: None, or only spacing
-    (``\\,``, ``\\quad``, ``~``), empty text wrappers (``\\text{}``, nested too), braces, ``$``, periods, a bare
-    ``x=``. Such an answer is no answer: it never matches, and earns no format reward. Linear time; never raises."""
-    try:
-        s = "" if s is None else str(s)
-        return not normalize_answer(s) or not _NOTHING_RE.sub("", _SPACING_RE.sub("", s))
-    except Exception:  # a value whose str() raises
-        return True
 
 
 def _as_fraction(s: str) -> Fraction | None:
@@ -200,63 +150,6 @@ def _plain_verdict(pred: str, gold: str) -> bool | None:
         return True
     fa, fb = _as_fraction(a), _as_fraction(b)
     return None if fa is None or fb is None else fa == fb
-
-
-# A label: the name of what the answer is for, a single variable: one Latin letter or one Greek letter command
-# (``\pi`` is a number, not a name), optionally wrapped in ``\mathbf``/``\vec``/``\hat``/``\bar``/``\overline``/
-# ``\tilde``, optionally with a subscript (``a_1``, ``a_{12}``, ``x_n``) and primes (``f'``), optionally applied
-# to such names (``f(x)``, ``g(x,y)``, ``f'(t)``). Matched on the normalised text (no spaces).
-_GREEK = (r"alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|nu|xi|rho|"
-          r"sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Sigma|Upsilon|Phi|Psi|Omega")
-_NAME = r"(?:[A-Za-z]|\\(?:" + _GREEK + r")(?![A-Za-z]))"
-_VAR = (r"(?:\\(?:mathbf|vec|hat|bar|overline|tilde)\{" + _NAME + r"\}|" + _NAME + r")"
-        r"(?:_(?:[A-Za-z0-9]|\{[A-Za-z0-9,]{1,8}\}))?'*")
-_LABEL_NAME_RE = re.compile(_VAR + r"(?:\(" + _VAR + r"(?:," + _VAR + r")*\))?")
-_MAX_LABELS = 8  # a longer chain ``a = b = ... = 5`` is not read as labels
-# Tokens that open or close a group (``=`` inside one is not the equation's: ``\{x=1\}``, ``\text{a=b}``).
-_GROUP_TOKENS = re.compile(r"\\[{}]|\\[A-Za-z]+|\\.|[{}()\[\]=]", re.S)
-
-
-def _equation(s: str) -> tuple[str, tuple[str, ...] | None, str]:
-    """How a box's content reads as an answer: ``(kind, labels, answer)``.
-
-    * ``("plain", None, s)``: no top-level ``=``.
-    * ``("labelled", labels, answer)``: ``label = answer`` or a chain ``x = y = answer`` whose every left part is a
-      label (:data:`_LABEL_NAME_RE`: a single variable name such as ``x``, ``a_1``, ``f(x)``, ``\theta``); the
-      answer is the last right-hand side, ``labels`` the normalised left parts.
-    * ``("equation", None, s)``: any other equation (``2+2=5``, ``3=5``, ``1=2=3=5``, ``5x-7y+4=0``, ``x+y=5``,
-      ``a<=b``): not a plain answer, compared whole.
-    """
-    parts, depth, start = [], 0, 0
-    for m in _GROUP_TOKENS.finditer(s):
-        tok = m.group(0)
-        if tok in ("{", "(", "[", "\\{"):
-            depth += 1
-        elif tok in ("}", ")", "]", "\\}"):
-            depth -= 1
-        elif tok == "=" and depth == 0:
-            parts.append(s[start:m.start()])
-            start = m.end()
-            if len(parts) > _MAX_LABELS:
-                return "equation", None, s
-    if not parts:
-        return "plain", None, s
-    labels = []
-    for part in parts:
-        label = _normalize(part)
-        if _LABEL_NAME_RE.fullmatch(label) is None:
-            return "equation", None, s
-        labels.append(label)
-    answer = s[start:].strip()
-    return ("labelled", tuple(labels), answer) if answer else ("equation", None, s)
-
-
-_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
-
-
-def _has_variable(s: str) -> bool:
-    """Whether ``s`` names a variable: a Latin letter outside LaTeX command names (``\\frac``, ``\\pi``)."""
-    return any(c.isascii() and c.isalpha() for c in _COMMAND_RE.sub("", _normalize(s)))
 
 
 # ---------------------------------------------------------------------------------------------------------

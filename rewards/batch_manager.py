@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from rewards.failures import FailureWatch, ScorerError
 from rewards.manager import RewardManager
-from rewards.options import PASSED_BY_MANAGER, _check_values, scorer_label
+from rewards.options import PASSED_BY_MANAGER, _check_values, answer_marker, scorer_label
 from rewards.pool import in_process, to_plain_result
 from rewards.scorer_call import call_scorer
 
@@ -92,9 +92,13 @@ class BatchRewardManager(RewardManager):
         """True: the rows' ``reward_fn_key`` values are the call's ``data_sources``."""
         return True
 
-    def _tasks(self, data, texts: list[str]) -> tuple[list[tuple], list[Callable]]:
-        """One task: the batch call's keyword arguments (and the function, returning the first row's result)."""
+    def _tasks(self, data, texts: list[str], splits: list | None = None) -> tuple[list[tuple], list[Callable]]:
+        """One task: the batch call's keyword arguments (and the function, returning the first row's result). A
+        function with an ``answer_after`` parameter gets that marker after each multi-turn row's last tool turn, as
+        a row scorer does (:func:`rewards.response_text.solution_text`); others get the trajectories as decoded."""
         n = len(texts)
+        marker = answer_marker(self.scorer, self.scorer_kwargs)
+        texts = [self._solution(t, sp, marker) for t, sp in zip(texts, splits or [None] * n)]
         if "reward_model" not in data:
             raise KeyError(f"column 'reward_model' (dicts with 'ground_truth') is not in the batch; non-tensor "
                            f"columns: {sorted(data.non_tensor)}")

@@ -5,7 +5,9 @@ Contract (the trainer calls it once per step, PRIME also calls :meth:`RewardMana
 * inputs read from the :class:`trainer.protocol.DataProto`: ``responses`` (B, R) int64, ``response_mask``
   (B, R) (any dtype; > 0 means a token the model wrote), optionally ``attention_mask`` (B, P+R) (the response is
   decoded under its last R columns, i.e. the whole trajectory with a multi-turn rollout's tool answers; without
-  it, under ``response_mask``), the non-tensor column named by ``reward_fn_key`` (any name,
+  it, under ``response_mask``; a scorer that reads its answer after ``answer_after`` gets that marker placed after
+  the last tool turn of a multi-turn row, found from the masks, so that it never reads a tool's output whatever the
+  chat template, see :func:`rewards.response_text.solution_text`), the non-tensor column named by ``reward_fn_key`` (any name,
   not only ``data_source``), ``reward_model`` (dicts with ``"ground_truth"``) and optionally
   ``extra_info`` (passed to the scorer as ``extra_info=`` when it takes that parameter).
 * output :class:`RewardOutput`: ``token_level_scores`` (B, R) float32, the score at the LAST valid response
@@ -52,11 +54,12 @@ import torch
 from rewards.components import check_component_keys, component_matrix
 from rewards.failures import FailureWatch, check_batch, check_each_source, scorer_label
 from rewards.math_guards import take_limit_hits
-from rewards.options import check_scorer_options, takes_extra_info
+from rewards.options import answer_marker, check_scorer_options, takes_extra_info
 from rewards.outcomes import tally_outcomes, warn_scorer_limit
 from rewards.overlong import overlong_penalty, penalise_overlong  # noqa: F401  (re-exported)
 from rewards.pool import Outcome, ScoringPool, in_process as _in_process  # noqa: F401  (re-exported)
 from rewards.registry import get_scorer, registry_version, wants_data_source
+from rewards.response_text import decode_responses, solution_text
 from rewards.verify import as_accuracy
 
 __all__ = ["RewardOutput", "RewardManager"]
@@ -220,28 +223,16 @@ class RewardManager:
         self.close()
 
     # ---- inputs ----------------------------------------------------------------------------------------
-    def _decode(self, data) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """(texts, valid, seen): ``valid`` (B, R) bool marks the model's tokens (``response_mask``), ``seen`` (B, R)
-        bool every token of the trajectory (the response part of ``attention_mask``: tool answers included);
-        the texts are decoded under ``seen``, so that a scorer reads the tool results. One engine call per
-        sample gives ``seen == valid``."""
-        responses, mask = data["responses"], data["response_mask"]
-        if responses.dim() != 2 or tuple(mask.shape) != tuple(responses.shape):
-            raise ValueError(f"responses {tuple(responses.shape)} and response_mask {tuple(mask.shape)} must both "
-                             "be (batch, response_len)")
-        valid = (mask > 0).cpu()
-        seen = valid
-        attn = data["attention_mask"] if "attention_mask" in data else None
-        if attn is not None and attn.dim() == 2 and attn.shape[0] == responses.shape[0] and \
-                attn.shape[1] >= responses.shape[1]:
-            seen = (attn[:, attn.shape[1] - responses.shape[1]:] > 0).cpu() | valid
-        ids = responses.cpu()
-        rows = [ids[i][seen[i]].tolist() for i in range(ids.shape[0])]
-        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True) if rows else []
-        return list(texts), valid, seen
+    def _decode(self, data) -> tuple[list[str], torch.Tensor, torch.Tensor, list[tuple[str, str] | None]]:
+        """:func:`rewards.response_text.decode_responses` with this manager's tokenizer."""
+        return decode_responses(self.tokenizer, data)
 
-    def _tasks(self, data, texts: list[str]) -> tuple[list[tuple], list[Callable]]:
+    _solution = staticmethod(solution_text)
+
+    def _tasks(self, data, texts: list[str], splits: list[tuple[str, str] | None] | None = None
+               ) -> tuple[list[tuple], list[Callable]]:
         n = len(texts)
+        splits = splits or [None] * n
         keys = None
         if self.routes_by_key:
             if self.reward_fn_key not in data:
@@ -254,7 +245,7 @@ class RewardManager:
         rm = data["reward_model"]
         extra = data["extra_info"] if "extra_info" in data else [None] * n
         tasks, fns = [], []
-        wants: dict[int, tuple[bool, bool]] = {}
+        wants: dict[int, tuple[bool, bool, str | None]] = {}
         for i in range(n):
             if not isinstance(rm[i], dict) or "ground_truth" not in rm[i]:
                 raise ValueError(f"row {i}: reward_model must be a dict with 'ground_truth', got {rm[i]!r:.200}")
@@ -268,17 +259,18 @@ class RewardManager:
                                    "data.reward_fn_key, or force one scorer with reward_model.scorer=<name>")
                 fn = get_scorer(key)  # KeyError naming the unknown value: a config error, raised here
             if id(fn) not in wants:
-                wants[id(fn)] = (wants_data_source(fn), takes_extra_info(fn))
-            by_name, with_extra = wants[id(fn)]
+                wants[id(fn)] = (wants_data_source(fn), takes_extra_info(fn), answer_marker(fn, self.scorer_kwargs))
+            by_name, with_extra, marker = wants[id(fn)]
+            text = self._solution(texts[i], splits[i], marker)
             kwargs = dict(self.scorer_kwargs)
             if with_extra:
                 kwargs["extra_info"] = extra[i]
             if by_name:  # verl's signature f(data_source, solution_str, ground_truth, extra_info): by name
-                kwargs.update(data_source=None if keys is None else keys[i], solution_str=texts[i],
+                kwargs.update(data_source=None if keys is None else keys[i], solution_str=text,
                               ground_truth=rm[i]["ground_truth"])
                 tasks.append((key, (), kwargs))
             else:
-                tasks.append((key, (texts[i], rm[i]["ground_truth"]), kwargs))
+                tasks.append((key, (text, rm[i]["ground_truth"]), kwargs))
             fns.append(fn)
         return tasks, fns
 
@@ -286,8 +278,8 @@ class RewardManager:
     def _score(self, data) -> tuple[list[float], list[dict | None], dict[str, float], torch.Tensor, torch.Tensor,
                                     list[bool]]:
         t0 = time.perf_counter()
-        texts, valid, seen = self._decode(data)
-        tasks, fns = self._tasks(data, texts)
+        texts, valid, seen, splits = self._decode(data)
+        tasks, fns = self._tasks(data, texts, splits)
         watch = FailureWatch([not t.strip() for t in texts])
         label = partial(scorer_label, self.scorer, self.scorer_name, self.reward_fn_key, tasks, watch.blank)
         hits: list[list[float]] = []

@@ -20,8 +20,8 @@ from typing import Any, Callable, Literal, Mapping
 
 from rewards.registry import wants_data_source
 
-__all__ = ["PASSED_BY_MANAGER", "takes_extra_info", "scorer_label", "scorer_options", "check_scorer_options",
-           "OptionValueError"]
+__all__ = ["PASSED_BY_MANAGER", "takes_extra_info", "answer_marker", "scorer_label", "scorer_options",
+           "check_scorer_options", "OptionValueError"]
 
 # parameters the reward manager fills itself; they are not options
 PASSED_BY_MANAGER = ("solution_str", "ground_truth", "extra_info", "data_source")
@@ -46,6 +46,19 @@ def takes_extra_info(fn: Callable) -> bool:
         return True
     p = sig.parameters.get("extra_info")
     return p is not None and p.kind is not p.POSITIONAL_ONLY
+
+
+def answer_marker(fn: Callable, scorer_kwargs: Mapping[str, Any]) -> str | None:
+    """The string after whose last occurrence ``fn`` reads the final answer: its ``answer_after`` option as the run
+    sets it (``scorer_kwargs``), else the default of its ``answer_after`` parameter; None when it has no such
+    parameter (it reads the whole text) or the value is None or empty (the run asked it to read everything)."""
+    if "answer_after" in scorer_kwargs:
+        value = scorer_kwargs["answer_after"]
+    else:
+        sig = _signature(fn)
+        p = None if sig is None else sig.parameters.get("answer_after")
+        value = None if p is None or p.default is p.empty else p.default
+    return value if isinstance(value, str) and value else None
 
 
 def scorer_label(fn: Callable, name: str | None = None) -> str:

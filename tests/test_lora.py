@@ -7,6 +7,9 @@
 * ``tools/export_hf.py`` on a LoRA checkpoint writes the merged model (it loads with ``from_pretrained``; its logits
   equal peft's base + adapter) and, with ``--adapter``, the folder ``PeftModel.from_pretrained`` loads; a critic
   (value head) exports merged too;
+* an adapter on an untied input embedding (peft's ``lora.Embedding``) and on GPT-2's ``Conv1D`` merges like
+  ``merge_and_unload`` in the sync (full and changed-only) and the export; an adapter the merge cannot carry (grouped
+  convolution, multi-head attention) is refused before start-up and by ``iter_merged_params``, never left out;
 * the weight sync to the rollout engine: merged (all tensors first, then only those training changes) and vLLM's
   adapter mode (a new ``LoRARequest`` per step, the old one removed) with a fake ``vllm.LLM``.
 """
@@ -35,7 +38,8 @@ SETTINGS = LoraSettings(rank=4, alpha=8.0, target_modules="all-linear")
 
 
 def base_folder(tmp_path, tie=True, value_head=False):
-    """A tiny Llama saved to ``tmp_path/base`` and loaded back from there (its ``name_or_path`` is the folder)."""
+    """A tiny Llama saved to ``tmp_path/base`` and loaded back from there (its ``name_or_path`` is the folder);
+    ``tie`` applies when the folder is first written."""
     path = str(tmp_path / "base")
     if not os.path.isdir(path):
         tiny(tie).save_pretrained(path)
@@ -44,9 +48,20 @@ def base_folder(tmp_path, tie=True, value_head=False):
     return path, cls.from_pretrained(path, dtype=torch.float32, **kw)
 
 
-def lora_model(tmp_path, seed=0, value_head=False, settings=SETTINGS):
-    path, model = base_folder(tmp_path, value_head=value_head)
+def lora_model(tmp_path, seed=0, value_head=False, settings=SETTINGS, tie=True):
+    path, model = base_folder(tmp_path, tie=tie, value_head=value_head)
     return apply_lora(model, settings, value_head=value_head, seed=seed)
+
+
+def perturb_adapters(model, seed=0, scale=0.1):
+    """Move every trainable tensor (``A`` and ``B`` of each adapter) by seeded noise, as training steps would: peft
+    starts one factor at zero, so the untrained delta is 0 and a merge that leaves it out would go unnoticed."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+    return model
 
 
 def lora_engine(model, stage, steps=1, lr=1e-2):
@@ -99,6 +114,88 @@ def test_merged_weights_equal_merge_and_unload_and_leave_the_trained_weights(tmp
     assert changed and set(changed) < set(got) and all(n.endswith("proj.weight") for n in changed)
     frozen = merged(engine, stage, merge=False)  # the frozen base (vLLM's adapter mode)
     assert all(torch.equal(t, base.state_dict()[n]) for n, t in frozen.items())
+
+
+EMBED_Q = LoraSettings(rank=4, alpha=8.0, target_modules=("embed_tokens", "q_proj"))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_lora_embedding_adapter_is_merged_in_the_sync_and_the_export(tmp_path, tokenizer, stage):
+    """An adapter on an untied input embedding (peft's ``lora.Embedding``: ``lora_embedding_A`` (r, vocab),
+    ``lora_embedding_B`` (dim, r)) reaches the merged weights (every sync and the changed-only ones) and the HF
+    export exactly as ``merge_and_unload`` writes it; under ZeRO-3 its factors are gathered with the bucket."""
+    model = perturb_adapters(lora_model(tmp_path, settings=EMBED_Q, tie=False))
+    kinds = {type(m).__name__ for m in model.modules() if hasattr(m, "lora_embedding_A")}
+    assert {"Embedding", "Linear"} <= kinds
+    engine = lora_engine(model, stage)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
+        want = copy.deepcopy(engine.module).merge_and_unload().state_dict()
+    _, base = base_folder(tmp_path)
+    emb = "model.embed_tokens.weight"
+    assert (want[emb] - base.state_dict()[emb]).abs().max() > 0.1  # the adapter moves the embedding
+    got = merged(engine, stage)
+    assert list(got) == [n for n, _ in base.named_parameters()]
+    assert [n for n, t in got.items() if not torch.equal(t, want[n])] == []
+    changed = merged(engine, stage, changed_only=True)
+    assert sorted(changed) == sorted([emb] + [n for n in got if n.endswith("q_proj.weight")])
+    assert all(torch.equal(t, want[n]) for n, t in changed.items())
+    out = export_hf(engine, str(tmp_path / "hf"), tokenizer, dtype="float32", zero_stage=stage)
+    from tests.test_checkpoint_hf_export import safetensor_keys
+
+    exported = safetensor_keys(out)
+    assert exported.keys() == want.keys() and [n for n in want if not torch.equal(exported[n], want[n])] == []
+
+
+def test_lora_embedding_adapter_and_conv1d_of_a_gpt2_merge_like_merge_and_unload():
+    """GPT-2's ``wte`` (embedding) and ``c_attn`` (transformers' ``Conv1D``: peft's ``Linear`` with
+    ``fan_in_fan_out``, its delta transposed) merge as ``merge_and_unload`` does."""
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                                  tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = perturb_adapters(apply_lora(transformers.GPT2LMHeadModel(cfg), LoraSettings(
+        rank=2, alpha=4.0, target_modules=("wte", "c_attn"))))
+    want = copy.deepcopy(model).merge_and_unload().state_dict()
+    got = {n: t.clone() for bucket in iter_merged_params(model) for n, t in bucket}
+    assert got and [n for n, t in got.items() if not torch.equal(t, want[n])] == []
+    changed = {n for bucket in iter_merged_params(model, changed_only=True) for n, _ in bucket}
+    assert changed == {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"}
+
+
+class _Toy(torch.nn.Module):
+    """Layers peft's LoRA adapts but ``iter_merged_params`` cannot merge (a grouped convolution, a multi-head
+    attention), next to linear layers; ``side.mha`` is a linear layer that the name ``mha`` matches too, so that name
+    passes the check that some adaptable module has it."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = transformers.PretrainedConfig(tie_word_embeddings=False)
+        self.emb = torch.nn.Embedding(8, 8)
+        self.conv = torch.nn.Conv1d(8, 8, 3, groups=2)
+        self.mha = torch.nn.MultiheadAttention(8, 2)
+        self.lin = torch.nn.Linear(8, 8)
+        self.side = torch.nn.Module()
+        self.side.mha = torch.nn.Linear(8, 8)
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def get_output_embeddings(self):
+        return None
+
+
+@pytest.mark.parametrize("target", ["conv", "mha"])
+def test_lora_adapter_the_merge_cannot_carry_is_refused_not_skipped(target):
+    from trainer.config_checks import ConfigError
+    from trainer.lora_checks import check_module_names
+
+    with pytest.raises(ConfigError) as exc:  # before start-up, one line naming the target and the module
+        check_module_names(_Toy(), "actor_rollout_ref.model", ["lin", target], None)
+    line = str(exc.value)
+    assert "\n" not in line and f"'{target}' picks '{target}'" in line, line
+    check_module_names(_Toy(), "actor_rollout_ref.model", ["lin", "emb", target], [target])  # excluded: fine
+    toy = peft.get_peft_model(_Toy(), peft.LoraConfig(r=2, target_modules=["lin", target]))
+    with pytest.raises(ValueError, match=f"LoRA adapter on '{target}': .*Leave this module out of target_modules"):
+        next(iter_merged_params(toy))
 
 
 def test_reference_mode_is_the_base_model_and_only_adapters_train(tmp_path):

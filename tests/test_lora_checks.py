@@ -34,6 +34,8 @@ def test_good_settings_pass(tmp_path):
     assert cfg["actor_rollout_ref"]["model"]["lora_rank"] == 8
     _prestart(tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.tiny.tie_word_embeddings=false",
               "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
+    _prestart(tmp_path, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.tiny.tie_word_embeddings=false",
+              "actor_rollout_ref.model.target_modules=[embed_tokens,q_proj]")  # merged like a linear target
     assert not os.path.exists(tmp_path / "checkpoints")
 
 

@@ -4,8 +4,9 @@ Each role that trains (``actor_rollout_ref.model``, and ``critic.model`` when th
 ``lora_rank`` (0: full fine-tuning), ``lora_alpha``, ``target_modules`` (``all-linear`` or a list of module names) and
 ``exclude_modules``. Refused, one line each: a rank that is not an integer >= 0, an alpha <= 0, a target or excluded
 name that no module of the model has (the message lists the model's linear modules), a name that matches only modules
-peft cannot adapt, LoRA on the Megatron path, ``rollout.lora_sync=adapter`` without vLLM or without LoRA, and a
-reference with another Ulysses size than the actor it is computed by.
+peft cannot adapt, a name that picks a module whose adapter the merged weights cannot carry (a multi-head attention
+or grouped convolution layer, any layer peft cannot adapt), LoRA on the Megatron path, ``rollout.lora_sync=adapter``
+without vLLM or without LoRA, and a reference with another Ulysses size than the actor it is computed by.
 """
 from __future__ import annotations
 
@@ -164,6 +165,7 @@ def check_module_names(model, key: str, targets: list[str] | None, exclude: list
                               f"{', '.join(short)}")
     _check_something_adapted(model, key, targets, exclude)
     _check_tied(model, key, targets or [])
+    _check_mergeable(model, key, targets or [], exclude or [])
 
 
 def _check_something_adapted(model, key: str, targets: list[str] | None, exclude: list[str] | None) -> None:
@@ -185,6 +187,28 @@ def _check_something_adapted(model, key: str, targets: list[str] | None, exclude
     if not left:
         raise ConfigError(f"{key}.exclude_modules={exclude} leaves no module to adapt of target_modules="
                           f"{targets if targets is not None else ALL_LINEAR}; exclude fewer modules")
+
+
+def _check_mergeable(model, key: str, targets: list[str], exclude: list[str]) -> None:
+    """Every module a name of ``targets`` picks (peft's rule, less ``exclude``) takes an adapter that the merged
+    weights (rollout sync, HF export, fingerprint: ``trainer.workers.lora.iter_merged_params``) carry: a linear,
+    Conv1D, embedding or ungrouped convolution layer (``trainer.workers.lora.merge_refusal``). An adapter on any
+    other layer (``nn.MultiheadAttention``, a grouped convolution) would be trained but never reach the engine."""
+    from trainer.workers.lora import merge_refusal
+
+    def hit(name: str, names: list[str]) -> bool:
+        return any(name == n or name.endswith("." + n) for n in names)
+
+    for name, module in model.named_modules():
+        if not hit(name, targets) or hit(name, exclude):
+            continue
+        why = merge_refusal(module) if _adaptable(module) else \
+            f"a {type(module).__name__}, which peft's LoRA cannot adapt"
+        if why is not None:
+            target = next(t for t in targets if name == t or name.endswith("." + t))
+            raise ConfigError(f"{key}.target_modules={targets}: {target!r} picks {name!r}, {why}; its adapter would "
+                              "not reach the rollout engine or the export. Leave it out of target_modules or add it "
+                              "to exclude_modules")
 
 
 def _embedding_hits(model, targets: list[str]) -> list[str]:

@@ -159,12 +159,62 @@ def hf_name(name: str) -> str | None:
     return name
 
 
+def merge_refusal(base: torch.nn.Module) -> str | None:
+    """Why :func:`iter_merged_params` cannot merge an adapter on ``base`` (a module of the base model, before peft
+    wraps it), or None when it can: peft's ``Linear`` (``torch.nn.Linear``, transformers' ``Conv1D``), ``Embedding``
+    and ``Conv1d/2d/3d`` layers without groups, whose ``get_delta_weight`` is what ``merge_and_unload`` adds to the
+    base layer's ``weight``. peft cannot merge a grouped convolution, and its ``MultiheadAttention`` (and any other
+    layer) merges into other tensors than ``weight``."""
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(base, (torch.nn.Linear, torch.nn.Embedding, Conv1D)):
+        return None
+    if isinstance(base, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+        return None if base.groups == 1 else f"a grouped convolution (groups={base.groups}), which peft cannot merge"
+    return f"a {type(base).__name__}, whose adapter the merged weight sync cannot merge"
+
+
+def _holds_adapter(layer: Any) -> bool:
+    """Whether ``layer`` is a peft LoRA layer (``LoraLayer``; not a ``modules_to_save`` head) holding this run's
+    adapter (linear/conv: ``lora_A``; embedding: ``lora_embedding_A``; any other kind: one of its
+    ``adapter_layer_names``)."""
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(layer, LoraLayer):
+        return False
+    return any(ADAPTER in getattr(layer, n, {}) for n in layer.adapter_layer_names)
+
+
+def _layer_refusal(layer: Any) -> str | None:
+    """Why the adapter of the peft LoRA ``layer`` cannot be merged by :class:`_Unit`, or None."""
+    from peft.tuners.lora import layer as lora_layer
+
+    kinds = (lora_layer.Linear, lora_layer.Embedding, lora_layer.Conv1d, lora_layer.Conv2d, lora_layer.Conv3d)
+    if type(layer) not in kinds:
+        return f"a peft {type(layer).__name__} layer, whose adapter the merged weight sync cannot merge"
+    if ADAPTER in getattr(layer, "lora_variant", {}):
+        return f"a {type(layer.lora_variant[ADAPTER]).__name__} adapter (not plain LoRA)"
+    if getattr(layer, "lora_bias", {}).get(ADAPTER, False):
+        return "an adapter with lora_bias"
+    return merge_refusal(layer.get_base_layer())
+
+
 def _lora_layer_of(module: torch.nn.Module, param_name: str):
-    """The peft LoRA layer owning ``param_name`` when it is that layer's ``base_layer.weight``, else None."""
+    """The peft LoRA layer owning ``param_name`` when it is that layer's ``base_layer.weight`` (a linear, Conv1D,
+    convolution or embedding layer holding the adapter), else None."""
     if not param_name.endswith(".base_layer.weight"):
         return None
     layer = module.get_submodule(param_name[:-len(".base_layer.weight")])
-    return layer if ADAPTER in getattr(layer, "lora_A", {}) else None
+    return layer if _holds_adapter(layer) else None
+
+
+def _adapter_params(layer: Any) -> list[torch.Tensor]:
+    """The adapter's factors of a peft LoRA layer: an ``Embedding`` keeps them as parameters
+    (``lora_embedding_A[adapter]`` (r, vocab), ``lora_embedding_B[adapter]`` (dim, r)), a ``Linear`` / ``Conv``
+    as the weights of its ``lora_A`` / ``lora_B`` modules."""
+    if ADAPTER in getattr(layer, "lora_embedding_A", {}):
+        return [layer.lora_embedding_A[ADAPTER], layer.lora_embedding_B[ADAPTER]]
+    return [*layer.lora_A[ADAPTER].parameters(), *layer.lora_B[ADAPTER].parameters()]
 
 
 @dataclass
@@ -178,15 +228,16 @@ class _Unit:
     def inputs(self) -> list[torch.Tensor]:
         if self.layer is None:
             return [self.source]
-        return [self.source, self.layer.lora_A[ADAPTER].weight, self.layer.lora_B[ADAPTER].weight]
+        return [self.source, *_adapter_params(self.layer)]
 
     def nbytes(self) -> int:
         numel = getattr(self.source, "ds_numel", None)
         return int(numel if numel is not None else self.source.numel()) * self.source.element_size()
 
     def value(self) -> torch.Tensor:
-        """The tensor (valid while its inputs are gathered): ``W + delta`` as peft's merge computes it (a new tensor),
-        or the parameter's data."""
+        """The tensor (valid while its inputs are gathered): ``W + delta`` as peft's merge computes it (a new tensor;
+        ``get_delta_weight``: ``scaling * B @ A`` for a linear layer, transposed for ``Conv1D`` and for an embedding,
+        whose weight is (vocab, dim)), or the parameter's data."""
         w = self.source.data
         if self.layer is None:
             return w
@@ -195,19 +246,40 @@ class _Unit:
         return merged
 
 
+def _check_mergeable(module: torch.nn.Module, layers: dict[str, Any]) -> None:
+    """Every peft LoRA layer of ``module`` holding the adapter is one of ``layers`` (found through its
+    ``base_layer.weight``) and can be merged: an adapter is never left out of the merged weights in silence.
+
+    Raises:
+        ValueError: naming the module and why its adapter cannot be merged.
+    """
+    found = {id(layer) for layer in layers.values()}
+    for name, sub in module.named_modules():
+        if not _holds_adapter(sub):
+            continue
+        why = _layer_refusal(sub) if id(sub) in found else \
+            f"a peft {type(sub).__name__} layer whose adapter is not on its base_layer.weight"
+        if why is not None:
+            raise ValueError(f"LoRA adapter on {hf_name(name)!r}: {why}; the rollout engine, the export and the "
+                             "fingerprint would not get the trained weights. Leave this module out of target_modules")
+
+
 def _units(module: torch.nn.Module, changed_only: bool, merge: bool = True) -> list[_Unit]:
     """The base model's tensors as :class:`_Unit` s, in ``named_parameters`` order (tied weights once).
     ``changed_only``: only those that training changes (adapted weights, trainable heads); ``merge=False``: the
     adapted weights without their adapters (the frozen base)."""
-    out = []
+    out, layers = [], {}
     for name, p in module.named_parameters():
         target = hf_name(name)
         if target is None:
             continue
         layer = _lora_layer_of(module, name)
+        if layer is not None:
+            layers[name] = layer
         if changed_only and layer is None and not p.requires_grad:
             continue
         out.append(_Unit(target, p, layer if merge else None))
+    _check_mergeable(module, layers)
     return out
 
 
@@ -228,11 +300,12 @@ def iter_merged_params(module: torch.nn.Module, zero_stage: int = 0, bucket_byte
     """Yield the merged weights of a LoRA model as buckets of ``(hf_name, tensor)`` of at most ``bucket_bytes``
     (a bigger tensor stands alone), the names and order of the base model's ``named_parameters``.
 
-    An adapted linear layer's weight is ``W + scaling * B @ A`` (``LoraLayer.get_delta_weight``; bitwise what
-    ``merge_and_unload`` writes), in the weight's dtype; every other tensor is the parameter itself. The trained
-    parameters are not modified. With ZeRO-3 each bucket's parameters (base weights and their ``A``, ``B``) are
-    gathered with ONE ``deepspeed.zero.GatheredParameters`` and the tensors are valid only until the next bucket is
-    requested: consume (copy) each bucket first, as ``rollout.context.sync_weights`` does.
+    An adapted layer's weight (linear, Conv1D, convolution, or embedding: peft's ``lora_embedding_A``/``_B``) is
+    ``W + delta`` with ``delta`` its ``get_delta_weight`` (``scaling * B @ A``, transposed where the weight is
+    (in, out) or (vocab, dim); bitwise what ``merge_and_unload`` writes), in the weight's dtype; every other tensor is
+    the parameter itself. The trained parameters are not modified. With ZeRO-3 each bucket's parameters (base weights
+    and their ``A``, ``B``) are gathered with ONE ``deepspeed.zero.GatheredParameters`` and the tensors are valid only
+    until the next bucket is requested: consume (copy) each bucket first, as ``rollout.context.sync_weights`` does.
 
     Args:
         module: the ``peft.PeftModel`` (``ds_engine.module``).
@@ -244,7 +317,9 @@ def iter_merged_params(module: torch.nn.Module, zero_stage: int = 0, bucket_byte
             that applies the adapter itself (vLLM's LoRA).
 
     Raises:
-        ValueError: ``zero_stage`` not in 0..3, ``bucket_bytes`` <= 0, or ``module`` is not a LoRA model.
+        ValueError: ``zero_stage`` not in 0..3, ``bucket_bytes`` <= 0, ``module`` is not a LoRA model, or it holds
+            an adapter this merge cannot carry (:func:`merge_refusal`; ``trainer.lora_checks`` refuses its target
+            before start-up), raised before the first bucket.
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")

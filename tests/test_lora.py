@@ -31,8 +31,9 @@ from tools.export_hf import export_checkpoint, main as export_main  # noqa: E402
 from trainer.checkpoint.base import step_dir  # noqa: E402
 from trainer.checkpoint.deepspeed_manager import LORA_SUBDIR, DeepSpeedCheckpointManager  # noqa: E402
 from trainer.checkpoint.hf_export import export_hf  # noqa: E402
-from trainer.workers.lora import (LoraSettings, adapter_state_dict, apply_lora, hf_name,  # noqa: E402
-                                  iter_merged_params, reference_mode, trainable_numel)
+from trainer.workers.lora import (LoraSettings, apply_lora, hf_name, iter_merged_params,  # noqa: E402
+                                  reference_mode, trainable_numel)
+from trainer.workers.lora_adapter import adapter_state_dict  # noqa: E402
 
 SETTINGS = LoraSettings(rank=4, alpha=8.0, target_modules="all-linear")
 

@@ -178,7 +178,7 @@ class DeepSpeedCheckpointManager(CheckpointManager):
                                         exclude_frozen_parameters=self.lora)
         atomic_torch_save(capture_rng_state(), os.path.join(tmp, f"rng_rank_{self.rank}.pt"))
         if self.rank == 0 and self.lora:
-            from trainer.workers.lora import save_adapter_config
+            from trainer.workers.lora_adapter import save_adapter_config
 
             save_adapter_config(self.engine.module, os.path.join(tmp, LORA_SUBDIR))
         if self.rank == 0 and self.save_hf_metadata:

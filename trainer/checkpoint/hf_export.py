@@ -122,7 +122,8 @@ def export_hf(module_or_engine: Any, out_dir: str, tokenizer: Any = None, dtype:
         ValueError: bad ``dtype``/``zero_stage``, or ``value_head`` with a head that is not one output wide.
         TypeError: a module that is not a ``PreTrainedModel`` (no ``save_pretrained``/``config``).
     """
-    from trainer.workers.lora import is_lora_model, merged_state_dict, save_adapter
+    from trainer.workers.lora import is_lora_model, merged_state_dict
+    from trainer.workers.lora_adapter import save_adapter
 
     dtype = to_dtype(dtype)
     if zero_stage not in (0, 1, 2, 3):

@@ -18,7 +18,8 @@ import shutil
 import tempfile
 from typing import Iterator
 
-from trainer.workers.lora import NamedTensor, iter_merged_params, save_adapter
+from trainer.workers.lora import NamedTensor, iter_merged_params
+from trainer.workers.lora_adapter import save_adapter
 
 LORA_SYNC_MODES = ("merged", "adapter")
 

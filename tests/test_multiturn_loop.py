@@ -336,3 +336,18 @@ def test_a_model_that_ends_its_turn_after_the_call_keeps_its_end_token():
     assert res.metrics["multi_turn/dropped_after_call"] == 0.0
     turn1 = TK.encode("Step 0: " + hermes("calculator", expression="1 * 1000") + END, add_special_tokens=False)
     assert res.rollout.responses[0][res.rollout.response_mask[0] == 1].tolist()[:len(turn1)] == turn1
+
+
+def test_a_final_answer_whose_end_token_is_the_last_column_ended_by_itself():
+    """breakerD §6: an answer + end-of-turn token that fills the budget exactly is ``no_tool_call`` (the model ended
+    its turn: the last token is a stop id, as for a single-turn row); one token less cuts it before the stop token
+    (``length``)."""
+    answer = "#### 42" + END
+    n = len(TK.encode(answer, add_special_tokens=False))
+    for width, reason in ((n - 1, "length"), (n, "no_tool_call"), (n + 1, "no_tool_call")):
+        _, res = _run(lambda ctx, k: answer, ["q"], width=width)
+        mask = res.rollout.response_mask[0]
+        assert int(mask.sum()) == min(width, n)
+        assert (int(res.rollout.responses[0, min(width, n) - 1]) == TK.eos_token_id) == (width >= n)
+        assert res.metrics[f"multi_turn/stop_reason/{reason}"] == 1.0, (width, res.metrics)
+        assert list(res.row_columns["mt_stop_reason"]) == [reason]

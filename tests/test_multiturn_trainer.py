@@ -317,3 +317,61 @@ def test_e2e_synthetic_tool_logs_finite_multi_turn_metrics(tmp_path):
                     "tool/python/isolation_level", "critic/score/mean", "actor/pg_loss"):
             assert isinstance(r[key], (int, float)) and math.isfinite(r[key]), (key, r.get(key))
         assert r["multi_turn/num_turns/max"] >= 3  # some sample called the tool and got an answer
+
+
+def test_multi_worker_metrics_cover_every_workers_rows():
+    """breakerD §4: the rows of two workers joined (``DataProto.concat``, what the worker group's dispatch does) give
+    the ``multi_turn/*`` metrics of the whole batch, not of worker 0's rows: they are computed from the rows'
+    per-sample columns. Worker 0's prompts make no tool call, worker 1's make two calls each (one malformed)."""
+    from rollout.base import SamplingConfig
+    from rollout.multiturn import MultiTurnConfig
+    from rollout.multiturn.metrics import ROW_COLUMNS
+    from tests.multiturn_utils import hermes
+    from trainer.multi_turn import MultiTurnGenerator
+    from trainer.roles import FORWARD_COLUMNS, UPDATE_COLUMNS, columns
+    from trainer.workers.generation import generation_rows, prompt_lists
+
+    tok, end = build_chat_tokenizer(), "<|im_end|>"
+
+    def script(ctx, k):
+        done, want = ctx.count("<tool_response>"), int(re.search(r"calls=(\d)", ctx).group(1))
+        if done == 0 and want:
+            return "bad <tool_call>\n{not json\n</tool_call>" + end
+        return (f"s{done} " + hermes("calculator", expression=f"{done + 1} * 1000") + end) if done < want \
+            else f"#### {done}{end}"
+
+    def worker(questions):
+        gen = MultiTurnGenerator(ScriptedEngine(tok, script), MultiTurnConfig(enable=True, tools=["calculator"]), tok)
+        prompts = _prompts(tok, [f"{q} What is 2 * 3?" for q in questions])
+        g = gen.generate(prompt_lists(prompts), SamplingConfig(n=2, max_new_tokens=256))
+        rows = generation_rows(prompts, g, 2)
+        rows.meta.update(g.metrics)  # the worker's call metrics, as generate_sequences puts them
+        return rows
+
+    parts = [worker(["calls=0", "calls=0"]), worker(["calls=2", "calls=2"])]
+    batch = DataProto.concat(parts)
+    m = generation_metrics(batch)
+    assert set(ROW_COLUMNS) <= set(batch.non_tensor)
+    assert m["multi_turn/tool_calls_total"] == 8.0 and m["multi_turn/tool_calls/mean"] == 1.0  # worker 0 alone: 0
+    assert m["multi_turn/tool_calls/max"] == 2.0
+    assert m["multi_turn/malformed_calls"] == 4.0 and m["multi_turn/tool_errors"] == 4.0
+    assert m["multi_turn/assistant_turns/mean"] == 2.0 and m["multi_turn/assistant_turns/max"] == 3.0
+    assert m["multi_turn/num_turns/mean"] == 4.0 and m["multi_turn/num_turns/min"] == 2.0
+    assert m["multi_turn/stop_reason/no_tool_call"] == 1.0
+    # the totals are the sums of the workers' own figures, the means those of the whole batch
+    w0, w1 = (generation_metrics(p) for p in parts)
+    for key in ("tool_calls_total", "tool_errors", "malformed_calls", "tool_timeouts", "tool_seconds/sum"):
+        assert m[f"multi_turn/{key}"] == pytest.approx(w0[f"multi_turn/{key}"] + w1[f"multi_turn/{key}"]), key
+    for key in ("tool_calls/mean", "assistant_turns/mean", "num_turns/mean", "dropped_after_call"):
+        assert m[f"multi_turn/{key}"] == pytest.approx((w0[f"multi_turn/{key}"] + w1[f"multi_turn/{key}"]) / 2), key
+    tokens = [p.non_tensor["mt_tool_tokens"].sum() + 0.0 for p in parts]
+    assert m["multi_turn/tool_token_share"] == pytest.approx(
+        sum(tokens) / float(batch["attention_mask"][:, batch["prompts"].shape[1]:].sum()))
+    assert m["multi_turn/tool_seconds/max"] == max(w0["multi_turn/tool_seconds/max"], w1["multi_turn/tool_seconds/max"])
+    assert all(isinstance(v, float) for v in m.values())
+    # a subset of rows (a filter, a chunk) gives that subset's figures; the columns survive index/chunk/concat
+    assert generation_metrics(batch.index([0, 1, 2, 3]))["multi_turn/tool_calls_total"] == 0.0
+    assert generation_metrics(DataProto.concat(batch.chunk(4)[::-1])) == m
+    # the worker calls ship none of them (only the columns the forwards and the update read)
+    for keys in (FORWARD_COLUMNS, UPDATE_COLUMNS):
+        assert not set(ROW_COLUMNS) & set(columns(batch, keys).non_tensor)

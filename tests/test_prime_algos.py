@@ -365,3 +365,56 @@ def test_a_batch_where_no_group_passes_is_warned_once_naming_why(caplog):
     with caplog.at_level(logging.WARNING):
         PrimeHook(_cfg(), world=2, stop_token_ids=2).band_filter(batch, rew, metrics)
     assert metrics["prime/groups_passed"] == 2 and "no group" not in caplog.text
+
+
+def test_truncated_rows_reads_the_attended_response_of_a_multi_turn_trajectory():
+    """breakerD §5: a multi-turn trajectory cut at the length limit has tool tokens (response_mask 0, attended) in
+    its R columns; it is truncated by the response part of attention_mask, as a single-turn row is by its
+    response_mask. One that ends on the end-of-turn token on the last column is not."""
+    from rollout.base import SamplingConfig
+    from rollout.multiturn import MultiTurnConfig, multi_turn_generate
+    from rollout.tools.calculator import CalculatorTool
+    from tests.multiturn_utils import ScriptedEngine, build_chat_tokenizer, hermes
+
+    tk, end = build_chat_tokenizer(), "<|im_end|>"
+    prompt = tk.encode(tk.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False,
+                                              add_generation_prompt=True), add_special_tokens=False)
+    answer = "#### 42" + end
+    width = len(tk.encode(answer, add_special_tokens=False))
+
+    def run(script, w):
+        return multi_turn_generate(ScriptedEngine(tk, script), tk, [prompt], SamplingConfig(n=1, max_new_tokens=w),
+                                   {"calculator": CalculatorTool()}, MultiTurnConfig(enable=True))
+
+    looping = run(lambda c, k: "again " + hermes("calculator", expression="1 * 2") + end, 200)  # never answers
+    exact = run(lambda c, k: answer, width)  # the end-of-turn token lands on the last column
+    stops = [tk.eos_token_id]
+    for res, truncated in ((looping, True), (exact, False)):
+        r = res.rollout
+        assert int(res.attention_mask.sum()) == r.responses.shape[1]  # every column filled
+        assert res.metrics["multi_turn/stop_reason/length"] == float(truncated)
+        P = 3  # the trainer's attention_mask is (B, P+R): the response part is read
+        attn = torch.cat([torch.ones(1, P, dtype=torch.long), res.attention_mask], dim=1)
+        assert truncated_rows(r.responses, r.response_mask, stops, attn).tolist() == [truncated]
+        assert truncated_rows(r.responses, r.response_mask, stops, res.attention_mask).tolist() == [truncated]
+    # the model's tokens alone do not fill the columns of the looping trajectory
+    assert int(looping.rollout.response_mask.sum()) < 200
+    assert truncated_rows(looping.rollout.responses, looping.rollout.response_mask, stops).tolist() == [False]
+    with pytest.raises(ValueError, match="does not cover"):
+        truncated_rows(looping.rollout.responses, looping.rollout.response_mask, stops, looping.attention_mask[:, :5])
+
+    # band_filter reads the batch's attention_mask: the groups holding the looping trajectory are dropped
+    ctl = PrimeHook(_cfg(), world=2, stop_token_ids=stops)
+    pad = torch.full((1, 200 - width), tk.pad_token_id)
+    rows = {"loop": (looping.rollout.responses, looping.rollout.response_mask, looping.attention_mask),
+            "exact": (torch.cat([exact.rollout.responses, pad], 1), torch.cat([exact.rollout.response_mask, pad * 0], 1),
+                      torch.cat([exact.attention_mask, pad * 0], 1))}
+    order = ["loop", "exact", "loop", "exact", "exact", "exact", "exact", "exact"]
+    resp, rmask, amask = (torch.cat([rows[o][j] for o in order]) for j in range(3))
+    batch = DataProto.from_dict({"responses": resp, "response_mask": rmask.float(),
+                                 "attention_mask": torch.cat([torch.ones(8, 2, dtype=torch.long), amask], 1)},
+                                {"uid": ["p0", "p0", "p1", "p1", "p2", "p2", "p3", "p3"]})
+    metrics = {}
+    out = ctl.band_filter(batch, _Rew({"score": [1.0, 0.0] * 4, "acc": [1, 0] * 4}), metrics)
+    assert metrics["prime/truncated_groups"] == 2.0 and metrics["prime/groups_passed"] == 2.0
+    assert out["uid"].tolist() == ["p2", "p2", "p3", "p3"]

@@ -24,7 +24,8 @@ KEY = "actor_rollout_ref.rollout.multi_turn"
 MULTI_TURN_KEYS = ("enable", "max_assistant_turns", "max_user_turns", "max_parallel_calls",
                    "max_tool_response_length", "tool_response_truncate_side", "format", "tools", "tool_config_path")
 _INT_KEYS = ("max_assistant_turns", "max_user_turns", "max_parallel_calls", "max_tool_response_length")
-METRIC_PREFIXES = ("multi_turn/", "tool/")
+#: the ``multi_turn/*`` metrics of a worker's call that no row holds (wall-clock), read from the batch's ``meta``
+_CALL_METRICS = ("multi_turn/tool_wall_s", "multi_turn/generate_s")
 
 
 def multi_turn_config(rollout_cfg: Mapping[str, Any]):
@@ -127,8 +128,10 @@ class MultiTurnGenerator(Generator):
     """The multi-turn loop (:func:`rollout.multiturn.multi_turn_generate`) with the configured tools, built and
     checked once, at the worker's start. Its :class:`rollout.generator.Generation` has ``response_mask`` 1 on the
     model's tokens only, ``attention_mask`` on every response token (tool answers and template glue included), the
-    non-tensor column ``num_turns`` (B*n,) int64 (verl's: model turns + tool turns + 1) and the ``multi_turn/*`` and
-    ``tool/*`` metrics.
+    per-sample non-tensor columns :data:`rollout.multiturn.metrics.ROW_COLUMNS` (B*n,) (``num_turns`` int64, verl's:
+    model turns + tool turns + 1; ``mt_tool_calls``, ``mt_stop_reason``, ...: what the ``multi_turn/*`` metrics of
+    the step are computed from, :func:`generation_metrics`) and the ``multi_turn/*`` and ``tool/*`` metrics of the
+    call.
 
     Args:
         engine: the rollout engine.
@@ -156,8 +159,8 @@ class MultiTurnGenerator(Generator):
                              "single-turn rollouts for a vision-language model")
         res = multi_turn_generate(self.engine, self.tokenizer, prompt_ids, sampling, self.tools, self.cfg,
                                   self.template)
-        return Generation(res.rollout, res.attention_mask.to(torch.long),
-                          non_tensor={"num_turns": res.num_turns.numpy().astype("int64")}, metrics=dict(res.metrics))
+        return Generation(res.rollout, res.attention_mask.to(torch.long), non_tensor=dict(res.row_columns),
+                          metrics=dict(res.metrics))
 
 
 def build_generator(engine, mt, tokenizer,
@@ -168,17 +171,17 @@ def build_generator(engine, mt, tokenizer,
 
 
 def generation_metrics(batch) -> dict[str, float]:
-    """The generator's ``multi_turn/*`` and ``tool/*`` entries of ``batch.meta`` (none for single-turn rollouts).
+    """The ``multi_turn/*`` and ``tool/*`` metrics of a batch of multi-turn rows (none for single-turn rollouts).
 
-    The batch is the join of every worker's rows and ``meta`` is the first worker's, so the entries are that
-    worker's rows' figures, except ``multi_turn/num_turns/{mean,max,min}``, which come from the whole batch's
-    ``num_turns`` column.
+    The per-sample metrics and the batch totals (turns, tool calls, errors, malformed calls, timeouts, tool seconds,
+    token shares, stop reasons: :func:`rollout.multiturn.metrics.column_metrics`) are computed from the rows'
+    non-tensor columns (:data:`rollout.multiturn.metrics.ROW_COLUMNS`), so they cover every row of the batch: every
+    worker's, after any filter. ``meta`` gives only what no row holds: the tools' own metrics and the wall-clock
+    ``multi_turn/tool_wall_s`` / ``generate_s`` of the call (``DataProto.concat`` keeps the first worker's ``meta``).
     """
+    from rollout.multiturn.metrics import column_metrics
+
     meta = getattr(batch, "meta", None) or {}
-    out = {k: float(v) for k, v in meta.items() if k.startswith(METRIC_PREFIXES)}
-    turns = (getattr(batch, "non_tensor", None) or {}).get("num_turns")
-    if turns is not None and len(turns):
-        t = torch.as_tensor(turns.astype("int64"), dtype=torch.float64)
-        out.update({"multi_turn/num_turns/mean": float(t.mean()), "multi_turn/num_turns/max": float(t.max()),
-                    "multi_turn/num_turns/min": float(t.min())})
+    out = {k: float(v) for k, v in meta.items() if k.startswith("tool/") or k in _CALL_METRICS}
+    out.update(column_metrics(getattr(batch, "non_tensor", None) or {}))
     return out

@@ -27,7 +27,7 @@ import torch
 from rollout.base import RolloutEngine, RolloutOutput, SamplingConfig, check_prompts
 from rollout.multiturn.chat import ToolChatTemplate
 from rollout.multiturn.config import MultiTurnConfig
-from rollout.multiturn.metrics import multi_turn_metrics
+from rollout.multiturn.metrics import multi_turn_metrics, row_columns
 from rollout.tools.base import Tool, ToolCall
 from rollout.tools.executor import run_tool_calls, truncate_text
 from rollout.tools.parsers import turn_calls
@@ -53,6 +53,9 @@ class MultiTurnResult:
         num_turns: (N,) int64, verl's ``num_turns``: model turns + tool turns + 1 (the prompt).
         tool_calls: (N,) int64, calls each sample made (malformed ones included).
         metrics: ``multi_turn/*`` and tool metrics (see :func:`rollout.multiturn.metrics.multi_turn_metrics`).
+        row_columns: the per-sample figures the metrics are computed from, numpy arrays of N entries
+            (:func:`rollout.multiturn.metrics.row_columns`; ``num_turns`` among them); the trainer's rows carry them
+            as non-tensor columns.
     """
 
     rollout: RolloutOutput
@@ -60,6 +63,7 @@ class MultiTurnResult:
     num_turns: torch.Tensor
     tool_calls: torch.Tensor
     metrics: dict[str, float]
+    row_columns: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -131,16 +135,18 @@ def _cut_turn(row: _Row, tokenizer, text: str, end: int, stops: set[int]) -> Non
     del row.ids[keep:], row.kind[keep:], row.log_probs[keep:]
 
 
-def _end_of_turn(row: _Row, stops: set[int], width: int, cfg: MultiTurnConfig, tokenizer) -> list[ToolCall]:
+def _end_of_turn(row: _Row, stops: set[int], cfg: MultiTurnConfig, tokenizer) -> list[ToolCall]:
     """Close the row's model turn: set ``stop_reason`` when the trajectory ends, else cut the turn after its tool
-    calls (:func:`_cut_turn`) and return them."""
+    calls (:func:`_cut_turn`) and return them. A turn without a call that ends on a stop token ended the trajectory
+    (``no_tool_call``), also when that token is on the last response column, as a single-turn row whose last
+    token is a stop id is not truncated; one that does not was cut by the budget (``length``)."""
     row.assistant_turns += 1
     turn = row.ids[row.turn_start:]
     text = tokenizer.decode(turn, skip_special_tokens=False) if turn else ""
     calls, end = turn_calls(cfg.format, text)
     if end is not None:
         _cut_turn(row, tokenizer, text, end, stops)
-    elif not turn or len(row.ids) >= width or turn[-1] not in stops:
+    elif not turn or turn[-1] not in stops:  # cut by the budget before the model ended its turn
         row.stop_reason = "length"
         return []
     if not calls:  # the model ended the trajectory itself, whatever turn this is
@@ -225,7 +231,7 @@ def multi_turn_generate(engine: RolloutEngine, tokenizer, prompt_ids: list[list[
         t0 = time.perf_counter()
         _generate_round(engine, rows, active, sampling, width, round_idx)
         gen_s += time.perf_counter() - t0
-        pending = {i: _end_of_turn(rows[i], set(stops), width, cfg, tokenizer) for i in active}
+        pending = {i: _end_of_turn(rows[i], set(stops), cfg, tokenizer) for i in active}
         pending = {i: c for i, c in pending.items() if c}
         t0 = time.perf_counter()
         outcomes = run_tool_calls([c for calls in pending.values() for c in calls], tools)
@@ -240,7 +246,8 @@ def multi_turn_generate(engine: RolloutEngine, tokenizer, prompt_ids: list[list[
     metrics = multi_turn_metrics(rows, tools, generate_s=gen_s, tool_wall_s=tool_s)
     return MultiTurnResult(rollout=rollout, attention_mask=attn,
                            num_turns=torch.tensor([r.assistant_turns + r.user_turns + 1 for r in rows]),
-                           tool_calls=torch.tensor([r.calls for r in rows]), metrics=metrics)
+                           tool_calls=torch.tensor([r.calls for r in rows]), metrics=metrics,
+                           row_columns=row_columns(rows))
 
 
 def prepare_multi_turn(cfg: MultiTurnConfig | Mapping, tokenizer, chat_template_kwargs: Mapping | None = None

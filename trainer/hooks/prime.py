@@ -38,12 +38,26 @@ UPDATE_MODES = ("before", "after", "none")
 _PRM_INPUTS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "acc"]
 
 
-def truncated_rows(responses: torch.Tensor, response_mask: torch.Tensor, stop_token_ids) -> torch.Tensor:
+def truncated_rows(responses: torch.Tensor, response_mask: torch.Tensor, stop_token_ids,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) bool: the response filled all ``R`` columns and its last token is no stop token (cut by the length
-    limit). ``stop_token_ids``: an id or ids (the rollout's set, see ``rollout.stop_tokens``), or None."""
+    limit). ``stop_token_ids``: an id or ids (the rollout's set, see ``rollout.stop_tokens``), or None.
+
+    A column is filled when ``response_mask`` or the response part of ``attention_mask`` ((B, P+R) or (B, R): its
+    last ``R`` columns) is set there: a multi-turn trajectory's tool answers and template glue are attended but are
+    not the model's tokens (``response_mask`` 0), so a trajectory cut at the limit fills the columns with them. The
+    last token is judged as :func:`trainer.metric_utils.completion_length_stats` judges a single-turn row: a row
+    that ends on a stop id ended by itself (the multi-turn loop's ``no_tool_call``, not ``length``)."""
     from rollout.stop_tokens import as_id_list
 
-    full = (response_mask > 0).sum(-1) == responses.shape[1]
+    R = responses.shape[1]
+    filled = response_mask > 0
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != responses.shape[0] or attention_mask.shape[1] < R:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} does not cover responses "
+                             f"{tuple(responses.shape)}")
+        filled = filled | (attention_mask[:, -R:].to(filled.device) > 0)
+    full = filled.sum(-1) == R
     stops = as_id_list(stop_token_ids)
     if not stops:
         return full
@@ -201,7 +215,8 @@ class PrimeHook(StepHook):
 
         acc = accuracy_from_reward(reward_output.reward_extra_info, len(batch))
         batch["acc"] = torch.tensor(acc, dtype=torch.float32)
-        trunc = truncated_rows(batch["responses"], batch["response_mask"], self.stop_token_ids)
+        trunc = truncated_rows(batch["responses"], batch["response_mask"], self.stop_token_ids,
+                               batch["attention_mask"] if "attention_mask" in batch else None)
         c = self.settings
         keep, m = band_filter_indices(acc, batch["uid"], keep_groups=self.bs, truncated=trunc,
                                       lower=float(c.accuracy_lower_bound), upper=float(c.accuracy_upper_bound),

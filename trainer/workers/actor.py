@@ -120,8 +120,9 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
 
         With ``rollout.multi_turn.enable`` the generator is the multi-turn loop (:mod:`trainer.multi_turn`):
         ``response_mask`` is 1 on the model's tokens only, ``attention_mask``/``position_ids`` also cover the tool
-        answers and the template's glue, ``num_turns`` (B*n,) int64 is a non-tensor column and the ``multi_turn/*``
-        and ``tool/*`` metrics are in ``meta``.
+        answers and the template's glue, ``num_turns`` (B*n,) int64 and the other per-sample figures
+        (:data:`rollout.multiturn.metrics.ROW_COLUMNS`) are non-tensor columns, and the call's ``multi_turn/*``
+        and ``tool/*`` metrics are in ``meta`` (the step logs those computed from the columns of the whole batch).
         """
         if self.generator is None:
             raise RuntimeError("trainer.rollout_placement=separate: the rollout workers generate, not the actor")

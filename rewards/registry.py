@@ -8,11 +8,12 @@ training starts (:func:`rewards.options.check_scorer_options`). Built-ins and th
 * ``gsm8k`` (also ``gsm8k_strict``, ``openai/gsm8k``, ``svamp``): :mod:`rewards.gsm8k`; options
   ``method`` (``"strict"``: the last ``#### N``, default; ``"flexible"``: the last number), ``format_score``,
   ``score``, ``answer_after``. SVAMP ground truths are floats such as ``12.0``; the comparison is numeric.
-* ``answer_after`` (the gsm8k and format scorers): the answer is read only after the LAST occurrence of this
-  string, by default ``</tool_response>`` (the end of a tool answer in Hermes/Qwen chat templates), so that in a
-  multi-turn tool rollout a tool output (a program printing ``#### 42``) never counts as the model's answer; a
-  response without it is read whole; ``null`` always reads the whole response. The chat template must write the
-  string as plain text after each tool answer (SmolLM2's own template does not; see README, multi-turn).
+* ``answer_after`` (the gsm8k, math and format scorers): the answer is read only after the LAST occurrence of
+  this string, by default ``</tool_response>`` (the end of a tool answer in Hermes/Qwen chat templates), so that in
+  a multi-turn tool rollout a tool output (a program printing ``#### 42`` or ``\\boxed{42}``) never counts as the
+  model's answer; a response without it is read whole; ``null`` always reads the whole response. For a multi-turn
+  row the reward manager places the string after the last tool turn itself, whatever the chat template renders
+  (:func:`rewards.response_text.solution_text`).
 * ``gsm8k_flexible`` (also ``synthetic/digits``): the same with ``method="flexible"`` by default.
 * ``math`` (also ``math500``, ``lighteval/MATH``, ``HuggingFaceH4/MATH-500``): :mod:`rewards.math` (last
   ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s).
@@ -172,10 +173,13 @@ def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None
 @register_scorer("math", *_aliases("math"))
 @_one_answer
 def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-               timeout_seconds: float | None = math_reward.TIMEOUT_SECONDS) -> float:
-    """MATH: the last ``\\boxed{}`` answer, math-verify equivalence with an exact numeric cross-check, within
+               timeout_seconds: float | None = math_reward.TIMEOUT_SECONDS,
+               answer_after: str | None = TOOL_RESPONSE_END) -> float:
+    """MATH: the last ``\\boxed{}`` answer after the last ``answer_after`` (a tool's output is never the answer;
+    see :mod:`rewards.gsm8k`), math-verify equivalence with an exact numeric cross-check, within
     ``timeout_seconds`` (see :mod:`rewards.math`)."""
-    return math_reward.compute_score(solution_str, ground_truth, timeout_seconds=timeout_seconds)
+    text = gsm8k.final_answer_text(solution_str, answer_after)[0]
+    return math_reward.compute_score(text, ground_truth, timeout_seconds=timeout_seconds)
 
 
 @register_scorer("format_gsm8k")

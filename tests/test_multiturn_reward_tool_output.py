@@ -134,3 +134,21 @@ def test_tool_output_is_never_scored_single_turn_and_custom_scorers_see_verl_tex
     assert seen == whole
     got, _ = _scores(tok, rows, "gsm8k", method="flexible", answer_after=None)
     assert got == [1.0, 1.0]  # reading everything is asked for: the tool's 42 counts
+
+
+@pytest.mark.parametrize("template", ["smol", "qwen"])
+def test_a_boxed_answer_printed_by_a_tool_is_never_the_math_answer(template):
+    """The MATH scorer reads its box after the last ``answer_after`` too: a program printing ``\\boxed{42}`` then a
+    model that writes no box scores 0; the model's own box after the tool turn scores 1."""
+    tok = _tok(template)
+    boxed = "```python\nprint('\\\\boxed{42}')\n```"
+    rows = [[(boxed, True), ("\\boxed{42}\n", False), ("ok", True)],
+            [(boxed, True), ("\\boxed{42}\n", False), ("so \\boxed{42}", True)],
+            [(boxed, True), ("\\boxed{40}\n", False), ("so \\boxed{42}", True)]]
+    with RewardManager(tok, scorer="math", num_workers=0) as rm:
+        got = rm(_batch(tok, rows, source="math500")).token_level_scores.sum(-1).tolist()
+    assert got == [0.0, 1.0, 1.0]
+    from rewards.registry import get_scorer
+
+    assert get_scorer("math")("so \\boxed{42}", "42") == 1.0  # single turn: the whole text
+    assert get_scorer("math")("\\boxed{42}</tool_response>ok", "42", answer_after=None) == 1.0

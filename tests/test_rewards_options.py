@@ -65,7 +65,7 @@ def test_p27_unknown_option_names_the_option_and_the_scorer():
     with pytest.raises(ConfigError, match=r"'mehtod'.*'openai/gsm8k'.*gsm8k_score.*method"):
         check_reward_scorers(_make(scorer_kwargs={"mehtod": "flexible"}), "data_source", _datasets("openai/gsm8k"))
     # the math scorer takes no GSM8K option: routing to it with one is refused, naming it
-    with pytest.raises(ConfigError, match=r"'method'.*'math500'.*\['timeout_seconds'\]"):
+    with pytest.raises(ConfigError, match=r"'method'.*'math500'.*\['answer_after', 'timeout_seconds'\]"):
         check_reward_scorers(_make(scorer_kwargs={"method": "flexible"}), "data_source",
                              _datasets("openai/gsm8k", "math500"))
     with pytest.raises(ConfigError, match=r"method='fuzzy'.*'strict', 'flexible'"):

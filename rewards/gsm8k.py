@@ -77,12 +77,13 @@ _THOUSANDS_RE = re.compile(r"[1-9][0-9]{0,2}(?:,[0-9]{3})++(?:\.[0-9]++)?")
 # bold (``42 **note**``, ``2 **10**``), so after a space it is a power only with a space after it too. A match
 # without ``den`` or ``exp`` means no answer. Anchored at one position, each alternative scans at most the spaces
 # there.
-_OPERATOR = r"(?:[-+\u2212\u2013*\u00d7\u00f7:=]|\\(?:times|cdot|div)(?![A-Za-z]))"
+_OPERATOR = (r"(?:->|mod(?![A-Za-z])|[-+\u2212\u2013\u2014*\u00d7\u00f7:=xX\u00b7\u22c5%\u00b1\u2192<>\u2264\u2265]"
+             r"|\\(?:times|cdot|div|pm)(?![A-Za-z]))")
 # An operand after an operator: optional spaces and ``(``, an optional sign and ``$``, then a number.
 _OPERAND = r"[ \t]*+\(?+[ \t]*+[-+\u2212]?+\$?+\.?+[0-9]"
 _AFTER_RE = re.compile(
     r"(?P<exp>[eE][-+\u2212]?[0-9]++)"
-    r"|\*\*[ \t]*+[-+\u2212({]?[0-9]|[,.][0-9]"
+    r"|\*\*[ \t]*+[-+\u2212({]?[0-9]|[,.'\u2019][0-9]|[\u00bc-\u00be\u2150-\u215e]"
     r"|[ \t]*+(?:/[ \t]*+(?:(?P<den>" + _NUM + r")|[-+\u2212$(])"
     r"|\^|" + _OPERATOR + _OPERAND + r"|(?<=[ \t])(?:\*\*[ \t]++" + _OPERAND + r"|[0-9]))"
 )
@@ -101,7 +102,7 @@ _REV_NUMBER_RE = re.compile(
 _REV_BEFORE_RE = re.compile(
     r"(?P<power>[{(]?+[ \t]*+\^|\*\*(?=[0-9A-Za-z)}\]]))"
     r"|(?P<plus>\+)?+(?:(?P<exp>[eE](?=[0-9]))|[ \t]*+(?P<den>/)[ \t]*+(?=[0-9]))"
-    r"|(?P<chain>[.,](?=[0-9]))"
+    r"|(?P<chain>[.,'\u2019](?=[0-9]))"
     r"|(?P<frac>\{\}(?=[0-9]))|(?P<root>\{trqs\\)"  # ``\frac{3}{4}``, ``\sqrt{2}``
     # ``op``: the number is the second operand of an expression (``10 - 3``, ``3 * 4``, ``3×4``, ``(1+2) / 3``,
     # ``6 \times 7``, ``2 ** 10``, ``12:30``, ``5 * (3``): the operand before the operator ends in a digit or ``)``.
@@ -109,7 +110,8 @@ _REV_BEFORE_RE = re.compile(
     # label), not ``**`` right before the number after a space (``2 **10**`` is Markdown bold). ``group``: a space and
     # a digit before the number, a further digit group when the number has exactly 3 digits (``1 000``, never
     # ``000``; :func:`_attached_before`); ``42 42 42`` and ``1 2 3`` still read the last number.
-    r"|(?P<op>[ \t]*+\(?+[ \t]*+(?:[-+\u2212\u2013\u00d7\u00f7/]|\*(?!\*)|semit\\|todc\\|vid\\)[ \t]*+(?=[0-9)])"
+    r"|(?P<op>[ \t]*+\(?+[ \t]*+(?:[-+\u2212\u2013\u2014\u00d7\u00f7/xX\u00b7\u22c5%\u00b1\u2192<>\u2264\u2265]|\*(?!\*)"
+    r"|>-|dom(?![A-Za-z])|semit\\|todc\\|vid\\|mp\\)[ \t]*+(?=[0-9)])"
     r"|[ \t]++\*\*[ \t]*+(?=[0-9)])|:[ \t]*+(?=[0-9)]))"
     r"|(?P<group>[ \t]++(?=[0-9]))"  # a space, then a digit: a digit group when the number has 3 digits
 )

@@ -83,3 +83,25 @@ def test_a_member_saved_without_a_crc_is_not_judged_and_other_files_pass(tmp_pat
     member = _overwrite_tensor_bytes(path)
     os.utime(path, ns=(1, 1))
     assert damaged_member(path) == member
+
+
+def test_a_damaged_newer_step_does_not_block_auto_in_a_checkpoint_folder_outside_the_output_folder(tmp_path):
+    """``resume_mode=auto`` stepped back past the damaged step 2, then the later-steps check refused the resume for
+    that same step ("holds checkpoints of later steps ... expected trainer.resume_mode=auto"), which it already was;
+    and a damaged ``data.pt`` pickle was read by ``torch.load`` before its CRC-32 was checked (torch's advice to
+    load it with ``weights_only=False`` in the line)."""
+    from tests.test_checkpoint_finite import damage_pickle
+    from trainer.later_steps import later_steps_problem
+
+    root = str(tmp_path / "ck")
+    save_two_steps(engine(0), root)
+    step1, step2 = step_dir(root, 1), step_dir(root, 2)
+    out = str(tmp_path / "out")
+    assert "holds checkpoints of later steps (2..2)" in later_steps_problem(out, root, 1)  # a sound step 2: kept
+    state = os.path.join(step2, "data.pt")
+    damage_pickle(state)
+    with pytest.raises(IncompleteCheckpoint) as err:
+        verify_step_folder(step2, ["actor"], 1)
+    assert str(err.value).startswith(f"{state!r} is damaged: its member ") and "weights_only" not in str(err.value)
+    assert resolve_resume_path("auto", root) == (step1, 1)
+    assert later_steps_problem(out, root, 1) is None  # the damaged step is no timeline: the resumed run saves over it

@@ -266,8 +266,12 @@ def test_a_cut_short_last_metrics_line_is_named_damaged_and_moves_no_output_of_t
 def test_rb2_later_steps_outside_the_output_folder_are_refused_before_start(tmp_path):
     from trainer.later_steps import later_steps_problem
 
+    import torch
+
     root = str(tmp_path / "elsewhere")
     _fake_steps(root, [1, 2, 3], 3)
+    for s in (2, 3):  # sound later steps (a role folder with its checkpoint): a timeline to keep
+        torch.save({}, os.path.join(root, f"global_step_{s}", "actor", "meta.pt"))
     line = later_steps_problem(str(tmp_path / "out"), root, 1)
     assert line.startswith("trainer.resume_mode: resuming from step 1, but trainer.default_local_dir=")
     assert "(2..3)" in line and later_steps_problem(str(tmp_path / "out"), root, 3) is None

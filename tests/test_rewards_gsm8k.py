@@ -246,3 +246,31 @@ def test_p03_operator_scans_stay_linear(text):
     for method in ("strict", "flexible"):
         assert compute_score(text, "1", method=method) in (0.0, 1.0)
     assert time.perf_counter() - t0 < 1.5
+
+
+@pytest.mark.parametrize("text,first", [
+    ("#### 3 x 4", "3"), ("#### 2x3", "2"), ("#### 2 X 3", "2"), ("#### 3 · 4", "3"), ("#### 3⋅4", "3"),
+    ("#### 10 % 3", "10"), ("#### 10%3", "10"), ("#### 10 mod 3", "10"), ("#### 10 ± 3", "10"),
+    ("#### 10 \\pm 3", "10"), ("#### 7 → 8", "7"), ("#### 7->8", "7"), ("#### 12 — 3", "12"), ("#### 4 < 5", "4"),
+    ("#### 4 ≤ 5", "4"), ("#### 5 > 4", "5"), ("#### 1'000", "1"), ("#### 1’000", "1"), ("#### 3½", "3")])
+def test_p03_more_operators_after_the_marker_are_no_answer(text, first):
+    """Multiplication written ``x``/``·``, ``%``/``mod``, ``±``, arrows, an em dash, comparisons, an apostrophe
+    thousands separator and a vulgar fraction: the expression is no answer, never its first operand, in strict mode;
+    flexible mode reads no answer either (never the last operand)."""
+    from rewards.registry import get_scorer
+
+    assert get_scorer("gsm8k")(text, first) == 0.0
+    import re
+
+    last = re.findall(r"[0-9]+", text)[-1]  # the last digits: what flexible mode read
+    assert get_scorer("gsm8k_flexible")("so " + text[5:], last) == 0.0
+
+
+@pytest.mark.parametrize("text,gt", [("#### 42%", "42"), ("#### 42 x", "42"), ("#### 42 boxes", "42"),
+                                     ("#### 42's", "42"), ("#### 42 mod", "42"), ("#### 42 - that is it", "42")])
+def test_p03_the_new_operators_without_an_operand_are_punctuation(text, gt):
+    from rewards.registry import get_scorer
+
+    assert get_scorer("gsm8k")(text, gt) == 1.0
+    flexible = get_scorer("gsm8k_flexible")
+    assert flexible("random 3", "3") == 1.0 and flexible("the box 3", "3") == 1.0 and flexible("x > 3, so 4", "4") == 1.0

@@ -129,12 +129,16 @@ def saved_world(step_dir: str) -> int | None:
                                    "state is written last)")
     if not zipfile.is_zipfile(state):
         raise IncompleteCheckpoint(f"{state!r} is not a complete torch checkpoint file (cut short or corrupted)")
+    _no_damaged_member(state)  # before torch.load reads a pickle whose bytes changed
     import torch
 
     try:
         saved = torch.load(state, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to read the archive is the same fault for the user
-        raise IncompleteCheckpoint(f"{state!r} cannot be read ({type(exc).__name__}: {exc})".split("\n")[0]) from None
+        first = str(exc).split("\n")[0]
+        if "weights_only" in first or "Weights only" in first:  # not torch's advice to load it unsafely
+            first = "its pickle does not parse as weights"
+        raise IncompleteCheckpoint(f"{state!r} cannot be read ({type(exc).__name__}: {first})") from None
     trainer = (saved.get("config") or {}).get("trainer") if isinstance(saved, dict) else None
     try:
         return int(trainer["nnodes"]) * int(trainer["n_gpus_per_node"])
@@ -232,5 +236,15 @@ def _no_unreadable(folder: str) -> None:
     damaged = _damaged_files(folder)
     if damaged:
         (path, member), more = damaged[0], f" (and {len(damaged) - 1} more files)" if len(damaged) > 1 else ""
-        raise IncompleteCheckpoint(f"{path!r}{more} is damaged: its member {member!r} does not match the CRC-32 "
-                                   "recorded when it was saved (bytes changed since the save)")
+        raise IncompleteCheckpoint(_damaged_line(path, member, more))
+
+
+def _damaged_line(path: str, member: str, more: str = "") -> str:
+    return (f"{path!r}{more} is damaged: its member {member!r} does not match the CRC-32 recorded when it was saved "
+            "(bytes changed since the save)")
+
+
+def _no_damaged_member(path: str) -> None:
+    member = damaged_member(path)
+    if member is not None:
+        raise IncompleteCheckpoint(_damaged_line(path, member))

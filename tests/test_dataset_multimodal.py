@@ -111,6 +111,12 @@ def test_image_paths_relative_to_the_data_file_load_from_any_folder_and_a_missin
     path = _write(tmp_path / "a" / "vlm_data" / "c.jsonl", [rows[1]])
     assert PromptDataset(path, proc.tokenizer, max_prompt_length=64, processor=proc).rows[0]["images"] == \
         [{"path": str(tmp_path / "a" / "vlm_data" / "images" / "s0_1.png")}]  # a {'path'} dict too
+    verl = [{**first, "images": [{"image": "images/s0_0.png"}]}, {**first, "images": ["file://images/s0_1.png"]}]
+    ds = PromptDataset(_write(tmp_path / "a" / "vlm_data" / "v.jsonl", verl), proc.tokenizer, max_prompt_length=64,
+                       processor=proc)  # verl's {"image": path} and file:// paths
+    assert ds.rows[0]["images"] == [{"image": str(tmp_path / "a" / "vlm_data" / "images" / "s0_0.png")}]
+    assert ds.rows[1]["images"] == [str(tmp_path / "a" / "vlm_data" / "images" / "s0_1.png")]
+    assert ds[1]["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]
     path = _write(tmp_path / "a" / "vlm_data" / "d.jsonl", rows)
     with pytest.raises(DataError, match=r"^row 0 of .*d\.jsonl \(counted from 0\): its 'images': the image file "
                                         r"'images/none.png' is not there \(a relative path is read from the data "

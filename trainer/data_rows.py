@@ -79,20 +79,22 @@ def truncate_prompt(ids: list[int], max_len: int, truncation: str) -> list[int]:
 
 
 def image_paths_from(row: dict, image_key: str, data_file: str) -> dict:
-    """``row`` with each relative image path (a string, or a ``{'path'}`` dict without bytes) of its ``image_key``
-    column that is not a file from the working folder but is one from ``data_file``'s folder replaced by that path:
-    verl reads a relative path from the working folder; data written with paths relative to its own file is read
-    from any folder. ``row`` itself is not changed."""
+    """``row`` with each relative image path (a string, ``file://`` too, or a ``{'path'}`` / ``{'image'}`` dict
+    without bytes) of its ``image_key`` column that is not a file from the working folder but is one from
+    ``data_file``'s folder replaced by that path: verl reads a relative path from the working folder; data written
+    with paths relative to its own file is read from any folder. ``row`` itself is not changed."""
     images = row.get(image_key)
     if not isinstance(images, (list, tuple)) or not images:
         return row
     base, changed, out = os.path.dirname(os.path.abspath(data_file)), False, []
     for x in images:
-        path = x.get("path") if isinstance(x, dict) and not x.get("bytes") else x
+        key = next((k for k in ("path", "image") if isinstance(x, dict) and x.get(k)), None)
+        path = x[key] if key and not x.get("bytes") else x
+        path = path[len("file://"):] if isinstance(path, str) and path.startswith("file://") else path
         if isinstance(path, str) and path and not os.path.isabs(path) and not os.path.isfile(path) \
                 and os.path.isfile(os.path.join(base, path)):
             path, changed = os.path.join(base, path), True
-            x = {**x, "path": path} if isinstance(x, dict) else path
+            x = {**x, key: path} if isinstance(x, dict) else path
         out.append(x)
     return {**row, image_key: out} if changed else row
 

@@ -28,16 +28,18 @@ IMAGE_PLACEHOLDER = "<image>"
 
 
 def load_image(x: Any):
-    """A PIL RGB image from a PIL image, a ``{"bytes": ..., "path": ...}`` dict (``datasets``' Image feature),
-    a file path or raw encoded bytes.
+    """A PIL RGB image from a PIL image, a ``{"bytes": ..., "path": ...}`` dict (``datasets``' Image feature), an
+    ``{"image": path}`` dict (verl's and qwen-vl-utils' layout), a file path (``file://`` too) or raw encoded bytes.
 
     Raises:
         ValueError: anything else (names its type), a path that is not a file or bytes that are not an image.
     """
     from PIL import Image, UnidentifiedImageError
 
-    if isinstance(x, dict):
-        x = x.get("bytes") or x.get("path")
+    if isinstance(x, dict):  # datasets' Image feature; verl's / qwen-vl-utils' {"image": path}
+        x = x.get("bytes") or x.get("path") or x.get("image")
+    if isinstance(x, str) and x.startswith("file://"):
+        x = x[len("file://"):]
     try:
         if isinstance(x, (bytes, bytearray)):
             x = Image.open(io.BytesIO(x))

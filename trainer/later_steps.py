@@ -12,6 +12,7 @@ import os
 import shutil
 
 from trainer.checkpoint.base import TRACKER_FILE, list_checkpoints, parse_step, read_tracker, write_tracker
+from trainer.checkpoint.resume import is_sound_checkpoint
 from trainer.tracking import _inside, _non_empty, earlier_runs_folder
 
 logger = logging.getLogger(__name__)
@@ -40,27 +41,13 @@ def later_steps_problem(output_dir: str, checkpoint_dir: str | None, step: int) 
     past it, and the resumed run's save of that step writes over it."""
     if not checkpoint_dir or _inside(checkpoint_dir, output_dir):
         return None
-    later = [(s, p) for s, p in _later(checkpoint_dir, step) if _sound(p)]
+    later = [(s, p) for s, p in _later(checkpoint_dir, step) if is_sound_checkpoint(p)]
     if not later:
         return None
     return (f"trainer.resume_mode: resuming from step {step}, but trainer.default_local_dir={checkpoint_dir!r} "
             f"holds checkpoints of later steps ({later[0][0]}..{later[-1][0]}) outside trainer.output_dir="
             f"{output_dir!r}, which the resumed run would write over; expected trainer.resume_mode=auto (go on from "
             "the newest), or move the later global_step_<N> folders away first")
-
-
-def _sound(step_dir: str) -> bool:
-    """Whether the step folder is complete and undamaged (its trainer state and every file of it)."""
-    from trainer.checkpoint.base import is_complete_checkpoint
-    from trainer.checkpoint.verify import IncompleteCheckpoint, verify_step_folder
-
-    if not is_complete_checkpoint(step_dir):
-        return False
-    try:
-        verify_step_folder(step_dir, [])
-    except IncompleteCheckpoint:
-        return False
-    return True
 
 
 def _read_rows(path: str, step: int) -> tuple[list[str], list[str], list[str]]:

@@ -103,23 +103,26 @@ def _newest_usable(root: str, path: str) -> str:
     earlier = newest_complete_before(root, parse_step(path))
     if earlier is None:
         return path
-    log_once(logging.WARNING, "trainer.resume_mode=auto: the newest checkpoint %s is incomplete or damaged (%s); resuming "
-             "from the newest complete earlier one, %s", path, problem, earlier, log=logger)
+    log_once(logging.WARNING, "trainer.resume_mode=auto: the newest checkpoint %s is incomplete or damaged (%s); "
+             "resuming from the newest complete earlier one, %s", path, problem, earlier, log=logger)
     return earlier
 
 
+def is_sound_checkpoint(step_dir: str) -> bool:
+    """Whether the step folder is complete (``data.pt``) and its files pass
+    :func:`trainer.checkpoint.verify.verify_step_folder` (nothing missing, cut short or damaged)."""
+    if not is_complete_checkpoint(step_dir):
+        return False
+    try:
+        verify_step_folder(step_dir, [])
+    except IncompleteCheckpoint:
+        return False
+    return True
+
+
 def newest_complete_before(root: str, step: int) -> str | None:
-    """The newest step folder under ``root`` before ``step`` that is complete (``data.pt``) and whose files pass
-    :func:`trainer.checkpoint.verify.verify_step_folder`, or None."""
-    for earlier_step, earlier in reversed(list_checkpoints(root)):
-        if earlier_step >= step or not is_complete_checkpoint(earlier):
-            continue
-        try:
-            verify_step_folder(earlier, [])
-        except IncompleteCheckpoint:
-            continue
-        return earlier
-    return None
+    """The newest step folder under ``root`` before ``step`` that is sound (:func:`is_sound_checkpoint`), or None."""
+    return next((p for s, p in reversed(list_checkpoints(root)) if s < step and is_sound_checkpoint(p)), None)
 
 
 def later_checkpoints(root: str | None, step: int) -> list[str]:

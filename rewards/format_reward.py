@@ -5,6 +5,12 @@ This is the shaping used in verl's GSM8K example (``format_score``) and in many 
 training a small model rarely answers correctly, so a small bonus for emitting the expected answer format
 (``#### N`` or ``\\boxed{...}``) gives a learning signal; the strict 0/1 correctness is reported separately
 (``acc``) so that curves of real accuracy are not inflated by the shaping.
+
+``strict_format=True`` asks for the whole response to be in format, as the format rewards of DeepSeek-R1-style
+recipes do (a full-response pattern, not a search): exactly one answer marker (``####`` or ``\\boxed``/``\\fbox``)
+and nothing after the answer (:func:`single_final_answer`). Without it a response that repeats ``#### 1`` to the
+length limit is well-formed and is right whenever the answer is 1; a small policy can collapse onto such a constant
+answer (``docs/results.md``, "Learning per GPU-minute against TRL").
 """
 from __future__ import annotations
 
@@ -13,13 +19,40 @@ from typing import Any
 from rewards import gsm8k
 from rewards import math as math_reward
 
-__all__ = ["compute_score", "ANSWER_FORMATS"]
+__all__ = ["compute_score", "ANSWER_FORMATS", "single_final_answer"]
 
 ANSWER_FORMATS = ("gsm8k", "boxed")
+_MARKERS = {"gsm8k": ("####",), "boxed": ("\\boxed", "\\fbox")}
+
+
+def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
+    """Whether ``text`` holds exactly one answer marker of ``answer_format`` and nothing after the answer: for
+    ``"gsm8k"`` one ``####``, on the last non-blank line (``#### 12 apples`` is fine, a line after it is not); for
+    ``"boxed"`` one ``\\boxed``/``\\fbox`` (the two together), closed, with no letter or digit after it (``.``,
+    ``$``, ``\\]`` may follow). The check of ``strict_format``; whether the answer is readable is checked apart.
+
+    Raises:
+        ValueError: if ``answer_format`` is not one of ``ANSWER_FORMATS``.
+    """
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+    if not isinstance(text, str):
+        return False
+    markers = _MARKERS[answer_format]
+    if sum(text.count(m) for m in markers) != 1:
+        return False
+    if answer_format == "gsm8k":
+        lines = text.rstrip().splitlines()
+        return bool(lines) and markers[0] in lines[-1]
+    boxed = math_reward.last_boxed_only_string(text)
+    if boxed is None:
+        return False
+    return not any(ch.isalnum() for ch in text[text.rfind(boxed) + len(boxed):])
 
 
 def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1.0, format_score: float = 0.1,
-                  answer_format: str = "gsm8k", answer_after: str | None = None) -> dict[str, float]:
+                  answer_format: str = "gsm8k", answer_after: str | None = None,
+                  strict_format: bool = False) -> dict[str, float]:
     """Shaped reward for one response.
 
     Args:
@@ -35,6 +68,9 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
             thousands separators only, not ``1/0``; :func:`rewards.gsm8k.extract_solution`).
         answer_after: read the answer only after the last occurrence of this string, e.g. the end of the last
             tool answer (:func:`rewards.gsm8k.final_answer_text`); None reads the whole response.
+        strict_format: a response (the part read, after ``answer_after``) is well-formed only with exactly one
+            answer marker, on its last non-blank line (:func:`single_final_answer`); one that is not scores 0 and
+            counts as neither well-formed nor correct, whatever its last answer.
 
     Returns:
         ``{"score": shaped reward, "acc": 1.0 if correct else 0.0, "format": 1.0 if well-formed else 0.0}``
@@ -45,6 +81,9 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
     """
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+    if strict_format and not single_final_answer(gsm8k.final_answer_text(solution_str, answer_after)[0],
+                                                 answer_format):
+        return {"score": 0.0, "acc": 0.0, "format": 0.0}
     if answer_format == "gsm8k":
         well_formed, acc = gsm8k.judge(solution_str, ground_truth, method="strict", answer_after=answer_after)
     else:

@@ -18,7 +18,8 @@ training starts (:func:`rewards.options.check_scorer_options`). Built-ins and th
 * ``math`` (also ``math500``, ``lighteval/MATH``, ``HuggingFaceH4/MATH-500``): :mod:`rewards.math` (last
   ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s).
 * ``format_gsm8k`` / ``format_boxed``: :mod:`rewards.format_reward` (dict with ``score``, ``acc``, ``format``);
-  options ``correct_score``, ``format_score``.
+  options ``correct_score``, ``format_score``, ``strict_format`` (one answer marker, on the last line; default
+  false).
 
 User scorers from a file follow verl's ``custom_reward_function.{path,name}``: :func:`load_custom_scorer`.
 verl-style functions ``f(data_source, solution_str, ground_truth, extra_info=None)`` are adapted.
@@ -185,21 +186,25 @@ def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = N
 @register_scorer("format_gsm8k")
 @_one_answer
 def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
-                 format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END) -> dict:
+                 format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END,
+                 strict_format: bool = False) -> dict:
     """Shaped GSM8K reward, dict with score/acc/format, read after the last ``answer_after``
     (see :mod:`rewards.format_reward`)."""
     return format_reward.compute_score(solution_str, ground_truth, correct_score=correct_score,
-                                       format_score=format_score, answer_format="gsm8k", answer_after=answer_after)
+                                       format_score=format_score, answer_format="gsm8k", answer_after=answer_after,
+                                       strict_format=strict_format)
 
 
 @register_scorer("format_boxed")
 @_one_answer
 def format_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
-                 format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END) -> dict:
+                 format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END,
+                 strict_format: bool = False) -> dict:
     """Shaped boxed-answer reward, dict with score/acc/format, read after the last ``answer_after``
     (see :mod:`rewards.format_reward`)."""
     return format_reward.compute_score(solution_str, ground_truth, correct_score=correct_score,
-                                       format_score=format_score, answer_format="boxed", answer_after=answer_after)
+                                       format_score=format_score, answer_format="boxed", answer_after=answer_after,
+                                       strict_format=strict_format)
 
 
 # ---- user scorers from a file -----------------------------------------------------------------------------

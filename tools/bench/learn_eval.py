@@ -5,8 +5,14 @@ For each (checkpoint, data set) of the plan: greedy decoding (one answer per que
 tokens, stopping at the stop ids of :func:`rollout.stop_tokens.resolve_stop_token_ids`) of the prompts as the
 trainer builds them (:class:`trainer.dataset.PromptDataset`: the chat template with the generation prompt),
 decoded with ``skip_special_tokens=True`` as the reward manager does, then scored by this project's format-aware
-scorer (:func:`rewards.format_reward.compute_score`, GSM8K ``#### N`` format): ``acc`` is strict accuracy (the
-last ``#### N`` equals the answer), ``format`` the share of answers with a ``#### N``.
+scorer (:func:`rewards.format_reward.compute_score`, GSM8K ``#### N`` format; the job's ``strict_format``): ``acc``
+is strict accuracy (the last ``#### N`` equals the answer), ``format`` the share of answers with a ``#### N``.
+
+A policy can score without solving anything, by giving one answer to every question: each result therefore
+also holds the answers' spread (:func:`answer_stats`: the most common answer's share, the number of distinct
+answers, the share with several ``####`` markers, the share cut at the length limit), and the evaluator's
+``sets`` the accuracy of answering every question of a set with its most common true answer
+(:func:`constant_baseline`).
 
 One engine holds the base model; each checkpoint's weights (safetensors, any dtype) are loaded into it in turn
 (``engine.load_weights``, the path the trainer's weight sync uses), so the engine is built once. Engines:
@@ -22,7 +28,8 @@ import os
 import time
 from typing import Iterator
 
-__all__ = ["checkpoint_tensors", "load_eval_rows", "build_engine", "score_texts", "evaluate_rows", "evaluate"]
+__all__ = ["checkpoint_tensors", "load_eval_rows", "build_engine", "score_texts", "answer_stats", "constant_baseline",
+           "evaluate_rows", "evaluate"]
 
 
 def checkpoint_tensors(folder: str) -> Iterator[tuple[str, "object"]]:
@@ -80,21 +87,62 @@ def build_engine(kind: str, model_path: str, tokenizer, max_model_len: int, gpu_
     return engine, kind
 
 
-def score_texts(texts: list[str], truths: list[str], format_score: float = 0.1) -> dict:
+def score_texts(texts: list[str], truths: list[str], format_score: float = 0.1, strict_format: bool = False) -> dict:
     """Strict accuracy and format compliance of ``texts`` against ``truths`` (:func:`rewards.format_reward.
-    compute_score`): ``{"n", "acc", "format", "score"}``, the last three means over the rows (fractions)."""
+    compute_score` with ``strict_format``): ``{"n", "acc", "format", "score"}``, the last three means over the rows
+    (fractions), and :func:`answer_stats` of ``texts``."""
     from rewards.format_reward import compute_score
 
-    scores = [compute_score(t, gt, format_score=format_score) for t, gt in zip(texts, truths)]
+    scores = [compute_score(t, gt, format_score=format_score, strict_format=strict_format)
+              for t, gt in zip(texts, truths)]
     n = len(scores)
     mean = (lambda k: sum(s[k] for s in scores) / n if n else float("nan"))
-    return dict(n=n, acc=mean("acc"), format=mean("format"), score=mean("score"))
+    return dict(n=n, acc=mean("acc"), format=mean("format"), score=mean("score"), **answer_stats(texts))
+
+
+def _answer_key(value) -> str | None:
+    """A number's canonical text (``12.0`` and ``"12"`` both ``"12"``; :func:`rewards.gsm8k.normalize_number`)."""
+    from rewards.gsm8k import normalize_number
+
+    num = normalize_number(value)
+    return None if num is None else str(num)
+
+
+def answer_stats(texts: list[str]) -> dict:
+    """How spread the answers of ``texts`` are (GSM8K strict extraction, the last ``#### N``):
+    ``top_answer`` (the most common answer, canonical text; None when no text has one), ``top_answer_share``
+    (its count over all texts, a fraction), ``distinct_answers`` (count) and ``multi_marker`` (fraction of texts
+    with more than one ``####``). A ``top_answer_share`` near 1 is a policy giving one answer to every question."""
+    from collections import Counter
+
+    from rewards.gsm8k import extract_solution
+
+    keys = [_answer_key(extract_solution(t, method="strict")) for t in texts]
+    counts = Counter(k for k in keys if k is not None)
+    top = counts.most_common(1)
+    n = len(texts)
+    return dict(top_answer=top[0][0] if top else None, top_answer_share=top[0][1] / n if top else 0.0,
+                distinct_answers=len(counts), multi_marker=sum(t.count("####") > 1 for t in texts) / n if n else 0.0)
+
+
+def constant_baseline(truths: list) -> dict:
+    """The accuracy of one answer given to every question: ``{"n", "answer", "acc"}`` for the most common true
+    answer of ``truths`` (canonical text; ties: the first seen), ``acc`` a fraction. Any checkpoint at or below
+    this accuracy may have learned nothing but that answer."""
+    from collections import Counter
+
+    counts = Counter(k for k in (_answer_key(t) for t in truths) if k is not None)
+    if not counts:
+        return dict(n=len(truths), answer=None, acc=0.0)
+    answer, count = counts.most_common(1)[0]
+    return dict(n=len(truths), answer=answer, acc=count / len(truths))
 
 
 def evaluate_rows(engine, tokenizer, rows: list[dict], max_new_tokens: int, format_score: float = 0.1,
-                  samples: int = 2) -> dict:
+                  samples: int = 2, strict_format: bool = False) -> dict:
     """Greedy answers of ``engine`` to ``rows`` (:func:`load_eval_rows`), scored (:func:`score_texts`), with
-    ``response_tokens`` (mean generated tokens, stop token included), ``seconds`` and ``samples`` (the first
+    ``response_tokens`` (mean generated tokens, stop token included), ``at_length_limit`` (fraction of answers
+    of ``max_new_tokens`` tokens: cut, or stopped on the last one), ``seconds`` and ``samples`` (the first
     ``samples`` answers' text)."""
     from rollout.base import SamplingConfig
 
@@ -104,9 +152,11 @@ def evaluate_rows(engine, tokenizer, rows: list[dict], max_new_tokens: int, form
     mask = out.response_mask.bool()
     texts = tokenizer.batch_decode([out.responses[i][mask[i]].tolist() for i in range(len(rows))],
                                    skip_special_tokens=True)
-    res = score_texts(texts, [r["ground_truth"] for r in rows], format_score)
-    res.update(response_tokens=float(mask.sum()) / max(len(rows), 1), seconds=time.perf_counter() - t0,
-               samples=texts[:samples])
+    res = score_texts(texts, [r["ground_truth"] for r in rows], format_score, strict_format)
+    lengths = mask.sum(dim=1)
+    res.update(response_tokens=float(lengths.sum()) / max(len(rows), 1),
+               at_length_limit=float((lengths >= int(max_new_tokens)).sum()) / max(len(rows), 1),
+               seconds=time.perf_counter() - t0, samples=texts[:samples])
     return res
 
 
@@ -115,10 +165,11 @@ def evaluate(job: dict) -> dict:
     what it scored).
 
     ``job``: ``model`` (the base HF folder: tokenizer, config), ``engine`` (auto|vllm|hf), ``gpu_util``,
-    ``max_new_tokens``, ``max_prompt_len``, ``format_score``, ``sets`` ({name: {"path", "max_rows"}}),
-    ``checkpoints`` ({id: folder}), ``plan`` ([[checkpoint id, set name], ...] in order).
+    ``max_new_tokens``, ``max_prompt_len``, ``format_score``, ``strict_format`` (default false), ``sets`` ({name:
+    {"path", "max_rows"}}), ``checkpoints`` ({id: folder}), ``plan`` ([[checkpoint id, set name], ...] in order).
 
-    Returns: ``{"engine", "build_s", "results": {checkpoint id: {set name: evaluate_rows(...)}}, "errors"}``."""
+    Returns: ``{"engine", "build_s", "sets": {set name: constant_baseline(...)}, "results": {checkpoint id:
+    {set name: evaluate_rows(...)}}, "errors"}``."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(job["model"])
@@ -127,7 +178,8 @@ def evaluate(job: dict) -> dict:
     t0 = time.perf_counter()
     engine, kind = build_engine(job.get("engine", "auto"), job["model"], tok,
                                 int(job["max_prompt_len"]) + int(job["max_new_tokens"]), float(job.get("gpu_util", 0.5)))
-    doc = dict(engine=kind, build_s=time.perf_counter() - t0, results={}, errors={})
+    baselines = {name: constant_baseline([row["ground_truth"] for row in set_rows]) for name, set_rows in rows.items()}
+    doc = dict(engine=kind, build_s=time.perf_counter() - t0, sets=baselines, results={}, errors={})
     loaded = None
     for ckpt, name in job["plan"]:
         try:
@@ -135,10 +187,12 @@ def evaluate(job: dict) -> dict:
                 loaded = None
                 engine.load_weights(checkpoint_tensors(job["checkpoints"][ckpt]))
                 loaded = ckpt
-            res = evaluate_rows(engine, tok, rows[name], int(job["max_new_tokens"]), float(job["format_score"]))
+            res = evaluate_rows(engine, tok, rows[name], int(job["max_new_tokens"]), float(job["format_score"]),
+                                strict_format=bool(job.get("strict_format", False)))
             doc["results"].setdefault(ckpt, {})[name] = res
-            print(f"eval {ckpt} {name}: acc {res['acc']:.4f} format {res['format']:.4f} ({res['n']} rows, "
-                  f"{res['seconds']:.1f} s)", flush=True)
+            print(f"eval {ckpt} {name}: acc {res['acc']:.4f} format {res['format']:.4f} top answer "
+                  f"{res['top_answer']} x {res['top_answer_share']:.3f} ({res['n']} rows, {res['seconds']:.1f} s)",
+                  flush=True)
         except Exception as err:  # one bad checkpoint must not lose the others
             doc["errors"][f"{ckpt}/{name}"] = f"{type(err).__name__}: {err}"
             print(f"eval {ckpt} {name} failed: {err}", flush=True)

@@ -30,14 +30,17 @@ __all__ = ["PATH_KEYS", "job_differences", "merge_docs"]
 
 PATH_KEYS = ("model", "train", "test", "gsm8k")  # compared by their last path component across sessions
 FREE_KEYS = ("seeds", "sides")  # each file has its own
+JOB_DEFAULTS = {"strict_format": False}  # the value of a key that files written before it existed lack
 
 
 def job_differences(job: dict, other: dict, by_basename: bool = False) -> list[str]:
     """The keys (sorted) whose values differ between two jobs, over the keys of both, seeds and sides left out.
 
     ``by_basename``: the :data:`PATH_KEYS` compare by their last path component (``/tmp/a/smol_hf`` equals
-    ``/data/smol_hf``; None only equals None)."""
+    ``/data/smol_hf``; None only equals None). A key of :data:`JOB_DEFAULTS` that a job lacks has its default."""
     def norm(key, value):
+        if value is None:
+            value = JOB_DEFAULTS.get(key)
         if by_basename and key in PATH_KEYS and isinstance(value, str):
             return os.path.basename(os.path.normpath(value))
         return value

@@ -11,12 +11,18 @@ Targets (:func:`targets`):
 - **at every mark** ours' mean strict accuracy >= TRL's mean - the larger of the two spreads;
 - **half the time**: the first mark where ours' mean reaches TRL's best mean (over the marks) is at most half the
   first mark where TRL reaches it.
+
+Beside them, the one-answer baseline (the accuracy of giving every held-out question its most common true answer,
+``eval.sets``) as a line in the table's notes and the plot, and, where the evaluator recorded them, each side's most
+common answer and its share per mark (:func:`answer_rows`): an accuracy at or below the baseline with one answer
+given to nearly every question is a policy that learned that answer, not how to solve the problems.
 """
 from __future__ import annotations
 
 import math
 
-__all__ = ["SIDES", "ckpt_id", "run_values", "mark_table", "targets", "gsm8k_rows", "markdown", "plot"]
+__all__ = ["SIDES", "ckpt_id", "run_values", "mark_table", "targets", "constant_baseline_of", "answer_rows",
+           "gsm8k_rows", "markdown", "plot"]
 
 SET = "svamp"
 SIDES = ("trl", "ours")  # the two sides, in the order they run and are reported
@@ -88,6 +94,25 @@ def targets(rows: list[dict]) -> dict:
                 half_time=t_ours is not None and t_ours <= t_trl / 2)
 
 
+def constant_baseline_of(doc: dict, name: str = SET) -> dict | None:
+    """The evaluator's one-answer baseline of set ``name`` (``{"n", "answer", "acc"}``), or None."""
+    return (((doc.get("eval") or {}).get("sets") or {}).get(name)) or None
+
+
+def answer_rows(doc: dict, name: str = SET) -> list[dict]:
+    """Per mark (> 0): ``{"mark_s", "trl": [...], "ours": [...]}``, each list one ``(top_answer, top_answer_share)``
+    per run with a scored checkpoint holding them; [] when no result holds them (files of older evaluators)."""
+    results = (doc.get("eval") or {}).get("results") or {}
+    if not any("top_answer_share" in (r.get(name) or {}) for r in results.values()):
+        return []
+    marks = [float(m) for m in doc["job"]["marks_s"]]
+    runs = [r for r in doc.get("runs", []) if r.get("exports")]
+    vals = [(r["side"], run_values(r, results, marks, name)) for r in runs]
+    return [{"mark_s": t, **{side: [(v[t]["top_answer"], v[t]["top_answer_share"]) for s_, v in vals
+                                    if s_ == side and v[t] and "top_answer_share" in v[t]] for side in SIDES}}
+            for t in marks]
+
+
 def gsm8k_rows(doc: dict) -> list[dict]:
     """GSM8K (strict) of the base model and of each run's last checkpoint: ``{"model", "acc", "format", "n"}``."""
     results = (doc.get("eval") or {}).get("results") or {}
@@ -145,6 +170,7 @@ def markdown(doc: dict) -> str:
                      f"min; ours reaches it {when}: half-time target "
                      f"**{'met' if tg['half_time'] else 'not met'}** (ours' best {_pct(tg['ours_best_acc'])}% at "
                      f"{_min(tg['ours_best_mark_s'])} min)")
+    lines += _baseline_lines(doc, tg)
     lines += ["", "| run | steps | first save (s) | saves | stopped | process wall (s) |", "|---|---|---|---|---|---|"]
     for r in doc.get("runs", []):
         ex = sorted(r.get("exports") or [], key=lambda e: e["mark_s"])
@@ -156,6 +182,26 @@ def markdown(doc: dict) -> str:
         lines += ["", "GSM8K test, greedy, strict (%):", "", "| model | acc | format | rows |", "|---|---|---|---|"]
         lines += [f"| {x['model']} | {_pct(x['acc'])} | {_pct(x['format'])} | {x['n']} |" for x in g]
     return "\n".join(lines + _sources(doc)) + "\n"
+
+
+def _baseline_lines(doc: dict, tg: dict) -> list[str]:
+    """The one-answer baseline's note and the most-common-answer table (module docstring); [] without either."""
+    lines = []
+    cb = constant_baseline_of(doc)
+    if cb and cb.get("answer") is not None:
+        lines.append(f"- One answer for every held-out question (\"{cb['answer']}\", the most common true answer) "
+                     f"scores {_pct(cb['acc'])}%: a checkpoint at or below that may have learned only that answer.")
+        best = [tg.get(k) for k in ("trl_best_acc", "ours_best_acc") if tg.get(k) is not None]
+        if best and max(best) <= cb["acc"] + 1e-12:
+            lines.append("- Neither side's best mean accuracy is above it: the comparison shows how fast each side "
+                         "reaches the reward of that answer, not problem solving.")
+    rows = answer_rows(doc)
+    if rows:
+        lines += ["", "Most common answer of the held-out answers (its share, %) per run:", "",
+                  "| minutes | TRL | ours |", "|---|---|---|"]
+        cell = (lambda xs: " / ".join(f"{a} ({_pct(sh)})" for a, sh in xs) or "-")
+        lines += [f"| {_min(r['mark_s'])} | {cell(r['trl'])} | {cell(r['ours'])} |" for r in rows]
+    return lines
 
 
 def _sources(doc: dict) -> list[str]:
@@ -216,6 +262,10 @@ def plot(doc: dict, path: str) -> str | None:
         ax.set_xlabel("wall-clock minutes since process start")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
+    cb = constant_baseline_of(doc)
+    if cb and cb.get("answer") is not None:
+        axes[0].axhline(100 * cb["acc"], color="gray", linestyle=":",
+                        label=f"one answer (\"{cb['answer']}\") for all")
     axes[0].legend(fontsize=8)
     job = doc["job"]
     fig.suptitle(f"GRPO on SVAMP: {job['batch']} prompts x {job['n']}, lr {job['lr']:g}, {job['response_len']} tokens, "

@@ -34,6 +34,12 @@ un-evaluated files of one session (the checkpoints are on its disk); ``--report-
 results, the first file's base model (a base accuracy that differs between files is kept in ``eval.base_spread``),
 each run's ``file`` and each file's ``meta`` (``meta_by_file``). The jobs must agree but for seeds, sides and (for
 ``--report-from``) the folders of the model and data files; a (side, seed) run in two files is refused.
+``--report-from`` also gives a file evaluated before the evaluator recorded the held-out set's one-answer baseline
+that baseline, read from ``--test`` (:func:`add_constant_baseline`).
+
+``--strict-format`` (both sides' reward and the evaluator): a response is well-formed only with one ``####``, on
+its last line (:func:`rewards.format_reward.single_final_answer`). Without it a policy that repeats one answer to
+the length limit is rewarded as well-formed, and a small model can settle there.
 
 Usage:
     python tools/bench/learn_vs_trl.py --model /tmp/smol_hf --train data/svamp/train.parquet \\
@@ -63,12 +69,32 @@ from tools.bench.learn_report import SIDES  # noqa: E402
 EXPECTED_ROWS = (700, 300)  # SVAMP: the first 700 rows train, the last 300 held out (tools/data_preprocess/svamp.py)
 
 
-def _questions(path: str) -> list[str]:
+def _rows(path: str):
     import datasets
 
     kind = "parquet" if path.endswith(".parquet") else "json"
-    ds = datasets.load_dataset(kind, data_files=path, split="train")
-    return [m[-1]["content"] if isinstance(m, list) else str(m) for m in ds["prompt"]]
+    return datasets.load_dataset(kind, data_files=path, split="train")
+
+
+def _questions(path: str) -> list[str]:
+    return [m[-1]["content"] if isinstance(m, list) else str(m) for m in _rows(path)["prompt"]]
+
+
+def add_constant_baseline(doc: dict, test: str) -> bool:
+    """Give an evaluated ``doc`` written before the evaluator recorded it the held-out set's one-answer baseline
+    (:func:`tools.bench.learn_eval.constant_baseline`, in ``eval.sets``, with ``from`` = ``test``), read from the
+    file ``test`` when it has the job's number of held-out rows. Returns whether it was added."""
+    from tools.bench.learn_eval import constant_baseline
+    from tools.bench.learn_report import SET
+
+    ev = doc.get("eval")
+    if not ev or SET in (ev.get("sets") or {}) or not os.path.exists(test):
+        return False
+    truths = [str(r["ground_truth"]) for r in _rows(test)["reward_model"]]
+    if len(truths) != doc["job"].get("test_rows"):
+        return False
+    ev.setdefault("sets", {})[SET] = dict(constant_baseline(truths), **{"from": test})
+    return True
 
 
 def check_split(train: str, test: str, expected: tuple[int, int] | None = EXPECTED_ROWS) -> dict:
@@ -114,6 +140,8 @@ def ours_command(job: dict, seed: int, out_dir: str) -> list[str]:
            f"trainer.output_dir={out_dir}"]
     if job["ours_engine"] == "vllm":
         cmd.append(f"{r}.gpu_memory_utilization={job['ours_vllm_gpu_util']}")
+    if job.get("strict_format"):
+        cmd.append("reward_model.scorer_kwargs.strict_format=true")
     return cmd + list(job.get("ours_overrides") or [])
 
 
@@ -228,7 +256,8 @@ def eval_job(doc: dict, work: str, args) -> dict:
         plan += [[k, "gsm8k"] for k in last]
     return dict(model=job["model"], engine=args.eval_engine, gpu_util=args.eval_gpu_util,
                 max_new_tokens=job["response_len"], max_prompt_len=args.eval_max_prompt_len,
-                format_score=job["format_score"], sets=sets, checkpoints=ckpts, plan=plan,
+                format_score=job["format_score"], strict_format=bool(job.get("strict_format", False)), sets=sets,
+                checkpoints=ckpts, plan=plan,
                 out=os.path.join(work, "eval.json"))
 
 
@@ -294,6 +323,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--kl-coef", type=float, default=0.001, help="KL loss coefficient (TRL beta); 0: none")
     ap.add_argument("--format-score", type=float, default=0.1, help="reward of a well-formed wrong answer")
+    ap.add_argument("--strict-format", action="store_true", help="both sides and the evaluator: well-formed only "
+                    "with one '####', on the last line (rewards.format_reward strict_format)")
     ap.add_argument("--ours-engine", choices=["hf", "vllm"], default="hf")
     ap.add_argument("--vllm-gpu-util", type=float, default=0.3, help="ours with --ours-engine vllm")
     ap.add_argument("--trl-vllm-gpu-util", type=float, default=0.3, help="TRL vllm_gpu_memory_utilization")
@@ -384,6 +415,7 @@ def _internal(args) -> dict | None:
         else:
             with open(paths[0], encoding="utf-8") as f:
                 doc = json.load(f)
+        add_constant_baseline(doc, args.test)
         write_report(doc, args.out)
         return doc
     return None
@@ -427,7 +459,8 @@ def _train_all(args, work: str, meta: dict, end: float | None = None) -> dict:
                gsm8k=os.path.abspath(args.gsm8k) if args.gsm8k and os.path.exists(args.gsm8k) else None,
                gsm8k_rows=args.gsm8k_rows, test_rows=split["test_rows"], batch=args.batch, n=args.n,
                micro=args.micro, response_len=args.response_len, max_prompt_len=args.max_prompt_len, lr=args.lr,
-               kl_coef=args.kl_coef, format_score=args.format_score, budget_s=float(args.budget_s),
+               kl_coef=args.kl_coef, format_score=args.format_score, strict_format=bool(args.strict_format),
+               budget_s=float(args.budget_s),
                every_s=args.every_s, marks_s=mk, grace_s=args.grace_s, seeds=seeds, sides=sides, device=device,
                cpus=1 if device == "cpu" else 4, max_steps=1000, ours_engine=args.ours_engine,
                ours_vllm_gpu_util=args.vllm_gpu_util, trl_vllm_gpu_util=args.trl_vllm_gpu_util,

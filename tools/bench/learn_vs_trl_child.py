@@ -44,17 +44,18 @@ def learn_config_kwargs(job: dict) -> dict:
     return kw
 
 
-def make_format_reward(format_score: float) -> Callable[..., list[float]]:
+def make_format_reward(format_score: float, strict_format: bool = False) -> Callable[..., list[float]]:
     """A TRL reward function scoring each completion with this project's format-aware scorer
-    (:func:`rewards.format_reward.compute_score`, GSM8K ``#### N`` format): 1 correct, ``format_score`` well-formed
-    but wrong, 0 otherwise; what ours' ``reward=format`` gives. Completions: str or chat messages."""
+    (:func:`rewards.format_reward.compute_score`, GSM8K ``#### N`` format, ``strict_format``): 1 correct,
+    ``format_score`` well-formed but wrong, 0 otherwise; what ours' ``reward=format`` gives (with
+    ``reward_model.scorer_kwargs.strict_format``). Completions: str or chat messages."""
     from rewards.format_reward import compute_score
 
     def format_reward(completions, ground_truth, **_):
         out = []
         for c, gt in zip(completions, ground_truth):
             text = c if isinstance(c, str) else c[-1]["content"]
-            out.append(float(compute_score(text, gt, format_score=format_score)["score"]))
+            out.append(float(compute_score(text, gt, format_score=format_score, strict_format=strict_format)["score"]))
         return out
     return format_reward
 
@@ -121,7 +122,8 @@ def run_trl_learn(job: dict) -> dict:
         def on_step_end(self, args, state, control, **kw):
             step_times[int(state.global_step)] = marks.elapsed()
 
-    trainer = GRPOTrainer(model=model, reward_funcs=make_format_reward(float(job["format_score"])),
+    trainer = GRPOTrainer(model=model, reward_funcs=make_format_reward(float(job["format_score"]),
+                                                                        bool(job.get("strict_format", False))),
                           args=GRPOConfig(**kwargs), processing_class=tok,
                           train_dataset=load_rows(job["train"], tok, job["max_prompt_len"]),
                           callbacks=[StepTimes(), wall_clock_saver(marks, root, float(job["budget_s"]))])

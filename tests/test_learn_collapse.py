@@ -1,0 +1,103 @@
+"""The learning comparison's guard against a policy that gives one answer to every question: the evaluator's
+answer spread and one-answer baseline, the report's lines, and ``--strict-format`` on both sides."""
+import json
+
+import pytest
+
+from tests.test_learn_vs_trl import JOB, _synthetic_doc
+from tools.bench import learn_eval, learn_merge, learn_report, learn_vs_trl, learn_vs_trl_child
+
+SPAM = "#### 1\n" * 30
+
+
+def test_answer_stats_see_one_answer_repeated_for_every_question():
+    got = learn_eval.answer_stats([SPAM, SPAM, SPAM, "#### 2", "no answer"])
+    assert got == {"top_answer": "1", "top_answer_share": 0.6, "distinct_answers": 2, "multi_marker": 0.6}
+    assert learn_eval.answer_stats(["#### 12.0", "#### 12", "x"])["top_answer"] == "12"  # one number, two spellings
+    assert learn_eval.answer_stats([])["top_answer"] is None
+
+
+def test_constant_baseline_is_the_most_common_true_answer():
+    got = learn_eval.constant_baseline(["1", "2", "1", "12.0", "12", "7"])
+    assert got == {"n": 6, "answer": "1", "acc": pytest.approx(2 / 6)}  # a tie goes to the first seen
+    assert learn_eval.constant_baseline(["x"]) == {"n": 1, "answer": None, "acc": 0.0}
+
+
+def test_strict_format_scores_the_repeated_answer_zero_in_the_evaluator():
+    loose = learn_eval.score_texts([SPAM, "3 + 4 = 7\n#### 7"], ["1", "7"])
+    strict = learn_eval.score_texts([SPAM, "3 + 4 = 7\n#### 7"], ["1", "7"], strict_format=True)
+    assert loose["acc"] == 1.0 and strict["acc"] == 0.5 and strict["format"] == 0.5
+
+
+def test_strict_format_reaches_both_sides_and_the_evaluator(tmp_path):
+    job = dict(JOB, strict_format=True)
+    assert "reward_model.scorer_kwargs.strict_format=true" in learn_vs_trl.ours_command(job, 1, "/o")
+    assert not any("strict_format" in o for o in learn_vs_trl.ours_command(JOB, 1, "/o"))
+    trl = learn_vs_trl_child.make_format_reward(0.1, strict_format=True)
+    assert trl([SPAM, "so\n#### 5"], ground_truth=["1", "4"]) == [0.0, 0.1]
+    doc = dict(job=dict(job, test="/d/test.parquet", gsm8k=None, model="/m"), runs=[])
+
+    class Args:
+        eval_engine, eval_gpu_util, eval_max_prompt_len = "hf", 0.5, 1024
+    assert learn_vs_trl.eval_job(doc, str(tmp_path), Args)["strict_format"] is True
+
+
+def test_strict_format_option_validates_in_the_trainer_config():
+    from hydra import compose, initialize_config_dir
+
+    from trainer.launch import check_overrides, resolve_config, validate
+    from trainer.overrides import CONFIG_DIR
+
+    overrides = check_overrides(learn_vs_trl.ours_command(dict(JOB, strict_format=True), 1, "/tmp/w/o")[2:],
+                                CONFIG_DIR)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = resolve_config(compose(config_name="ppo_trainer", overrides=overrides))
+    validate(cfg)
+    assert cfg["reward_model"]["scorer_kwargs"]["strict_format"] is True
+
+
+def test_a_file_without_strict_format_merges_with_one_that_has_it_off():
+    old = dict(JOB)
+    old.pop("strict_format", None)
+    assert learn_merge.job_differences(old, dict(JOB, strict_format=False)) == []
+    assert learn_merge.job_differences(old, dict(JOB, strict_format=True)) == ["strict_format"]
+
+
+def _collapsed_doc():
+    doc = _synthetic_doc(trl_acc=(0.02, 0.04, 0.06), ours_acc=(0.05, 0.06, 0.07))
+    doc["eval"]["sets"] = {"svamp": {"n": 300, "answer": "1", "acc": 0.0833}}
+    for key, res in doc["eval"]["results"].items():
+        if key != "base":
+            res["svamp"].update(top_answer="1" if key.startswith("ours") else "2", top_answer_share=0.97)
+    return doc
+
+
+def test_report_draws_the_one_answer_baseline_and_the_answer_table(tmp_path):
+    text = learn_report.markdown(_collapsed_doc())
+    assert 'One answer for every held-out question ("1", the most common true answer) scores 8.33%' in text
+    assert "Neither side's best mean accuracy is above it" in text  # best 8.0% <= 8.33%
+    assert "| 2 | 2 (97.00) / 2 (97.00) | 1 (97.00) / 1 (97.00) |" in text
+    plain = learn_report.markdown(_synthetic_doc())
+    assert "One answer" not in plain and "Most common answer" not in plain  # older files: no such lines
+    above = _collapsed_doc()
+    above["eval"]["sets"]["svamp"]["acc"] = 0.05
+    assert "Neither side" not in learn_report.markdown(above)
+    pytest.importorskip("matplotlib")
+    assert learn_report.plot(_collapsed_doc(), str(tmp_path / "p.png"))
+
+
+def test_report_from_adds_the_baseline_of_an_older_file_from_the_held_out_file(tmp_path):
+    test = tmp_path / "test.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": f"q{i}"}], "reward_model": {"ground_truth": gt}}
+            for i, gt in enumerate(["1", "2", "1"])]
+    test.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = _synthetic_doc()
+    assert learn_vs_trl.add_constant_baseline(doc, str(test)) is False  # 3 rows, the job held out 300
+    doc["job"]["test_rows"] = 3
+    assert learn_vs_trl.add_constant_baseline(doc, str(test)) is True
+    assert doc["eval"]["sets"]["svamp"] == {"n": 3, "answer": "1", "acc": pytest.approx(2 / 3), "from": str(test)}
+    assert learn_vs_trl.add_constant_baseline(doc, str(test)) is False  # already there
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps(dict(_synthetic_doc(), job=dict(_synthetic_doc()["job"], test_rows=3))))
+    learn_vs_trl.main(["--report-from", str(src), "--test", str(test), "--out", str(tmp_path / "o.json")])
+    assert 'One answer for every held-out question ("1"' in (tmp_path / "o.md").read_text()

@@ -1,0 +1,66 @@
+"""``strict_format``: the format reward's whole-response rule (one answer marker, nothing after the answer).
+
+Without it, a response repeating ``#### 1`` to the length limit is well-formed and right whenever the answer is 1:
+the degenerate policy both TRL and this project reached on the SVAMP learning job (docs/results.md)."""
+import pytest
+
+from rewards.format_reward import compute_score, single_final_answer
+from rewards.registry import get_scorer
+
+SPAM = "#### 1\n" * 40
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("3 + 4 = 7\n#### 7", True),
+    ("#### 7  \n\n", True),
+    ("#### 12 apples", True),              # units on the answer's own line are allowed
+    (SPAM, False),                          # the repeated constant answer
+    ("#### 3\n#### 7", False),
+    ("#### 7\nThat is the answer.", False),  # text after the answer line
+    ("no marker, 7", False),
+    ("", False),
+])
+def test_gsm8k_single_final_answer(text, ok):
+    assert single_final_answer(text, "gsm8k") is ok
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("So the answer is $\\boxed{7}$.", True),
+    ("\\[\\boxed{\n\\frac{1}{2}\n}\\]", True),   # a box over several lines, closing math after it
+    ("\\fbox{7}", True),
+    ("\\boxed{3} or \\boxed{7}", False),
+    ("\\boxed{3} and \\fbox{7}", False),         # the two commands count together
+    ("\\boxed{7} because 3 + 4", False),
+    ("\\boxed{7", False),                        # never closed
+])
+def test_boxed_single_final_answer(text, ok):
+    assert single_final_answer(text, "boxed") is ok
+
+
+def test_strict_format_scores_a_repeated_answer_zero_and_keeps_the_default_rule():
+    assert compute_score(SPAM, "1") == {"score": 1.0, "acc": 1.0, "format": 1.0}  # default: last marker
+    assert compute_score(SPAM, "1", strict_format=True) == {"score": 0.0, "acc": 0.0, "format": 0.0}
+    assert compute_score("3 + 4 = 7\n#### 7", "7", strict_format=True)["score"] == 1.0
+    assert compute_score("3 + 4 = 8\n#### 8", "7", strict_format=True, format_score=0.1)["score"] == 0.1
+    # a correct last answer after a wrong one is not in format, so not correct either
+    assert compute_score("#### 3\n#### 7", "7", strict_format=True)["acc"] == 0.0
+
+
+def test_strict_format_reads_after_the_last_tool_answer():
+    tool_out = "<tool_response>\n#### 99\n</tool_response>\nSo 3 + 4 = 7.\n#### 7"
+    got = compute_score(tool_out, "7", strict_format=True, answer_after="</tool_response>")
+    assert got["acc"] == 1.0
+    assert compute_score(tool_out, "7", strict_format=True)["format"] == 0.0  # two markers in the whole text
+
+
+@pytest.mark.parametrize("name", ["format_gsm8k", "format_boxed"])
+def test_registered_format_scorers_take_strict_format(name):
+    text = SPAM if name == "format_gsm8k" else "\\boxed{1} \\boxed{1}"
+    score = get_scorer(name)
+    assert score(text, "1")["format"] == 1.0
+    assert score(text, "1", strict_format=True)["format"] == 0.0
+
+
+def test_unknown_answer_format_is_refused():
+    with pytest.raises(ValueError, match="answer_format must be one of"):
+        single_final_answer("#### 1", "latex")

@@ -7,7 +7,7 @@ training a small model rarely answers correctly, so a small bonus for emitting t
 (``acc``) so that curves of real accuracy are not inflated by the shaping.
 
 ``strict_format=True`` asks for the whole response to be in format, as the format rewards of DeepSeek-R1-style
-recipes do (a full-response pattern, not a search): exactly one answer marker (``####`` or ``\\boxed``/``\\fbox``)
+recipes do (a full-response pattern, not a search): exactly one answer (``#### N`` or ``\\boxed``/``\\fbox``)
 and nothing after the answer (:func:`single_final_answer`). Without it a response that repeats ``#### 1`` to the
 length limit is well-formed and is right whenever the answer is 1; a small policy can collapse onto such a constant
 answer (``docs/results.md``, "Learning per GPU-minute against TRL").
@@ -19,17 +19,19 @@ from typing import Any
 from rewards import gsm8k
 from rewards import math as math_reward
 
-__all__ = ["compute_score", "ANSWER_FORMATS", "single_final_answer"]
+__all__ = ["compute_score", "ANSWER_FORMATS", "MAX_AFTER_ANSWER", "single_final_answer"]
 
 ANSWER_FORMATS = ("gsm8k", "boxed")
-_MARKERS = {"gsm8k": ("####",), "boxed": ("\\boxed", "\\fbox")}
+MAX_AFTER_ANSWER = 32  # characters a ``#### N`` line may hold after the number (a unit, a fraction's rest)
 
 
 def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
-    """Whether ``text`` holds exactly one answer marker of ``answer_format`` and nothing after the answer: for
-    ``"gsm8k"`` one ``####``, on the last non-blank line (``#### 12 apples`` is fine, a line after it is not); for
-    ``"boxed"`` one ``\\boxed``/``\\fbox`` (the two together), closed, with no letter or digit after it (``.``,
-    ``$``, ``\\]`` may follow). The check of ``strict_format``; whether the answer is readable is checked apart.
+    """Whether ``text`` holds exactly one answer and nothing after it: for ``"gsm8k"`` one ``#### N`` marker
+    (:func:`rewards.gsm8k.answer_markers`; a ``####`` heading without a number is none), at most
+    :data:`MAX_AFTER_ANSWER` characters after its number on its line (``#### 12 apples`` and ``#### 3/4`` are fine,
+    ``#### 1 1 1 ...`` to the length limit is not) and no line after it; for ``"boxed"`` one ``\\boxed``/``\\fbox`` (the
+    two together), closed, with no letter or digit after it (``.``, ``$``, ``\\]`` may follow). The check of
+    ``strict_format``; whether the answer is readable is checked apart.
 
     Raises:
         ValueError: if ``answer_format`` is not one of ``ANSWER_FORMATS``.
@@ -38,12 +40,14 @@ def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
         raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
     if not isinstance(text, str):
         return False
-    markers = _MARKERS[answer_format]
-    if sum(text.count(m) for m in markers) != 1:
-        return False
     if answer_format == "gsm8k":
-        lines = text.rstrip().splitlines()
-        return bool(lines) and markers[0] in lines[-1]
+        spans = gsm8k.answer_markers(text)
+        if len(spans) != 1:
+            return False
+        rest = text[spans[0][1]:].rstrip()
+        return "\n" not in rest and len(rest) <= MAX_AFTER_ANSWER
+    if text.count("\\boxed") + text.count("\\fbox") != 1:
+        return False
     boxed = math_reward.last_boxed_only_string(text)
     if boxed is None:
         return False

@@ -41,7 +41,7 @@ from fractions import Fraction
 from typing import Any
 
 __all__ = ["extract_solution", "normalize_number", "numbers_equal", "judge", "compute_score", "TOOL_RESPONSE_END",
-           "final_answer_text"]
+           "final_answer_text", "answer_markers"]
 
 _MARKER = "####"
 # The end of a tool answer in Hermes/Qwen chat templates (``<tool_response>...</tool_response>``): plain text, so
@@ -169,6 +169,15 @@ def extract_solution(text: str, method: str = "strict") -> str | None:
         return None
     answer = _extract_strict(text) if method == "strict" else _extract_flexible(text)
     return answer if answer is not None and normalize_number(answer) is not None else None
+
+
+def answer_markers(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` character spans of every strict answer marker of ``text``: a run of 4+ ``#`` followed by a
+    number (``#### 42``, ``#### -$3``), what :func:`extract_solution`'s strict method reads the last of. A ``####``
+    without a number (a Markdown heading such as ``#### Step 1``) is none. Non-str ``text``: []."""
+    if not isinstance(text, str):
+        return []
+    return [m.span() for m in _STRICT_RE.finditer(text)]
 
 
 def _extract_strict(text: str) -> str | None:

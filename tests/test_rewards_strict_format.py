@@ -14,6 +14,10 @@ SPAM = "#### 1\n" * 40
     ("3 + 4 = 7\n#### 7", True),
     ("#### 7  \n\n", True),
     ("#### 12 apples", True),              # units on the answer's own line are allowed
+    ("#### 3/4", True),
+    ("#### Step 1: add\n3 + 4 = 7\n#### 7", True),  # a Markdown heading without a number is no answer marker
+    ("#### 7\n####", False),               # a bare '####' is no marker, but it is a line after the answer
+    ("#### 1 " + "1 " * 40, False),         # one marker, then the answer repeated on its line to the limit
     (SPAM, False),                          # the repeated constant answer
     ("#### 3\n#### 7", False),
     ("#### 7\nThat is the answer.", False),  # text after the answer line

@@ -172,11 +172,8 @@ def extract_solution(text: str, method: str = "strict") -> str | None:
 
 
 def answer_markers(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` character spans of every strict answer marker of ``text``: a run of 4+ ``#`` followed by a
-    number (``#### 42``, ``#### -$3``), what :func:`extract_solution`'s strict method reads the last of. A ``####``
-    without a number (a Markdown heading such as ``#### Step 1``) is none. Non-str ``text``: []."""
-    if not isinstance(text, str):
-        return []
+    """``(start, end)`` spans of every strict ``#### N`` marker of ``text`` (4+ ``#`` then a number: what the strict
+    :func:`extract_solution` reads the last of); a ``####`` without a number (``#### Step 1``) is none."""
     return [m.span() for m in _STRICT_RE.finditer(text)]
 
 

@@ -44,12 +44,8 @@ __all__ = ["extract_solution", "normalize_number", "numbers_equal", "judge", "co
            "final_answer_text", "answer_markers"]
 
 _MARKER = "####"
-# The end of a tool answer in Hermes/Qwen chat templates (``<tool_response>...</tool_response>``): plain text, so
-# it survives decoding with ``skip_special_tokens=True``.
-TOOL_RESPONSE_END = "</tool_response>"
-# Longest number we accept (characters, commas included). Longer digit runs are junk, and Python refuses
-# int() on more than 4300 digits anyway.
-_MAX_NUMBER_CHARS = 200
+TOOL_RESPONSE_END = "</tool_response>"  # a tool answer's end in Hermes/Qwen templates: plain text, kept by decoding
+_MAX_NUMBER_CHARS = 200  # longest number accepted (commas included): longer runs are junk; int() refuses > 4300 digits
 
 # A number's digits: digit runs joined by single commas, with an optional fraction (``1,234.5``), or a bare fraction
 # (``.5``). A comma not followed by a digit (``42, so``) and a period with no digits after it (end of sentence,

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One seed of tools/bench/learn_vs_trl.py on a GPU machine lent for about 30 minutes, where one command may run
+# for 10 minutes at most: started detached, it outlives the command that starts it, and later commands poll it.
+#   setsid nohup bash tools/bench/learn_vs_trl_loan.sh > /tmp/learn_loan.out 2>&1 < /dev/null &
+#   ... later commands: tail "$OUT/console.log"; the run is over when "$OUT/ALLDONE" exists.
+# Ours runs first (it needs no vLLM), with PYTHONPATH=/tmp/site:$PWD; TRL waits for "$VLLM_READY" (a file the
+# command that finished unpacking vLLM into /tmp/vsite touches), so vLLM can be copied and unpacked while ours
+# trains. Then TRL (PYTHONPATH=/tmp/vsite:/tmp/site:$PWD), then one evaluation of both runs' checkpoints.
+# Needs: torch, DeepSpeed, Ray, transformers and trl 1.16 under /tmp/site (or the machine's own), SmolLM2 as an HF
+# folder at $SMOL, SVAMP at $DATA/svamp/{train,test}.parquet (tools/data_preprocess/svamp.py) and, for GSM8K
+# before/after, $DATA/gsm8k/test.parquet (skipped if absent).
+# Settings: OUT (/tmp/qout), SMOL (/tmp/smol_hf), DATA (data), LEARN_SEED (1), LEARN_BUDGET_S (540, per side),
+# LEARN_EVERY_S (60), GSM8K_ROWS (500), LEARN_ARGS (more learn_vs_trl.py arguments, e.g. --strict-format),
+# VLLM_READY (/tmp/vsite.ok). Files in $OUT: ours.json, trl.json, learn.json/.md/.png, logs.tgz, console.log, ALLDONE.
+set -u
+OUT=${OUT:-/tmp/qout}
+SMOL=${SMOL:-/tmp/smol_hf}
+DATA=${DATA:-data}
+LEARN_SEED=${LEARN_SEED:-1}
+LEARN_BUDGET_S=${LEARN_BUDGET_S:-540}
+LEARN_EVERY_S=${LEARN_EVERY_S:-60}
+GSM8K_ROWS=${GSM8K_ROWS:-500}
+LEARN_ARGS=${LEARN_ARGS:-}
+VLLM_READY=${VLLM_READY:-/tmp/vsite.ok}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TORCH_CUDA_ARCH_LIST=9.0
+mkdir -p "$OUT" /tmp/learn
+exec > >(tee -a "$OUT/console.log") 2>&1
+date
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+# shellcheck disable=SC2086  # LEARN_ARGS is a list of arguments
+common=(--model "$SMOL" --train "$DATA/svamp/train.parquet" --test "$DATA/svamp/test.parquet"
+        --gsm8k "$DATA/gsm8k/test.parquet" --gsm8k-rows "$GSM8K_ROWS" --seeds "$LEARN_SEED"
+        --budget-s "$LEARN_BUDGET_S" --every-s "$LEARN_EVERY_S" --grace-s 45 --work-dir /tmp/learn --skip-eval $LEARN_ARGS)
+PYTHONPATH=/tmp/site:$PWD python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides ours --out "$OUT/ours.json"
+echo "ours exit $? $(date)"
+while [ ! -f "$VLLM_READY" ]; do sleep 2; done
+export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
+python3 -c "import trl, vllm, transformers, torch; print('trl', trl.__version__, 'vllm', vllm.__version__, \
+'transformers', transformers.__version__, 'torch', torch.__version__)"
+python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides trl --out "$OUT/trl.json"
+echo "trl exit $? $(date)"
+python3 tools/bench/learn_vs_trl.py --eval-from "$OUT/ours.json,$OUT/trl.json" --work-dir /tmp/learn \
+  --out "$OUT/learn.json"
+echo "eval exit $? $(date)"
+(cd /tmp/learn && tar czf "$OUT/logs.tgz" $(ls *.log eval.json *_result.json 2>/dev/null))
+touch "$OUT/ALLDONE"

@@ -22,15 +22,17 @@ from rewards import math as math_reward
 __all__ = ["compute_score", "ANSWER_FORMATS", "MAX_AFTER_ANSWER", "single_final_answer"]
 
 ANSWER_FORMATS = ("gsm8k", "boxed")
-MAX_AFTER_ANSWER = 32  # characters a ``#### N`` line may hold after the number (a unit, a fraction's rest)
+MAX_AFTER_ANSWER = 32  # characters after a strict answer, whitespace included (a unit, a fraction's rest, "$.")
 
 
 def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
-    """Whether ``text`` holds exactly one answer and nothing after it: for ``"gsm8k"`` one ``#### N`` marker
-    (:func:`rewards.gsm8k.answer_markers`; a ``####`` heading without a number is none), at most
-    :data:`MAX_AFTER_ANSWER` characters after its number on its line (``#### 12 apples`` and ``#### 3/4`` are fine,
-    ``#### 1 1 1 ...`` to the length limit is not) and no line after it; for ``"boxed"`` one ``\\boxed``/``\\fbox`` (the
-    two together), closed, with no letter or digit after it (``.``, ``$``, ``\\]`` may follow). The check of
+    """Whether ``text`` holds exactly one answer and nothing after it but a short tail: for ``"gsm8k"`` one
+    ``#### N`` marker (:func:`rewards.gsm8k.answer_markers`: any ``####`` followed by a number, a numbered heading
+    such as ``#### 1. Add`` too; a ``####`` without a number is none), written with exactly four ``#``; for
+    ``"boxed"`` one ``\\boxed``/``\\fbox`` (the two together), closed. After the answer (the number, or the box)
+    at most :data:`MAX_AFTER_ANSWER` characters, whitespace included, on the same line: ``#### 12 apples``,
+    ``#### 3/4``, ``$\\boxed{7}$.`` and a final newline are fine; a next line (any line break), ``#### 1 1 1 ...``
+    or blank lines to the length limit are not; for ``"boxed"`` no letter or digit either. The check of
     ``strict_format``; whether the answer is readable is checked apart.
 
     Raises:
@@ -42,16 +44,31 @@ def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
         return False
     if answer_format == "gsm8k":
         spans = gsm8k.answer_markers(text)
-        if len(spans) != 1:
+        if len(spans) != 1 or text[spans[0][0]:spans[0][0] + 5] not in ("#### ", "####\t"):
             return False
-        rest = text[spans[0][1]:].rstrip()
-        return "\n" not in rest and len(rest) <= MAX_AFTER_ANSWER
+        return _short_tail(text[spans[0][1]:])
     if text.count("\\boxed") + text.count("\\fbox") != 1:
         return False
+    end = _box_end(text)
+    return end is not None and _short_tail(text[end:]) and not any(ch.isalnum() for ch in text[end:])
+
+
+def _short_tail(rest: str) -> bool:
+    """At most :data:`MAX_AFTER_ANSWER` characters, and no line break but trailing ones."""
+    return len(rest) <= MAX_AFTER_ANSWER and len(rest.rstrip().splitlines() or [""]) == 1
+
+
+def _box_end(text: str) -> int | None:
+    """The index just after the last closed box of ``text`` (:func:`rewards.math.last_boxed_only_string`, whose
+    space form ``\\boxed  7`` comes back with one space), or None."""
     boxed = math_reward.last_boxed_only_string(text)
     if boxed is None:
-        return False
-    return not any(ch.isalnum() for ch in text[text.rfind(boxed) + len(boxed):])
+        return None
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if text.startswith(boxed, start):
+        return start + len(boxed)
+    token = boxed.split(" ", 1)[1]  # the space form
+    return text.index(token, start) + len(token)
 
 
 def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1.0, format_score: float = 0.1,

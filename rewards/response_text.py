@@ -53,12 +53,17 @@ def decode_responses(tokenizer: Any, data) -> tuple[list[str], torch.Tensor, tor
 
 
 def solution_text(text: str, split: tuple[str, str] | None, marker: str | None) -> str:
-    """The ``solution_str`` a scorer gets. A single-turn row, or a scorer that reads the whole text (``marker``
-    None): the decoded trajectory as it is (verl's). A multi-turn row for a scorer that reads its answer after
+    """The ``solution_str`` a scorer gets. A scorer that reads the whole text (``marker`` None): the decoded
+    trajectory as it is (verl's). A multi-turn row for a scorer that reads its answer after
     the last ``marker`` (``answer_after``, ``</tool_response>`` for the built-in scorers): the trajectory with
     ``marker`` placed after its last tool turn, whatever the chat template renders there, so that the answer
     is read from the model's own final text only: a template without the marker (SmolLM2's ChatML renders
-    ``<|im_start|>tool``) or a tool that prints the marker itself cannot make a tool's output the answer."""
-    if split is None or marker is None:
+    ``<|im_start|>tool``) or a tool that prints the marker itself cannot make a tool's output the answer. The
+    model cannot place the marker either: where it wrote ``marker`` itself (in a single-turn row, or after its last
+    tool turn), that text is replaced by a space, so that it cannot hide what it wrote before (several answers, say)
+    from the scorer."""
+    if marker is None:
         return text
-    return split[0] + marker + split[1]
+    if split is None:
+        return text.replace(marker, " ")
+    return split[0] + marker + split[1].replace(marker, " ")

@@ -76,7 +76,7 @@ def test_report_draws_the_one_answer_baseline_and_the_answer_table(tmp_path):
     text = learn_report.markdown(_collapsed_doc())
     assert 'One answer for every held-out question ("1", the most common true answer) scores 8.33%' in text
     assert "Neither side's best mean accuracy is above it" in text  # best 8.0% <= 8.33%
-    assert "| 2 | 2 (97.00) / 2 (97.00) | 1 (97.00) / 1 (97.00) |" in text
+    assert "| 2 | s1: 2 (97.00) / s2: 2 (97.00) | s1: 1 (97.00) / s2: 1 (97.00) |" in text
     plain = learn_report.markdown(_synthetic_doc())
     assert "One answer" not in plain and "Most common answer" not in plain  # older files: no such lines
     above = _collapsed_doc()
@@ -87,17 +87,69 @@ def test_report_draws_the_one_answer_baseline_and_the_answer_table(tmp_path):
 
 
 def test_report_from_adds_the_baseline_of_an_older_file_from_the_held_out_file(tmp_path):
-    test = tmp_path / "test.jsonl"
+    test = tmp_path / "test.parquet"
     rows = [{"prompt": [{"role": "user", "content": f"q{i}"}], "reward_model": {"ground_truth": gt}}
             for i, gt in enumerate(["1", "2", "1"])]
-    test.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    import datasets
+
+    datasets.Dataset.from_list(rows).to_parquet(str(test))
     doc = _synthetic_doc()
     assert learn_vs_trl.add_constant_baseline(doc, str(test)) is False  # 3 rows, the job held out 300
     doc["job"]["test_rows"] = 3
     assert learn_vs_trl.add_constant_baseline(doc, str(test)) is True
     assert doc["eval"]["sets"]["svamp"] == {"n": 3, "answer": "1", "acc": pytest.approx(2 / 3), "from": str(test)}
     assert learn_vs_trl.add_constant_baseline(doc, str(test)) is False  # already there
+    other = dict(doc, eval=dict(doc["eval"], sets={}), job=dict(doc["job"], test="/d/held_out.parquet"))
+    assert learn_vs_trl.add_constant_baseline(other, str(test)) is False  # not the job's held-out file
     src = tmp_path / "in.json"
     src.write_text(json.dumps(dict(_synthetic_doc(), job=dict(_synthetic_doc()["job"], test_rows=3))))
     learn_vs_trl.main(["--report-from", str(src), "--test", str(test), "--out", str(tmp_path / "o.json")])
     assert 'One answer for every held-out question ("1"' in (tmp_path / "o.md").read_text()
+
+
+def test_answer_table_names_seeds_and_marks_runs_without_the_fields():
+    doc = _collapsed_doc()
+    for key, res in doc["eval"]["results"].items():
+        if key.startswith("trl_s2"):
+            for name in ("top_answer", "top_answer_share"):
+                res["svamp"].pop(name)  # as from an older evaluator's file
+    doc["eval"]["results"]["ours_s1_t000120"]["svamp"]["top_answer"] = None
+    text = learn_report.markdown(doc)
+    assert "| 2 | s1: 2 (97.00) / s2: - | s1: none (97.00) / s2: 1 (97.00) |" in text
+
+
+def test_multi_marker_counts_answer_markers_only():
+    assert learn_eval.answer_stats(["#### Step 1\n#### 7", "#### 7"])["multi_marker"] == 0.0
+    assert learn_eval.answer_stats(["#### 3\n#### 7"])["multi_marker"] == 1.0
+
+
+def test_a_non_finite_accuracy_is_left_out_of_the_report(tmp_path):
+    doc = _synthetic_doc()
+    doc["eval"]["results"]["ours_s1_t000120"]["svamp"]["acc"] = float("nan")
+    rows = learn_report.mark_table(doc)
+    assert rows[1]["ours"]["acc"]["values"] == [pytest.approx(0.06)]  # seed 2 only
+    assert learn_report.targets(rows)["ours_best_acc"] is not None
+
+
+def test_report_from_one_missing_file_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: --report-from .*nope\.json: FileNotFoundError"):
+        learn_vs_trl.main(["--report-from", str(tmp_path / "nope.json"), "--out", str(tmp_path / "o.json")])
+
+
+def test_merged_files_keep_the_baseline_of_any_file(tmp_path):
+    from tests.test_learn_vs_trl import _session_doc, _write
+
+    old, new = _session_doc(1), _session_doc(2)
+    new["eval"]["sets"] = {"svamp": {"n": 300, "answer": "1", "acc": 0.0833}}
+    doc = learn_merge.merge_docs([_write(tmp_path, "a.json", old), _write(tmp_path, "b.json", new)], evaluated=True)
+    assert learn_report.constant_baseline_of(doc)["answer"] == "1"
+
+
+def test_a_stale_evaluation_file_is_never_taken_for_a_new_one(tmp_path):
+    (tmp_path / "eval.json").write_text(json.dumps({"engine": "STALE", "results": {"base": {}}, "errors": {}}))
+    doc = dict(job=dict(JOB, test="/d/test.parquet", gsm8k=None, model=str(tmp_path / "no_model")), runs=[])
+
+    class Args:
+        eval_engine, eval_gpu_util, eval_max_prompt_len = "hf", 0.5, 1024
+    out = learn_vs_trl.run_eval(doc, str(tmp_path), Args, 60)
+    assert out.get("engine") != "STALE" and out["rc"] != 0

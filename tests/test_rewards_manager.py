@@ -14,7 +14,7 @@ from rewards.registry import get_scorer, load_custom_scorer, register_scorer
 from trainer.protocol import DataProto
 
 WORDS = ["[PAD]", "[UNK]", "[EOS]", "####", "the", "answer", "is", "\\boxed{42}", "\\boxed{7}", "slow", "boom",
-         "nan", "crash", "hang"] + [str(i) for i in range(100)]
+         "nan", "crash", "hang"] + [str(i) for i in range(100)] + ["</tool_response>"]
 ID = {w: i for i, w in enumerate(WORDS)}
 
 
@@ -288,3 +288,12 @@ def test_reward_components_that_a_scorer_does_not_return_fail_naming_them(tok):
     for bad in (["acc", "acc"], ["", "acc"], [3]):
         with pytest.raises(ValueError, match="expected distinct non-empty strings"):
             RewardManager(tok, scorer=_components, num_workers=0, component_keys=bad)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_tool_answer_end_the_model_wrote_itself_is_no_boundary(tok, strict):
+    """A single-turn response that writes ``</tool_response>`` after several answers would have the scorer read only
+    what follows it; the manager puts a space in its place, so the whole text is read (as TRL's side reads it)."""
+    data = make_batch(["#### 1 #### 1 </tool_response> #### 1"], gts=["1"])
+    with RewardManager(tok, scorer="format_gsm8k", scorer_kwargs={"strict_format": strict}, num_workers=0) as rm:
+        assert rm.verify(data) == [0.0 if strict else 1.0]  # three answers: not in strict format

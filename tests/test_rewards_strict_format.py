@@ -17,6 +17,14 @@ SPAM = "#### 1\n" * 40
     ("#### 3/4", True),
     ("#### Step 1: add\n3 + 4 = 7\n#### 7", True),  # a Markdown heading without a number is no answer marker
     ("#### 7\n####", False),               # a bare '####' is no marker, but it is a line after the answer
+    ("#### 7\r\n", True),
+    ("So 3 + 4 = 7.\r\n#### 7\r\n", True),
+    ("#### 7" + "\n" * 100, False),         # blank lines to the length limit
+    ("#### 7\rThe end.", False),            # any line break counts
+    ("#" * 50 + " 7", False),                # the marker is exactly four '#'
+    ("##### 7", False),
+    ("####7", False),                       # and a space, as GSM8K writes it
+    ("#### 1. Find the total\n3 + 4 = 7\n#### 7", False),  # a numbered heading is a '#### N' marker too
     ("#### 1 " + "1 " * 40, False),         # one marker, then the answer repeated on its line to the limit
     (SPAM, False),                          # the repeated constant answer
     ("#### 3\n#### 7", False),
@@ -36,6 +44,8 @@ def test_gsm8k_single_final_answer(text, ok):
     ("\\boxed{3} and \\fbox{7}", False),         # the two commands count together
     ("\\boxed{7} because 3 + 4", False),
     ("\\boxed{7", False),                        # never closed
+    ("\\boxed  7", True),                       # the space form, however many spaces
+    ("\\boxed{7}" + "." * 100, False),          # a long tail, even without letters
 ])
 def test_boxed_single_final_answer(text, ok):
     assert single_final_answer(text, "boxed") is ok
@@ -68,3 +78,13 @@ def test_registered_format_scorers_take_strict_format(name):
 def test_unknown_answer_format_is_refused():
     with pytest.raises(ValueError, match="answer_format must be one of"):
         single_final_answer("#### 1", "latex")
+
+
+def test_the_tool_answer_end_marker_the_model_writes_is_replaced():
+    from rewards.response_text import solution_text
+
+    marker = "</tool_response>"
+    assert solution_text("#### 1\n#### 1" + marker + "#### 1", None, marker) == "#### 1\n#### 1 #### 1"
+    assert solution_text("x", ("tool said #### 9" + marker, "me: " + marker + "#### 2"), marker) == \
+        "tool said #### 9" + marker + marker + "me:  #### 2"
+    assert solution_text("a" + marker + "b", None, None) == "a" + marker + "b"  # a scorer reading everything

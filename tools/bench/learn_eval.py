@@ -10,7 +10,7 @@ is strict accuracy (the last ``#### N`` equals the answer), ``format`` the share
 
 A policy can score without solving anything, by giving one answer to every question: each result therefore
 also holds the answers' spread (:func:`answer_stats`: the most common answer's share, the number of distinct
-answers, the share with several ``####`` markers, the share cut at the length limit), and the evaluator's
+answers, the share with several ``#### N`` markers, the share cut at the length limit), and the evaluator's
 ``sets`` the accuracy of answering every question of a set with its most common true answer
 (:func:`constant_baseline`).
 
@@ -112,17 +112,19 @@ def answer_stats(texts: list[str]) -> dict:
     """How spread the answers of ``texts`` are (GSM8K strict extraction, the last ``#### N``):
     ``top_answer`` (the most common answer, canonical text; None when no text has one), ``top_answer_share``
     (its count over all texts, a fraction), ``distinct_answers`` (count) and ``multi_marker`` (fraction of texts
-    with more than one ``####``). A ``top_answer_share`` near 1 is a policy giving one answer to every question."""
+    with more than one ``#### N`` marker, :func:`rewards.gsm8k.answer_markers`). A ``top_answer_share`` near 1 is a
+    policy giving one answer to every question."""
     from collections import Counter
 
-    from rewards.gsm8k import extract_solution
+    from rewards.gsm8k import answer_markers, extract_solution
 
     keys = [_answer_key(extract_solution(t, method="strict")) for t in texts]
     counts = Counter(k for k in keys if k is not None)
     top = counts.most_common(1)
     n = len(texts)
+    multi = sum(isinstance(t, str) and len(answer_markers(t)) > 1 for t in texts)
     return dict(top_answer=top[0][0] if top else None, top_answer_share=top[0][1] / n if top else 0.0,
-                distinct_answers=len(counts), multi_marker=sum(t.count("####") > 1 for t in texts) / n if n else 0.0)
+                distinct_answers=len(counts), multi_marker=multi / n if n else 0.0)
 
 
 def constant_baseline(truths: list) -> dict:

@@ -26,7 +26,7 @@ import os
 
 from tools.bench.learn_report import SIDES
 
-__all__ = ["PATH_KEYS", "job_differences", "merge_docs"]
+__all__ = ["PATH_KEYS", "job_differences", "load_doc", "merge_docs"]
 
 PATH_KEYS = ("model", "train", "test", "gsm8k")  # compared by their last path component across sessions
 FREE_KEYS = ("seeds", "sides")  # each file has its own
@@ -48,7 +48,9 @@ def job_differences(job: dict, other: dict, by_basename: bool = False) -> list[s
     return sorted(k for k in keys if norm(k, job.get(k)) != norm(k, other.get(k)))
 
 
-def _load(path: str, flag: str) -> dict:
+def load_doc(path: str, flag: str) -> dict:
+    """The JSON document at ``path``. Raises: SystemExit with one line naming ``flag`` and the file when it cannot
+    be read or parsed."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -66,7 +68,7 @@ def merge_docs(paths: list[str], evaluated: bool = False, flag: str = "--eval-fr
     ``flag`` names the option in the messages. Raises: SystemExit with a one-line message when a file cannot be
     read, a file's job differs from the first's (naming the file and the keys; paths by their last component with
     ``evaluated``), a (side, seed) run is in two files, or (``evaluated``) a file has no evaluation results."""
-    docs = [_load(p, flag) for p in paths]
+    docs = [load_doc(p, flag) for p in paths]
     for p, d in zip(paths[1:], docs[1:]):
         bad = job_differences(docs[0]["job"], d["job"], by_basename=evaluated)
         if bad:
@@ -91,14 +93,16 @@ def merge_docs(paths: list[str], evaluated: bool = False, flag: str = "--eval-fr
 
 
 def _merged_eval(paths: list[str], docs: list[dict], flag: str) -> dict:
-    """The union of the files' evaluations (the first file's result where two have one), ``base_spread`` and
-    ``by_file``; prints one line when the base model's accuracy differs between files."""
+    """The union of the files' evaluations (the first file's result, or one-answer baseline ``sets``, where two have
+    one), ``base_spread`` and ``by_file``; prints one line when the base model's accuracy differs between files."""
     for p, d in zip(paths, docs):
         if not (d.get("eval") or {}).get("results"):
             raise SystemExit(f"error: {flag} {p}: no evaluation results (score its checkpoints with --eval-from "
                              "in the session that has them)")
-    ev = dict(docs[0]["eval"], results={}, errors={})
+    ev = dict(docs[0]["eval"], results={}, errors={}, sets={})
     for d in docs:
+        for name, baseline in (d["eval"].get("sets") or {}).items():
+            ev["sets"].setdefault(name, baseline)
         for ckpt, by_set in d["eval"]["results"].items():
             for name, res in by_set.items():
                 ev["results"].setdefault(ckpt, {}).setdefault(name, res)

@@ -45,6 +45,10 @@ def run_values(run: dict, results: dict, marks: list[float], name: str = SET) ->
     return out
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _stats(values: list[float]) -> dict:
     if not values:
         return dict(mean=None, spread=None, values=[])
@@ -66,7 +70,7 @@ def mark_table(doc: dict, name: str = SET) -> list[dict]:
         for side in SIDES:
             got = [base] * (base is not None) if t == 0 else \
                 [vals[id(r)][t] for r in runs if r["side"] == side and vals[id(r)][t] is not None]
-            row[side] = {k: _stats([g[k] for g in got]) for k in ("acc", "format")}
+            row[side] = {k: _stats([g[k] for g in got if _finite(g.get(k))]) for k in ("acc", "format")}
         a, b = row["ours"]["acc"], row["trl"]["acc"]
         row["ok"] = None if a["mean"] is None or b["mean"] is None else \
             a["mean"] >= b["mean"] - max(a["spread"], b["spread"]) - 1e-12
@@ -100,17 +104,18 @@ def constant_baseline_of(doc: dict, name: str = SET) -> dict | None:
 
 
 def answer_rows(doc: dict, name: str = SET) -> list[dict]:
-    """Per mark (> 0): ``{"mark_s", "trl": [...], "ours": [...]}``, each list one ``(top_answer, top_answer_share)``
-    per run with a scored checkpoint holding them; [] when no result holds them (files of older evaluators)."""
+    """Per mark (> 0): ``{"mark_s", "trl": [...], "ours": [...]}``, each list one ``(seed, top_answer,
+    top_answer_share)`` per run of that side, answer and share None where the run's state at the mark has no such
+    result (a file of an older evaluator, a checkpoint not scored); [] when no result holds them."""
     results = (doc.get("eval") or {}).get("results") or {}
     if not any("top_answer_share" in (r.get(name) or {}) for r in results.values()):
         return []
     marks = [float(m) for m in doc["job"]["marks_s"]]
     runs = [r for r in doc.get("runs", []) if r.get("exports")]
-    vals = [(r["side"], run_values(r, results, marks, name)) for r in runs]
-    return [{"mark_s": t, **{side: [(v[t]["top_answer"], v[t]["top_answer_share"]) for s_, v in vals
-                                    if s_ == side and v[t] and "top_answer_share" in v[t]] for side in SIDES}}
-            for t in marks]
+    vals = [(r, run_values(r, results, marks, name)) for r in runs]
+    pick = (lambda v: (v.get("top_answer"), v["top_answer_share"]) if v and "top_answer_share" in v else (None, None))
+    return [{"mark_s": t, **{side: [(r["seed"], *pick(v[t])) for r, v in vals if r["side"] == side]
+                             for side in SIDES}} for t in marks]
 
 
 def gsm8k_rows(doc: dict) -> list[dict]:
@@ -197,9 +202,10 @@ def _baseline_lines(doc: dict, tg: dict) -> list[str]:
                          "reaches the reward of that answer, not problem solving.")
     rows = answer_rows(doc)
     if rows:
-        lines += ["", "Most common answer of the held-out answers (its share, %) per run:", "",
+        lines += ["", "Most common answer of the held-out answers (its share, %) per seed:", "",
                   "| minutes | TRL | ours |", "|---|---|---|"]
-        cell = (lambda xs: " / ".join(f"{a} ({_pct(sh)})" for a, sh in xs) or "-")
+        cell = (lambda xs: " / ".join(f"s{seed}: " + ("-" if sh is None else f"{a or 'none'} ({_pct(sh)})")
+                                      for seed, a, sh in xs) or "-")
         lines += [f"| {_min(r['mark_s'])} | {cell(r['trl'])} | {cell(r['ours'])} |" for r in rows]
     return lines
 

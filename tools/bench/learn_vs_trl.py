@@ -64,7 +64,8 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 
-from tools.bench.learn_merge import merge_docs  # noqa: E402  (--eval-from, --report-from A,B)
+from tools.bench.learn_merge import load_doc, merge_docs  # noqa: E402  (--eval-from, --report-from)
+from tools.bench.learn_report import constant_baseline_of  # noqa: E402
 from tools.bench.learn_report import SIDES  # noqa: E402
 EXPECTED_ROWS = (700, 300)  # SVAMP: the first 700 rows train, the last 300 held out (tools/data_preprocess/svamp.py)
 
@@ -83,12 +84,15 @@ def _questions(path: str) -> list[str]:
 def add_constant_baseline(doc: dict, test: str) -> bool:
     """Give an evaluated ``doc`` written before the evaluator recorded it the held-out set's one-answer baseline
     (:func:`tools.bench.learn_eval.constant_baseline`, in ``eval.sets``, with ``from`` = ``test``), read from the
-    file ``test`` when it has the job's number of held-out rows. Returns whether it was added."""
+    file ``test`` when it has the job's held-out file name (``job.test``'s last component) and number of rows.
+    Returns whether it was added."""
     from tools.bench.learn_eval import constant_baseline
     from tools.bench.learn_report import SET
 
     ev = doc.get("eval")
     if not ev or SET in (ev.get("sets") or {}) or not os.path.exists(test):
+        return False
+    if os.path.basename(test) != os.path.basename(doc["job"].get("test") or ""):
         return False
     truths = [str(r["ground_truth"]) for r in _rows(test)["reward_model"]]
     if len(truths) != doc["job"].get("test_rows"):
@@ -262,8 +266,11 @@ def eval_job(doc: dict, work: str, args) -> dict:
 
 
 def run_eval(doc: dict, work: str, args, limit_s: float) -> dict:
-    """The evaluator in its own process (bounded by ``limit_s``); returns what it wrote (partial when cut)."""
+    """The evaluator in its own process (bounded by ``limit_s``); returns what it wrote (partial when cut; a result
+    file left in ``work`` by an earlier evaluation is removed first, so it is never taken for this one's)."""
     ej = eval_job(doc, work, args)
+    if os.path.exists(ej["out"]):
+        os.remove(ej["out"])
     path = os.path.join(work, "eval_job.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(ej, f)
@@ -413,9 +420,11 @@ def _internal(args) -> dict | None:
         if len(paths) > 1:  # evaluated files of separate sessions (tools/bench/learn_merge.py)
             doc = merge_docs(paths, evaluated=True, flag="--report-from")
         else:
-            with open(paths[0], encoding="utf-8") as f:
-                doc = json.load(f)
-        add_constant_baseline(doc, args.test)
+            doc = load_doc(paths[0], "--report-from")
+        if not add_constant_baseline(doc, args.test) and doc.get("eval") and not constant_baseline_of(doc):
+            print(f"note: no one-answer baseline in the report: {args.test} is missing or is not the job's "
+                  f"held-out file ({os.path.basename(doc['job'].get('test') or '?')}, "
+                  f"{doc['job'].get('test_rows')} rows)", flush=True)
         write_report(doc, args.out)
         return doc
     return None
@@ -483,4 +492,7 @@ def _train_all(args, work: str, meta: dict, end: float | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    _doc = main()
+    _rc = ((_doc or {}).get("eval") or {}).get("rc")
+    if _rc not in (None, 0):
+        sys.exit(f"error: the evaluator exited {_rc} (its log: {_doc['eval'].get('log')})")

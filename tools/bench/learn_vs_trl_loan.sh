@@ -10,8 +10,10 @@
 # folder at $SMOL, SVAMP at $DATA/svamp/{train,test}.parquet (tools/data_preprocess/svamp.py) and, for GSM8K
 # before/after, $DATA/gsm8k/test.parquet (skipped if absent).
 # Settings: OUT (/tmp/qout), SMOL (/tmp/smol_hf), DATA (data), LEARN_SEED (1), LEARN_BUDGET_S (540, per side),
-# LEARN_EVERY_S (60), GSM8K_ROWS (500), LEARN_ARGS (more learn_vs_trl.py arguments, e.g. --strict-format),
-# VLLM_READY (/tmp/vsite.ok). Files in $OUT: ours.json, trl.json, learn.json/.md/.png, logs.tgz, console.log, ALLDONE.
+# LEARN_EVERY_S (60), GSM8K_ROWS (500), LEARN_ARGS (more training arguments, e.g. --strict-format: words split at
+# spaces, no quoting), VLLM_READY (/tmp/vsite.ok), VLLM_WAIT_S (900: how long TRL waits for it).
+# Files in $OUT: ours.json, trl.json, learn.json/.md/.png, logs.tgz, console.log, and ALLDONE at the end, holding
+# "ok" or the steps that failed (the script then exits 1).
 set -u
 OUT=${OUT:-/tmp/qout}
 SMOL=${SMOL:-/tmp/smol_hf}
@@ -20,27 +22,49 @@ LEARN_SEED=${LEARN_SEED:-1}
 LEARN_BUDGET_S=${LEARN_BUDGET_S:-540}
 LEARN_EVERY_S=${LEARN_EVERY_S:-60}
 GSM8K_ROWS=${GSM8K_ROWS:-500}
-LEARN_ARGS=${LEARN_ARGS:-}
+read -r -a extra <<< "${LEARN_ARGS:-}"
 VLLM_READY=${VLLM_READY:-/tmp/vsite.ok}
+VLLM_WAIT_S=${VLLM_WAIT_S:-900}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TORCH_CUDA_ARCH_LIST=9.0
 mkdir -p "$OUT" /tmp/learn
+rm -f "$OUT/ALLDONE" "$OUT/ours.json" "$OUT/trl.json"
+failed=()
 exec > >(tee -a "$OUT/console.log") 2>&1
 date
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
-# shellcheck disable=SC2086  # LEARN_ARGS is a list of arguments
 common=(--model "$SMOL" --train "$DATA/svamp/train.parquet" --test "$DATA/svamp/test.parquet"
         --gsm8k "$DATA/gsm8k/test.parquet" --gsm8k-rows "$GSM8K_ROWS" --seeds "$LEARN_SEED"
-        --budget-s "$LEARN_BUDGET_S" --every-s "$LEARN_EVERY_S" --grace-s 45 --work-dir /tmp/learn --skip-eval $LEARN_ARGS)
-PYTHONPATH=/tmp/site:$PWD python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides ours --out "$OUT/ours.json"
-echo "ours exit $? $(date)"
-while [ ! -f "$VLLM_READY" ]; do sleep 2; done
+        --budget-s "$LEARN_BUDGET_S" --every-s "$LEARN_EVERY_S" --grace-s 45 --work-dir /tmp/learn --skip-eval
+        "${extra[@]}")
+PYTHONPATH=/tmp/site:$PWD python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides ours --out "$OUT/ours.json" \
+  || failed+=(ours)
+echo "ours done $(date)"
+waited=0
+while [ ! -f "$VLLM_READY" ] && [ "$waited" -lt "$VLLM_WAIT_S" ]; do
+  [ $((waited % 60)) -eq 0 ] && echo "waiting for $VLLM_READY (vLLM unpacked) before TRL: ${waited} s"
+  sleep 2; waited=$((waited + 2))
+done
+[ -f "$VLLM_READY" ] || { echo "no $VLLM_READY after $VLLM_WAIT_S s: TRL not run"; failed+=(vllm); }
 export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
-python3 -c "import trl, vllm, transformers, torch; print('trl', trl.__version__, 'vllm', vllm.__version__, \
+if [ -f "$VLLM_READY" ]; then
+  python3 -c "import trl, vllm, transformers, torch; print('trl', trl.__version__, 'vllm', vllm.__version__, \
 'transformers', transformers.__version__, 'torch', torch.__version__)"
-python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides trl --out "$OUT/trl.json"
-echo "trl exit $? $(date)"
-python3 tools/bench/learn_vs_trl.py --eval-from "$OUT/ours.json,$OUT/trl.json" --work-dir /tmp/learn \
-  --out "$OUT/learn.json"
-echo "eval exit $? $(date)"
-(cd /tmp/learn && tar czf "$OUT/logs.tgz" $(ls *.log eval.json *_result.json 2>/dev/null))
-touch "$OUT/ALLDONE"
+  python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides trl --out "$OUT/trl.json" || failed+=(trl)
+  echo "trl done $(date)"
+fi
+docs=$(ls "$OUT/ours.json" "$OUT/trl.json" 2>/dev/null | paste -sd, -)
+if [ -n "$docs" ]; then  # score what was trained, even one side
+  python3 tools/bench/learn_vs_trl.py --eval-from "$docs" --work-dir /tmp/learn --out "$OUT/learn.json" \
+    || failed+=(eval)
+else
+  failed+=(eval)
+fi
+echo "eval done $(date)"
+logs=$(cd /tmp/learn && ls *.log eval.json *_result.json 2>/dev/null)
+# shellcheck disable=SC2086  # file names without spaces, written by learn_vs_trl.py
+[ -n "$logs" ] && (cd /tmp/learn && tar czf "$OUT/logs.tgz" $logs)
+status=${failed[*]:-ok}
+echo "done: $status"
+sleep 1  # let tee write the last lines before ALLDONE tells a poller to read them
+echo "$status" > "$OUT/ALLDONE"
+[ "$status" = ok ]

@@ -8,7 +8,7 @@ training a small model rarely answers correctly, so a small bonus for emitting t
 
 ``strict_format=True`` asks for the whole response to be in format, as the format rewards of DeepSeek-R1-style
 recipes do (a full-response pattern, not a search): exactly one answer (``#### N`` or ``\\boxed``/``\\fbox``)
-and nothing after the answer (:func:`single_final_answer`). Without it a response that repeats ``#### 1`` to the
+and at most a short tail after it (:func:`single_final_answer`). Without it a response that repeats ``#### 1`` to the
 length limit is well-formed and is right whenever the answer is 1; a small policy can collapse onto such a constant
 answer (``docs/results.md``, "Learning per GPU-minute against TRL").
 """
@@ -22,18 +22,17 @@ from rewards import math as math_reward
 __all__ = ["compute_score", "ANSWER_FORMATS", "MAX_AFTER_ANSWER", "single_final_answer"]
 
 ANSWER_FORMATS = ("gsm8k", "boxed")
-MAX_AFTER_ANSWER = 32  # characters after a strict answer, whitespace included (a unit, a fraction's rest, "$.")
+MAX_AFTER_ANSWER = 64  # characters after a strict answer, whitespace included: a unit, "$.", a closing sentence
 
 
 def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
-    """Whether ``text`` holds exactly one answer and nothing after it but a short tail: for ``"gsm8k"`` one
-    ``#### N`` marker (:func:`rewards.gsm8k.answer_markers`: any ``####`` followed by a number, a numbered heading
-    such as ``#### 1. Add`` too; a ``####`` without a number is none), written with exactly four ``#``; for
-    ``"boxed"`` one ``\\boxed``/``\\fbox`` (the two together), closed. After the answer (the number, or the box)
-    at most :data:`MAX_AFTER_ANSWER` characters, whitespace included, on the same line: ``#### 12 apples``,
-    ``#### 3/4``, ``$\\boxed{7}$.`` and a final newline are fine; a next line (any line break), ``#### 1 1 1 ...``
-    or blank lines to the length limit are not; for ``"boxed"`` no letter or digit either. The check of
-    ``strict_format``; whether the answer is readable is checked apart.
+    """Whether ``text`` holds exactly one answer and at most a short tail after it: for ``"gsm8k"`` one ``#### N``
+    marker (:func:`rewards.gsm8k.answer_markers`: any ``####`` followed by a number, a numbered heading such as
+    ``#### 1. Add`` too; a ``####`` without a number is none), written with exactly four ``#`` and a space or tab;
+    for ``"boxed"`` one ``\\boxed``/``\\fbox`` (the two together), closed. After the answer (the number, or the
+    box) at most :data:`MAX_AFTER_ANSWER` characters, whitespace included: ``#### 32\\nThe answer is 32.``,
+    ``#### 3/4`` and ``$\\boxed{7}$.`` are fine; the answer repeated, or any text or blank lines to the length limit,
+    are not. The check of ``strict_format``; whether the answer is readable is checked apart.
 
     Raises:
         ValueError: if ``answer_format`` is not one of ``ANSWER_FORMATS``.
@@ -46,16 +45,11 @@ def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
         spans = gsm8k.answer_markers(text)
         if len(spans) != 1 or text[spans[0][0]:spans[0][0] + 5] not in ("#### ", "####\t"):
             return False
-        return _short_tail(text[spans[0][1]:])
+        return len(text) - spans[0][1] <= MAX_AFTER_ANSWER
     if text.count("\\boxed") + text.count("\\fbox") != 1:
         return False
     end = _box_end(text)
-    return end is not None and _short_tail(text[end:]) and not any(ch.isalnum() for ch in text[end:])
-
-
-def _short_tail(rest: str) -> bool:
-    """At most :data:`MAX_AFTER_ANSWER` characters, and no line break but trailing ones."""
-    return len(rest) <= MAX_AFTER_ANSWER and len(rest.rstrip().splitlines() or [""]) == 1
+    return end is not None and len(text) - end <= MAX_AFTER_ANSWER
 
 
 def _box_end(text: str) -> int | None:

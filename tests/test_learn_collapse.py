@@ -68,7 +68,8 @@ def _collapsed_doc():
     doc["eval"]["sets"] = {"svamp": {"n": 300, "answer": "1", "acc": 0.0833}}
     for key, res in doc["eval"]["results"].items():
         if key != "base":
-            res["svamp"].update(top_answer="1" if key.startswith("ours") else "2", top_answer_share=0.97)
+            res["svamp"].update(top_answer="1" if key.startswith("ours") else "2", top_answer_share=0.97,
+                                acc_beyond_top=0.0)
     return doc
 
 
@@ -76,7 +77,7 @@ def test_report_draws_the_one_answer_baseline_and_the_answer_table(tmp_path):
     text = learn_report.markdown(_collapsed_doc())
     assert 'One answer for every held-out question ("1", the most common true answer) scores 8.33%' in text
     assert "Neither side's best mean accuracy is above it" in text  # best 8.0% <= 8.33%
-    assert "| 2 | s1: 2 (97.00) / s2: 2 (97.00) | s1: 1 (97.00) / s2: 1 (97.00) |" in text
+    assert "| 2 | s1: 2 (97.00; 0.00) / s2: 2 (97.00; 0.00) | s1: 1 (97.00; 0.00) / s2: 1 (97.00; 0.00) |" in text
     plain = learn_report.markdown(_synthetic_doc())
     assert "One answer" not in plain and "Most common answer" not in plain  # older files: no such lines
     above = _collapsed_doc()
@@ -115,7 +116,7 @@ def test_answer_table_names_seeds_and_marks_runs_without_the_fields():
                 res["svamp"].pop(name)  # as from an older evaluator's file
     doc["eval"]["results"]["ours_s1_t000120"]["svamp"]["top_answer"] = None
     text = learn_report.markdown(doc)
-    assert "| 2 | s1: 2 (97.00) / s2: - | s1: none (97.00) / s2: 1 (97.00) |" in text
+    assert "| 2 | s1: 2 (97.00; 0.00) / s2: - | s1: none (97.00; 0.00) / s2: 1 (97.00; 0.00) |" in text
 
 
 def test_multi_marker_counts_answer_markers_only():
@@ -153,3 +154,11 @@ def test_a_stale_evaluation_file_is_never_taken_for_a_new_one(tmp_path):
         eval_engine, eval_gpu_util, eval_max_prompt_len = "hf", 0.5, 1024
     out = learn_vs_trl.run_eval(doc, str(tmp_path), Args, 60)
     assert out.get("engine") != "STALE" and out["rc"] != 0
+
+
+def test_accuracy_beyond_the_top_answer_is_zero_for_a_one_answer_policy():
+    truths = ["1", "1", "2", "3"]
+    spam = learn_eval.score_texts([SPAM] * 4, truths)
+    assert spam["acc"] == 0.5 and spam["top_answer"] == "1" and spam["acc_beyond_top"] == 0.0
+    solver = learn_eval.score_texts(["#### 1", "#### 5", "#### 2", "#### 3"], truths)
+    assert solver["acc"] == 0.75 and solver["acc_beyond_top"] == 1.0  # top answer "1": questions 2 and 3 remain

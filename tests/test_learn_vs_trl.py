@@ -282,7 +282,7 @@ def _tiny_model(seed=1):
 def test_score_texts_strict_accuracy_and_format():
     got = learn_eval.score_texts(["#### 3", "#### 4", "3", "x #### 3.0"], ["3", "3", "3", "3"])
     assert got == {"n": 4, "acc": 0.5, "format": 0.75, "score": (1 + 0.1 + 0 + 1) / 4, "top_answer": "3",
-                   "top_answer_share": 0.5, "distinct_answers": 2, "multi_marker": 0.0}
+                   "top_answer_share": 0.5, "distinct_answers": 2, "multi_marker": 0.0, "acc_beyond_top": None}
 
 
 def test_evaluator_scores_a_fake_checkpoint_schedule_on_a_tiny_model(tmp_path):

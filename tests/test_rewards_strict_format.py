@@ -1,4 +1,4 @@
-"""``strict_format``: the format reward's whole-response rule (one answer marker, nothing after the answer).
+"""``strict_format``: the format reward's whole-response rule (one answer marker, a short tail at most after it).
 
 Without it, a response repeating ``#### 1`` to the length limit is well-formed and right whenever the answer is 1:
 the degenerate policy both TRL and this project reached on the SVAMP learning job (docs/results.md)."""
@@ -13,14 +13,16 @@ SPAM = "#### 1\n" * 40
 @pytest.mark.parametrize("text, ok", [
     ("3 + 4 = 7\n#### 7", True),
     ("#### 7  \n\n", True),
-    ("#### 12 apples", True),              # units on the answer's own line are allowed
+    ("#### 12 apples", True),
     ("#### 3/4", True),
     ("#### Step 1: add\n3 + 4 = 7\n#### 7", True),  # a Markdown heading without a number is no answer marker
-    ("#### 7\n####", False),               # a bare '####' is no marker, but it is a line after the answer
+    ("#### 32\nThe answer is 32.", True),   # a short closing sentence, as SmolLM2 writes one
     ("#### 7\r\n", True),
     ("So 3 + 4 = 7.\r\n#### 7\r\n", True),
+    ("#### 7\n" + "x" * 63, True),          # 64 characters after the number
+    ("#### 7\n" + "x" * 64, False),
     ("#### 7" + "\n" * 100, False),         # blank lines to the length limit
-    ("#### 7\rThe end.", False),            # any line break counts
+    ("#### 13\n" + "\nThe answer is 13.\n" * 10, False),  # the answer said again and again
     ("#" * 50 + " 7", False),                # the marker is exactly four '#'
     ("##### 7", False),
     ("####7", False),                       # and a space, as GSM8K writes it
@@ -28,7 +30,6 @@ SPAM = "#### 1\n" * 40
     ("#### 1 " + "1 " * 40, False),         # one marker, then the answer repeated on its line to the limit
     (SPAM, False),                          # the repeated constant answer
     ("#### 3\n#### 7", False),
-    ("#### 7\nThat is the answer.", False),  # text after the answer line
     ("no marker, 7", False),
     ("", False),
 ])
@@ -40,12 +41,12 @@ def test_gsm8k_single_final_answer(text, ok):
     ("So the answer is $\\boxed{7}$.", True),
     ("\\[\\boxed{\n\\frac{1}{2}\n}\\]", True),   # a box over several lines, closing math after it
     ("\\fbox{7}", True),
+    ("\\boxed{7} because 3 + 4 = 7.", True),  # a short tail
     ("\\boxed{3} or \\boxed{7}", False),
     ("\\boxed{3} and \\fbox{7}", False),         # the two commands count together
-    ("\\boxed{7} because 3 + 4", False),
     ("\\boxed{7", False),                        # never closed
     ("\\boxed  7", True),                       # the space form, however many spaces
-    ("\\boxed{7}" + "." * 100, False),          # a long tail, even without letters
+    ("\\boxed{7}" + "." * 100, False),          # a long tail
 ])
 def test_boxed_single_final_answer(text, ok):
     assert single_final_answer(text, "boxed") is ok

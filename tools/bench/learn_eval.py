@@ -10,7 +10,8 @@ is strict accuracy (the last ``#### N`` equals the answer), ``format`` the share
 
 A policy can score without solving anything, by giving one answer to every question: each result therefore
 also holds the answers' spread (:func:`answer_stats`: the most common answer's share, the number of distinct
-answers, the share with several ``#### N`` markers, the share cut at the length limit), and the evaluator's
+answers, the share with several ``#### N`` markers, the share cut at the length limit), the accuracy on the
+questions whose answer is not the most common one given (``acc_beyond_top``), and the evaluator's
 ``sets`` the accuracy of answering every question of a set with its most common true answer
 (:func:`constant_baseline`).
 
@@ -90,14 +91,19 @@ def build_engine(kind: str, model_path: str, tokenizer, max_model_len: int, gpu_
 def score_texts(texts: list[str], truths: list[str], format_score: float = 0.1, strict_format: bool = False) -> dict:
     """Strict accuracy and format compliance of ``texts`` against ``truths`` (:func:`rewards.format_reward.
     compute_score` with ``strict_format``): ``{"n", "acc", "format", "score"}``, the last three means over the rows
-    (fractions), and :func:`answer_stats` of ``texts``."""
+    (fractions), :func:`answer_stats` of ``texts``, and ``acc_beyond_top``: the strict accuracy over the questions
+    whose true answer is not ``top_answer`` (None when there are none), what giving one answer to every question
+    cannot earn (0 for such a policy; the base model's accuracy for one that did not collapse)."""
     from rewards.format_reward import compute_score
 
     scores = [compute_score(t, gt, format_score=format_score, strict_format=strict_format)
               for t, gt in zip(texts, truths)]
     n = len(scores)
     mean = (lambda k: sum(s[k] for s in scores) / n if n else float("nan"))
-    return dict(n=n, acc=mean("acc"), format=mean("format"), score=mean("score"), **answer_stats(texts))
+    stats = answer_stats(texts)
+    other = [s["acc"] for s, gt in zip(scores, truths) if _answer_key(gt) != stats["top_answer"]]
+    return dict(n=n, acc=mean("acc"), format=mean("format"), score=mean("score"), **stats,
+                acc_beyond_top=sum(other) / len(other) if other else None)
 
 
 def _answer_key(value) -> str | None:

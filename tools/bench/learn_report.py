@@ -105,15 +105,16 @@ def constant_baseline_of(doc: dict, name: str = SET) -> dict | None:
 
 def answer_rows(doc: dict, name: str = SET) -> list[dict]:
     """Per mark (> 0): ``{"mark_s", "trl": [...], "ours": [...]}``, each list one ``(seed, top_answer,
-    top_answer_share)`` per run of that side, answer and share None where the run's state at the mark has no such
-    result (a file of an older evaluator, a checkpoint not scored); [] when no result holds them."""
+    top_answer_share, acc_beyond_top)`` per run of that side, all but the seed None where the run's state at the
+    mark has no such result (a file of an older evaluator, a checkpoint not scored); [] when no result holds them."""
     results = (doc.get("eval") or {}).get("results") or {}
     if not any("top_answer_share" in (r.get(name) or {}) for r in results.values()):
         return []
     marks = [float(m) for m in doc["job"]["marks_s"]]
     runs = [r for r in doc.get("runs", []) if r.get("exports")]
     vals = [(r, run_values(r, results, marks, name)) for r in runs]
-    pick = (lambda v: (v.get("top_answer"), v["top_answer_share"]) if v and "top_answer_share" in v else (None, None))
+    pick = (lambda v: (v.get("top_answer"), v["top_answer_share"], v.get("acc_beyond_top"))
+            if v and "top_answer_share" in v else (None, None, None))
     return [{"mark_s": t, **{side: [(r["seed"], *pick(v[t])) for r, v in vals if r["side"] == side]
                              for side in SIDES}} for t in marks]
 
@@ -202,10 +203,10 @@ def _baseline_lines(doc: dict, tg: dict) -> list[str]:
                          "reaches the reward of that answer, not problem solving.")
     rows = answer_rows(doc)
     if rows:
-        lines += ["", "Most common answer of the held-out answers (its share, %) per seed:", "",
-                  "| minutes | TRL | ours |", "|---|---|---|"]
-        cell = (lambda xs: " / ".join(f"s{seed}: " + ("-" if sh is None else f"{a or 'none'} ({_pct(sh)})")
-                                      for seed, a, sh in xs) or "-")
+        lines += ["", "Per seed: the most common held-out answer (its share of the answers, %; the accuracy on the "
+                  "questions whose true answer is another, %):", "", "| minutes | TRL | ours |", "|---|---|---|"]
+        cell = (lambda xs: " / ".join(f"s{seed}: " + ("-" if sh is None else f"{a or 'none'} ({_pct(sh)}; {_pct(b)})")
+                                      for seed, a, sh, b in xs) or "-")
         lines += [f"| {_min(r['mark_s'])} | {cell(r['trl'])} | {cell(r['ours'])} |" for r in rows]
     return lines
 

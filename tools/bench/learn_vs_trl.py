@@ -37,9 +37,9 @@ each run's ``file`` and each file's ``meta`` (``meta_by_file``). The jobs must a
 ``--report-from`` also gives a file evaluated before the evaluator recorded the held-out set's one-answer baseline
 that baseline, read from ``--test`` (:func:`add_constant_baseline`).
 
-``--strict-format`` (both sides' reward and the evaluator): a response is well-formed only with one ``#### N``,
-on its last line, a short unit at most after it (:func:`rewards.format_reward.single_final_answer`). Without it a
-policy that repeats one answer to the length limit is rewarded as well-formed, and a small model can settle there.
+``--strict-format`` (both sides' reward and the evaluator): a response is well-formed only with one ``#### N``
+and at most 64 characters after it (:func:`rewards.format_reward.single_final_answer`). Without it a policy that
+repeats one answer to the length limit is rewarded as well-formed, and a small model can settle there.
 
 Usage:
     python tools/bench/learn_vs_trl.py --model /tmp/smol_hf --train data/svamp/train.parquet \\
@@ -331,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--kl-coef", type=float, default=0.001, help="KL loss coefficient (TRL beta); 0: none")
     ap.add_argument("--format-score", type=float, default=0.1, help="reward of a well-formed wrong answer")
     ap.add_argument("--strict-format", action="store_true", help="both sides and the evaluator: well-formed only "
-                    "with one '#### N', on the last line (rewards.format_reward strict_format)")
+                    "with one '#### N' and at most 64 characters after it (rewards.format_reward strict_format)")
     ap.add_argument("--ours-engine", choices=["hf", "vllm"], default="hf")
     ap.add_argument("--vllm-gpu-util", type=float, default=0.3, help="ours with --ours-engine vllm")
     ap.add_argument("--trl-vllm-gpu-util", type=float, default=0.3, help="TRL vllm_gpu_memory_utilization")

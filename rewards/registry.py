@@ -18,8 +18,8 @@ training starts (:func:`rewards.options.check_scorer_options`). Built-ins and th
 * ``math`` (also ``math500``, ``lighteval/MATH``, ``HuggingFaceH4/MATH-500``): :mod:`rewards.math` (last
   ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s).
 * ``format_gsm8k`` / ``format_boxed``: :mod:`rewards.format_reward` (dict with ``score``, ``acc``, ``format``);
-  options ``correct_score``, ``format_score``, ``strict_format`` (one answer marker, on the last line; default
-  false).
+  options ``correct_score``, ``format_score``, ``strict_format`` (one answer, at most 64 characters after it;
+  default false).
 
 User scorers from a file follow verl's ``custom_reward_function.{path,name}``: :func:`load_custom_scorer`.
 verl-style functions ``f(data_source, solution_str, ground_truth, extra_info=None)`` are adapted.

@@ -14,14 +14,18 @@ answer (``docs/results.md``, "Learning per GPU-minute against TRL").
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rewards import gsm8k
 from rewards import math as math_reward
 
-__all__ = ["compute_score", "ANSWER_FORMATS", "MAX_AFTER_ANSWER", "single_final_answer"]
+__all__ = ["compute_score", "ANSWER_FORMATS", "MAX_AFTER_ANSWER", "MAX_BOX_GAP", "single_final_answer"]
 
 ANSWER_FORMATS = ("gsm8k", "boxed")
+# a strict marker's head: four '#', one or two spaces or tabs, at most a sign and a currency sign, then the number
+_STRICT_HEAD = re.compile(r"####[ \t]{1,2}[-+\u2212]?\$?[-+\u2212]?[0-9.]")
+MAX_BOX_GAP = 2  # spaces a strict ``\boxed 7`` / ``\boxed {7}`` may hold between the command and its answer
 MAX_AFTER_ANSWER = 64  # characters after a strict answer, whitespace included: a unit, "$.", a closing sentence
 
 
@@ -29,7 +33,9 @@ def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
     """Whether ``text`` holds exactly one answer and at most a short tail after it: for ``"gsm8k"`` one ``#### N``
     marker (:func:`rewards.gsm8k.answer_markers`: any ``####`` followed by a number, a numbered heading such as
     ``#### 1. Add`` too; a ``####`` without a number is none), written with exactly four ``#`` and a space or tab;
-    for ``"boxed"`` one ``\\boxed``/``\\fbox`` (the two together), closed. After the answer (the number, or the
+    for ``"boxed"`` one ``\\boxed``/``\\fbox`` (the two together), closed, at most :data:`MAX_BOX_GAP` spaces
+    after the command (``\\boxed{7}``, ``\\boxed 7``); the ``####`` then one or two spaces or tabs, at most a sign
+    and a currency sign, and the number (``#### -$5``, not ``####`` and blanks to the length limit). After the answer (the number, or the
     box) at most :data:`MAX_AFTER_ANSWER` characters, whitespace included: ``#### 32\\nThe answer is 32.``,
     ``#### 3/4`` and ``$\\boxed{7}$.`` are fine; the answer repeated, or any text or blank lines to the length limit,
     are not. The check of ``strict_format``; whether the answer is readable is checked apart.
@@ -43,7 +49,7 @@ def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
         return False
     if answer_format == "gsm8k":
         spans = gsm8k.answer_markers(text)
-        if len(spans) != 1 or text[spans[0][0]:spans[0][0] + 5] not in ("#### ", "####\t"):
+        if len(spans) != 1 or _STRICT_HEAD.match(text, spans[0][0]) is None:
             return False
         return len(text) - spans[0][1] <= MAX_AFTER_ANSWER
     if text.count("\\boxed") + text.count("\\fbox") != 1:
@@ -59,6 +65,9 @@ def _box_end(text: str) -> int | None:
     if boxed is None:
         return None
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    window = text[start + (5 if text.startswith("\\fbox", start) else 6):][:MAX_BOX_GAP + 1]
+    if len(window) - len(window.lstrip(" \t")) > MAX_BOX_GAP:
+        return None
     if text.startswith(boxed, start):
         return start + len(boxed)
     token = boxed.split(" ", 1)[1]  # the space form

@@ -13,7 +13,7 @@ training starts (:func:`rewards.options.check_scorer_options`). Built-ins and th
   a multi-turn tool rollout a tool output (a program printing ``#### 42`` or ``\\boxed{42}``) never counts as the
   model's answer; a response without it is read whole; ``null`` always reads the whole response. For a multi-turn
   row the reward manager places the string after the last tool turn itself, whatever the chat template renders,
-  and the model's own occurrences of it are no boundary (:func:`rewards.response_text.solution_text`).
+  and its own ``</tool_response>`` is no boundary (:func:`rewards.response_text.solution_text`).
 * ``gsm8k_flexible`` (also ``synthetic/digits``): the same with ``method="flexible"`` by default.
 * ``math`` (also ``math500``, ``lighteval/MATH``, ``HuggingFaceH4/MATH-500``): :mod:`rewards.math` (last
   ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s).

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from rewards.gsm8k import TOOL_RESPONSE_END
+
 __all__ = ["decode_responses", "solution_text"]
 
 
@@ -59,11 +61,14 @@ def solution_text(text: str, split: tuple[str, str] | None, marker: str | None) 
     ``marker`` placed after its last tool turn, whatever the chat template renders there, so that the answer
     is read from the model's own final text only: a template without the marker (SmolLM2's ChatML renders
     ``<|im_start|>tool``) or a tool that prints the marker itself cannot make a tool's output the answer. The
-    model cannot place the marker either: where it wrote ``marker`` itself (in a single-turn row, or after its last
-    tool turn), that text is replaced by a space, so that it cannot hide what it wrote before (several answers, say)
-    from the scorer."""
+    model cannot place the end of a tool answer either: where it wrote :data:`rewards.gsm8k.TOOL_RESPONSE_END`
+    itself (in a single-turn row, or after its last tool turn), those characters become spaces (the same count, so
+    a length rule reads what the model wrote), and it cannot hide what it wrote before (several answers, say) from
+    the scorer. Any other ``marker`` (a user's ``answer_after``, e.g. ``</think>``) is the model's to write and is
+    left as it is."""
     if marker is None:
         return text
+    own = (lambda t: t.replace(marker, " " * len(marker))) if marker == TOOL_RESPONSE_END else (lambda t: t)
     if split is None:
-        return text.replace(marker, " ")
-    return split[0] + marker + split[1].replace(marker, " ")
+        return own(text)
+    return split[0] + marker + own(split[1])

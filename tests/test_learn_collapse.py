@@ -160,5 +160,6 @@ def test_accuracy_beyond_the_top_answer_is_zero_for_a_one_answer_policy():
     truths = ["1", "1", "2", "3"]
     spam = learn_eval.score_texts([SPAM] * 4, truths)
     assert spam["acc"] == 0.5 and spam["top_answer"] == "1" and spam["acc_beyond_top"] == 0.0
+    assert learn_eval.score_texts(["a", "b"], ["x", "y"])["acc_beyond_top"] == 0.0  # no answer given at all
     solver = learn_eval.score_texts(["#### 1", "#### 5", "#### 2", "#### 3"], truths)
     assert solver["acc"] == 0.75 and solver["acc_beyond_top"] == 1.0  # top answer "1": questions 2 and 3 remain

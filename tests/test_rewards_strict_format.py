@@ -24,6 +24,11 @@ SPAM = "#### 1\n" * 40
     ("#### 7" + "\n" * 100, False),         # blank lines to the length limit
     ("#### 13\n" + "\nThe answer is 13.\n" * 10, False),  # the answer said again and again
     ("#" * 50 + " 7", False),                # the marker is exactly four '#'
+    ("####  7", True),
+    ("####" + " " * 3000 + "7", False),      # blanks to the length limit inside the answer
+    ("#### $" + " " * 50 + "7", False),
+    ("#### -$5", True),
+    ("#### \u22125", True),
     ("##### 7", False),
     ("####7", False),                       # and a space, as GSM8K writes it
     ("#### 1. Find the total\n3 + 4 = 7\n#### 7", False),  # a numbered heading is a '#### N' marker too
@@ -47,6 +52,8 @@ def test_gsm8k_single_final_answer(text, ok):
     ("\\boxed{7", False),                        # never closed
     ("\\boxed  7", True),                       # the space form, however many spaces
     ("\\boxed{7}" + "." * 100, False),          # a long tail
+    ("\\boxed {7}", True),
+    ("\\boxed" + " " * 50 + "7", False),        # blanks inside the answer
 ])
 def test_boxed_single_final_answer(text, ok):
     assert single_final_answer(text, "boxed") is ok
@@ -84,8 +91,27 @@ def test_unknown_answer_format_is_refused():
 def test_the_tool_answer_end_marker_the_model_writes_is_replaced():
     from rewards.response_text import solution_text
 
-    marker = "</tool_response>"
-    assert solution_text("#### 1\n#### 1" + marker + "#### 1", None, marker) == "#### 1\n#### 1 #### 1"
+    marker, blank = "</tool_response>", " " * 16
+    assert solution_text("#### 1\n#### 1" + marker + "#### 1", None, marker) == "#### 1\n#### 1" + blank + "#### 1"
     assert solution_text("x", ("tool said #### 9" + marker, "me: " + marker + "#### 2"), marker) == \
-        "tool said #### 9" + marker + marker + "me:  #### 2"
+        "tool said #### 9" + marker + marker + "me: " + blank + "#### 2"
     assert solution_text("a" + marker + "b", None, None) == "a" + marker + "b"  # a scorer reading everything
+    # a user's own answer_after (one the model is meant to write) is left as the model wrote it
+    assert solution_text("<think>#### 3</think>#### 42", None, "</think>") == "<think>#### 3</think>#### 42"
+
+
+def test_the_trl_reward_and_the_evaluator_read_a_response_as_the_reward_manager_does():
+    from tools.bench import learn_eval, learn_vs_trl_child
+
+    marker = "</tool_response>"
+    for text, truth in [("#### 7\nThe answer is 7." + marker * 40, "7"), ("####" + marker + "7", "7"),
+                        ("#### 1 #### 1 " + marker + " #### 1", "1"), ("#### 7" + marker + "7", "7")]:
+        ours = get_scorer("format_gsm8k")(solution_text_of(text), truth, strict_format=True)["score"]
+        assert learn_vs_trl_child.make_format_reward(0.1, True)([text], [truth]) == [ours], text
+        assert learn_eval.score_texts([text], [truth], 0.1, True)["score"] == ours, text
+
+
+def solution_text_of(text):
+    from rewards.response_text import solution_text
+
+    return solution_text(text, None, "</tool_response>")

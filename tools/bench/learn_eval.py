@@ -95,13 +95,17 @@ def score_texts(texts: list[str], truths: list[str], format_score: float = 0.1, 
     whose true answer is not ``top_answer`` (None when there are none), what giving one answer to every question
     cannot earn (0 for such a policy; the base model's accuracy for one that did not collapse)."""
     from rewards.format_reward import compute_score
+    from rewards.gsm8k import TOOL_RESPONSE_END
+    from rewards.response_text import solution_text
 
-    scores = [compute_score(t, gt, format_score=format_score, strict_format=strict_format)
-              for t, gt in zip(texts, truths)]
+    # each text as the reward manager hands a single-turn response to the format scorer
+    scores = [compute_score(solution_text(t, None, TOOL_RESPONSE_END), gt, format_score=format_score,
+                            strict_format=strict_format) for t, gt in zip(texts, truths)]
     n = len(scores)
     mean = (lambda k: sum(s[k] for s in scores) / n if n else float("nan"))
     stats = answer_stats(texts)
-    other = [s["acc"] for s, gt in zip(scores, truths) if _answer_key(gt) != stats["top_answer"]]
+    top = stats["top_answer"]
+    other = [s["acc"] for s, gt in zip(scores, truths) if top is None or _answer_key(gt) != top]
     return dict(n=n, acc=mean("acc"), format=mean("format"), score=mean("score"), **stats,
                 acc_beyond_top=sum(other) / len(other) if other else None)
 

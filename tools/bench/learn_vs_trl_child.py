@@ -50,11 +50,13 @@ def make_format_reward(format_score: float, strict_format: bool = False) -> Call
     ``format_score`` well-formed but wrong, 0 otherwise; what ours' ``reward=format`` gives (with
     ``reward_model.scorer_kwargs.strict_format``). Completions: str or chat messages."""
     from rewards.format_reward import compute_score
+    from rewards.gsm8k import TOOL_RESPONSE_END
+    from rewards.response_text import solution_text
 
     def format_reward(completions, ground_truth, **_):
         out = []
-        for c, gt in zip(completions, ground_truth):
-            text = c if isinstance(c, str) else c[-1]["content"]
+        for c, gt in zip(completions, ground_truth):  # each as ours' reward manager hands a single-turn response
+            text = solution_text(c if isinstance(c, str) else c[-1]["content"], None, TOOL_RESPONSE_END)
             out.append(float(compute_score(text, gt, format_score=format_score, strict_format=strict_format)["score"]))
         return out
     return format_reward

@@ -30,15 +30,18 @@ MAX_AFTER_ANSWER = 64  # characters after a strict answer, whitespace included: 
 
 
 def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
-    """Whether ``text`` holds exactly one answer and at most a short tail after it: for ``"gsm8k"`` one ``#### N``
-    marker (:func:`rewards.gsm8k.answer_markers`: any ``####`` followed by a number, a numbered heading such as
-    ``#### 1. Add`` too; a ``####`` without a number is none), written with exactly four ``#`` and a space or tab;
-    for ``"boxed"`` one ``\\boxed``/``\\fbox`` (the two together), closed, at most :data:`MAX_BOX_GAP` spaces
-    after the command (``\\boxed{7}``, ``\\boxed 7``); the ``####`` then one or two spaces or tabs, at most a sign
-    and a currency sign, and the number (``#### -$5``, not ``####`` and blanks to the length limit). After the answer (the number, or the
-    box) at most :data:`MAX_AFTER_ANSWER` characters, whitespace included: ``#### 32\\nThe answer is 32.``,
-    ``#### 3/4`` and ``$\\boxed{7}$.`` are fine; the answer repeated, or any text or blank lines to the length limit,
-    are not. The check of ``strict_format``; whether the answer is readable is checked apart.
+    """Whether ``text`` holds exactly one answer and at most a short tail after it (the check of
+    ``strict_format``; whether the answer is readable is checked apart):
+
+    - ``"gsm8k"``: one ``#### N`` marker (:func:`rewards.gsm8k.answer_markers`: any ``####`` followed by a number,
+      a numbered heading such as ``#### 1. Add`` too; a ``####`` without a number is none), written as four ``#``,
+      one or two spaces or tabs, at most a sign and a currency sign, then the number (``#### -$5``; not ``####``
+      and blanks to the length limit);
+    - ``"boxed"``: one ``\\boxed``/``\\fbox`` (the two together), closed, at most :data:`MAX_BOX_GAP` spaces
+      after the command (``\\boxed{7}``, ``\\boxed 7``);
+    - after the answer (the number, or the box) at most :data:`MAX_AFTER_ANSWER` characters, whitespace included:
+      ``#### 32\\nThe answer is 32.``, ``#### 3/4`` and ``$\\boxed{7}$.`` are fine; the answer repeated, or any
+      text or blank lines to the length limit, are not.
 
     Raises:
         ValueError: if ``answer_format`` is not one of ``ANSWER_FORMATS``.
@@ -93,8 +96,8 @@ def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1
         answer_after: read the answer only after the last occurrence of this string, e.g. the end of the last
             tool answer (:func:`rewards.gsm8k.final_answer_text`); None reads the whole response.
         strict_format: a response (the part read, after ``answer_after``) is well-formed only with exactly one
-            answer marker, on its last non-blank line (:func:`single_final_answer`); one that is not scores 0 and
-            counts as neither well-formed nor correct, whatever its last answer.
+            answer and at most :data:`MAX_AFTER_ANSWER` characters after it (:func:`single_final_answer`); one that
+            is not scores 0 and counts as neither well-formed nor correct, whatever its last answer.
 
     Returns:
         ``{"score": shaped reward, "acc": 1.0 if correct else 0.0, "format": 1.0 if well-formed else 0.0}``

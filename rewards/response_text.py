@@ -68,7 +68,7 @@ def solution_text(text: str, split: tuple[str, str] | None, marker: str | None) 
     left as it is."""
     if marker is None:
         return text
-    own = (lambda t: t.replace(marker, " " * len(marker))) if marker == TOOL_RESPONSE_END else (lambda t: t)
-    if split is None:
-        return own(text)
-    return split[0] + marker + own(split[1])
+    own = split[1] if split is not None else text  # what the model wrote after its last tool turn, or all of it
+    if marker == TOOL_RESPONSE_END:
+        own = own.replace(marker, " " * len(marker))
+    return own if split is None else split[0] + marker + own

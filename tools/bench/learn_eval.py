@@ -29,8 +29,8 @@ import os
 import time
 from typing import Iterator
 
-__all__ = ["checkpoint_tensors", "load_eval_rows", "build_engine", "score_texts", "answer_stats", "constant_baseline",
-           "evaluate_rows", "evaluate"]
+__all__ = ["checkpoint_tensors", "load_eval_rows", "build_engine", "response_text", "score_response", "score_texts",
+           "answer_stats", "constant_baseline", "evaluate_rows", "evaluate"]
 
 
 def checkpoint_tensors(folder: str) -> Iterator[tuple[str, "object"]]:
@@ -94,13 +94,8 @@ def score_texts(texts: list[str], truths: list[str], format_score: float = 0.1, 
     (fractions), :func:`answer_stats` of ``texts``, and ``acc_beyond_top``: the strict accuracy over the questions
     whose true answer is not ``top_answer`` (None when there are none), what giving one answer to every question
     cannot earn (0 for such a policy; the base model's accuracy for one that did not collapse)."""
-    from rewards.format_reward import compute_score
-    from rewards.gsm8k import TOOL_RESPONSE_END
-    from rewards.response_text import solution_text
-
-    # each text as the reward manager hands a single-turn response to the format scorer
-    scores = [compute_score(solution_text(t, None, TOOL_RESPONSE_END), gt, format_score=format_score,
-                            strict_format=strict_format) for t, gt in zip(texts, truths)]
+    texts = [response_text(t) for t in texts]
+    scores = [score_response(t, gt, format_score, strict_format) for t, gt in zip(texts, truths)]
     n = len(scores)
     mean = (lambda k: sum(s[k] for s in scores) / n if n else float("nan"))
     stats = answer_stats(texts)
@@ -108,6 +103,25 @@ def score_texts(texts: list[str], truths: list[str], format_score: float = 0.1, 
     other = [s["acc"] for s, gt in zip(scores, truths) if top is None or _answer_key(gt) != top]
     return dict(n=n, acc=mean("acc"), format=mean("format"), score=mean("score"), **stats,
                 acc_beyond_top=sum(other) / len(other) if other else None)
+
+
+def response_text(text: str) -> str:
+    """``text`` as the reward manager hands a single-turn response to a built-in scorer
+    (:func:`rewards.response_text.solution_text`: a ``</tool_response>`` the model wrote is no boundary); a
+    non-str ``text`` as it is (the scorer gives it 0)."""
+    from rewards.gsm8k import TOOL_RESPONSE_END
+    from rewards.response_text import solution_text
+
+    return solution_text(text, None, TOOL_RESPONSE_END) if isinstance(text, str) else text
+
+
+def score_response(text: str, truth, format_score: float = 0.1, strict_format: bool = False) -> dict[str, float]:
+    """The format scorer's ``{"score", "acc", "format"}`` of one single-turn response read as the reward manager
+    reads it (:func:`response_text`): what ours' ``reward=format`` pays, for TRL's reward function and the
+    evaluator alike (:func:`rewards.format_reward.compute_score`)."""
+    from rewards.format_reward import compute_score
+
+    return compute_score(response_text(text), truth, format_score=format_score, strict_format=strict_format)
 
 
 def _answer_key(value) -> str | None:

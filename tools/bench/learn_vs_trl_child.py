@@ -45,19 +45,17 @@ def learn_config_kwargs(job: dict) -> dict:
 
 
 def make_format_reward(format_score: float, strict_format: bool = False) -> Callable[..., list[float]]:
-    """A TRL reward function scoring each completion with this project's format-aware scorer
-    (:func:`rewards.format_reward.compute_score`, GSM8K ``#### N`` format, ``strict_format``): 1 correct,
-    ``format_score`` well-formed but wrong, 0 otherwise; what ours' ``reward=format`` gives (with
-    ``reward_model.scorer_kwargs.strict_format``). Completions: str or chat messages."""
-    from rewards.format_reward import compute_score
-    from rewards.gsm8k import TOOL_RESPONSE_END
-    from rewards.response_text import solution_text
+    """A TRL reward function scoring each completion with this project's format-aware scorer, each read as ours'
+    reward manager reads it (:func:`tools.bench.learn_eval.score_response`, GSM8K ``#### N`` format,
+    ``strict_format``): 1 correct, ``format_score`` well-formed but wrong, 0 otherwise; what ours' ``reward=format``
+    gives (with ``reward_model.scorer_kwargs.strict_format``). Completions: str or chat messages."""
+    from tools.bench.learn_eval import score_response
 
     def format_reward(completions, ground_truth, **_):
         out = []
-        for c, gt in zip(completions, ground_truth):  # each as ours' reward manager hands a single-turn response
-            text = solution_text(c if isinstance(c, str) else c[-1]["content"], None, TOOL_RESPONSE_END)
-            out.append(float(compute_score(text, gt, format_score=format_score, strict_format=strict_format)["score"]))
+        for c, gt in zip(completions, ground_truth):
+            text = c if isinstance(c, str) else c[-1]["content"]
+            out.append(float(score_response(text, gt, format_score, strict_format)["score"]))
         return out
     return format_reward
 

@@ -140,3 +140,16 @@ def test_extra_info_key_absent_from_first_batch_is_still_logged():
     batch, _ = tr.loader.next_batch()
     _, m = tr.train_step(batch, {})
     assert m["reward/format/mean"] == 1.0   # today missing: keys are taken from rews[0] only
+
+
+def test_multi_turn_call_seconds_add_up_over_the_steps_generation_batches():
+    rows = [_row(0, "wrong", 2), _row(1, "wrong", 2), _row(2, "mixed", 2), _row(3, "mixed", 2)]
+    tr = make_trainer(rows, bs=2, actor=FakeActor(perf={1: {"multi_turn/generate_s": 3.0,
+                                                            "multi_turn/tool_wall_s": 0.5},
+                                                        2: {"multi_turn/generate_s": 2.0,
+                                                            "multi_turn/tool_wall_s": 0.25}}))
+    batch, _ = tr.loader.next_batch()
+    trained, metrics = tr.train_step(batch, {})
+    assert metrics["dynamic_sampling/num_gen_batches"] == 2.0
+    assert trained.meta["multi_turn/generate_s"] == 5.0  # batch 1 kept no rows, its seconds still count
+    assert trained.meta["multi_turn/tool_wall_s"] == 0.75

@@ -30,3 +30,13 @@ def test_concat_refuses_parts_with_different_non_tensor_columns():
     with pytest.raises(ValueError, match=r"part 1 has non-tensor columns \['uid'\], part 0 has \['ability', 'uid'\]"):
         DataProto.concat([a, b])
     assert list(DataProto.concat([a, a])["uid"]) == ["a", "b", "a", "b"]
+
+
+def test_multi_turn_call_seconds_are_the_slowest_workers_not_the_first():
+    a = DataProto.from_dict({"x": torch.zeros(1, 1)}, meta={"multi_turn/tool_wall_s": 1.5,
+                                                            "multi_turn/generate_s": 4.0})
+    b = DataProto.from_dict({"x": torch.zeros(1, 1)}, meta={"multi_turn/tool_wall_s": 6.0,
+                                                            "multi_turn/generate_s": 2.0})
+    out = DataProto.concat([a, b])
+    assert out.meta["multi_turn/tool_wall_s"] == 6.0  # the first worker's was 1.5
+    assert out.meta["multi_turn/generate_s"] == 4.0

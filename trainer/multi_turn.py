@@ -16,6 +16,7 @@ import torch
 
 from rollout.generator import Generation, Generator, SingleTurnGenerator
 from trainer.config_checks import ConfigError
+from trainer.protocol import CALL_SECONDS_META
 
 __all__ = ["MULTI_TURN_KEYS", "multi_turn_config", "check_multi_turn", "check_multi_turn_template", "tool_schemas",
            "MultiTurnGenerator", "build_generator", "generation_metrics"]
@@ -25,7 +26,6 @@ MULTI_TURN_KEYS = ("enable", "max_assistant_turns", "max_user_turns", "max_paral
                    "max_tool_response_length", "tool_response_truncate_side", "format", "tools", "tool_config_path")
 _INT_KEYS = ("max_assistant_turns", "max_user_turns", "max_parallel_calls", "max_tool_response_length")
 #: the ``multi_turn/*`` metrics of a worker's call that no row holds (wall-clock), read from the batch's ``meta``
-_CALL_METRICS = ("multi_turn/tool_wall_s", "multi_turn/generate_s")
 
 
 def multi_turn_config(rollout_cfg: Mapping[str, Any]):
@@ -177,11 +177,12 @@ def generation_metrics(batch) -> dict[str, float]:
     token shares, stop reasons: :func:`rollout.multiturn.metrics.column_metrics`) are computed from the rows'
     non-tensor columns (:data:`rollout.multiturn.metrics.ROW_COLUMNS`), so they cover every row of the batch: every
     worker's, after any filter. ``meta`` gives only what no row holds: the tools' own metrics and the wall-clock
-    ``multi_turn/tool_wall_s`` / ``generate_s`` of the call (``DataProto.concat`` keeps the first worker's ``meta``).
+    ``multi_turn/tool_wall_s`` / ``generate_s`` of the step's generation (the slowest worker's seconds per call,
+    :data:`trainer.protocol.CALL_SECONDS_META`; with dynamic sampling, summed over the step's generation batches).
     """
     from rollout.multiturn.metrics import column_metrics
 
     meta = getattr(batch, "meta", None) or {}
-    out = {k: float(v) for k, v in meta.items() if k.startswith("tool/") or k in _CALL_METRICS}
+    out = {k: float(v) for k, v in meta.items() if k.startswith("tool/") or k in CALL_SECONDS_META}
     out.update(column_metrics(getattr(batch, "non_tensor", None) or {}))
     return out

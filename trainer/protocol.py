@@ -41,6 +41,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+#: ``meta`` keys holding the wall-clock seconds of one worker's generation call (multi-turn rollouts: the tool
+#: phases and the engine's generation). :meth:`DataProto.concat` joins the workers' values by their maximum; the
+#: generation batches of one step (dynamic sampling) add up (:func:`trainer.hooks.dynamic_sampling.
+#: collect_informative_groups`).
+CALL_SECONDS_META = ("multi_turn/tool_wall_s", "multi_turn/generate_s")
+
 
 def _as_object_array(values: Sequence[Any]) -> np.ndarray:
     arr = np.empty(len(values), dtype=object)
@@ -178,7 +184,9 @@ class DataProto:
     @staticmethod
     def concat(parts: Sequence["DataProto"]) -> "DataProto":
         """Concatenate batches row-wise; meta comes from the first part, except keys starting with ``perf/max_``
-        (per-rank peaks such as GPU memory), which take the maximum over the parts that hold them.
+        (per-rank peaks such as GPU memory) and the keys of :data:`CALL_SECONDS_META` (wall-clock seconds of one
+        worker's call: a call over several workers lasts as long as its slowest), which take the maximum over the
+        parts that hold them.
 
         Raises:
             ValueError: no parts, or parts whose non-tensor columns differ (the columns of both are named).
@@ -195,6 +203,6 @@ class DataProto:
             batch = torch.cat([p.batch for p in parts], dim=0)
         non_tensor = {k: np.concatenate([p.non_tensor[k] for p in parts]) for k in parts[0].non_tensor}
         meta = dict(parts[0].meta)
-        for k in {k for p in parts for k in p.meta if k.startswith("perf/max_")}:
+        for k in {k for p in parts for k in p.meta if k.startswith("perf/max_") or k in CALL_SECONDS_META}:
             meta[k] = max(p.meta[k] for p in parts if k in p.meta)
         return DataProto(batch=batch, non_tensor=non_tensor, meta=meta)

@@ -11,9 +11,9 @@ key                                         value
 ``multi_turn/malformed_calls``              unparsable calls, unknown tool names, arguments failing the schema
 ``multi_turn/tool_timeouts``                calls that ran out of time
 ``multi_turn/tool_seconds/{sum,max}``       seconds inside tool calls: summed over calls, of the slowest sample
-``multi_turn/tool_wall_s``                  wall-clock seconds of the rounds' tool phases (calls run concurrently), of
-                                            one worker's call (the first worker's in a multi-worker step)
-``multi_turn/generate_s``                   wall-clock seconds in ``engine.generate``, of one worker's call (ditto)
+``multi_turn/tool_wall_s``                  wall-clock seconds of the rounds' tool phases (calls run concurrently) of
+                                            one worker's call; in the step's metrics the slowest worker's
+``multi_turn/generate_s``                   wall-clock seconds in ``engine.generate`` of one worker's call (ditto)
 ``multi_turn/tool_token_share``             tool-answer tokens / all response tokens
 ``multi_turn/template_token_share``         chat-template glue tokens / all response tokens
 ``multi_turn/dropped_after_call``           model tokens written after a tool call in the same turn (before its

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from trainer.hooks.base import StepContext, StepHook
-from trainer.protocol import DataProto
+from trainer.protocol import CALL_SECONDS_META, DataProto
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +203,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
     """
     kept, dropped, rewards = [], [], []
     gen_tokens = 0.0
+    call_seconds: dict[str, float] = {}  # CALL_SECONDS_META of every batch: the step waits for each in turn
     informative = generated = batches = 0
     prompts = first
     while True:
@@ -215,6 +216,9 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         dropped.append(rows.index(drop))
         rewards.append(rew)
         gen_tokens += float(rows["response_mask"].sum()) if "response_mask" in rows else 0.0
+        for k in CALL_SECONDS_META:
+            if k in rows.meta:
+                call_seconds[k] = call_seconds.get(k, 0.0) + float(rows.meta[k])
         informative += len(keep) // n
         generated += groups
         if informative >= want_groups or (max_num_gen_batches > 0 and batches >= max_num_gen_batches):
@@ -227,6 +231,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
     filled = max(0, want_groups - informative)
     batch = _join_kept(kept, dropped, want_groups * n, filled * n, pad_token_id)
     batch.meta["gen_response_tokens"] = gen_tokens
+    batch.meta.update(call_seconds)
     metrics["dynamic_sampling/num_gen_batches"] = float(batches)
     metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0
     metrics["dynamic_sampling/filled_groups"] = float(filled)

@@ -12,7 +12,8 @@
 # Settings: OUT (/tmp/qout), SMOL (/tmp/smol_hf), DATA (data), LEARN_SEED (1), LEARN_BUDGET_S (540, per side),
 # LEARN_EVERY_S (60), GSM8K_ROWS (500), LEARN_ARGS (more training arguments, e.g. --strict-format: words split at
 # spaces, no quoting), VLLM_READY (/tmp/vsite.ok), VLLM_WAIT_S (900: how long TRL waits for it).
-# Files in $OUT: ours.json, trl.json, learn.json/.md/.png, logs.tgz, console.log, and ALLDONE at the end, holding
+# Files in $OUT: ours.json, trl.json, learn.json/.md/.png, logs.tgz (the consoles, the evaluation, TRL's result and
+# ours' metrics.jsonl of every step), console.log, and ALLDONE at the end, holding
 # "ok" or the steps that failed (the script then exits 1).
 set -u
 OUT=${OUT:-/tmp/qout}
@@ -60,7 +61,7 @@ else
   failed+=(eval)
 fi
 echo "eval done $(date)"
-logs=$(cd /tmp/learn && ls *.log eval.json *_result.json 2>/dev/null)
+logs=$(cd /tmp/learn && ls *.log eval.json *_result.json ours_s*/metrics.jsonl 2>/dev/null)
 # shellcheck disable=SC2086  # file names without spaces, written by learn_vs_trl.py
 [ -n "$logs" ] && (cd /tmp/learn && tar czf "$OUT/logs.tgz" $logs)
 status=${failed[*]:-ok}

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from trainer.group_metrics import group_score_metrics
 from trainer.multi_turn import generation_metrics
 
 __all__ = ["compute_data_metrics", "completion_length_stats", "CompletionLengthStats", "compute_timing_metrics",
@@ -50,7 +51,8 @@ def compute_data_metrics(batch, use_critic: bool, max_response_length: int, max_
     ``critic/advantages|returns[|values]/{mean,max,min}`` (over valid tokens of ``response_mask``; NaN if none),
     ``critic/vf_explained_var = 1 - Var(R - V) / (Var(R) + 1e-5)`` (unbiased variances, valid tokens),
     ``response_length/{mean,max,min,clip_ratio}``, ``response_length_non_aborted/{...}``,
-    ``response/aborted_ratio`` (response length 0), ``prompt_length/{mean,max,min,clip_ratio}``, and for
+    ``response/aborted_ratio`` (response length 0), ``prompt_length/{mean,max,min,clip_ratio}``,
+    ``critic/frac_reward_zero_std`` (groups whose scores are all equal: :mod:`trainer.group_metrics`), and for
     multi-turn rollouts the ``multi_turn/*`` and ``tool/*`` metrics (:func:`trainer.multi_turn.generation_metrics`).
     Lengths are counted from the attention mask; ``clip_ratio`` is the fraction of samples whose length reaches
     the CONFIGURED maximum (``max_response_length`` / ``max_prompt_length``), not the padded width.
@@ -92,6 +94,7 @@ def compute_data_metrics(batch, use_critic: bool, max_response_length: int, max_
     out["response/aborted_ratio"] = aborted.float().mean().item()
     out.update(_stats("prompt_length", prompt_len))
     out["prompt_length/clip_ratio"] = (prompt_len >= max_prompt_length).float().mean().item()
+    out.update(group_score_metrics(batch))
     out.update(generation_metrics(batch))
     return out
 

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
-CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "response_length/mean", "actor/pg_loss", "actor/entropy",
-                "actor/kl_loss", "actor/grad_norm", "timing_s/step", "perf/throughput")
+CONSOLE_KEYS = ("critic/score/mean", "reward/acc/mean", "critic/frac_reward_zero_std", "response_length/mean",
+                "actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "timing_s/step", "perf/throughput")
 BACKENDS = ("console", "wandb")
 # what a run writes into trainer.output_dir besides checkpoints (set aside by a fresh run with them when they are
 # inside it: set_aside_earlier_run)

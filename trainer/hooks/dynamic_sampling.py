@@ -202,8 +202,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         RuntimeError: no cap, and still short of ``want_groups`` after ``no_cap_limit`` batches (counts named).
     """
     kept, dropped, rewards = [], [], []
-    gen_tokens = 0.0
-    call_seconds: dict[str, float] = {}  # CALL_SECONDS_META of every batch: the step waits for each in turn
+    gen_tokens, call_seconds = 0.0, {}
     informative = generated = batches = 0
     prompts = first
     while True:
@@ -216,9 +215,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         dropped.append(rows.index(drop))
         rewards.append(rew)
         gen_tokens += float(rows["response_mask"].sum()) if "response_mask" in rows else 0.0
-        for k in CALL_SECONDS_META:
-            if k in rows.meta:
-                call_seconds[k] = call_seconds.get(k, 0.0) + float(rows.meta[k])
+        _add_call_seconds(call_seconds, rows.meta)
         informative += len(keep) // n
         generated += groups
         if informative >= want_groups or (max_num_gen_batches > 0 and batches >= max_num_gen_batches):
@@ -230,12 +227,19 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         prompts = next_prompts()
     filled = max(0, want_groups - informative)
     batch = _join_kept(kept, dropped, want_groups * n, filled * n, pad_token_id)
-    batch.meta["gen_response_tokens"] = gen_tokens
-    batch.meta.update(call_seconds)
+    batch.meta.update(call_seconds, gen_response_tokens=gen_tokens)
     metrics["dynamic_sampling/num_gen_batches"] = float(batches)
     metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0
     metrics["dynamic_sampling/filled_groups"] = float(filled)
     return batch, rewards
+
+
+def _add_call_seconds(total: dict[str, float], meta: Mapping) -> None:
+    """Add one generation batch's :data:`trainer.protocol.CALL_SECONDS_META` seconds to ``total``: the step waits
+    for each batch in turn."""
+    for k in CALL_SECONDS_META:
+        if k in meta:
+            total[k] = total.get(k, 0.0) + float(meta[k])
 
 
 def _no_cap_error(informative: int, want_groups: int, batches: int, generated: int, cap: int,

@@ -44,3 +44,28 @@ def test_one_answer_policy_reads_one():
     scores = [0.1] * 8 + [1.0] * 8 + [0.1] * 8
     uids = [u for u in "xyz" for _ in range(8)]
     assert group_score_metrics(_batch(scores, uids)) == {"critic/frac_reward_zero_std": 1.0}
+
+
+def test_uids_group_as_the_advantage_estimator_groups_them():
+    # tuples are valid uids for the estimators (any hashable value); 1 and "1" are two prompts, not one
+    b = _batch([1.0, 1.0, 0.0, 1.0], [(1, 2), (1, 2), (1, 3), (1, 3)])
+    assert group_score_metrics(b) == {"critic/frac_reward_zero_std": 0.5}
+    assert group_score_metrics(_batch([1.0, 0.0], [1, "1"])) == {}
+
+
+def test_aborted_responses_are_left_out_of_their_group():
+    # a: 1, 1 and an aborted row scored 0 (flat: the estimator ignores the aborted row); b: one live row (not
+    # counted); c: 0, 1 (not flat)
+    b = _batch([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0], ["a", "a", "a", "b", "b", "c", "c"])
+    live = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0]).view(-1, 1)
+    b["response_mask"] = live
+    b["attention_mask"] = torch.cat([torch.ones(7, 1, dtype=torch.long), live.long()], dim=1)
+    assert group_score_metrics(b) == {"critic/frac_reward_zero_std": 0.5}
+    m = compute_data_metrics(b, use_critic=False, max_response_length=1, max_prompt_length=1)
+    assert m["critic/frac_reward_zero_std"] == 0.5
+
+
+def test_equal_infinite_scores_are_flat_and_a_nan_score_is_not():
+    b = _batch([float("inf"), float("inf"), float("nan"), 1.0, float("nan"), float("nan")],
+               ["a", "a", "b", "b", "c", "c"])
+    assert group_score_metrics(b) == {"critic/frac_reward_zero_std": 1 / 3}

@@ -5,7 +5,10 @@ equal. Group-normalised estimators (GRPO, DAPO, RLOO, ...) give such a group zer
 policy gradient; at 1.0 the step trains only on the KL term. A value that stays at 1.0 usually means the policy
 gives the same answer to each question on every sample (for instance one answer to all of them); a lower learning
 rate, a higher sampling temperature or ``algorithm.filter_groups`` (dynamic sampling, which needs some groups that
-differ) are the usual ways out.
+differ) are the usual ways out. With ``algorithm.filter_groups`` the metric describes the trained batch, which holds
+informative groups only (plus filler groups when ``max_num_gen_batches`` is reached), so it stays near 0 however
+many generated groups were flat: ``dynamic_sampling/informative_ratio`` is the share of generated groups that
+differ.
 
 Groups are formed as the advantage estimators form them (:func:`trainer.algos.advantages.group_ids`: rows with
 equal ``uid`` values, any hashable value), and like them the metric leaves out aborted rows (``response_mask`` all

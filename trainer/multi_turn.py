@@ -25,7 +25,6 @@ KEY = "actor_rollout_ref.rollout.multi_turn"
 MULTI_TURN_KEYS = ("enable", "max_assistant_turns", "max_user_turns", "max_parallel_calls",
                    "max_tool_response_length", "tool_response_truncate_side", "format", "tools", "tool_config_path")
 _INT_KEYS = ("max_assistant_turns", "max_user_turns", "max_parallel_calls", "max_tool_response_length")
-#: the ``multi_turn/*`` metrics of a worker's call that no row holds (wall-clock), read from the batch's ``meta``
 
 
 def multi_turn_config(rollout_cfg: Mapping[str, Any]):

@@ -40,3 +40,16 @@ def test_multi_turn_call_seconds_are_the_slowest_workers_not_the_first():
     out = DataProto.concat([a, b])
     assert out.meta["multi_turn/tool_wall_s"] == 6.0  # the first worker's was 1.5
     assert out.meta["multi_turn/generate_s"] == 4.0
+
+
+def test_generation_seconds_are_the_slowest_workers_and_the_window_spans_every_worker():
+    a = DataProto.from_dict({"x": torch.zeros(1, 1)}, meta={"timing_gen_s": 2.0, "perf/worker_s/gen": 2.0,
+                                                            "perf/rollout_s/generate": 1.5,
+                                                            "rollout_gen_window": (100.0, 101.5)})
+    b = DataProto.from_dict({"x": torch.zeros(1, 1)}, meta={"timing_gen_s": 3.0, "perf/worker_s/gen": 3.0,
+                                                            "perf/rollout_s/generate": 2.5,
+                                                            "rollout_gen_window": (100.2, 102.7)})
+    out = DataProto.concat([a, b])
+    assert out.meta["timing_gen_s"] == 3.0 and out.meta["perf/worker_s/gen"] == 3.0
+    assert out.meta["perf/rollout_s/generate"] == 2.5
+    assert out.meta["rollout_gen_window"] == (100.0, 102.7)

@@ -205,7 +205,7 @@ class OffPolicyPipeline:
         """Wait for the batch of ``step`` (a :class:`trainer.hooks.base.StepContext`); its metrics go into
         ``step.metrics``: ``async/staleness`` (updates between its weights and the policy it trains),
         ``async/weights_version``, ``async/wait_gen_s`` (seconds the step waited for it), ``async/gen_s`` (its
-        generation, rollout rank 0) and ``async/gen_overlap_s`` (seconds of that generation that ran while the
+        generation, from the first rollout worker's start to the last one's end) and ``async/gen_overlap_s`` (seconds of that generation that ran while the
         previous step trained: from its batch's arrival to the end of its actor update)."""
         k = step.global_step
         batch = self.pending.pop(k)

@@ -46,6 +46,8 @@ from tensordict import TensorDict
 #: generation batches of one step (dynamic sampling) add up (:func:`trainer.hooks.dynamic_sampling.
 #: collect_informative_groups`).
 CALL_SECONDS_META = ("multi_turn/tool_wall_s", "multi_turn/generate_s")
+_MAX_META_PREFIXES = ("perf/max_", "perf/worker_s/", "perf/rollout_s/")  # joined by DataProto.concat's maximum
+_MAX_META_KEYS = CALL_SECONDS_META + ("timing_gen_s",)
 
 
 def _as_object_array(values: Sequence[Any]) -> np.ndarray:
@@ -183,10 +185,11 @@ class DataProto:
 
     @staticmethod
     def concat(parts: Sequence["DataProto"]) -> "DataProto":
-        """Concatenate batches row-wise; meta comes from the first part, except keys starting with ``perf/max_``
-        (per-rank peaks such as GPU memory) and the keys of :data:`CALL_SECONDS_META` (wall-clock seconds of one
-        worker's call: a call over several workers lasts as long as its slowest), which take the maximum over the
-        parts that hold them.
+        """Concatenate batches row-wise; meta comes from the first part, except: keys starting with ``perf/max_``
+        (per-rank peaks such as GPU memory), ``perf/worker_s/`` or ``perf/rollout_s/`` and the keys ``timing_gen_s``
+        and :data:`CALL_SECONDS_META` (wall-clock seconds of one worker's call: a call over several workers lasts as
+        long as its slowest) take the maximum over the parts that hold them, and ``rollout_gen_window`` (a worker's
+        generation ``(start, end)``, seconds since the epoch) spans the earliest start to the latest end.
 
         Raises:
             ValueError: no parts, or parts whose non-tensor columns differ (the columns of both are named).
@@ -203,6 +206,9 @@ class DataProto:
             batch = torch.cat([p.batch for p in parts], dim=0)
         non_tensor = {k: np.concatenate([p.non_tensor[k] for p in parts]) for k in parts[0].non_tensor}
         meta = dict(parts[0].meta)
-        for k in {k for p in parts for k in p.meta if k.startswith("perf/max_") or k in CALL_SECONDS_META}:
+        for k in {k for p in parts for k in p.meta if k.startswith(_MAX_META_PREFIXES) or k in _MAX_META_KEYS}:
             meta[k] = max(p.meta[k] for p in parts if k in p.meta)
+        windows = [p.meta["rollout_gen_window"] for p in parts if "rollout_gen_window" in p.meta]
+        if windows:
+            meta["rollout_gen_window"] = (min(w[0] for w in windows), max(w[1] for w in windows))
         return DataProto(batch=batch, non_tensor=non_tensor, meta=meta)

@@ -1,5 +1,33 @@
 """Fixtures shared by several test modules."""
+import sys
+import weakref
+
 import pytest
+
+_ENGINES: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _destroy_deepspeed_engines():
+    """DeepSpeed engines that tests build in this process are destroyed when their module ends: ZeRO's gradient
+    hooks keep an engine alive after its last reference (with its reduce bucket, 2 GB at the default size), and a
+    process that has collected many can no longer fork (``OSError: [Errno 12]``)."""
+    engine_mod = sys.modules.get("deepspeed.runtime.engine")
+    if engine_mod is not None and not getattr(engine_mod.DeepSpeedEngine, "_tests_tracked", False):
+        cls, init = engine_mod.DeepSpeedEngine, engine_mod.DeepSpeedEngine.__init__
+
+        def tracked_init(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            _ENGINES.add(self)
+
+        cls.__init__, cls._tests_tracked = tracked_init, True
+    yield
+    import torch.distributed as dist
+
+    for engine in list(_ENGINES):
+        _ENGINES.discard(engine)
+        if dist.is_available() and dist.is_initialized():  # destroy() needs the process group the module made
+            engine.destroy()
 
 
 @pytest.fixture(scope="session")

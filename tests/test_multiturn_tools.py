@@ -70,10 +70,10 @@ def test_calculator_exact(expr, want):
                                       ("1/0", "division by zero"), ("1 +", "cannot parse"), ("", "non-empty"),
                                       ("1" * 2001, "longer than"), ("-" * 1500 + "1", "nested too deeply")])
 def test_calculator_refuses(expr, msg):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the calculator's own cost, whatever else shares the cores
     with pytest.raises(ToolError, match=msg):
         evaluate(expr)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
 
 
 @pytest.mark.parametrize("limit", [1000, 100_000])

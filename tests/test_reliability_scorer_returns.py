@@ -247,7 +247,7 @@ def test_a_scorer_hanging_or_dying_on_every_non_empty_response_stops_the_batch_e
         line = str(err.value)
         assert "gave no score for the first 16 non-empty responses of the batch of 102 that finished" in line, line
         assert needle in line and "other responses were not scored" in line, line
-        assert elapsed < 5.0  # all 100: 10 s of timeouts
+        assert elapsed < 9.0  # all 100 would take at least 10 s (100 x 0.2 s over 2 workers), however idle the cores
         assert rm(_mostly_non_empty("garbage", n=2)).reward_extra_info["score"] == [1.0, 1.0, 0.0, 0.0]
 
 

@@ -78,9 +78,9 @@ def test_p03_10k_response_under_50ms():
     text = ("Step: 3 * 4 = 12, then 12 + 30 = 42. " * 300)[:10_000] + "\n#### 42\n"
     for method in ("strict", "flexible"):
         compute_score(text, "42", method=method)  # warm
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: the scorer's own cost, whatever else shares the cores
         assert compute_score(text, "42", method=method) == 1.0
-        assert time.perf_counter() - t0 < 0.05
+        assert time.process_time() - t0 < 0.05
 
 
 @pytest.mark.parametrize("text", [
@@ -93,10 +93,10 @@ def test_p03_10k_response_under_50ms():
     "9" * 1_000_000,
 ])
 def test_1mb_adversarial_inputs_are_fast(text):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the scorer's own cost, whatever else shares the cores
     for method in ("strict", "flexible"):
         assert compute_score(text, "1", method=method) in (0.0, 1.0)
-    assert time.perf_counter() - t0 < 1.5  # measured 0.01-0.1 s on 2 cores
+    assert time.process_time() - t0 < 1.5  # measured 0.01-0.1 s on 2 cores
 
 
 GSM8K_DIR = os.environ.get("GSM8K_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k"))
@@ -176,10 +176,10 @@ def test_flexible_scores_fractions_exponents_and_powers_as_numbers():
 @pytest.mark.parametrize("text", ["1/" * 500_000, "1e" * 500_000, "2^" * 500_000, "1/1,1" * 200_000,
                                   "9" * 1_000_000 + "/3", "3/" + "9" * 1_000_000, "1e-" * 300_000])
 def test_flexible_attachments_stay_linear(text):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the scorer's own cost, whatever else shares the cores
     for method in ("strict", "flexible"):
         assert compute_score(text, "1", method=method) in (0.0, 1.0)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.process_time() - t0 < 0.5
 
 
 # P03 (operators): the strict answer read the first operand of an expression after the marker (``#### 10 - 3``,
@@ -242,10 +242,10 @@ def test_p03_flexible_expression_scores():
 @pytest.mark.parametrize("text", ["#### 1" + " " * 1_000_000 + "x", "#### 1" + " -" * 500_000, "1" + " *" * 500_000,
                                   "1 " * 500_000, "#### 1 " + "(" * 1_000_000, "1" + " + (" * 250_000 + "2"])
 def test_p03_operator_scans_stay_linear(text):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the scorer's own cost, whatever else shares the cores
     for method in ("strict", "flexible"):
         assert compute_score(text, "1", method=method) in (0.0, 1.0)
-    assert time.perf_counter() - t0 < 1.5
+    assert time.process_time() - t0 < 1.5
 
 
 @pytest.mark.parametrize("text,first", [

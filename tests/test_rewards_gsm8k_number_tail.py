@@ -23,10 +23,10 @@ def test_the_whole_number_after_the_marker_is_read(text, truth, score):
 
 
 def test_long_tails_stay_fast():
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the scorer's own cost, whatever else shares the cores
     for text in ("#### 1/" + "1" * 100_000, "#### 2" + "/1" * 100_000, "#### 1e" + "1" * 100_000):
         assert compute_score(text, "1") == 0.0
-    assert time.perf_counter() - t0 < 0.5
+    assert time.process_time() - t0 < 0.5
 
 
 @pytest.mark.parametrize("text", ["#### 12/25/2023", "#### 1/2/3", "#### 3/-4", "#### 2**10",

@@ -21,9 +21,9 @@ FAST_MS = 50.0
 
 
 def _first_call_ms(text, gold):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the scorer's own cost, whatever else shares the cores
     score = compute_score(text, gold)
-    return score, (time.perf_counter() - t0) * 1e3
+    return score, (time.process_time() - t0) * 1e3
 
 
 def _box(s):

@@ -205,8 +205,9 @@ class OffPolicyPipeline:
         """Wait for the batch of ``step`` (a :class:`trainer.hooks.base.StepContext`); its metrics go into
         ``step.metrics``: ``async/staleness`` (updates between its weights and the policy it trains),
         ``async/weights_version``, ``async/wait_gen_s`` (seconds the step waited for it), ``async/gen_s`` (its
-        generation, from the first rollout worker's start to the last one's end) and ``async/gen_overlap_s`` (seconds of that generation that ran while the
-        previous step trained: from its batch's arrival to the end of its actor update)."""
+        generation, from the first rollout worker's start to the last one's end) and ``async/gen_overlap_s``
+        (seconds of that generation that ran while the previous step trained: from its batch's arrival to the end of
+        its actor update)."""
         k = step.global_step
         batch = self.pending.pop(k)
         t0 = time.perf_counter()

@@ -14,6 +14,11 @@ import os
 import time
 from typing import Any, Callable
 
+# TRL's per-step log entries kept beside the reward: the share of prompt groups whose rewards are all equal (no
+# policy-gradient signal; ours logs it as ``critic/frac_reward_zero_std``), the policy entropy, the KL to the
+# reference and the reward's standard deviation.
+TRL_STEP_KEYS = ("frac_reward_zero_std", "entropy", "kl", "reward_std")
+
 __all__ = ["learn_config_kwargs", "make_format_reward", "wall_clock_saver", "run_trl_learn"]
 
 
@@ -99,7 +104,8 @@ def run_trl_learn(job: dict) -> dict:
     """Train TRL's GRPOTrainer on ``job["train"]`` until the last wall-clock mark is saved.
 
     Returns: ``trl_version``, ``config`` (the GRPOConfig keyword arguments), ``steps`` (per optimizer step:
-    ``step``, ``reward``, ``completion_length``, ``elapsed_s`` from TRL's log history and the clock), ``exports``
+    ``step``, ``reward``, ``completion_length``, ``elapsed_s`` from TRL's log history and the clock, and those of
+    :data:`TRL_STEP_KEYS` TRL logged), ``exports``
     (the manifest's entries)."""
     import torch
     import trl
@@ -130,5 +136,6 @@ def run_trl_learn(job: dict) -> dict:
     trainer.train()
     logs = [h for h in trainer.state.log_history if "reward" in h]
     steps = [dict(step=h.get("step"), reward=h.get("reward"), completion_length=h.get("completions/mean_length"),
-                  elapsed_s=step_times.get(int(h.get("step") or -1))) for h in logs]
+                  elapsed_s=step_times.get(int(h.get("step") or -1)),
+                  **{k: h[k] for k in TRL_STEP_KEYS if k in h}) for h in logs]
     return dict(framework="trl", trl_version=trl.__version__, config=kwargs, steps=steps, exports=read_entries(root))

@@ -430,6 +430,10 @@ def test_ours_side_on_the_cpu_saves_at_its_marks_and_is_scored(tmp_path):
     run = doc["runs"][0]
     assert run["stop"] == "last mark saved" and not run.get("error"), run
     assert [e["mark_s"] for e in run["exports"]][-1] == 30.0 and run["exports"][-1]["global_step"] >= 1
+    sig = run["signal"]  # the training metrics the trainer logged, per save
+    assert [x["mark_s"] for x in sig] == [e["mark_s"] for e in run["exports"]]
+    assert sum(x["steps"] for x in sig) == run["exports"][-1]["global_step"]
+    assert all(k in sig[0] for k in ("reward", "frac_reward_zero_std", "entropy", "response_length")), sig[0]
     res = doc["eval"]["results"]
     assert res["base"]["svamp"]["n"] == 4 and res["base"]["gsm8k"]["n"] == 4
     assert "gsm8k" in res["ours_s1_t000030"] and not doc["eval"]["errors"]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from tools.bench.learn_signal import signal_lines
+
 __all__ = ["SIDES", "ckpt_id", "run_values", "mark_table", "targets", "constant_baseline_of", "answer_rows",
            "gsm8k_rows", "markdown", "plot"]
 
@@ -155,7 +157,8 @@ def _cell(stats: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
-    """The held-out table per mark, the targets, the runs and the GSM8K before/after table."""
+    """The held-out table per mark, the targets, the runs, their training signal between marks
+    (:func:`tools.bench.learn_signal.signal_lines`) and the GSM8K before/after table."""
     rows, job = mark_table(doc), doc["job"]
     lines = [f"Held-out SVAMP ({job.get('test_rows', '?')} rows), greedy, strict accuracy and format compliance (%); "
              "mean over seeds (each seed's value):", "",
@@ -183,6 +186,7 @@ def markdown(doc: dict) -> str:
         first = f"{ex[0]['elapsed_s']:.0f}" if ex else "-"
         lines.append(f"| {r['side']} seed {r['seed']} | {ex[-1]['global_step'] if ex else '-'} | {first} | "
                      f"{len(ex)} | {r.get('error') or r.get('stop', '-')} | {r.get('wall_s', 0):.0f} |")
+    lines += signal_lines(doc)
     g = gsm8k_rows(doc)
     if g:
         lines += ["", "GSM8K test, greedy, strict (%):", "", "| model | acc | format | rows |", "|---|---|---|---|"]

@@ -201,8 +201,10 @@ def run_until_final_mark(cmd: list[str], log: str, env_extra: dict, exports_root
 
 def run_side(side: str, seed: int, job: dict, work: str) -> dict:
     """One run: its row ``{"side", "seed", "exports" (the manifest), "log", "wall_s", "rc", "stop"}`` plus, for
-    TRL, ``trl`` (version, GRPOConfig arguments, per-step log) and for ours ``command``; ``error`` when it saved
-    nothing or failed before its last mark."""
+    TRL, ``trl`` (version, GRPOConfig arguments, per-step log) and for ours ``command``; ``signal``: the training
+    signal between its saves (:func:`tools.bench.learn_signal.signal_by_mark`); ``error`` when it saved nothing or
+    failed before its last mark."""
+    from tools.bench.learn_signal import signal_by_mark, step_rows
     from tools.bench.vs_trl import side_env
     from trainer.hf_exports import EXPORTS_SUBDIR, read_entries
 
@@ -230,6 +232,7 @@ def run_side(side: str, seed: int, job: dict, work: str) -> dict:
         with open(tjob["trl_result"], encoding="utf-8") as f:
             res = json.load(f)
         row["trl"] = {k: res.get(k) for k in ("trl_version", "config", "steps")}
+    row["signal"] = signal_by_mark(step_rows(row), row["exports"])
     if not row["exports"] or not any(e["mark_s"] >= job["budget_s"] for e in row["exports"]):
         with open(log, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-1500:]

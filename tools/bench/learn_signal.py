@@ -1,0 +1,89 @@
+"""The training signal of each run of ``tools/bench/learn_vs_trl.py`` between its wall-clock marks.
+
+Held-out accuracy says where a policy got; these say how it got there, step by step, read the same way on both
+sides: the training reward, the share of prompt groups whose rewards are all equal (no policy-gradient signal in
+them: ours' ``critic/frac_reward_zero_std``, TRL's ``frac_reward_zero_std``), the policy entropy (nats per token)
+and the mean response length (tokens). :func:`signal_by_mark` averages them over the steps a run took between two
+of its saves, so both sides are compared at the same wall-clock minutes even when their step rates differ.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+__all__ = ["SIGNAL_KEYS", "step_rows", "signal_by_mark", "signal_lines"]
+
+# report name: (ours' metrics.jsonl key, TRL's per-step key in learn_vs_trl_child's result)
+SIGNAL_KEYS = {
+    "reward": ("critic/score/mean", "reward"),
+    "frac_reward_zero_std": ("critic/frac_reward_zero_std", "frac_reward_zero_std"),
+    "entropy": ("actor/entropy", "entropy"),
+    "response_length": ("response_length/mean", "completion_length"),
+}
+
+
+def step_rows(run: dict) -> list[dict]:
+    """Per optimizer step of one run, ``{"step": int, <SIGNAL_KEYS name>: float, ...}`` (a value the run did not log
+    is left out): ours' from ``<run["out_dir"]>/metrics.jsonl`` (one JSON object per step), TRL's from
+    ``run["trl"]["steps"]``. [] when neither is there."""
+    if run["side"] == "trl":
+        src, col = (run.get("trl") or {}).get("steps") or [], 1
+    else:
+        path = os.path.join(run.get("out_dir") or "", "metrics.jsonl")
+        if not os.path.isfile(path):
+            return []
+        with open(path, encoding="utf-8") as f:
+            src, col = [json.loads(line) for line in f if line.strip()], 0
+    out = []
+    for s in src:
+        if s.get("step") is None:
+            continue
+        row = {"step": int(s["step"])}
+        row.update({name: float(s[keys[col]]) for name, keys in SIGNAL_KEYS.items()
+                    if isinstance(s.get(keys[col]), (int, float))})
+        out.append(row)
+    return out
+
+
+def signal_by_mark(steps: list[dict], exports: list[dict]) -> list[dict]:
+    """Per save of the run (``exports``: the manifest's entries, ``mark_s`` and ``global_step``), in mark order:
+    ``{"mark_s", "steps": the number of steps after the previous save up to this one, <name>: their mean}``; a
+    name none of those steps logged (or only as NaN) is left out."""
+    out, prev = [], 0
+    for e in sorted(exports, key=lambda e: e["mark_s"]):
+        upto = int(e.get("global_step") or 0)
+        window = [s for s in steps if prev < s["step"] <= upto]
+        row = {"mark_s": float(e["mark_s"]), "steps": len(window)}
+        for name in SIGNAL_KEYS:
+            vals = [s[name] for s in window if name in s and math.isfinite(s[name])]
+            if vals:
+                row[name] = sum(vals) / len(vals)
+        out.append(row)
+        prev = max(prev, upto)
+    return out
+
+
+def _cell(runs: list[dict], side: str, mark_s: float, name: str, fmt: str) -> str:
+    vals = [r[name] for run in runs if run["side"] == side
+            for r in run.get("signal") or [] if r["mark_s"] == mark_s and name in r]
+    return "/".join(format(v, fmt) for v in vals) or "-"
+
+
+def signal_lines(doc: dict) -> list[str]:
+    """Markdown: one row per mark, per side the steps taken since the previous mark, the share of reward-flat
+    groups, the entropy and the training reward over those steps (one value per seed, ``/`` between seeds); [] when
+    no run of ``doc["runs"]`` holds ``signal`` (:func:`signal_by_mark`)."""
+    runs = [r for r in doc.get("runs") or [] if r.get("signal")]
+    if not runs:
+        return []
+    marks = sorted({r["mark_s"] for run in runs for r in run["signal"]})
+    lines = ["", "Training signal between marks (mean over the steps since the previous mark; one value per seed):",
+             "", "| minutes | TRL steps | ours steps | TRL flat groups | ours flat groups | TRL entropy | ours entropy "
+             "| TRL reward | ours reward |", "|---|---|---|---|---|---|---|---|---|"]
+    for t in marks:
+        cells = [_cell(runs, side, t, name, fmt) for name, fmt in
+                 (("steps", "d"), ("frac_reward_zero_std", ".2f"), ("entropy", ".2f"), ("reward", ".3f"))
+                 for side in ("trl", "ours")]
+        lines.append(f"| {t / 60:g} | " + " | ".join(cells) + " |")
+    return lines

@@ -145,6 +145,10 @@ def _fails_unless_empty(solution_str, ground_truth, extra_info=None, **kw):
 
     if not solution_str:
         return 0.0
+    if (extra_info or {}).get("log"):  # one byte per call that started, from any scoring process
+        fd = os.open(extra_info["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, b".")
+        os.close(fd)
     kind = (extra_info or {}).get("kind", "raise")
     if kind == "none":
         return None
@@ -165,8 +169,9 @@ def _fails_unless_empty(solution_str, ground_truth, extra_info=None, **kw):
     raise ValueError("boom")
 
 
-def _mostly_non_empty(kind, n=6, empty=2):
-    return make_batch(["42"] * n + [""] * empty, non_tensors={"extra_info": [{"kind": kind}] * (n + empty)})
+def _mostly_non_empty(kind, n=6, empty=2, log=None):
+    info = {"kind": kind, **({"log": log} if log else {})}
+    return make_batch(["42"] * n + [""] * empty, non_tensors={"extra_info": [info] * (n + empty)})
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -230,24 +235,27 @@ def test_a_scorer_failing_on_some_non_empty_responses_keeps_training(tok, caplog
     ("hang", "16 ran past reward_model.timeout_s=0.2 s", 0.2),
     ("os_exit", "16 ended their scoring process (first: scorer worker died (exit code 3))", 4.0)])
 def test_a_scorer_hanging_or_dying_on_every_non_empty_response_stops_the_batch_early(tok, kind, needle,  # noqa: F811
-                                                                                    timeout_s):
+                                                                                    timeout_s, tmp_path):
     """Each timeout costs timeout_s and each death a new process (a step took 268 s, or 45-58 s instead of 0.2 s,
-    and trained on zeros): after 16 such failures on non-empty responses with none scored the batch stops; the
-    pool scores the next batch."""
+    and trained on zeros): after 16 such failures on non-empty responses with none scored the batch stops, and no
+    other response of it is started; the pool scores the next batch."""
     import time
 
     from rewards.manager import RewardManager
     from rewards.failures import ScorerError
 
+    log = tmp_path / "calls"
     with RewardManager(tok, scorer=_fails_unless_empty, timeout_s=timeout_s, num_workers=2) as rm:
-        t0 = time.perf_counter()
         with pytest.raises(ScorerError) as err:
-            rm(_mostly_non_empty(kind, n=100))
-        elapsed = time.perf_counter() - t0
+            rm(_mostly_non_empty(kind, n=100, log=str(log)))
+        started = len(log.read_bytes())
         line = str(err.value)
         assert "gave no score for the first 16 non-empty responses of the batch of 102 that finished" in line, line
         assert needle in line and "other responses were not scored" in line, line
-        assert elapsed < 9.0  # all 100 would take at least 10 s (100 x 0.2 s over 2 workers), however idle the cores
+        # the 16 failures and at most one call in flight per worker, counted in calls rather than seconds
+        assert 16 <= started <= 18, started
+        time.sleep(0.5)
+        assert len(log.read_bytes()) == started  # nothing of the stopped batch runs on after the error
         assert rm(_mostly_non_empty("garbage", n=2)).reward_extra_info["score"] == [1.0, 1.0, 0.0, 0.0]
 
 

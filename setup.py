@@ -36,7 +36,7 @@ setup(
         # megatron-core 0.17+ needs Python >= 3.12; 0.16 is the newest that installs on 3.11
         "megatron": ["megatron-core>=0.16,<0.20"],
         # megatron-core 0.16 runs the Megatron tests on CPU (gloo) and is the newest release for Python 3.11
-        "test": ["pytest", "hypothesis", "megatron-core>=0.16,<0.17"],
+        "test": ["pytest", "pytest-xdist>=3.5,<4", "hypothesis", "megatron-core>=0.16,<0.17"],
         "bench": ["trl"],
     },
 )

@@ -1,27 +1,8 @@
-"""Fixtures shared by several test modules, and how many pytest-xdist workers run the suite."""
-import os
-import re
+"""Fixtures shared by several test modules."""
 import sys
 import weakref
 
 import pytest
-
-# pytest.ini asks for ``-n auto``: this many workers at most. Each worker starts its own Ray instance for the
-# end-to-end tests (tests/e2e_shared.py) and its runs start 2-3 more processes, so more workers than this would
-# mostly wait on each other; the suite was measured with 2 workers on 2 cores.
-MAX_WORKERS = 2
-
-
-def pytest_xdist_auto_num_workers(config):
-    """Workers for ``-n auto``: ``min(MAX_WORKERS, CPU cores)``, and none (one process, as without xdist) on a
-    single core or when ``-m`` selects the ``gpu`` or ``bench`` tests, which share the machine's GPUs and time
-    whole scripts. An explicit ``-n N`` on the command line overrides this; ``-n 0`` runs without workers."""
-    if re.search(r"(?<!not )\b(gpu|bench)\b", config.option.markexpr or ""):
-        return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = min(MAX_WORKERS, cores)
-    return workers if workers > 1 else 0
-
 
 _ENGINES: "weakref.WeakSet" = weakref.WeakSet()
 

@@ -59,3 +59,22 @@ def test_markdown_report_carries_the_signal_table():
     doc["runs"][0]["signal"] = [{"mark_s": 60.0, "steps": 3, "reward": 0.5}]
     text = learn_report.markdown(doc)
     assert "Training signal between marks" in text and text.index("Training signal") < text.index("GSM8K test")
+
+
+def test_step_rows_skips_a_cut_line_keeps_the_last_of_a_repeated_step_and_ignores_booleans(tmp_path):
+    run = _ours_run(tmp_path, [{"step": 2, "critic/score/mean": 0.25}, {"step": 1, "critic/score/mean": 0.5},
+                               {"step": 2, "critic/score/mean": 0.75, "actor/entropy": True}])
+    with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"step": 3, "critic/sc')  # the last line of a killed process
+    assert learn_signal.step_rows(run) == [{"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.75}]
+    assert learn_signal.step_rows(dict(side="ours", seed=1)) == []  # no folder: nothing read from here
+
+
+def test_signal_cells_are_per_seed_in_seed_order_with_gaps_marked():
+    sig = lambda **kw: [{"mark_s": 60.0, "steps": 5, **kw}]
+    doc = {"runs": [dict(side="ours", seed=3, signal=sig(reward=0.3, entropy=0.5)),
+                    dict(side="ours", seed=2, signal=sig(reward=0.2)),
+                    dict(side="ours", seed=1, signal=[{"mark_s": 120.0, "steps": 4, "reward": 0.1}])]}
+    rows = learn_signal.signal_lines(doc)[-2:]
+    assert rows[0] == "| 1 | - | -/5/5 | - | -/-/- | - | -/-/0.50 | - | -/0.200/0.300 |"
+    assert rows[1] == "| 2 | - | 4/-/- | - | -/-/- | - | -/-/- | - | 0.100/-/- |"

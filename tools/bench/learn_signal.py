@@ -23,27 +23,45 @@ SIGNAL_KEYS = {
 }
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _metrics_lines(path: str) -> list[dict]:
+    """The JSON objects of a ``metrics.jsonl``; a line that is not one (the last line of a killed process) is
+    skipped."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                out.append(row)
+    return out
+
+
 def step_rows(run: dict) -> list[dict]:
-    """Per optimizer step of one run, ``{"step": int, <SIGNAL_KEYS name>: float, ...}`` (a value the run did not log
-    is left out): ours' from ``<run["out_dir"]>/metrics.jsonl`` (one JSON object per step), TRL's from
+    """Per optimizer step of one run, in step order, ``{"step": int, <SIGNAL_KEYS name>: float, ...}`` (a value the
+    run did not log, or logged as a boolean, is left out; a step logged twice, as after a resume, keeps its last
+    entry): ours' from ``<run["out_dir"]>/metrics.jsonl`` (one JSON object per step), TRL's from
     ``run["trl"]["steps"]``. [] when neither is there."""
     if run["side"] == "trl":
         src, col = (run.get("trl") or {}).get("steps") or [], 1
     else:
-        path = os.path.join(run.get("out_dir") or "", "metrics.jsonl")
+        path = os.path.join(run["out_dir"], "metrics.jsonl") if run.get("out_dir") else ""
         if not os.path.isfile(path):
             return []
-        with open(path, encoding="utf-8") as f:
-            src, col = [json.loads(line) for line in f if line.strip()], 0
-    out = []
+        src, col = _metrics_lines(path), 0
+    by_step = {}
     for s in src:
-        if s.get("step") is None:
+        if not _number(s.get("step")):
             continue
         row = {"step": int(s["step"])}
-        row.update({name: float(s[keys[col]]) for name, keys in SIGNAL_KEYS.items()
-                    if isinstance(s.get(keys[col]), (int, float))})
-        out.append(row)
-    return out
+        row.update({name: float(s[keys[col]]) for name, keys in SIGNAL_KEYS.items() if _number(s.get(keys[col]))})
+        by_step[row["step"]] = row
+    return [by_step[k] for k in sorted(by_step)]
 
 
 def signal_by_mark(steps: list[dict], exports: list[dict]) -> list[dict]:
@@ -65,22 +83,25 @@ def signal_by_mark(steps: list[dict], exports: list[dict]) -> list[dict]:
 
 
 def _cell(runs: list[dict], side: str, mark_s: float, name: str, fmt: str) -> str:
-    vals = [r[name] for run in runs if run["side"] == side
-            for r in run.get("signal") or [] if r["mark_s"] == mark_s and name in r]
-    return "/".join(format(v, fmt) for v in vals) or "-"
+    """One value per seed of ``side``, in seed order, ``-`` where that seed has none at the mark; ``-`` alone when
+    the side has no run."""
+    by_seed = {run["seed"]: next((r for r in run["signal"] if r["mark_s"] == mark_s), {})
+               for run in runs if run["side"] == side}
+    return "/".join(format(by_seed[seed][name], fmt) if name in by_seed[seed] else "-"
+                    for seed in sorted(by_seed)) or "-"
 
 
 def signal_lines(doc: dict) -> list[str]:
     """Markdown: one row per mark, per side the steps taken since the previous mark, the share of reward-flat
-    groups, the entropy and the training reward over those steps (one value per seed, ``/`` between seeds); [] when
-    no run of ``doc["runs"]`` holds ``signal`` (:func:`signal_by_mark`)."""
+    groups, the entropy and the training reward over those steps (one value per seed in seed order, ``/`` between
+    seeds, ``-`` for a seed without it); [] when no run of ``doc["runs"]`` holds ``signal`` (:func:`signal_by_mark`)."""
     runs = [r for r in doc.get("runs") or [] if r.get("signal")]
     if not runs:
         return []
     marks = sorted({r["mark_s"] for run in runs for r in run["signal"]})
-    lines = ["", "Training signal between marks (mean over the steps since the previous mark; one value per seed):",
-             "", "| minutes | TRL steps | ours steps | TRL flat groups | ours flat groups | TRL entropy | ours entropy "
-             "| TRL reward | ours reward |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["", "Training signal between marks (mean over the steps since the previous mark; one value per seed, in "
+             "seed order):", "", "| minutes | TRL steps | ours steps | TRL flat groups | ours flat groups | TRL entropy "
+             "| ours entropy | TRL reward | ours reward |", "|---|---|---|---|---|---|---|---|---|"]
     for t in marks:
         cells = [_cell(runs, side, t, name, fmt) for name, fmt in
                  (("steps", "d"), ("frac_reward_zero_std", ".2f"), ("entropy", ".2f"), ("reward", ".3f"))

@@ -8,9 +8,10 @@ of its saves, so both sides are compared at the same wall-clock minutes even whe
 """
 from __future__ import annotations
 
-import json
 import math
 import os
+
+from tools.plot_run import load_metrics
 
 __all__ = ["SIGNAL_KEYS", "step_rows", "signal_by_mark", "signal_lines"]
 
@@ -27,21 +28,6 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _metrics_lines(path: str) -> list[dict]:
-    """The JSON objects of a ``metrics.jsonl``; a line that is not one (the last line of a killed process) is
-    skipped."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                out.append(row)
-    return out
-
-
 def step_rows(run: dict) -> list[dict]:
     """Per optimizer step of one run, in step order, ``{"step": int, <SIGNAL_KEYS name>: float, ...}`` (a value the
     run did not log, or logged as a boolean, is left out; a step logged twice, as after a resume, keeps its last
@@ -53,7 +39,7 @@ def step_rows(run: dict) -> list[dict]:
         path = os.path.join(run["out_dir"], "metrics.jsonl") if run.get("out_dir") else ""
         if not os.path.isfile(path):
             return []
-        src, col = _metrics_lines(path), 0
+        src, col = load_metrics(path), 0  # a last line cut by a killed process is left out
     by_step = {}
     for s in src:
         if not _number(s.get("step")):

@@ -1,4 +1,4 @@
-"""Rule scorer for GSM8K-style answers (``... #### 42``), also used for SVAMP and the synthetic digits task.
+r"""Rule scorer for GSM8K-style answers (``... #### 42``), also used for SVAMP and the synthetic digits task.
 
 Answer format (GSM8K, Cobbe et al. 2021, "Training Verifiers to Solve Math Word Problems"): the reference
 solution ends with a line ``#### <number>``; numbers may carry thousands separators (``#### 1,000``).

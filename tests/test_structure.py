@@ -129,3 +129,23 @@ def test_the_e2e_driver_pre_imports_only_the_project_and_declared_dependencies()
         if top not in own and not dists & declared:
             stray[name] = sorted(dists) or "no installed distribution"
     assert not stray, f"pre-imported but not declared in setup.py: {stray}"
+
+
+def test_no_python_file_has_an_invalid_escape_sequence():
+    """Every .py file of the repository compiles without a SyntaxWarning: an invalid escape such as ``"\\c"`` in a
+    docstring prints a warning on the first import of a fresh install (no cached bytecode) and becomes an error in a
+    later Python; a valid one such as ``"\\t"`` in ``"\\times"`` silently changes the text."""
+    import warnings
+
+    bad = []
+    for d, dirs, files in os.walk(ROOT):
+        dirs[:] = [x for x in dirs if not x.startswith(".") and x not in ("__pycache__", "outputs")]
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    compile(open(path, encoding="utf-8").read(), path, "exec")
+                bad += [f"{os.path.relpath(path, ROOT)}:{w.lineno}: {w.message}" for w in caught
+                        if issubclass(w.category, (SyntaxWarning, DeprecationWarning))]
+    assert not bad, bad

@@ -67,3 +67,48 @@ def test_cli_stops_before_workers(tmp_path):
     path = _write(tmp_path, FILES["not_yaml"][0])
     proc = run_cli(str(tmp_path / "out"), "data=synthetic_tool", f"{KEY}.tool_config_path={path}", forked=True)
     assert_one_line_error(proc, f"tool_config_path={path!r}", "not valid YAML")
+
+
+@pytest.mark.parametrize("tool_type,needle", [("mcp", "type='mcp': MCP tools are not supported; expected type: native"),
+                                              ("sse", "type='sse'; expected type: native")])
+def test_verl_tool_config_type_native_is_accepted_and_mcp_refused_by_name(tmp_path, tool_type, needle):
+    good = _write(tmp_path, "tools:\n  - class_name: calculator\n    config: {type: native, timeout_s: 5}\n")
+    check_multi_turn(_cfg(f"{KEY}.tool_config_path={good}"))
+    bad = _write(tmp_path, f"tools:\n  - class_name: calculator\n    config: {{type: {tool_type}}}\n")
+    with pytest.raises(ConfigError) as info:
+        check_multi_turn(_cfg(f"{KEY}.tool_config_path={bad}"))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and needle in message, message
+
+
+@pytest.mark.parametrize("tool,accepts", [("python", "PythonTool accepts ['timeout_s', 'cpu_s'"),
+                                          ("calculator", "CalculatorTool accepts ['name', 'description'")])
+def test_an_unknown_tool_option_names_the_option_and_the_options_the_tool_accepts(tmp_path, tool, accepts):
+    path = _write(tmp_path, f"tools:\n  - class_name: {tool}\n    config: {{type: native, timeout: 5}}\n")
+    with pytest.raises(ConfigError) as info:
+        check_multi_turn(_cfg(f"{KEY}.tool_config_path={path}"))
+    message = str(info.value)
+    assert f"tool '{tool}' with config" in message and "unknown option 'timeout'; " in message, message
+    assert accepts in message and "unexpected keyword" not in message, message
+
+
+@pytest.mark.parametrize("class_name", ["verl.tools.gsm8k_tool.Gsm8kTool",
+                                        "verl.tools.sandbox_fusion_tools.SandboxFusionTool"])
+def test_a_verl_tool_class_is_refused_naming_what_this_project_offers(tmp_path, class_name):
+    path = _write(tmp_path, f"tools:\n  - class_name: {class_name}\n    config: {{type: native}}\n")
+    with pytest.raises(ConfigError) as info:
+        check_multi_turn(_cfg(f"{KEY}.tool_config_path={path}"))
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and f"tool '{class_name}'" in message, message
+    assert "verl's own tool classes are not part of this project" in message and "'calculator', 'python'" in message
+
+
+@pytest.mark.parametrize("name,needle", [("not_yaml", "not valid YAML"), ("bad_option", "timeout_s must be > 0"),
+                                         ("unknown_option", "unknown option 'timeout'"),
+                                         ("unknown_class", "cannot import module")])
+def test_a_tool_config_error_is_reported_once(tmp_path, name, needle):
+    """With no ``tools`` on the command line, the error report's second round (the file's key put back to its
+    default) must not add a 'no tool is configured' line that only follows from the first."""
+    path = _write(tmp_path, FILES[name][0])
+    proc = run_cli(str(tmp_path / "out"), f"{KEY}.enable=true", f"{KEY}.tool_config_path={path}", forked=True)
+    assert_one_line_error(proc, f"tool_config_path={path!r}", needle)

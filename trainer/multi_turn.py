@@ -10,6 +10,7 @@ call the two are equal.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 import torch
@@ -63,9 +64,18 @@ def _tools(cfg: dict, check: bool) -> dict:
         return build_tools(mt, check=check)
     except (ValueError, TypeError, RuntimeError) as exc:
         path = mt.tool_config_path
+        # the rollout's messages name rollout.multi_turn.<key>; the full key lets the error report, which re-runs
+        # the checks with each named key put back to its default, leave out a line that only follows from it
+        def full_keys(text: str) -> str:
+            return re.sub(r"(?<![\w.])rollout\.multi_turn\.", f"{KEY}.", text)
+
         if path and str(exc).startswith(str(path)):  # an entry of the tool config file, or the file itself
-            raise ConfigError(f"{KEY}.tool_config_path={path!r}: {str(exc)[len(str(path)):].lstrip(': ')}") from exc
-        raise ConfigError(f"{KEY}.tools={list(mt.tools)!r}: {exc}") from exc
+            rest = full_keys(str(exc)[len(str(path)):].lstrip(": "))
+            raise ConfigError(f"{KEY}.tool_config_path={path!r}: {rest}") from exc
+        text = full_keys(str(exc))
+        if text.startswith(f"{KEY}."):  # no tool at all, or a format without its tool: names its own keys
+            raise ConfigError(text) from exc
+        raise ConfigError(f"{KEY}.tools={list(mt.tools)!r}: {text}") from exc
 
 
 def unused_multi_turn_warnings(rollout_cfg: Mapping[str, Any]) -> list[str]:

@@ -6,16 +6,17 @@ An entry is one of
   (:class:`rollout.tools.calculator.CalculatorTool`);
 * ``"pkg.module:ClassName"`` (or ``"pkg.module.ClassName"``): a :class:`rollout.tools.base.Tool` subclass (or a
   callable returning a ``Tool``) importable from ``PYTHONPATH``;
-* a mapping ``{"class_name": <one of the above>, "config": {...}}``: ``config`` is passed as keyword arguments;
-  an optional ``tool_schema: {function: {name, description, parameters}}`` (verl's layout) overrides the tool's
+* a mapping ``{"class_name": <one of the above>, "config": {...}}``: ``config`` is passed as keyword arguments
+  (verl's ``type: native`` is accepted and not passed on; ``type: mcp`` and other types are refused); an optional ``tool_schema: {function: {name, description, parameters}}`` (verl's layout) overrides the tool's
   own name, description and parameters.
 
 ``tool_config_path`` names a YAML file ``{"tools": [<entry>, ...]}`` (verl's file layout; the classes must be
-this project's ``Tool`` subclasses).
+this project's ``Tool`` subclasses; verl's own ``verl.tools.*`` classes are refused by name).
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Iterable, Mapping
 
 from rollout.tools.base import Tool
@@ -25,6 +26,8 @@ __all__ = ["BUILTIN_TOOLS", "resolve_tools", "load_tool_config", "build_tool"]
 BUILTIN_TOOLS = {"python": "rollout.tools.python_tool:PythonTool",
                  "calculator": "rollout.tools.calculator:CalculatorTool"}
 _ENTRY_KEYS = {"class_name", "config", "tool_schema"}
+_OFFERED = (f"this project's tools are the built-ins {sorted(BUILTIN_TOOLS)} or a rollout.tools.base.Tool subclass "
+            "given as 'pkg.module:ClassName'")
 
 
 def _plain(value: Any) -> Any:
@@ -40,6 +43,8 @@ def _plain(value: Any) -> Any:
 
 def _import_target(ref: str):
     target = BUILTIN_TOOLS.get(ref, ref)
+    if target.startswith("verl."):
+        raise ValueError(f"tool {ref!r}: verl's own tool classes are not part of this project; {_OFFERED}")
     if ":" in target:
         module_name, _, attr = target.partition(":")
     elif "." in target:
@@ -56,12 +61,43 @@ def _import_target(ref: str):
     return getattr(module, attr)
 
 
+def _constructor_options(ref: str, target, config: Mapping) -> dict:
+    """The keyword arguments ``target`` gets from an entry's ``config``: verl's ``type`` checked and removed, and
+    every other option checked against ``target``'s signature (unless it takes ``**kwargs``).
+
+    Raises:
+        ValueError: ``type`` other than ``native`` (``mcp`` named), or an option ``target`` does not accept
+            (naming the tool, the option and the options it accepts).
+    """
+    kwargs = dict(config)
+    where = f"tool {ref!r} with config {dict(config)!r}"
+    kind = kwargs.pop("type", "native")
+    if kind == "mcp":
+        raise ValueError(f"{where}: type='mcp': MCP tools are not supported; expected type: native")
+    if kind != "native":
+        raise ValueError(f"{where}: type={kind!r}; expected type: native (the only tool type supported)")
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call itself reports
+        return kwargs
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return kwargs
+    accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        name = getattr(target, "__name__", ref)
+        raise ValueError(f"{where}: unknown option{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))}; {name} accepts {accepted}")
+    return kwargs
+
+
 def build_tool(entry: Any) -> Tool:
     """One :class:`Tool` from a config entry (see the module docstring).
 
     Raises:
-        ValueError: unknown name, unimportable module, missing class, unknown entry keys, a ``config`` that is not a
-            mapping or that the tool's constructor refuses (naming the tool and its config), or a bad schema
+        ValueError: unknown name, unimportable module, missing class, one of verl's own classes, unknown entry keys,
+            a ``config`` that is not a mapping, whose ``type`` is not ``native``, with an option the tool does not
+            accept or a value its constructor refuses (naming the tool and its config), or a bad schema
             override; TypeError: the target does not produce a ``Tool``.
     """
     entry = _plain(entry)
@@ -77,8 +113,9 @@ def build_tool(entry: Any) -> Tool:
     else:
         raise ValueError(f"tool entry {entry!r}: expected a name, 'pkg.module:ClassName' or a mapping")
     target = _import_target(ref)
+    options = _constructor_options(ref, target, kwargs)
     try:
-        tool = target(**kwargs)
+        tool = target(**options)
     except (TypeError, ValueError) as exc:  # a bad option: name the tool and the options as written
         raise ValueError(f"tool {ref!r} with config {dict(kwargs)!r}: {exc}") from exc
     if not isinstance(tool, Tool):

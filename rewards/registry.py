@@ -117,28 +117,67 @@ def _aliases(scorer_name: str) -> tuple[str, ...]:
 
 _Method = Literal["strict", "flexible"]
 
-#: the built-in scorers: each compares the response's answer with ONE reference answer, a string or a number
-_ONE_ANSWER: set = set()
+#: the built-in scorers, each comparing the response's answer with ONE reference answer (a string or a number):
+#: ``{scorer: (reads(truth) -> bool, what it reads)}``; see :func:`ground_truth_problem`
+_ONE_ANSWER: dict = {}
 
 
-def _one_answer(fn: Scorer) -> Scorer:
-    _ONE_ANSWER.add(fn)
-    return fn
+def _reads_number(truth: Any) -> bool:
+    """The gsm8k scorers read the reference answer as they read the model's (:func:`rewards.gsm8k.numbers_equal`)."""
+    return gsm8k.normalize_number(truth) is not None
+
+
+def _reads_whole_number(truth: Any) -> bool:
+    """The tool-arithmetic scorer compares whole numbers only (:func:`rewards.arith_tool.compute_score`)."""
+    value = gsm8k.normalize_number(truth)
+    return value is not None and value.denominator == 1
+
+
+def _reads_math(truth: Any) -> bool:
+    """The MATH scorer compares with the reference's boxed content or text; one that typesets as nothing
+    (:func:`rewards.math.is_empty_answer`) never matches."""
+    return not math_reward.is_empty_answer(math_reward._gold_answer(truth))
+
+
+_NUMBER = "one number (such as 42, -3, 1,234, 3.50, $5, 5/2 or a solution ending in '#### 42')"
+_WHOLE_NUMBER = "one whole number (such as 42, -3 or 1,234)"
+_MATH = "an answer that typesets as something (LaTeX such as \\frac{1}{2}, or a solution with \\boxed{...})"
+
+
+def _one_answer(reads: Callable[[Any], bool], what: str) -> Callable[[Scorer], Scorer]:
+    """Mark a built-in scorer as comparing one reference answer, read by ``reads`` (``what`` it reads, for errors)."""
+    def mark(fn: Scorer) -> Scorer:
+        _ONE_ANSWER[fn] = (reads, what)
+        return fn
+
+    return mark
 
 
 def ground_truth_problem(fn: Scorer, truth: Any) -> str | None:
     """Why the scorer ``fn`` cannot compare the ground truth ``truth``, or None. The built-in scorers compare one
     reference answer, a string or a number (verl's ``gsm8k`` compares with ``==`` and scores a list 0, its MATH
-    scorers compare its text ``"['6']"``): a list, a dict or another value would score 0 on every response. A
-    custom scorer gets the value as it is (None here)."""
-    if fn not in _ONE_ANSWER or isinstance(truth, (str, numbers.Real)):
+    scorers compare its text ``"['6']"``), and read it as they read the model's answer: a list, a dict or another
+    value, or a string or number they cannot read as an answer (``"six"`` or ``"1,2"`` for the gsm8k scorers, which
+    read one number), would score 0 on every response. A custom scorer gets the value as it is (None here).
+    Never raises."""
+    if fn not in _ONE_ANSWER:
         return None
-    return (f"the built-in scorer {getattr(fn, '__name__', fn)} compares the answer with one reference answer, a "
-            f"string or a number, so every response would score 0")
+    name = getattr(fn, "__name__", fn)
+    if not isinstance(truth, (str, numbers.Real)):
+        return (f"the built-in scorer {name} compares the answer with one reference answer, a string or a number, "
+                "so every response would score 0")
+    reads, what = _ONE_ANSWER[fn]
+    try:
+        readable = reads(truth)
+    except Exception:
+        readable = False
+    if readable:
+        return None
+    return f"the built-in scorer {name} reads {what} as the reference answer, so every response would score 0"
 
 
 @register_scorer("gsm8k", "gsm8k_strict", *_aliases("gsm8k"))
-@_one_answer
+@_one_answer(_reads_number, _NUMBER)
 def gsm8k_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None, method: _Method = "strict",
                 format_score: float = 0.0, score: float = 1.0,
                 answer_after: str | None = TOOL_RESPONSE_END) -> float | dict:
@@ -162,7 +201,7 @@ def _gsm8k(solution_str: str, ground_truth: Any, method: _Method, format_score: 
 
 
 @register_scorer("gsm8k_flexible", *_aliases("gsm8k_flexible"))
-@_one_answer
+@_one_answer(_reads_number, _NUMBER)
 def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                    method: _Method = "flexible", format_score: float = 0.0, score: float = 1.0,
                    answer_after: str | None = TOOL_RESPONSE_END) -> float | dict:
@@ -172,7 +211,7 @@ def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None
 
 
 @register_scorer("math", *_aliases("math"))
-@_one_answer
+@_one_answer(_reads_math, _MATH)
 def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                timeout_seconds: float | None = math_reward.TIMEOUT_SECONDS,
                answer_after: str | None = TOOL_RESPONSE_END) -> float:
@@ -184,7 +223,7 @@ def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = N
 
 
 @register_scorer("format_gsm8k")
-@_one_answer
+@_one_answer(_reads_number, _NUMBER)
 def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
                  format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END,
                  strict_format: bool = False) -> dict:
@@ -196,7 +235,7 @@ def format_gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None =
 
 
 @register_scorer("format_boxed")
-@_one_answer
+@_one_answer(_reads_math, _MATH)
 def format_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None, correct_score: float = 1.0,
                  format_score: float = 0.1, answer_after: str | None = TOOL_RESPONSE_END,
                  strict_format: bool = False) -> dict:
@@ -290,4 +329,5 @@ def load_custom_scorer(path: str | os.PathLike, name: str = "compute_score") -> 
     return fn
 
 
-register_scorer("arith_tool", arith_tool.TASK_NAME)(_one_answer(arith_tool.compute_score))
+register_scorer("arith_tool", arith_tool.TASK_NAME)(
+    _one_answer(_reads_whole_number, _WHOLE_NUMBER)(arith_tool.compute_score))

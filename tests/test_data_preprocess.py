@@ -169,3 +169,40 @@ def test_svamp_folders_from_different_sources_are_refused(tmp_path, monkeypatch)
     svamp.convert(str(src), str(tmp_path / "c"))
     with pytest.raises(ValueError, match="hold different questions"):
         svamp.check_same_questions(str(tmp_path / "a"), str(tmp_path / "c"))
+
+
+GSM_ODD = ["so 5/2\n#### 5/2", "it costs\n#### $5", "#### 1,000", "#### -3", "#### 3.50", "#### 42.",
+           "#### 2 first, then\n#### 7", "#### 1,234.5"]
+
+
+def test_gsm8k_preprocessor_ground_truth_scores_its_own_solution(tmp_path):
+    """The ground truth is read as the gsm8k scorer reads an answer: every reference solution scores 1.0 against its
+    own ground truth (a fraction kept whole, ``$5`` read, the last ``####`` taken), under the strict scorer."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for split in ("train", "test"):
+        _jsonl(src / f"{split}.jsonl", [{"question": f"q{i}?", "answer": a} for i, a in enumerate(GSM_ODD)])
+    assert gsm8k.convert(str(src), str(tmp_path / "out")) == {"train": len(GSM_ODD), "test": len(GSM_ODD)}
+    df = pd.read_parquet(tmp_path / "out" / "train.parquet")
+    truths = [r["ground_truth"] for r in df["reward_model"]]
+    assert truths == ["5/2", "5", "1000", "-3", "3.50", "42", "7", "1234.5"]
+    strict = get_scorer("gsm8k_strict")
+    assert [strict(e["reference"], t) for e, t in zip(df["extra_info"], truths)] == [1.0] * len(GSM_ODD)
+
+
+@pytest.mark.parametrize("answer", ["#### 10 - 3", "#### 1,2", "#### six", "no marker: 5"])
+def test_gsm8k_preprocessor_refuses_an_answer_the_scorer_cannot_read(tmp_path, answer):
+    """An answer the scorer reads no number from (an expression, commas that are not thousands separators, a word)
+    stops the tool naming the file and the row; nothing is written (before, ``10 - 3`` became the ground truth 10,
+    ``1,2`` became 12: the reference solution scored 0 against its own ground truth)."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    _jsonl(src / "train.jsonl", GSM)
+    _jsonl(src / "test.jsonl", GSM + [{"question": "odd?", "answer": answer}])
+    with pytest.raises(ValueError) as info:
+        gsm8k.convert(str(src), str(out))
+    msg = str(info.value)
+    assert msg.startswith(f"{src / 'test.jsonl'}, row 2 (counted from 0): the answer ends {answer!r}"), msg
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"^openai/gsm8k split 'train', row 0 \(counted from 0\)"):
+        gsm8k.extract_answer(answer, gsm8k._where(None, "train", 0))

@@ -198,3 +198,77 @@ def test_p20_the_batch_manager_refuses_a_reward_fn_key_that_names_no_column(tmp_
     assert ok()(data).reward_extra_info["score"] == [1.0, 1.0]
     with pytest.raises(KeyError, match=r"reward_fn_key column 'data_sourc' is not in the batch .* data_sources"):
         make()(data)  # a batch that did not come from checked data
+
+
+UNREADABLE = [("synthetic/digits", "six", "gsm8k_flexible", "one number"),
+              ("openai/gsm8k", "1,2", "gsm8k_score", "one number"),
+              ("gsm8k", "10 - 3", "gsm8k_score", "one number"),
+              ("math", "\\quad", "math_boxed", "an answer that typesets as something"),
+              ("synthetic/arith_tool", "2.5", "compute_score", "one whole number")]
+
+
+@pytest.mark.parametrize("source, truth, scorer, expects", UNREADABLE)
+def test_unreadable_ground_truth_is_refused_before_start(tmp_path, tok, source, truth, scorer, expects):
+    """A string (or number) ground truth that the routed built-in scorer cannot read as a reference answer (``"six"``
+    for the number scorers, ``"1,2"``, an expression) scored 0 on every response without a word: refused before
+    start-up in one line naming the file, the first such row, its value, what the scorer reads and the count."""
+    rows = [_row(gt="6", data_source=source)] + [_row(gt=truth, data_source=source)] * 3
+    path = _write(tmp_path / "train.jsonl", rows)
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(_make(), "data_source", [PromptDataset(path, tok, max_prompt_length=32)])
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(
+        f"row 1 of {path} (counted from 0) has reward_model.ground_truth={truth!r} (a {type(truth).__name__}) and "
+        f"is scored by data_source={source!r}: the built-in scorer {scorer} reads "), msg
+    assert expects in msg and "2 more row(s) too" in msg and "custom_reward_function" in msg, msg
+
+
+READABLE = {"gsm8k": ["1,234", "$5", "5/2", "-3", "3.50", 12.0, 7, "so\n#### 18", "1.5e3"],
+            "synthetic/digits": ["6", " 6 "], "math": ["\\frac{1}{2}", "x", "6", 0.5, "\\boxed{3}"],
+            "synthetic/arith_tool": ["12", "1,234", 12.0, -3]}
+
+
+def test_readable_ground_truths_pass_and_custom_scorers_are_not_checked(tmp_path, tok):
+    """Every ground truth a built-in scorer reads passes (thousands separators, ``$``, fractions, signs, trailing
+    zeros, a full ``#### N`` solution, SVAMP's floats); a custom function and the format scorers are given theirs."""
+    from rewards.registry import get_scorer, ground_truth_problem, load_custom_scorer
+
+    rows = [_row(gt=t, data_source=s) for s, truths in READABLE.items() for t in truths]
+    for truth in (float("nan"), float("inf"), True):  # the loader skips a NaN row; a scorer asked directly refuses it
+        assert "reads one number" in ground_truth_problem(get_scorer("gsm8k"), truth)
+    check_reward_scorers(_make(), "data_source", [PromptDataset(_write(tmp_path / "ok.jsonl", rows), tok, 32)])
+    bad = _write(tmp_path / "bad.jsonl", [_row(gt="six", data_source="gsm8k")])
+    with pytest.raises(ConfigError, match=r"scored by reward_model.scorer=format_gsm8k: the built-in scorer "
+                                          r"format_gsm8k reads .*one number"):
+        check_reward_scorers(_make(scorer="format_gsm8k"), "data_source", [PromptDataset(bad, tok, 32)])
+    check_reward_scorers(_make(scorer="format_boxed"), "data_source", [PromptDataset(bad, tok, 32)])
+    fn_path = tmp_path / "rw.py"
+    fn_path.write_text("def compute_score(solution_str, ground_truth, extra_info=None):\n"
+                       "    return float(solution_str.strip() == ground_truth)\n")
+    check_reward_scorers(_make(scorer=load_custom_scorer(str(fn_path))), "data_source", [PromptDataset(bad, tok, 32)])
+
+
+def test_ground_truths_are_read_once_per_distinct_value(monkeypatch):
+    """100,000 rows with a few distinct ground truths are read a few times, not once a row (start-up stays fast)."""
+    from rewards import registry
+    from trainer.config_checks import check_ground_truths
+
+    calls = []
+    real = registry.ground_truth_problem
+    monkeypatch.setattr(registry, "ground_truth_problem", lambda fn, t: calls.append(t) or real(fn, t))
+    rows = [{"data_source": "gsm8k", "reward_model": {"ground_truth": str(i % 10)}} for i in range(100_000)]
+    manager = SimpleNamespace(scorer=None, scorer_name=None)
+    check_ground_truths(manager, "data_source", [SimpleNamespace(rows=rows, files=["big.jsonl"])])
+    assert len(calls) <= 20, len(calls)
+
+
+def test_main_refuses_an_unreadable_ground_truth_before_start(tmp_path):
+    """The real entry point: exit 2, one ``error:`` line naming the file and the row, nothing started."""
+    from tests.e2e_shared import run_main_forked
+
+    path = _write(tmp_path / "six.jsonl", [_row(gt="six", data_source="synthetic/digits")] * 16)
+    proc = run_main_forked(str(tmp_path / "out"), f"data.train_files={path}", "data.train_batch_size=8",
+                           "actor_rollout_ref.actor.ppo_mini_batch_size=8", timeout=120, check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert f"row 0 of {path} (counted from 0)" in lines[0] and "'six'" in lines[0], lines[0]

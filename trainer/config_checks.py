@@ -6,6 +6,7 @@ here runs before any worker starts; ``trainer.launch`` calls it and re-exports i
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
@@ -205,21 +206,28 @@ def check_reward_scorers(make_rm: Callable, reward_fn_key: str, datasets: Sequen
 
 def check_ground_truths(manager, reward_fn_key: str, datasets: Sequence) -> None:
     """Every row of ``datasets`` routed to a built-in scorer (by its ``reward_fn_key`` value, or the manager's fixed
-    ``reward_model.scorer``) has a ground truth that scorer can compare: one answer, a string or a number
-    (:func:`rewards.registry.ground_truth_problem`); a custom reward function is given any value.
+    ``reward_model.scorer``) has a ground truth that scorer can read: one answer, a string or a number, written as
+    the scorer reads a reference answer (:func:`rewards.registry.ground_truth_problem`: ``"six"`` or ``"1,2"`` is no
+    number for the gsm8k scorers); a custom reward function is given any value. Each distinct (scorer, value) is
+    read once, so large data sets are checked in about a second.
 
     Raises:
-        DataError: one line naming the first such row (file, index), its ground truth, the scorer and the ways out.
+        DataError: one line naming the first such row (file, index), its ground truth, the scorer, what it reads,
+            how many other rows are alike, and the ways out.
     """
     from rewards.registry import get_scorer, ground_truth_problem
     from trainer.data_rows import DataError, row_origins, row_place
 
-    bad = []
+    bad, seen = [], {}
     for ds in datasets:
         for row, origin in zip(ds.rows, row_origins(ds)) if ds is not None else ():
             fn = manager.scorer if manager.scorer is not None else get_scorer(row.get(reward_fn_key))
             truth = (row.get("reward_model") or {}).get("ground_truth")
-            why = ground_truth_problem(fn, truth)
+            try:
+                key = (fn, type(truth), truth)
+                why = seen[key] if key in seen else seen.setdefault(key, ground_truth_problem(fn, truth))
+            except TypeError:  # a list or a mapping: not hashable, read every time
+                why = ground_truth_problem(fn, truth)
             if why is not None:
                 bad.append((origin, row, truth, why))
     if not bad:
@@ -228,8 +236,10 @@ def check_ground_truths(manager, reward_fn_key: str, datasets: Sequence) -> None
     routed = (f"reward_model.scorer={manager.scorer_name}" if manager.scorer is not None else
               f"{reward_fn_key}={row.get(reward_fn_key)!r}")
     more = f"; {len(bad) - 1} more row(s) too" if len(bad) > 1 else ""
+    fix = ("write each ground truth as that scorer reads it" if isinstance(truth, (str, numbers.Real)) else
+           "give each row one answer")
     raise DataError(f"{row_place(*origin)} has reward_model.ground_truth={truth!r:.80} (a {type(truth).__name__}) "
-                    f"and is scored by {routed}: {why}{more}; give each row one answer, or score it with a "
+                    f"and is scored by {routed}: {why}{more}; {fix}, or score it with a "
                     "reward_model.custom_reward_function that reads this ground truth")
 
 

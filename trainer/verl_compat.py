@@ -128,8 +128,8 @@ def _fmt(value) -> str:
 class _Context:
     """The state one :func:`apply_verl_keys` call works on: the config, every verl key found and the report."""
 
-    def __init__(self, cfg: dict, found: dict[str, object], given: frozenset = frozenset()):
-        self.cfg, self.found, self.report, self.given = cfg, found, Report(), given
+    def __init__(self, cfg: dict, found: dict[str, object], given: frozenset = frozenset(), set_by_user=None):
+        self.cfg, self.found, self.report, self.given, self.set_by_user = cfg, found, Report(), given, set_by_user
 
     @property
     def device(self) -> str:
@@ -156,12 +156,12 @@ class _Context:
     def contradicts(self, key: str, value, target: str) -> bool:
         """Whether ``target`` was set by the user to a value other than ``value`` (an error line naming both)."""
         from trainer.config_reads import plain
-        from trainer.unused_settings import set_by_user
 
-        now = _get(plain(self.cfg), target, _MISSING)
+        run = plain(self.cfg)
+        now = _get(run, target, _MISSING)
         if now is _MISSING or same_value(now, value) or isinstance(now, dict):
             return False
-        if target not in self.given and not set_by_user(plain(self.cfg), target, now):
+        if target not in self.given and not (self.set_by_user and self.set_by_user(run, target, now)):
             return False
         self.error(key, value, f"contradicts {target}={_fmt(now)} (the same setting under verl's name); "
                                f"give one of the two, or the same value to both")
@@ -309,19 +309,20 @@ def _apply_one(ctx: _Context, key: str, value, entry: VerlKey) -> None:
         raise ValueError(f"verl key table: unknown kind {entry.kind!r} of {entry.pattern!r}")
 
 
-def apply_verl_keys(cfg: dict, given=()) -> Report:
+def apply_verl_keys(cfg: dict, given=(), set_by_user=None) -> Report:
     """Handle every key of ``cfg`` (a resolved config, changed in place) that matches :data:`VERL_KEYS`.
 
     The matched keys are removed; mappings set this framework's keys; ``warnings`` say what is ignored and why;
     ``errors`` (one line each, naming key and value) say what to use instead. Entries are applied in table order,
     so that a rule may rely on the ones above it (the reference model's offload follows the actor's). A verl key
-    mapped onto a key the user also set (one of ``given``, the command line's keys, or a value away from every
-    value configs/ ships) to another value is an error naming both.
+    mapped onto a key the user also set to another value is an error naming both: a key of ``given`` (the command
+    line's keys), or one for which ``set_by_user(run, key, value)`` is true
+    (:func:`trainer.unused_settings.set_by_user`: away from every value configs/ ships).
     """
     from trainer.config_reads import plain
 
     found = {key: value for key, value in leaves(plain(cfg)) if match(key) is not None}  # a walk that reads nothing
-    ctx = _Context(cfg, found, frozenset(given))
+    ctx = _Context(cfg, found, frozenset(given), set_by_user)
     for key in found:
         _pop(cfg, key)
     order = {e.pattern: i for i, e in enumerate(VERL_KEYS)}

@@ -94,3 +94,49 @@ def test_a_negative_prm_grad_clip_is_refused_like_the_actors():
     lines = [ln for ln in str(info.value).splitlines() if "reward_model.model.optim.grad_clip" in ln]
     assert len(lines) == 1 and "=-1" in lines[0] and ">= 0" in lines[0], str(info.value)
     validate(_cfg("algorithm=prime", "reward_model.model.optim.grad_clip=0"))  # 0: no clipping, allowed
+
+
+REF = "actor_rollout_ref.ref"
+SHORT_BUDGETS = [
+    ((f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=4", f"{R}.log_prob_max_token_len_per_gpu=64"),
+     f"{A}.ppo_max_token_len_per_gpu=4 tokens with {A}.use_dynamic_bsz=true"),
+    ((f"{R}.log_prob_use_dynamic_bsz=true", f"{R}.log_prob_max_token_len_per_gpu=10"),
+     f"{R}.log_prob_max_token_len_per_gpu=10 tokens with {R}.log_prob_use_dynamic_bsz=true"),
+    ((f"{A}.use_kl_loss=true", f"{REF}.log_prob_use_dynamic_bsz=true", f"{REF}.log_prob_max_token_len_per_gpu=4"),
+     f"{REF}.log_prob_max_token_len_per_gpu=4 tokens"),
+    (("algorithm=gae", "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=64",
+      "critic.forward_max_token_len_per_gpu=4"), "critic.forward_max_token_len_per_gpu=4 tokens"),
+    (("trainer.n_gpus_per_node=2", f"{A}.ulysses_sequence_parallel_size=2", f"{A}.use_dynamic_bsz=true",
+      f"{A}.ppo_max_token_len_per_gpu=8", f"{R}.log_prob_max_token_len_per_gpu=64"),
+     f"{A}.ppo_max_token_len_per_gpu=8 x {A}.ulysses_sequence_parallel_size=2 = 16 tokens"),
+]
+
+
+@pytest.mark.parametrize("overrides,needle", SHORT_BUDGETS, ids=[" ".join(s[0]) for s in SHORT_BUDGETS])
+def test_a_dynamic_token_budget_below_the_longest_sequence_is_refused(overrides, needle):
+    """verl asserts a token budget holds the longest sequence (prompt + response, 16 + 2 tokens here)."""
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(*overrides))
+    lines = [ln for ln in str(info.value).splitlines() if needle in ln]
+    assert len(lines) == 1 and "the longest sequence" in lines[0] and "= 18" in lines[0], str(info.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    (f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=18"),
+    (f"{A}.use_dynamic_bsz=false", f"{A}.ppo_max_token_len_per_gpu=4"),  # not read (warned as ignored)
+    (f"{REF}.log_prob_use_dynamic_bsz=true", f"{REF}.log_prob_max_token_len_per_gpu=4"),  # no reference model
+    ("critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=4"),  # no critic
+    ("trainer.n_gpus_per_node=2", f"{A}.ulysses_sequence_parallel_size=2", f"{A}.use_dynamic_bsz=true",
+     f"{A}.ppo_max_token_len_per_gpu=9")])  # 9 per SP rank x 2 = 18
+def test_a_token_budget_that_holds_the_longest_sequence_or_is_not_read_passes(overrides):
+    validate(_cfg(*overrides))
+
+
+def test_a_micro_batch_that_does_not_divide_names_its_full_key():
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(f"{A}.ppo_micro_batch_size_per_gpu=7"))
+    assert f"not divisible by {A}.ppo_micro_batch_size_per_gpu=7" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg("trainer.n_gpus_per_node=3", "data.train_batch_size=6", f"{A}.ppo_mini_batch_size=1",
+                      f"{R}.n=1"))
+    assert f"{A}.ppo_mini_batch_size*{R}.n=1 rows must be divisible" in str(info.value)

@@ -114,3 +114,29 @@ def test_an_optim_length_left_at_minus_1_or_equal_to_the_run_is_not_warned(overr
         plan_run_length(cfg, batches_per_epoch=8)
     assert cfg["actor_rollout_ref"]["actor"]["optim"]["total_training_steps"] == 2
     assert [r for r in caplog.records if "the learning-rate schedule spans" in r.getMessage()] == []
+
+
+V = f"{R}.val_kwargs"
+VAL_BAD = [
+    (("trainer.val_before_train=true", f"{V}.n=3"), (f"{V}.n=3", f"{V}.do_sample=false", "best@n")),
+    (("trainer.test_freq=1", f"{V}.n=2", f"{V}.do_sample=true", f"{V}.temperature=1.0", f"{V}.top_k=1"),
+     (f"{V}.n=2", f"{V}.top_k=1")),
+    (("trainer.val_before_train=true", f"{V}.do_sample=true", f"{V}.temperature=0"),
+     (f"{V}.do_sample=true", f"{V}.temperature=0", "decodes greedily")),
+]
+
+
+@pytest.mark.parametrize("overrides,needles", VAL_BAD, ids=[" ".join(b[0]) for b in VAL_BAD])
+def test_greedy_validation_asked_to_sample_is_one_line(overrides, needles):
+    """Validation's sampling follows training's rule: several greedy answers per question are copies, and
+    do_sample with temperature 0 decodes greedily."""
+    refused_in_one_line(validate, resolved_config(*overrides), *needles)
+
+
+@pytest.mark.parametrize("overrides", [
+    ("trainer.val_before_train=true", f"{V}.n=3", f"{V}.do_sample=true", f"{V}.temperature=0.7"),
+    ("trainer.val_before_train=true", f"{V}.do_sample=true", f"{V}.temperature=1.0"),
+    ("trainer.val_before_train=true", f"{V}.n=1"),
+    ("trainer.val_before_train=false", "trainer.test_freq=-1", f"{V}.n=3")])  # no validation: warned as ignored
+def test_validation_sampling_that_samples_or_does_not_run_passes(overrides):
+    validate(resolved_config(*overrides))

@@ -153,7 +153,7 @@ def test_vllm_engine_keys_are_passed_to_vllm_llm():
     report = apply_verl_keys(cfg)
     assert "engine_kwargs" not in cfg["actor_rollout_ref"]["rollout"]
     assert report.warnings == ["actor_rollout_ref.rollout.enable_chunked_prefill=true: ignored: an argument of "
-                               "vllm.LLM, and this run generates with rollout.name=hf"]
+                               "vllm.LLM, and this run generates with actor_rollout_ref.rollout.name=hf"]
 
 
 def test_vllm_worker_passes_the_collected_arguments_and_override_config():
@@ -577,3 +577,70 @@ def test_a_loss_scale_factor_that_the_loss_mode_never_reads_warns(overrides, war
 
     _, _, _, report = composed(overrides)
     assert [w for w in report.warnings if "loss_scale_factor=" in w.split(":")[0]] == warned
+
+
+A_ = "actor_rollout_ref.actor"
+_BOTH = [("custom_reward_function.path=/tmp/a.py", "reward_model.custom_reward_function.path=/tmp/b.py"),
+         (f"{A_}.optim.clip_grad=5", f"{A_}.grad_clip=2"),
+         ("data.train_max_samples=64", "data.max_rows=128"),
+         (f"{A_}.optim.warmup_style=cosine", f"{A_}.optim.lr_scheduler_type=linear"),
+         ("trainer.val_generations_to_log_to_wandb=3", "trainer.log_val_generations=5"),
+         ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",
+          "actor_rollout_ref.rollout.update_weights_bucket_megabytes=128")]
+
+
+@pytest.mark.parametrize("verl,ours", _BOTH)
+def test_a_verl_name_and_its_own_key_with_different_values_are_refused(verl, ours):
+    """Both names of one setting given with different values: one error naming both, not a silent winner."""
+    from tests.verl_scripts import composed
+
+    _, _, _, report = composed([verl, ours])
+    assert report.errors == [f"{verl}: contradicts {ours} (the same setting under verl's name); give one of the "
+                             "two, or the same value to both"]
+
+
+@pytest.mark.parametrize("verl,ours", [(f"{A_}.optim.clip_grad=2", f"{A_}.grad_clip=2"),
+                                       ("data.train_max_samples=-1", "data.max_rows=null"),
+                                       ("custom_reward_function.path=/tmp/a.py",
+                                        "reward_model.custom_reward_function.path=/tmp/a.py")])
+def test_a_verl_name_and_its_own_key_with_the_same_value_pass(verl, ours):
+    from tests.verl_scripts import composed
+
+    _, _, _, report = composed([verl, ours])
+    assert report.errors == []
+
+
+def test_a_verl_name_contradicting_a_command_line_key_at_its_default_is_refused():
+    """The key given on the command line counts as set even at the value configs/ ships."""
+    cfg = _cfg(actor_rollout_ref__actor__optim={"clip_grad": 5.0})
+    report = apply_verl_keys(cfg, given={f"{A_}.grad_clip"})
+    assert report.errors == [f"{A_}.optim.clip_grad=5.0: contradicts {A_}.grad_clip=1.0 (the same setting under "
+                             "verl's name); give one of the two, or the same value to both"]
+    assert cfg["actor_rollout_ref"]["actor"]["grad_clip"] == 1.0
+    cfg = _cfg(actor_rollout_ref__actor__optim={"clip_grad": 5.0})
+    assert apply_verl_keys(cfg).errors == [] and cfg["actor_rollout_ref"]["actor"]["grad_clip"] == 5.0
+
+
+_REF = "actor_rollout_ref.ref"
+
+
+@pytest.mark.parametrize("kl,warned", [([], True), (["actor_rollout_ref.actor.use_kl_loss=true"], False),
+                                       (["algorithm.use_kl_in_reward=true"], False)])
+def test_reference_settings_of_a_run_without_a_reference_model_warn(kl, warned):
+    """Without a KL term no reference model is built: its settings changed nothing, without a word."""
+    from tests.verl_scripts import composed
+
+    _, _, _, report = composed([*kl, f"{_REF}.log_prob_micro_batch_size_per_gpu=4",
+                                f"{_REF}.log_prob_use_dynamic_bsz=true"])
+    hits = [w for w in report.warnings if w.startswith(f"{_REF}.")]
+    assert hits == ([f"{_REF}.log_prob_micro_batch_size_per_gpu=4, {_REF}.log_prob_use_dynamic_bsz=true: ignored: "
+                     "this run has no reference model (actor_rollout_ref.actor.use_kl_loss=false, "
+                     "algorithm.use_kl_in_reward=false; either one true computes reference log-probs)"]
+                    if warned else [])
+
+
+def test_reference_settings_that_follow_the_actor_are_not_named():
+    from tests.verl_scripts import composed
+
+    _, _, _, report = composed(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+    assert not [w for w in report.warnings if w.startswith(f"{_REF}.")]

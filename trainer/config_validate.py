@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.config_checks import ConfigError, as_int, check_rollout_correction, run_checks
+from trainer.config_checks import ConfigError, ConfigErrors, as_int, check_rollout_correction, run_checks
 from trainer.megatron_checks import check_megatron
 from trainer.run_roles import critic_on
 
@@ -53,13 +53,14 @@ def validate(cfg: dict) -> None:
     from trainer.ds_config_checks import check_ds_config_entries
     from trainer.multi_turn import check_multi_turn
     from trainer.rollout_placement import check_rollout_placement
-    from trainer.run_length_checks import check_training_happens
+    from trainer.run_length_checks import check_training_happens, check_validation_sampling
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,
                      _check_discounts, _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
                      _check_overlong, _check_strategy, _check_kernels, check_ds_config_entries, check_verl_semantics,
-                     check_multi_turn, check_rollout_placement, check_training_happens, _check_prime))
+                     check_multi_turn, check_rollout_placement, check_training_happens, check_validation_sampling,
+                     _check_token_budgets, _check_prime))
 
 
 def _world(cfg: dict) -> int:
@@ -132,16 +133,77 @@ def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, 
     if mini <= 0 or bs % mini:
         raise ConfigError(f"{mini_key}={mini} must divide data.train_batch_size={bs}")
     if (mini * n) % dp:
-        raise ConfigError(f"{mini_name}*rollout.n={mini * n} rows must be divisible by the data-parallel "
-                          f"size {dp}" + ("" if mini_key.startswith("actor_rollout_ref.") else f" ({mini_key})"))
+        raise ConfigError(f"{mini_key}*actor_rollout_ref.rollout.n={mini * n} rows must be divisible by the "
+                          f"data-parallel size {dp}")
     micro = int(role[micro_name])
     if micro <= 0:
         return  # reported by the role's section (trainer.config.actor.ActorConfig / CriticConfig)
     # a micro-batch larger than the rank's mini-batch is clamped to it (one micro-batch); smaller must divide it
-    short = micro_key.replace("actor_rollout_ref.", "")
     if not role["use_dynamic_bsz"] and micro < mini * n // dp and (mini * n // dp) % micro:
         raise ConfigError(f"a mini-batch holds {mini * n // dp} rows per data-parallel rank, not divisible by "
-                          f"{short}={micro}")
+                          f"{micro_key}={micro}")
+
+
+def _token_budgets(cfg: dict) -> list[tuple[str, object, bool, str, int]]:
+    """``(key, budget, use_dynamic_bsz, sp key, sp)`` of every token budget of a role that runs: the actor's update
+    and old-log-prob pass, the reference's pass (with a KL term) and the critic's update and value forwards (with a
+    critic). The budget is per sequence-parallel rank: a micro-batch holds budget x sp tokens (x TP on Megatron)."""
+    from trainer.config.runtime import needs_reference
+
+    A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    arr = cfg["actor_rollout_ref"]
+    actor, rollout = arr["actor"], arr["rollout"]
+    megatron = str(cfg["trainer"].get("strategy")) == "megatron"
+    sp_key = f"{A}.megatron.tensor_model_parallel_size" if megatron else f"{A}.ulysses_sequence_parallel_size"
+    a_sp = (actor.get("megatron") or {}).get("tensor_model_parallel_size") if megatron \
+        else actor["ulysses_sequence_parallel_size"]
+    out = [(f"{A}.ppo_max_token_len_per_gpu", actor["ppo_max_token_len_per_gpu"], actor["use_dynamic_bsz"], sp_key,
+            a_sp),
+           (f"{R}.log_prob_max_token_len_per_gpu", rollout.get("log_prob_max_token_len_per_gpu"),
+            rollout.get("log_prob_use_dynamic_bsz"), sp_key, a_sp)]
+    if needs_reference(cfg):
+        ref = arr["ref"]
+        ref_sp = ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", ref["ulysses_sequence_parallel_size"])
+        out.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", ref["log_prob_max_token_len_per_gpu"],
+                    ref["log_prob_use_dynamic_bsz"], *((sp_key, a_sp) if megatron else ref_sp)))
+    if critic_on(cfg):
+        c = cfg["critic"]
+        for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
+            out.append((f"critic.{name}", c.get(name), c["use_dynamic_bsz"],  # null forward: the update's budget
+                        "critic.ulysses_sequence_parallel_size", c["ulysses_sequence_parallel_size"]))
+    return out
+
+
+def _check_token_budgets(cfg: dict) -> None:
+    """With dynamic micro-batches (``use_dynamic_bsz``), each token budget of a role that runs
+    (:func:`_token_budgets`), x its sequence-parallel size, holds the longest sequence the run can produce:
+    ``data.max_prompt_length`` + the response length (``rollout.response_length``; a multi-turn trajectory, tool
+    answers included, stays within it). verl asserts the same; a smaller budget puts every longer sequence in a
+    micro-batch of its own, over the budget.
+
+    Raises:
+        ConfigError: naming the budget, its sequence-parallel size and the longest sequence (one line per budget).
+    """
+    d, rollout = cfg["data"], cfg["actor_rollout_ref"]["rollout"]
+    response = rollout.get("response_length") or d["max_response_length"]
+    try:
+        longest = int(d["max_prompt_length"]) + int(response)
+    except (TypeError, ValueError):
+        return  # a mistyped length is named by the data section
+    errors = []
+    for key, budget, dynamic, sp_key, sp in _token_budgets(cfg):
+        if dynamic is not True or isinstance(budget, bool) or not isinstance(budget, int) or budget < 1 \
+                or isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
+            continue  # off, or a mistyped value the role's section names
+        if budget * sp < longest:
+            per = f" x {sp_key}={sp} = {budget * sp}" if sp > 1 else ""
+            on = "log_prob_use_dynamic_bsz" if ".log_prob_" in key else "use_dynamic_bsz"
+            switch = f"{key.rsplit('.', 1)[0]}.{on}"
+            errors.append(f"{key}={budget}{per} tokens with {switch}=true is less than the longest sequence, "
+                          f"data.max_prompt_length + response length = {longest}: each longer sequence would be a "
+                          f"micro-batch of its own, over the budget; expected >= {-(-longest // sp)}")
+    if errors:
+        raise ConfigError(errors[0]) if len(errors) == 1 else ConfigErrors(errors)
 
 
 def _check_numbers(cfg: dict) -> None:

@@ -47,8 +47,8 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     Raises:
         ConfigError: (without ``report``) a refused verl key; :class:`ConfigErrors` for several.
     """
-    from trainer.unused_settings import unused_setting_warnings
-    from trainer.verl_compat import apply_verl_keys
+    from trainer.unused_settings import set_by_user, unused_setting_warnings
+    from trainer.verl_compat import apply_verl_keys, command_line_keys
 
     from trainer.config_reads import track_reads
 
@@ -57,7 +57,7 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     t = cfg["trainer"]
     if t["device"] == "auto":
         t["device"] = detect_device()
-    got = apply_verl_keys(cfg)
+    got = apply_verl_keys(cfg, command_line_keys(), set_by_user)
     got.warnings += unused_setting_warnings(cfg) + nothing_saved_warnings(t)
     _expand_home_paths(cfg)
     mode, path = t["resume_mode"], t["resume_from_path"]

@@ -102,7 +102,7 @@ def _check_sync(cfg: dict) -> None:
     rank = _ranks(cfg)["actor_rollout_ref.model"]
     if rc["name"] != "vllm":
         raise ConfigError(f"actor_rollout_ref.rollout.lora_sync=adapter needs rollout=vllm (vLLM's LoRA); "
-                          f"rollout.name={rc['name']} takes lora_sync=merged")
+                          f"actor_rollout_ref.rollout.name={rc['name']} takes lora_sync=merged")
     if rank == 0:
         raise ConfigError("actor_rollout_ref.rollout.lora_sync=adapter needs actor_rollout_ref.model.lora_rank > 0")
     if rank > VLLM_MAX_LORA_RANKS[-1]:

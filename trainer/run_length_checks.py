@@ -1,6 +1,7 @@
 """Config checks of settings that train nothing, or train a group of identical samples: a critic warm-up with no
-critic or as long as the run, and greedy sampling under an estimator that compares the samples of one prompt; and
-the warning of a learning-rate warm-up longer than its schedule.
+critic or as long as the run, greedy sampling under an estimator that compares the samples of one prompt and
+greedy validation asked for several answers per question; and the warning of a learning-rate warm-up longer than
+its schedule.
 
 :func:`check_training_happens` runs in :func:`trainer.config_validate.validate` (the run's length when
 ``trainer.total_training_steps`` is set) and again once :func:`trainer.launch.plan_run_length` has filled in the
@@ -12,7 +13,7 @@ from trainer.config_checks import ConfigError, ErrorCollector
 from trainer.run_roles import critic_on, trained_optims
 
 __all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups",
-           "schedule_length_warnings"]
+           "check_validation_sampling", "schedule_length_warnings"]
 
 
 def check_critic_warmup(cfg: dict) -> None:
@@ -122,6 +123,32 @@ def check_greedy_groups(cfg: dict) -> None:
                           f"actor_rollout_ref.rollout.{setting} samples greedily: every sample of a "
                           "group is the same and every advantage would be 0; expected do_sample=true, "
                           "temperature > 0 and top_k != 1")
+
+
+def check_validation_sampling(cfg: dict) -> None:
+    """Validation's sampling (``rollout.val_kwargs``) by the rule training's follows, when a validation pass runs
+    (:func:`trainer.unused_conditions.validates`; without one the keys are warned about as ignored):
+    ``do_sample=true`` with ``temperature=0`` decodes greedily (verl asserts temperature > 0 when validation samples),
+    and ``n > 1`` with greedy decoding gives n identical answers per question (best@n / worst@n of copies).
+
+    Raises:
+        ConfigError: naming the val_kwargs keys and their values.
+    """
+    from trainer.unused_conditions import validates
+
+    vk = cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
+    if not validates(cfg):
+        return
+    key = "actor_rollout_ref.rollout.val_kwargs"
+    if vk.get("do_sample") is True and _number(vk.get("temperature")) == 0:
+        raise ConfigError(f"{key}.do_sample=true with {key}.temperature={vk['temperature']}: a temperature of 0 "
+                          "decodes greedily; expected temperature > 0 to sample, or do_sample=false for greedy "
+                          "validation")
+    n, setting = _number(vk.get("n")), _greedy_setting(vk)
+    if n is not None and n > 1 and setting is not None:
+        raise ConfigError(f"{key}.n={vk['n']} with {key}.{setting} (greedy): every answer to a question is the "
+                          "same, so best@n / worst@n compare copies; expected n=1, or do_sample=true, temperature "
+                          "> 0 and top_k != 1")
 
 
 def _number(value):

@@ -10,15 +10,16 @@ import re
 from functools import lru_cache
 
 from trainer import unused_conditions as c
+from trainer.config.runtime import needs_reference
 from trainer.run_roles import critic_on  # noqa: F401 (re-exported: the rule the config checks share)
 from trainer.verl_compat import R, _fmt, _get, leaves, same_value
 
 __all__ = ["ENGINE_KEYS", "GAMMA_READERS", "LAM_READERS", "SELECTED_BY", "SWITCHED_OFF", "ZERO_WEIGHTED",
-           "switched_off_warnings", "unused_setting_warnings", "zero_weight_warnings"]
+           "set_by_user", "switched_off_warnings", "unused_setting_warnings", "zero_weight_warnings"]
 
 ROOT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ppo_trainer.yaml")
 KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
-_INTERP = re.compile(r"^\$\{(\.?[\w.]+)\}$")
+_INTERP = re.compile(r"^\$\{(\.*[\w.]+)\}$")
 _MISSING = object()
 
 
@@ -66,15 +67,15 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
                    f"{R}.response_length, while data.max_response_length sets the overlong penalty's length; leave "
                    f"{R}.response_length unset (it follows data.max_response_length) or set the two equal")
     if name != "vllm" and rc.get("prompt_length") != _get(cfg, "data.max_prompt_length"):
-        out.append(f"{R}.prompt_length={_fmt(rc.get('prompt_length'))}: ignored: rollout.name={name} takes each "
+        out.append(f"{R}.prompt_length={_fmt(rc.get('prompt_length'))}: ignored: {R}.name={name} takes each "
                    "batch's prompts as they are (data.max_prompt_length limits them); only vLLM sizes its context by it")
     for engine, keys in ENGINE_KEYS.items():
         if engine == name:
             continue
         for key, default in keys.items():
             if key in rc and not same_value(rc[key], default):
-                out.append(f"{R}.{key}={_fmt(rc[key])}: ignored: a setting of rollout.name={engine}, and this run "
-                           f"generates with rollout.name={name}")
+                out.append(f"{R}.{key}={_fmt(rc[key])}: ignored: a setting of {R}.name={engine}, and this run "
+                           f"generates with {R}.name={name}")
     from trainer.multi_turn import unused_multi_turn_warnings
 
     return (out + unused_multi_turn_warnings(rc) + switched_off_warnings(cfg) + zero_weight_warnings(cfg)
@@ -127,14 +128,18 @@ def _defaults_of(run: dict, key: str) -> list:
 
 
 def _resolve(plain_cfg: dict, key: str, default):
-    """``default`` of the leaf ``key``; an interpolation of one key (``${a.b}``, or ``${.b}`` beside the leaf)
-    is read from ``plain_cfg`` (the run's values), also inside a string (``${trainer.output_dir}/x.json``);
-    anything else is returned as it is."""
+    """``default`` of the leaf ``key``; an interpolation of one key (``${a.b}``, ``${.b}`` beside the leaf, ``${..b}``
+    one level up) is read from ``plain_cfg`` (the run's values), also inside a string
+    (``${trainer.output_dir}/x.json``); anything else is returned as it is."""
     m = _INTERP.match(default) if isinstance(default, str) else None
     if m is None:
         return _resolve_inside(plain_cfg, key, default) if isinstance(default, str) and "${" in default else default
     ref = m.group(1)
-    return _get(plain_cfg, f"{key.rpartition('.')[0]}{ref}" if ref.startswith(".") else ref, _MISSING)
+    if not ref.startswith("."):
+        return _get(plain_cfg, ref, _MISSING)
+    rest = ref.lstrip(".")
+    base = key.split(".")[:-(len(ref) - len(rest))]  # "." the leaf's own node, each further "." one up
+    return _get(plain_cfg, ".".join([*base, rest]), _MISSING)
 
 
 def _resolve_inside(plain_cfg: dict, key: str, text: str):
@@ -152,17 +157,23 @@ def _set_keys(run: dict, keys: tuple[str, ...]) -> list[str]:
     """``key=value`` of the leaves at or under ``keys`` (a key ending in ``.`` is a prefix) whose run value differs
     from every value configs/ ships for it (:func:`_shipped_values`; an interpolation is resolved in the run at the
     leaf's place, so a value that follows its source is not counted). ``run`` is a plain (not recording) config."""
-    shipped, out = _shipped_values(), []
+    out = []
     for prefix in keys:
         node = _get(run, prefix.rstrip("."), _MISSING)
         found = leaves(node, prefix.rstrip(".")) if prefix.endswith(".") and isinstance(node, dict) else [(prefix, node)]
         for key, now in found:
-            if now is _MISSING or key not in shipped:
-                continue
-            defaults = [d for d in (_resolve(run, key, v) for v in _defaults_of(run, key)) if d is not _MISSING]
-            if defaults and all(not same_value(now, d) for d in defaults):
+            if now is not _MISSING and set_by_user(run, key, now):
                 out.append(f"{key}={_fmt(now)}")
     return out
+
+
+def set_by_user(run: dict, key: str, now) -> bool:
+    """Whether the value ``now`` of the leaf ``key`` differs from every value configs/ ships for it (an
+    interpolation resolved in ``run``, a plain config); False for a key configs/ does not have."""
+    if key not in _shipped_values():
+        return False
+    defaults = [d for d in (_resolve(run, key, v) for v in _defaults_of(run, key)) if d is not _MISSING]
+    return bool(defaults) and all(not same_value(now, d) for d in defaults)
 
 
 def _estimator(run: dict) -> str:
@@ -197,6 +208,9 @@ SWITCHED_OFF = (
     (lambda r: not critic_on(r), ("critic.",),
      lambda r: f"this run trains no critic (algorithm.adv_estimator={_estimator(r)}, critic.enable unset or false); "
                "algorithm=gae or critic.enable=true trains one"),
+    (lambda r: not needs_reference(r), ("actor_rollout_ref.ref.",),
+     lambda r: f"this run has no reference model ({KL_LOSS}=false, algorithm.use_kl_in_reward=false; either one "
+               "true computes reference log-probs)"),
     (lambda r: not _get(r, KL_LOSS), (f"{_A}.kl_loss_coef", f"{_A}.kl_loss_type"),
      lambda r: f"{KL_LOSS}=false (set it true for the KL loss term)"),
     (lambda r: not _get(r, "algorithm.use_kl_in_reward"), ("algorithm.kl_ctrl.", "algorithm.kl_penalty"),
@@ -259,7 +273,8 @@ def _embedded_warm_starts(run: dict) -> bool:
 
 def switched_off_warnings(cfg: dict) -> list[str]:
     """Settings set away from every value configs/ ships while another choice of the run leaves them unused
-    (:data:`SWITCHED_OFF`: ``critic.*`` without a critic, ``actor.kl_loss_*`` without ``use_kl_loss``, ``kl_ctrl``
+    (:data:`SWITCHED_OFF`: ``critic.*`` without a critic, ``ref.*`` without a reference model,
+    ``actor.kl_loss_*`` without ``use_kl_loss``, ``kl_ctrl``
     without ``use_kl_in_reward``, ``filter_groups.*`` / ``overlong_buffer.*`` without their ``enable``, token
     budgets without dynamic batches, checkpoint retention without saves, ``gamma`` / ``lam`` of an estimator that
     does not read them, ``loss_scale_factor`` of a ``loss_agg_mode`` that does not divide by it, the embedded tiny

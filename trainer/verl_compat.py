@@ -15,6 +15,7 @@ from functools import lru_cache
 from trainer.verl_keys import VERL_KEYS, VerlKey
 
 R = "actor_rollout_ref.rollout"
+_MISSING = object()
 
 
 def _glob_to_regex(pattern: str) -> str:
@@ -127,8 +128,8 @@ def _fmt(value) -> str:
 class _Context:
     """The state one :func:`apply_verl_keys` call works on: the config, every verl key found and the report."""
 
-    def __init__(self, cfg: dict, found: dict[str, object]):
-        self.cfg, self.found, self.report = cfg, found, Report()
+    def __init__(self, cfg: dict, found: dict[str, object], given: frozenset = frozenset(), set_by_user=None):
+        self.cfg, self.found, self.report, self.given, self.set_by_user = cfg, found, Report(), given, set_by_user
 
     @property
     def device(self) -> str:
@@ -143,9 +144,28 @@ class _Context:
     def error(self, key: str, value, text: str) -> None:
         self.report.errors.append(f"{key}={_fmt(value)}: {text}")
 
-    def read_as(self, key: str, value, target: str, quiet: bool = False) -> None:
+    def read_as(self, key: str, value, target: str, quiet: bool = False) -> bool:
+        """Set ``target`` to the verl key's ``value`` (False, and an error naming both, when the user also set
+        ``target`` to another value: on the command line, or away from every value configs/ ships)."""
+        if self.contradicts(key, value, target):
+            return False
         _set(self.cfg, target, value)
         (self.note if quiet else self.warn)(key, value, f"read as {target}={_fmt(value)}")
+        return True
+
+    def contradicts(self, key: str, value, target: str) -> bool:
+        """Whether ``target`` was set by the user to a value other than ``value`` (an error line naming both)."""
+        from trainer.config_reads import plain
+
+        run = plain(self.cfg)
+        now = _get(run, target, _MISSING)
+        if now is _MISSING or same_value(now, value) or isinstance(now, dict):
+            return False
+        if target not in self.given and not (self.set_by_user and self.set_by_user(run, target, now)):
+            return False
+        self.error(key, value, f"contradicts {target}={_fmt(now)} (the same setting under verl's name); "
+                               f"give one of the two, or the same value to both")
+        return True
 
 
 def _offload(ctx: _Context, key: str, value, target: str) -> None:
@@ -208,8 +228,8 @@ def _warmup_style(ctx: _Context, key: str, value, target: str) -> None:
 
 
 def _max_samples(ctx: _Context, key: str, value, target: str) -> None:
-    ctx.read_as(key, value, target, quiet=True)
-    if value is None or int(value) < 0:
+    every = value is None or int(value) < 0
+    if ctx.read_as(key, None if every else value, target, quiet=True) and every:
         _set(ctx.cfg, target, None)
 
 
@@ -256,7 +276,8 @@ RULES = {"deepspeed.offload_param": _offload, "deepspeed.offload_optimizer": _of
 
 def _vllm_arg(ctx: _Context, key: str, value, entry: VerlKey) -> None:
     if _get(ctx.cfg, f"{R}.name") != "vllm":
-        return ctx.warn(key, value, "ignored: an argument of vllm.LLM, and this run generates with rollout.name=hf")
+        return ctx.warn(key, value, "ignored: an argument of vllm.LLM, and this run generates with "
+                                      f"{R}.name=hf")
     rel = key[len(R) + 1:]
     rel = rel[len("engine_kwargs.vllm."):] if rel.startswith("engine_kwargs.vllm.") else rel
     if rel == "cudagraph_capture_sizes":
@@ -288,23 +309,35 @@ def _apply_one(ctx: _Context, key: str, value, entry: VerlKey) -> None:
         raise ValueError(f"verl key table: unknown kind {entry.kind!r} of {entry.pattern!r}")
 
 
-def apply_verl_keys(cfg: dict) -> Report:
+def apply_verl_keys(cfg: dict, given=(), set_by_user=None) -> Report:
     """Handle every key of ``cfg`` (a resolved config, changed in place) that matches :data:`VERL_KEYS`.
 
     The matched keys are removed; mappings set this framework's keys; ``warnings`` say what is ignored and why;
     ``errors`` (one line each, naming key and value) say what to use instead. Entries are applied in table order,
-    so that a rule may rely on the ones above it (the reference model's offload follows the actor's).
+    so that a rule may rely on the ones above it (the reference model's offload follows the actor's). A verl key
+    mapped onto a key the user also set to another value is an error naming both: a key of ``given`` (the command
+    line's keys), or one for which ``set_by_user(run, key, value)`` is true
+    (:func:`trainer.unused_settings.set_by_user`: away from every value configs/ ships).
     """
     from trainer.config_reads import plain
 
     found = {key: value for key, value in leaves(plain(cfg)) if match(key) is not None}  # a walk that reads nothing
-    ctx = _Context(cfg, found)
+    ctx = _Context(cfg, found, frozenset(given), set_by_user)
     for key in found:
         _pop(cfg, key)
     order = {e.pattern: i for i, e in enumerate(VERL_KEYS)}
     for key, value in sorted(found.items(), key=lambda kv: order[match(kv[0]).pattern]):
         _apply_one(ctx, key, value, match(key))
     return ctx.report
+
+
+def command_line_keys() -> set[str]:
+    """The dotted keys the run's command line set (Hydra's task overrides); empty outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    return {o.lstrip("+~").partition("=")[0] for o in HydraConfig.get().overrides.task}
 
 
 def override_errors(key: str, value) -> list[str]:

@@ -296,7 +296,7 @@ def test_the_decode_loop_key_reaches_the_engine_and_is_checked_before_start(monk
     check_decode_loop(_cfg(), Qwen2VLConfig())  # auto: nothing to check (generate for this model)
     assert _cfg()["actor_rollout_ref"]["rollout"]["decode_loop"] == "auto"
     warned = unused_setting_warnings(_cfg("rollout=vllm", "+actor_rollout_ref.rollout.decode_loop=graph"))
-    assert any("decode_loop=graph: ignored: a setting of rollout.name=hf" in w for w in warned)
+    assert any("decode_loop=graph: ignored: a setting of actor_rollout_ref.rollout.name=hf" in w for w in warned)
 
 
 def test_the_rollout_bench_times_both_decode_loops(tmp_path, monkeypatch):

@@ -109,6 +109,12 @@ SHORT_BUDGETS = [
     (("trainer.n_gpus_per_node=2", f"{A}.ulysses_sequence_parallel_size=2", f"{A}.use_dynamic_bsz=true",
       f"{A}.ppo_max_token_len_per_gpu=8", f"{R}.log_prob_max_token_len_per_gpu=64"),
      f"{A}.ppo_max_token_len_per_gpu=8 x {A}.ulysses_sequence_parallel_size=2 = 16 tokens"),
+    # Megatron's tensor-parallel ranks hold whole sequences: the budget is not multiplied by TP
+    (("trainer.device=cuda", "trainer.strategy=megatron", f"{A}.megatron.tensor_model_parallel_size=2",
+      f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=10", f"{R}.log_prob_max_token_len_per_gpu=64"),
+     f"{A}.ppo_max_token_len_per_gpu=10 tokens"),
+    (("algorithm=prime", f"{A}.use_dynamic_bsz=true", "reward_model.max_token_len_per_gpu=4"),
+     "reward_model.max_token_len_per_gpu=4 tokens with reward_model.use_dynamic_bsz=true"),
 ]
 
 
@@ -130,6 +136,19 @@ def test_a_dynamic_token_budget_below_the_longest_sequence_is_refused(overrides,
      f"{A}.ppo_max_token_len_per_gpu=9")])  # 9 per SP rank x 2 = 18
 def test_a_token_budget_that_holds_the_longest_sequence_or_is_not_read_passes(overrides):
     validate(_cfg(*overrides))
+
+
+def test_the_sequence_parallel_size_of_a_role_that_does_not_run_is_not_checked():
+    """A reference model's Ulysses size (verl's DAPO script sets one with every KL term off) is warned about as
+    ignored, not refused against the workers or the heads, when no KL term needs a reference model; with one it is
+    checked as the actor's is."""
+    validate(_cfg(f"{REF}.ulysses_sequence_parallel_size=3"))
+    validate(_cfg("critic.ulysses_sequence_parallel_size=3"))  # no critic
+    for overrides in ((f"{A}.use_kl_loss=true",), ("algorithm=gae",)):
+        key = f"{REF}.ulysses_sequence_parallel_size" if overrides[0].startswith(A) else "critic.ulysses_sequence_parallel_size"
+        with pytest.raises(ConfigError) as info:
+            validate(_cfg(*overrides, f"{key}=3"))
+        assert f"{key}=3 must divide" in str(info.value), str(info.value)
 
 
 def test_a_micro_batch_that_does_not_divide_names_its_full_key():

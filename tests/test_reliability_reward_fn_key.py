@@ -223,6 +223,17 @@ def test_unreadable_ground_truth_is_refused_before_start(tmp_path, tok, source, 
     assert expects in msg and "2 more row(s) too" in msg and "custom_reward_function" in msg, msg
 
 
+def test_a_long_unreadable_ground_truth_is_shown_with_its_end(tmp_path, tok):
+    """A full solution as the ground truth: the error shows its start and its end, where the unreadable answer is."""
+    long = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 10 - 3"
+    path = _write(tmp_path / "train.jsonl", [_row(gt=long, data_source="openai/gsm8k")])
+    with pytest.raises(ConfigError) as info:
+        check_reward_scorers(_make(), "data_source", [PromptDataset(path, tok, max_prompt_length=32)])
+    msg = str(info.value)
+    assert "ground_truth='Natalia sold" in msg and "#### 10 - 3' (a str)" in msg and "\n" not in msg.replace(
+        "\\n", ""), msg
+
+
 READABLE = {"gsm8k": ["1,234", "$5", "5/2", "-3", "3.50", 12.0, 7, "so\n#### 18", "1.5e3"],
             "synthetic/digits": ["6", " 6 "], "math": ["\\frac{1}{2}", "x", "6", 0.5, "\\boxed{3}"],
             "synthetic/arith_tool": ["12", "1,234", 12.0, -3]}

@@ -121,15 +121,14 @@ VAL_BAD = [
     (("trainer.val_before_train=true", f"{V}.n=3"), (f"{V}.n=3", f"{V}.do_sample=false", "best@n")),
     (("trainer.test_freq=1", f"{V}.n=2", f"{V}.do_sample=true", f"{V}.temperature=1.0", f"{V}.top_k=1"),
      (f"{V}.n=2", f"{V}.top_k=1")),
-    (("trainer.val_before_train=true", f"{V}.do_sample=true", f"{V}.temperature=0"),
-     (f"{V}.do_sample=true", f"{V}.temperature=0", "decodes greedily")),
+    (("trainer.val_before_train=true", f"{V}.n=2", f"{V}.do_sample=true", f"{V}.temperature=0"),
+     (f"{V}.n=2", f"{V}.temperature=0", "best@n")),
 ]
 
 
 @pytest.mark.parametrize("overrides,needles", VAL_BAD, ids=[" ".join(b[0]) for b in VAL_BAD])
 def test_greedy_validation_asked_to_sample_is_one_line(overrides, needles):
-    """Validation's sampling follows training's rule: several greedy answers per question are copies, and
-    do_sample with temperature 0 decodes greedily."""
+    """Validation's sampling follows training's rule: several greedy answers per question are copies."""
     refused_in_one_line(validate, resolved_config(*overrides), *needles)
 
 
@@ -140,3 +139,18 @@ def test_greedy_validation_asked_to_sample_is_one_line(overrides, needles):
     ("trainer.val_before_train=false", "trainer.test_freq=-1", f"{V}.n=3")])  # no validation: warned as ignored
 def test_validation_sampling_that_samples_or_does_not_run_passes(overrides):
     validate(resolved_config(*overrides))
+
+
+def test_greedy_validation_with_do_sample_true_runs_greedily_with_a_warning():
+    """``val_kwargs.do_sample=true`` alone (the shipped temperature is 0) is greedy validation, as the same pair is
+    greedy training: accepted, with one warning that says so; none once the temperature samples."""
+    from trainer.run_length_checks import validation_sampling_warnings
+
+    cfg = resolved_config("trainer.val_before_train=true", f"{V}.do_sample=true")
+    validate(cfg)
+    (line,) = validation_sampling_warnings(cfg)
+    assert f"{V}.do_sample=true" in line and "greedily" in line
+    assert validation_sampling_warnings(resolved_config("trainer.val_before_train=true", f"{V}.do_sample=true",
+                                                        f"{V}.temperature=0.7")) == []
+    assert validation_sampling_warnings(resolved_config("trainer.val_before_train=false", "trainer.test_freq=-1",
+                                                        f"{V}.do_sample=true")) == []

@@ -583,6 +583,7 @@ A_ = "actor_rollout_ref.actor"
 _BOTH = [("custom_reward_function.path=/tmp/a.py", "reward_model.custom_reward_function.path=/tmp/b.py"),
          (f"{A_}.optim.clip_grad=5", f"{A_}.grad_clip=2"),
          ("data.train_max_samples=64", "data.max_rows=128"),
+         ("data.train_max_samples=-1", "data.max_rows=128"),  # named as written (-1: every row), not as null
          (f"{A_}.optim.warmup_style=cosine", f"{A_}.optim.lr_scheduler_type=linear"),
          ("trainer.val_generations_to_log_to_wandb=3", "trainer.log_val_generations=5"),
          ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64",

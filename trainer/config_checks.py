@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import reprlib
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
@@ -238,7 +239,10 @@ def check_ground_truths(manager, reward_fn_key: str, datasets: Sequence) -> None
     more = f"; {len(bad) - 1} more row(s) too" if len(bad) > 1 else ""
     fix = ("write each ground truth as that scorer reads it" if isinstance(truth, (str, numbers.Real)) else
            "give each row one answer")
-    raise DataError(f"{row_place(*origin)} has reward_model.ground_truth={truth!r:.80} (a {type(truth).__name__}) "
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 80
+    shown = short.repr(truth)  # head ... tail: a solution's answer is at its end
+    raise DataError(f"{row_place(*origin)} has reward_model.ground_truth={shown} (a {type(truth).__name__}) "
                     f"and is scored by {routed}: {why}{more}; {fix}, or score it with a "
                     "reward_model.custom_reward_function that reads this ground truth")
 

@@ -9,7 +9,7 @@ import math
 
 from trainer.config_checks import ConfigError, ConfigErrors, as_int, check_rollout_correction, run_checks
 from trainer.megatron_checks import check_megatron
-from trainer.run_roles import critic_on
+from trainer.run_roles import critic_on, prime_enabled
 
 
 def overlong_kwargs(cfg: dict) -> dict:
@@ -115,7 +115,6 @@ def _check_batches(cfg: dict) -> None:
         c = cfg["critic"]
         _check_update_batches(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", c,
                               int(c["ulysses_sequence_parallel_size"]))
-    from trainer.hooks.prime import prime_enabled
 
     rm = cfg.get("reward_model") or {}
     if prime_enabled(cfg) and "mini_batch_size" in rm:
@@ -146,31 +145,35 @@ def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, 
 
 def _token_budgets(cfg: dict) -> list[tuple[str, object, bool, str, int]]:
     """``(key, budget, use_dynamic_bsz, sp key, sp)`` of every token budget of a role that runs: the actor's update
-    and old-log-prob pass, the reference's pass (with a KL term) and the critic's update and value forwards (with a
-    critic). The budget is per sequence-parallel rank: a micro-batch holds budget x sp tokens (x TP on Megatron)."""
+    and old-log-prob pass, the reference's pass (with a KL term), the critic's update and value forwards (with a
+    critic) and PRIME's reward model (``reward_model.max_token_len_per_gpu``, with PRIME). The budget is per
+    Ulysses rank: a micro-batch holds budget x sp tokens. On Megatron the budget is the micro-batch's own (tensor
+    parallel ranks hold whole sequences): sp 1."""
     from trainer.config.runtime import needs_reference
 
     A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     arr = cfg["actor_rollout_ref"]
     actor, rollout = arr["actor"], arr["rollout"]
     megatron = str(cfg["trainer"].get("strategy")) == "megatron"
-    sp_key = f"{A}.megatron.tensor_model_parallel_size" if megatron else f"{A}.ulysses_sequence_parallel_size"
-    a_sp = (actor.get("megatron") or {}).get("tensor_model_parallel_size") if megatron \
-        else actor["ulysses_sequence_parallel_size"]
-    out = [(f"{A}.ppo_max_token_len_per_gpu", actor["ppo_max_token_len_per_gpu"], actor["use_dynamic_bsz"], sp_key,
-            a_sp),
+    a_sp = ("trainer.strategy", 1) if megatron else (f"{A}.ulysses_sequence_parallel_size",
+                                                     actor["ulysses_sequence_parallel_size"])
+    out = [(f"{A}.ppo_max_token_len_per_gpu", actor["ppo_max_token_len_per_gpu"], actor["use_dynamic_bsz"], *a_sp),
            (f"{R}.log_prob_max_token_len_per_gpu", rollout.get("log_prob_max_token_len_per_gpu"),
-            rollout.get("log_prob_use_dynamic_bsz"), sp_key, a_sp)]
+            rollout.get("log_prob_use_dynamic_bsz"), *a_sp)]
     if needs_reference(cfg):
         ref = arr["ref"]
         ref_sp = ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", ref["ulysses_sequence_parallel_size"])
         out.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", ref["log_prob_max_token_len_per_gpu"],
-                    ref["log_prob_use_dynamic_bsz"], *((sp_key, a_sp) if megatron else ref_sp)))
+                    ref["log_prob_use_dynamic_bsz"], *(a_sp if megatron else ref_sp)))
     if critic_on(cfg):
         c = cfg["critic"]
         for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
             out.append((f"critic.{name}", c.get(name), c["use_dynamic_bsz"],  # null forward: the update's budget
                         "critic.ulysses_sequence_parallel_size", c["ulysses_sequence_parallel_size"]))
+    if prime_enabled(cfg):
+        rm = cfg.get("reward_model") or {}
+        out.append(("reward_model.max_token_len_per_gpu", rm.get("max_token_len_per_gpu"), rm.get("use_dynamic_bsz"),
+                    "reward_model.ulysses_sequence_parallel_size", rm.get("ulysses_sequence_parallel_size", 1)))
     return out
 
 

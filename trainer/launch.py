@@ -25,7 +25,8 @@ from trainer.config_validate import detect_device, overlong_kwargs, validate  # 
 from trainer.embedded_assets import prepare_embedded
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
-from trainer.run_length_checks import check_training_happens, lr_warmup_warnings, schedule_length_warnings
+from trainer.run_length_checks import (check_training_happens, lr_warmup_warnings, schedule_length_warnings,
+                                       validation_sampling_warnings)
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)
@@ -358,7 +359,7 @@ def run(hydra_cfg: DictConfig) -> dict:
     dynamic = bool(cfg["algorithm"]["filter_groups"]["enable"])
     total = plan_run_length(cfg, len(trainer.loader), one_batch_per_step=not dynamic)
     check_training_happens(cfg)  # the warm-ups against the length just planned from the data
-    for line in lr_warmup_warnings(cfg):
+    for line in lr_warmup_warnings(cfg) + validation_sampling_warnings(cfg):
         logger.warning(line)
     # the driver's trainer section was built before the run length was planned: the planned value replaces null
     trainer.trainer_cfg = t = replaced(trainer.trainer_cfg, "trainer", total_training_steps=total)

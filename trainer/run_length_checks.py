@@ -13,7 +13,7 @@ from trainer.config_checks import ConfigError, ErrorCollector
 from trainer.run_roles import critic_on, trained_optims
 
 __all__ = ["check_training_happens", "check_critic_warmup", "lr_warmup_warnings", "check_greedy_groups",
-           "check_validation_sampling", "schedule_length_warnings"]
+           "check_validation_sampling", "schedule_length_warnings", "validation_sampling_warnings"]
 
 
 def check_critic_warmup(cfg: dict) -> None:
@@ -127,9 +127,10 @@ def check_greedy_groups(cfg: dict) -> None:
 
 def check_validation_sampling(cfg: dict) -> None:
     """Validation's sampling (``rollout.val_kwargs``) by the rule training's follows, when a validation pass runs
-    (:func:`trainer.unused_conditions.validates`; without one the keys are warned about as ignored):
-    ``do_sample=true`` with ``temperature=0`` decodes greedily (verl asserts temperature > 0 when validation samples),
-    and ``n > 1`` with greedy decoding gives n identical answers per question (best@n / worst@n of copies).
+    (:func:`trainer.unused_conditions.validates`; without one the keys are warned about as ignored): ``n > 1`` with
+    greedy decoding (``do_sample=false``, ``temperature=0`` or ``top_k=1``) gives n identical answers per question
+    (best@n / worst@n of copies). ``do_sample=true`` with ``temperature=0`` and ``n=1`` is greedy validation, as in
+    training: :func:`validation_sampling_warnings` says so.
 
     Raises:
         ConfigError: naming the val_kwargs keys and their values.
@@ -140,15 +141,24 @@ def check_validation_sampling(cfg: dict) -> None:
     if not validates(cfg):
         return
     key = "actor_rollout_ref.rollout.val_kwargs"
-    if vk.get("do_sample") is True and _number(vk.get("temperature")) == 0:
-        raise ConfigError(f"{key}.do_sample=true with {key}.temperature={vk['temperature']}: a temperature of 0 "
-                          "decodes greedily; expected temperature > 0 to sample, or do_sample=false for greedy "
-                          "validation")
     n, setting = _number(vk.get("n")), _greedy_setting(vk)
     if n is not None and n > 1 and setting is not None:
         raise ConfigError(f"{key}.n={vk['n']} with {key}.{setting} (greedy): every answer to a question is the "
                           "same, so best@n / worst@n compare copies; expected n=1, or do_sample=true, temperature "
                           "> 0 and top_k != 1")
+
+
+def validation_sampling_warnings(cfg: dict) -> list[str]:
+    """A warning when a validation pass runs with ``val_kwargs.do_sample=true`` and ``temperature=0``: the engine
+    decodes greedily (a temperature of 0 is greedy, as vLLM takes it), so ``do_sample`` has no effect."""
+    from trainer.unused_conditions import validates
+
+    vk = cfg["actor_rollout_ref"]["rollout"].get("val_kwargs") or {}
+    if not validates(cfg) or vk.get("do_sample") is not True or _number(vk.get("temperature")) != 0:
+        return []
+    key = "actor_rollout_ref.rollout.val_kwargs"
+    return [f"{key}.do_sample=true with {key}.temperature={vk['temperature']}: validation decodes greedily (a "
+            "temperature of 0 is greedy); set a temperature > 0 to sample"]
 
 
 def _number(value):

@@ -144,17 +144,19 @@ class _Context:
     def error(self, key: str, value, text: str) -> None:
         self.report.errors.append(f"{key}={_fmt(value)}: {text}")
 
-    def read_as(self, key: str, value, target: str, quiet: bool = False) -> bool:
+    def read_as(self, key: str, value, target: str, quiet: bool = False, written=_MISSING) -> bool:
         """Set ``target`` to the verl key's ``value`` (False, and an error naming both, when the user also set
-        ``target`` to another value: on the command line, or away from every value configs/ ships)."""
-        if self.contradicts(key, value, target):
+        ``target`` to another value: on the command line, or away from every value configs/ ships). ``written``:
+        the verl key's value as the user wrote it, when ``value`` is its translation (shown in the error)."""
+        if self.contradicts(key, value, target, written):
             return False
         _set(self.cfg, target, value)
         (self.note if quiet else self.warn)(key, value, f"read as {target}={_fmt(value)}")
         return True
 
-    def contradicts(self, key: str, value, target: str) -> bool:
-        """Whether ``target`` was set by the user to a value other than ``value`` (an error line naming both)."""
+    def contradicts(self, key: str, value, target: str, written=_MISSING) -> bool:
+        """Whether ``target`` was set by the user to a value other than ``value`` (an error line naming both, with
+        the verl key's value as ``written``, else ``value``)."""
         from trainer.config_reads import plain
 
         run = plain(self.cfg)
@@ -163,8 +165,9 @@ class _Context:
             return False
         if target not in self.given and not (self.set_by_user and self.set_by_user(run, target, now)):
             return False
-        self.error(key, value, f"contradicts {target}={_fmt(now)} (the same setting under verl's name); "
-                               f"give one of the two, or the same value to both")
+        self.error(key, value if written is _MISSING else written,
+                   f"contradicts {target}={_fmt(now)} (the same setting under verl's name); give one of the two, "
+                   "or the same value to both")
         return True
 
 
@@ -229,7 +232,7 @@ def _warmup_style(ctx: _Context, key: str, value, target: str) -> None:
 
 def _max_samples(ctx: _Context, key: str, value, target: str) -> None:
     every = value is None or int(value) < 0
-    if ctx.read_as(key, None if every else value, target, quiet=True) and every:
+    if ctx.read_as(key, None if every else value, target, quiet=True, written=value) and every:
         _set(ctx.cfg, target, None)
 
 

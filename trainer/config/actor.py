@@ -292,14 +292,31 @@ class CriticConfig(Section):
 # ---- the Ulysses size of the actor, reference and critic sections against the world and the model ----------------
 def ulysses_sizes(cfg: Mapping) -> list[tuple[str, Any]]:
     """``(dotted key, value as written)`` of ``ulysses_sequence_parallel_size`` in each of :data:`ULYSSES_SECTIONS`
-    of the run config ``cfg``."""
+    of the run config ``cfg`` whose role runs: the actor's always, the reference's when a KL term needs reference
+    log-probs (:func:`trainer.config.runtime.needs_reference`), the critic's when the run has a critic
+    (:func:`trainer.run_roles.critic_on`); every section when ``cfg`` lacks the keys that tell. The size of a role
+    that does not run is warned about as ignored (:mod:`trainer.unused_settings`), not checked against the workers
+    or the model."""
     out = []
     for key in ULYSSES_SECTIONS:
+        if not _role_runs(cfg, key):
+            continue
         node = cfg
         for part in key.split("."):
             node = node[part]
         out.append((f"{key}.ulysses_sequence_parallel_size", node["ulysses_sequence_parallel_size"]))
     return out
+
+
+def _role_runs(cfg: Mapping, section: str) -> bool:
+    """Whether the role of ``section`` (one of :data:`ULYSSES_SECTIONS`) runs; True when ``cfg`` cannot tell."""
+    from trainer.config.runtime import needs_reference
+    from trainer.run_roles import critic_on
+
+    try:
+        return {"actor_rollout_ref.ref": needs_reference, "critic": critic_on}.get(section, lambda c: True)(cfg)
+    except (KeyError, TypeError, AttributeError):
+        return True
 
 
 def check_ulysses_world(cfg: Mapping, world: int) -> None:

@@ -288,16 +288,19 @@ def normalize_number(value: Any) -> Fraction | None:
     Accepts ints, floats (``12.0`` from SVAMP; via their shortest ``repr``), and strings such as
     ``"1,000"``, ``"-3"``, ``"$42."``, ``"42.0"``, ``"1.5e3"``, a fraction ``"3/4"`` (either side a decimal) or a full
     reference solution ending in ``#### N``. Commas only as thousands separators (``"1,2"`` is None).
-    Returns None for anything else, and for a zero denominator or a value above 1e30 in exponent form (never raises).
+    Returns None for anything else, for a zero denominator, a value above 1e30 in exponent form or a number longer
+    than a response's answer is read (an int of over 200 digits: no response could match it). Never raises.
     """
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return Fraction(value)
+    if isinstance(value, int):  # as the text a response would write: longer than any answer read is None
+        if int(value).bit_length() > 4 * _MAX_NUMBER_CHARS:  # over 240 digits (str() refuses > 4300)
+            return None
+        value = str(int(value))
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
             return None
-        value = repr(value)
+        value = repr(float(value))  # a float subclass (numpy's float64) by its plain float repr
     if not isinstance(value, str):
         try:  # numpy scalars and the like
             return normalize_number(value.item())

@@ -2,6 +2,7 @@
 import json
 import os
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -62,6 +63,20 @@ def test_extract_solution_values():
 def test_flexible_scores_last_number():
     assert compute_score("3 + 4 = 7, so 7", "7", method="flexible") == 1.0
     assert compute_score("I think 7 or maybe 8", "7", method="flexible") == 0.0
+
+
+def test_a_number_ground_truth_is_read_as_a_response_would_write_it():
+    """An int longer than any answer the scorer reads (200 characters) is None, as its text is, so the ground-truth
+    check refuses what no response could match; numpy's float64 is read by its float value, not its repr."""
+    import numpy as np
+
+    from rewards.registry import get_scorer, ground_truth_problem
+
+    assert normalize_number(10 ** 250) is None and normalize_number(10 ** 5000) is None
+    assert normalize_number(10 ** 150) == 10 ** 150 and normalize_number(-7) == -7
+    assert ground_truth_problem(get_scorer("openai/gsm8k"), 10 ** 250) is not None
+    assert normalize_number(np.float64(12.0)) == 12 and normalize_number(np.float64(0.5)) == Fraction(1, 2)
+    assert compute_score("#### 12", np.float64(12.0)) == 1.0
 
 
 def test_normalize_number():

@@ -600,6 +600,22 @@ def test_a_verl_name_and_its_own_key_with_different_values_are_refused(verl, our
                              "two, or the same value to both"]
 
 
+def test_a_verl_mapping_contradicting_the_users_own_mapping_is_refused():
+    """verl's empty ``reward_kwargs`` replaced the options the user gave under this project's key without a word;
+    a verl mapping given alone, or equal to the user's, is read as before."""
+    from tests.verl_scripts import composed
+
+    own = "+reward_model.custom_reward_function.reward_kwargs.bonus=2"
+    _, _, _, report = composed(["+custom_reward_function.reward_kwargs={}", own])
+    assert report.errors == ["custom_reward_function.reward_kwargs={}: contradicts reward_model.custom_reward_function."
+                             "reward_kwargs={'bonus': 2} (the same setting under verl's name); give one of the two, "
+                             "or the same value to both"]
+    _, _, cfg, report = composed(["+custom_reward_function.reward_kwargs.bonus=3"])
+    assert report.errors == [] and cfg["reward_model"]["custom_reward_function"]["reward_kwargs"] == {"bonus": 3}
+    _, _, _, report = composed(["+custom_reward_function.reward_kwargs.bonus=2", own])
+    assert report.errors == []
+
+
 @pytest.mark.parametrize("verl,ours", [(f"{A_}.optim.clip_grad=2", f"{A_}.grad_clip=2"),
                                        ("data.train_max_samples=-1", "data.max_rows=null"),
                                        ("custom_reward_function.path=/tmp/a.py",

@@ -161,7 +161,7 @@ class _Context:
 
         run = plain(self.cfg)
         now = _get(run, target, _MISSING)
-        if now is _MISSING or same_value(now, value) or isinstance(now, dict):
+        if now is _MISSING or same_value(now, value):
             return False
         if target not in self.given and not (self.set_by_user and self.set_by_user(run, target, now)):
             return False

@@ -293,10 +293,8 @@ def normalize_number(value: Any) -> Fraction | None:
     """
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):  # as the text a response would write: longer than any answer read is None
-        if int(value).bit_length() > 4 * _MAX_NUMBER_CHARS:  # over 240 digits (str() refuses > 4300)
-            return None
-        value = str(int(value))
+    if isinstance(value, int):  # as a response would write it: over 200 digits (or 4300, str's limit) is None
+        value = str(int(value)) if int(value).bit_length() <= 4 * _MAX_NUMBER_CHARS else ""
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
             return None

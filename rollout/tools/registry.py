@@ -7,8 +7,9 @@ An entry is one of
 * ``"pkg.module:ClassName"`` (or ``"pkg.module.ClassName"``): a :class:`rollout.tools.base.Tool` subclass (or a
   callable returning a ``Tool``) importable from ``PYTHONPATH``;
 * a mapping ``{"class_name": <one of the above>, "config": {...}}``: ``config`` is passed as keyword arguments
-  (verl's ``type: native`` is accepted and not passed on; ``type: mcp`` and other types are refused); an optional ``tool_schema: {function: {name, description, parameters}}`` (verl's layout) overrides the tool's
-  own name, description and parameters.
+  (verl's ``type: native`` is accepted and not passed on; ``type: mcp`` and other types are refused); an optional
+  ``tool_schema: {function: {name, description, parameters}}`` (verl's layout) overrides the tool's own name,
+  description and parameters.
 
 ``tool_config_path`` names a YAML file ``{"tools": [<entry>, ...]}`` (verl's file layout; the classes must be
 this project's ``Tool`` subclasses; verl's own ``verl.tools.*`` classes are refused by name).

@@ -55,3 +55,13 @@ def test_startup_split_names_each_part_of_the_start_up_in_seconds(monkeypatch):
     text = startup_split(1012.5, 1030.0, now=1046.25)
     assert text == ("46.2 s after the process started (before Ray 12.5 s, Ray and the placement group 17.5 s, the "
                     "workers' start-up 16.2 s)")
+
+
+def test_startup_split_lists_the_workers_parts_in_order(monkeypatch):
+    """The workers' start-up is followed by its parts (processes, then the first actor rank's models)."""
+    import trainer.hf_exports as hf_exports
+    from trainer.placement import startup_split
+
+    monkeypatch.setattr(hf_exports, "process_start_time", lambda: 1000.0)
+    text = startup_split(1012.5, 1030.0, now=1046.25, parts={"processes": 7.04, "actor": 5.0, "rollout engine": 1.25})
+    assert text.endswith("the workers' start-up 16.2 s: processes 7.0 s, actor 5.0 s, rollout engine 1.2 s)")

@@ -83,16 +83,18 @@ def init_ray(device: str) -> None:
                              "token (~/.ray/auth_token)") from None
 
 
-def startup_split(t_ray: float, t_workers: float, now: float | None = None) -> str:
+def startup_split(t_ray: float, t_workers: float, now: float | None = None, parts: dict | None = None) -> str:
     """The driver's start-up as one phrase for the log: seconds from the process start (the operating system's
     start time, :func:`trainer.hf_exports.process_start_time`) to ``now`` (default: the current time), split at
     ``t_ray`` (:func:`init_ray` called) and ``t_workers`` (the placement group placed, the workers starting). All
-    three are ``time.time()`` values in seconds."""
+    three are ``time.time()`` values in seconds. ``parts``: ``{name: seconds}`` of the workers' start-up (e.g. the
+    processes' start, then the first actor rank's models), listed after it in that order."""
     from trainer.hf_exports import process_start_time
 
     start, now = process_start_time(), time.time() if now is None else now
+    detail = ": " + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) if parts else ""
     return (f"{now - start:.1f} s after the process started (before Ray {t_ray - start:.1f} s, Ray and the placement "
-            f"group {t_workers - t_ray:.1f} s, the workers' start-up {now - t_workers:.1f} s)")
+            f"group {t_workers - t_ray:.1f} s, the workers' start-up {now - t_workers:.1f} s{detail})")
 
 
 def _where() -> str:

@@ -110,8 +110,9 @@ class RayPPOTrainer:
         info = infos["actor"][0]
         self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
         self.hooks.workers_ready(self.roles, infos)
+        parts = {"processes": self.roles.processes_started_s, **info.get("startup_s", {})}
         logger.info("workers ready: %d actor ranks (%s params), %s", self.world, info["num_params"], startup_split(
-            t_ray, t_workers))
+            t_ray, t_workers, parts=parts))
         check_interrupted()  # a Ctrl-C / SIGTERM whose exception was swallowed during start-up stops the run here
 
     # ---- checkpoints ------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -258,6 +259,7 @@ class Roles:
         if not names or names[0] != "actor" or len(set(names)) != len(names):
             raise ValueError(f"roles {names}: expected the actor first and each role once")
         self.specs, self.ref_from_actor = list(specs), bool(ref_from_actor)
+        self.processes_started_s = 0.0  # seconds the workers' processes took to start (set by start)
         self.groups: dict[str, GroupClient] = {}
 
     # ---- the groups ---------------------------------------------------------------------------------------------
@@ -308,8 +310,10 @@ class Roles:
                                       cpus_per_worker, share=share if r.share is None else r.share, sp_size=r.sp_size,
                                       bundle_offset=r.bundle_offset, timeout_s=timeout_s, wait=False))
             self.attach(r.name, groups[-1])
+        t0 = time.perf_counter()
         for g in groups:
             g.wait_started()
+        self.processes_started_s = time.perf_counter() - t0
         return {r.name: self.groups[r.name].init_model() for r in self.specs}
 
     def save(self, step_dir: str) -> None:

@@ -37,6 +37,11 @@ common=(--model "$SMOL" --train "$DATA/svamp/train.parquet" --test "$DATA/svamp/
         --gsm8k "$DATA/gsm8k/test.parquet" --gsm8k-rows "$GSM8K_ROWS" --seeds "$LEARN_SEED"
         --budget-s "$LEARN_BUDGET_S" --every-s "$LEARN_EVERY_S" --grace-s 45 --work-dir /tmp/learn --skip-eval
         "${extra[@]}")
+# Each side starts with the files it imports already read once (outside its clock), so that neither pays for a
+# fresh machine's cold disk cache and the side run second does not inherit the first one's reads.
+warm() { local t=$SECONDS; python3 -c "import torch; torch.zeros(1, device='cuda'); import $1" >/dev/null 2>&1 \
+  && echo "warm-up (imports $1): $((SECONDS - t)) s" || echo "warm-up of $1 failed; the side starts anyway"; }
+PYTHONPATH=/tmp/site:$PWD warm "transformers, deepspeed, ray, datasets, trainer.main"
 PYTHONPATH=/tmp/site:$PWD python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides ours --out "$OUT/ours.json" \
   || failed+=(ours)
 echo "ours done $(date)"
@@ -50,6 +55,7 @@ export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_E
 if [ -f "$VLLM_READY" ]; then
   python3 -c "import trl, vllm, transformers, torch; print('trl', trl.__version__, 'vllm', vllm.__version__, \
 'transformers', transformers.__version__, 'torch', torch.__version__)"
+  warm "transformers, vllm, trl"
   python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides trl --out "$OUT/trl.json" || failed+=(trl)
   echo "trl done $(date)"
 fi

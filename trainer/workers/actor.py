@@ -32,6 +32,9 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
     lora = False  # the actor trains LoRA adapters (set by init_model)
 
     def init_model(self) -> dict:
+        """Build the actor (DeepSpeed engine), the reference and the rollout engine; returns the checkpoint info,
+        ``pad_token_id``, ``stop_token_ids`` and ``startup_s`` (seconds of each part, for the start-up log)."""
+        t0 = time.perf_counter()
         import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
 
         self.init_distributed()
@@ -40,15 +43,20 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         self.need_ref = cfg.need_ref
         self.lora = lora_enabled(cfg.model)  # LoRA: the reference is the actor with its adapters disabled
         a = cfg.actor
+        marks = [("distributed", time.perf_counter())]
         self.actor = ModelRole.build(self, cfg.model, sp=a.ulysses_sequence_parallel_size, train=True,
                                      optim_cfg=a.optim, grad_clip=a.grad_clip, total_steps=cfg.total_steps)
+        marks.append(("actor", time.perf_counter()))
         self.tokenizer = self.actor.tokenizer
         self.ref = None
         if self.need_ref and not self.lora:
             self.ref = ModelRole.build(self, cfg.model, sp=cfg.ref.ulysses_sequence_parallel_size, train=False)
+            marks.append(("reference", time.perf_counter()))
         self._build_rollout()
+        marks.append(("rollout engine", time.perf_counter()))
+        startup = {name: t - (marks[i - 1][1] if i else t0) for i, (name, t) in enumerate(marks)}
         return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id,
-                "stop_token_ids": list(self.stop_token_ids)}
+                "stop_token_ids": list(self.stop_token_ids), "startup_s": startup}
 
     # ---- rollout -------------------------------------------------------------------------------------------
     def _build_rollout(self) -> None:

@@ -31,7 +31,7 @@ _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 # nesting: ``\text{\mbox{ }}``), line breaks, whitespace, periods, ``$``, ``\left``/``\right``, spacing.
 _NOTHING_RE = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|textsf|texttt|mathrm|mbox|hbox|left|right|displaystyle)"
-    r"(?![a-zA-Z])|\\[,;:!%]|\^\\circ|\^\{\\circ\}|[{}$%.\s]")
+    r"(?![a-zA-Z])|\\[,;:!%]|\\\Z|\^\\circ|\^\{\\circ\}|[{}$%.\s]")
 _LABEL_RE = re.compile(r"^[xy]=")  # a leading ``x=`` / ``y=`` names the variable the answer is for
 
 
@@ -66,7 +66,8 @@ def normalize_answer(s: Any) -> str:
 def is_empty_answer(s: Any) -> bool:
     """True when the answer ``s`` (a box's content, or a ground truth) typesets as nothing: None, or only spacing
     (``\\,``, ``\\quad``, ``~``), empty text wrappers (``\\text{}``, nested too), braces, ``$``, periods, a bare
-    ``x=``. Such an answer is no answer: it never matches, and earns no format reward. Linear time; never raises."""
+    ``x=``, a lone backslash at the end (``"\\ "`` once stripped). Such an answer is no answer: it never matches,
+    and earns no format reward. Linear time; never raises."""
     try:
         s = "" if s is None else str(s)
         return not normalize_answer(s) or not _NOTHING_RE.sub("", _SPACING_RE.sub("", s))

@@ -202,6 +202,15 @@ def test_an_empty_or_none_ground_truth_never_matches():
     assert not M.is_empty_answer("\\emptyset") and not M.is_empty_answer("\\text{Evelyn}")
 
 
+def test_a_ground_truth_of_a_spacing_backslash_is_refused_before_start():
+    """``"\\ "`` is stripped to a lone backslash, which typesets as nothing: the start-up check names it."""
+    from rewards.registry import ground_truth_problem, math_boxed
+
+    assert M.is_empty_answer("\\") and M.is_empty_answer(" \\ ") and not M.is_empty_answer("1\\")
+    assert "typesets as something" in ground_truth_problem(math_boxed, "\\ ")
+    assert ground_truth_problem(math_boxed, "\\frac{1}{2}") is None
+
+
 # F5 (b): a leading ``x=``/``y=`` names the variable: an equation in another variable is another answer, while a
 # label on one side only is still dropped.
 @pytest.mark.parametrize("pred,gold,score", [

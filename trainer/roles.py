@@ -149,8 +149,7 @@ class PRMGroup(GroupClient):
         return self.wg.dispatch_dp("compute_rm_scores", batch)
 
     def update_rm(self, batch: DataProto) -> tuple[DataProto, list[dict]]:
-        """One pass of the PRM loss; returns the ``rm_scores`` of the training forwards (every row, in order) and
-        every rank's ``{metric: [values]}``."""
+        """One PRM loss pass: the training forwards' ``rm_scores`` (all rows, in order), every rank's metrics."""
         outs = self.wg.dispatch_dp_metrics("update_rm", batch)
         sp, dp = self.wg.sp_size, self.wg.dp_size
         return DataProto.concat([outs[d * sp] for d in range(dp)]), [o.meta["metrics"] for o in outs]
@@ -226,8 +225,7 @@ class Role:
             :mod:`trainer.config.workers`, built when the group starts; no worker receives the whole config).
         sp_size: ranks per data-parallel rank that receive the same rows (Ulysses SP, or TP on Megatron).
         ckpt_dir: its folder inside a ``global_step_N`` checkpoint; None: it saves nothing.
-        missing_hint: when set, loading a checkpoint without ``ckpt_dir`` raises FileNotFoundError with this
-            reason (a role that older checkpoints may lack).
+        missing_hint: set: loading a checkpoint without ``ckpt_dir`` is a FileNotFoundError giving this reason.
         world: its workers; None: the run's world (one per bundle of the shared roles).
         share: the share of its bundle each of its workers takes; None: a role sharing the run's bundles with
             the other such roles (each takes an equal part of what roles with a ``share`` leave there).
@@ -304,13 +302,12 @@ class Roles:
         reserved = sum(r.share for r in self.specs if r.share is not None and r.bundle_offset < world)
         share = (1.0 - reserved) / max(1, len(shared))
         timeout_s = float(config["trainer"]["ray_timeout_s"] or 0) or None  # every call of a group; 0/null: none
-        groups = []  # every role's processes start side by side (attached at once: a failed start shuts all down)
+        t0, groups = time.perf_counter(), []  # every role's processes start side by side (a failed start stops all)
         for r in self.specs:
             groups.append(WorkerGroup(r.worker(), r.name, pg, r.world or world, r.worker_config(config), device,
                                       cpus_per_worker, share=share if r.share is None else r.share, sp_size=r.sp_size,
                                       bundle_offset=r.bundle_offset, timeout_s=timeout_s, wait=False))
             self.attach(r.name, groups[-1])
-        t0 = time.perf_counter()
         for g in groups:
             g.wait_started()
         self.processes_started_s = time.perf_counter() - t0

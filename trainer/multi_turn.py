@@ -185,7 +185,8 @@ def generation_metrics(batch) -> dict[str, float]:
     The per-sample metrics and the batch totals (turns, tool calls, errors, malformed calls, timeouts, tool seconds,
     token shares, stop reasons: :func:`rollout.multiturn.metrics.column_metrics`) are computed from the rows'
     non-tensor columns (:data:`rollout.multiturn.metrics.ROW_COLUMNS`), so they cover every row of the batch: every
-    worker's, after any filter. ``meta`` gives only what no row holds: the tools' own metrics and the wall-clock
+    worker's, after any filter. ``meta`` gives only what no row holds: the tools' own metrics (joined over the
+    workers and generation batches, :func:`trainer.protocol.join_tool_metrics`) and the wall-clock
     ``multi_turn/tool_wall_s`` / ``generate_s`` of the step's generation (the slowest worker's seconds per call,
     :data:`trainer.protocol.CALL_SECONDS_META`; with dynamic sampling, summed over the step's generation batches).
     """

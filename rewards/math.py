@@ -52,7 +52,8 @@ from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, note_li
 from rewards.math_text import MAX_ANSWER_CHARS, _equation, _has_variable, _normalize, is_empty_answer, normalize_answer
 
 __all__ = ["last_boxed_only_string", "remove_boxed", "normalize_answer", "is_empty_answer", "is_tame", "is_equiv",
-           "compute_score", "load_math_verify", "warm_math_verify", "MAX_ANSWER_CHARS", "TIMEOUT_SECONDS"]
+           "gold_answer", "compute_score", "load_math_verify", "warm_math_verify", "MAX_ANSWER_CHARS",
+           "TIMEOUT_SECONDS"]
 
 TIMEOUT_SECONDS = 1.0  # default hard limit of one comparison (parse + verify + cross-check), see time_bound
 
@@ -272,7 +273,18 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
         return False
 
 
-def _gold_answer(ground_truth: Any) -> str:
+def gold_answer(ground_truth: Any) -> str:
+    """The reference answer :func:`compute_score` compares the model's answer with.
+
+    Args:
+        ground_truth: the reference answer (LaTeX such as ``"\\frac{1}{2}"``, or a number) or a full solution
+            containing ``\\boxed{...}``; None counts as ``""``.
+
+    Returns:
+        The content of the LAST closed ``\\boxed{...}`` (or ``\\fbox{...}``, ``\\boxed x``) of ``str(ground_truth)``
+        when it has one (as written, not stripped: ``\\boxed{ 5 }`` gives ``" 5 "``), else the text stripped of
+        surrounding whitespace.
+    """
     gt = "" if ground_truth is None else str(ground_truth)
     if "\\boxed" in gt or "\\fbox" in gt:
         inner = remove_boxed(last_boxed_only_string(gt))
@@ -299,6 +311,6 @@ def compute_score(solution_str: str, ground_truth: Any, timeout_seconds: float |
         pred = remove_boxed(last_boxed_only_string(solution_str))
         if pred is None:  # an empty box is no answer too: is_equiv refuses it
             return 0.0
-        return 1.0 if is_equiv(pred, _gold_answer(ground_truth), timeout_seconds=timeout_seconds) else 0.0
+        return 1.0 if is_equiv(pred, gold_answer(ground_truth), timeout_seconds=timeout_seconds) else 0.0
     except Exception:
         return 0.0

@@ -134,9 +134,9 @@ def _reads_whole_number(truth: Any) -> bool:
 
 
 def _reads_math(truth: Any) -> bool:
-    """The MATH scorer compares with the reference's boxed content or text; one that typesets as nothing
-    (:func:`rewards.math.is_empty_answer`) never matches."""
-    return not math_reward.is_empty_answer(math_reward._gold_answer(truth))
+    """The MATH scorer compares with the reference's boxed content or text (:func:`rewards.math.gold_answer`); one
+    that typesets as nothing (:func:`rewards.math.is_empty_answer`) never matches."""
+    return not math_reward.is_empty_answer(math_reward.gold_answer(truth))
 
 
 _NUMBER = "one number (such as 42, -3, 1,234, 3.50, $5, 5/2 or a solution ending in '#### 42')"

@@ -228,6 +228,36 @@ def test_start_up_errors(cfg, tokenizer, err, msg):
         prepare_multi_turn({"enable": True, **cfg}, tokenizer)
 
 
+@pytest.mark.parametrize("cfg,msg", [
+    ({"max_user_turns": 0}, "a.multi_turn.max_user_turns must be >= 1 or null, got 0"),
+    ({"max_parallel_calls": 0}, "a.multi_turn.max_parallel_calls must be >= 1, got 0"),
+    ({"format": "xml"}, "a.multi_turn.format='xml'; expected one of ['hermes', 'python_block']"),
+    ({"tool_response_truncate_side": "top"}, "a.multi_turn.tool_response_truncate_side='top'; expected one of "),
+    ({"interaction_config_path": "x"}, "a.multi_turn has unknown keys ['interaction_config_path']; known keys: "),
+    ({}, "a.multi_turn.enable=True but no tool is configured; set a.multi_turn.tools (e.g. [python]) or "
+         "a.multi_turn.tool_config_path"),
+    ({"tools": ["calculator"], "format": "python_block"}, "a.multi_turn.format=python_block sends code blocks to the "
+     "'python' tool, which is not configured (tools: ['calculator']); add python to a.multi_turn.tools"),
+    ({"tool_config_path": "/nonexistent/tools.yaml"}, "/nonexistent/tools.yaml: is not a file "
+     "(a.multi_turn.tool_config_path)"),
+])
+def test_start_up_errors_name_keys_under_the_callers_key(cfg, msg):
+    """A caller whose users write the section under a longer key passes it, and the messages name that key."""
+    with pytest.raises(ValueError) as info:
+        prepare_multi_turn({"enable": True, **cfg}, TK, key="a.multi_turn")
+    assert str(info.value).startswith(msg), str(info.value)
+    assert "rollout.multi_turn" not in str(info.value)
+
+
+def test_config_key_is_not_a_setting():
+    import dataclasses
+
+    assert "key" not in {f.name for f in dataclasses.fields(MultiTurnConfig)}
+    with pytest.raises(ValueError, match=r"unknown keys \['key'\]"):
+        MultiTurnConfig.from_config({"key": "x"})
+    assert MultiTurnConfig(max_user_turns=2, key="a.multi_turn") == MultiTurnConfig(max_user_turns=2)
+
+
 def test_template_without_chat_template_is_refused():
     tk = build_chat_tokenizer()
     tk.chat_template = None

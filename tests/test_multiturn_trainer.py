@@ -65,6 +65,26 @@ def test_bad_multi_turn_settings_are_one_line_errors_before_start(overrides, mes
     assert "\n" not in str(exc.value)
 
 
+def test_tool_errors_name_full_keys_and_quote_what_the_user_wrote():
+    """The rollout names the section's keys under the key the trainer passes, so a message is the rollout's own
+    text with the full key, and a user's module path that happens to contain ``rollout.multi_turn.`` is quoted as
+    written."""
+    from rollout.multiturn import MultiTurnConfig
+    from rollout.multiturn.loop import build_tools
+    from trainer.multi_turn import check_multi_turn
+
+    with pytest.raises(ConfigError) as info:
+        check_multi_turn(_cfg(MT + "enable=true", MT + "tools=[rollout.multi_turn.mytools:MyTool]"))
+    assert str(info.value) == (f"{MT}tools=['rollout.multi_turn.mytools:MyTool']: tool "
+                               "'rollout.multi_turn.mytools:MyTool': cannot import module 'rollout.multi_turn.mytools' "
+                               "(No module named 'rollout.multi_turn')"), str(info.value)
+    with pytest.raises(ValueError) as rollout_side:
+        build_tools(MultiTurnConfig(enable=True), key=MT.rstrip("."))
+    with pytest.raises(ConfigError) as trainer_side:
+        check_multi_turn(_cfg(MT + "enable=true"))
+    assert str(trainer_side.value) == str(rollout_side.value) and str(rollout_side.value).startswith(MT + "enable=")
+
+
 def test_good_settings_pass_and_disabled_tools_are_not_built():
     from trainer.launch import validate
 

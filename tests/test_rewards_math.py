@@ -211,6 +211,23 @@ def test_a_ground_truth_of_a_spacing_backslash_is_refused_before_start():
     assert ground_truth_problem(math_boxed, "\\frac{1}{2}") is None
 
 
+@pytest.mark.parametrize("truth,gold", [
+    ("\\frac{1}{2}", "\\frac{1}{2}"), ("  42 \n", "42"), (7, "7"), (None, ""),
+    ("so $x=1$, then \\boxed{3} and finally \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+    ("\\fbox{5}", "5"), ("it is \\boxed 9 ", "9"), ("\\boxed{ 5 }", " 5 "),
+    ("an unclosed \\boxed{3 ", "an unclosed \\boxed{3"),
+])
+def test_gold_answer_is_the_last_box_of_a_solution_else_the_stripped_text(truth, gold):
+    """The public reference-answer reader that the scorer and the start-up check (``rewards.registry``) share."""
+    from rewards import registry
+
+    assert "gold_answer" in M.__all__ and M.gold_answer.__doc__
+    assert M.gold_answer(truth) == gold
+    if truth is not None and "unclosed" not in str(truth):  # the scorer compares with the same answer
+        assert compute_score(f"\\boxed{{{gold}}}", truth) == 1.0
+    assert registry._reads_math(truth) == (not M.is_empty_answer(gold))
+
+
 # F5 (b): a leading ``x=``/``y=`` names the variable: an equation in another variable is another answer, while a
 # label on one side only is still dropped.
 @pytest.mark.parametrize("pred,gold,score", [

@@ -10,7 +10,6 @@ call the two are equal.
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
 import torch
@@ -51,9 +50,9 @@ def multi_turn_config(rollout_cfg: Mapping[str, Any]):
     if not isinstance(values.get("tools") or [], (list, tuple)):
         raise ConfigError(f"{KEY}.tools={values['tools']!r}; expected a list of tool entries")
     try:
-        return MultiTurnConfig(**values)
+        return MultiTurnConfig(**values, key=KEY)
     except ValueError as exc:
-        raise ConfigError(f"actor_rollout_ref.{exc}" if str(exc).startswith("rollout.") else f"{KEY}: {exc}") from exc
+        raise ConfigError(str(exc) if str(exc).startswith(KEY) else f"{KEY}: {exc}") from exc
 
 
 def _tools(cfg: dict, check: bool) -> dict:
@@ -61,18 +60,13 @@ def _tools(cfg: dict, check: bool) -> dict:
 
     mt = multi_turn_config(cfg["actor_rollout_ref"]["rollout"])
     try:
-        return build_tools(mt, check=check)
+        # the messages name full keys, so that the error report, which re-runs the checks with each named key put
+        # back to its default, can leave out a line that only follows from another
+        return build_tools(mt, check=check, key=KEY)
     except (ValueError, TypeError, RuntimeError) as exc:
-        path = mt.tool_config_path
-        # the rollout's messages name rollout.multi_turn.<key>; the full key lets the error report, which re-runs
-        # the checks with each named key put back to its default, leave out a line that only follows from it
-        def full_keys(text: str) -> str:
-            return re.sub(r"(?<![\w.])rollout\.multi_turn\.", f"{KEY}.", text)
-
-        if path and str(exc).startswith(str(path)):  # an entry of the tool config file, or the file itself
-            rest = full_keys(str(exc)[len(str(path)):].lstrip(": "))
-            raise ConfigError(f"{KEY}.tool_config_path={path!r}: {rest}") from exc
-        text = full_keys(str(exc))
+        path, text = mt.tool_config_path, str(exc)
+        if path and text.startswith(str(path)):  # an entry of the tool config file, or the file itself
+            raise ConfigError(f"{KEY}.tool_config_path={path!r}: {text[len(str(path)):].lstrip(': ')}") from exc
         if text.startswith(f"{KEY}."):  # no tool at all, or a format without its tool: names its own keys
             raise ConfigError(text) from exc
         raise ConfigError(f"{KEY}.tools={list(mt.tools)!r}: {text}") from exc
@@ -158,7 +152,7 @@ class MultiTurnGenerator(Generator):
 
         super().__init__(engine)
         self.tokenizer = tokenizer
-        self.cfg, self.tools, self.template = prepare_multi_turn(mt_cfg, tokenizer, chat_template_kwargs)
+        self.cfg, self.tools, self.template = prepare_multi_turn(mt_cfg, tokenizer, chat_template_kwargs, key=KEY)
 
     def generate(self, prompt_ids, sampling, multi_modal_inputs: list | None = None) -> Generation:
         from rollout.multiturn import multi_turn_generate
@@ -185,7 +179,8 @@ def generation_metrics(batch) -> dict[str, float]:
     The per-sample metrics and the batch totals (turns, tool calls, errors, malformed calls, timeouts, tool seconds,
     token shares, stop reasons: :func:`rollout.multiturn.metrics.column_metrics`) are computed from the rows'
     non-tensor columns (:data:`rollout.multiturn.metrics.ROW_COLUMNS`), so they cover every row of the batch: every
-    worker's, after any filter. ``meta`` gives only what no row holds: the tools' own metrics and the wall-clock
+    worker's, after any filter. ``meta`` gives only what no row holds: the tools' own metrics (joined over the
+    workers and generation batches, :func:`trainer.protocol.join_tool_metrics`) and the wall-clock
     ``multi_turn/tool_wall_s`` / ``generate_s`` of the step's generation (the slowest worker's seconds per call,
     :data:`trainer.protocol.CALL_SECONDS_META`; with dynamic sampling, summed over the step's generation batches).
     """

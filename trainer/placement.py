@@ -256,7 +256,7 @@ class WorkerGroup:
         chunks = data.chunk(self.dp_size)
         futures = [getattr(w, method).remote(chunks[r // self.sp_size]) for r, w in enumerate(self.workers)]
         outs = self._get(futures, method, list(range(self.world_size)))
-        return DataProto.concat([outs[d * self.sp_size] for d in range(self.dp_size)])
+        return DataProto.concat_workers([outs[d * self.sp_size] for d in range(self.dp_size)])
 
     def dispatch_dp_metrics(self, method: str, data: DataProto) -> list[dict]:
         chunks = data.chunk(self.dp_size)
@@ -287,8 +287,8 @@ class PendingCall:
     """A call started on every rank of a :class:`WorkerGroup` and not waited for yet.
 
     ``result()`` waits with the group's rules (:meth:`WorkerGroup._get`: a dead rank raises :class:`WorkerDied`
-    naming the role, rank and method) and returns the ranks' results joined (:meth:`DataProto.concat`) when they
-    are batches, else the list of results; ``done()`` is true once every rank returned.
+    naming the role, rank and method) and returns the ranks' results joined (:meth:`DataProto.concat_workers`) when
+    they are batches, else the list of results; ``done()`` is true once every rank returned.
     """
 
     def __init__(self, group: WorkerGroup, method: str, futures: list):
@@ -300,4 +300,4 @@ class PendingCall:
 
     def result(self):
         outs = self.group._get(self.futures, self.method, list(range(len(self.futures))))
-        return DataProto.concat(outs) if outs and all(isinstance(o, DataProto) for o in outs) else outs
+        return DataProto.concat_workers(outs) if outs and all(isinstance(o, DataProto) for o in outs) else outs

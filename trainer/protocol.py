@@ -48,6 +48,8 @@ from tensordict import TensorDict
 CALL_SECONDS_META = ("multi_turn/tool_wall_s", "multi_turn/generate_s")
 _MAX_META_PREFIXES = ("perf/max_", "perf/worker_s/", "perf/rollout_s/")  # joined by DataProto.concat's maximum
 _MAX_META_KEYS = CALL_SECONDS_META + ("timing_gen_s",)
+TOOL_META_PREFIX = "tool/"  # the tools' own metrics (rollout.tools.base.Tool.metrics), joined by join_tool_metrics
+_SUM_SUFFIXES = ("count", "sum", "total")
 
 
 def _as_object_array(values: Sequence[Any]) -> np.ndarray:
@@ -55,6 +57,47 @@ def _as_object_array(values: Sequence[Any]) -> np.ndarray:
     for i, v in enumerate(values):
         arr[i] = v
     return arr
+
+
+def join_tool_metrics(parts: Sequence[tuple[dict[str, Any], int]]) -> dict[str, float]:
+    """The ``tool/*`` metrics (:meth:`rollout.tools.base.Tool.metrics`) of several calls joined into one set, by
+    the last part of each key's name.
+
+    ======================================  ========================================================================
+    key ends in                             joined value
+    ======================================  ========================================================================
+    ``/count``, ``/sum``, ``/total``        the sum over the calls
+    ``/mean``                               the mean weighted by the call's ``<same stem>/count`` where it reports
+                                            one, else by its rows (unweighted when every weight is 0)
+    ``/max``                                the largest value
+    anything else (``/min`` included)       the smallest value: a constant fact is the same in every call, and for a
+                                            level such as ``tool/python/isolation_level`` the smallest is the weakest
+                                            one in force
+    ======================================  ========================================================================
+
+    Args:
+        parts: ``(meta, rows)`` of each call: its ``meta`` (only the ``tool/*`` keys are read; a key missing from
+            a call is joined over the calls that hold it) and its row count.
+
+    Returns:
+        ``{key: float}`` for every ``tool/*`` key of any part.
+    """
+    keys = sorted({k for meta, _ in parts for k in meta if k.startswith(TOOL_META_PREFIX)})
+    out: dict[str, float] = {}
+    for k in keys:
+        held = [(meta, rows) for meta, rows in parts if k in meta]
+        values = [float(meta[k]) for meta, _ in held]
+        stem, _, last = k.rpartition("/")
+        if last in _SUM_SUFFIXES:
+            out[k] = float(sum(values))
+        elif last == "mean":
+            weights = [float(meta.get(f"{stem}/count", rows)) for meta, rows in held]
+            total = sum(weights)
+            out[k] = (sum(w * v for w, v in zip(weights, values)) / total if total
+                      else sum(values) / len(values))
+        else:
+            out[k] = float(max(values) if last == "max" else min(values))
+    return out
 
 
 @dataclass
@@ -189,7 +232,8 @@ class DataProto:
         (per-rank peaks such as GPU memory), ``perf/worker_s/`` or ``perf/rollout_s/`` and the keys ``timing_gen_s``
         and :data:`CALL_SECONDS_META` (wall-clock seconds of one worker's call: a call over several workers lasts as
         long as its slowest) take the maximum over the parts that hold them, and ``rollout_gen_window`` (a worker's
-        generation ``(start, end)``, seconds since the epoch) spans the earliest start to the latest end.
+        generation ``(start, end)``, seconds since the epoch) spans the earliest start to the latest end. The
+        ``tool/*`` metrics are the first part's too: :meth:`concat_workers` joins them over several workers' results.
 
         Raises:
             ValueError: no parts, or parts whose non-tensor columns differ (the columns of both are named).
@@ -212,3 +256,18 @@ class DataProto:
         if windows:
             meta["rollout_gen_window"] = (min(w[0] for w in windows), max(w[1] for w in windows))
         return DataProto(batch=batch, non_tensor=non_tensor, meta=meta)
+
+    @staticmethod
+    def concat_workers(parts: Sequence["DataProto"]) -> "DataProto":
+        """Join the results of one call split over several workers (each part one worker's rows with that worker's
+        ``meta``): :meth:`concat`, and the ``tool/*`` metrics joined over the workers (:func:`join_tool_metrics`:
+        counts summed, means weighted, maxima the largest) instead of the first worker's. Use it only for disjoint
+        results that each carry their own metrics: joining parts of one batch (chunks, a filter) would count a
+        batch's tool counts once per part.
+
+        Raises:
+            ValueError: as :meth:`concat`.
+        """
+        out = DataProto.concat(parts)
+        out.meta.update(join_tool_metrics([(p.meta, len(p)) for p in parts if p is not None]))
+        return out

@@ -31,7 +31,7 @@ from rollout.multiturn.metrics import multi_turn_metrics, row_columns
 from rollout.tools.base import Tool, ToolCall
 from rollout.tools.executor import run_tool_calls, truncate_text
 from rollout.tools.parsers import turn_calls
-from rollout.tools.registry import resolve_tools
+from rollout.tools.registry import MULTI_TURN_KEY, resolve_tools
 
 __all__ = ["MultiTurnResult", "build_tools", "multi_turn_generate", "prepare_multi_turn"]
 
@@ -250,14 +250,15 @@ def multi_turn_generate(engine: RolloutEngine, tokenizer, prompt_ids: list[list[
                            row_columns=row_columns(rows))
 
 
-def prepare_multi_turn(cfg: MultiTurnConfig | Mapping, tokenizer, chat_template_kwargs: Mapping | None = None
-                       ) -> tuple[MultiTurnConfig, dict[str, Tool], ToolChatTemplate]:
+def prepare_multi_turn(cfg: MultiTurnConfig | Mapping, tokenizer, chat_template_kwargs: Mapping | None = None,
+                       key: str = MULTI_TURN_KEY) -> tuple[MultiTurnConfig, dict[str, Tool], ToolChatTemplate]:
     """Start-up of multi-turn rollouts: parse the config, build and check the tools, check the chat template.
 
     Args:
         cfg: a :class:`MultiTurnConfig` or the ``rollout.multi_turn`` mapping.
         tokenizer: the policy's tokenizer.
         chat_template_kwargs: the prompt's extra ``apply_chat_template`` arguments.
+        key: the section's config key, named in the messages (the trainer's ``actor_rollout_ref.rollout.multi_turn``).
 
     Returns:
         (config, {name: tool}, template) for :func:`multi_turn_generate`.
@@ -267,22 +268,23 @@ def prepare_multi_turn(cfg: MultiTurnConfig | Mapping, tokenizer, chat_template_
             chat template without a tool role.
         RuntimeError: a tool's :meth:`Tool.check` failed (e.g. the sandbox's isolation is below its minimum).
     """
-    cfg = cfg if isinstance(cfg, MultiTurnConfig) else MultiTurnConfig.from_config(cfg)
-    return cfg, build_tools(cfg), ToolChatTemplate(tokenizer, chat_template_kwargs)
+    cfg = cfg if isinstance(cfg, MultiTurnConfig) else MultiTurnConfig.from_config(cfg, key)
+    return cfg, build_tools(cfg, key=key), ToolChatTemplate(tokenizer, chat_template_kwargs)
 
 
-def build_tools(cfg: MultiTurnConfig, check: bool = True) -> dict[str, Tool]:
-    """The configured tools, ``{name: tool}``, each started-up with :meth:`Tool.check` when ``check``.
+def build_tools(cfg: MultiTurnConfig, check: bool = True, key: str = MULTI_TURN_KEY) -> dict[str, Tool]:
+    """The configured tools, ``{name: tool}``, each started-up with :meth:`Tool.check` when ``check``. ``key``: the
+    section's config key, named in the messages (``<key>.tools``, ``<key>.format``, ...).
 
     Raises:
         ValueError: an unknown tool or bad entry (:func:`rollout.tools.registry.resolve_tools`), or
             ``format=python_block`` without a ``python`` tool.
         RuntimeError: a tool's :meth:`Tool.check` failed.
     """
-    tools = resolve_tools(cfg.tools, cfg.tool_config_path)
+    tools = resolve_tools(cfg.tools, cfg.tool_config_path, key)
     if cfg.format == "python_block" and "python" not in tools:
-        raise ValueError("rollout.multi_turn.format=python_block sends code blocks to the 'python' tool, which "
-                         f"is not configured (tools: {sorted(tools)}); add python to rollout.multi_turn.tools")
+        raise ValueError(f"{key}.format=python_block sends code blocks to the 'python' tool, which is not "
+                         f"configured (tools: {sorted(tools)}); add python to {key}.tools")
     if check:
         for tool in tools.values():
             tool.check()

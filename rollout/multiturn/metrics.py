@@ -21,7 +21,8 @@ key                                         value
 ``multi_turn/stop_reason/<reason>``         share of samples that ended by ``no_tool_call``, ``length``,
                                             ``max_assistant_turns`` or ``max_user_turns``
 tool metrics                                each tool's :meth:`rollout.tools.base.Tool.metrics`, e.g.
-                                            ``tool/python/isolation_level``
+                                            ``tool/python/isolation_level``; in the step's metrics joined over
+                                            the workers (:func:`trainer.protocol.join_tool_metrics`)
 ==========================================  =====================================================================
 
 Every key but the two wall-clock ones and the tool metrics is computed from per-sample values that travel with the

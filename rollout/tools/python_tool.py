@@ -76,7 +76,8 @@ class PythonTool(Tool):
         self.isolation = level
 
     def metrics(self) -> dict[str, float]:
-        """``tool/python/isolation_level``: the index of the level in force (see the module docstring)."""
+        """``tool/python/isolation_level``: the index of the level in force (see the module docstring); over several
+        workers the step logs the smallest, the weakest level any of them ran."""
         return {"tool/python/isolation_level": float(isolation_rank(self.isolation or detect_isolation()))}
 
     def call(self, args: dict) -> str:

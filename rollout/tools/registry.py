@@ -22,7 +22,11 @@ from typing import Any, Iterable, Mapping
 
 from rollout.tools.base import Tool
 
-__all__ = ["BUILTIN_TOOLS", "resolve_tools", "load_tool_config", "build_tool"]
+__all__ = ["BUILTIN_TOOLS", "MULTI_TURN_KEY", "resolve_tools", "load_tool_config", "build_tool"]
+
+#: the config key of the multi-turn section as error messages name it by default; a caller whose users write it
+#: under a longer key (the trainer: ``actor_rollout_ref.rollout.multi_turn``) passes that key as ``key``
+MULTI_TURN_KEY = "rollout.multi_turn"
 
 BUILTIN_TOOLS = {"python": "rollout.tools.python_tool:PythonTool",
                  "calculator": "rollout.tools.calculator:CalculatorTool"}
@@ -133,14 +137,16 @@ def build_tool(entry: Any) -> Tool:
     return tool
 
 
-def load_tool_config(path: str) -> list:
-    """The ``tools`` list of a YAML tool config file. Raises ValueError for a missing file or another layout."""
+def load_tool_config(path: str, key: str = MULTI_TURN_KEY) -> list:
+    """The ``tools`` list of a YAML tool config file (``<key>.tool_config_path``: ``key`` is the multi-turn
+    section's config key, named in the message for a missing file). Raises ValueError for a missing file or
+    another layout."""
     import os
 
     import yaml
 
     if not os.path.isfile(path):
-        raise ValueError(f"{path}: is not a file (rollout.multi_turn.tool_config_path)")
+        raise ValueError(f"{path}: is not a file ({key}.tool_config_path)")
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
@@ -154,15 +160,17 @@ def load_tool_config(path: str) -> list:
     return tools
 
 
-def resolve_tools(entries: Iterable[Any] | None, tool_config_path: str | None = None) -> dict[str, Tool]:
-    """Build the tools of ``entries`` plus those of ``tool_config_path``; returns ``{name: tool}``.
+def resolve_tools(entries: Iterable[Any] | None, tool_config_path: str | None = None,
+                  key: str = MULTI_TURN_KEY) -> dict[str, Tool]:
+    """Build the tools of ``entries`` plus those of ``tool_config_path``; returns ``{name: tool}``. ``key`` is the
+    multi-turn section's config key, which the messages name (``<key>.tools``, ``<key>.tool_config_path``).
 
     Raises:
         ValueError: a bad entry (see :func:`build_tool`), two tools with the same name, or no tool at all.
     """
     items = [(entry, None) for entry in _plain(entries) or []]
     if tool_config_path:
-        items += [(entry, tool_config_path) for entry in load_tool_config(tool_config_path)]
+        items += [(entry, tool_config_path) for entry in load_tool_config(tool_config_path, key)]
     tools: dict[str, Tool] = {}
     for entry, source in items:
         try:
@@ -175,6 +183,6 @@ def resolve_tools(entries: Iterable[Any] | None, tool_config_path: str | None = 
             raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
         tools[tool.name] = tool
     if not tools:
-        raise ValueError("rollout.multi_turn.enable=True but no tool is configured; set "
-                         "rollout.multi_turn.tools (e.g. [python]) or rollout.multi_turn.tool_config_path")
+        raise ValueError(f"{key}.enable=True but no tool is configured; set {key}.tools (e.g. [python]) or "
+                         f"{key}.tool_config_path")
     return tools

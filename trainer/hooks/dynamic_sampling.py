@@ -26,7 +26,8 @@ accuracy curves stay comparable with runs without the filter: rates are means ov
 (``reward/num_*``) and ``reward/time_s`` are sums. ``critic/score/*``, ``response_length/*`` and the throughput
 metrics describe the trained batch; ``timing_s/gen`` is the time of every generation batch, and
 ``timing_per_token_ms/gen`` divides it by every generated response token (``meta['gen_response_tokens']``); the
-``perf/max_*`` peaks are the maxima over every generation batch.
+``perf/max_*`` peaks are the maxima over every generation batch, and the tools' ``tool/*`` metrics are joined over
+every generation batch (:func:`trainer.protocol.join_tool_metrics`).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 
 from trainer.hooks.base import StepContext, StepHook
-from trainer.protocol import CALL_SECONDS_META, DataProto
+from trainer.protocol import CALL_SECONDS_META, DataProto, join_tool_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         RuntimeError: no cap, and still short of ``want_groups`` after ``no_cap_limit`` batches (counts named).
     """
     kept, dropped, rewards = [], [], []
-    gen_tokens, call_seconds = 0.0, {}
+    gen_tokens, calls = 0.0, _CallMeta()
     informative = generated = batches = 0
     prompts = first
     while True:
@@ -215,7 +216,7 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         dropped.append(rows.index(drop))
         rewards.append(rew)
         gen_tokens += float(rows["response_mask"].sum()) if "response_mask" in rows else 0.0
-        _add_call_seconds(call_seconds, rows.meta)
+        calls.add(rows)
         informative += len(keep) // n
         generated += groups
         if informative >= want_groups or (max_num_gen_batches > 0 and batches >= max_num_gen_batches):
@@ -227,19 +228,32 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
         prompts = next_prompts()
     filled = max(0, want_groups - informative)
     batch = _join_kept(kept, dropped, want_groups * n, filled * n, pad_token_id)
-    batch.meta.update(call_seconds, gen_response_tokens=gen_tokens)
+    batch.meta.update(calls.joined(), gen_response_tokens=gen_tokens)
     metrics["dynamic_sampling/num_gen_batches"] = float(batches)
     metrics["dynamic_sampling/informative_ratio"] = informative / generated if generated else 0.0
     metrics["dynamic_sampling/filled_groups"] = float(filled)
     return batch, rewards
 
 
-def _add_call_seconds(total: dict[str, float], meta: Mapping) -> None:
-    """Add one generation batch's :data:`trainer.protocol.CALL_SECONDS_META` seconds to ``total``: the step waits
-    for each batch in turn."""
-    for k in CALL_SECONDS_META:
-        if k in meta:
-            total[k] = total.get(k, 0.0) + float(meta[k])
+class _CallMeta:
+    """The call metrics of the step's generation batches: their :data:`trainer.protocol.CALL_SECONDS_META` seconds
+    add up (the step waits for each batch in turn) and their ``tool/*`` metrics are joined over the batches
+    (:func:`trainer.protocol.join_tool_metrics`: counts summed, means weighted), whichever rows were kept."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.parts: list[tuple[Mapping, int]] = []
+
+    def add(self, rows: DataProto) -> None:
+        """Record one generation batch's ``meta`` (``rows``: every row it generated)."""
+        for k in CALL_SECONDS_META:
+            if k in rows.meta:
+                self.seconds[k] = self.seconds.get(k, 0.0) + float(rows.meta[k])
+        self.parts.append((dict(rows.meta), len(rows)))
+
+    def joined(self) -> dict[str, float]:
+        """The step's seconds and ``tool/*`` metrics, to replace those of the joined batch."""
+        return {**self.seconds, **join_tool_metrics(self.parts)}
 
 
 def _no_cap_error(informative: int, want_groups: int, batches: int, generated: int, cap: int,

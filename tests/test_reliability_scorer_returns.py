@@ -257,7 +257,10 @@ def test_a_scorer_hanging_or_dying_on_every_non_empty_response_stops_the_batch_e
         assert 1 <= started <= 18, started
         time.sleep(0.5)
         assert len(log.read_bytes()) == started  # nothing of the stopped batch runs on after the error
-        assert rm(_mostly_non_empty("garbage", n=2)).reward_extra_info["score"] == [1.0, 1.0, 0.0, 0.0]
+        # the pool scores the next batch (a replaced worker's first call may itself run past 0.2 s on a loaded
+        # machine, so up to three batches are tried)
+        scores = [rm(_mostly_non_empty("garbage", n=2)).reward_extra_info["score"] for _ in range(3)]
+        assert [1.0, 1.0, 0.0, 0.0] in scores, scores
 
 
 def test_the_failure_watch_judges_non_empty_responses_only():

@@ -41,7 +41,11 @@ common=(--model "$SMOL" --train "$DATA/svamp/train.parquet" --test "$DATA/svamp/
 # fresh machine's cold disk cache and the side run second does not inherit the first one's reads.
 warm() { local t=$SECONDS; python3 -c "import torch; torch.zeros(1, device='cuda'); import $1" >/dev/null 2>&1 \
   && echo "warm-up (imports $1): $((SECONDS - t)) s" || echo "warm-up of $1 failed; the side starts anyway"; }
+# ... and with its own empty compile caches (inductor, Triton, vLLM), so that neither finds graphs compiled before
+cold() { rm -rf "/tmp/learn_cache/$1"; export TORCHINDUCTOR_CACHE_DIR=/tmp/learn_cache/$1/inductor \
+  TRITON_CACHE_DIR=/tmp/learn_cache/$1/triton VLLM_CACHE_ROOT=/tmp/learn_cache/$1/vllm; }
 PYTHONPATH=/tmp/site:$PWD warm "transformers, deepspeed, ray, datasets, trainer.main"
+cold ours
 PYTHONPATH=/tmp/site:$PWD python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides ours --out "$OUT/ours.json" \
   || failed+=(ours)
 echo "ours done $(date)"
@@ -56,6 +60,7 @@ if [ -f "$VLLM_READY" ]; then
   python3 -c "import trl, vllm, transformers, torch; print('trl', trl.__version__, 'vllm', vllm.__version__, \
 'transformers', transformers.__version__, 'torch', torch.__version__)"
   warm "transformers, vllm, trl"
+  cold trl
   python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides trl --out "$OUT/trl.json" || failed+=(trl)
   echo "trl done $(date)"
 fi

@@ -218,14 +218,21 @@ class GraphDecoder:
             trace the step as one graph (``fullgraph=True`` fails), one warning is logged and it is compiled again
             with ``fullgraph=False`` (several graphs per step).
         stop_check_every: the host reads the all-rows-finished flag after every this many steps (>= 1).
+        layer_regions: with ``compile_kwargs``, compile one decoder layer for all of them
+            (:func:`rollout.compile_regions.mark_layer_regions`; marks ``model``'s layers).
 
     Raises:
         ValueError: ``stop_check_every`` < 1.
     """
 
-    def __init__(self, model, compile_kwargs: dict | None = None, stop_check_every: int = 8) -> None:
+    def __init__(self, model, compile_kwargs: dict | None = None, stop_check_every: int = 8,
+                 layer_regions: bool = False) -> None:
         if stop_check_every < 1:
             raise ValueError(f"stop_check_every must be >= 1, got {stop_check_every}")
+        if layer_regions and compile_kwargs is not None:
+            from rollout.compile_regions import mark_layer_regions
+
+            mark_layer_regions(model)
         self.model = model
         self.stop_check_every = int(stop_check_every)
         self.compile_kwargs = dict(compile_kwargs) if compile_kwargs is not None else None

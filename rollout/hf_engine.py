@@ -84,12 +84,12 @@ class HFRolloutEngine(RolloutEngine):
     Args:
         model_config: a ``transformers.PretrainedConfig`` of a causal LM (the actor's config).
         eos_token_id: EOS id or ids (stop tokens of every call); defaults to ``model_config.eos_token_id``.
-        pad_token_id: filler id for left-padded prompts and right-padded responses; falls back to the first EOS id
-            when None (SmolLM2 has no pad token).
+        pad_token_id: filler id of left-padded prompts and right-padded responses (None: the first EOS id).
         device: where the inference copy lives when awake (default: ``cuda`` when available, else ``cpu``).
         dtype: inference dtype (default bf16 on CUDA, fp32 on CPU).
         use_static_cache: static cache + compiled decoding (default: True on CUDA, False on CPU).
         compile_mode: ``torch.compile`` mode of the decoding step (transformers' default "reduce-overhead").
+        compile_regions: the graph loop compiles one decoder layer for all (:mod:`rollout.compile_regions`).
         max_batch_size: rows per ``generate`` call (a batch bucket; chunks are padded to powers of two).
         prompt_len_multiple: prompts are left-padded to a multiple of this (length bucket).
         cache_len_multiple: static cache length is rounded up to a multiple of this.
@@ -115,7 +115,7 @@ class HFRolloutEngine(RolloutEngine):
                  use_static_cache: bool | None = None, compile_mode: str = "reduce-overhead",
                  max_batch_size: int = 256, prompt_len_multiple: int = 64, cache_len_multiple: int = 256,
                  attn_implementation: str = "auto", defer_stop_check: bool = True,
-                 decode_loop: str = "auto") -> None:
+                 decode_loop: str = "auto", compile_regions: bool = False) -> None:
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device) if device is not None else torch.device(
@@ -123,7 +123,7 @@ class HFRolloutEngine(RolloutEngine):
         on_cuda = self.device.type == "cuda"
         self.dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
         self.use_static_cache = on_cuda if use_static_cache is None else bool(use_static_cache)
-        self.compile_mode = compile_mode
+        self.compile_mode, self.compile_regions = compile_mode, bool(compile_regions)
         if max_batch_size < 1 or prompt_len_multiple < 1 or cache_len_multiple < 1:
             raise ValueError(f"bucket sizes must be >= 1, got max_batch_size={max_batch_size}, "
                              f"prompt_len_multiple={prompt_len_multiple}, cache_len_multiple={cache_len_multiple}")
@@ -383,11 +383,11 @@ class HFRolloutEngine(RolloutEngine):
 
     @property
     def graph_decoder(self) -> GraphDecoder:
-        """The graph decode loop (built at its first use): its step compiled with ``compile_mode``, one graph and
-        static shapes, when ``use_static_cache`` is on, run eagerly otherwise."""
+        """The graph decode loop (built at its first use): its step compiled with ``compile_mode`` (one graph, static
+        shapes; its layers one region with ``compile_regions``) when ``use_static_cache`` is on, else run eagerly."""
         if self._graph is None:
             kw = dict(mode=self.compile_mode, fullgraph=True, dynamic=False) if self.use_static_cache else None
-            self._graph = GraphDecoder(self.model, compile_kwargs=kw)
+            self._graph = GraphDecoder(self.model, compile_kwargs=kw, layer_regions=self.compile_regions)
         return self._graph
 
     def _image_kwargs(self, ids: torch.Tensor, mm: list[dict] | None) -> dict:

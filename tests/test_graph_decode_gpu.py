@@ -87,3 +87,18 @@ def test_each_replay_samples_softmax_with_fresh_noise():
     same = float((out.responses[:, 1] == out.responses[:, 2]).float().mean())
     assert abs(same - 1 / 8) < 0.03, same
     torch.testing.assert_close(out.rollout_log_probs, torch.full((4096, 3), -torch.log(torch.tensor(8.0)).item()))
+
+
+def test_layer_regions_give_the_same_greedy_tokens_and_record_once(actor):
+    """``compile_regions=True`` (one compiled decoder layer for all, rollout/compile_regions.py) under
+    ``reduce-overhead``: the greedy tokens and log-probs of ``generate``; a repeated call compiles and records
+    nothing."""
+    sampling = SamplingConfig(n=2, do_sample=False, max_new_tokens=24)
+    a = _engine(actor, "generate").generate(PROMPTS, sampling)
+    graph = _engine(actor, "graph", compile_regions=True)
+    b = graph.generate(PROMPTS, sampling)
+    assert torch.equal(a.responses, b.responses) and torch.equal(a.response_mask, b.response_mask)
+    torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, atol=1e-4, rtol=0)
+    before = compile_counts()
+    graph.generate(PROMPTS[1:] + PROMPTS[:1], sampling)
+    assert compile_counts() == before

@@ -26,7 +26,7 @@ _MISSING = object()
 # rollout keys of one engine, with their group defaults: another engine leaves them unused
 ENGINE_KEYS = {"vllm": {"tensor_model_parallel_size": 1, "gpu_memory_utilization": 0.5},
                "hf": {"static_cache": "auto", "max_batch_size": 256, "prompt_length_bucket": 64,
-                      "decode_loop": "auto"}}
+                      "decode_loop": "auto", "decode_compile_regions": False}}
 
 
 def unused_setting_warnings(cfg: dict) -> list[str]:

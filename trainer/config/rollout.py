@@ -80,9 +80,10 @@ class RolloutConfig(Section):
         stop_token_ids: more ids ending a response; ignore_eos: responses always run to response_length.
         prompt_length, response_length: tokens (prompts are left-padded; responses at most response_length).
         log_prob_*: batching of the old log-probs (rows per worker, or a token budget per worker).
-        static_cache, max_batch_size, prompt_length_bucket, attn_implementation, decode_loop: hf engine options
-            (attn_implementation and decode_loop are the hf group's keys: None under rollout=vllm; decode_loop:
-            ``auto``, ``generate`` or ``graph``, :func:`rollout.graph_decode.resolve_decode_loop`).
+        static_cache, max_batch_size, prompt_length_bucket, attn_implementation, decode_loop,
+            decode_compile_regions: hf engine options (the last three are the hf group's keys: None under
+            rollout=vllm; decode_loop: ``auto``, ``generate`` or ``graph``,
+            :func:`rollout.graph_decode.resolve_decode_loop`; decode_compile_regions: :mod:`rollout.compile_regions`).
         tensor_model_parallel_size, gpu_memory_utilization, engine_kwargs: vLLM's (engine_kwargs: verl's
             ``engine_kwargs.vllm`` entries passed to ``vllm.LLM``; None when not set).
         sleep_level, update_weights_bucket_megabytes, offload_optimizer_during_rollout, lora_sync: how the
@@ -108,6 +109,7 @@ class RolloutConfig(Section):
     prompt_length_bucket: int
     attn_implementation: str | None = field(metadata=ABSENT_OK)
     decode_loop: str | None = field(metadata=ABSENT_OK)
+    decode_compile_regions: bool | None = field(metadata=ABSENT_OK)
     tensor_model_parallel_size: int
     sleep_level: int
     gpu_memory_utilization: float

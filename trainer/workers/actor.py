@@ -239,7 +239,7 @@ def build_engine(config, hf_config, model_path: str, stop_token_ids: list[int], 
                                dtype=dtype, use_static_cache=static, max_batch_size=rc.max_batch_size,
                                prompt_len_multiple=rc.prompt_length_bucket,
                                attn_implementation=rc.attn_implementation or "auto",  # None: the vllm group's
-                               decode_loop=rc.decode_loop or "auto")
+                               decode_loop=rc.decode_loop or "auto", compile_regions=bool(rc.decode_compile_regions))
     from rollout.vllm_engine import VLLMRolloutEngine
 
     return VLLMRolloutEngine(model_path, eos_token_id=stop_token_ids, pad_token_id=pad_token_id,

@@ -1,0 +1,105 @@
+"""Decoder layers as one nested compile region (rollout/compile_regions.py, ``rollout.decode_compile_regions``):
+the marked layers compute what they did, the graph decode loop compiled with them gives the eager loop's tokens and
+log-probs, dynamo traces the layers as ``invoke_subgraph`` calls of one subgraph, and the config key reaches the
+engine."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from rollout.compile_regions import mark_layer_regions
+from rollout.graph_decode import GraphDecoder
+
+PROMPTS = [[0, 5, 9, 12, 3], [0, 7], [0, 20, 21, 22, 23, 24, 25], [0, 30, 31]]
+
+
+def _model(kind: str = "llama", layers: int = 3):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=1,
+                  max_position_embeddings=256)
+    cfg = LlamaConfig(tie_word_embeddings=True, **common) if kind == "llama" else Qwen2Config(**common)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+
+
+def _left_pad(prompts, pad: int):
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    return ids, mask
+
+
+def test_marked_layers_compute_the_same_logits_outside_compile():
+    model = _model(layers=3)
+    ids = torch.tensor([[0, 5, 9, 12, 3]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        assert mark_layer_regions(model) == 3
+        assert mark_layer_regions(model) == 3  # marking again keeps one mark per layer
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(before, after, rtol=0, atol=0)
+
+
+def test_a_model_naming_no_layer_class_is_left_as_it_was():
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+    model = Plain()
+    assert mark_layer_regions(model) == 0 and "forward" not in vars(model.lin)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_compiled_decode_with_layer_regions_equals_the_eager_loop(kind):
+    """One subgraph for all layers (dynamo's invoke_subgraph, AOT autograd through ``aot_eager``); the tokens and
+    log-probs of a sampled call with a seed equal the eager loop's."""
+    from torch._dynamo.backends.debugging import aot_eager
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    eager_model, model = _model(kind), _model(kind)
+    compiled = GraphDecoder(model, dict(backend=backend, fullgraph=True, dynamic=False), layer_regions=True)
+    eager = GraphDecoder(eager_model)
+    ids, mask = _left_pad(PROMPTS, 1)
+    outs = []
+    for dec in (eager, compiled):
+        torch.manual_seed(7)
+        with torch.no_grad():
+            outs.append(dec.decode(ids, mask, 32, 10, [1], 1, 0.8, False, top_k=20))
+    assert torch.equal(outs[0][0], outs[1][0]) and outs[0][2] == outs[1][2]
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=0)
+    assert len(graphs) == 1  # the step is one graph; its 3 layers call one subgraph
+    assert [name for name, _ in graphs[0].named_children()] == ["subgraph_0"]
+    assert graphs[0].code.count("invoke_subgraph") >= 3
+    assert all(isinstance(layer.forward, functools.partial) for layer in model.model.layers)
+
+
+def test_the_config_key_reaches_the_engine(monkeypatch):
+    from types import SimpleNamespace
+
+    from trainer.workers import actor as actor_mod
+
+    seen = {}
+
+    class FakeEngine:
+        def __init__(self, hf_config, **kw):
+            seen.update(kw)
+
+    monkeypatch.setattr("rollout.hf_engine.HFRolloutEngine", FakeEngine)
+    rc = SimpleNamespace(name="hf", static_cache="auto", max_batch_size=8, prompt_length_bucket=8,
+                         attn_implementation="auto", decode_loop="graph", decode_compile_regions=True)
+    actor_mod.build_engine(SimpleNamespace(rollout=rc), None, "m", [1], 0, torch.device("cpu"), "cpu",
+                           torch.float32, 0)
+    assert seen["compile_regions"] is True and seen["decode_loop"] == "graph"

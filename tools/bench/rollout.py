@@ -111,7 +111,8 @@ def bench_generation(args, device, dtype) -> list[dict]:
             del engine
             gc.collect()
         engine = HFRolloutEngine(cfg, eos_token_id=eos, device=device, dtype=dtype, max_batch_size=args.max_batch,
-                                 attn_implementation=attn, decode_loop="graph" if "graph" in loops else "generate")
+                                 attn_implementation=attn, decode_loop="graph" if "graph" in loops else "generate",
+                                 compile_regions=args.compile_regions)
         engine.load_weights(weights.items())
         for loop in loops:  # the same engine and weights in each decode loop, --engine-calls calls each
             engine.decode_loop = loop
@@ -355,9 +356,10 @@ def main(argv=None) -> None:
                     help="the transformers engine's decode loop(s), comma-separated, timed one after the other on the "
                     "same engine: generate (transformers' generate), graph (one compiled function per decode step; "
                     "rollout.decode_loop)")
-    ap.add_argument("--decode-ab", action="store_true",
-                    help="time the transformers engine with generate's stop flag read after every token and one step "
-                    "late (--engine-calls calls each)")
+    ap.add_argument("--compile-regions", action="store_true", help="graph loop: one compiled decoder layer for all "
+                    "(rollout.decode_compile_regions; run with an empty TORCHINDUCTOR_CACHE_DIR to time compiling)")
+    ap.add_argument("--decode-ab", action="store_true", help="time the transformers engine with generate's stop "
+                    "flag read after every token and one step late (--engine-calls calls each)")
     ap.add_argument("--bucket-mb", type=int, default=512)
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--skip-gen", action="store_true")

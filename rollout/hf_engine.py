@@ -152,9 +152,9 @@ class HFRolloutEngine(RolloutEngine):
 
         vision = getattr(model_config, "vision_config", None) is not None  # a vision-language model
         auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-        self.model = auto.from_config(model_config, dtype=self.dtype, attn_implementation=attn_implementation)
-        self.model.eval().requires_grad_(False)
-        self.model.to(self.device)
+        with torch.device(self.device):  # initialised where it lives: the trainer's weights replace these at once
+            self.model = auto.from_config(model_config, dtype=self.dtype, attn_implementation=attn_implementation)
+        self.model.eval().requires_grad_(False).to(self.device)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._awake = True
         self._shared = False  # the parameters are the trainer's tensors (share_weights)

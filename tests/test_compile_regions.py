@@ -11,8 +11,7 @@ import torch
 
 from rollout.compile_regions import mark_layer_regions
 from rollout.graph_decode import GraphDecoder
-
-PROMPTS = [[0, 5, 9, 12, 3], [0, 7], [0, 20, 21, 22, 23, 24, 25], [0, 30, 31]]
+from tests.test_graph_decode import PROMPTS, _left_pad
 
 
 def _model(kind: str = "llama", layers: int = 3):
@@ -24,15 +23,6 @@ def _model(kind: str = "llama", layers: int = 3):
     cfg = LlamaConfig(tie_word_embeddings=True, **common) if kind == "llama" else Qwen2Config(**common)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
-
-
-def _left_pad(prompts, pad: int):
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
-    return ids, mask
 
 
 def test_marked_layers_compute_the_same_logits_outside_compile():

@@ -89,7 +89,8 @@ class HFRolloutEngine(RolloutEngine):
         dtype: inference dtype (default bf16 on CUDA, fp32 on CPU).
         use_static_cache: static cache + compiled decoding (default: True on CUDA, False on CPU).
         compile_mode: ``torch.compile`` mode of the decoding step (transformers' default "reduce-overhead").
-        compile_regions: the graph loop compiles one decoder layer for all (:mod:`rollout.compile_regions`).
+        compile_regions: the graph loop compiles one decoder layer for all (:mod:`rollout.compile_regions`); the
+            engine then keeps its own weights (a region refuses parameters that are views of one buffer).
         max_batch_size: rows per ``generate`` call (a batch bucket; chunks are padded to powers of two).
         prompt_len_multiple: prompts are left-padded to a multiple of this (length bucket).
         cache_len_multiple: static cache length is rounded up to a multiple of this.
@@ -97,9 +98,8 @@ class HFRolloutEngine(RolloutEngine):
             CUDA, ``"sdpa"`` elsewhere, ``"eager"`` for a model without SDPA support; see
             :func:`auto_attn_implementation`), ``"sdpa"`` (transformers' own), or ``"sdpa_gqa"``
             (:func:`sdpa_gqa_attention_forward`: grouped-query attention inside SDPA even with a padding mask,
-            instead of copying the K/V cache once per query head group; 3.0x the tokens/s of ``"sdpa"`` for
-            SmolLM2-135M on an H200, 512 rows x 512 new tokens, docs/benchmarks.md); any other name transformers
-            knows is passed through.
+            instead of copying the K/V cache once per query head group; 3.0x ``"sdpa"``'s tokens/s for SmolLM2-135M
+            on an H200, docs/benchmarks.md); any other name transformers knows is passed through.
         defer_stop_check: on CUDA, ``generate`` reads its all-rows-finished flag one step late instead of waiting
             for the device after every token (:func:`rollout.stop_check.deferred_stop_check`; same tokens).
         decode_loop: ``"generate"`` (transformers' ``generate``), ``"graph"`` (:mod:`rollout.graph_decode`, one
@@ -124,11 +124,11 @@ class HFRolloutEngine(RolloutEngine):
         self.dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
         self.use_static_cache = on_cuda if use_static_cache is None else bool(use_static_cache)
         self.compile_mode, self.compile_regions = compile_mode, bool(compile_regions)
+        self.can_share_weights = not self.compile_regions  # a region refuses parameters that are views of one buffer
         if max_batch_size < 1 or prompt_len_multiple < 1 or cache_len_multiple < 1:
             raise ValueError(f"bucket sizes must be >= 1, got max_batch_size={max_batch_size}, "
                              f"prompt_len_multiple={prompt_len_multiple}, cache_len_multiple={cache_len_multiple}")
-        self.max_batch_size = int(max_batch_size)
-        self.prompt_len_multiple = int(prompt_len_multiple)
+        self.max_batch_size, self.prompt_len_multiple = int(max_batch_size), int(prompt_len_multiple)
         self.cache_len_multiple = int(cache_len_multiple)
 
         self.eos_ids = _as_list(eos_token_id if eos_token_id is not None else getattr(model_config, "eos_token_id", None))
@@ -173,7 +173,7 @@ class HFRolloutEngine(RolloutEngine):
 
     # ---- weights / memory ------------------------------------------------------------------------------------
     uses_torch_allocator = True  # weights and KV cache come from PyTorch's caching allocator (rollout_mode keeps it)
-    can_share_weights = True
+    can_share_weights = True  # False with compile_regions
 
     def _target(self, targets: dict, name: str, tensor: torch.Tensor, what: str) -> torch.Tensor:
         """Parameter ``name`` of ``targets`` (``state_dict(keep_vars=True)``), checked against ``tensor``'s shape."""

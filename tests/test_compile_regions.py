@@ -93,3 +93,24 @@ def test_the_config_key_reaches_the_engine(monkeypatch):
     actor_mod.build_engine(SimpleNamespace(rollout=rc), None, "m", [1], 0, torch.device("cpu"), "cpu",
                            torch.float32, 0)
     assert seen["compile_regions"] is True and seen["decode_loop"] == "graph"
+
+
+def test_an_engine_with_regions_keeps_its_own_weights():
+    """A region refuses parameters that are views of one buffer (DeepSpeed's flat ZeRO buffers), so an engine with
+    ``compile_regions`` is given copies (``load_weights``), never the trainer's tensors (``share_weights``)."""
+    from rollout.hf_engine import HFRolloutEngine
+
+    cfg = _model(layers=1).config
+    assert not HFRolloutEngine(cfg, device="cpu", decode_loop="graph", compile_regions=True).can_share_weights
+    assert HFRolloutEngine(cfg, device="cpu", decode_loop="graph").can_share_weights
+
+
+@pytest.mark.slow
+def test_training_with_compiled_layer_regions_runs(tmp_path):
+    """The embedded default with the graph loop compiled (static cache on the CPU) and layer regions: two steps on
+    2 ZeRO-2 ranks, whose actor weights are views of DeepSpeed's flat buffer."""
+    from tests.e2e_utils import read_metrics, run_main
+
+    run_main(str(tmp_path), "trainer.total_training_steps=2", "actor_rollout_ref.rollout.decode_loop=graph",
+             "actor_rollout_ref.rollout.static_cache=true", "actor_rollout_ref.rollout.decode_compile_regions=true")
+    assert len(read_metrics(str(tmp_path))) == 2

@@ -114,3 +114,18 @@ def test_training_with_compiled_layer_regions_runs(tmp_path):
     run_main(str(tmp_path), "trainer.total_training_steps=2", "actor_rollout_ref.rollout.decode_loop=graph",
              "actor_rollout_ref.rollout.static_cache=true", "actor_rollout_ref.rollout.decode_compile_regions=true")
     assert len(read_metrics(str(tmp_path))) == 2
+
+
+@pytest.mark.parametrize("device,rollout,warned", [
+    ("cpu", {}, "decodes with transformers' generate"),
+    ("cuda", {"decode_loop": "generate"}, "decode_loop=generate"),
+    ("cuda", {"static_cache": False}, "no static cache"),
+    ("cuda", {"decode_loop": "graph", "static_cache": False}, "runs uncompiled"),
+    ("cuda", {}, None), ("cpu", {"decode_loop": "graph", "static_cache": True}, None),
+    ("cuda", {"decode_compile_regions": False, "decode_loop": "generate"}, None)])
+def test_regions_where_no_decode_step_is_compiled_are_warned(device, rollout, warned):
+    from trainer.unused_settings import decode_regions_warnings
+
+    rc = {"name": "hf", "decode_compile_regions": True, **rollout}
+    lines = decode_regions_warnings({"trainer": {"device": device}, "actor_rollout_ref": {"rollout": rc}})
+    assert (lines == []) if warned is None else (len(lines) == 1 and warned in lines[0] and "no effect" in lines[0])

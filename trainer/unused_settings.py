@@ -15,7 +15,8 @@ from trainer.run_roles import critic_on  # noqa: F401 (re-exported: the rule the
 from trainer.verl_compat import R, _fmt, _get, leaves, same_value
 
 __all__ = ["ENGINE_KEYS", "GAMMA_READERS", "LAM_READERS", "SELECTED_BY", "SWITCHED_OFF", "ZERO_WEIGHTED",
-           "set_by_user", "switched_off_warnings", "unused_setting_warnings", "zero_weight_warnings"]
+           "decode_regions_warnings", "set_by_user", "switched_off_warnings", "unused_setting_warnings",
+           "zero_weight_warnings"]
 
 ROOT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ppo_trainer.yaml")
 KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
@@ -78,8 +79,28 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
                            f"generates with {R}.name={name}")
     from trainer.multi_turn import unused_multi_turn_warnings
 
-    return (out + unused_multi_turn_warnings(rc) + switched_off_warnings(cfg) + zero_weight_warnings(cfg)
-            + unread_critic_warnings(cfg) + zero_lr_warnings(cfg))
+    return (out + unused_multi_turn_warnings(rc) + decode_regions_warnings(cfg) + switched_off_warnings(cfg)
+            + zero_weight_warnings(cfg) + unread_critic_warnings(cfg) + zero_lr_warnings(cfg))
+
+
+def decode_regions_warnings(cfg: dict) -> list[str]:
+    """``rollout.decode_compile_regions=true`` where no decode step is compiled: the run decodes with transformers'
+    ``generate`` (``decode_loop=generate``; ``auto`` without CUDA or without the static cache) or runs the graph
+    loop eagerly (no static cache). ``cfg``: the resolved config (``trainer.device`` cuda or cpu)."""
+    rc = _get(cfg, R) or {}
+    if rc.get("name") != "hf" or rc.get("decode_compile_regions") is not True:
+        return []
+    cuda = _get(cfg, "trainer.device") == "cuda"
+    static = cuda if rc.get("static_cache") in (None, "auto") else bool(rc.get("static_cache"))
+    loop = rc.get("decode_loop") or "auto"
+    if loop == "generate" or (loop == "auto" and not (cuda and static)):
+        why = (f"the run decodes with transformers' generate ({R}.decode_loop={loop}, "
+               f"{'static cache' if static else 'no static cache'}, trainer.device={_get(cfg, 'trainer.device')})")
+    elif not static:
+        why = f"the graph loop runs uncompiled without the static cache ({R}.static_cache=false)"
+    else:
+        return []
+    return [f"{R}.decode_compile_regions=true: no effect: {why}; the regions apply to the compiled graph loop"]
 
 
 @lru_cache(maxsize=1)

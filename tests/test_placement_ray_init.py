@@ -58,10 +58,34 @@ def test_startup_split_names_each_part_of_the_start_up_in_seconds(monkeypatch):
 
 
 def test_startup_split_lists_the_workers_parts_in_order(monkeypatch):
-    """The workers' start-up is followed by its parts (processes, then the first actor rank's models)."""
+    """The workers' start-up is followed by its parts (processes, then the first actor rank's models); after a
+    restart the time counts from the restart, not from the process start."""
     import trainer.hf_exports as hf_exports
     from trainer.placement import startup_split
 
     monkeypatch.setattr(hf_exports, "process_start_time", lambda: 1000.0)
     text = startup_split(1012.5, 1030.0, now=1046.25, parts={"processes": 7.04, "actor": 5.0, "rollout engine": 1.25})
     assert text.endswith("the workers' start-up 16.2 s: processes 7.0 s, actor 5.0 s, rollout engine 1.2 s)")
+    again = startup_split(1012.5, 1030.0, now=1046.25, restart=True)
+    assert again == ("33.8 s after the restart began (Ray and the placement group 17.5 s, the workers' start-up "
+                     "16.2 s)")
+
+
+def test_init_models_times_every_role_in_turn(monkeypatch):
+    """Each role's build is a part (named by the role, or by the parts its rank 0 reports), after the processes."""
+    import trainer.placement as placement
+
+    clock = iter([10.0, 12.0, 13.0, 16.0])  # processes started; actor from 12.0 (its own parts); critic 13 to 16
+    monkeypatch.setattr(placement.time, "perf_counter", lambda: next(clock))
+
+    class Client:
+        def __init__(self, info):
+            self.info = info
+
+        def init_model(self):
+            return [self.info]
+
+    infos, parts = placement.init_models([("actor", Client({"startup_s": {"distributed": 0.2, "actor": 0.3}})),
+                                          ("critic", Client({}))], t0=9.0)
+    assert parts == {"processes": 1.0, "distributed": 0.2, "actor": 0.3, "critic": 3.0}
+    assert infos == {"actor": [{"startup_s": {"distributed": 0.2, "actor": 0.3}}], "critic": [{}]}

@@ -83,18 +83,37 @@ def init_ray(device: str) -> None:
                              "token (~/.ray/auth_token)") from None
 
 
-def startup_split(t_ray: float, t_workers: float, now: float | None = None, parts: dict | None = None) -> str:
+def startup_split(t_ray: float, t_workers: float, now: float | None = None, parts: dict | None = None,
+                  restart: bool = False) -> str:
     """The driver's start-up as one phrase for the log: seconds from the process start (the operating system's
-    start time, :func:`trainer.hf_exports.process_start_time`) to ``now`` (default: the current time), split at
-    ``t_ray`` (:func:`init_ray` called) and ``t_workers`` (the placement group placed, the workers starting). All
-    three are ``time.time()`` values in seconds. ``parts``: ``{name: seconds}`` of the workers' start-up (e.g. the
-    processes' start, then the first actor rank's models), listed after it in that order."""
+    start time, :func:`trainer.hf_exports.process_start_time`; with ``restart``, from ``t_ray``) to ``now``
+    (default: the current time), split at ``t_ray`` (:func:`init_ray` called) and ``t_workers`` (the placement
+    group placed, the workers starting). All three are ``time.time()`` values in seconds. ``parts``: ``{name:
+    seconds}`` of the workers' start-up (:func:`init_models`), listed after it in that order."""
     from trainer.hf_exports import process_start_time
 
-    start, now = process_start_time(), time.time() if now is None else now
+    now = time.time() if now is None else now
     detail = ": " + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) if parts else ""
-    return (f"{now - start:.1f} s after the process started (before Ray {t_ray - start:.1f} s, Ray and the placement "
-            f"group {t_workers - t_ray:.1f} s, the workers' start-up {now - t_workers:.1f} s{detail})")
+    workers = f"Ray and the placement group {t_workers - t_ray:.1f} s, the workers' start-up {now - t_workers:.1f} s"
+    if restart:
+        return f"{now - t_ray:.1f} s after the restart began ({workers}{detail})"
+    start = process_start_time()
+    return f"{now - start:.1f} s after the process started (before Ray {t_ray - start:.1f} s, {workers}{detail})"
+
+
+def init_models(clients: list[tuple[str, Any]], t0: float) -> tuple[dict[str, list[dict]], dict[str, float]]:
+    """Each role's ``init_model`` in turn (``clients``: ``(role name, client)``, start-up order), once its workers'
+    processes, created from ``t0`` (``time.perf_counter()`` seconds) on, have started. Returns ``({role: per-rank
+    init info}, {part: seconds})``: ``processes`` (``t0`` to now), then each role's build, named by the role, or by
+    the parts its rank 0 reports in ``startup_s`` (the actor's: imports, distributed, actor, reference, rollout
+    engine)."""
+    parts, infos = {"processes": time.perf_counter() - t0}, {}
+    for name, client in clients:
+        t = time.perf_counter()
+        infos[name] = client.init_model()
+        split = infos[name][0].get("startup_s") if infos[name] else None
+        parts.update(split or {name: time.perf_counter() - t})
+    return infos, parts
 
 
 def _where() -> str:

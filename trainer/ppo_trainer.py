@@ -97,7 +97,7 @@ class RayPPOTrainer:
         from trainer.placement import create_placement_group, init_ray, startup_split
         from trainer.rollout_placement import RolloutPlacement
 
-        t, t_ray = self.trainer_cfg, time.time()
+        t, t_ray, restart = self.trainer_cfg, time.time(), bool(self.roles.startup_s)  # set by an earlier start
         cpus = t.cpus_per_worker
         placement = RolloutPlacement.from_config(self.cfg)
         init_ray(self.device)
@@ -110,9 +110,8 @@ class RayPPOTrainer:
         info = infos["actor"][0]
         self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
         self.hooks.workers_ready(self.roles, infos)
-        parts = {"processes": self.roles.processes_started_s, **info.get("startup_s", {})}
-        logger.info("workers ready: %d actor ranks (%s params), %s", self.world, info["num_params"], startup_split(
-            t_ray, t_workers, parts=parts))
+        logger.info("workers ready: %d actor rank%s (%s params), %s", self.world, "s"[:self.world != 1],
+                    info["num_params"], startup_split(t_ray, t_workers, parts=self.roles.startup_s, restart=restart))
         check_interrupted()  # a Ctrl-C / SIGTERM whose exception was swallowed during start-up stops the run here
 
     # ---- checkpoints ------------------------------------------------------------------------------------------

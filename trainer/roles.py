@@ -257,7 +257,7 @@ class Roles:
         if not names or names[0] != "actor" or len(set(names)) != len(names):
             raise ValueError(f"roles {names}: expected the actor first and each role once")
         self.specs, self.ref_from_actor = list(specs), bool(ref_from_actor)
-        self.processes_started_s = 0.0  # seconds the workers' processes took to start (set by start)
+        self.startup_s: dict[str, float] = {}  # seconds of each part of the last start (trainer.placement.init_models)
         self.groups: dict[str, GroupClient] = {}
 
     # ---- the groups ---------------------------------------------------------------------------------------------
@@ -296,7 +296,7 @@ class Roles:
         """Create every role's worker group on the placement group ``pg``, then build their models; returns
         ``{role: [per-rank init info]}``. The roles without a ``share`` split each of the first ``world`` bundles
         equally (``1/len`` of its CPUs and GPU each), after the shares of the roles with one placed there."""
-        from trainer.placement import WorkerGroup
+        from trainer.placement import WorkerGroup, init_models
 
         shared = [r for r in self.specs if r.share is None]
         reserved = sum(r.share for r in self.specs if r.share is not None and r.bundle_offset < world)
@@ -310,8 +310,8 @@ class Roles:
             self.attach(r.name, groups[-1])
         for g in groups:
             g.wait_started()
-        self.processes_started_s = time.perf_counter() - t0
-        return {r.name: self.groups[r.name].init_model() for r in self.specs}
+        infos, self.startup_s = init_models([(r.name, self.groups[r.name]) for r in self.specs], t0)
+        return infos
 
     def save(self, step_dir: str) -> None:
         """Every role with a checkpoint folder saves into ``step_dir/<ckpt_dir>``, once every role's state is seen

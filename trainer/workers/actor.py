@@ -37,13 +37,14 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         t0 = time.perf_counter()
         import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
 
+        marks = [("imports", time.perf_counter())]
         self.init_distributed()
         cfg = self.config
         self.actor_cfg, self.rollout_cfg = cfg.actor, cfg.rollout
         self.need_ref = cfg.need_ref
         self.lora = lora_enabled(cfg.model)  # LoRA: the reference is the actor with its adapters disabled
         a = cfg.actor
-        marks = [("distributed", time.perf_counter())]
+        marks.append(("distributed", time.perf_counter()))
         self.actor = ModelRole.build(self, cfg.model, sp=a.ulysses_sequence_parallel_size, train=True,
                                      optim_cfg=a.optim, grad_clip=a.grad_clip, total_steps=cfg.total_steps)
         marks.append(("actor", time.perf_counter()))
@@ -53,7 +54,8 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
             self.ref = ModelRole.build(self, cfg.model, sp=cfg.ref.ulysses_sequence_parallel_size, train=False)
             marks.append(("reference", time.perf_counter()))
         self._build_rollout()
-        marks.append(("rollout engine", time.perf_counter()))
+        if self.engine is not None:  # colocated; a separate rollout role builds its own
+            marks.append(("rollout engine", time.perf_counter()))
         startup = {name: t - (marks[i - 1][1] if i else t0) for i, (name, t) in enumerate(marks)}
         return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id,
                 "stop_token_ids": list(self.stop_token_ids), "startup_s": startup}

@@ -27,18 +27,20 @@ _SPACING_RE = re.compile(
     r"\\\\|\\(?:q?quad|enspace|enskip|thinspace|medspace|thickspace|negthinspace|negmedspace|negthickspace|hfill?"
     r"|vfill|nobreak|relax|textstyle)(?![a-zA-Z])|\\[hv]space\*?\{[^{}]*\}|\\[hv]?phantom\{[^{}]*\}|\\[ >]|~")
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+# invisible format characters (soft hyphen, zero-width spaces and joiners, word joiner, byte-order mark): dropped
+_INVISIBLE = r"[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]"
+_INVISIBLE_RE = re.compile(_INVISIBLE)
 # What :func:`is_empty_answer` deletes besides :func:`normalize_answer`: text-style wrapper names and braces (any
 # nesting: ``\text{\mbox{ }}``), line breaks, whitespace, periods, ``$``, ``\left``/``\right``, spacing.
 _NOTHING_RE = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|textsf|texttt|mathrm|mbox|hbox|left|right|displaystyle)"
-    r"(?![a-zA-Z])|\\[,;:!%]|\\\Z|\^\\circ|\^\{\\circ\}|[{}$%.\s]")
+    r"(?![a-zA-Z])|\\[,;:!%]|\\\Z|\^\\circ|\^\{\\circ\}|[{}$%.\s]|" + _INVISIBLE)
 _LABEL_RE = re.compile(r"^[xy]=")  # a leading ``x=`` / ``y=`` names the variable the answer is for
 
 
 def _normalize(s: Any) -> str:
     """:func:`normalize_answer` without dropping a leading ``x=`` / ``y=``."""
-    s = "" if s is None else str(s)
-    s = s.strip()
+    s = _INVISIBLE_RE.sub("", "" if s is None else str(s)).strip()
     if len(s) > 100 * MAX_ANSWER_CHARS:
         return s
     s = _SPACING_RE.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else "", s)
@@ -55,18 +57,20 @@ def _normalize(s: Any) -> str:
 
 def normalize_answer(s: Any) -> str:
     """Presentation-only normalisation of a LaTeX answer (in the spirit of Hendrycks et al.'s
-    ``strip_string``): drops ``\\left``/``\\right``, spacing commands (``\\,``, ``\\quad``, ``\\ ``, ``~``,
-    ``\\hspace{..}``, ``\\phantom{..}``), ``$``, ``\\text{}`` wrappers, degree signs, spaces, a trailing period and a
-    leading ``x=``/``y=``; ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``1,000`` -> ``1000``; braces that typeset as
-    nothing (``{{x}}`` -> ``{x}``, braces around the whole answer). Two answers with equal normalised strings are
-    equal, unless they name different variables (:func:`is_equiv`). Returns a str (``""`` for None); never raises."""
+    ``strip_string``): drops invisible characters, ``\\left``/``\\right``, spacing commands (``\\,``, ``\\quad``,
+    ``\\ ``, ``~``, ``\\hspace{..}``, ``\\phantom{..}``), ``$``, ``\\text{}`` wrappers, degree signs, spaces, a
+    trailing period and a leading ``x=``/``y=``; ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``1,000`` -> ``1000``;
+    braces that typeset as nothing (``{{x}}`` -> ``{x}``, braces around the whole answer). Two answers with equal
+    normalised strings are equal, unless they name different variables (:func:`is_equiv`). Returns a str (``""``
+    for None); never raises."""
     return _LABEL_RE.sub("", _normalize(s))
 
 
 def is_empty_answer(s: Any) -> bool:
     """True when the answer ``s`` (a box's content, or a ground truth) typesets as nothing: None, or only spacing
     (``\\,``, ``\\quad``, ``~``), empty text wrappers (``\\text{}``, nested too), braces, ``$``, periods, a bare
-    ``x=``, a lone backslash at the end (``"\\ "`` once stripped). Such an answer is no answer: it never matches,
+    ``x=``, a lone backslash at the end (``"\\ "`` once stripped), invisible characters (zero-width space, soft
+    hyphen, byte-order mark; :func:`normalize_answer` drops them too). Such an answer is no answer: it never matches,
     and earns no format reward. Linear time; never raises."""
     try:
         s = "" if s is None else str(s)

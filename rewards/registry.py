@@ -135,7 +135,11 @@ def _reads_whole_number(truth: Any) -> bool:
 
 def _reads_math(truth: Any) -> bool:
     """The MATH scorer compares with the reference's boxed content or text (:func:`rewards.math.gold_answer`); one
-    that typesets as nothing (:func:`rewards.math.is_empty_answer`) never matches."""
+    that typesets as nothing (:func:`rewards.math.is_empty_answer`) never matches, nor does a solution whose last box
+    is not closed (``"... \\boxed{6"``, a cut solution: its whole text would be the reference)."""
+    text = "" if truth is None else str(truth)
+    if ("\\boxed" in text or "\\fbox" in text) and math_reward.last_boxed_only_string(text) is None:
+        return False
     return not math_reward.is_empty_answer(math_reward.gold_answer(truth))
 
 

@@ -225,7 +225,8 @@ def test_gold_answer_is_the_last_box_of_a_solution_else_the_stripped_text(truth,
     assert M.gold_answer(truth) == gold
     if truth is not None and "unclosed" not in str(truth):  # the scorer compares with the same answer
         assert compute_score(f"\\boxed{{{gold}}}", truth) == 1.0
-    assert registry._reads_math(truth) == (not M.is_empty_answer(gold))
+    readable = not M.is_empty_answer(gold) and "unclosed" not in str(truth)  # a cut solution is refused
+    assert registry._reads_math(truth) == readable
 
 
 # F5 (b): a leading ``x=``/``y=`` names the variable: an equation in another variable is another answer, while a
@@ -301,3 +302,25 @@ def test_p04_every_math500_gold_scores_one_against_itself_boxed():
         golds = [json.loads(line)["answer"] for line in f]
     assert len(golds) == 500 and sum("=" in g for g in golds) >= 4  # x=5, y = 2x + 3, y = -2x, 5x - 7y + 11z + 4 = 0
     assert [g for g in golds if compute_score(f"so \\boxed{{{g}}}", g) != 1.0] == []
+
+
+@pytest.mark.parametrize("invisible", ["\u200b", "\ufeff", "\u00ad", "\u2060"])
+def test_invisible_characters_are_no_answer(invisible):
+    """A zero-width space, byte-order mark, soft hyphen or word joiner typesets as nothing: a box holding only one
+    earns no format reward, a ground truth of one is refused before start-up, and one inside an answer is dropped."""
+    from rewards.registry import get_scorer, ground_truth_problem, math_boxed
+
+    assert get_scorer("format_boxed")(f"\\boxed{{{invisible}}}", "5") == {"score": 0.0, "acc": 0.0, "format": 0.0}
+    assert ground_truth_problem(math_boxed, invisible) is not None
+    assert compute_score("\\boxed{5}", f"5{invisible}") == 1.0
+    assert compute_score(f"\\boxed{{5{invisible}}}", "5") == 1.0
+
+
+@pytest.mark.parametrize("truth", ["\\boxed", "\\boxed{", "so \\boxed{5} and \\boxed{6", "\\fbox{1"])
+def test_a_ground_truth_whose_last_box_is_not_closed_is_refused(truth):
+    """A cut solution would be compared as its whole text, which no answer matches."""
+    from rewards.registry import ground_truth_problem, math_boxed
+
+    assert ground_truth_problem(math_boxed, truth) is not None
+    if truth[-1].isdigit():  # closed, it reads
+        assert ground_truth_problem(math_boxed, truth + "}") is None

@@ -215,13 +215,14 @@ def test_python_block_format_runs_the_sandbox():
     ({"tools": ["calculator"], "format": "python_block"}, TK, ValueError, "python_block sends code blocks"),
     ({"tools": ["calculator"], "format": "xml"}, TK, ValueError, r"format='xml'; expected one of"),
     ({"tools": ["calculator"], "interaction_config_path": "x"}, TK, ValueError, "unknown keys"),
-    ({"tools": ["calculator"], "max_assistant_turns": 0}, TK, ValueError, "max_assistant_turns must be >= 1"),
+    ({"tools": ["calculator"], "max_assistant_turns": 0}, TK, ValueError,
+     r"max_assistant_turns=0; expected an integer >= 1 or null"),
     ({"tools": []}, TK, ValueError, "no tool is configured"),
     ({"tools": ["calculator"]}, build_chat_tokenizer(RAISING_TEMPLATE), ValueError,
      "cannot render 'tool' messages .*roles must alternate"),
     ({"tools": ["calculator"]}, build_chat_tokenizer(DROPPING_TEMPLATE), ValueError, "no usable tool role"),
-    ({"tools": [{"class_name": "python", "config": {"isolation": "process"}}]}, TK, RuntimeError,
-     "below min_isolation='userns'"),
+    ({"tools": [{"class_name": "python", "config": {"isolation": "process"}}]}, TK, ValueError,
+     "tool 'python': its start-up check failed: RuntimeError: .*below min_isolation='userns'"),
 ])
 def test_start_up_errors(cfg, tokenizer, err, msg):
     with pytest.raises(err, match=msg):
@@ -229,17 +230,17 @@ def test_start_up_errors(cfg, tokenizer, err, msg):
 
 
 @pytest.mark.parametrize("cfg,msg", [
-    ({"max_user_turns": 0}, "a.multi_turn.max_user_turns must be >= 1 or null, got 0"),
-    ({"max_parallel_calls": 0}, "a.multi_turn.max_parallel_calls must be >= 1, got 0"),
+    ({"max_user_turns": 0}, "a.multi_turn.max_user_turns=0; expected an integer >= 1 or null"),
+    ({"max_parallel_calls": 0}, "a.multi_turn.max_parallel_calls=0; expected an integer >= 1"),
     ({"format": "xml"}, "a.multi_turn.format='xml'; expected one of ['hermes', 'python_block']"),
     ({"tool_response_truncate_side": "top"}, "a.multi_turn.tool_response_truncate_side='top'; expected one of "),
     ({"interaction_config_path": "x"}, "a.multi_turn has unknown keys ['interaction_config_path']; known keys: "),
-    ({}, "a.multi_turn.enable=True but no tool is configured; set a.multi_turn.tools (e.g. [python]) or "
+    ({}, "a.multi_turn.enable=true but no tool is configured; set a.multi_turn.tools (e.g. [python]) or "
          "a.multi_turn.tool_config_path"),
     ({"tools": ["calculator"], "format": "python_block"}, "a.multi_turn.format=python_block sends code blocks to the "
      "'python' tool, which is not configured (tools: ['calculator']); add python to a.multi_turn.tools"),
-    ({"tool_config_path": "/nonexistent/tools.yaml"}, "/nonexistent/tools.yaml: is not a file "
-     "(a.multi_turn.tool_config_path)"),
+    ({"tool_config_path": "/nonexistent/tools.yaml"}, "a.multi_turn.tool_config_path='/nonexistent/tools.yaml': "
+     "is not a file"),
 ])
 def test_start_up_errors_name_keys_under_the_callers_key(cfg, msg):
     """A caller whose users write the section under a longer key passes it, and the messages name that key."""

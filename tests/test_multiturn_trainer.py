@@ -49,10 +49,10 @@ class HangingTool(Tool):
     ([MT + "enable=true", MT + "tools=[rollout.tools.base:ToolCall]"], r"expected a rollout.tools.base.Tool|Tool"),
     ([MT + "enable=true"], r"no tool is configured"),
     ([MT + "enable=true", MT + "tools=[calculator]", MT + "format=python_block"], r"'python' tool"),
-    ([MT + "max_user_turns=0"], r"multi_turn.max_user_turns must be >= 1 or null, got 0"),
-    ([MT + "max_assistant_turns=-2"], r"multi_turn.max_assistant_turns must be >= 1 or null, got -2"),
+    ([MT + "max_user_turns=0"], r"multi_turn.max_user_turns=0; expected an integer >= 1 or null"),
+    ([MT + "max_assistant_turns=-2"], r"multi_turn.max_assistant_turns=-2; expected an integer >= 1 or null"),
     ([MT + "max_parallel_calls=abc"], r"multi_turn.max_parallel_calls='abc'; expected an integer"),
-    ([MT + "max_tool_response_length=0"], r"max_tool_response_length must be >= 1, got 0"),
+    ([MT + "max_tool_response_length=0"], r"max_tool_response_length=0; expected an integer >= 1"),
     ([MT + "format=xml"], r"multi_turn.format='xml'; expected one of \['hermes', 'python_block'\]"),
     ([MT + "tool_response_truncate_side=top"], r"tool_response_truncate_side='top'"),
     (["+" + MT + "interaction_config_pth=x.yaml"], r"unknown keys \['interaction_config_pth'\]"),
@@ -77,7 +77,7 @@ def test_tool_errors_name_full_keys_and_quote_what_the_user_wrote():
         check_multi_turn(_cfg(MT + "enable=true", MT + "tools=[rollout.multi_turn.mytools:MyTool]"))
     assert str(info.value) == (f"{MT}tools=['rollout.multi_turn.mytools:MyTool']: tool "
                                "'rollout.multi_turn.mytools:MyTool': cannot import module 'rollout.multi_turn.mytools' "
-                               "(No module named 'rollout.multi_turn')"), str(info.value)
+                               "(ModuleNotFoundError: No module named 'rollout.multi_turn')"), str(info.value)
     with pytest.raises(ValueError) as rollout_side:
         build_tools(MultiTurnConfig(enable=True), key=MT.rstrip("."))
     with pytest.raises(ConfigError) as trainer_side:

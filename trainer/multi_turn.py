@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from rollout.generator import Generation, Generator, SingleTurnGenerator
-from trainer.config_checks import ConfigError
+from trainer.config_checks import ConfigError, ConfigErrors
 from trainer.protocol import CALL_SECONDS_META
 
 __all__ = ["MULTI_TURN_KEYS", "multi_turn_config", "check_multi_turn", "check_multi_turn_template", "tool_schemas",
@@ -32,44 +32,41 @@ def multi_turn_config(rollout_cfg: Mapping[str, Any]):
 
     Raises:
         ConfigError: a key this section does not have, a limit that is not an integer (or null where allowed),
-            a value out of range or an unknown format / truncate side; the message names key and value.
+            a value out of range or an unknown format / truncate side; every bad value is named, one line each
+            (:class:`trainer.config_checks.ConfigErrors` for several).
     """
-    from rollout.multiturn import MultiTurnConfig
+    from rollout.multiturn.config import MultiTurnConfig, config_problems
 
     mt = rollout_cfg.get("multi_turn") or {}
+    errors = []
     unknown = sorted(set(mt) - set(MULTI_TURN_KEYS))
     if unknown:
-        raise ConfigError(f"{KEY} has unknown keys {unknown}; known keys: {list(MULTI_TURN_KEYS)}")
+        errors.append(f"{KEY} has unknown keys {unknown}; known keys: {list(MULTI_TURN_KEYS)}")
     values = {k: mt[k] for k in MULTI_TURN_KEYS if k in mt}
-    for k in _INT_KEYS:
-        v = values.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ConfigError(f"{KEY}.{k}={v!r}; expected an integer")
-    if "enable" in values and not isinstance(values["enable"], bool):
-        raise ConfigError(f"{KEY}.enable={values['enable']!r}; expected true or false")
-    if not isinstance(values.get("tools") or [], (list, tuple)):
-        raise ConfigError(f"{KEY}.tools={values['tools']!r}; expected a list of tool entries")
-    try:
-        return MultiTurnConfig(**values, key=KEY)
-    except ValueError as exc:
-        raise ConfigError(str(exc) if str(exc).startswith(KEY) else f"{KEY}: {exc}") from exc
+    errors += config_problems(values, KEY)
+    if errors:
+        raise _config_error(errors)
+    return MultiTurnConfig(**values, key=KEY)
+
+
+def _config_error(messages: list[str]) -> ConfigError:
+    return ConfigError(messages[0]) if len(messages) == 1 else ConfigErrors(messages)
 
 
 def _tools(cfg: dict, check: bool) -> dict:
     from rollout.multiturn.loop import build_tools
+    from rollout.tools.registry import ToolConfigError
 
     mt = multi_turn_config(cfg["actor_rollout_ref"]["rollout"])
     try:
-        # the messages name full keys, so that the error report, which re-runs the checks with each named key put
-        # back to its default, can leave out a line that only follows from another
+        # each message names its full key (the list of tools, the tool config file or the format) with its value
+        # as written, so that the error report, which re-runs the checks with each named key put back to its
+        # default, can leave out a line that only follows from another
         return build_tools(mt, check=check, key=KEY)
-    except (ValueError, TypeError, RuntimeError) as exc:
-        path, text = mt.tool_config_path, str(exc)
-        if path and text.startswith(str(path)):  # an entry of the tool config file, or the file itself
-            raise ConfigError(f"{KEY}.tool_config_path={path!r}: {text[len(str(path)):].lstrip(': ')}") from exc
-        if text.startswith(f"{KEY}."):  # no tool at all, or a format without its tool: names its own keys
-            raise ConfigError(text) from exc
-        raise ConfigError(f"{KEY}.tools={list(mt.tools)!r}: {text}") from exc
+    except ToolConfigError as exc:
+        raise _config_error(exc.messages) from exc
+    except ValueError as exc:  # the format without its tool
+        raise ConfigError(str(exc)) from exc
 
 
 def unused_multi_turn_warnings(rollout_cfg: Mapping[str, Any]) -> list[str]:
@@ -78,13 +75,14 @@ def unused_multi_turn_warnings(rollout_cfg: Mapping[str, Any]) -> list[str]:
     import dataclasses
 
     from rollout.multiturn import MultiTurnConfig
+    from rollout.tools.registry import as_written
 
     mt = rollout_cfg.get("multi_turn") or {}
     if mt.get("enable"):
         return []
     defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                 for f in dataclasses.fields(MultiTurnConfig)}
-    return [f"{KEY}.{k}={mt[k]!r}: ignored: multi-turn rollouts are off (set {KEY}.enable=true to use it)"
+    return [f"{KEY}.{k}={as_written(mt[k])}: ignored: multi-turn rollouts are off (set {KEY}.enable=true to use it)"
             for k in MULTI_TURN_KEYS if k in mt and k in defaults and k != "enable" and mt[k] != defaults[k]]
 
 
@@ -94,7 +92,7 @@ def check_multi_turn(cfg: dict) -> None:
     unimportable classes, a sandbox weaker than required).
 
     Raises:
-        ConfigError: one line naming the bad value.
+        ConfigError: one line naming each bad value (the key, the value as written and the tool it concerns).
     """
     mt = multi_turn_config(cfg["actor_rollout_ref"]["rollout"])
     if mt.enable:
@@ -143,7 +141,7 @@ class MultiTurnGenerator(Generator):
         chat_template_kwargs: the prompts' ``apply_chat_template`` arguments (``data.apply_chat_template_kwargs``).
 
     Raises:
-        ValueError / RuntimeError: see :func:`rollout.multiturn.prepare_multi_turn`; ``generate`` raises
+        ValueError: see :func:`rollout.multiturn.prepare_multi_turn`; ``generate`` raises
             ValueError for image prompts.
     """
 

@@ -6,14 +6,48 @@ results), ``max_parallel_calls``, ``max_tool_response_length`` (characters), ``t
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, Mapping
 
 from rollout.tools.executor import TRUNCATE_SIDES
 from rollout.tools.parsers import PARSERS
-from rollout.tools.registry import MULTI_TURN_KEY
+from rollout.tools.registry import MULTI_TURN_KEY, as_written
 
-__all__ = ["MultiTurnConfig"]
+__all__ = ["MultiTurnConfig", "config_problems"]
+
+#: the integer limits of the section, each with whether null (no limit) is allowed
+_LIMITS = {"max_assistant_turns": True, "max_user_turns": True, "max_parallel_calls": False,
+           "max_tool_response_length": False}
+
+
+def _problem(name: str, value: Any) -> str | None:
+    """What ``value`` of setting ``name`` should be, or None when it is good."""
+    if name in _LIMITS:
+        good = (value is None and _LIMITS[name]) or (isinstance(value, numbers.Integral) and
+                                                     not isinstance(value, bool) and value >= 1)
+        return None if good else f"an integer >= 1{' or null' if _LIMITS[name] else ''}"
+    choices = {"tool_response_truncate_side": list(TRUNCATE_SIDES), "format": sorted(PARSERS)}.get(name)
+    if choices is not None:
+        return None if isinstance(value, str) and value in choices else f"one of {choices}"
+    if name == "enable":
+        return None if isinstance(value, bool) else "true or false"
+    if name == "tools":
+        return None if isinstance(value or [], (list, tuple)) else "a list of tool entries"
+    if name == "tool_config_path":
+        return None if value is None or isinstance(value, str) else "the path of a YAML file, or null"
+    return None
+
+
+def config_problems(values: Mapping[str, Any], key: str = MULTI_TURN_KEY) -> list[str]:
+    """Every bad value among the section's settings ``values`` (field name -> value; absent ones are not checked),
+    one message each, in the section's order: ``<key>.<name>=<value as written>; expected ...``."""
+    out = []
+    for f in fields(MultiTurnConfig):
+        expected = _problem(f.name, values[f.name]) if f.name in values else None
+        if expected:
+            out.append(f"{key}.{f.name}={as_written(values[f.name])}; expected {expected}")
+    return out
 
 
 @dataclass
@@ -38,7 +72,8 @@ class MultiTurnConfig:
             ``actor_rollout_ref.rollout.multi_turn``; default ``rollout.multi_turn``.
 
     Raises:
-        ValueError: a value out of range or an unknown name (named in the message).
+        ValueError: a value of the wrong type, out of range or an unknown name (:func:`config_problems`: every
+            bad value, one line each).
     """
 
     enable: bool = False
@@ -53,18 +88,9 @@ class MultiTurnConfig:
     key: InitVar[str] = MULTI_TURN_KEY
 
     def __post_init__(self, key: str) -> None:
-        for name in ("max_assistant_turns", "max_user_turns"):
-            value = getattr(self, name)
-            if value is not None and int(value) < 1:
-                raise ValueError(f"{key}.{name} must be >= 1 or null, got {value}")
-        for name in ("max_parallel_calls", "max_tool_response_length"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{key}.{name} must be >= 1, got {getattr(self, name)}")
-        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
-            raise ValueError(f"{key}.tool_response_truncate_side={self.tool_response_truncate_side!r}; "
-                             f"expected one of {list(TRUNCATE_SIDES)}")
-        if self.format not in PARSERS:
-            raise ValueError(f"{key}.format={self.format!r}; expected one of {sorted(PARSERS)}")
+        problems = config_problems({f.name: getattr(self, f.name) for f in fields(self)}, key)
+        if problems:
+            raise ValueError("\n".join(problems))
         self.tools = list(self.tools or [])
 
     @classmethod

@@ -264,9 +264,9 @@ def prepare_multi_turn(cfg: MultiTurnConfig | Mapping, tokenizer, chat_template_
         (config, {name: tool}, template) for :func:`multi_turn_generate`.
 
     Raises:
-        ValueError: a bad key or value, an unknown tool, ``format=python_block`` without a ``python`` tool, or a
-            chat template without a tool role.
-        RuntimeError: a tool's :meth:`Tool.check` failed (e.g. the sandbox's isolation is below its minimum).
+        ValueError: a bad key or value, an unknown tool, a tool whose import, constructor or :meth:`Tool.check`
+            failed (e.g. the sandbox's isolation is below its minimum), ``format=python_block`` without a
+            ``python`` tool, or a chat template without a tool role.
     """
     cfg = cfg if isinstance(cfg, MultiTurnConfig) else MultiTurnConfig.from_config(cfg, key)
     return cfg, build_tools(cfg, key=key), ToolChatTemplate(tokenizer, chat_template_kwargs)
@@ -277,15 +277,12 @@ def build_tools(cfg: MultiTurnConfig, check: bool = True, key: str = MULTI_TURN_
     section's config key, named in the messages (``<key>.tools``, ``<key>.format``, ...).
 
     Raises:
-        ValueError: an unknown tool or bad entry (:func:`rollout.tools.registry.resolve_tools`), or
-            ``format=python_block`` without a ``python`` tool.
-        RuntimeError: a tool's :meth:`Tool.check` failed.
+        rollout.tools.registry.ToolConfigError: an unknown tool, a bad entry or a tool whose import, constructor or
+            :meth:`Tool.check` raised (:func:`rollout.tools.registry.resolve_tools`; one line per tool).
+        ValueError: ``format=python_block`` without a ``python`` tool.
     """
-    tools = resolve_tools(cfg.tools, cfg.tool_config_path, key)
+    tools = resolve_tools(cfg.tools, cfg.tool_config_path, key, check=check)
     if cfg.format == "python_block" and "python" not in tools:
         raise ValueError(f"{key}.format=python_block sends code blocks to the 'python' tool, which is not "
                          f"configured (tools: {sorted(tools)}); add python to {key}.tools")
-    if check:
-        for tool in tools.values():
-            tool.check()
     return tools

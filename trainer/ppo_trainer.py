@@ -110,7 +110,7 @@ class RayPPOTrainer:
         info = infos["actor"][0]
         self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
         self.hooks.workers_ready(self.roles, infos)
-        logger.info("workers ready: %d actor rank%s (%s params), %s", self.world, "s"[:self.world != 1],
+        logger.info("workers ready: %d actor rank%s (%s params), %s", self.world, "" if self.world == 1 else "s",
                     info["num_params"], startup_split(t_ray, t_workers, parts=self.roles.startup_s, restart=restart))
         check_interrupted()  # a Ctrl-C / SIGTERM whose exception was swallowed during start-up stops the run here
 

@@ -76,11 +76,12 @@ def resolve_decode_loop(decode_loop: str, model_config, on_cuda: bool, static_ca
 
     ``"auto"`` is ``"graph"`` on CUDA with a static cache (where the step is one CUDA graph) for a model the loop
     runs (:func:`graph_decode_unsupported` is None), else ``"generate"``: on the CPU, without a static cache, or for a
-    vision-language or sliding-window model. ``"generate"`` and ``"graph"`` are returned as given.
+    vision-language or sliding-window model. ``"generate"`` and ``"graph"`` are returned as given. ``model_config``
+    None: a model the loop runs (for checks made before the model's config is read).
     """
     if decode_loop != "auto":
         return decode_loop
-    if on_cuda and static_cache and graph_decode_unsupported(model_config) is None:
+    if on_cuda and static_cache and (model_config is None or graph_decode_unsupported(model_config) is None):
         return "graph"
     return "generate"
 

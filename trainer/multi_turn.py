@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from rollout.generator import Generation, Generator, SingleTurnGenerator
-from trainer.config_checks import ConfigError, ConfigErrors
+from trainer.config_checks import ConfigError, ErrorCollector
 from trainer.protocol import CALL_SECONDS_META
 
 __all__ = ["MULTI_TURN_KEYS", "multi_turn_config", "check_multi_turn", "check_multi_turn_template", "tool_schemas",
@@ -44,13 +44,8 @@ def multi_turn_config(rollout_cfg: Mapping[str, Any]):
         errors.append(f"{KEY} has unknown keys {unknown}; known keys: {list(MULTI_TURN_KEYS)}")
     values = {k: mt[k] for k in MULTI_TURN_KEYS if k in mt}
     errors += config_problems(values, KEY)
-    if errors:
-        raise _config_error(errors)
+    ErrorCollector(errors).raise_if_any()
     return MultiTurnConfig(**values, key=KEY)
-
-
-def _config_error(messages: list[str]) -> ConfigError:
-    return ConfigError(messages[0]) if len(messages) == 1 else ConfigErrors(messages)
 
 
 def _tools(cfg: dict, check: bool) -> dict:
@@ -64,7 +59,8 @@ def _tools(cfg: dict, check: bool) -> dict:
         # default, can leave out a line that only follows from another
         return build_tools(mt, check=check, key=KEY)
     except ToolConfigError as exc:
-        raise _config_error(exc.messages) from exc
+        ErrorCollector(exc.messages).raise_if_any()
+        raise
     except ValueError as exc:  # the format without its tool
         raise ConfigError(str(exc)) from exc
 

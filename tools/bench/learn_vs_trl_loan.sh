@@ -11,7 +11,9 @@
 # before/after, $DATA/gsm8k/test.parquet (skipped if absent).
 # Settings: OUT (/tmp/qout), SMOL (/tmp/smol_hf), DATA (data), LEARN_SEED (1), LEARN_BUDGET_S (540, per side),
 # LEARN_EVERY_S (60), GSM8K_ROWS (500), LEARN_ARGS (more training arguments, e.g. --strict-format: words split at
-# spaces, no quoting), VLLM_READY (/tmp/vsite.ok), VLLM_WAIT_S (900: how long TRL waits for it).
+# spaces, no quoting), LEARN_SIDES (ours,trl: the sides to train; one side alone is scored by the same evaluator, so
+# it can be set beside earlier runs of the other side), VLLM_READY (/tmp/vsite.ok), VLLM_WAIT_S (900: how long TRL,
+# and the evaluator, wait for it).
 # Files in $OUT: ours.json, trl.json, learn.json/.md/.png, logs.tgz (the consoles, the evaluation, TRL's result and
 # ours' metrics.jsonl of every step), console.log, and ALLDONE at the end, holding
 # "ok" or the steps that failed (the script then exits 1).
@@ -26,6 +28,8 @@ GSM8K_ROWS=${GSM8K_ROWS:-500}
 read -r -a extra <<< "${LEARN_ARGS:-}"
 VLLM_READY=${VLLM_READY:-/tmp/vsite.ok}
 VLLM_WAIT_S=${VLLM_WAIT_S:-900}
+LEARN_SIDES=${LEARN_SIDES:-ours,trl}
+case ",$LEARN_SIDES," in *,ours,*|*,trl,*) ;; *) echo "LEARN_SIDES=$LEARN_SIDES: expected ours, trl or ours,trl"; exit 2;; esac
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TORCH_CUDA_ARCH_LIST=9.0
 mkdir -p "$OUT" /tmp/learn
 rm -f "$OUT/ALLDONE" "$OUT/ours.json" "$OUT/trl.json"
@@ -44,19 +48,21 @@ warm() { local t=$SECONDS; python3 -c "import torch; torch.zeros(1, device='cuda
 # ... and with its own empty compile caches (inductor, Triton, vLLM), so that neither finds graphs compiled before
 cold() { rm -rf "/tmp/learn_cache/$1"; export TORCHINDUCTOR_CACHE_DIR=/tmp/learn_cache/$1/inductor \
   TRITON_CACHE_DIR=/tmp/learn_cache/$1/triton VLLM_CACHE_ROOT=/tmp/learn_cache/$1/vllm; }
-PYTHONPATH=/tmp/site:$PWD warm "transformers, deepspeed, ray, datasets, trainer.main"
-cold ours
-PYTHONPATH=/tmp/site:$PWD python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides ours --out "$OUT/ours.json" \
-  || failed+=(ours)
-echo "ours done $(date)"
+if [[ ",$LEARN_SIDES," == *,ours,* ]]; then
+  PYTHONPATH=/tmp/site:$PWD warm "transformers, deepspeed, ray, datasets, trainer.main"
+  cold ours
+  PYTHONPATH=/tmp/site:$PWD python3 tools/bench/learn_vs_trl.py "${common[@]}" --sides ours --out "$OUT/ours.json" \
+    || failed+=(ours)
+  echo "ours done $(date)"
+fi
 waited=0
 while [ ! -f "$VLLM_READY" ] && [ "$waited" -lt "$VLLM_WAIT_S" ]; do
-  [ $((waited % 60)) -eq 0 ] && echo "waiting for $VLLM_READY (vLLM unpacked) before TRL: ${waited} s"
+  [ $((waited % 60)) -eq 0 ] && echo "waiting for $VLLM_READY (vLLM unpacked) before TRL and the evaluation: ${waited} s"
   sleep 2; waited=$((waited + 2))
 done
-[ -f "$VLLM_READY" ] || { echo "no $VLLM_READY after $VLLM_WAIT_S s: TRL not run"; failed+=(vllm); }
+[ -f "$VLLM_READY" ] || { echo "no $VLLM_READY after $VLLM_WAIT_S s: TRL not run, evaluation without vLLM"; failed+=(vllm); }
 export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
-if [ -f "$VLLM_READY" ]; then
+if [ -f "$VLLM_READY" ] && [[ ",$LEARN_SIDES," == *,trl,* ]]; then
   python3 -c "import trl, vllm, transformers, torch; print('trl', trl.__version__, 'vllm', vllm.__version__, \
 'transformers', transformers.__version__, 'torch', torch.__version__)"
   warm "transformers, vllm, trl"

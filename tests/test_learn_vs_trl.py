@@ -543,3 +543,40 @@ def test_eval_from_refuses_a_run_in_two_files_and_compares_paths_whole(tmp_path)
     c = _write(tmp_path, "c.json", _session_doc(2))  # same basenames, other folders: one session's files must match
     with pytest.raises(SystemExit, match="in gsm8k, model, test$"):
         learn_vs_trl.merge_docs([a, c])
+
+
+def test_report_from_sets_one_side_of_a_file_beside_the_other_side_of_another(tmp_path):
+    """A new configuration of ours (another file, ours alone) beside TRL's recorded runs of the same seed."""
+    old = _write(tmp_path, "old.json", _session_doc(1))
+    new_doc = _session_doc(1, ours_overrides=["actor_rollout_ref.model.use_torch_compile=true"])
+    new_doc["runs"] = [r for r in new_doc["runs"] if r["side"] == "ours"]
+    for ckpt, by_set in new_doc["eval"]["results"].items():  # the new run scores 0.09 at every mark
+        if ckpt.startswith("ours_"):
+            by_set["svamp"] = dict(by_set["svamp"], acc=0.09)
+    new = _write(tmp_path, "new.json", new_doc)
+    for both_ours in (f"{old},{new}", f"{old}:ours,{new}"):  # ours of both files: its settings must agree
+        with pytest.raises(SystemExit, match=r"new\.json: its job differs from .*old\.json's in ours_overrides$"):
+            learn_vs_trl.main(["--report-from", both_ours, "--out", str(tmp_path / "o.json")])
+    doc = learn_vs_trl.main(["--report-from", f"{old}:trl,{new}:ours", "--out", str(tmp_path / "learn.json")])
+    assert [(r["side"], r["file"]) for r in doc["runs"]] == [("trl", old), ("ours", new)]
+    assert doc["job"]["ours_overrides"] == ["actor_rollout_ref.model.use_torch_compile=true"]
+    assert [row["ours"]["acc"]["mean"] for row in doc["table"][1:]] == [0.09, 0.09, 0.09]  # new's, not old's
+    assert [row["trl"]["acc"]["mean"] for row in doc["table"][1:]] == [0.02, 0.04, 0.06]
+    assert set(doc["eval"]["errors"]) == {"trl_s1_t000360/gsm8k"}  # old's; new's trl error left with its trl runs
+    assert f"| {new} | ours seed 1 |" in (tmp_path / "learn.md").read_text()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a.json:critic", r"'a\.json:critic': expected PATH or PATH:SIDE with SIDE one of trl, ours"),
+    (",", r"',': expected a comma list of JSON files")])
+def test_report_from_refuses_a_bad_side_or_an_empty_list(text, message):
+    with pytest.raises(SystemExit, match=message):
+        learn_vs_trl.main(["--report-from", text, "--out", "o.json"])
+
+
+def test_report_from_refuses_a_side_the_file_lacks(tmp_path):
+    doc = _session_doc(1)
+    doc["runs"] = [r for r in doc["runs"] if r["side"] == "trl"]
+    path = _write(tmp_path, "trl_only.json", doc)
+    with pytest.raises(SystemExit, match=r"trl_only\.json:ours: the file holds no ours run \(it holds trl\)$"):
+        learn_vs_trl.main(["--report-from", f"{path}:ours", "--out", str(tmp_path / "o.json")])

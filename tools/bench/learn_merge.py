@@ -18,6 +18,11 @@ Two uses, one merge (:func:`merge_docs`):
   code and GSM8K rows).
 
 A (side, seed) run in two files is refused in both uses: its checkpoints would share the evaluator's names.
+
+A file may be named with one side, ``PATH:SIDE`` (:func:`parse_sources`): only that side's runs are taken from it,
+e.g. ``old.json:trl,new.json:ours`` sets a new configuration of ours beside TRL's recorded runs. The job keys that
+concern one side alone (:data:`SIDE_KEYS`) are compared only between files that hold runs of that side, and the
+merged job takes them from the first file that does.
 """
 from __future__ import annotations
 
@@ -26,15 +31,38 @@ import os
 
 from tools.bench.learn_report import SIDES
 
-__all__ = ["PATH_KEYS", "job_differences", "load_doc", "merge_docs"]
+__all__ = ["PATH_KEYS", "SIDE_KEYS", "parse_sources", "job_differences", "load_doc", "merge_docs"]
 
 PATH_KEYS = ("model", "train", "test", "gsm8k")  # compared by their last path component across sessions
 FREE_KEYS = ("seeds", "sides")  # each file has its own
 JOB_DEFAULTS = {"strict_format": False}  # the value of a key that files written before it existed lack
+SIDE_KEYS = {"ours": ("ours_engine", "ours_vllm_gpu_util", "ours_overrides"),  # keys that shape one side's runs alone
+             "trl": ("trl_vllm_gpu_util", "trl_vllm_sleep", "trl_cache_implementation")}
 
 
-def job_differences(job: dict, other: dict, by_basename: bool = False) -> list[str]:
-    """The keys (sorted) whose values differ between two jobs, over the keys of both, seeds and sides left out.
+def parse_sources(text: str, flag: str) -> list[tuple[str, str | None]]:
+    """``[(path, side or None)]`` of a comma list of ``PATH`` or ``PATH:SIDE`` (SIDE one of trl, ours).
+
+    Raises: SystemExit with one line naming ``flag`` when the list is empty or a ``:`` suffix names no side."""
+    out = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        path, sep, side = item.rpartition(":")
+        if not sep or "/" in side:  # no suffix (a ':' inside a folder name is part of the path)
+            out.append((item, None))
+        elif side in SIDES and path:
+            out.append((path, side))
+        else:
+            raise SystemExit(f"error: {flag} {item!r}: expected PATH or PATH:SIDE with SIDE one of {', '.join(SIDES)}")
+    if not out:
+        raise SystemExit(f"error: {flag} {text!r}: expected a comma list of JSON files")
+    return out
+
+
+def job_differences(job: dict, other: dict, by_basename: bool = False, skip_sides=()) -> list[str]:
+    """The keys (sorted) whose values differ between two jobs, over the keys of both, seeds and sides left out, and
+    the :data:`SIDE_KEYS` of every side in ``skip_sides``.
 
     ``by_basename``: the :data:`PATH_KEYS` compare by their last path component (``/tmp/a/smol_hf`` equals
     ``/data/smol_hf``; None only equals None). A key of :data:`JOB_DEFAULTS` that a job lacks has its default."""
@@ -44,7 +72,7 @@ def job_differences(job: dict, other: dict, by_basename: bool = False) -> list[s
         if by_basename and key in PATH_KEYS and isinstance(value, str):
             return os.path.basename(os.path.normpath(value))
         return value
-    keys = (set(job) | set(other)) - set(FREE_KEYS)
+    keys = (set(job) | set(other)) - set(FREE_KEYS) - {k for s in skip_sides for k in SIDE_KEYS[s]}
     return sorted(k for k in keys if norm(k, job.get(k)) != norm(k, other.get(k)))
 
 
@@ -58,21 +86,31 @@ def load_doc(path: str, flag: str) -> dict:
         raise SystemExit(f"error: {flag} {path}: {type(err).__name__}: {err}")
 
 
-def merge_docs(paths: list[str], evaluated: bool = False, flag: str = "--eval-from") -> dict:
+def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") -> dict:
     """One document from several of this tool's JSON files: the first file's meta, job and split, every file's runs
     in file order, the job's ``seeds`` and ``sides`` those of the runs. Without ``evaluated``: no ``eval`` (the
     runs are to be scored next). With ``evaluated``: every file must hold an evaluation, and the document gets their
     union, ``eval.base_spread`` (when the base scores differ), ``eval.by_file``, ``meta_by_file`` and each run's
     ``file`` (module docstring).
 
-    ``flag`` names the option in the messages. Raises: SystemExit with a one-line message when a file cannot be
-    read, a file's job differs from the first's (naming the file and the keys; paths by their last component with
-    ``evaluated``), a (side, seed) run is in two files, or (``evaluated``) a file has no evaluation results."""
-    docs = [load_doc(p, flag) for p in paths]
-    for p, d in zip(paths[1:], docs[1:]):
-        bad = job_differences(docs[0]["job"], d["job"], by_basename=evaluated)
+    ``paths``: file paths, or ``(path, side or None)`` pairs (:func:`parse_sources`): a side keeps only that side's
+    runs of the file. ``flag`` names the option in the messages. Raises: SystemExit with a one-line message when a
+    file cannot be read, a file's job differs from the first's (naming the file and the keys; paths by their last
+    component with ``evaluated``; a side's :data:`SIDE_KEYS` against the first file holding that side), a (side,
+    seed) run is in two files, a file holds no run of its side, or (``evaluated``) a file has no evaluation
+    results."""
+    sources = [(p, None) if isinstance(p, str) else tuple(p) for p in paths]
+    paths = [p for p, _ in sources]
+    docs = [_taken(load_doc(p, flag), p, side, flag) for p, side in sources]
+    held = [{r["side"] for r in d.get("runs", [])} for d in docs]
+    for i in range(1, len(docs)):
+        bad = job_differences(docs[0]["job"], docs[i]["job"], by_basename=evaluated, skip_sides=tuple(SIDE_KEYS))
+        for side, keys in SIDE_KEYS.items():
+            first = next(j for j in range(i + 1) if side in held[j] or j == i)
+            if side in held[i] and first < i:
+                bad += [k for k in job_differences(docs[first]["job"], docs[i]["job"]) if k in keys]
         if bad:
-            raise SystemExit(f"error: {flag} {p}: its job differs from {paths[0]}'s in {', '.join(bad)}")
+            raise SystemExit(f"error: {flag} {paths[i]}: its job differs from {paths[0]}'s in {', '.join(sorted(bad))}")
     seen = {}
     for p, d in zip(paths, docs):
         for r in d.get("runs", []):
@@ -86,10 +124,32 @@ def merge_docs(paths: list[str], evaluated: bool = False, flag: str = "--eval-fr
     doc.pop("eval", None)
     doc["job"] = dict(doc["job"], seeds=sorted({r["seed"] for r in runs}),
                       sides=[s for s in SIDES if any(r["side"] == s for r in runs)])
+    for side, keys in SIDE_KEYS.items():  # a side's own settings from the first file that ran it
+        src = next((d for d, h in zip(docs, held) if side in h), None)
+        if src is not None:
+            doc["job"].update({k: src["job"][k] for k in keys if k in src["job"]})
     if evaluated:
         doc["eval"] = _merged_eval(paths, docs, flag)
         doc["meta_by_file"] = {p: d.get("meta") for p, d in zip(paths, docs)}
     return doc
+
+
+def _taken(doc: dict, path: str, side: str | None, flag: str) -> dict:
+    """``doc`` with only ``side``'s runs and their evaluation results and errors (all with None).
+
+    Raises: SystemExit when the file holds none of them."""
+    if side is None:
+        return doc
+    runs = [r for r in doc.get("runs", []) if r["side"] == side]
+    if not runs:
+        raise SystemExit(f"error: {flag} {path}:{side}: the file holds no {side} run (it holds "
+                         f"{', '.join(sorted({r['side'] for r in doc.get('runs', [])})) or 'none'})")
+    dropped = tuple(f"{s}_s" for s in SIDES if s != side)  # the evaluator's names of other sides' checkpoints
+    ev = doc.get("eval")
+    if ev:
+        ev = dict(ev, **{k: {c: v for c, v in (ev.get(k) or {}).items() if not c.startswith(dropped)}
+                         for k in ("results", "errors")})
+    return dict(doc, runs=runs, eval=ev)
 
 
 def _merged_eval(paths: list[str], docs: list[dict], flag: str) -> dict:

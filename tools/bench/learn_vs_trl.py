@@ -34,6 +34,8 @@ un-evaluated files of one session (the checkpoints are on its disk); ``--report-
 results, the first file's base model (a base accuracy that differs between files is kept in ``eval.base_spread``),
 each run's ``file`` and each file's ``meta`` (``meta_by_file``). The jobs must agree but for seeds, sides and (for
 ``--report-from``) the folders of the model and data files; a (side, seed) run in two files is refused.
+A file named ``PATH:SIDE`` gives only that side's runs (``old.json:trl,new.json:ours``: a new configuration of ours
+beside TRL's recorded runs); the settings of one side alone are compared only between files that ran that side.
 ``--report-from`` also gives a file evaluated before the evaluator recorded the held-out set's one-answer baseline
 that baseline, read from ``--test`` (:func:`add_constant_baseline`).
 
@@ -64,7 +66,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 
-from tools.bench.learn_merge import load_doc, merge_docs  # noqa: E402  (--eval-from, --report-from)
+from tools.bench.learn_merge import load_doc, merge_docs, parse_sources  # noqa: E402  (--eval-from, --report-from)
 from tools.bench.learn_report import constant_baseline_of  # noqa: E402
 from tools.bench.learn_report import SIDES  # noqa: E402
 EXPECTED_ROWS = (700, 300)  # SVAMP: the first 700 rows train, the last 300 held out (tools/data_preprocess/svamp.py)
@@ -351,7 +353,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--work-dir", default=None, help="runs, checkpoints and logs (default: next to --out)")
     ap.add_argument("--report-from", help="write the table and plot of this JSON (no runs); a comma list of "
                     "evaluated JSON files (e.g. one seed per GPU session) combines them: their runs, the union of "
-                    "their results, the first file's base model (tools/bench/learn_merge.py)")
+                    "their results, the first file's base model; PATH:SIDE takes one side's runs of a file "
+                    "(tools/bench/learn_merge.py)")
     ap.add_argument("--eval-from", help="comma list of this tool's JSON files: score their runs together (no "
                     "training); the job is the first file's")
     ap.add_argument("--skip-eval", action="store_true", help="train only (score later with --eval-from)")
@@ -419,11 +422,11 @@ def _internal(args) -> dict | None:
         with open(args.evaluate, encoding="utf-8") as f:
             return evaluate(json.load(f))
     if args.report_from:
-        paths = [p for p in args.report_from.split(",") if p] or [args.report_from]
-        if len(paths) > 1:  # evaluated files of separate sessions (tools/bench/learn_merge.py)
-            doc = merge_docs(paths, evaluated=True, flag="--report-from")
+        sources = parse_sources(args.report_from, "--report-from")
+        if len(sources) > 1 or sources[0][1]:  # evaluated files of separate sessions (tools/bench/learn_merge.py)
+            doc = merge_docs(sources, evaluated=True, flag="--report-from")
         else:
-            doc = load_doc(paths[0], "--report-from")
+            doc = load_doc(sources[0][0], "--report-from")
         if not add_constant_baseline(doc, args.test) and doc.get("eval") and not constant_baseline_of(doc):
             print(f"note: no one-answer baseline in the report: {args.test} is missing or is not the job's "
                   f"held-out file ({os.path.basename(doc['job'].get('test') or '?')}, "
@@ -444,7 +447,7 @@ def main(argv=None) -> dict:
     os.makedirs(work, exist_ok=True)
     end = None if args.total_budget_s is None else time.monotonic() + args.total_budget_s
     if args.eval_from:
-        doc = merge_docs([p for p in args.eval_from.split(",") if p])
+        doc = merge_docs(parse_sources(args.eval_from, "--eval-from"))
     else:
         doc = _train_all(args, work, run_meta(args), end)
     if args.skip_eval:

@@ -12,6 +12,8 @@ from trainer.config_checks import ConfigErrors
 
 # keys whose integer default also accepts a fraction (documented in configs/ppo_trainer.yaml)
 FRACTIONAL_INTS = frozenset({"actor_rollout_ref.rollout.n_gpus"})
+# keys whose boolean default also accepts null, meaning that default (documented in configs/, as decode_loop's null)
+NULL_IS_DEFAULT = frozenset({"actor_rollout_ref.rollout.decode_compile_regions"})
 
 
 def _expected(default: Any) -> str | None:
@@ -37,7 +39,8 @@ def _fits(value: Any, default: Any, key: str) -> bool:
 def mistyped(cfg: dict, defaults: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """``(dotted key, value, default)`` of every leaf of ``cfg`` whose value does not have the type of the same key
     in ``defaults``. Keys missing from ``defaults`` and defaults that are null, strings or containers are not
-    checked here; a null value is accepted only where the default is null."""
+    checked here; a null value is accepted only where the default is null or the key is in
+    :data:`NULL_IS_DEFAULT`."""
     out: list[tuple[str, Any, Any]] = []
     for key, value in cfg.items():
         if key not in defaults:
@@ -45,6 +48,8 @@ def mistyped(cfg: dict, defaults: dict, prefix: str = "") -> list[tuple[str, Any
         path, default = f"{prefix}{key}", defaults[key]
         if isinstance(value, dict) and isinstance(default, dict):
             out += mistyped(value, default, f"{path}.")
+        elif value is None and path in NULL_IS_DEFAULT:
+            continue
         elif _expected(default) is not None and not _fits(value, default, path):
             out.append((path, value, default))
     return out

@@ -4,7 +4,6 @@ or ``trainer.save_freq=1.5`` stop in one line naming the key instead of failing 
 from __future__ import annotations
 
 import logging
-import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -64,8 +63,6 @@ def type_errors(cfg: dict, defaults: dict) -> list[str]:
     return [_type_message(*bad) for bad in mistyped(cfg, defaults)]
 
 
-#: ``<dotted.key>=<value>...``: the key an error line names (the checks' message form)
-_NAMED_KEY = re.compile(r"^([A-Za-z_][\w]*(?:\.[\w]+)+)=")
 _ROUNDS = 6
 _NONE = object()
 
@@ -104,7 +101,7 @@ def start_errors(cfg, defaults: dict, prestart, logged: bool = False) -> list[st
     first round only, and by none with ``logged`` (the run's own start-up logged them already)."""
     from omegaconf import OmegaConf
 
-    from trainer.config_checks import ErrorCollector
+    from trainer.config_checks import ErrorCollector, named_key
 
     bad = mistyped(OmegaConf.to_container(cfg, resolve=True), defaults)
     errors = ErrorCollector([_type_message(*b) for b in bad])
@@ -125,7 +122,7 @@ def start_errors(cfg, defaults: dict, prestart, logged: bool = False) -> list[st
         new = [m for m in found.messages if m not in errors.messages and not any(k in m for k in reset)]
         for m in new:
             errors.add(m)
-        keys = {k.group(1) for k in map(_NAMED_KEY.match, new) if k} - reset
+        keys = {k for k in map(named_key, new) if k} - reset
         keys = {k for k in keys if _default_at(defaults, k) is not _NONE and OmegaConf.select(copy, k) is not None}
         if not keys:
             break
@@ -140,7 +137,7 @@ def all_errors(cfg, exc: Exception, prestart, logged: bool = False):
     (:func:`start_errors` against :func:`packaged_defaults`; ``logged``: the launcher's start-up logged the
     config's warnings and notes already, they are not logged again); ``exc`` itself outside a Hydra app, when
     nothing is added, or when ``exc.alone`` is set (a refusal the other checks' lines would only confuse)."""
-    from trainer.config_checks import ConfigError
+    from trainer.config_checks import ConfigError, ErrorCollector
 
     if not isinstance(exc, ConfigError) or getattr(exc, "alone", False):  # e.g. a folder a live run holds
         return exc
@@ -148,8 +145,8 @@ def all_errors(cfg, exc: Exception, prestart, logged: bool = False):
     if defaults is None:
         return exc
     first = str(exc).splitlines()
-    more = [m for m in start_errors(cfg, defaults, prestart, logged=logged) if m not in first]
-    return ConfigErrors(first + more) if more else exc
+    lines = ErrorCollector(first + start_errors(cfg, defaults, prestart, logged=logged)).messages
+    return ConfigErrors(lines) if lines != first else exc
 
 
 def check_types(cfg: dict, defaults: dict) -> None:

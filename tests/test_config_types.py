@@ -95,3 +95,26 @@ def test_the_checks_run_again_for_more_errors_without_logging_their_notes_again(
         assert [r.getMessage() for r in caplog.records].count("a setting with no effect") == times
         assert sum("read as" in r.getMessage() for r in caplog.records) == times
     assert logging.root.manager.disable == logging.NOTSET
+
+
+def test_decode_compile_regions_null_is_its_default_off():
+    """``rollout.decode_compile_regions=null`` means the default (off), as ``decode_loop=null`` means auto; a null
+    for another key whose default is a boolean is still refused."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from trainer.config.rollout import RolloutConfig
+    from trainer.config_validate import validate
+    from trainer.overrides import CONFIG_DIR
+    from trainer.unused_settings import decode_regions_warnings
+
+    key = "actor_rollout_ref.rollout.decode_compile_regions"
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        defaults = OmegaConf.to_container(compose(config_name="ppo_trainer"), resolve=False)
+        cfg = OmegaConf.to_container(compose(config_name="ppo_trainer", overrides=[f"{key}=null"]), resolve=True)
+    check_types(cfg, defaults)
+    validate(cfg)
+    rollout = RolloutConfig.from_dict(cfg["actor_rollout_ref"]["rollout"], "actor_rollout_ref.rollout")
+    assert rollout.decode_compile_regions is None and decode_regions_warnings(cfg) == []
+    cfg["trainer"]["val_before_train"] = None
+    assert type_errors(cfg, defaults) == ["trainer.val_before_train=None; expected true or false (default False)"]

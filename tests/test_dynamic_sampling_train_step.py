@@ -156,13 +156,12 @@ def test_multi_turn_call_seconds_add_up_over_the_steps_generation_batches():
 
 
 def test_tool_metrics_join_over_the_steps_generation_batches():
-    """Tool counts of every generation batch add up (batch 1 kept no rows, its calls still happened), the rest is
-    joined as over workers (:func:`trainer.protocol.join_tool_metrics`), not taken from the first batch."""
+    """The sandbox level of a step is the weakest of every generation batch (batch 1 kept no rows, its calls still
+    ran), joined as over workers (:func:`trainer.protocol.join_tool_metrics`), not taken from the kept rows' batch."""
+    level = "tool/python/isolation_level"
     rows = [_row(0, "wrong", 2), _row(1, "wrong", 2), _row(2, "mixed", 2), _row(3, "mixed", 2)]
-    tr = make_trainer(rows, bs=2, actor=FakeActor(perf={1: {"tool/t/calls/count": 3.0, "tool/t/level": 2.0},
-                                                        2: {"tool/t/calls/count": 5.0, "tool/t/level": 1.0}}))
+    tr = make_trainer(rows, bs=2, actor=FakeActor(perf={1: {level: 1.0}, 2: {level: 3.0}}))
     batch, _ = tr.loader.next_batch()
     trained, metrics = tr.train_step(batch, {})
     assert metrics["dynamic_sampling/num_gen_batches"] == 2.0
-    assert trained.meta["tool/t/calls/count"] == 8.0
-    assert trained.meta["tool/t/level"] == 1.0
+    assert trained.meta[level] == 1.0

@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import reprlib
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
-__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "as_int", "run_checks", "check_model_files",
+__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "named_key", "as_int", "run_checks", "check_model_files",
            "check_rollout_correction", "reward_options", "reward_option_keys", "check_reward_scorers",
            "check_ground_truths"]
 
@@ -29,12 +30,30 @@ class ConfigErrors(ConfigError):
         super().__init__("\n".join(self.messages))
 
 
+#: ``<dotted.key>=<value>...``: the key a message is about (the checks' message form)
+_NAMED_KEY = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+)=")
+
+
+def named_key(message: str) -> str | None:
+    """The dotted key ``message`` starts with (``<key>=<value>; expected ...``), or None."""
+    found = _NAMED_KEY.match(message)
+    return found.group(1) if found else None
+
+
+def _reads(message: str, key: str) -> bool:
+    """``message`` is about another key but gives ``key``'s value (``... <key>=<value> ...``)."""
+    return named_key(message) != key and re.search(rf"(?<![\w.]){re.escape(key)}=", message) is not None
+
+
 class ErrorCollector:
     """Runs check functions and keeps every :class:`ConfigError` they raise, so that a run reports all of its config
     errors at once instead of one per attempt.
 
     A check is any callable that raises ``ConfigError`` (or :class:`ConfigErrors`) for a bad value; a check stops at
-    its own first error, the collector goes on with the next check. Identical messages are kept once.
+    its own first error, the collector goes on with the next check. Identical messages are kept once, and a key's
+    own message (``<key>=<value>; ...``) is the only one kept of those that give its value: a message about another
+    key that reads it (``... but <key>=<value>: ...``, e.g. a group estimator's check of a refused ``rollout.n``)
+    follows from the same bad value and is left out, whichever comes first.
 
     Example::
 
@@ -51,9 +70,14 @@ class ErrorCollector:
             self.add(m)
 
     def add(self, message: str) -> None:
-        """Record one message (once)."""
-        if message not in self.messages:
-            self.messages.append(message)
+        """Record one message (once), unless it reads a key that a recorded message is about; one about a key
+        drops the recorded messages that read that key (see the class)."""
+        if message in self.messages or any(_reads(message, k) for k in map(named_key, self.messages) if k):
+            return
+        key = named_key(message)
+        if key:
+            self.messages = [m for m in self.messages if not _reads(m, key)]
+        self.messages.append(message)
 
     @contextmanager
     def check(self):

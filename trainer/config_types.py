@@ -4,7 +4,6 @@ or ``trainer.save_freq=1.5`` stop in one line naming the key instead of failing 
 from __future__ import annotations
 
 import logging
-import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -12,6 +11,8 @@ from trainer.config_checks import ConfigErrors
 
 # keys whose integer default also accepts a fraction (documented in configs/ppo_trainer.yaml)
 FRACTIONAL_INTS = frozenset({"actor_rollout_ref.rollout.n_gpus"})
+# keys whose boolean default also accepts null, meaning that default (documented in configs/, as decode_loop's null)
+NULL_IS_DEFAULT = frozenset({"actor_rollout_ref.rollout.decode_compile_regions"})
 
 
 def _expected(default: Any) -> str | None:
@@ -37,7 +38,8 @@ def _fits(value: Any, default: Any, key: str) -> bool:
 def mistyped(cfg: dict, defaults: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """``(dotted key, value, default)`` of every leaf of ``cfg`` whose value does not have the type of the same key
     in ``defaults``. Keys missing from ``defaults`` and defaults that are null, strings or containers are not
-    checked here; a null value is accepted only where the default is null."""
+    checked here; a null value is accepted only where the default is null or the key is in
+    :data:`NULL_IS_DEFAULT`."""
     out: list[tuple[str, Any, Any]] = []
     for key, value in cfg.items():
         if key not in defaults:
@@ -45,6 +47,8 @@ def mistyped(cfg: dict, defaults: dict, prefix: str = "") -> list[tuple[str, Any
         path, default = f"{prefix}{key}", defaults[key]
         if isinstance(value, dict) and isinstance(default, dict):
             out += mistyped(value, default, f"{path}.")
+        elif value is None and path in NULL_IS_DEFAULT:
+            continue
         elif _expected(default) is not None and not _fits(value, default, path):
             out.append((path, value, default))
     return out
@@ -59,8 +63,6 @@ def type_errors(cfg: dict, defaults: dict) -> list[str]:
     return [_type_message(*bad) for bad in mistyped(cfg, defaults)]
 
 
-#: ``<dotted.key>=<value>...``: the key an error line names (the checks' message form)
-_NAMED_KEY = re.compile(r"^([A-Za-z_][\w]*(?:\.[\w]+)+)=")
 _ROUNDS = 6
 _NONE = object()
 
@@ -99,7 +101,7 @@ def start_errors(cfg, defaults: dict, prestart, logged: bool = False) -> list[st
     first round only, and by none with ``logged`` (the run's own start-up logged them already)."""
     from omegaconf import OmegaConf
 
-    from trainer.config_checks import ErrorCollector
+    from trainer.config_checks import ErrorCollector, named_key
 
     bad = mistyped(OmegaConf.to_container(cfg, resolve=True), defaults)
     errors = ErrorCollector([_type_message(*b) for b in bad])
@@ -120,7 +122,7 @@ def start_errors(cfg, defaults: dict, prestart, logged: bool = False) -> list[st
         new = [m for m in found.messages if m not in errors.messages and not any(k in m for k in reset)]
         for m in new:
             errors.add(m)
-        keys = {k.group(1) for k in map(_NAMED_KEY.match, new) if k} - reset
+        keys = {k for k in map(named_key, new) if k} - reset
         keys = {k for k in keys if _default_at(defaults, k) is not _NONE and OmegaConf.select(copy, k) is not None}
         if not keys:
             break
@@ -135,7 +137,7 @@ def all_errors(cfg, exc: Exception, prestart, logged: bool = False):
     (:func:`start_errors` against :func:`packaged_defaults`; ``logged``: the launcher's start-up logged the
     config's warnings and notes already, they are not logged again); ``exc`` itself outside a Hydra app, when
     nothing is added, or when ``exc.alone`` is set (a refusal the other checks' lines would only confuse)."""
-    from trainer.config_checks import ConfigError
+    from trainer.config_checks import ConfigError, ErrorCollector
 
     if not isinstance(exc, ConfigError) or getattr(exc, "alone", False):  # e.g. a folder a live run holds
         return exc
@@ -143,8 +145,8 @@ def all_errors(cfg, exc: Exception, prestart, logged: bool = False):
     if defaults is None:
         return exc
     first = str(exc).splitlines()
-    more = [m for m in start_errors(cfg, defaults, prestart, logged=logged) if m not in first]
-    return ConfigErrors(first + more) if more else exc
+    lines = ErrorCollector(first + start_errors(cfg, defaults, prestart, logged=logged)).messages
+    return ConfigErrors(lines) if lines != first else exc
 
 
 def check_types(cfg: dict, defaults: dict) -> None:

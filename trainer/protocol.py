@@ -35,7 +35,7 @@ Non-tensor columns: ``uid`` (prompt id, groups of ``n`` samples share one), ``da
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -49,7 +49,6 @@ CALL_SECONDS_META = ("multi_turn/tool_wall_s", "multi_turn/generate_s")
 _MAX_META_PREFIXES = ("perf/max_", "perf/worker_s/", "perf/rollout_s/")  # joined by DataProto.concat's maximum
 _MAX_META_KEYS = CALL_SECONDS_META + ("timing_gen_s",)
 TOOL_META_PREFIX = "tool/"  # the tools' own metrics (rollout.tools.base.Tool.metrics), joined by join_tool_metrics
-_SUM_SUFFIXES = ("count", "sum", "total")
 
 
 def _as_object_array(values: Sequence[Any]) -> np.ndarray:
@@ -59,44 +58,25 @@ def _as_object_array(values: Sequence[Any]) -> np.ndarray:
     return arr
 
 
-def join_tool_metrics(parts: Sequence[tuple[dict[str, Any], int]]) -> dict[str, float]:
-    """The ``tool/*`` metrics (:meth:`rollout.tools.base.Tool.metrics`) of several calls joined into one set, by
-    the last part of each key's name.
+def join_tool_metrics(metas: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The ``tool/*`` metrics (:meth:`rollout.tools.base.Tool.metrics`) of several calls (a call's workers, or a
+    step's generation batches) joined into one set: each key's smallest value over the calls that report it.
 
-    ======================================  ========================================================================
-    key ends in                             joined value
-    ======================================  ========================================================================
-    ``/count``, ``/sum``, ``/total``        the sum over the calls
-    ``/mean``                               the mean weighted by the call's ``<same stem>/count`` where it reports
-                                            one, else by its rows (unweighted when every weight is 0)
-    ``/max``                                the largest value
-    anything else (``/min`` included)       the smallest value: a constant fact is the same in every call, and for a
-                                            level such as ``tool/python/isolation_level`` the smallest is the weakest
-                                            one in force
-    ======================================  ========================================================================
+    A tool's metrics are facts about the tool where it runs, the same in every call of one worker, such as
+    ``tool/python/isolation_level`` (the one the built-in tools report), whose smallest value is the weakest
+    sandbox any worker ran.
 
     Args:
-        parts: ``(meta, rows)`` of each call: its ``meta`` (only the ``tool/*`` keys are read; a key missing from
-            a call is joined over the calls that hold it) and its row count.
+        metas: the ``meta`` of each call (only its ``tool/*`` keys are read).
 
     Returns:
-        ``{key: float}`` for every ``tool/*`` key of any part.
+        ``{key: float}`` for every ``tool/*`` key of any call.
     """
-    keys = sorted({k for meta, _ in parts for k in meta if k.startswith(TOOL_META_PREFIX)})
     out: dict[str, float] = {}
-    for k in keys:
-        held = [(meta, rows) for meta, rows in parts if k in meta]
-        values = [float(meta[k]) for meta, _ in held]
-        stem, _, last = k.rpartition("/")
-        if last in _SUM_SUFFIXES:
-            out[k] = float(sum(values))
-        elif last == "mean":
-            weights = [float(meta.get(f"{stem}/count", rows)) for meta, rows in held]
-            total = sum(weights)
-            out[k] = (sum(w * v for w, v in zip(weights, values)) / total if total
-                      else sum(values) / len(values))
-        else:
-            out[k] = float(max(values) if last == "max" else min(values))
+    for meta in metas:
+        for k, v in meta.items():
+            if k.startswith(TOOL_META_PREFIX):
+                out[k] = min(out.get(k, float(v)), float(v))
     return out
 
 
@@ -261,13 +241,11 @@ class DataProto:
     def concat_workers(parts: Sequence["DataProto"]) -> "DataProto":
         """Join the results of one call split over several workers (each part one worker's rows with that worker's
         ``meta``): :meth:`concat`, and the ``tool/*`` metrics joined over the workers (:func:`join_tool_metrics`:
-        counts summed, means weighted, maxima the largest) instead of the first worker's. Use it only for disjoint
-        results that each carry their own metrics: joining parts of one batch (chunks, a filter) would count a
-        batch's tool counts once per part.
+        each key's smallest value, e.g. the weakest sandbox) instead of the first worker's.
 
         Raises:
             ValueError: as :meth:`concat`.
         """
         out = DataProto.concat(parts)
-        out.meta.update(join_tool_metrics([(p.meta, len(p)) for p in parts if p is not None]))
+        out.meta.update(join_tool_metrics([p.meta for p in parts if p is not None]))
         return out

@@ -110,11 +110,11 @@ class Tool(abc.ABC):
         """
 
     def metrics(self) -> dict[str, float]:
-        """Facts about the tool for the metrics of each generation call, keyed ``tool/<name>/...`` (e.g. the
-        sandbox's isolation level); default none. A call split over several workers logs the workers' values
-        joined by the key's last part (:func:`trainer.protocol.join_tool_metrics`): ``/count``, ``/sum`` and
-        ``/total`` add up, ``/mean`` is weighted by the sibling ``/count`` (else by the rows), ``/max`` takes the
-        largest, any other key the smallest."""
+        """Facts about the tool where it runs, for the metrics of each generation call, keyed
+        ``tool/<name>/...`` (e.g. the sandbox's isolation level); default none. A call split over several workers
+        logs each key's smallest value over the workers (:func:`trainer.protocol.join_tool_metrics`): for a level,
+        the weakest in force. Counts and timings of the calls are no tool metrics: the multi-turn loop reports
+        them from the rows (:mod:`rollout.multiturn.metrics`)."""
         return {}
 
 

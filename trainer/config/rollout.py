@@ -82,8 +82,9 @@ class RolloutConfig(Section):
         log_prob_*: batching of the old log-probs (rows per worker, or a token budget per worker).
         static_cache, max_batch_size, prompt_length_bucket, attn_implementation, decode_loop,
             decode_compile_regions: hf engine options (the last three are the hf group's keys: None under
-            rollout=vllm; decode_loop: ``auto``, ``generate`` or ``graph``,
-            :func:`rollout.graph_decode.resolve_decode_loop`; decode_compile_regions: :mod:`rollout.compile_regions`).
+            rollout=vllm; decode_loop: ``auto`` (null: auto), ``generate`` or ``graph``,
+            :func:`rollout.graph_decode.resolve_decode_loop`; decode_compile_regions: :mod:`rollout.compile_regions`,
+            null: false).
         tensor_model_parallel_size, gpu_memory_utilization, engine_kwargs: vLLM's (engine_kwargs: verl's
             ``engine_kwargs.vllm`` entries passed to ``vllm.LLM``; None when not set).
         sleep_level, update_weights_bucket_megabytes, offload_optimizer_during_rollout, lora_sync: how the

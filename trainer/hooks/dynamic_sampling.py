@@ -238,22 +238,22 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
 class _CallMeta:
     """The call metrics of the step's generation batches: their :data:`trainer.protocol.CALL_SECONDS_META` seconds
     add up (the step waits for each batch in turn) and their ``tool/*`` metrics are joined over the batches
-    (:func:`trainer.protocol.join_tool_metrics`: counts summed, means weighted), whichever rows were kept."""
+    (:func:`trainer.protocol.join_tool_metrics`: each key's smallest value), whichever rows were kept."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self.parts: list[tuple[Mapping, int]] = []
+        self.metas: list[Mapping] = []
 
     def add(self, rows: DataProto) -> None:
-        """Record one generation batch's ``meta`` (``rows``: every row it generated)."""
+        """Record one generation batch's ``meta`` (``rows``: the batch it generated)."""
         for k in CALL_SECONDS_META:
             if k in rows.meta:
                 self.seconds[k] = self.seconds.get(k, 0.0) + float(rows.meta[k])
-        self.parts.append((dict(rows.meta), len(rows)))
+        self.metas.append(dict(rows.meta))
 
     def joined(self) -> dict[str, float]:
         """The step's seconds and ``tool/*`` metrics, to replace those of the joined batch."""
-        return {**self.seconds, **join_tool_metrics(self.parts)}
+        return {**self.seconds, **join_tool_metrics(self.metas)}
 
 
 def _no_cap_error(informative: int, want_groups: int, batches: int, generated: int, cap: int,

@@ -1,0 +1,70 @@
+"""trainer.config_checks.ErrorCollector: a bad value is reported by its own line only, not again by the checks
+that read it (a group estimator's n >= 2, a divisibility)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from trainer.config_checks import ConfigError, ErrorCollector, named_key
+from trainer.overrides import CONFIG_DIR
+
+N = "actor_rollout_ref.rollout.n"
+GROUP = "algorithm.adv_estimator=grpo compares the samples of one prompt, but {N}=0: every advantage would be 0"
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("algo,n", [("grpo", 0), ("grpo", -1), ("rloo", 0), ("dr_grpo", -3)])
+def test_a_refused_rollout_n_is_one_line_under_a_group_estimator(algo, n):
+    from trainer.config_validate import validate
+
+    with pytest.raises(ConfigError) as info:
+        validate(OmegaConf.to_container(_compose(f"algorithm={algo}", f"{N}={n}"), resolve=True))
+    assert str(info.value) == f"{N}={n}; expected >= 1"
+
+
+def test_the_entry_points_every_error_pass_shows_rollout_n_once():
+    """What ``python trainer/main.py actor_rollout_ref.rollout.n=0`` prints (:func:`start_errors` over the
+    launcher's checks): the direct line only."""
+    from trainer.config_types import start_errors
+    from trainer.launch import prestart
+
+    defaults = OmegaConf.to_container(_compose(), resolve=False)
+    logging.disable(logging.WARNING)
+    try:
+        lines = start_errors(_compose(f"{N}=0", "algorithm.adv_estimator=grpo"), defaults, prestart)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert lines == [f"{N}=0; expected >= 1"]
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_a_line_that_reads_a_refused_key_is_left_out_whichever_comes_first(order):
+    errors = ErrorCollector()
+    for m in [f"{N}=0; expected >= 1", GROUP.format(N=N)][::order]:
+        errors.add(m)
+    assert errors.messages == [f"{N}=0; expected >= 1"]
+
+
+def test_lines_about_other_keys_or_the_same_key_are_kept():
+    direct = f"{N}=0; expected >= 1"
+    kept = [f"{N}=0 must divide data.train_batch_size=32",  # the same key's own line
+            "actor_rollout_ref.rollout.n_gpus=0; expected >= 1",  # a longer key
+            "trainer.val_before_train=true: validation samples greedily with actor_rollout_ref.rollout."
+            "val_kwargs.n=4",  # a line that reads another key ending in .n
+            "algorithm.adv_estimator=grpo compares the samples of one prompt: set rollout.n >= 2"]  # not the key=
+    errors = ErrorCollector([direct, *kept])
+    assert errors.messages == [direct, *kept]
+
+
+@pytest.mark.parametrize("message,key", [
+    (f"{N}=0; expected >= 1", N), ("data.max_rows=None; expected an integer", "data.max_rows"),
+    ("rollout=vllm but vLLM is not installed", None), ("trainer.nnodes*trainer.n_gpus_per_node=0; expected >= 1", None)])
+def test_named_key_is_the_dotted_key_a_line_starts_with(message, key):
+    assert named_key(message) == key

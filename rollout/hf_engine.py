@@ -35,12 +35,14 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from rollout import memory
 from rollout.base import (RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags,  # noqa: F401
                           concat_image_inputs, finalize_responses)  # concat_image_inputs re-exported
 from rollout.graph_decode import GraphDecoder, graph_decode_unsupported, resolve_decode_loop
 from rollout.log_prob_recorder import SampledTokenLogProbs  # noqa: F401 (re-exported)
 from rollout.stop_check import deferred_stop_check
-from rollout.sdpa_gqa import register_sdpa_gqa, sdpa_gqa_attention_forward  # noqa: F401 (re-exported)
+from rollout.sdpa_gqa import (auto_attn_implementation, register_sdpa_gqa,  # noqa: F401 (re-exported)
+                              sdpa_gqa_attention_forward)
 
 
 DECODE_LOOPS = ("auto", "generate", "graph")
@@ -61,21 +63,6 @@ def _next_pow2(x: int) -> int:
 def _on(device: torch.device, want: torch.device) -> bool:
     """``device`` is ``want`` (an index-less ``want`` matches any index of its type)."""
     return device.type == want.type and (want.index is None or device.index == want.index)
-
-
-def auto_attn_implementation(model_config, on_cuda: bool) -> str:
-    """``attn_implementation="auto"``: ``"sdpa_gqa"`` on CUDA and ``"sdpa"`` elsewhere when the model class
-    supports SDPA (``_supports_sdpa``), else ``"eager"`` (e.g. Gemma-2, whose soft-capped attention has no
-    SDPA path in transformers)."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        cls = AutoModelForCausalLM._model_mapping[type(model_config)]
-    except KeyError:
-        return "eager"
-    if not getattr(cls, "_supports_sdpa", False):
-        return "eager"
-    return "sdpa_gqa" if on_cuda else "sdpa"
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -158,6 +145,7 @@ class HFRolloutEngine(RolloutEngine):
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._awake = True
         self._shared = False  # the parameters are the trainer's tensors (share_weights)
+        self._discarded = None  # parameter shapes while a level-2 sleep's weights are not loaded again
         self.defer_stop_check = bool(defer_stop_check)
 
     @classmethod
@@ -202,6 +190,8 @@ class HFRolloutEngine(RolloutEngine):
             for p in self.model.parameters():
                 p.data = torch.empty_like(p.data)
             self._shared = False
+        if self._discarded is not None and self._awake:
+            self._discarded = None  # the trainer's sync writes every parameter
         targets = self.model.state_dict(keep_vars=True)
         for name, tensor in named_tensors:
             target = self._target(targets, name, tensor, "load_weights")
@@ -232,6 +222,7 @@ class HFRolloutEngine(RolloutEngine):
             raise ValueError(f"share_weights: {len(left)} parameters not given, e.g. {left[:3]}")
         for p, t in pairs:
             p.data = t
+        self._discarded = None
         for module in self.model.modules():  # buffers (rotary frequencies) stay on the device while shared
             for key, buf in module._buffers.items():
                 if buf is not None and not _on(buf.device, self.device):
@@ -239,7 +230,8 @@ class HFRolloutEngine(RolloutEngine):
         self._shared = True
 
     def sleep(self, level: int = 1) -> None:
-        """Move the inference copy to CPU (both levels; the weights are kept, the next sync overwrites them); an
+        """Level 1 moves the inference copy to CPU (kept); level 2 discards it (no copy either way: the weights must
+        be loaded again after the next wake-up, as every sync does, and :meth:`generate` refuses to run before). An
         engine on shared weights (:meth:`share_weights`) has none of its own and moves nothing. The graph decode
         loop's kept KV caches and buffers are dropped (allocated again by the next call).
 
@@ -250,14 +242,17 @@ class HFRolloutEngine(RolloutEngine):
         """
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
-        if self.device.type != "cpu" and not self._shared:
+        if not self._shared and level == 2 and (self._discarded is None or self._awake):
+            self._discarded = memory.discard_parameters(self.model)
+        elif not self._shared and self._discarded is None and self.device.type != "cpu":
             self.model.to("cpu")
         if self._graph is not None:
             self._graph.release()
         self._awake = False
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """``"weights"`` moves the inference copy back to its device (nothing to move on shared weights);
+        """``"weights"`` moves the inference copy back to its device (nothing to move on shared weights; after a
+        level-2 sleep, uninitialised storage that :meth:`load_weights` fills);
         ``"kv_cache"`` is a no-op (transformers allocates the KV cache inside each ``generate`` call, the graph
         decode loop at its first call of each shape).
 
@@ -265,7 +260,9 @@ class HFRolloutEngine(RolloutEngine):
             ValueError: unknown tag.
         """
         tags = check_tags(tags)
-        if "weights" in tags and self.device.type != "cpu" and not self._shared:
+        if "weights" in tags and self._discarded is not None:
+            memory.reallocate_parameters(self.model, self._discarded)
+        elif "weights" in tags and self.device.type != "cpu" and not self._shared:
             self.model.to(self.device)
         if "weights" in tags:
             self._awake = True
@@ -318,6 +315,9 @@ class HFRolloutEngine(RolloutEngine):
         """
         if not self._awake:
             raise RuntimeError("HFRolloutEngine.generate called while asleep; call wake_up() first")
+        if self._discarded is not None:
+            raise RuntimeError("HFRolloutEngine.generate called before load_weights after a level-2 sleep, which "
+                               "discarded the weights")
         prompts = check_prompts(prompt_ids)
         rows = [p for p in prompts for _ in range(sampling.n)]  # prompt-major: n copies of prompt i contiguous
         mm_rows = [m for m in multi_modal_inputs for _ in range(sampling.n)] if multi_modal_inputs else None

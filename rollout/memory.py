@@ -5,6 +5,9 @@ PyTorch's caching allocator (vLLM's CuMemAllocator in sleep mode) cannot reuse b
 so the cache is emptied right before the engine wakes up and right after it sleeps - and nowhere else, so that the
 caching allocator stays fast during training. ``tests/test_rollout_empty_cache_grep.py`` checks that no other file
 calls it; tests fake this function by monkeypatching ``rollout.memory.empty_cache``.
+
+Beside it, the parameter storage of an engine that discards its own weight copy while asleep (sleep level 2):
+:func:`discard_parameters` and :func:`reallocate_parameters`.
 """
 from __future__ import annotations
 
@@ -42,3 +45,21 @@ def record_device_used(log: dict, stage: str) -> None:
     used = device_used_gib()
     if used is not None:
         log[stage] = used
+
+
+def discard_parameters(module: torch.nn.Module) -> list[torch.Size]:
+    """Free the storage of every parameter of ``module`` (a sleep that discards the weights, vLLM's level 2): each
+    ``param.data`` becomes an empty tensor of its dtype on its device; buffers are kept. Returns the shapes, in
+    ``module.parameters()`` order, for :func:`reallocate_parameters`."""
+    shapes = []
+    for p in module.parameters():
+        shapes.append(p.shape)
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    return shapes
+
+
+def reallocate_parameters(module: torch.nn.Module, shapes: list[torch.Size]) -> None:
+    """Give every parameter of ``module`` uninitialised storage of the shape :func:`discard_parameters` recorded
+    (on the parameter's device); the values are garbage until the weights are loaded."""
+    for p, shape in zip(module.parameters(), shapes):
+        p.data = torch.empty(shape, dtype=p.dtype, device=p.device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["sdpa_gqa_attention_forward", "register_sdpa_gqa"]
+__all__ = ["sdpa_gqa_attention_forward", "register_sdpa_gqa", "auto_attn_implementation"]
 
 
 def sdpa_gqa_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -49,3 +49,18 @@ def register_sdpa_gqa() -> None:
 
     AttentionInterface.register("sdpa_gqa", sdpa_gqa_attention_forward)
     AttentionMaskInterface.register("sdpa_gqa", sdpa_mask)
+
+
+def auto_attn_implementation(model_config, on_cuda: bool) -> str:
+    """``attn_implementation="auto"``: ``"sdpa_gqa"`` on CUDA and ``"sdpa"`` elsewhere when the model class
+    supports SDPA (``_supports_sdpa``), else ``"eager"`` (e.g. Gemma-2, whose soft-capped attention has no
+    SDPA path in transformers)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        cls = AutoModelForCausalLM._model_mapping[type(model_config)]
+    except KeyError:
+        return "eager"
+    if not getattr(cls, "_supports_sdpa", False):
+        return "eager"
+    return "sdpa_gqa" if on_cuda else "sdpa"

@@ -68,3 +68,38 @@ def test_lines_about_other_keys_or_the_same_key_are_kept():
     ("rollout=vllm but vLLM is not installed", None), ("trainer.nnodes*trainer.n_gpus_per_node=0; expected >= 1", None)])
 def test_named_key_is_the_dotted_key_a_line_starts_with(message, key):
     assert named_key(message) == key
+
+
+@pytest.mark.parametrize("overrides, line, copies", [
+    (("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=0"),
+     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=0; expected an integer >= 1",
+     ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")),
+    (("algorithm=gae", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"),
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0; expected >= 1",
+     ("critic.forward_micro_batch_size_per_gpu",))])
+def test_keys_that_copy_a_refused_value_add_no_line(overrides, line, copies):
+    """The ref's and rollout's token budgets copy the actor's, the critic's micro-batches the actor's (through its
+    own ``ppo_micro_batch_size_per_gpu``): one line, where the value was written."""
+    from trainer.config_types import all_errors
+    from trainer.launch import prestart
+
+    cfg = _compose(*overrides)
+    logging.disable(logging.WARNING)
+    try:
+        first = ConfigError("\n".join([line] + [f"{k}=0; expected an integer >= 1" for k in copies]))
+        assert str(all_errors(cfg, first, prestart)) == line
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_copied_keys_resolve_relative_paths_and_a_key_set_apart_is_kept():
+    from trainer.config_types import copied_keys, without_copies
+
+    copies = copied_keys(_compose("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096"))
+    assert copies["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"] == \
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"  # ${..actor.ppo_max_token_len_per_gpu}
+    assert copies["critic.forward_micro_batch_size_per_gpu"] == "critic.ppo_micro_batch_size_per_gpu"  # ${.x}
+    assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu" not in copies  # set apart: its own value
+    lines = ["a.b=0; expected >= 1", "c.d=0; expected >= 1", "e.f=0; expected >= 1"]
+    assert without_copies(lines, {"c.d": "x.y", "x.y": "a.b", "e.f": "e.f"}) == [lines[0], lines[2]]
+    assert copied_keys({"a": "${b}"}) == {}  # a plain mapping has no interpolations left

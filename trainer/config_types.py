@@ -4,6 +4,7 @@ or ``trainer.save_freq=1.5`` stop in one line naming the key instead of failing 
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -142,11 +143,59 @@ def all_errors(cfg, exc: Exception, prestart, logged: bool = False):
     if not isinstance(exc, ConfigError) or getattr(exc, "alone", False):  # e.g. a folder a live run holds
         return exc
     defaults = packaged_defaults()
-    if defaults is None:
-        return exc
     first = str(exc).splitlines()
-    lines = ErrorCollector(first + start_errors(cfg, defaults, prestart, logged=logged)).messages
+    more = [] if defaults is None else start_errors(cfg, defaults, prestart, logged=logged)
+    lines = without_copies(ErrorCollector(first + more).messages, copied_keys(cfg))
     return ConfigErrors(lines) if lines != first else exc
+
+
+_COPY = re.compile(r"^\$\{(\.*)([A-Za-z_][\w.]*)\}$")  # a value that is one interpolation: ${a.b}, ${.b}, ${..a.b}
+
+
+def copied_keys(cfg) -> dict[str, str]:
+    """``{dotted key: dotted key it copies}`` for every leaf of the OmegaConf config ``cfg`` written as a single
+    interpolation (``ref.log_prob_max_token_len_per_gpu: ${..actor.ppo_max_token_len_per_gpu}``), relative paths made
+    absolute; ``{}`` for a plain mapping."""
+    from omegaconf import DictConfig
+
+    out: dict[str, str] = {}
+
+    def walk(node, path: list[str]) -> None:
+        for key in node.keys():
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                walk(child, path + [str(key)])
+                continue
+            found = _COPY.match(str(child._value())) if child is not None else None
+            if found:
+                dots, target = len(found.group(1)), found.group(2)
+                base = path[:len(path) - dots + 1] if dots else []
+                out[".".join(path + [str(key)])] = ".".join(base + [target])
+
+    if isinstance(cfg, DictConfig):
+        walk(cfg, [])
+    return out
+
+
+def without_copies(lines: list[str], copies: dict[str, str]) -> list[str]:
+    """``lines`` less those about a key that copies (through :func:`copied_keys`, at any depth) a key that has a
+    line of its own: the value is refused once, where it was written."""
+    from trainer.config_checks import named_key
+
+    own = {k for k in map(named_key, lines) if k}
+
+    def source_refused(key: str | None) -> bool:
+        seen = {key}
+        while key in copies:
+            key = copies[key]
+            if key in seen:  # a loop (OmegaConf refuses one; a hand-made map may hold it)
+                return False
+            if key in own:
+                return True
+            seen.add(key)
+        return False
+
+    return [m for m in lines if not source_refused(named_key(m))]
 
 
 def check_types(cfg: dict, defaults: dict) -> None:

@@ -102,3 +102,26 @@ def test_layer_regions_give_the_same_greedy_tokens_and_record_once(actor):
     before = compile_counts()
     graph.generate(PROMPTS[1:] + PROMPTS[:1], sampling)
     assert compile_counts() == before
+
+
+@pytest.mark.parametrize("loop,regions", [("generate", False), ("graph", False), ("graph", True)])
+def test_new_weights_after_each_sleep_level_are_the_ones_decoded(actor, loop, regions):
+    """Sleep (level 1: weights to the CPU; level 2: discarded), wake, load other weights: the compiled step and its
+    CUDA graphs decode with the loaded weights (an engine built on them gives the same greedy tokens), whichever
+    storage the parameters got back."""
+    sampling = SamplingConfig(n=2, do_sample=False, max_new_tokens=16)
+    other = {k: v * 0.5 if v.dim() == 2 else v for k, v in actor.state_dict().items()}
+    kw = dict(compile_regions=True) if regions else {}
+    fresh = _engine(actor, loop, **kw)
+    fresh.load_weights(other.items())
+    want = fresh.generate(PROMPTS, sampling)
+    eng = _engine(actor, loop, **kw)
+    before = eng.generate(PROMPTS, sampling)
+    for level in (1, 2, 2):
+        eng.sleep(level=level)
+        eng.wake_up(["weights", "kv_cache"])
+        eng.load_weights(other.items())
+        got = eng.generate(PROMPTS, sampling)
+        assert torch.equal(got.responses, want.responses), level
+        torch.testing.assert_close(got.rollout_log_probs, want.rollout_log_probs, atol=1e-4, rtol=0)
+    assert not torch.equal(before.responses, want.responses)  # the weights did change what is decoded

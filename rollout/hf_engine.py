@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from rollout import memory
 from rollout.base import (RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags,  # noqa: F401
                           concat_image_inputs, finalize_responses)  # concat_image_inputs re-exported
+from rollout.generation_config import generation_config
 from rollout.graph_decode import GraphDecoder, graph_decode_unsupported, resolve_decode_loop
 from rollout.log_prob_recorder import SampledTokenLogProbs  # noqa: F401 (re-exported)
 from rollout.stop_check import deferred_stop_check
@@ -145,7 +146,7 @@ class HFRolloutEngine(RolloutEngine):
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._awake = True
         self._shared = False  # the parameters are the trainer's tensors (share_weights)
-        self._discarded = None  # parameter shapes while a level-2 sleep's weights are not loaded again
+        self._discarded = None  # memory.DiscardedWeights while a level-2 sleep's weights are not all loaded again
         self.defer_stop_check = bool(defer_stop_check)
 
     @classmethod
@@ -185,17 +186,21 @@ class HFRolloutEngine(RolloutEngine):
         Raises:
             KeyError: unknown name (the message lists a few expected ones).
             ValueError: shape mismatch (both shapes named).
+            RuntimeError: asleep after a level-2 sleep, which discarded the weights (wake up first).
         """
         if self._shared:  # storage of its own again (filled by the copies below)
             for p in self.model.parameters():
                 p.data = torch.empty_like(p.data)
             self._shared = False
-        if self._discarded is not None and self._awake:
-            self._discarded = None  # the trainer's sync writes every parameter
-        targets = self.model.state_dict(keep_vars=True)
+        self._check_not_discarded_asleep("load_weights")
+        targets, gone = self.model.state_dict(keep_vars=True), self._discarded
         for name, tensor in named_tensors:
             target = self._target(targets, name, tensor, "load_weights")
             target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype), non_blocking=True)
+            if gone is not None:
+                gone.loaded(target)
+        if gone is not None and not gone.missing:
+            self._discarded = None
 
     @torch.no_grad()
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -208,8 +213,9 @@ class HFRolloutEngine(RolloutEngine):
 
         Raises:
             KeyError: unknown name. ValueError: a shape, dtype or device that differs, or parameters not given
-            (nothing is changed then).
+            (nothing is changed then). RuntimeError: asleep after a level-2 sleep (wake up first).
         """
+        self._check_not_discarded_asleep("share_weights")
         targets = self.model.state_dict(keep_vars=True)
         pairs = [(self._target(targets, n, t, "share_weights"), t.detach()) for n, t in named_tensors]
         bad = [tuple(t.shape) for p, t in pairs if t.dtype != p.dtype or not _on(t.device, self.device)]
@@ -229,6 +235,11 @@ class HFRolloutEngine(RolloutEngine):
                     module._buffers[key] = buf.to(self.device)
         self._shared = True
 
+    def _check_not_discarded_asleep(self, what: str) -> None:
+        if self._discarded is not None and not self._awake:
+            raise RuntimeError(f"HFRolloutEngine.{what} while a level-2 sleep has discarded the weights; call "
+                               "wake_up(['weights']) first")
+
     def sleep(self, level: int = 1) -> None:
         """Level 1 moves the inference copy to CPU (kept); level 2 discards it (no copy either way: the weights must
         be loaded again after the next wake-up, as every sync does, and :meth:`generate` refuses to run before). An
@@ -243,7 +254,7 @@ class HFRolloutEngine(RolloutEngine):
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if not self._shared and level == 2 and (self._discarded is None or self._awake):
-            self._discarded = memory.discard_parameters(self.model)
+            self._discarded = memory.DiscardedWeights(self.model)
         elif not self._shared and self._discarded is None and self.device.type != "cpu":
             self.model.to("cpu")
         if self._graph is not None:
@@ -260,38 +271,15 @@ class HFRolloutEngine(RolloutEngine):
             ValueError: unknown tag.
         """
         tags = check_tags(tags)
-        if "weights" in tags and self._discarded is not None:
-            memory.reallocate_parameters(self.model, self._discarded)
+        if "weights" in tags and self._discarded is not None and not self._awake:
+            self._discarded.reallocate(self.model, self.device)
+            self.model.to(self.device)  # the buffers, where a level-1 sleep moved them
         elif "weights" in tags and self.device.type != "cpu" and not self._shared:
             self.model.to(self.device)
         if "weights" in tags:
             self._awake = True
 
     # ---- generation ----------------------------------------------------------------------------------------
-    def _generation_config(self, sampling: SamplingConfig, stop_ids: list[int], cache_len: int):
-        from transformers import GenerationConfig
-        from transformers.generation.configuration_utils import CompileConfig
-
-        min_new = sampling.max_new_tokens if sampling.ignore_eos else 0  # stop ids are masked out until then
-        kw = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=min_new, eos_token_id=stop_ids,
-                  pad_token_id=self.pad_id, output_logits=False, return_dict_in_generate=False,
-                  num_return_sequences=1, num_beams=1, use_cache=True, repetition_penalty=1.0)
-        # a vision-language model never writes its image placeholders (their count must match the images)
-        vision = [getattr(self.model.config, k, None) for k in ("image_token_id", "video_token_id",
-                                                                "vision_start_token_id", "vision_end_token_id")]
-        if any(v is not None for v in vision):
-            kw["suppress_tokens"] = [int(v) for v in vision if v is not None]
-        if sampling.greedy:
-            kw.update(do_sample=False)
-        else:
-            kw.update(do_sample=True, temperature=float(sampling.temperature),
-                      top_p=float(sampling.top_p) if sampling.top_p < 1.0 else None,
-                      top_k=int(sampling.top_k) if sampling.top_k > 0 else 0)
-        if self.use_static_cache:
-            kw.update(cache_implementation="static", max_cache_len=cache_len,
-                      compile_config=CompileConfig(fullgraph=False, dynamic=False, mode=self.compile_mode))
-        return GenerationConfig(**kw)
-
     def _rows_per_call(self) -> int:
         rows = self.max_batch_size
         return 1 << int(math.floor(math.log2(rows))) if self.use_static_cache else rows
@@ -316,8 +304,8 @@ class HFRolloutEngine(RolloutEngine):
         if not self._awake:
             raise RuntimeError("HFRolloutEngine.generate called while asleep; call wake_up() first")
         if self._discarded is not None:
-            raise RuntimeError("HFRolloutEngine.generate called before load_weights after a level-2 sleep, which "
-                               "discarded the weights")
+            raise RuntimeError(f"HFRolloutEngine.generate: {self._discarded.missing} parameters not loaded since a "
+                               "level-2 sleep discarded the weights; load_weights them all first")
         prompts = check_prompts(prompt_ids)
         rows = [p for p in prompts for _ in range(sampling.n)]  # prompt-major: n copies of prompt i contiguous
         mm_rows = [m for m in multi_modal_inputs for _ in range(sampling.n)] if multi_modal_inputs else None
@@ -326,7 +314,9 @@ class HFRolloutEngine(RolloutEngine):
         if self.use_static_cache:
             width = -(-width // self.prompt_len_multiple) * self.prompt_len_multiple
         cache_len = -(-(width + sampling.max_new_tokens) // self.cache_len_multiple) * self.cache_len_multiple
-        gen_cfg = self._generation_config(sampling, stop_ids, cache_len) if self.decode_loop == "generate" else None
+        gen_cfg = generation_config(self.model.config, sampling, stop_ids, cache_len, self.pad_id,
+                                    self.compile_mode if self.use_static_cache else None) \
+            if self.decode_loop == "generate" else None
         chunk = self._rows_per_call()
 
         devices = [self.device] if self.device.type == "cuda" else []

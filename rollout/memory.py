@@ -7,7 +7,7 @@ caching allocator stays fast during training. ``tests/test_rollout_empty_cache_g
 calls it; tests fake this function by monkeypatching ``rollout.memory.empty_cache``.
 
 Beside it, the parameter storage of an engine that discards its own weight copy while asleep (sleep level 2):
-:func:`discard_parameters` and :func:`reallocate_parameters`.
+:class:`DiscardedWeights`.
 """
 from __future__ import annotations
 
@@ -47,19 +47,27 @@ def record_device_used(log: dict, stage: str) -> None:
         log[stage] = used
 
 
-def discard_parameters(module: torch.nn.Module) -> list[torch.Size]:
-    """Free the storage of every parameter of ``module`` (a sleep that discards the weights, vLLM's level 2): each
-    ``param.data`` becomes an empty tensor of its dtype on its device; buffers are kept. Returns the shapes, in
-    ``module.parameters()`` order, for :func:`reallocate_parameters`."""
-    shapes = []
-    for p in module.parameters():
-        shapes.append(p.shape)
-        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-    return shapes
+class DiscardedWeights:
+    """A module's parameters while a sleep that discards the weights (vLLM's level 2) has freed them: each
+    ``param.data`` is an empty tensor (buffers are kept) until :meth:`reallocate` gives it uninitialised storage on
+    the device, and the weights count as back once :meth:`loaded` has seen every parameter."""
 
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.shapes = [p.shape for p in module.parameters()]  # module.parameters() order (tied ones once)
+        for p in module.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.pending: set[int] = {id(p) for p in module.parameters()}
 
-def reallocate_parameters(module: torch.nn.Module, shapes: list[torch.Size]) -> None:
-    """Give every parameter of ``module`` uninitialised storage of the shape :func:`discard_parameters` recorded
-    (on the parameter's device); the values are garbage until the weights are loaded."""
-    for p, shape in zip(module.parameters(), shapes):
-        p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
+    def reallocate(self, module: torch.nn.Module, device: torch.device) -> None:
+        """Uninitialised storage of each parameter's shape on ``device`` (garbage until loaded)."""
+        for p, shape in zip(module.parameters(), self.shapes):
+            p.data = torch.empty(shape, dtype=p.dtype, device=device)
+
+    def loaded(self, param: torch.Tensor) -> None:
+        """Record that ``param`` (one of the module's parameters) holds loaded values again."""
+        self.pending.discard(id(param))
+
+    @property
+    def missing(self) -> int:
+        """Parameters not loaded since the discard."""
+        return len(self.pending)

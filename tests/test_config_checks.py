@@ -63,6 +63,33 @@ def test_lines_about_other_keys_or_the_same_key_are_kept():
     assert errors.messages == [direct, *kept]
 
 
+def test_a_line_on_a_combination_of_values_hides_no_other_line():
+    """``trainer.strategy=megatron`` is a valid value refused only beside ``critic.enable``: the LoRA line that
+    quotes it is another error of its own."""
+    critic = "trainer.strategy=megatron has no critic worker yet, but critic.enable is on (set critic.enable=false)"
+    lora = ("actor_rollout_ref.model.lora_rank=8 with trainer.strategy=megatron: LoRA adapters are built on the "
+            "DeepSpeed path only; use trainer.strategy=deepspeed or lora_rank=0")
+    for order in (1, -1):
+        assert ErrorCollector([critic, lora][::order]).messages == [critic, lora][::order]
+    other_value = f"algorithm.adv_estimator=grpo needs groups, but {N}=1: every advantage would be 0"
+    assert ErrorCollector([f"{N}=0; expected >= 1", other_value]).messages == [f"{N}=0; expected >= 1", other_value]
+
+
+def test_the_entry_point_shows_both_lines_of_megatron_with_lora_and_a_critic():
+    from trainer.config_types import start_errors
+    from trainer.launch import prestart
+
+    defaults = OmegaConf.to_container(_compose(), resolve=False)
+    logging.disable(logging.WARNING)
+    try:
+        lines = start_errors(_compose("trainer.strategy=megatron", "actor_rollout_ref.model.lora_rank=8",
+                                      "critic.enable=true", "algorithm.adv_estimator=gae"), defaults, prestart)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert any(m.startswith("actor_rollout_ref.model.lora_rank=8 with trainer.strategy=megatron") for m in lines)
+    assert any(m.startswith("trainer.strategy=megatron has no critic worker") for m in lines), lines
+
+
 @pytest.mark.parametrize("message,key", [
     (f"{N}=0; expected >= 1", N), ("data.max_rows=None; expected an integer", "data.max_rows"),
     ("rollout=vllm but vLLM is not installed", None), ("trainer.nnodes*trainer.n_gpus_per_node=0; expected >= 1", None)])

@@ -39,7 +39,7 @@ def test_level_two_refuses_to_generate_before_the_weights_are_loaded_and_keeps_t
     eng.sleep(level=2)  # asleep twice: the shapes are the weights', not the emptied tensors'
     eng.wake_up(["weights"])
     assert {n: p.shape for n, p in eng.model.named_parameters()} == shapes
-    with pytest.raises(RuntimeError, match="before load_weights after a level-2 sleep"):
+    with pytest.raises(RuntimeError, match="parameters not loaded since a level-2 sleep discarded the weights"):
         eng.generate(PROMPTS, SamplingConfig(max_new_tokens=2))
     eng.sleep(level=2)  # awake again and slept without a load: freed again
     assert all(p.numel() == 0 for p in eng.model.parameters())
@@ -56,3 +56,45 @@ def test_shared_weights_are_never_discarded():
     eng.wake_up(["weights"])
     assert all(p.data_ptr() == q.data_ptr() for p, q in zip(eng.model.parameters(), actor.parameters()))
     assert eng.generate(PROMPTS, SamplingConfig(max_new_tokens=2)).responses.shape == (2, 2)
+
+
+def test_a_partial_empty_or_failed_load_after_level_two_still_refuses_to_generate():
+    actor = _actor()
+    eng = _engine(actor)
+    eng.sleep(level=2)
+    eng.wake_up(["weights"])
+    eng.load_weights([])
+    eng.load_weights([("model.norm.weight", actor.model.norm.weight)])
+    with pytest.raises(KeyError):
+        eng.load_weights([("nope", torch.zeros(1))])
+    n = len(list(eng.model.parameters()))
+    with pytest.raises(RuntimeError, match=rf"generate: {n - 1} parameters not loaded since a level-2 sleep"):
+        eng.generate(PROMPTS, SamplingConfig(max_new_tokens=2))
+    eng.load_weights([(k, v) for k, v in actor.state_dict().items() if k != "model.norm.weight"])
+    assert eng.generate(PROMPTS, SamplingConfig(max_new_tokens=2)).responses.shape == (2, 2)  # every one now
+
+
+def test_loading_or_sharing_while_discarded_and_asleep_says_to_wake_up_first():
+    actor = _actor()
+    eng = _engine(actor)
+    eng.sleep(level=2)
+    for call in (lambda: eng.load_weights(actor.state_dict().items()),
+                 lambda: eng.share_weights(actor.named_parameters())):
+        with pytest.raises(RuntimeError, match=r"level-2 sleep has discarded the weights; call wake_up\(\['weights'\]\)"):
+            call()
+
+
+def test_level_one_then_level_two_wakes_on_the_engine_device(monkeypatch):
+    """A level-1 sleep moves the copy (buffers too) to the CPU; a level-2 sleep then discards it there: the wake-up
+    still allocates the parameters, and moves the buffers, on the engine's device (a GPU, here named only)."""
+    from rollout import memory
+
+    eng = _engine(_actor())
+    eng.device = torch.device("cuda", 0)
+    calls = []
+    monkeypatch.setattr(eng.model, "to", lambda *a, **k: calls.append(("to", a)))
+    monkeypatch.setattr(memory.DiscardedWeights, "reallocate", lambda self, m, device: calls.append(("alloc", device)))
+    eng.sleep(level=1)
+    eng.sleep(level=2)
+    eng.wake_up(["weights"])
+    assert calls == [("to", ("cpu",)), ("alloc", eng.device), ("to", (eng.device,))]

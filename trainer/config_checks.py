@@ -40,9 +40,20 @@ def named_key(message: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _reads(message: str, key: str) -> bool:
-    """``message`` is about another key but gives ``key``'s value (``... <key>=<value> ...``)."""
-    return named_key(message) != key and re.search(rf"(?<![\w.]){re.escape(key)}=", message) is not None
+_REFUSED_VALUE = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+=[^;]*); expected ")  # a value refused by its own check
+
+
+def refused_value(message: str) -> str | None:
+    """``<key>=<value>`` of a line that refuses a value by itself (``<key>=<value>; expected ...``), or None (a line
+    on a combination of values, say, refuses no one value)."""
+    found = _REFUSED_VALUE.match(message)
+    return found.group(1) if found else None
+
+
+def _reads(message: str, refused: str) -> bool:
+    """``message`` is about another key but quotes the refused ``<key>=<value>`` (``... but <key>=<value>: ...``)."""
+    key = refused.partition("=")[0]
+    return named_key(message) != key and re.search(rf"(?<![\w.]){re.escape(refused)}(?![\w.])", message) is not None
 
 
 class ErrorCollector:
@@ -50,10 +61,12 @@ class ErrorCollector:
     errors at once instead of one per attempt.
 
     A check is any callable that raises ``ConfigError`` (or :class:`ConfigErrors`) for a bad value; a check stops at
-    its own first error, the collector goes on with the next check. Identical messages are kept once, and a key's
-    own message (``<key>=<value>; ...``) is the only one kept of those that give its value: a message about another
-    key that reads it (``... but <key>=<value>: ...``, e.g. a group estimator's check of a refused ``rollout.n``)
-    follows from the same bad value and is left out, whichever comes first.
+    its own first error, the collector goes on with the next check. Identical messages are kept once, and a value
+    refused by its own check (``<key>=<value>; expected ...``) is reported by that line only: a message about another
+    key that quotes the same ``<key>=<value>`` (``... but <key>=<value>: ...``, e.g. a group estimator's check of a
+    refused ``rollout.n``) follows from the same bad value and is left out, whichever comes first. A line on a
+    combination of valid values (``trainer.strategy=megatron has no critic ...``) refuses no one value and hides
+    nothing.
 
     Example::
 
@@ -70,13 +83,13 @@ class ErrorCollector:
             self.add(m)
 
     def add(self, message: str) -> None:
-        """Record one message (once), unless it reads a key that a recorded message is about; one about a key
-        drops the recorded messages that read that key (see the class)."""
-        if message in self.messages or any(_reads(message, k) for k in map(named_key, self.messages) if k):
+        """Record one message (once), unless it quotes a value a recorded message refuses; one that refuses a value
+        drops the recorded messages that quote it (see the class)."""
+        if message in self.messages or any(_reads(message, v) for v in map(refused_value, self.messages) if v):
             return
-        key = named_key(message)
-        if key:
-            self.messages = [m for m in self.messages if not _reads(m, key)]
+        refused = refused_value(message)
+        if refused:
+            self.messages = [m for m in self.messages if not _reads(m, refused)]
         self.messages.append(message)
 
     @contextmanager

@@ -566,12 +566,25 @@ def test_report_from_sets_one_side_of_a_file_beside_the_other_side_of_another(tm
     assert f"| {new} | ours seed 1 |" in (tmp_path / "learn.md").read_text()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("a.json:critic", r"'a\.json:critic': expected PATH or PATH:SIDE with SIDE one of trl, ours"),
-    (",", r"',': expected a comma list of JSON files")])
-def test_report_from_refuses_a_bad_side_or_an_empty_list(text, message):
-    with pytest.raises(SystemExit, match=message):
-        learn_vs_trl.main(["--report-from", text, "--out", "o.json"])
+def test_report_from_reads_a_colon_that_names_no_side_as_part_of_the_path(tmp_path):
+    path = _write(tmp_path, "learn_2026-12-06T16:55.json", _session_doc(1))
+    assert learn_vs_trl.parse_sources(f"{path},{path}:trl, ,", "--report-from") == [(path, None), (path, "trl")]
+    doc = learn_vs_trl.main(["--report-from", path, "--out", str(tmp_path / "o.json")])
+    assert [r["side"] for r in doc["runs"]] == ["trl", "ours"]
+    with pytest.raises(SystemExit, match=r"--report-from ',': expected a comma list of JSON files"):
+        learn_vs_trl.main(["--report-from", ",", "--out", "o.json"])
+
+
+def test_report_from_names_the_file_a_side_setting_was_compared_with(tmp_path):
+    a = _write(tmp_path, "a.json", _session_doc(1))
+    c = _write(tmp_path, "c.json", _session_doc(2, ours_overrides=["x=1"]))
+    b = _write(tmp_path, "b.json", _session_doc(1))  # ours_overrides as a's: compared with c, the first ours
+    with pytest.raises(SystemExit, match=r"b\.json: its job differs from .*c\.json's in ours_overrides$"):
+        learn_vs_trl.main(["--report-from", f"{a}:trl,{c}:ours,{b}:ours", "--out", str(tmp_path / "o.json")])
+    d = _write(tmp_path, "d.json", _session_doc(2, lr=1.0, ours_overrides=["y=2"]))
+    with pytest.raises(SystemExit, match=r"d\.json: its job differs from .*a\.json's in lr; from .*c\.json's in "
+                                         r"ours_overrides$"):
+        learn_vs_trl.main(["--report-from", f"{a}:trl,{c}:ours,{d}", "--out", str(tmp_path / "o.json")])
 
 
 def test_report_from_refuses_a_side_the_file_lacks(tmp_path):

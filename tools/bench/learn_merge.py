@@ -41,22 +41,19 @@ SIDE_KEYS = {"ours": ("ours_engine", "ours_vllm_gpu_util", "ours_overrides"),  #
 
 
 def parse_sources(text: str, flag: str) -> list[tuple[str, str | None]]:
-    """``[(path, side or None)]`` of a comma list of ``PATH`` or ``PATH:SIDE`` (SIDE one of trl, ours).
+    """``[(path, side or None)]`` of a comma list of ``PATH`` or ``PATH:SIDE`` (SIDE one of trl, ours; a ``:``
+    suffix that names no side is part of the path, e.g. ``learn_2026-12-06T16:55.json``).
 
-    Raises: SystemExit with one line naming ``flag`` when the list is empty or a ``:`` suffix names no side."""
+    Raises: SystemExit with one line naming ``flag`` when the list holds no path."""
     out = []
     for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        path, sep, side = item.rpartition(":")
-        if not sep or "/" in side:  # no suffix (a ':' inside a folder name is part of the path)
-            out.append((item, None))
-        elif side in SIDES and path:
+        path, _, side = item.rpartition(":")
+        if path and side in SIDES:
             out.append((path, side))
-        else:
-            raise SystemExit(f"error: {flag} {item!r}: expected PATH or PATH:SIDE with SIDE one of {', '.join(SIDES)}")
+        elif item:
+            out.append((item, None))
     if not out:
-        raise SystemExit(f"error: {flag} {text!r}: expected a comma list of JSON files")
+        raise SystemExit(f"error: {flag} {text!r}: expected a comma list of JSON files (PATH or PATH:SIDE)")
     return out
 
 
@@ -104,13 +101,15 @@ def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") 
     docs = [_taken(load_doc(p, flag), p, side, flag) for p, side in sources]
     held = [{r["side"] for r in d.get("runs", [])} for d in docs]
     for i in range(1, len(docs)):
-        bad = job_differences(docs[0]["job"], docs[i]["job"], by_basename=evaluated, skip_sides=tuple(SIDE_KEYS))
-        for side, keys in SIDE_KEYS.items():
+        bad = {0: job_differences(docs[0]["job"], docs[i]["job"], by_basename=evaluated, skip_sides=tuple(SIDE_KEYS))}
+        for side, keys in SIDE_KEYS.items():  # a side's settings against the first file that ran that side
             first = next(j for j in range(i + 1) if side in held[j] or j == i)
             if side in held[i] and first < i:
-                bad += [k for k in job_differences(docs[first]["job"], docs[i]["job"]) if k in keys]
-        if bad:
-            raise SystemExit(f"error: {flag} {paths[i]}: its job differs from {paths[0]}'s in {', '.join(sorted(bad))}")
+                bad.setdefault(first, []).extend(k for k in job_differences(docs[first]["job"], docs[i]["job"])
+                                                 if k in keys)
+        parts = [f"from {paths[j]}'s in {', '.join(sorted(keys))}" for j, keys in sorted(bad.items()) if keys]
+        if parts:
+            raise SystemExit(f"error: {flag} {paths[i]}: its job differs {'; '.join(parts)}")
     seen = {}
     for p, d in zip(paths, docs):
         for r in d.get("runs", []):

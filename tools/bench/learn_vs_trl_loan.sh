@@ -16,7 +16,7 @@
 # and the evaluator, wait for it).
 # Files in $OUT: ours.json, trl.json, learn.json/.md/.png, logs.tgz (the consoles, the evaluation, TRL's result and
 # ours' metrics.jsonl of every step), console.log, and ALLDONE at the end, holding
-# "ok" or the steps that failed (the script then exits 1).
+# "ok" or the steps that failed (the script then exits 1), or the line refusing a setting (exit 2).
 set -u
 OUT=${OUT:-/tmp/qout}
 SMOL=${SMOL:-/tmp/smol_hf}
@@ -29,10 +29,11 @@ read -r -a extra <<< "${LEARN_ARGS:-}"
 VLLM_READY=${VLLM_READY:-/tmp/vsite.ok}
 VLLM_WAIT_S=${VLLM_WAIT_S:-900}
 LEARN_SIDES=${LEARN_SIDES:-ours,trl}
-case ",$LEARN_SIDES," in *,ours,*|*,trl,*) ;; *) echo "LEARN_SIDES=$LEARN_SIDES: expected ours, trl or ours,trl"; exit 2;; esac
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TORCH_CUDA_ARCH_LIST=9.0
 mkdir -p "$OUT" /tmp/learn
 rm -f "$OUT/ALLDONE" "$OUT/ours.json" "$OUT/trl.json"
+case "$LEARN_SIDES" in ours|trl|ours,trl|trl,ours) ;;
+  *) echo "LEARN_SIDES='$LEARN_SIDES': expected ours, trl or ours,trl" | tee "$OUT/ALLDONE"; exit 2;; esac
 failed=()
 exec > >(tee -a "$OUT/console.log") 2>&1
 date

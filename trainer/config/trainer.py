@@ -97,9 +97,8 @@ class TrainerConfig(Section):
         """A known device, at least one worker, and the counts' lower bounds (see the attributes)."""
         if self.device not in DEVICES:
             raise ConfigError(f"{key}.device={self.device!r}; expected auto, cpu or cuda")
-        world = self.nnodes * self.n_gpus_per_node
-        if world < 1:
-            raise ConfigError(f"{key}.nnodes*{key}.n_gpus_per_node={world}; expected >= 1")
+        for name in ("nnodes", "n_gpus_per_node"):  # each >= 1: at least one worker (two negatives make no world)
+            at_least(f"{key}.{name}", getattr(self, name), 1)
         if self.max_consecutive_skipped_steps < 1:
             raise ConfigError(f"{key}.max_consecutive_skipped_steps={self.max_consecutive_skipped_steps}; "
                               "expected >= 1")

@@ -98,6 +98,9 @@ def test_log_probs_equal_hf(workers):
 
     mg, out = workers["mg"], workers["out"]
     assert workers["info"]["pad_token_id"] == 0 and workers["info"]["num_params"] > 0
+    parts = workers["info"]["startup_s"]  # the start-up line's split, in order (trainer.placement.startup_split)
+    assert list(parts) == ["imports", "distributed", "weights read", "actor", "reference", "rollout engine"]
+    assert all(v >= 0 for v in parts.values())
     hf = AutoModelForCausalLM.from_pretrained(os.path.join(out, "init_model"), dtype=torch.float32).eval()
     hf.load_state_dict(mg.hf_state_dict(), strict=False)  # the actor's current weights (tied head: no lm_head)
     d = _batch(0)

@@ -89,3 +89,14 @@ def test_init_models_times_every_role_in_turn(monkeypatch):
                                           ("critic", Client({}))], t0=9.0)
     assert parts == {"processes": 1.0, "distributed": 0.2, "actor": 0.3, "critic": 3.0}
     assert infos == {"actor": [{"startup_s": {"distributed": 0.2, "actor": 0.3}}], "critic": [{}]}
+
+
+def test_startup_clock_times_each_part_from_the_previous_mark(monkeypatch):
+    from trainer.workers import base
+
+    ticks = iter([10.0, 10.5, 13.0, 13.25])
+    monkeypatch.setattr(base.time, "perf_counter", lambda: next(ticks))
+    clock = base.StartupClock()
+    for name in ("imports", "actor", "rollout engine"):
+        clock.mark(name)
+    assert clock.parts == {"imports": 0.5, "actor": 2.5, "rollout engine": 0.25}

@@ -15,7 +15,7 @@ import torch
 
 from rollout.compile_stats import compile_counts, count_delta
 from trainer.protocol import DataProto
-from trainer.workers.base import DistributedWorker, reset_peak_memory, stage_peak_memory
+from trainer.workers.base import DistributedWorker, StartupClock, reset_peak_memory, stage_peak_memory
 from trainer.workers.generation import call_sampling, generation_rows, prompt_lists, sampling_config
 from trainer.workers.lora import lora_enabled
 from trainer.workers.model_utils import ModelRole, forward_batch_log_probs
@@ -34,31 +34,30 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
     def init_model(self) -> dict:
         """Build the actor (DeepSpeed engine), the reference and the rollout engine; returns the checkpoint info,
         ``pad_token_id``, ``stop_token_ids`` and ``startup_s`` (seconds of each part, for the start-up log)."""
-        t0 = time.perf_counter()
+        clock = StartupClock()
         import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
 
-        marks = [("imports", time.perf_counter())]
+        clock.mark("imports")
         self.init_distributed()
         cfg = self.config
         self.actor_cfg, self.rollout_cfg = cfg.actor, cfg.rollout
         self.need_ref = cfg.need_ref
         self.lora = lora_enabled(cfg.model)  # LoRA: the reference is the actor with its adapters disabled
         a = cfg.actor
-        marks.append(("distributed", time.perf_counter()))
+        clock.mark("distributed")
         self.actor = ModelRole.build(self, cfg.model, sp=a.ulysses_sequence_parallel_size, train=True,
                                      optim_cfg=a.optim, grad_clip=a.grad_clip, total_steps=cfg.total_steps)
-        marks.append(("actor", time.perf_counter()))
+        clock.mark("actor")
         self.tokenizer = self.actor.tokenizer
         self.ref = None
         if self.need_ref and not self.lora:
             self.ref = ModelRole.build(self, cfg.model, sp=cfg.ref.ulysses_sequence_parallel_size, train=False)
-            marks.append(("reference", time.perf_counter()))
+            clock.mark("reference")
         self._build_rollout()
         if self.engine is not None:  # colocated; a separate rollout role builds its own
-            marks.append(("rollout engine", time.perf_counter()))
-        startup = {name: t - (marks[i - 1][1] if i else t0) for i, (name, t) in enumerate(marks)}
+            clock.mark("rollout engine")
         return {**self.attach_checkpointing(self.actor), "pad_token_id": self.pad_token_id,
-                "stop_token_ids": list(self.stop_token_ids), "startup_s": startup}
+                "stop_token_ids": list(self.stop_token_ids), "startup_s": clock.parts}
 
     # ---- rollout -------------------------------------------------------------------------------------------
     def _build_rollout(self) -> None:

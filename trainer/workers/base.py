@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import torch
@@ -73,6 +74,21 @@ def stage_peak_memory(device: torch.device, stage: str) -> dict[str, float]:
            f"perf/max_memory_reserved_gb/{stage}": torch.cuda.max_memory_reserved(device) / 2**30}
     reset_peak_memory(device)
     return out
+
+
+class StartupClock:
+    """Seconds of each part of a worker's start-up, in order (``parts``: ``{name: seconds}``), for the driver's
+    start-up line (:func:`trainer.placement.startup_split`); a part runs from the previous mark (or the clock's
+    creation) to its own :meth:`mark`."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        """End the part ``name`` now."""
+        now = time.perf_counter()
+        self.parts[name], self._last = now - self._last, now
 
 
 def _decorate_on_first_call(fn, decorator_factory):

@@ -40,6 +40,7 @@ import os
 import torch
 
 from trainer.workers.actor import ActorRolloutRefWorker
+from trainer.workers.base import StartupClock
 from trainer.workers.model_utils import ModelRole
 
 logger = logging.getLogger(__name__)
@@ -79,15 +80,18 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
     def init_model(self) -> dict:
         """Build the process groups, the actor (+ optimizer), the reference model and the rollout engine.
 
-        Returns: ``{"num_params": <HF parameter count>, "pad_token_id": int, "stop_token_ids": list[int]}`` (as the
-        DeepSpeed worker).
+        Returns: ``{"num_params": <HF parameter count>, "pad_token_id": int, "stop_token_ids": list[int],
+        "startup_s": {part: seconds}}`` (as the DeepSpeed worker; parts: imports, distributed, weights read, actor,
+        reference, rollout engine).
         Raises:
             ValueError: sizes that do not divide the model or the world (a pipeline or context parallel size > 1
                 is refused when the worker's section is built: :class:`trainer.config.actor.MegatronConfig`).
         """
+        clock = StartupClock()
         from transformers import AutoConfig, AutoTokenizer
 
         from trainer.megatron.model import init_megatron_parallel
+        clock.mark("imports")
 
         cfg = self.config
         self.actor_cfg, self.rollout_cfg = cfg.actor, cfg.rollout
@@ -99,6 +103,7 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
             from trainer.megatron.engine import install_cpu_tp_compat
 
             install_cpu_tp_compat()
+        clock.mark("distributed")
         mc = cfg.model
         path = mc.path
         trust = mc.trust_remote_code
@@ -107,15 +112,22 @@ class MegatronActorRefWorker(ActorRolloutRefWorker):
         if mc.enable_gradient_checkpointing:
             logger.warning("model.enable_gradient_checkpointing is ignored on the Megatron path")
         hf_state = load_hf_state(path)
+        clock.mark("weights read")
         self.need_ref = cfg.need_ref
         self.actor = self._build_role(hf_config, hf_state, path, train=True)
+        clock.mark("actor")
         self.ref = self._build_role(hf_config, hf_state, path, train=False) if self.need_ref else None
+        if self.ref is not None:
+            clock.mark("reference")
         n_params = sum(t.numel() for n, t in hf_state.items()
                        if not (n == "lm_head.weight" and self.shape.tie_word_embeddings))
         del hf_state
         self._build_rollout()
+        if self.engine is not None:
+            clock.mark("rollout engine")
         self.attach_checkpointing(self.actor)
-        return {"num_params": n_params, "pad_token_id": self.pad_token_id, "stop_token_ids": list(self.stop_token_ids)}
+        return {"num_params": n_params, "pad_token_id": self.pad_token_id, "stop_token_ids": list(self.stop_token_ids),
+                "startup_s": clock.parts}
 
     def _build_role(self, hf_config, hf_state: dict, path: str, train: bool) -> ModelRole:
         from megatron.core import parallel_state as ps

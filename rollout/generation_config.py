@@ -7,12 +7,12 @@ __all__ = ["generation_config"]
 
 
 def generation_config(model_config, sampling: SamplingConfig, stop_ids: list[int], cache_len: int, pad_id: int,
-                      compile_mode: str | None):
+                      static_cache: bool, compile_mode: str | None):
     """The ``GenerationConfig`` for ``sampling``: stop at ``stop_ids`` (masked out until ``max_new_tokens`` with
     ``ignore_eos``), pad with ``pad_id``, greedy or sampled with temperature / top-p / top-k (top-p 1 and top-k 0:
     off), no repetition penalty; a vision-language model's image and video placeholder ids suppressed (their count
-    must match the images). ``compile_mode`` (None: the dynamic cache, nothing compiled): transformers' static
-    KV cache of ``cache_len`` tokens and its compiled decoding step in that ``torch.compile`` mode."""
+    must match the images). ``static_cache``: transformers' static KV cache of ``cache_len`` tokens and its
+    compiled decoding step in the ``torch.compile`` mode ``compile_mode``; else the dynamic cache."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import CompileConfig
 
@@ -30,7 +30,7 @@ def generation_config(model_config, sampling: SamplingConfig, stop_ids: list[int
         kw.update(do_sample=True, temperature=float(sampling.temperature),
                   top_p=float(sampling.top_p) if sampling.top_p < 1.0 else None,
                   top_k=int(sampling.top_k) if sampling.top_k > 0 else 0)
-    if compile_mode is not None:
+    if static_cache:
         kw.update(cache_implementation="static", max_cache_len=cache_len,
                   compile_config=CompileConfig(fullgraph=False, dynamic=False, mode=compile_mode))
     return GenerationConfig(**kw)

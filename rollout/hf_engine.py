@@ -242,7 +242,8 @@ class HFRolloutEngine(RolloutEngine):
 
     def sleep(self, level: int = 1) -> None:
         """Level 1 moves the inference copy to CPU (kept); level 2 discards it (no copy either way: the weights must
-        be loaded again after the next wake-up, as every sync does, and :meth:`generate` refuses to run before). An
+        be loaded again after the next wake-up, as every sync does, and :meth:`generate` refuses to run before; a sleep
+        of either level before they all are discards them again). An
         engine on shared weights (:meth:`share_weights`) has none of its own and moves nothing. The graph decode
         loop's kept KV caches and buffers are dropped (allocated again by the next call).
 
@@ -253,8 +254,9 @@ class HFRolloutEngine(RolloutEngine):
         """
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
-        if not self._shared and level == 2 and (self._discarded is None or self._awake):
-            self._discarded = memory.DiscardedWeights(self.model)
+        gone = self._discarded
+        if not self._shared and (level == 2 or gone is not None) and (gone is None or self._awake):
+            self._discarded = memory.DiscardedWeights(self.model)  # what a partial load wrote is not kept either
         elif not self._shared and self._discarded is None and self.device.type != "cpu":
             self.model.to("cpu")
         if self._graph is not None:
@@ -314,9 +316,8 @@ class HFRolloutEngine(RolloutEngine):
         if self.use_static_cache:
             width = -(-width // self.prompt_len_multiple) * self.prompt_len_multiple
         cache_len = -(-(width + sampling.max_new_tokens) // self.cache_len_multiple) * self.cache_len_multiple
-        gen_cfg = generation_config(self.model.config, sampling, stop_ids, cache_len, self.pad_id,
-                                    self.compile_mode if self.use_static_cache else None) \
-            if self.decode_loop == "generate" else None
+        gen_cfg = None if self.decode_loop != "generate" else generation_config(
+            self.model.config, sampling, stop_ids, cache_len, self.pad_id, self.use_static_cache, self.compile_mode)
         chunk = self._rows_per_call()
 
         devices = [self.device] if self.device.type == "cuda" else []

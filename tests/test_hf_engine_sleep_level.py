@@ -98,3 +98,21 @@ def test_level_one_then_level_two_wakes_on_the_engine_device(monkeypatch):
     eng.sleep(level=2)
     eng.wake_up(["weights"])
     assert calls == [("to", ("cpu",)), ("alloc", eng.device), ("to", (eng.device,))]
+
+
+def test_a_sleep_between_two_buckets_after_level_two_discards_the_first_bucket_again():
+    actor = _actor()
+    pairs = list(actor.state_dict().items())
+    eng = _engine(actor)
+    eng.sleep(level=2)
+    eng.wake_up(["weights"])
+    eng.load_weights(pairs[:len(pairs) // 2])
+    eng.sleep(level=1)
+    eng.wake_up(["weights"])
+    eng.load_weights(pairs[len(pairs) // 2:])
+    with pytest.raises(RuntimeError, match="parameters not loaded since a level-2 sleep"):
+        eng.generate(PROMPTS, SamplingConfig(max_new_tokens=2))
+    eng.load_weights(pairs)
+    fresh = _engine(actor)
+    sampling = SamplingConfig(n=1, do_sample=False, max_new_tokens=4)
+    assert torch.equal(eng.generate(PROMPTS, sampling).responses, fresh.generate(PROMPTS, sampling).responses)

@@ -31,9 +31,9 @@ VLLM_WAIT_S=${VLLM_WAIT_S:-900}
 LEARN_SIDES=${LEARN_SIDES:-ours,trl}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TORCH_CUDA_ARCH_LIST=9.0
 mkdir -p "$OUT" /tmp/learn
-rm -f "$OUT/ALLDONE" "$OUT/ours.json" "$OUT/trl.json"
-case "$LEARN_SIDES" in ours|trl|ours,trl|trl,ours) ;;
+case "$LEARN_SIDES" in ours|trl|ours,trl|trl,ours) ;;  # refused: earlier results kept, ALLDONE says why
   *) echo "LEARN_SIDES='$LEARN_SIDES': expected ours, trl or ours,trl" | tee "$OUT/ALLDONE"; exit 2;; esac
+rm -f "$OUT/ALLDONE" "$OUT/ours.json" "$OUT/trl.json"
 failed=()
 exec > >(tee -a "$OUT/console.log") 2>&1
 date

@@ -3,6 +3,7 @@ that read it (a group estimator's n >= 2, a divisibility)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -92,7 +93,8 @@ def test_the_entry_point_shows_both_lines_of_megatron_with_lora_and_a_critic():
 
 @pytest.mark.parametrize("message,key", [
     (f"{N}=0; expected >= 1", N), ("data.max_rows=None; expected an integer", "data.max_rows"),
-    ("rollout=vllm but vLLM is not installed", None), ("trainer.nnodes*trainer.n_gpus_per_node=0; expected >= 1", None)])
+    ("rollout=vllm but vLLM is not installed", None),
+    ("trainer.nnodes*trainer.n_gpus_per_node=0; expected >= 1", None)])
 def test_named_key_is_the_dotted_key_a_line_starts_with(message, key):
     assert named_key(message) == key
 
@@ -100,7 +102,8 @@ def test_named_key_is_the_dotted_key_a_line_starts_with(message, key):
 @pytest.mark.parametrize("overrides, line, copies", [
     (("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=0"),
      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=0; expected an integer >= 1",
-     ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")),
+     ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")),
     (("algorithm=gae", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"),
      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0; expected >= 1",
      ("critic.forward_micro_batch_size_per_gpu",))])
@@ -130,3 +133,46 @@ def test_copied_keys_resolve_relative_paths_and_a_key_set_apart_is_kept():
     lines = ["a.b=0; expected >= 1", "c.d=0; expected >= 1", "e.f=0; expected >= 1"]
     assert without_copies(lines, {"c.d": "x.y", "x.y": "a.b", "e.f": "e.f"}) == [lines[0], lines[2]]
     assert copied_keys({"a": "${b}"}) == {}  # a plain mapping has no interpolations left
+
+
+def test_a_copy_refused_for_another_reason_keeps_its_line():
+    """The reference's token budget copies the actor's, but is checked with the reference's own sequence-parallel
+    size: following the actor's line alone would fail again on the reference's."""
+    from trainer.config_types import without_copies
+
+    copies = {"r.budget": "a.budget", "r.micro": "a.micro"}
+    lines = ["a.budget=8 x a.sp=2 = 16 tokens is less than the longest sequence, 18",
+             "r.budget=8 tokens is less than the longest sequence, 18",
+             "a.micro=0; expected >= 1", "r.micro=0 rows x r.sp=1: too few; expected >= 2"]
+    assert without_copies(lines, copies) == lines
+    assert without_copies(["a.micro=0; expected >= 1", "r.micro=0; expected an integer >= 1"], copies) == \
+        ["a.micro=0; expected >= 1"]  # the same value refused by the same kind of check: once
+
+
+@pytest.mark.parametrize("override, line", [
+    ("actor_rollout_ref.actor.clip_ratio_low=${nope.x}",
+     "actor_rollout_ref.actor.clip_ratio_low=${nope.x}: does not resolve (Interpolation key 'nope.x' not found)"),
+    ("data.train_batch_size=???", "data.train_batch_size=???: does not resolve (Missing mandatory value: "
+                                  "data.train_batch_size)")])
+def test_a_value_that_does_not_resolve_is_one_line_and_its_copies_none(override, line):
+    """``data.gen_batch_size`` copies ``data.train_batch_size``: one line, where the value is written."""
+    from trainer.config_types import check_run_config
+
+    with pytest.raises(ConfigError) as info:
+        check_run_config(_compose(override))
+    assert str(info.value) == line and info.value.alone
+
+
+def test_the_entry_point_reports_an_unresolved_value_as_an_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.e2e_utils import ROOT
+
+    cmd = [sys.executable, os.path.join(ROOT, "trainer", "main.py"), "data.train_batch_size=${oc.env:DSRL_NOPE}",
+           f"trainer.output_dir={tmp_path}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "DSRL_NOPE"})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "error: data.train_batch_size=${oc.env:DSRL_NOPE}: does not resolve (")

@@ -83,6 +83,8 @@ def test_a_frozen_section_refuses_writes():
      "deepspeed.optimizer='sgd'; expected torch_adamw or deepspeed_adamw"),
     (CriticConfig, "critic", "forward_micro_batch_size_per_gpu", 0,
      "critic.forward_micro_batch_size_per_gpu=0; expected an integer >= 1"),
+    (CriticConfig, "critic", "ppo_micro_batch_size_per_gpu", 0,
+     "critic.ppo_micro_batch_size_per_gpu=0; expected an integer >= 1"),
     (TrainerConfig, "trainer", "device", "tpu", "trainer.device='tpu'; expected auto, cpu or cuda"),
     (TrainerConfig, "trainer", "n_gpus_per_node", 0, "trainer.n_gpus_per_node=0; expected an integer >= 1"),
     (TrainerConfig, "trainer", "nnodes", -1, "trainer.nnodes=-1; expected an integer >= 1"),

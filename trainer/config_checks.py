@@ -13,9 +13,9 @@ import reprlib
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
-__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "named_key", "as_int", "run_checks", "check_model_files",
-           "check_rollout_correction", "reward_options", "reward_option_keys", "check_reward_scorers",
-           "check_ground_truths"]
+__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "named_key", "refused_value", "as_int", "run_checks",
+           "check_model_files", "check_rollout_correction", "reward_options", "reward_option_keys",
+           "check_reward_scorers", "check_ground_truths"]
 
 
 class ConfigError(ValueError):

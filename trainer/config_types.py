@@ -177,25 +177,29 @@ def copied_keys(cfg) -> dict[str, str]:
     return out
 
 
+def copy_sources(key: str, copies: dict[str, str]) -> Iterator[str]:
+    """The keys that ``key`` copies through ``copies`` (:func:`copied_keys`), nearest first; a loop ends it."""
+    seen = {key}
+    while key in copies and copies[key] not in seen:
+        key = copies[key]
+        seen.add(key)
+        yield key
+
+
 def without_copies(lines: list[str], copies: dict[str, str]) -> list[str]:
-    """``lines`` less those about a key that copies (through :func:`copied_keys`, at any depth) a key that has a
-    line of its own: the value is refused once, where it was written."""
-    from trainer.config_checks import named_key
+    """``lines`` less those that refuse the value of a key that copies (through :func:`copied_keys`, at any depth) a
+    key whose own line refuses the same value by itself (``<key>=<value>; expected ...``): the value is refused
+    once, where it was written. A copy refused for another reason (its own sizes beside it, say) keeps its line."""
+    from trainer.config_checks import named_key, refused_value
 
-    own = {k for k in map(named_key, lines) if k}
+    refused = {v.partition("=")[0]: v.partition("=")[2] for v in map(refused_value, lines) if v}
 
-    def source_refused(key: str | None) -> bool:
-        seen = {key}
-        while key in copies:
-            key = copies[key]
-            if key in seen:  # a loop (OmegaConf refuses one; a hand-made map may hold it)
-                return False
-            if key in own:
-                return True
-            seen.add(key)
-        return False
+    def source_refused(message: str) -> bool:
+        mine = refused_value(message)
+        key, _, value = (mine or "").partition("=")
+        return mine is not None and any(refused.get(k) == value for k in copy_sources(key, copies))
 
-    return [m for m in lines if not source_refused(named_key(m))]
+    return [m for m in lines if not (named_key(m) and source_refused(m))]
 
 
 def check_types(cfg: dict, defaults: dict) -> None:
@@ -220,20 +224,52 @@ def packaged_defaults() -> dict | None:
 
 
 def check_run_config(cfg) -> None:
-    """:func:`check_types` of a Hydra run config (a ``DictConfig``) against :func:`packaged_defaults`; a config
-    whose interpolations do not resolve is left to the launcher's own error (the entry point adds the errors of the
-    other values: :func:`all_errors`).
+    """Every value of a Hydra run config (a ``DictConfig``) resolves (:func:`unresolved_values`), then
+    :func:`check_types` against :func:`packaged_defaults` (the entry point adds the errors of the other values:
+    :func:`all_errors`).
 
     Raises:
-        ConfigErrors: one line per mistyped value.
+        ConfigErrors: one line per value that does not resolve (alone: nothing else can be checked then), else one
+            per mistyped value.
     """
     from omegaconf import OmegaConf
 
+    bad = unresolved_values(cfg)
+    if bad:
+        exc = ConfigErrors(bad)
+        exc.alone = True  # the other checks read resolved values
+        raise exc
     defaults = packaged_defaults()
-    if defaults is None:
-        return
-    try:
-        values = OmegaConf.to_container(cfg, resolve=True)
-    except Exception:  # noqa: BLE001 - reported by trainer.launch with the key that does not resolve
-        return
-    check_types(values, defaults)
+    if defaults is not None:
+        check_types(OmegaConf.to_container(cfg, resolve=True), defaults)
+
+
+def unresolved_values(cfg) -> list[str]:
+    """``<key>=<value as written>: does not resolve (<OmegaConf's reason>)`` for every leaf of the OmegaConf
+    config ``cfg`` whose interpolation (``${a.b}``, ``${oc.env:X}``) or ``???`` cannot be resolved, but for keys
+    that copy one of them (:func:`copied_keys`); ``[]`` for a plain mapping."""
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    out: list[tuple[str, str]] = []
+
+    def walk(node, path: str) -> None:
+        keys = range(len(node)) if isinstance(node, ListConfig) else node.keys()
+        for key in keys:
+            child, name = node._get_node(key), f"{path}{key}" if isinstance(node, DictConfig) else f"{path}[{key}]"
+            if isinstance(child, (DictConfig, ListConfig)) and not child._is_interpolation():
+                walk(child, f"{name}." if isinstance(child, DictConfig) else name)
+                continue
+            try:
+                node[key]  # resolves an interpolation; raises for ??? and for what does not resolve
+            except OmegaConfBaseException as err:
+                reason = str(err).splitlines()[0]
+                out.append((name, f"{name}={child._value()}: does not resolve ({reason})"))
+
+    if not isinstance(cfg, (DictConfig, ListConfig)):
+        return []
+    walk(cfg, "")
+    bad, copies = {name for name, _ in out}, copied_keys(cfg)
+
+    # a copy of a value that does not resolve is reported where the value is written
+    return [line for name, line in out if not any(k in bad for k in copy_sources(name, copies))]

@@ -277,12 +277,13 @@ class CriticConfig(Section):
     optim: OptimConfig
 
     def check(self, key: str) -> None:
-        """grad_clip >= 0 (:func:`check_grad_clip`); value forwards of >= 1 row; with use_dynamic_bsz token
-        budgets >= 1; a known loss_agg_mode."""
+        """grad_clip >= 0 (:func:`check_grad_clip`); update and value micro-batches of >= 1 row; with use_dynamic_bsz
+        token budgets >= 1; a known loss_agg_mode."""
         check_grad_clip(f"{key}.grad_clip", self.grad_clip, self.given("grad_clip"))
         bounded(f"{key}.cliprange_value", self.cliprange_value, self.given("cliprange_value"), ge=0)
         _check_epochs(key, self.ppo_epochs)
-        as_int(self.forward_micro_batch_size_per_gpu, f"{key}.forward_micro_batch_size_per_gpu", minimum=1)
+        for name in ("ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
+            as_int(getattr(self, name), f"{key}.{name}", minimum=1)
         if self.use_dynamic_bsz:
             for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
                 as_int(getattr(self, name), f"{key}.{name}", minimum=1)

@@ -242,10 +242,10 @@ class HFRolloutEngine(RolloutEngine):
 
     def sleep(self, level: int = 1) -> None:
         """Level 1 moves the inference copy to CPU (kept); level 2 discards it (no copy either way: the weights must
-        be loaded again after the next wake-up, as every sync does, and :meth:`generate` refuses to run before; a sleep
-        of either level before they all are discards them again). An
-        engine on shared weights (:meth:`share_weights`) has none of its own and moves nothing. The graph decode
-        loop's kept KV caches and buffers are dropped (allocated again by the next call).
+        be loaded again after the next wake-up, as every sync does, and :meth:`generate` refuses to run before; a
+        sleep of either level before they all are discards them again). An engine on shared weights
+        (:meth:`share_weights`) has none of its own and moves nothing. The graph decode loop's kept KV caches and
+        buffers are dropped (allocated again by the next call).
 
         No ``empty_cache`` here: :func:`rollout.context.rollout_mode` decides about the cache.
 

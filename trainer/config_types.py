@@ -233,15 +233,17 @@ def check_run_config(cfg) -> None:
             per mistyped value.
     """
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
-    bad = unresolved_values(cfg)
-    if bad:
-        exc = ConfigErrors(bad)
+    try:
+        values = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException:  # find every value that does not resolve (only then: a walk of the whole config)
+        exc = ConfigErrors(unresolved_values(cfg))
         exc.alone = True  # the other checks read resolved values
-        raise exc
+        raise exc from None
     defaults = packaged_defaults()
     if defaults is not None:
-        check_types(OmegaConf.to_container(cfg, resolve=True), defaults)
+        check_types(values, defaults)
 
 
 def unresolved_values(cfg) -> list[str]:

@@ -100,13 +100,13 @@ def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") 
     paths = [p for p, _ in sources]
     docs = [_taken(load_doc(p, flag), p, side, flag) for p, side in sources]
     held = [{r["side"] for r in d.get("runs", [])} for d in docs]
+    first = {s: next(j for j, h in enumerate(held) if s in h) for s in SIDE_KEYS if any(s in h for h in held)}
     for i in range(1, len(docs)):
         bad = {0: job_differences(docs[0]["job"], docs[i]["job"], by_basename=evaluated, skip_sides=tuple(SIDE_KEYS))}
         for side, keys in SIDE_KEYS.items():  # a side's settings against the first file that ran that side
-            first = next(j for j in range(i + 1) if side in held[j] or j == i)
-            if side in held[i] and first < i:
-                bad.setdefault(first, []).extend(k for k in job_differences(docs[first]["job"], docs[i]["job"])
-                                                 if k in keys)
+            j = first.get(side, i)
+            if side in held[i] and j < i:
+                bad.setdefault(j, []).extend(k for k in job_differences(docs[j]["job"], docs[i]["job"]) if k in keys)
         parts = [f"from {paths[j]}'s in {', '.join(sorted(keys))}" for j, keys in sorted(bad.items()) if keys]
         if parts:
             raise SystemExit(f"error: {flag} {paths[i]}: its job differs {'; '.join(parts)}")
@@ -123,10 +123,8 @@ def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") 
     doc.pop("eval", None)
     doc["job"] = dict(doc["job"], seeds=sorted({r["seed"] for r in runs}),
                       sides=[s for s in SIDES if any(r["side"] == s for r in runs)])
-    for side, keys in SIDE_KEYS.items():  # a side's own settings from the first file that ran it
-        src = next((d for d, h in zip(docs, held) if side in h), None)
-        if src is not None:
-            doc["job"].update({k: src["job"][k] for k in keys if k in src["job"]})
+    for side, j in first.items():  # a side's own settings from the first file that ran it
+        doc["job"].update({k: docs[j]["job"][k] for k in SIDE_KEYS[side] if k in docs[j]["job"]})
     if evaluated:
         doc["eval"] = _merged_eval(paths, docs, flag)
         doc["meta_by_file"] = {p: d.get("meta") for p, d in zip(paths, docs)}

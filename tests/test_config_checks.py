@@ -149,6 +149,29 @@ def test_a_copy_refused_for_another_reason_keeps_its_line():
         ["a.micro=0; expected >= 1"]  # the same value refused by the same kind of check: once
 
 
+def test_a_copy_refused_with_its_sources_value_and_expectation_adds_no_line():
+    """A token budget too small for the longest sequence: the rollout's copy of the actor's budget, checked with the
+    same sizes, is mended with the actor's (one line); a copy checked with its own sequence-parallel size is not."""
+    from trainer.config_types import all_errors, without_copies
+    from trainer.launch import prestart
+
+    copies = {"r.budget": "a.budget", "q.budget": "a.budget"}
+    lines = ["a.budget=8 tokens with a.dyn=true is less than 18; expected >= 18",
+             "r.budget=8 tokens with r.dyn=true is less than 18; expected >= 18",
+             "q.budget=8 x q.sp=1 tokens is less than 18; expected >= 9"]
+    assert without_copies(lines, copies) == [lines[0], lines[2]]
+    assert without_copies(lines[1:2], copies) == lines[1:2]  # the source's line absent: the copy's is kept
+    cfg = _compose("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8")
+    logging.disable(logging.WARNING)
+    try:
+        first = ConfigError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8")
+        out = str(all_errors(cfg, first, prestart)).splitlines()
+    finally:
+        logging.disable(logging.NOTSET)
+    assert [m.partition("=")[0] for m in out if "max_token_len" in m] == \
+        ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"], out
+
+
 @pytest.mark.parametrize("override, line", [
     ("actor_rollout_ref.actor.clip_ratio_low=${nope.x}",
      "actor_rollout_ref.actor.clip_ratio_low=${nope.x}: does not resolve (Interpolation key 'nope.x' not found)"),

@@ -189,17 +189,34 @@ def copy_sources(key: str, copies: dict[str, str]) -> Iterator[str]:
 def without_copies(lines: list[str], copies: dict[str, str]) -> list[str]:
     """``lines`` less those that refuse the value of a key that copies (through :func:`copied_keys`, at any depth) a
     key whose own line refuses the same value by itself (``<key>=<value>; expected ...``): the value is refused
-    once, where it was written. A copy refused for another reason (its own sizes beside it, say) keeps its line."""
+    once, where it was written. So is a copy's line that refuses the same value with the same expectation (its
+    ``; expected ...`` tail) as a line of its source, e.g. a token budget the same sizes refuse: mending the source
+    mends the copy. A copy refused for another reason (its own sizes beside it, say) keeps its line."""
     from trainer.config_checks import named_key, refused_value
 
     refused = {v.partition("=")[0]: v.partition("=")[2] for v in map(refused_value, lines) if v}
+    written = {_value_and_expectation(m) for m in lines if named_key(m)}
 
     def source_refused(message: str) -> bool:
+        key = named_key(message)
+        value, expected = _value_and_expectation(message)[1:]
         mine = refused_value(message)
-        key, _, value = (mine or "").partition("=")
-        return mine is not None and any(refused.get(k) == value for k in copy_sources(key, copies))
+        same = mine is not None and mine.partition("=")[2]
+        return any(refused.get(k) == same or (expected is not None and (k, value, expected) in written)
+                   for k in copy_sources(key, copies))
 
     return [m for m in lines if not (named_key(m) and source_refused(m))]
+
+
+def _value_and_expectation(message: str) -> tuple[str | None, str, str | None]:
+    """``(key, value, expectation)`` of a ``<key>=<value>...; expected <expectation>`` line: the value up to the first
+    space or ``;``, the text after its last ``; expected `` (None without one)."""
+    from trainer.config_checks import named_key
+
+    key = named_key(message)
+    rest = message[len(key) + 1:] if key else message
+    expected = message.rpartition("; expected ")
+    return key, re.split(r"[\s;]", rest, maxsplit=1)[0], expected[2] if expected[1] else None
 
 
 def check_types(cfg: dict, defaults: dict) -> None:

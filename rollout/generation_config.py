@@ -3,7 +3,13 @@ from __future__ import annotations
 
 from rollout.base import SamplingConfig
 
-__all__ = ["generation_config"]
+__all__ = ["generation_config", "static_cache_on"]
+
+
+def static_cache_on(setting, on_cuda: bool) -> bool:
+    """Whether the engine decodes with the static KV cache: ``setting`` (``rollout.static_cache``) None or
+    ``"auto"`` means on with CUDA (``on_cuda``) and off elsewhere; anything else is read as a bool."""
+    return on_cuda if setting is None or setting == "auto" else bool(setting)
 
 
 def generation_config(model_config, sampling: SamplingConfig, stop_ids: list[int], cache_len: int, pad_id: int,

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from rollout import memory
 from rollout.base import (RolloutEngine, RolloutOutput, SamplingConfig, check_prompts, check_tags,  # noqa: F401
                           concat_image_inputs, finalize_responses)  # concat_image_inputs re-exported
-from rollout.generation_config import generation_config
+from rollout.generation_config import generation_config, static_cache_on
 from rollout.graph_decode import GraphDecoder, graph_decode_unsupported, resolve_decode_loop
 from rollout.log_prob_recorder import SampledTokenLogProbs  # noqa: F401 (re-exported)
 from rollout.stop_check import deferred_stop_check
@@ -110,7 +110,7 @@ class HFRolloutEngine(RolloutEngine):
             "cuda" if torch.cuda.is_available() else "cpu")
         on_cuda = self.device.type == "cuda"
         self.dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
-        self.use_static_cache = on_cuda if use_static_cache is None else bool(use_static_cache)
+        self.use_static_cache = static_cache_on(use_static_cache, on_cuda)
         self.compile_mode, self.compile_regions = compile_mode, bool(compile_regions)
         self.can_share_weights = not self.compile_regions  # a region refuses parameters that are views of one buffer
         if max_batch_size < 1 or prompt_len_multiple < 1 or cache_len_multiple < 1:

@@ -90,10 +90,11 @@ def decode_regions_warnings(cfg: dict) -> list[str]:
     rc = _get(cfg, R) or {}
     if rc.get("name") != "hf" or rc.get("decode_compile_regions") is not True:
         return []
+    from rollout.generation_config import static_cache_on
     from rollout.graph_decode import resolve_decode_loop
 
     cuda = _get(cfg, "trainer.device") == "cuda"
-    static = cuda if rc.get("static_cache") in (None, "auto") else bool(rc.get("static_cache"))
+    static = static_cache_on(rc.get("static_cache"), cuda)
     loop = rc.get("decode_loop") or "auto"
     if resolve_decode_loop(loop, None, cuda, static) == "generate":
         why = (f"the run decodes with transformers' generate ({R}.decode_loop={loop}, "

@@ -233,9 +233,10 @@ def build_engine(config, hf_config, model_path: str, stop_token_ids: list[int], 
     :class:`trainer.config.workers.RolloutWorkerConfig` (the engine name is checked by its section)."""
     rc = config.rollout
     if rc.name == "hf":
+        from rollout.generation_config import static_cache_on
         from rollout.hf_engine import HFRolloutEngine
 
-        static = (device_type == "cuda") if rc.static_cache == "auto" else bool(rc.static_cache)
+        static = static_cache_on(rc.static_cache, device_type == "cuda")
         return HFRolloutEngine(hf_config, eos_token_id=stop_token_ids, pad_token_id=pad_token_id, device=device,
                                dtype=dtype, use_static_cache=static, max_batch_size=rc.max_batch_size,
                                prompt_len_multiple=rc.prompt_length_bucket,

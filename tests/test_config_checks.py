@@ -151,25 +151,41 @@ def test_a_copy_refused_for_another_reason_keeps_its_line():
 
 def test_a_copy_refused_with_its_sources_value_and_expectation_adds_no_line():
     """A token budget too small for the longest sequence: the rollout's copy of the actor's budget, checked with the
-    same sizes, is mended with the actor's (one line); a copy checked with its own sequence-parallel size is not."""
-    from trainer.config_types import all_errors, without_copies
-    from trainer.launch import prestart
+    same sizes and the copied switch, is mended with the actor's (one line); a copy checked with its own
+    sequence-parallel size, or whose switch is set apart, is not."""
+    from trainer.config_types import without_copies
 
-    copies = {"r.budget": "a.budget", "q.budget": "a.budget"}
+    copies = {"r.budget": "a.budget", "q.budget": "a.budget", "r.dyn": "a.dyn"}
     lines = ["a.budget=8 tokens with a.dyn=true is less than 18; expected >= 18",
              "r.budget=8 tokens with r.dyn=true is less than 18; expected >= 18",
              "q.budget=8 x q.sp=1 tokens is less than 18; expected >= 9"]
     assert without_copies(lines, copies) == [lines[0], lines[2]]
     assert without_copies(lines[1:2], copies) == lines[1:2]  # the source's line absent: the copy's is kept
-    cfg = _compose("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8")
+    set_apart = {"r.budget": "a.budget"}  # r.dyn=true written by the user: turning a.dyn off leaves r's line
+    assert without_copies(lines[:2], set_apart) == lines[:2]
+
+
+@pytest.mark.parametrize("more, keys", [
+    ((), ["actor"]),
+    (("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",), ["actor", "rollout"]),
+    (("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true"),
+     ["actor", "ref"])])
+def test_a_token_budget_refused_once_unless_a_copy_has_its_own_switch(more, keys):
+    """The rollout's and reference's budgets copy the actor's; their switches too, unless the user sets them: then
+    turning the actor's switch off would not mend theirs, so their lines stay."""
+    from trainer.config_types import all_errors
+    from trainer.launch import prestart
+
+    a = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    cfg = _compose("actor_rollout_ref.actor.use_dynamic_bsz=true", f"{a}=8", *more)
     logging.disable(logging.WARNING)
     try:
-        first = ConfigError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8")
-        out = str(all_errors(cfg, first, prestart)).splitlines()
+        with pytest.raises(ConfigError) as first:  # the launcher's first refusal, as trainer/main.py meets it
+            prestart(cfg)
+        out = str(all_errors(cfg, first.value, prestart)).splitlines()
     finally:
         logging.disable(logging.NOTSET)
-    assert [m.partition("=")[0] for m in out if "max_token_len" in m] == \
-        ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"], out
+    assert sorted({m.split(".")[1] for m in out if "max_token_len" in m}) == sorted(keys), out
 
 
 @pytest.mark.parametrize("override, line", [
@@ -199,3 +215,16 @@ def test_the_entry_point_reports_an_unresolved_value_as_an_error_line(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(
         "error: data.train_batch_size=${oc.env:DSRL_NOPE}: does not resolve (")
+
+
+@pytest.mark.parametrize("algo, role", [("gae", "critic.ppo_micro_batch_size_per_gpu"),
+                                        ("prime", "reward_model.micro_batch_size_per_gpu")])
+def test_every_role_whose_micro_batch_does_not_divide_is_named_at_once(algo, role):
+    """The actor's refused micro-batch no longer hides the critic's or PRIME reward model's (it used to show only
+    after the actor's was mended)."""
+    from trainer.config_validate import validate
+
+    actor = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    with pytest.raises(ConfigError) as info:
+        validate(OmegaConf.to_container(_compose(f"algorithm={algo}", f"{actor}=3", f"{role}=3"), resolve=True))
+    assert [m.rpartition(" by ")[2] for m in str(info.value).splitlines()] == [f"{actor}=3", f"{role}=3"]

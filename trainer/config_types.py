@@ -189,34 +189,42 @@ def copy_sources(key: str, copies: dict[str, str]) -> Iterator[str]:
 def without_copies(lines: list[str], copies: dict[str, str]) -> list[str]:
     """``lines`` less those that refuse the value of a key that copies (through :func:`copied_keys`, at any depth) a
     key whose own line refuses the same value by itself (``<key>=<value>; expected ...``): the value is refused
-    once, where it was written. So is a copy's line that refuses the same value with the same expectation (its
-    ``; expected ...`` tail) as a line of its source, e.g. a token budget the same sizes refuse: mending the source
-    mends the copy. A copy refused for another reason (its own sizes beside it, say) keeps its line."""
+    once, where it was written. So is a copy's line that reads as a line of its source with each quoted
+    ``<key>=<value>`` the same value of the same key or of a key it copies, and the same expectation (the ``;
+    expected ...`` tail), e.g. a token budget refused with the same sizes and switch: mending the source mends the
+    copy. A copy refused for another reason (its own sizes or switch, set apart, beside it) keeps its line."""
     from trainer.config_checks import named_key, refused_value
 
     refused = {v.partition("=")[0]: v.partition("=")[2] for v in map(refused_value, lines) if v}
-    written = {_value_and_expectation(m) for m in lines if named_key(m)}
+    by_key: dict[str, list[tuple[list, str]]] = {}
+    for m in lines:
+        pairs, expected = _quoted(m)
+        if pairs and expected is not None:
+            by_key.setdefault(pairs[0][0], []).append((pairs, expected))
+
+    def follows(pairs: list, expected: str | None, source: tuple[list, str]) -> bool:
+        theirs, their_expected = source
+        return expected == their_expected and len(pairs) == len(theirs) and all(
+            v == w and (k == j or j in copy_sources(k, copies)) for (k, v), (j, w) in zip(pairs, theirs))
 
     def source_refused(message: str) -> bool:
-        key = named_key(message)
-        value, expected = _value_and_expectation(message)[1:]
-        mine = refused_value(message)
+        mine, (pairs, expected) = refused_value(message), _quoted(message)
         same = mine is not None and mine.partition("=")[2]
-        return any(refused.get(k) == same or (expected is not None and (k, value, expected) in written)
-                   for k in copy_sources(key, copies))
+        return any(refused.get(k) == same or any(follows(pairs, expected, src) for src in by_key.get(k, ()))
+                   for k in copy_sources(named_key(message), copies))
 
     return [m for m in lines if not (named_key(m) and source_refused(m))]
 
 
-def _value_and_expectation(message: str) -> tuple[str | None, str, str | None]:
-    """``(key, value, expectation)`` of a ``<key>=<value>...; expected <expectation>`` line: the value up to the first
-    space or ``;``, the text after its last ``; expected `` (None without one)."""
-    from trainer.config_checks import named_key
+_QUOTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)+)=([^\s;,:]*)")  # a <dotted.key>=<value> inside a line
 
-    key = named_key(message)
-    rest = message[len(key) + 1:] if key else message
+
+def _quoted(message: str) -> tuple[list[tuple[str, str]], str | None]:
+    """``([(key, value)] quoted in order, expectation)`` of a ``<key>=<value> ... ; expected <expectation>`` line:
+    each value up to a space, ``;``, ``,`` or ``:``; the expectation is the text after the last ``; expected ``
+    (None without one)."""
     expected = message.rpartition("; expected ")
-    return key, re.split(r"[\s;]", rest, maxsplit=1)[0], expected[2] if expected[1] else None
+    return _QUOTED.findall(message), expected[2] if expected[1] else None
 
 
 def check_types(cfg: dict, defaults: dict) -> None:

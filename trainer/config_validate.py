@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.config_checks import ConfigError, ConfigErrors, as_int, check_rollout_correction, run_checks
+from trainer.config_checks import ConfigError, ConfigErrors, ErrorCollector, as_int, check_rollout_correction, run_checks
 from trainer.megatron_checks import check_megatron
 from trainer.run_roles import critic_on, prime_enabled
 
@@ -97,7 +97,10 @@ def _check_rollout_engine(cfg: dict) -> None:
 
 def _check_batches(cfg: dict) -> None:
     """The batch arithmetic of each role that updates: the actor, the critic (with a critic) and PRIME's reward
-    model (:func:`_check_update_batches`)."""
+    model (:func:`_check_update_batches`).
+
+    Raises:
+        ConfigError: one line per role whose batches do not divide (all roles checked)."""
     d, arr = cfg["data"], cfg["actor_rollout_ref"]
     actor, world = arr["actor"], _world(cfg)
     bs = int(d["train_batch_size"])
@@ -108,18 +111,19 @@ def _check_batches(cfg: dict) -> None:
     check_ulysses_world(cfg, world)
     if bs % world:
         raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers")
-    A = "actor_rollout_ref.actor"
-    _check_update_batches(cfg, f"{A}.ppo_mini_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", actor,
-                          int(actor["ulysses_sequence_parallel_size"]))
+    A, errors = "actor_rollout_ref.actor", ErrorCollector()  # every role's line at once
+    errors.run(_check_update_batches, cfg, f"{A}.ppo_mini_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", actor,
+               int(actor["ulysses_sequence_parallel_size"]))
     if critic_on(cfg):
         c = cfg["critic"]
-        _check_update_batches(cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", c,
-                              int(c["ulysses_sequence_parallel_size"]))
+        errors.run(_check_update_batches, cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu",
+                   c, int(c["ulysses_sequence_parallel_size"]))
 
     rm = cfg.get("reward_model") or {}
     if prime_enabled(cfg) and "mini_batch_size" in rm:
-        _check_update_batches(cfg, "reward_model.mini_batch_size", "reward_model.micro_batch_size_per_gpu", rm,
-                              int(rm.get("ulysses_sequence_parallel_size") or 1))
+        errors.run(_check_update_batches, cfg, "reward_model.mini_batch_size",
+                   "reward_model.micro_batch_size_per_gpu", rm, int(rm.get("ulysses_sequence_parallel_size") or 1))
+    errors.raise_if_any()
 
 
 def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, sp: int) -> None:

@@ -93,14 +93,17 @@ def decode_regions_warnings(cfg: dict) -> list[str]:
     from rollout.generation_config import static_cache_on
     from rollout.graph_decode import resolve_decode_loop
 
-    cuda = _get(cfg, "trainer.device") == "cuda"
-    static = static_cache_on(rc.get("static_cache"), cuda)
+    cuda, setting = _get(cfg, "trainer.device") == "cuda", rc.get("static_cache")
+    if setting not in (True, False, None, "auto"):
+        return []  # a refused value: its section's error line names it
+    static = static_cache_on(setting, cuda)
     loop = rc.get("decode_loop") or "auto"
     if resolve_decode_loop(loop, None, cuda, static) == "generate":
         why = (f"the run decodes with transformers' generate ({R}.decode_loop={loop}, "
                f"{'static cache' if static else 'no static cache'}, trainer.device={_get(cfg, 'trainer.device')})")
     elif not static:
-        why = f"the graph loop runs uncompiled without the static cache ({R}.static_cache=false)"
+        why = (f"the graph loop runs uncompiled without the static cache ({R}.static_cache={_fmt(setting)}"
+               + (": off without CUDA)" if setting in (None, "auto") else ")"))
     else:
         return []
     return [f"{R}.decode_compile_regions=true: no effect: {why}; the regions apply to the compiled graph loop"]

@@ -123,6 +123,7 @@ def test_training_with_compiled_layer_regions_runs(tmp_path):
     ("cuda", {"decode_loop": "graph", "static_cache": False}, "runs uncompiled"),
     ("cpu", {"decode_loop": "graph", "static_cache": "auto"}, "static_cache=auto: off without CUDA"),
     ("cpu", {"decode_loop": "graph", "static_cache": "false"}, None),  # refused by its section, not read here
+    ("cpu", {"decode_loop": "graph", "static_cache": None}, None), ("cpu", {"decode_loop": "graph", "static_cache": 0}, None),
     ("cuda", {}, None), ("cpu", {"decode_loop": "graph", "static_cache": True}, None),
     ("cuda", {"decode_compile_regions": False, "decode_loop": "generate"}, None)])
 def test_regions_where_no_decode_step_is_compiled_are_warned(device, rollout, warned):

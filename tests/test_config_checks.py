@@ -228,3 +228,50 @@ def test_every_role_whose_micro_batch_does_not_divide_is_named_at_once(algo, rol
     with pytest.raises(ConfigError) as info:
         validate(OmegaConf.to_container(_compose(f"algorithm={algo}", f"{actor}=3", f"{role}=3"), resolve=True))
     assert [m.rpartition(" by ")[2] for m in str(info.value).splitlines()] == [f"{actor}=3", f"{role}=3"]
+
+
+def _error_lines(*overrides) -> list[str]:
+    """The error lines ``trainer/main.py`` prints for ``overrides``: the launcher's first refusal and the rest."""
+    from trainer.config_types import all_errors
+    from trainer.launch import prestart
+
+    cfg = _compose(*overrides)
+    logging.disable(logging.WARNING)
+    try:
+        with pytest.raises(ConfigError) as first:
+            prestart(cfg)
+        return str(all_errors(cfg, first.value, prestart)).splitlines()
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (("algorithm=gae", "actor_rollout_ref.actor.ppo_mini_batch_size=5"),
+     "actor_rollout_ref.actor.ppo_mini_batch_size=5 must divide data.train_batch_size=32"),
+    (("algorithm=gae", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"),
+     "a mini-batch holds 128 rows per data-parallel rank, not divisible by "
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"),
+    (("data.train_batch_size=33", "algorithm.filter_groups.enable=true"),
+     "data.train_batch_size=33 must be divisible by the 2 workers")])
+def test_a_line_about_keys_that_copy_another_lines_keys_is_left_out(overrides, line):
+    """The critic's batch sizes and data.gen_batch_size copy the actor's and data.train_batch_size: their lines
+    would say the same again under the copies' names."""
+    assert _error_lines(*overrides) == [line]
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (("algorithm=prime", "reward_model.ulysses_sequence_parallel_size=0"),
+     "reward_model.ulysses_sequence_parallel_size=0; expected an integer >= 1"),
+    (("algorithm=prime", "reward_model.ulysses_sequence_parallel_size=-1"),
+     "reward_model.ulysses_sequence_parallel_size=-1; expected an integer >= 1"),
+    (("algorithm=prime", "reward_model.ulysses_sequence_parallel_size=4"),
+     "reward_model.ulysses_sequence_parallel_size=4 must divide the 2 workers (trainer.nnodes*trainer.n_gpus_per_node)"),
+    (("algorithm=gae", "critic.ppo_mini_batch_size=abc"), "critic.ppo_mini_batch_size='abc'; expected an integer"),
+    (("algorithm=prime", "reward_model.micro_batch_size_per_gpu=null"),
+     "reward_model.micro_batch_size_per_gpu=None; expected an integer"),
+    (("actor_rollout_ref.actor.ppo_mini_batch_size=-4",),
+     "actor_rollout_ref.actor.ppo_mini_batch_size=-4; expected an integer >= 1")])
+def test_batch_and_ulysses_sizes_of_every_role_are_one_line_each(overrides, line):
+    """PRIME's reward model's Ulysses size is checked with the others (it was a ZeroDivisionError, or a crash when
+    the workers started); a mistyped critic or reward-model batch size is a line, not a traceback."""
+    assert line in _error_lines(*overrides)

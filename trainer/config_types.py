@@ -187,44 +187,34 @@ def copy_sources(key: str, copies: dict[str, str]) -> Iterator[str]:
 
 
 def without_copies(lines: list[str], copies: dict[str, str]) -> list[str]:
-    """``lines`` less those that refuse the value of a key that copies (through :func:`copied_keys`, at any depth) a
-    key whose own line refuses the same value by itself (``<key>=<value>; expected ...``): the value is refused
-    once, where it was written. So is a copy's line that reads as a line of its source with each quoted
-    ``<key>=<value>`` the same value of the same key or of a key it copies, and the same expectation (the ``;
-    expected ...`` tail), e.g. a token budget refused with the same sizes and switch: mending the source mends the
-    copy. A copy refused for another reason (its own sizes or switch, set apart, beside it) keeps its line."""
+    """``lines`` less those about keys that copy (through :func:`copied_keys`, at any depth) the keys of another line:
+    a line is left out when it reads as another line with each dotted key it names the same key or a copy of it
+    (``critic.ppo_mini_batch_size=5 must divide ...`` beside the actor's line, a token budget refused with the same
+    sizes and the copied switch): mending the source mends the copy. So is a line quoting the value of a copy whose
+    source's own line refuses the same value by itself (``<key>=<value>; expected ...``): the value is refused once,
+    where it was written. A copy refused for another reason (its own sizes or switch, set apart, beside it) keeps
+    its line."""
     from trainer.config_checks import named_key, refused_value
 
     refused = {v.partition("=")[0]: v.partition("=")[2] for v in map(refused_value, lines) if v}
-    by_key: dict[str, list[tuple[list, str]]] = {}
-    for m in lines:
-        pairs, expected = _quoted(m)
-        if pairs and expected is not None:
-            by_key.setdefault(pairs[0][0], []).append((pairs, expected))
+    split = {m: _DOTTED.split(m) for m in lines}  # text, key, text, key, ..., text
 
-    def follows(pairs: list, expected: str | None, source: tuple[list, str]) -> bool:
-        theirs, their_expected = source
-        return expected == their_expected and len(pairs) == len(theirs) and all(
-            v == w and (k == j or j in copy_sources(k, copies)) for (k, v), (j, w) in zip(pairs, theirs))
+    def follows(mine: list[str], theirs: list[str]) -> bool:
+        return mine != theirs and len(mine) == len(theirs) and all(
+            a == b if i % 2 == 0 else (a == b or b in copy_sources(a, copies))
+            for i, (a, b) in enumerate(zip(mine, theirs)))
 
     def source_refused(message: str) -> bool:
-        mine, (pairs, expected) = refused_value(message), _quoted(message)
+        mine = refused_value(message)
         same = mine is not None and mine.partition("=")[2]
-        return any(refused.get(k) == same or any(follows(pairs, expected, src) for src in by_key.get(k, ()))
-                   for k in copy_sources(named_key(message), copies))
+        key = named_key(message)
+        return key is not None and any(refused.get(k) == same for k in copy_sources(key, copies))
 
-    return [m for m in lines if not (named_key(m) and source_refused(m))]
-
-
-_QUOTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.\w+)+)=([^\s;,:]*)")  # a <dotted.key>=<value> inside a line
+    return [m for m in lines
+            if not (source_refused(m) or any(follows(split[m], split[other]) for other in lines if other != m))]
 
 
-def _quoted(message: str) -> tuple[list[tuple[str, str]], str | None]:
-    """``([(key, value)] quoted in order, expectation)`` of a ``<key>=<value> ... ; expected <expectation>`` line:
-    each value up to a space, ``;``, ``,`` or ``:``; the expectation is the text after the last ``; expected ``
-    (None without one)."""
-    expected = message.rpartition("; expected ")
-    return _QUOTED.findall(message), expected[2] if expected[1] else None
+_DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w.])")  # a dotted config key inside a line
 
 
 def check_types(cfg: dict, defaults: dict) -> None:

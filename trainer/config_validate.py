@@ -132,13 +132,13 @@ def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, 
     mini-batch or is larger (then clamped to it: one micro-batch)."""
     bs, n = int(cfg["data"]["train_batch_size"]), int(cfg["actor_rollout_ref"]["rollout"]["n"])
     mini_name, micro_name = mini_key.rsplit(".", 1)[1], micro_key.rsplit(".", 1)[1]
-    mini, dp = int(role[mini_name]), _world(cfg) // max(1, sp)
-    if mini <= 0 or bs % mini:
+    mini, dp = as_int(role[mini_name], mini_key, minimum=1), _world(cfg) // max(1, sp)
+    if bs % mini:
         raise ConfigError(f"{mini_key}={mini} must divide data.train_batch_size={bs}")
     if (mini * n) % dp:
         raise ConfigError(f"{mini_key}*actor_rollout_ref.rollout.n={mini * n} rows must be divisible by the "
                           f"data-parallel size {dp}")
-    micro = int(role[micro_name])
+    micro = as_int(role[micro_name], micro_key)
     if micro <= 0:
         return  # reported by the role's section (trainer.config.actor.ActorConfig / CriticConfig)
     # a micro-batch larger than the rank's mini-batch is clamped to it (one micro-batch); smaller must divide it

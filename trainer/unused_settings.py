@@ -93,8 +93,8 @@ def decode_regions_warnings(cfg: dict) -> list[str]:
     from rollout.generation_config import static_cache_on
     from rollout.graph_decode import resolve_decode_loop
 
-    cuda, setting = _get(cfg, "trainer.device") == "cuda", rc.get("static_cache")
-    if setting not in (True, False, None, "auto"):
+    cuda, setting = _get(cfg, "trainer.device") == "cuda", rc.get("static_cache", "auto")  # the hf group sets it
+    if not (setting is True or setting is False or setting == "auto"):
         return []  # a refused value: its section's error line names it
     static = static_cache_on(setting, cuda)
     loop = rc.get("decode_loop") or "auto"
@@ -103,7 +103,7 @@ def decode_regions_warnings(cfg: dict) -> list[str]:
                f"{'static cache' if static else 'no static cache'}, trainer.device={_get(cfg, 'trainer.device')})")
     elif not static:
         why = (f"the graph loop runs uncompiled without the static cache ({R}.static_cache={_fmt(setting)}"
-               + (": off without CUDA)" if setting in (None, "auto") else ")"))
+               + (": off without CUDA)" if setting == "auto" else ")"))
     else:
         return []
     return [f"{R}.decode_compile_regions=true: no effect: {why}; the regions apply to the compiled graph loop"]

@@ -16,7 +16,7 @@ __all__ = ["OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "
            "check_grad_clip"]
 
 #: the sections with a ``ulysses_sequence_parallel_size``: the actor, its reference and the critic
-ULYSSES_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+ULYSSES_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
 
 
 def _scale_factor(value: Any, path: str) -> float | None:
@@ -305,17 +305,19 @@ def ulysses_sizes(cfg: Mapping) -> list[tuple[str, Any]]:
         node = cfg
         for part in key.split("."):
             node = node[part]
-        out.append((f"{key}.ulysses_sequence_parallel_size", node["ulysses_sequence_parallel_size"]))
+        if "ulysses_sequence_parallel_size" in node:  # a reward_model section without it: one rank per sequence
+            out.append((f"{key}.ulysses_sequence_parallel_size", node["ulysses_sequence_parallel_size"]))
     return out
 
 
 def _role_runs(cfg: Mapping, section: str) -> bool:
     """Whether the role of ``section`` (one of :data:`ULYSSES_SECTIONS`) runs; True when ``cfg`` cannot tell."""
     from trainer.config.runtime import needs_reference
-    from trainer.run_roles import critic_on
+    from trainer.run_roles import critic_on, prime_enabled
 
+    runs = {"actor_rollout_ref.ref": needs_reference, "critic": critic_on, "reward_model": prime_enabled}
     try:
-        return {"actor_rollout_ref.ref": needs_reference, "critic": critic_on}.get(section, lambda c: True)(cfg)
+        return runs.get(section, lambda c: True)(cfg)
     except (KeyError, TypeError, AttributeError):
         return True
 
@@ -325,10 +327,14 @@ def check_ulysses_world(cfg: Mapping, world: int) -> None:
     contiguous ranks; :func:`patches.sequence_parallel.dp_sp_rank_layout`).
 
     Raises:
-        ConfigError: ``<key>=<sp> must divide the <world> workers (trainer.nnodes*trainer.n_gpus_per_node)``.
+        ConfigError: ``<key>=<sp> must divide the <world> workers (trainer.nnodes*trainer.n_gpus_per_node)``, or
+        ``<key>=<sp>; expected an integer >= 1``.
     """
+    from trainer.config_checks import as_int
+
     for key, sp in ulysses_sizes(cfg):
-        if int(sp) < 1 or world % int(sp):
+        as_int(sp, key, minimum=1)
+        if world % int(sp):
             raise ConfigError(f"{key}={sp} must divide the {world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
 
 

@@ -252,7 +252,7 @@ def _error_lines(*overrides) -> list[str]:
      "a mini-batch holds 128 rows per data-parallel rank, not divisible by "
      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"),
     (("data.train_batch_size=33", "algorithm.filter_groups.enable=true"),
-     "data.train_batch_size=33 must be divisible by the 2 workers")])
+     "data.train_batch_size=33 must be divisible by the 2 workers (trainer.nnodes*trainer.n_gpus_per_node)")])
 def test_a_line_about_keys_that_copy_another_lines_keys_is_left_out(overrides, line):
     """The critic's batch sizes and data.gen_batch_size copy the actor's and data.train_batch_size: their lines
     would say the same again under the copies' names."""

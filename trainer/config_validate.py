@@ -110,7 +110,8 @@ def _check_batches(cfg: dict) -> None:
 
     check_ulysses_world(cfg, world)
     if bs % world:
-        raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers")
+        raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers "
+                          "(trainer.nnodes*trainer.n_gpus_per_node)")
     A, errors = "actor_rollout_ref.actor", ErrorCollector()  # every role's line at once
     errors.run(_check_update_batches, cfg, f"{A}.ppo_mini_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", actor,
                int(actor["ulysses_sequence_parallel_size"]))

@@ -47,7 +47,8 @@ def _check_gen_batch_size(cfg: dict) -> None:
         return
     world = int(cfg["trainer"]["nnodes"]) * int(cfg["trainer"]["n_gpus_per_node"])
     if world >= 1 and gen % world:
-        raise ConfigError(f"data.gen_batch_size={gen} must be divisible by the {world} workers")
+        raise ConfigError(f"data.gen_batch_size={gen} must be divisible by the {world} workers "
+                          "(trainer.nnodes*trainer.n_gpus_per_node)")
 
 
 def _check_validation_keys(cfg: dict) -> None:

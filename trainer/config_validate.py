@@ -109,42 +109,33 @@ def _check_batches(cfg: dict) -> None:
     from trainer.config.actor import check_ulysses_world
 
     check_ulysses_world(cfg, world)
-    errors, A = ErrorCollector(), "actor_rollout_ref.actor"  # every role's line at once
-    errors.run(_check_workers, bs, world)
-    whole = not bs % world  # else only what does not depend on the workers: a mini-batch dividing the batch
+    if bs % world:
+        raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers "
+                          "(trainer.nnodes*trainer.n_gpus_per_node)")
+    A, errors = "actor_rollout_ref.actor", ErrorCollector()  # every role's line at once
     errors.run(_check_update_batches, cfg, f"{A}.ppo_mini_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", actor,
-               int(actor["ulysses_sequence_parallel_size"]), whole)
+               int(actor["ulysses_sequence_parallel_size"]))
     if critic_on(cfg):
         c = cfg["critic"]
         errors.run(_check_update_batches, cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu",
-                   c, int(c["ulysses_sequence_parallel_size"]), whole)
+                   c, int(c["ulysses_sequence_parallel_size"]))
 
     rm = cfg.get("reward_model") or {}
     if prime_enabled(cfg) and "mini_batch_size" in rm:
         errors.run(_check_update_batches, cfg, "reward_model.mini_batch_size",
-                   "reward_model.micro_batch_size_per_gpu", rm, int(rm.get("ulysses_sequence_parallel_size") or 1),
-                   whole)
+                   "reward_model.micro_batch_size_per_gpu", rm, int(rm.get("ulysses_sequence_parallel_size") or 1))
     errors.raise_if_any()
 
 
-def _check_workers(bs: int, world: int) -> None:
-    if bs % world:
-        raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers "
-                          "(trainer.nnodes*trainer.n_gpus_per_node)")
-
-
-def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, sp: int, whole: bool = True) -> None:
+def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, sp: int) -> None:
     """One role's mini-batch (``mini_key``: prompts per optimizer step) divides ``data.train_batch_size`` and, x
     ``rollout.n`` rows, the data-parallel ranks; its micro-batch (``micro_key``, rows per worker) divides a rank's
-    mini-batch or is larger (then clamped to it: one micro-batch). ``whole`` False (the batch does not divide the
-    workers): the first check alone."""
+    mini-batch or is larger (then clamped to it: one micro-batch)."""
     bs, n = int(cfg["data"]["train_batch_size"]), int(cfg["actor_rollout_ref"]["rollout"]["n"])
     mini_name, micro_name = mini_key.rsplit(".", 1)[1], micro_key.rsplit(".", 1)[1]
     mini, dp = as_int(role[mini_name], mini_key, minimum=1), _world(cfg) // max(1, sp)
     if bs % mini:
         raise ConfigError(f"{mini_key}={mini} must divide data.train_batch_size={bs}")
-    if not whole:
-        return
     if (mini * n) % dp:
         raise ConfigError(f"{mini_key}*actor_rollout_ref.rollout.n={mini * n} rows must be divisible by the "
                           f"data-parallel size {dp}")

@@ -194,7 +194,7 @@ def without_copies(lines: list[str], copies: dict[str, str]) -> list[str]:
     source's own line refuses the same value by itself (``<key>=<value>; expected ...``): the value is refused once,
     where it was written. A copy refused for another reason (its own sizes or switch, set apart, beside it) keeps
     its line."""
-    from trainer.config_checks import named_key, refused_value
+    from trainer.config_checks import refused_value
 
     refused = {v.partition("=")[0]: v.partition("=")[2] for v in map(refused_value, lines) if v}
     split = {m: _DOTTED.split(m) for m in lines}  # text, key, text, key, ..., text
@@ -205,10 +205,8 @@ def without_copies(lines: list[str], copies: dict[str, str]) -> list[str]:
             for i, (a, b) in enumerate(zip(mine, theirs)))
 
     def source_refused(message: str) -> bool:
-        mine = refused_value(message)
-        same = mine is not None and mine.partition("=")[2]
-        key = named_key(message)
-        return key is not None and any(refused.get(k) == same for k in copy_sources(key, copies))
+        key, _, value = (refused_value(message) or "").partition("=")
+        return bool(key) and any(refused.get(k) == value for k in copy_sources(key, copies))
 
     return [m for m in lines
             if not (source_refused(m) or any(follows(split[m], split[other]) for other in lines if other != m))]

@@ -92,12 +92,14 @@ def decode_regions_warnings(cfg: dict) -> list[str]:
         return []
     from rollout.generation_config import static_cache_on
     from rollout.graph_decode import resolve_decode_loop
+    from trainer.config.section import ConfigError, auto_bool
 
-    cuda, setting = _get(cfg, "trainer.device") == "cuda", rc.get("static_cache", "auto")  # the hf group sets it
-    if not (setting is True or setting is False or setting == "auto"):
-        return []  # a refused value: its section's error line names it
-    static = static_cache_on(setting, cuda)
+    cuda, setting = _get(cfg, "trainer.device") == "cuda", rc.get("static_cache", "auto")
     loop = rc.get("decode_loop") or "auto"
+    try:
+        static = static_cache_on(auto_bool(setting, f"{R}.static_cache"), cuda)  # the hf group sets static_cache
+    except ConfigError:
+        return []  # a refused value: its section's error line names it
     if resolve_decode_loop(loop, None, cuda, static) == "generate":
         why = (f"the run decodes with transformers' generate ({R}.decode_loop={loop}, "
                f"{'static cache' if static else 'no static cache'}, trainer.device={_get(cfg, 'trainer.device')})")

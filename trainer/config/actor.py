@@ -333,8 +333,7 @@ def check_ulysses_world(cfg: Mapping, world: int) -> None:
     from trainer.config_checks import as_int
 
     for key, sp in ulysses_sizes(cfg):
-        as_int(sp, key, minimum=1)
-        if world % int(sp):
+        if world % as_int(sp, key, minimum=1):
             raise ConfigError(f"{key}={sp} must divide the {world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
 
 

@@ -280,8 +280,8 @@ class ScoringPool:
                 batch.limit_hits[idx] = list(hits)
                 batch.finish(idx, outcome)
             except (EOFError, OSError, ConnectionError):
-                w.proc.join(timeout=1.0)  # its exit code
-                code = w.proc.exitcode
+                w.proc.join(timeout=5.0)  # its exit code (a loaded machine may take seconds to end the process)
+                code = w.proc.exitcode if w.proc.exitcode is not None else "unknown"
                 batch.idle.append(self._replace(w))
                 batch.finish(i, ("error", f"{WORKER_DIED} (exit code {code})", time.monotonic() - t0))
 

@@ -233,7 +233,7 @@ def test_a_scorer_failing_on_some_non_empty_responses_keeps_training(tok, caplog
 # a dying scorer gets a timeout no new scoring process overruns on a loaded machine, so that only deaths count
 @pytest.mark.parametrize("kind,needle,timeout_s", [
     ("hang", "16 ran past reward_model.timeout_s=0.2 s", 0.2),
-    ("os_exit", "16 ended their scoring process (first: scorer worker died (exit code 3))", 4.0)])
+    ("os_exit", "16 ended their scoring process (first: scorer worker died (exit code 3))", 60.0)])
 def test_a_scorer_hanging_or_dying_on_every_non_empty_response_stops_the_batch_early(tok, kind, needle,  # noqa: F811
                                                                                     timeout_s, tmp_path):
     """Each timeout costs timeout_s and each death a new process (a step took 268 s, or 45-58 s instead of 0.2 s,

@@ -418,3 +418,43 @@ def test_truncated_rows_reads_the_attended_response_of_a_multi_turn_trajectory()
     out = ctl.band_filter(batch, _Rew({"score": [1.0, 0.0] * 4, "acc": [1, 0] * 4}), metrics)
     assert metrics["prime/truncated_groups"] == 2.0 and metrics["prime/groups_passed"] == 2.0
     assert out["uid"].tolist() == ["p2", "p2", "p3", "p3"]
+
+
+def test_truncated_rows_reads_a_multi_turn_trajectorys_stop_reason():
+    """A trajectory whose budget ran out before its tool answers fit ends ``length`` on its end-of-turn token with
+    columns to spare: truncated by its stop reason (the filled-columns rule alone calls it finished), and PRIME's
+    truncation filter drops its group."""
+    from rollout.base import SamplingConfig
+    from rollout.multiturn import MultiTurnConfig, multi_turn_generate
+    from rollout.tools.calculator import CalculatorTool
+    from tests.multiturn_utils import ScriptedEngine, build_chat_tokenizer, hermes
+
+    tk, end = build_chat_tokenizer(), "<|im_end|>"
+    prompt = tk.encode(tk.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False,
+                                              add_generation_prompt=True), add_special_tokens=False)
+    call = hermes("calculator", expression="1 * 2") + end
+    width = len(tk.encode(call, add_special_tokens=False)) + 2  # no room for the tool's answer
+    res = multi_turn_generate(ScriptedEngine(tk, lambda c, k: call), tk, [prompt],
+                              SamplingConfig(n=1, max_new_tokens=width), {"calculator": CalculatorTool()},
+                              MultiTurnConfig(enable=True))
+    r, reasons = res.rollout, res.row_columns["mt_stop_reason"]
+    assert list(reasons) == ["length"] and int(res.attention_mask.sum()) < width
+    assert int(r.responses[0, int(res.attention_mask.sum()) - 1]) == tk.eos_token_id
+    stops = [tk.eos_token_id]
+    assert truncated_rows(r.responses, r.response_mask, stops, res.attention_mask).tolist() == [False]
+    assert truncated_rows(r.responses, r.response_mask, stops, res.attention_mask, reasons).tolist() == [True]
+    assert truncated_rows(r.responses, r.response_mask, stops, None, ["no_tool_call"]).tolist() == [False]
+    with pytest.raises(ValueError, match=r"stop_reasons has 2 entries; expected one per row \(1\)"):
+        truncated_rows(r.responses, r.response_mask, stops, None, ["length", "length"])
+
+    ctl = PrimeHook(_cfg(), world=2, stop_token_ids=stops)
+    n = 8
+    batch = DataProto.from_dict({"responses": r.responses.repeat(n, 1),
+                                 "response_mask": r.response_mask.float().repeat(n, 1),
+                                 "attention_mask": torch.cat([torch.ones(n, 2, dtype=torch.long),
+                                                              res.attention_mask.long().repeat(n, 1)], 1)},
+                                {"uid": ["p0", "p0", "p1", "p1", "p2", "p2", "p3", "p3"],
+                                 "mt_stop_reason": ["length", "no_tool_call"] * 2 + ["no_tool_call"] * 4})
+    metrics = {}
+    out = ctl.band_filter(batch, _Rew({"score": [1.0, 0.0] * 4, "acc": [1, 0] * 4}), metrics)
+    assert metrics["prime/truncated_groups"] == 2.0 and out["uid"].tolist() == ["p2", "p2", "p3", "p3"]

@@ -39,21 +39,35 @@ _PRM_INPUTS = ["input_ids", "attention_mask", "position_ids", "responses", "resp
 
 
 def truncated_rows(responses: torch.Tensor, response_mask: torch.Tensor, stop_token_ids,
-                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """(B,) bool: the response filled all ``R`` columns and its last token is no stop token (cut by the length
-    limit). ``stop_token_ids``: an id or ids (the rollout's set, see ``rollout.stop_tokens``), or None.
+                   attention_mask: torch.Tensor | None = None, stop_reasons=None) -> torch.Tensor:
+    """(B,) bool: the response was cut by the length limit.
 
-    A column is filled when ``response_mask`` or the response part of ``attention_mask`` ((B, P+R) or (B, R): its
-    last ``R`` columns) is set there: a multi-turn trajectory's tool answers and template glue are attended but are
-    not the model's tokens (``response_mask`` 0), so a trajectory cut at the limit fills the columns with them. The
-    last token is judged as :func:`trainer.metric_utils.completion_length_stats` judges a single-turn row: a row
-    that ends on a stop id ended by itself (the multi-turn loop's ``no_tool_call``, not ``length``)."""
+    A multi-turn trajectory's own ``stop_reason`` decides when given (``stop_reasons``: (B,) strings, the batch's
+    ``mt_stop_reason`` column, :data:`rollout.multiturn.metrics.STOP_REASONS`): ``length`` is truncated, whatever
+    its last token, also when the budget ran out before the tool answers were appended (the columns are then not
+    all filled and the last token is the turn's end-of-turn token).
+
+    Otherwise: the response filled all ``R`` columns and its last token is no stop token. ``stop_token_ids``: an id
+    or ids (the rollout's set, see ``rollout.stop_tokens``), or None. A column is filled when ``response_mask`` or
+    the response part of ``attention_mask`` ((B, P+R) or (B, R): its last ``R`` columns) is set there: a multi-turn
+    trajectory's tool answers and template glue are attended but are not the model's tokens (``response_mask`` 0).
+    The last token is judged as :func:`trainer.metric_utils.completion_length_stats` judges a single-turn row: a
+    row that ends on a stop id ended by itself.
+
+    Raises:
+        ValueError: ``attention_mask`` does not cover the responses, or ``stop_reasons`` has not one entry per row.
+    """
     from rollout.stop_tokens import as_id_list
 
-    R = responses.shape[1]
+    B, R = responses.shape
+    if stop_reasons is not None:
+        reasons = list(stop_reasons)
+        if len(reasons) != B:
+            raise ValueError(f"stop_reasons has {len(reasons)} entries; expected one per row ({B})")
+        return torch.tensor([r == "length" for r in reasons], dtype=torch.bool)
     filled = response_mask > 0
     if attention_mask is not None:
-        if attention_mask.dim() != 2 or attention_mask.shape[0] != responses.shape[0] or attention_mask.shape[1] < R:
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < R:
             raise ValueError(f"attention_mask {tuple(attention_mask.shape)} does not cover responses "
                              f"{tuple(responses.shape)}")
         filled = filled | (attention_mask[:, -R:].to(filled.device) > 0)
@@ -216,7 +230,8 @@ class PrimeHook(StepHook):
         acc = accuracy_from_reward(reward_output.reward_extra_info, len(batch))
         batch["acc"] = torch.tensor(acc, dtype=torch.float32)
         trunc = truncated_rows(batch["responses"], batch["response_mask"], self.stop_token_ids,
-                               batch["attention_mask"] if "attention_mask" in batch else None)
+                               batch["attention_mask"] if "attention_mask" in batch else None,
+                               batch.non_tensor.get("mt_stop_reason"))
         c = self.settings
         keep, m = band_filter_indices(acc, batch["uid"], keep_groups=self.bs, truncated=trunc,
                                       lower=float(c.accuracy_lower_bound), upper=float(c.accuracy_upper_bound),

@@ -259,6 +259,20 @@ def test_a_line_about_keys_that_copy_another_lines_keys_is_left_out(overrides, l
     assert _error_lines(*overrides) == [line]
 
 
+def test_a_mini_batch_set_apart_that_does_not_divide_the_batch_is_named_beside_the_worker_count():
+    """A mini-batch size the user set that does not divide data.train_batch_size is wrong whatever the workers:
+    named at once, not after the worker count is mended. The shipped mini-batch beside a batch size that does not
+    divide over the workers is not (mending the batch size may mend it too)."""
+    workers = "data.train_batch_size=32 must be divisible by the 3 workers (trainer.nnodes*trainer.n_gpus_per_node)"
+    assert _error_lines("trainer.n_gpus_per_node=3", "actor_rollout_ref.actor.ppo_mini_batch_size=5") == [
+        workers, "actor_rollout_ref.actor.ppo_mini_batch_size=5 must divide data.train_batch_size=32"]
+    assert _error_lines("trainer.n_gpus_per_node=3", "actor_rollout_ref.actor.ppo_mini_batch_size=8") == [workers]
+    assert _error_lines("algorithm=gae", "trainer.n_gpus_per_node=3", "critic.ppo_mini_batch_size=0") == [
+        workers, "critic.ppo_mini_batch_size=0; expected an integer >= 1"]
+    assert _error_lines("data.train_batch_size=7") == [
+        "data.train_batch_size=7 must be divisible by the 2 workers (trainer.nnodes*trainer.n_gpus_per_node)"]
+
+
 @pytest.mark.parametrize("overrides, line", [
     (("algorithm=prime", "reward_model.ulysses_sequence_parallel_size=0"),
      "reward_model.ulysses_sequence_parallel_size=0; expected an integer >= 1"),

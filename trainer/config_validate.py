@@ -97,34 +97,56 @@ def _check_rollout_engine(cfg: dict) -> None:
 
 def _check_batches(cfg: dict) -> None:
     """The batch arithmetic of each role that updates: the actor, the critic (with a critic) and PRIME's reward
-    model (:func:`_check_update_batches`).
+    model (:func:`_check_update_batches`). Where ``data.train_batch_size`` does not divide over the workers, a
+    mini-batch size the user set (:func:`trainer.unused_settings.set_by_user`) that does not divide it either is
+    named beside that line, not after the worker count is mended.
 
     Raises:
         ConfigError: one line per role whose batches do not divide (all roles checked)."""
-    d, arr = cfg["data"], cfg["actor_rollout_ref"]
-    actor, world = arr["actor"], _world(cfg)
-    bs = int(d["train_batch_size"])
+    world, bs = _world(cfg), int(cfg["data"]["train_batch_size"])
     if world < 1 or bs < 1:
         return  # reported by the trainer / data sections (trainer.config.trainer.TrainerConfig, data's checks)
     from trainer.config.actor import check_ulysses_world
+    from trainer.unused_settings import set_by_user
 
     check_ulysses_world(cfg, world)
+    errors = ErrorCollector()  # every role's line at once
     if bs % world:
-        raise ConfigError(f"data.train_batch_size={bs} must be divisible by the {world} workers "
-                          "(trainer.nnodes*trainer.n_gpus_per_node)")
-    A, errors = "actor_rollout_ref.actor", ErrorCollector()  # every role's line at once
-    errors.run(_check_update_batches, cfg, f"{A}.ppo_mini_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", actor,
-               int(actor["ulysses_sequence_parallel_size"]))
+        errors.add(f"data.train_batch_size={bs} must be divisible by the {world} workers "
+                   "(trainer.nnodes*trainer.n_gpus_per_node)")
+        for mini_key, _, role, _ in _update_roles(cfg):
+            mini = role[mini_key.rsplit(".", 1)[1]]
+            if set_by_user(cfg, mini_key, mini):
+                errors.run(_check_mini_divides, mini_key, mini, bs)
+    else:
+        for roles in _update_roles(cfg):
+            errors.run(_check_update_batches, cfg, *roles)
+    errors.raise_if_any()
+
+
+def _update_roles(cfg: dict) -> list[tuple[str, str, dict, int]]:
+    """``(mini-batch key, micro-batch key, section, Ulysses size)`` of each role that updates."""
+    A, arr = "actor_rollout_ref.actor", cfg["actor_rollout_ref"]
+    out = [(f"{A}.ppo_mini_batch_size", f"{A}.ppo_micro_batch_size_per_gpu", arr["actor"],
+            int(arr["actor"]["ulysses_sequence_parallel_size"]))]
     if critic_on(cfg):
         c = cfg["critic"]
-        errors.run(_check_update_batches, cfg, "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu",
-                   c, int(c["ulysses_sequence_parallel_size"]))
-
+        out.append(("critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", c,
+                    int(c["ulysses_sequence_parallel_size"])))
     rm = cfg.get("reward_model") or {}
     if prime_enabled(cfg) and "mini_batch_size" in rm:
-        errors.run(_check_update_batches, cfg, "reward_model.mini_batch_size",
-                   "reward_model.micro_batch_size_per_gpu", rm, int(rm.get("ulysses_sequence_parallel_size") or 1))
-    errors.raise_if_any()
+        out.append(("reward_model.mini_batch_size", "reward_model.micro_batch_size_per_gpu", rm,
+                    int(rm.get("ulysses_sequence_parallel_size") or 1)))
+    return out
+
+
+def _check_mini_divides(mini_key: str, value, bs: int) -> int:
+    """``mini_key``'s ``value`` (prompts per optimizer step) as an integer >= 1 that divides ``bs``
+    (``data.train_batch_size``)."""
+    mini = as_int(value, mini_key, minimum=1)
+    if bs % mini:
+        raise ConfigError(f"{mini_key}={mini} must divide data.train_batch_size={bs}")
+    return mini
 
 
 def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, sp: int) -> None:
@@ -133,9 +155,7 @@ def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, 
     mini-batch or is larger (then clamped to it: one micro-batch)."""
     bs, n = int(cfg["data"]["train_batch_size"]), int(cfg["actor_rollout_ref"]["rollout"]["n"])
     mini_name, micro_name = mini_key.rsplit(".", 1)[1], micro_key.rsplit(".", 1)[1]
-    mini, dp = as_int(role[mini_name], mini_key, minimum=1), _world(cfg) // max(1, sp)
-    if bs % mini:
-        raise ConfigError(f"{mini_key}={mini} must divide data.train_batch_size={bs}")
+    mini, dp = _check_mini_divides(mini_key, role[mini_name], bs), _world(cfg) // max(1, sp)
     if (mini * n) % dp:
         raise ConfigError(f"{mini_key}*actor_rollout_ref.rollout.n={mini * n} rows must be divisible by the "
                           f"data-parallel size {dp}")

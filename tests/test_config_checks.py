@@ -259,6 +259,18 @@ def test_a_line_about_keys_that_copy_another_lines_keys_is_left_out(overrides, l
     assert _error_lines(*overrides) == [line]
 
 
+@pytest.mark.parametrize("overrides, line", [
+    (("algorithm=gae", "critic.ppo_micro_batch_size_per_gpu=3.0"),
+     "a mini-batch holds 128 rows per data-parallel rank, not divisible by critic.ppo_micro_batch_size_per_gpu=3.0"),
+    (("actor_rollout_ref.actor.ppo_mini_batch_size=5.0",),
+     "actor_rollout_ref.actor.ppo_mini_batch_size=5.0 must divide data.train_batch_size=32"),
+    (("actor_rollout_ref.actor.ppo_mini_batch_size=-4.0",),
+     "actor_rollout_ref.actor.ppo_mini_batch_size=-4.0; expected an integer >= 1")])
+def test_a_batch_size_is_quoted_as_written(overrides, line):
+    """A whole float is taken as the integer it is, and quoted as the user wrote it."""
+    assert _error_lines(*overrides) == [line]
+
+
 def test_a_mini_batch_set_apart_that_does_not_divide_the_batch_is_named_beside_the_worker_count():
     """A mini-batch size the user set that does not divide data.train_batch_size is wrong whatever the workers:
     named at once, not after the worker count is mended. The shipped mini-batch beside a batch size that does not

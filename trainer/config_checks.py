@@ -13,7 +13,7 @@ import reprlib
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
-__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "named_key", "refused_value", "as_int", "run_checks",
+__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "named_key", "refused_value", "as_int", "as_written", "run_checks",
            "check_model_files", "check_rollout_correction", "reward_options", "reward_option_keys",
            "check_reward_scorers", "check_ground_truths"]
 
@@ -125,6 +125,14 @@ def run_checks(cfg: dict, checks) -> None:
     errors.raise_if_any()
 
 
+def as_written(value) -> str:
+    """A config value for an error line, as the user wrote it: a number as it is (``3.0`` stays ``3.0``), a bool
+    as YAML writes it (``true``), a string quoted."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) else str(value)
+
+
 def as_int(value, key: str, minimum: int | None = None) -> int:
     """``int(value)`` for a config key, or a ConfigError naming the key, the value and what was expected."""
     try:
@@ -134,7 +142,7 @@ def as_int(value, key: str, minimum: int | None = None) -> int:
     except (TypeError, ValueError):
         raise ConfigError(f"{key}={value!r}; expected an integer") from None
     if minimum is not None and out < minimum:
-        raise ConfigError(f"{key}={out}; expected an integer >= {minimum}")
+        raise ConfigError(f"{key}={as_written(value)}; expected an integer >= {minimum}")
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.config_checks import ConfigError, ConfigErrors, ErrorCollector, as_int, check_rollout_correction, run_checks
+from trainer.config_checks import ConfigError, ConfigErrors, ErrorCollector, as_int, as_written, check_rollout_correction, run_checks
 from trainer.megatron_checks import check_megatron
 from trainer.run_roles import critic_on, prime_enabled
 
@@ -145,7 +145,7 @@ def _check_mini_divides(mini_key: str, value, bs: int) -> int:
     (``data.train_batch_size``)."""
     mini = as_int(value, mini_key, minimum=1)
     if bs % mini:
-        raise ConfigError(f"{mini_key}={mini} must divide data.train_batch_size={bs}")
+        raise ConfigError(f"{mini_key}={as_written(value)} must divide data.train_batch_size={bs}")
     return mini
 
 
@@ -165,7 +165,7 @@ def _check_update_batches(cfg: dict, mini_key: str, micro_key: str, role: dict, 
     # a micro-batch larger than the rank's mini-batch is clamped to it (one micro-batch); smaller must divide it
     if not role["use_dynamic_bsz"] and micro < mini * n // dp and (mini * n // dp) % micro:
         raise ConfigError(f"a mini-batch holds {mini * n // dp} rows per data-parallel rank, not divisible by "
-                          f"{micro_key}={micro}")
+                          f"{micro_key}={as_written(role[micro_name])}")
 
 
 def _token_budgets(cfg: dict) -> list[tuple[str, object, bool, str, int]]:

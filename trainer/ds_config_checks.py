@@ -14,7 +14,7 @@ import difflib
 import functools
 from collections.abc import Mapping
 
-from trainer.config_checks import ConfigError, ErrorCollector
+from trainer.config_checks import ConfigError, ErrorCollector, as_written
 from trainer.run_roles import critic_on
 
 __all__ = ["check_ds_config_entries", "deepspeed_top_level_keys"]
@@ -106,14 +106,8 @@ def check_ds_config_entries(cfg: Mapping) -> None:
     errors.raise_if_any()
 
 
-def _fmt(value) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    return repr(value) if isinstance(value, str) else str(value)
-
-
 def _contradicts(entry: str, value, owner: str, owner_value, why: str = "") -> ConfigError:
-    return ConfigError(f"{KEY}.{entry}={_fmt(value)} contradicts {owner}={_fmt(owner_value)}"
+    return ConfigError(f"{KEY}.{entry}={as_written(value)} contradicts {owner}={as_written(owner_value)}"
                        + (f" ({why})" if why else "") + f"; set {owner} instead, or leave {entry} out of ds_config")
 
 
@@ -222,8 +216,9 @@ def _check_batch(cfg: Mapping, extra: Mapping) -> None:
     for name in ("train_batch_size", *_BATCH):
         if name in extra and not (name in _BATCH and extra[name] == _BATCH[name]
                                   and isinstance(extra[name], bool) == isinstance(_BATCH[name], bool)):
-            errors.add(f"{KEY}.{name}={_fmt(extra[name])}: the trainer owns batch sizes and gradient accumulation "
+            errors.add(f"{KEY}.{name}={as_written(extra[name])}: the trainer owns batch sizes and gradient "
+                       "accumulation "
                        f"({_BATCH_OWNERS}; data.train_batch_size={cfg['data']['train_batch_size']})"
-                       + (f" and sets {name}={_fmt(_BATCH[name])}" if name in _BATCH else "")
+                       + (f" and sets {name}={as_written(_BATCH[name])}" if name in _BATCH else "")
                        + "; leave it out of ds_config")
     errors.raise_if_any()

@@ -442,6 +442,23 @@ FAMILIES = [
      ["trainer.rollout_placement=separate"], ["actor_rollout_ref.rollout.n_gpus=2", "trainer.async.trace_file=/tmp/x.json"]),
     ([f"{_A}.megatron.tensor_model_parallel_size=2", f"{_A}.megatron.ckpt_format=torch"], [],
      ["trainer.strategy=megatron"], [f"{_A}.megatron.tensor_model_parallel_size=2", f"{_A}.megatron.ckpt_format=torch"]),
+    (["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.target_kl=0.5", "algorithm.kl_ctrl.horizon=50"], [],
+     ["algorithm.kl_ctrl.type=adaptive"], ["algorithm.kl_ctrl.target_kl=0.5", "algorithm.kl_ctrl.horizon=50"]),
+    (["trainer.test_freq=1", "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
+      "actor_rollout_ref.rollout.val_kwargs.top_p=0.5", "actor_rollout_ref.rollout.val_kwargs.top_k=5"], [],
+     ["actor_rollout_ref.rollout.val_kwargs.do_sample=true"],
+     ["actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.val_kwargs.top_p=0.5",
+      "actor_rollout_ref.rollout.val_kwargs.top_k=5"]),
+    # the actor's size reaches the rollout's and the reference's log-prob passes (their shipped sizes copy it): it
+    # is unread only when they too form micro-batches by tokens
+    ([f"{_A}.ppo_micro_batch_size_per_gpu=4"], [f"{_A}.use_dynamic_bsz=true"],
+     [f"{_A}.use_dynamic_bsz=true", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false"],
+     [f"{_A}.ppo_micro_batch_size_per_gpu=4"]),
+    (["algorithm=gae", "critic.ppo_micro_batch_size_per_gpu=4"], ["critic.use_dynamic_bsz=true"], [],
+     ["critic.ppo_micro_batch_size_per_gpu=4"]),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"],
+     ["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true"], [],
+     ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"]),
 ]
 
 
@@ -644,7 +661,8 @@ _REF = "actor_rollout_ref.ref"
 @pytest.mark.parametrize("kl,warned", [([], True), (["actor_rollout_ref.actor.use_kl_loss=true"], False),
                                        (["algorithm.use_kl_in_reward=true"], False)])
 def test_reference_settings_of_a_run_without_a_reference_model_warn(kl, warned):
-    """Without a KL term no reference model is built: its settings changed nothing, without a word."""
+    """Without a KL term no reference model is built: its settings changed nothing, without a word. With one, its
+    row-count micro-batch is unread beside its token-budget switch."""
     from tests.verl_scripts import composed
 
     _, _, _, report = composed([*kl, f"{_REF}.log_prob_micro_batch_size_per_gpu=4",
@@ -653,7 +671,10 @@ def test_reference_settings_of_a_run_without_a_reference_model_warn(kl, warned):
     assert hits == ([f"{_REF}.log_prob_micro_batch_size_per_gpu=4, {_REF}.log_prob_use_dynamic_bsz=true: ignored: "
                      "this run has no reference model (actor_rollout_ref.actor.use_kl_loss=false, "
                      "algorithm.use_kl_in_reward=false; either one true computes reference log-probs)"]
-                    if warned else [])
+                    if warned else
+                    [f"{_REF}.log_prob_micro_batch_size_per_gpu=4: ignored: {_REF}.log_prob_use_dynamic_bsz=true "
+                     f"forms micro-batches by their tokens ({_REF}.log_prob_max_token_len_per_gpu), not by a row "
+                     "count"])
 
 
 def test_reference_settings_that_follow_the_actor_are_not_named():

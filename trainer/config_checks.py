@@ -13,8 +13,8 @@ import reprlib
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
-__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "named_key", "refused_value", "as_int", "as_written", "run_checks",
-           "check_model_files", "check_rollout_correction", "reward_options", "reward_option_keys",
+__all__ = ["ConfigError", "ConfigErrors", "ErrorCollector", "named_key", "refused_value", "as_int", "as_written",
+           "run_checks", "check_rollout_correction", "reward_options", "reward_option_keys",
            "check_reward_scorers", "check_ground_truths"]
 
 
@@ -384,25 +384,3 @@ def custom_scorer(cfg: dict) -> Callable | None:
         raise ConfigError(f"{key}.path={path!r}: {exc}") from exc
     except (AttributeError, TypeError) as exc:
         raise ConfigError(f"{key}.name={name!r}: {exc}") from exc
-
-
-def check_model_files(cfg: dict, hf: dict) -> None:
-    """The actor's model folder against what the run needs: a vision-language model ships its processor
-    (``trainer.multimodal.check_processor``) and generates with the hf rollout engine (a resumed checkpoint's model:
-    :func:`trainer.resume_checks.check_resume_model`).
-
-    Raises:
-        ConfigError: naming the key and the missing file or differing value.
-    """
-    from trainer.multimodal import check_processor
-
-    model = cfg["actor_rollout_ref"]["model"]
-    if model.get("path") is not None:
-        try:
-            check_processor("actor_rollout_ref.model.path", model["path"], hf, model.get("tokenizer_path"))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    rollout = cfg["actor_rollout_ref"]["rollout"]["name"]
-    if hf.get("vision_config") and rollout != "hf":
-        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout}: image prompts of a vision-language model are "
-                          "passed to generation by the hf engine only; use rollout=hf")

@@ -10,9 +10,9 @@ import logging
 import os
 import tempfile
 
-from trainer.config_checks import ConfigError, ErrorCollector, check_model_files, run_checks
+from trainer.config_checks import ConfigError, ErrorCollector, run_checks
 from trainer.megatron_checks import check_megatron_model
-from trainer.model_folder_checks import check_model_folders, read_model_config
+from trainer.model_folder_checks import check_model_files, check_model_folders, read_model_config
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
                                    resume_seed_warnings)
 from trainer.resume_schedule import resume_schedule_warnings

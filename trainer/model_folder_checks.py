@@ -26,7 +26,7 @@ from trainer.weight_shapes import config_weights_problem
 
 __all__ = ["check_model_folders", "read_model_config", "weights_problem", "loaded_weight_files",
            "generation_config_problem", "tokenizer_problem", "safetensors_problem", "bin_problem",
-           "chat_template_problem", "no_eos_problem"]
+           "chat_template_problem", "no_eos_problem", "check_model_files"]
 
 #: the weight files ``transformers``' ``from_pretrained`` looks for in a local folder, in its order
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -361,3 +361,25 @@ def _judge_weights(errors: ErrorCollector, key: str, path: str, megatron: bool, 
         if problem:
             errors.add(f"{key}={path!r}: {problem}")
     return True
+
+
+def check_model_files(cfg: dict, hf: dict) -> None:
+    """The actor's model folder against what the run needs: a vision-language model ships its processor
+    (``trainer.multimodal.check_processor``) and generates with the hf rollout engine (a resumed checkpoint's model:
+    :func:`trainer.resume_checks.check_resume_model`).
+
+    Raises:
+        ConfigError: naming the key and the missing file or differing value.
+    """
+    from trainer.multimodal import check_processor
+
+    model = cfg["actor_rollout_ref"]["model"]
+    if model.get("path") is not None:
+        try:
+            check_processor("actor_rollout_ref.model.path", model["path"], hf, model.get("tokenizer_path"))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    rollout = cfg["actor_rollout_ref"]["rollout"]["name"]
+    if hf.get("vision_config") and rollout != "hf":
+        raise ConfigError(f"actor_rollout_ref.rollout.name={rollout}: image prompts of a vision-language model are "
+                          "passed to generation by the hf engine only; use rollout=hf")

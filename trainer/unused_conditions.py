@@ -1,12 +1,14 @@
 """The conditions under which the settings of :data:`trainer.unused_settings.SWITCHED_OFF`'s families are read:
 the estimator's own keys, validation, rollout importance sampling, LoRA, the rollout placement, the training
-strategy and the built-in policy losses' keys (:data:`LOSS_MODE_READERS`). Each takes the run's plain config.
+strategy, the built-in policy losses' keys (:data:`LOSS_MODE_READERS`), the adaptive KL controller's keys, greedy
+validation's sampling keys and row-count micro-batches beside token-budget ones (:data:`MORE_ROWS`). Each takes
+the run's plain config.
 """
 from __future__ import annotations
 
 from trainer.verl_compat import _get
 
-__all__ = ["BUILTIN_LOSS_MODES", "LOSS_MODE_READERS", "has_val_data", "lora_off", "loss_mode", "no_validation_why",
+__all__ = ["BUILTIN_LOSS_MODES", "LOSS_MODE_READERS", "MORE_ROWS", "micro_batch_unread", "has_val_data", "lora_off", "loss_mode", "no_validation_why",
            "norm_std_readers", "reads_norm_std", "rollout_is_off", "strategy", "validates"]
 
 _A = "actor_rollout_ref.actor"
@@ -88,3 +90,59 @@ def strategy(run: dict) -> str:
 def loss_mode(run: dict) -> str:
     """``actor.policy_loss.loss_mode``."""
     return str(_get(run, f"{_A}.policy_loss.loss_mode"))
+
+
+_ARR = "actor_rollout_ref"
+_VK = f"{_ARR}.rollout.val_kwargs"
+#: each row-count micro-batch key -> (the switch of token-budget micro-batches of its role, that switch's budget)
+_MICRO = {f"{_A}.ppo_micro_batch_size_per_gpu": (f"{_A}.use_dynamic_bsz", f"{_A}.ppo_max_token_len_per_gpu"),
+          **{f"{_ARR}.{r}.log_prob_micro_batch_size_per_gpu": (f"{_ARR}.{r}.log_prob_use_dynamic_bsz",
+                                                               f"{_ARR}.{r}.log_prob_max_token_len_per_gpu")
+             for r in ("rollout", "ref")},
+          **{f"critic.{k}_micro_batch_size_per_gpu": ("critic.use_dynamic_bsz", f"critic.{k}_max_token_len_per_gpu")
+             for k in ("ppo", "forward")},
+          "reward_model.micro_batch_size_per_gpu": ("reward_model.use_dynamic_bsz", "reward_model.max_token_len_per_gpu")}
+
+
+def _role_runs(run: dict, key: str) -> bool:
+    from trainer.config.runtime import needs_reference
+    from trainer.run_roles import critic_on, prime_enabled
+
+    section = key.rsplit(".", 1)[0]
+    runs = {f"{_ARR}.ref": needs_reference, "critic": critic_on, "reward_model": prime_enabled}.get(section)
+    return runs is None or bool(runs(run))
+
+
+def micro_batch_unread(run: dict, key: str) -> bool:
+    """Whether the row-count micro-batch size ``key`` (one of ``_MICRO``) is read by no role: its own role runs with
+    token-budget micro-batches (``use_dynamic_bsz``), and every role that runs with row-count micro-batches has a
+    micro-batch size of another value (the shipped sizes copy the actor's, so its value reaches them too). A role
+    that does not run is not asked (its section's keys are warned about on their own)."""
+    value = _get(run, key)
+    if not _role_runs(run, key) or _get(run, _MICRO[key][0]) is not True:
+        return False
+    return not any(_role_runs(run, k) and _get(run, switch) is not True and _get(run, k) == value
+                   for k, (switch, _) in _MICRO.items() if k != key)
+
+
+def _micro_row(key: str) -> tuple:
+    switch, budget = _MICRO[key]
+    return (lambda r: micro_batch_unread(r, key), (key,),
+            lambda r: f"{switch}=true forms micro-batches by their tokens ({budget}), not by a row count")
+
+
+def _adaptive_kl_off(run: dict) -> bool:
+    return bool(_get(run, "algorithm.use_kl_in_reward")) and _get(run, "algorithm.kl_ctrl.type") == "fixed"
+
+
+def _greedy_validation(run: dict) -> bool:
+    return validates(run) and _get(run, f"{_VK}.do_sample") is False
+
+
+#: more (unused, keys, why) rows of :data:`trainer.unused_settings.SWITCHED_OFF`
+MORE_ROWS = (
+    (_adaptive_kl_off, ("algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"),
+     lambda r: "algorithm.kl_ctrl.type=fixed keeps kl_coef (only kl_ctrl.type=adaptive reads them)"),
+    (_greedy_validation, tuple(f"{_VK}.{k}" for k in ("temperature", "top_p", "top_k")),
+     lambda r: f"{_VK}.do_sample=false decodes greedily (do_sample=true samples with them)"),
+) + tuple(_micro_row(k) for k in _MICRO)

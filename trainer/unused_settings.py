@@ -286,7 +286,7 @@ SWITCHED_OFF = (
                "workers (trainer.rollout_placement=separate gives it workers of its own)"),
     (lambda r: c.strategy(r) != "megatron", (f"{_A}.megatron.",),
      lambda r: f"trainer.strategy={c.strategy(r)} (only trainer.strategy=megatron reads actor.megatron)"),
-) + _loss_mode_rows()
+) + _loss_mode_rows() + c.MORE_ROWS
 
 
 def _embedded_warm_starts(run: dict) -> bool:
@@ -303,14 +303,11 @@ def _embedded_warm_starts(run: dict) -> bool:
 def switched_off_warnings(cfg: dict) -> list[str]:
     """Settings set away from every value configs/ ships while another choice of the run leaves them unused
     (:data:`SWITCHED_OFF`: ``critic.*`` without a critic, ``ref.*`` without a reference model,
-    ``actor.kl_loss_*`` without ``use_kl_loss``, ``kl_ctrl``
-    without ``use_kl_in_reward``, ``filter_groups.*`` / ``overlong_buffer.*`` without their ``enable``, token
-    budgets without dynamic batches, checkpoint retention without saves, ``gamma`` / ``lam`` of an estimator that
-    does not read them, ``loss_scale_factor`` of a ``loss_agg_mode`` that does not divide by it, the embedded tiny
-    model's settings with a model path, a warm start of a task without one, ``norm_adv_by_std_in_grpo`` of an
-    estimator that does not read it, the validation-only keys without validation, ``rollout_correction.*`` with
-    rollout IS off, LoRA keys with ``lora_rank=0``, the separate placement's keys while colocated, ``actor.megatron.*``
-    with DeepSpeed, a policy loss's own keys with another ``loss_mode``): one warning line per row naming the keys.
+    ``actor.kl_loss_*`` without ``use_kl_loss``, ``kl_ctrl`` without ``use_kl_in_reward``, ``filter_groups.*`` /
+    ``overlong_buffer.*`` without their ``enable``, token budgets without dynamic batches, checkpoint retention
+    without saves, an estimator's keys another estimator does not read, the embedded tiny model's settings with a
+    model path, the validation-only keys without validation, LoRA keys with ``lora_rank=0``, and the families of
+    :mod:`trainer.unused_conditions`): one warning line per row naming the keys.
     Reads no key of a recording config."""
     from trainer.config_reads import plain
 

@@ -269,9 +269,10 @@ def test_p03_operator_scans_stay_linear(text):
     ("#### 10 \\pm 3", "10"), ("#### 7 → 8", "7"), ("#### 7->8", "7"), ("#### 12 — 3", "12"), ("#### 4 < 5", "4"),
     ("#### 4 ≤ 5", "4"), ("#### 5 > 4", "5"), ("#### 1'000", "1"), ("#### 1’000", "1"), ("#### 3½", "3")])
 def test_p03_more_operators_after_the_marker_are_no_answer(text, first):
-    """Multiplication written ``x``/``·``, ``%``/``mod``, ``±``, arrows, an em dash, comparisons, an apostrophe
-    thousands separator and a vulgar fraction: the expression is no answer, never its first operand, in strict mode;
-    flexible mode reads no answer either (never the last operand)."""
+    """Multiplication written ``x``/``·``, ``%``/``mod``, ``±``, arrows, an em dash, comparisons and an apostrophe
+    thousands separator: the expression is no answer, never its first operand, in strict mode; flexible mode reads no
+    answer either (never the last operand). A vulgar fraction (``3½``) is read with the number, as the mixed number
+    7/2: never its whole part 3."""
     from rewards.registry import get_scorer
 
     assert get_scorer("gsm8k")(text, first) == 0.0

@@ -92,7 +92,7 @@ def test_resume_refuses_a_checkpoint_of_the_other_strategy_before_start(tmp_path
 
 
 def test_rollout_attn_implementation_is_checked_before_start():
-    for ok in ("auto", "sdpa", "sdpa_gqa", "eager", "flash_attention_2"):
+    for ok in ("auto", "sdpa", "sdpa_gqa", "eager", "flex_attention"):  # flash_attention_*: tests/test_attention_checks.py
         validate(_cfg(f"actor_rollout_ref.rollout.attn_implementation={ok}"))
     with pytest.raises(ConfigError, match=r"attn_implementation='sdpa-gqa'; expected auto, sdpa, sdpa_gqa, eager"):
         validate(_cfg("actor_rollout_ref.rollout.attn_implementation=sdpa-gqa"))

@@ -247,7 +247,9 @@ def _check_model_fit(cfg: dict) -> None:
     from trainer.override_checks import check_override_shapes, override_key_warnings
 
     check_override_shapes(cfg)
-    for line in override_key_warnings(cfg):
+    from trainer.attention_checks import packed_attention_warnings
+
+    for line in override_key_warnings(cfg) + packed_attention_warnings(cfg):
         logger.warning(line)
     if run_strategy(cfg) == "megatron":
         check_megatron_model(cfg, hf)

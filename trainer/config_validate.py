@@ -43,12 +43,14 @@ def _finite(key: str, value) -> float:
 
 
 def validate(cfg: dict) -> None:
-    """Batch arithmetic, lengths, devices, estimator names, engines and kernels; every section runs and their
+    """Batch arithmetic, lengths, devices, estimator names, engines, kernels and attention implementations
+    (:mod:`trainer.attention_checks`); every section runs and their
     errors are raised together.
 
     Raises:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
     """
+    from trainer.attention_checks import check_attention
     from trainer.config.workers import check_sections
     from trainer.ds_config_checks import check_ds_config_entries
     from trainer.multi_turn import check_multi_turn
@@ -60,7 +62,7 @@ def validate(cfg: dict) -> None:
                      _check_discounts, _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
                      _check_overlong, _check_strategy, _check_kernels, check_ds_config_entries, check_verl_semantics,
                      check_multi_turn, check_rollout_placement, check_training_happens, check_validation_sampling,
-                     _check_token_budgets, _check_prime))
+                     _check_token_budgets, _check_prime, check_attention))
 
 
 def _world(cfg: dict) -> int:

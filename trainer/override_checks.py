@@ -12,13 +12,32 @@ from trainer.config_checks import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_override_shapes", "check_tiny_model", "override_key_warnings"]
+__all__ = ["check_override_shapes", "check_tiny_model", "override_key_warnings", "override_sources", "attention_entries",
+           "without_attention"]
 
 KEY = "actor_rollout_ref.model.override_config"
 TINY = "actor_rollout_ref.model.tiny"
 _ACTOR_PATH = object()
 TINY_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "max_position_embeddings")
+ATTN_KEYS = ("attn_implementation", "_attn_implementation")
+
+
+def attention_entries(override: dict, prefix: str) -> list[tuple[str, object]]:
+    """``(dotted key, value)`` of each attention entry of an ``override_config`` (``prefix``: its dotted key),
+    sub-config mappings included."""
+    out = []
+    for key, value in override.items():
+        if key in ATTN_KEYS:
+            out.append((f"{prefix}.{key}", value))
+        elif isinstance(value, dict):
+            out += attention_entries(value, f"{prefix}.{key}")
+    return out
+
+
+def without_attention(override: dict) -> dict:
+    """``override`` without its attention entries (no weight's shape depends on them)."""
+    return {k: without_attention(v) if isinstance(v, dict) else v for k, v in override.items() if k not in ATTN_KEYS}
 
 
 def _hf_config(cfg: dict, path=_ACTOR_PATH):
@@ -57,7 +76,9 @@ def check_override_shapes(cfg: dict) -> None:
 
     from trainer.workers.model_utils import apply_config_overrides
 
-    override = dict(cfg["actor_rollout_ref"]["model"].get("override_config") or {})
+    # the attention entries are trainer.attention_checks' to judge: building with one that cannot run here would
+    # fail, or fetch a kernel from the Hub, for a reason that is not the weights'
+    override = without_attention(dict(cfg["actor_rollout_ref"]["model"].get("override_config") or {}))
     if not override:
         return
     remote = bool(cfg["actor_rollout_ref"]["model"].get("trust_remote_code"))
@@ -150,7 +171,7 @@ def _unknown_keys(hf_config, override: dict, prefix: str) -> list[str]:
     return out
 
 
-def _override_sources(cfg: dict) -> list[tuple[str, dict, object]]:
+def override_sources(cfg: dict) -> list[tuple[str, dict, object]]:
     """``(dotted key, override_config, model folder)`` of the actor's and, when the run has a critic, the critic's
     own ``override_config`` (merged over the actor's, whose keys are checked once)."""
     from trainer.run_roles import critic_on
@@ -172,7 +193,7 @@ def override_key_warnings(cfg: dict) -> list[str]:
     import difflib
 
     out = []
-    for key, override, path in _override_sources(cfg):
+    for key, override, path in override_sources(cfg):
         if not override:
             continue
         try:

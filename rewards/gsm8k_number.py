@@ -56,8 +56,8 @@ _OPERAND = (r"[ \t]*+\(?+[ \t]*+[-+\u2212]?+\$?+(?:\.?+[0-9]|" + _TEX_VALUE
 # around the slash), ``mn``/``md`` (the mixed number ``3 1/2``), ``tn``/``td`` (``7\frac{1}{2}``), ``vulgar``
 # (``3½``). Any other match means no answer (never the number alone): a power (``2^10``, ``2**10``, ``2³``, ``10⁻³``),
 # a subscript or combining mark (``2₁₀``, ``1_000``, ``0.3̅``), a chain (``1.2.3``, ``1'000``, ``5′3``), LaTeX or
-# Unicode digit-group spaces (``2{,}000``, ``2\,000``), a factorial in an expression (``5!/3!``, ``5! = 120``; a
-# ``!`` that ends a sentence, ``42!``, is punctuation), a LaTeX value, root or pi (``3\sqrt{2}``, ``3√2``, ``2\pi``,
+# Unicode digit-group spaces (``2{,}000``, ``2\,000``), a factorial in an expression (``5!/3!``, ``5! = 120``; the
+# ``!`` that end a sentence, ``42!`` or ``42!!``, are punctuation), a LaTeX value, root or pi (``3\sqrt{2}``, ``3√2``, ``2\pi``,
 # ``0.\overline{3}``), a slash before a signed, ``$`` or parenthesised denominator, an operator and an operand
 # (``10-3``, ``6×7``, ``12:30``) and a further digit group after a space (``1 000``). An operator that is not followed
 # by an operand is punctuation (``42 - that is it``, ``42: done``, ``42%``). ``**`` right after a space opens Markdown
@@ -66,7 +66,7 @@ _AFTER_RE = re.compile(
     r"(?P<exp>[eE][-+\u2212]?[0-9]++)"
     r"|\*\*[ \t]*+[-+\u2212({]?[0-9]|[,.'\u2019\u2032][0-9]|\{[,.]\}[0-9]|\\[,;:! ][ \t]*+[0-9]"
     r"|[\u00b2\u00b3\u00b9\u2070-\u209f\u0300-\u036f]|_[{0-9]"
-    r"|!(?:[!/^0-9]|[ \t]*+(?:[/^]|" + _OPERATOR + _OPERAND + r"))"
+    r"|!++(?:[/^0-9]|[ \t]*+(?:[/^]|" + _OPERATOR + _OPERAND + r"))"
     r"|" + _SP + r"*+(?:(?P<vulgar>[" + _VULGAR_CHARS + r"])|" + _TEX_FRAC + r"|" + _TEX_VALUE
     + r"|[\u221a-\u221c\u03c0]"
     r"|" + _SLASH + r"[ \t]*+(?:(?P<den>" + NUM + r")|[-+\u2212$(])"

@@ -104,3 +104,27 @@ def test_p30_an_override_the_packed_forward_replaces_is_warned(tmp_path, caplog)
 def test_p30_cli_stops_before_workers(tmp_path):
     proc = run_cli(str(tmp_path / "out"), "trainer.device=cpu", f"{ROLLOUT}=flash_attention_2", forked=True)
     assert_one_line_error(proc, f"{ROLLOUT}='flash_attention_2' needs trainer.device=cuda")
+
+
+def test_p30_a_paged_prefix_is_read_as_transformers_reads_it():
+    """transformers drops ``paged|`` (its continuous-batching prefix) and builds the named implementation."""
+    for value in ("paged|sdpa", "paged|eager"):
+        validate(_cfg("trainer.device=cpu", f"{ROLLOUT}='{value}'", f"+{ACTOR}.attn_implementation='{value}'"))
+    with pytest.raises(ConfigError, match=rf"^{ACTOR}.attn_implementation='paged\|flash_attention_2' needs "
+                                          "trainer.device=cuda"):
+        validate(_cfg("trainer.device=cpu", f"+{ACTOR}.attn_implementation='paged|flash_attention_2'"))
+
+
+def test_p30_no_packed_warning_for_a_softcapped_model_a_null_or_a_refused_entry():
+    """A soft-capped model (Gemma 2) runs padded forwards through the attention the entry chooses; null is
+    transformers' default; a refused entry has its own line."""
+    from tests.test_reliability_override_config import _cfg as resolved
+    from trainer.attention_checks import packed_attention_warnings
+
+    cfg = resolved(f"+{ACTOR}.attn_implementation=eager")
+    assert len(packed_attention_warnings(cfg)) == 1 and packed_attention_warnings(cfg, softcapped=True) == []
+    cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"] = 2  # packed whatever the model
+    assert len(packed_attention_warnings(cfg, softcapped=True)) == 1
+    for value in (None, "flash_attention_2", "nope"):
+        cfg = resolved("trainer.device=cpu", f"+{ACTOR}.attn_implementation={value if value else 'null'}")
+        assert packed_attention_warnings(cfg) == [], value

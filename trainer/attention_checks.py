@@ -43,8 +43,8 @@ def check_implementation(key: str, value, device: str, trained: bool) -> None:
         return
     if value is None:
         return
-    name = str(value).removeprefix("paged|")
-    if "/" not in name and str(value) not in _known_names():  # org/name: a Hub kernel
+    name = str(value).removeprefix("paged|")  # transformers drops the paged prefix (continuous batching only)
+    if "/" not in name and name not in _known_names():  # org/name: a Hub kernel
         if not trained:
             return  # the rollout's names are refused by its section (trainer.config.rollout)
         raise ConfigError(f"{key}={value!r}; expected eager, sdpa or one of transformers' {_known_names()}")
@@ -79,11 +79,14 @@ def check_attention(cfg: dict) -> None:
             check_implementation(name, value, device, trained=True)
 
 
-def packed_attention_warnings(cfg: dict) -> list[str]:
+def packed_attention_warnings(cfg: dict, softcapped: bool = False) -> list[str]:
     """One warning line per attention entry of an ``override_config`` whose role runs packed forwards
     (``use_remove_padding``, or Ulysses SP above 1): the decoder's attention is then the packed (varlen) one
     (:func:`patches.ulysses.apply_ulysses_patch`; a padded batch there runs transformers' SDPA), and the entry
-    reaches other sub-models (a vision tower) only."""
+    reaches other sub-models (a vision tower) only. None for a model whose attention has logit soft-capping
+    (``softcapped``: its forwards run padded, through the attention the entry chooses,
+    :func:`trainer.workers.model_utils.packs_sequences`), for a null entry (transformers' default) and for an entry
+    refused by :func:`check_attention`."""
     arr = cfg["actor_rollout_ref"]
     critic = cfg.get("critic") or {}
     packed = {"actor_rollout_ref": (arr["model"].get("use_remove_padding"),
@@ -93,10 +96,19 @@ def packed_attention_warnings(cfg: dict) -> list[str]:
     out = []
     for key, override, _ in override_sources(cfg):
         rmpad, sp = packed[key.split(".")[0]]
-        if not (bool(rmpad) or int(sp or 1) > 1):
+        if not (bool(rmpad) and not softcapped or int(sp or 1) > 1):
             continue
         where = f"{key.rsplit('.', 1)[0]}.use_remove_padding"
         out += [f"{name}={value!r}: not used by the decoder, whose attention is the packed (varlen) kernel while "
                 f"{where} is on (or Ulysses SP > 1); set {where}=false to use it"
-                for name, value in attention_entries(override, key)]
+                for name, value in attention_entries(override, key) if value is not None and _runs(name, value, cfg)]
     return out
+
+
+def _runs(key: str, value, cfg: dict) -> bool:
+    """Whether :func:`check_implementation` accepts ``key=value`` (a trained model's) on the run's device."""
+    try:
+        check_implementation(key, value, cfg["trainer"]["device"], trained=True)
+    except ConfigError:
+        return False
+    return True

@@ -249,7 +249,7 @@ def _check_model_fit(cfg: dict) -> None:
     check_override_shapes(cfg)
     from trainer.attention_checks import packed_attention_warnings
 
-    for line in override_key_warnings(cfg) + packed_attention_warnings(cfg):
+    for line in override_key_warnings(cfg) + packed_attention_warnings(cfg, attention_softcap(hf) is not None):
         logger.warning(line)
     if run_strategy(cfg) == "megatron":
         check_megatron_model(cfg, hf)

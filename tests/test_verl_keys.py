@@ -451,13 +451,18 @@ FAMILIES = [
       "actor_rollout_ref.rollout.val_kwargs.top_k=5"]),
     # the actor's size reaches the rollout's and the reference's log-prob passes (their shipped sizes copy it): it
     # is unread only when they too form micro-batches by tokens
-    ([f"{_A}.ppo_micro_batch_size_per_gpu=4"], [f"{_A}.use_dynamic_bsz=true"],
+    ([f"{_A}.ppo_micro_batch_size_per_gpu=4", f"{_A}.ppo_mini_batch_size=16"], [f"{_A}.use_dynamic_bsz=true"],
      [f"{_A}.use_dynamic_bsz=true", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false"],
      [f"{_A}.ppo_micro_batch_size_per_gpu=4"]),
     (["algorithm=gae", "critic.ppo_micro_batch_size_per_gpu=4"], ["critic.use_dynamic_bsz=true"], [],
      ["critic.ppo_micro_batch_size_per_gpu=4"]),
-    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"],
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", f"{_A}.ppo_mini_batch_size=16"],
      ["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true"], [],
+     ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"]),
+    # the old-log-prob pass runs only when a step is more than one optimizer step (or something reads its output)
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"], [f"{_A}.ppo_mini_batch_size=32"],
+     [f"{_A}.ppo_mini_batch_size=16"], ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"]),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"], [], ["algorithm.use_kl_in_reward=true"],
      ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"]),
 ]
 

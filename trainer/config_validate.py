@@ -105,7 +105,11 @@ def _check_batches(cfg: dict) -> None:
 
     Raises:
         ConfigError: one line per role whose batches do not divide (all roles checked)."""
-    world, bs = _world(cfg), int(cfg["data"]["train_batch_size"])
+    given = cfg["data"]["train_batch_size"]
+    try:
+        world, bs = _world(cfg), as_int(given, "data.train_batch_size")
+    except (ConfigError, TypeError, ValueError):
+        return  # reported by the trainer / data sections
     if world < 1 or bs < 1:
         return  # reported by the trainer / data sections (trainer.config.trainer.TrainerConfig, data's checks)
     from trainer.config.actor import check_ulysses_world
@@ -114,7 +118,7 @@ def _check_batches(cfg: dict) -> None:
     check_ulysses_world(cfg, world)
     errors = ErrorCollector()  # every role's line at once
     if bs % world:
-        errors.add(f"data.train_batch_size={bs} must be divisible by the {world} workers "
+        errors.add(f"data.train_batch_size={as_written(given)} must be divisible by the {world} workers "
                    "(trainer.nnodes*trainer.n_gpus_per_node)")
         for mini_key, _, role, _ in _update_roles(cfg):
             mini = role[mini_key.rsplit(".", 1)[1]]

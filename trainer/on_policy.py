@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OnPolicyRule", "PASS_COLUMNS", "OLD_FROM_UPDATE"]
+__all__ = ["OnPolicyRule", "PASS_COLUMNS", "OLD_FROM_UPDATE", "pass_blockers", "pass_never_runs"]
 
 #: ``batch.meta`` key the trainer sets instead of running the pass: the actor update takes ``pi_old`` from its own
 #: forward (:func:`trainer.workers.update.ppo_update`); a batch without it and without ``old_log_probs`` is an error
@@ -57,29 +57,9 @@ class OnPolicyRule:
     def from_config(cls, config: dict, separate_rollout: bool) -> "OnPolicyRule":
         """The rule of a resolved run config (plain dict); ``separate_rollout``: the run has rollout workers of its
         own (``trainer.rollout_placement=separate``)."""
-        from trainer import core_algos
-        from trainer.algos.rollout_correction import RolloutCorrection
-
-        arr, algo = config["actor_rollout_ref"], config["algorithm"]
-        actor = arr["actor"]
-        blockers = []
-        if int(actor["ppo_epochs"]) != 1:
-            blockers.append(f"actor_rollout_ref.actor.ppo_epochs={actor['ppo_epochs']}")
-        if algo.get("use_kl_in_reward"):
-            blockers.append("algorithm.use_kl_in_reward=true")
-        correction = RolloutCorrection.from_config(algo.get("rollout_correction"))
-        if correction.enabled:
-            blockers.append(f"algorithm.rollout_correction.rollout_is={correction.rollout_is}")
-        try:
-            spec = core_algos.get_adv_estimator_spec(algo.get("adv_estimator"))
-        except (KeyError, ValueError):  # not a registered estimator: the config check names it
-            spec = None
-        reads = [c for c in PASS_COLUMNS if spec is not None and c in spec.inputs]
-        if reads:
-            blockers.append(f"algorithm.adv_estimator={spec.name} reads {', '.join(reads)}")
-        if separate_rollout:
-            blockers.append("trainer.rollout_placement=separate")
-        rule = cls(int(actor["ppo_mini_batch_size"]) * int(arr["rollout"]["n"]), tuple(blockers))
+        blockers = pass_blockers(config, separate_rollout)
+        arr = config["actor_rollout_ref"]
+        rule = cls(int(arr["actor"]["ppo_mini_batch_size"]) * int(arr["rollout"]["n"]), blockers)
         if not blockers:
             logger.info("old log-probs: from the update's forward in steps whose batch is one actor mini-batch of %d "
                         "rows (no separate pass; actor_rollout_ref.rollout.log_prob_* size that pass when it runs)",
@@ -103,3 +83,46 @@ class OnPolicyRule:
     def needs_pass(self, rows: int, actor_updates: bool) -> bool:
         """Whether a step of ``rows`` rows runs the old-log-prob pass (:meth:`reasons` is not empty)."""
         return bool(self.reasons(rows, actor_updates))
+
+
+def pass_blockers(config: dict, separate_rollout: bool) -> tuple[str, ...]:
+    """Why the old-log-prob pass always runs in the run of ``config`` (a resolved run config, plain dict), whatever
+    its batch: :attr:`OnPolicyRule.blockers` (empty when only the batch decides)."""
+    from trainer import core_algos
+    from trainer.algos.rollout_correction import RolloutCorrection
+
+    arr, algo = config["actor_rollout_ref"], config["algorithm"]
+    actor = arr["actor"]
+    blockers = []
+    if int(actor["ppo_epochs"]) != 1:
+        blockers.append(f"actor_rollout_ref.actor.ppo_epochs={actor['ppo_epochs']}")
+    if algo.get("use_kl_in_reward"):
+        blockers.append("algorithm.use_kl_in_reward=true")
+    correction = RolloutCorrection.from_config(algo.get("rollout_correction"))
+    if correction.enabled:
+        blockers.append(f"algorithm.rollout_correction.rollout_is={correction.rollout_is}")
+    try:
+        spec = core_algos.get_adv_estimator_spec(algo.get("adv_estimator"))
+    except (KeyError, ValueError):  # not a registered estimator: the config check names it
+        spec = None
+    reads = [c for c in PASS_COLUMNS if spec is not None and c in spec.inputs]
+    if reads:
+        blockers.append(f"algorithm.adv_estimator={spec.name} reads {', '.join(reads)}")
+    if separate_rollout:
+        blockers.append("trainer.rollout_placement=separate")
+    return tuple(blockers)
+
+
+def pass_never_runs(config: dict) -> bool:
+    """Whether no step of the run of ``config`` (a resolved run config, plain dict) runs the old-log-prob pass: no
+    :func:`pass_blockers`, one actor mini-batch per step (``ppo_mini_batch_size`` = ``data.train_batch_size``:
+    every filter keeps that many groups) and no ``trainer.critic_warmup`` steps. False for values that are not
+    numbers (their checks name them)."""
+    try:
+        separate = (config.get("trainer") or {}).get("rollout_placement") == "separate"
+        one_step = int(config["data"]["train_batch_size"]) == int(config["actor_rollout_ref"]["actor"]
+                                                                   ["ppo_mini_batch_size"])
+        warmup = int((config.get("trainer") or {}).get("critic_warmup") or 0) > 0
+        return one_step and not warmup and not pass_blockers(config, separate)
+    except (TypeError, ValueError, KeyError):
+        return False

@@ -1,11 +1,13 @@
 """The conditions under which the settings of :data:`trainer.unused_settings.SWITCHED_OFF`'s families are read:
 the estimator's own keys, validation, rollout importance sampling, LoRA, the rollout placement, the training
 strategy, the built-in policy losses' keys (:data:`LOSS_MODE_READERS`), the adaptive KL controller's keys, greedy
-validation's sampling keys and row-count micro-batches beside token-budget ones (:data:`MORE_ROWS`). Each takes
+validation's sampling keys, row-count micro-batches beside token-budget ones and the old-log-prob pass's batching
+when the pass never runs (:data:`trainer.on_policy.pass_never_runs`) (:data:`MORE_ROWS`). Each takes
 the run's plain config.
 """
 from __future__ import annotations
 
+from trainer.on_policy import pass_never_runs
 from trainer.verl_compat import _get
 
 __all__ = ["BUILTIN_LOSS_MODES", "LOSS_MODE_READERS", "MORE_ROWS", "micro_batch_unread", "has_val_data", "lora_off", "loss_mode", "no_validation_why",
@@ -109,7 +111,8 @@ def _role_runs(run: dict, key: str) -> bool:
     from trainer.run_roles import critic_on, prime_enabled
 
     section = key.rsplit(".", 1)[0]
-    runs = {f"{_ARR}.ref": needs_reference, "critic": critic_on, "reward_model": prime_enabled}.get(section)
+    runs = {f"{_ARR}.ref": needs_reference, "critic": critic_on, "reward_model": prime_enabled,
+            f"{_ARR}.rollout": lambda r: not pass_never_runs(r)}.get(section)
     return runs is None or bool(runs(run))
 
 
@@ -141,6 +144,10 @@ def _greedy_validation(run: dict) -> bool:
 
 #: more (unused, keys, why) rows of :data:`trainer.unused_settings.SWITCHED_OFF`
 MORE_ROWS = (
+    (pass_never_runs, tuple(f"{_ARR}.rollout.log_prob_{k}" for k in ("micro_batch_size_per_gpu", "use_dynamic_bsz",
+                                                                      "max_token_len_per_gpu")),
+     lambda r: f"no old-log-prob pass runs: each step is one optimizer step of the actor ({_A}.ppo_mini_batch_size="
+               f"data.train_batch_size, ppo_epochs=1), whose forward gives the old log-probs"),
     (_adaptive_kl_off, ("algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"),
      lambda r: "algorithm.kl_ctrl.type=fixed keeps kl_coef (only kl_ctrl.type=adaptive reads them)"),
     (_greedy_validation, tuple(f"{_VK}.{k}" for k in ("temperature", "top_p", "top_k")),

@@ -23,7 +23,7 @@ from typing import Any
 
 __all__ = ["exact_rational", "numbers_agree", "answers_agree"]
 
-_MAX_EXPONENT = 10_000  # as in rewards.math_guards.is_tame, which runs first
+_MAX_EXPONENT = 10_000  # as in rewards.math_tame.is_tame, which runs first
 _PRECISION = 50  # significant digits of the numeric comparison
 _TOLERANCE_DIGITS = 40  # equal when the difference is below 10^-40 of the magnitude
 

@@ -12,10 +12,14 @@ minutes) while the text stays short. Then sympy evaluates what was parsed, which
 2. :func:`structure_ok` refuses answers nested deeper than ``MAX_NESTING`` groups of any kind, or
    ``MAX_PLAIN_NESTING`` plain groups (the ambiguous kinds above), or with more than ``MAX_BARS`` ``|`` bars
    (ambiguous too: a bar opens or closes), in one linear scan. Reference answers of MATH-500 nest at most 2
-   groups deep.
-3. :func:`is_tame` refuses parsed expressions that are too big to evaluate (node count, exponents, digits,
-   factorial arguments), and :func:`time_bound` stops whatever is left after ``timeout_seconds`` (a ``SIGALRM``
-   timer, main thread only; it cannot interrupt C code, which is why 1-3 come first).
+   groups deep. It also refuses big arguments of the commands that latex2sympy evaluates while it parses
+   (``\\binom{100000}{50000}``, ``\\Gamma(3000000)``: :func:`evaluated_commands_ok`) and towers of more than
+   ``MAX_TOWER`` stacked superscripts (``e^{e^{e^{e^{e}}}}``: :func:`tower_height`).
+3. :func:`is_tame` (:mod:`rewards.math_tame`) refuses parsed expressions that are too big to evaluate, measured
+   from their parts without evaluating them (digits of every numeric part: ``e^{e^{e^{e}}}``; towers of powers
+   in variables; factorial, binomial, sum and product bounds), and :func:`time_bound` stops whatever is left
+   after ``timeout_seconds`` (a ``SIGALRM`` timer, main thread only; it cannot interrupt C code, which is why 1-3
+   come first).
 
 math-verify's own ``parsing_timeout``/``timeout_seconds`` are not used: they are whole seconds of
 ``signal.alarm``, which replaces and then cancels a caller's timer (the reward manager's), and they end with an
@@ -23,7 +27,6 @@ exception that math-verify itself catches, so the parse goes on.
 """
 from __future__ import annotations
 
-import math as _pymath
 import re
 import signal
 import threading
@@ -31,17 +34,16 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from rewards.math_tame import MAX_FACTORIAL_ARG, MAX_SYMBOLIC_COUNT, MAX_TOWER, is_tame
+
 __all__ = ["MAX_NESTING", "MAX_PLAIN_NESTING", "collapse_braces", "nesting_depths", "structure_ok", "is_tame",
+           "evaluated_commands_ok", "tower_height", "MAX_TOWER",
            "ScorerTimeout", "time_bound", "note_limit_hit", "take_limit_hits"]
 
 MAX_NESTING = 6  # groups of any kind inside each other (\frac{\sqrt{x^{2}}}{2} is 3)
 MAX_PLAIN_NESTING = 3  # plain groups: (, [, \{, \left, a brace that is no command's argument, a subscript
 MAX_BARS = 8  # absolute-value / norm bars (|, \|, \vert, \lvert, \rvert, \mid), which open and close alike
 _BARS = re.compile(r"\\(?:[lr]?[vV]ert|mid)(?![a-zA-Z])|\\\||\|")
-_MAX_NODES = 1000  # sympy tree size
-_MAX_EXPONENT = 10_000  # |exponent| of any power with a numeric exponent
-_MAX_DIGITS = 10_000  # log10 |base ** exponent| for numeric bases
-_MAX_FACTORIAL_ARG = 1000
 _MAX_DIGIT_RUN = 200  # digits in one literal
 
 # one token: \left / \right with its delimiter, an escaped brace, a command name, any other escape, a bracket,
@@ -111,80 +113,116 @@ def nesting_depths(s: str) -> tuple[int, int]:
     return deepest, deepest_plain
 
 
+# Commands that latex2sympy evaluates while it parses, in big-integer arithmetic that no time limit interrupts:
+# binomials (``\\binom{100000}{50000}``, ``\\binom{x}{1000}``), Gamma, determinants.
+_EVALUATED = re.compile(r"\\(?:[dt]?binom|choose|Gamma|det)(?![a-zA-Z])")
+_MAX_DET_ENTRIES = 16  # a 4x4 determinant
+# a small argument: terms that are a number, a letter or a command (``\\pi``), or a number times one, with signs
+_TERM = r"(?:[0-9]+(?:\.[0-9]+)?(?:[A-Za-z]|\\[A-Za-z]+)?|[A-Za-z]|\\[A-Za-z]+)"
+_SMALL_ARG = re.compile(r"[-+]?" + _TERM + r"(?:[-+]" + _TERM + r")*")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_ARG_COMMANDS = re.compile(r"\\([A-Za-z]+)")
+_ONE_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|.", re.S)
+
+
+def _argument(s: str, i: int, pairs: dict[int, int]) -> tuple[str, int]:
+    """The argument of a command that ends before ``i``: a brace group, a parenthesised group or one token;
+    ``(text, end)``."""
+    while i < len(s) and s[i].isspace():
+        i += 1
+    if s.startswith("\\left", i):
+        i += len("\\left")
+    if i >= len(s):
+        return "", i
+    if s[i] == "{" and i in pairs:
+        return s[i + 1:pairs[i]], pairs[i] + 1
+    if s[i] == "(":
+        depth = 0
+        for j in range(i, len(s)):
+            depth += {"(": 1, ")": -1}.get(s[j], 0)
+            if depth == 0:
+                end = j - len("\\right") if s.endswith("\\right", 0, j) else j
+                return s[i + 1:end], j + 1
+        return s[i:], len(s)
+    m = _ONE_TOKEN.match(s, i)
+    return m.group(0), m.end()
+
+
+def _small(arg: str, limit: float) -> bool:
+    """Whether an argument of an evaluated command is small: :data:`_SMALL_ARG` with every number at most
+    ``limit``, and no evaluated command inside."""
+    arg = "".join(arg.split())
+    if not arg:
+        return True
+    if not _SMALL_ARG.fullmatch(arg) or any(float(n) > limit for n in _NUMBER.findall(arg)):
+        return False
+    return not any(_EVALUATED.fullmatch("\\" + c) for c in _ARG_COMMANDS.findall(arg))
+
+
+def evaluated_commands_ok(s: str) -> bool:
+    """Whether the commands that the parser evaluates while parsing have small arguments: ``\\binom`` (``\\dbinom``,
+    ``\\tbinom``, ``{n \\choose k}``) and ``\\Gamma`` of sums of numbers at most 1000, letters and constants
+    (``\\binom{2n}{n}``, ``\\binom{10}{3}``, ``\\Gamma(5)``; not ``\\binom{100000}{50000}`` nor ``\\binom{10^{6}}{3}``),
+    a binomial with a variable above choosing at most 20; ``\\det`` of at most 16 entries. Quadratic time at worst
+    (the scorer checks answers of at most ``MAX_ANSWER_CHARS`` characters)."""
+    pairs = _brace_pairs(s)
+    for m in _EVALUATED.finditer(s):
+        name = m.group(0)[1:]
+        if name == "det":
+            rest = s[m.end():]
+            if rest.count("&") + rest.count("\\\\") + 1 > _MAX_DET_ENTRIES:
+                return False
+            continue
+        if name == "choose":  # {n \choose k}: the enclosing group
+            opens = [i for i, j in pairs.items() if i < m.start() and j > m.start()]
+            group = s[max(opens) + 1:pairs[max(opens)]] if opens else s
+            top, _, bottom = group.partition(m.group(0))
+        elif name == "Gamma":  # the function; a bare \Gamma is a letter
+            if not re.match(r"\s*(?:[({]|\\left)", s[m.end():]):
+                continue
+            top, bottom = _argument(s, m.end(), pairs)[0], "0"
+        else:
+            top, end = _argument(s, m.end(), pairs)
+            bottom = _argument(s, end, pairs)[0]
+        variable = not _NUMBER.fullmatch("".join(top.split()))
+        if not _small(top, MAX_FACTORIAL_ARG) or not _small(
+                bottom, MAX_SYMBOLIC_COUNT if variable else MAX_FACTORIAL_ARG):
+            return False
+    return True
+
+
+def tower_height(s: str) -> int:
+    """How many superscripts are stacked in ``s``: ``x^2`` is 1, ``2^{2^{n}}`` 2, ``9^{9^{9^{9}}}`` 3 (a superscript
+    group holding a ``^`` holding a ``^``). One linear scan."""
+    stack: list[bool] = []  # True: a superscript group
+    height = highest = 0
+    prev = ""
+    for m in _TOKENS.finditer(s):
+        tok = m.group(0)
+        if tok == "^":
+            highest = max(highest, height + 1)
+        elif tok == "{":
+            stack.append(prev == "^")
+            height += prev == "^"
+        elif tok == "}" and stack:
+            height -= stack.pop()
+        prev = tok
+    return highest
+
+
 def structure_ok(s: str) -> bool:
     """True when ``s`` nests at most ``MAX_NESTING`` groups, at most ``MAX_PLAIN_NESTING`` of them plain
-    (:func:`nesting_depths`), has at most ``MAX_BARS`` bars and no digit run longer than 200. Never raises."""
+    (:func:`nesting_depths`), has at most ``MAX_BARS`` bars, no digit run longer than 200, at most ``MAX_TOWER``
+    superscripts stacked (:func:`tower_height`: ``x^{x^{x^{x}}}``, ``e^{e^{e^{e^{e}}}}`` are refused; their values
+    have no bound, and parsing them alone costs more than refusing), and the commands that the parser evaluates have
+    small arguments (:func:`evaluated_commands_ok`). Never raises."""
     if not isinstance(s, str) or re.search(r"[0-9]{%d}" % (_MAX_DIGIT_RUN + 1), s):
         return False
     if len(_BARS.findall(s)) > MAX_BARS:
         return False
     deepest, deepest_plain = nesting_depths(s)
-    return deepest <= MAX_NESTING and deepest_plain <= MAX_PLAIN_NESTING
-
-
-def _abs_float(expr) -> float | None:
-    """|expr| as a float (inf when too large); None if not a finite/infinite real-or-complex number."""
-    try:
-        v = expr.evalf(15)
-        return float(abs(complex(v)))
-    except OverflowError:
-        return _pymath.inf
-    except Exception:
-        return None
-
-
-def _node_ok(node, big_funcs) -> bool:
-    if getattr(node, "is_Integer", False) and node.p.bit_length() > 3.33 * _MAX_DIGIT_RUN:
-        return False
-    if getattr(node, "is_Pow", False):
-        base, exp = node.args
-        if exp.free_symbols:
-            return True
-        e = _abs_float(exp)
-        if e is None or e > _MAX_EXPONENT:
-            return False
-        if not base.free_symbols:
-            b = _abs_float(base)
-            if b is None or (b > 1 and e * _pymath.log10(b) > _MAX_DIGITS):
-                return False
-    elif isinstance(node, big_funcs):
-        for a in node.args:
-            if not a.free_symbols:
-                v = _abs_float(a)
-                if v is None or v > _MAX_FACTORIAL_ARG:
-                    return False
-    return True
-
-
-def is_tame(expr) -> bool:
-    """True when a parsed (unevaluated) sympy object is small enough to compare safely.
-
-    Rejects: more than 1000 tree nodes; an integer literal of more than 200 digits; a power with a numeric
-    exponent above 10^4 in size, or with a numeric base whose value would have more than 10^4 digits;
-    factorial-like functions of a number above 1000; non-sympy objects other than str. Each numeric
-    sub-expression is evaluated (``evalf``, floats) only after all of its own sub-expressions passed, so the
-    check itself stays cheap. Never raises.
-    """
-    try:
-        import sympy
-        from sympy import Basic, MatrixBase, postorder_traversal
-    except Exception:
-        return False
-    if isinstance(expr, str):
-        return True
-    if isinstance(expr, MatrixBase) and not isinstance(expr, Basic):
-        return len(expr) <= _MAX_NODES and all(is_tame(e) for e in expr)
-    if not isinstance(expr, Basic):
-        return False
-    big_funcs = (sympy.factorial, sympy.factorial2, sympy.subfactorial, sympy.binomial, sympy.gamma,
-                 sympy.RisingFactorial, sympy.FallingFactorial)
-    try:
-        for count, node in enumerate(postorder_traversal(expr)):
-            if count > _MAX_NODES or not _node_ok(node, big_funcs):
-                return False
-    except Exception:
-        return False
-    return True
+    return (deepest <= MAX_NESTING and deepest_plain <= MAX_PLAIN_NESTING and tower_height(s) <= MAX_TOWER
+            and evaluated_commands_ok(s))
 
 
 class ScorerTimeout(BaseException):

@@ -37,8 +37,9 @@ def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
       a numbered heading such as ``#### 1. Add`` too; a ``####`` without a number is none), written as four ``#``,
       one or two spaces or tabs, at most a sign and a currency sign, then the number (``#### -$5``; not ``####``
       and blanks to the length limit);
-    - ``"boxed"``: one ``\\boxed``/``\\fbox`` (the two together), closed, at most :data:`MAX_BOX_GAP` spaces
-      after the command (``\\boxed{7}``, ``\\boxed 7``);
+    - ``"boxed"``: one ``\\boxed``/``\\fbox`` (the two together) that takes an answer
+      (:func:`rewards.math.box_commands`: not ``\\fboxsep``, nor ``\\boxed`` named in prose), closed, at most
+      :data:`MAX_BOX_GAP` spaces after the command (``\\boxed{7}``, ``\\boxed 7``, ``\\boxed7``);
     - after the answer (the number, or the box) at most :data:`MAX_AFTER_ANSWER` characters, whitespace included:
       ``#### 32\\nThe answer is 32.``, ``#### 3/4`` and ``$\\boxed{7}$.`` are fine; the answer repeated, or any
       text or blank lines to the length limit, are not.
@@ -55,26 +56,24 @@ def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
         if len(spans) != 1 or _STRICT_HEAD.match(text, spans[0][0]) is None:
             return False
         return len(text) - spans[0][1] <= MAX_AFTER_ANSWER
-    if text.count("\\boxed") + text.count("\\fbox") != 1:
+    if len(math_reward.box_commands(text)) != 1:
         return False
     end = _box_end(text)
     return end is not None and len(text) - end <= MAX_AFTER_ANSWER
 
 
 def _box_end(text: str) -> int | None:
-    """The index just after the last closed box of ``text`` (:func:`rewards.math.last_boxed_only_string`, whose
-    space form ``\\boxed  7`` comes back with one space), or None."""
-    boxed = math_reward.last_boxed_only_string(text)
-    if boxed is None:
+    """The index just after the last closed box of ``text`` (:func:`rewards.math.last_box`), or None; None too when
+    more than :data:`MAX_BOX_GAP` spaces follow the command."""
+    found = math_reward.last_box(text)
+    if found is None:
         return None
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    window = text[start + (5 if text.startswith("\\fbox", start) else 6):][:MAX_BOX_GAP + 1]
+    start, end, _ = found
+    command = "\\fbox" if text.startswith("\\fbox", start) else "\\boxed"
+    window = text[start + len(command):][:MAX_BOX_GAP + 1]
     if len(window) - len(window.lstrip(" \t")) > MAX_BOX_GAP:
         return None
-    if text.startswith(boxed, start):
-        return start + len(boxed)
-    token = boxed.split(" ", 1)[1]  # the space form
-    return text.index(token, start) + len(token)
+    return end
 
 
 def compute_score(solution_str: str, ground_truth: Any, correct_score: float = 1.0, format_score: float = 0.1,

@@ -1,10 +1,12 @@
 """Rule scorer for MATH-style answers written in ``\\boxed{...}`` (MATH, Hendrycks et al. 2021; MATH-500).
 
-The model's final answer is the content of the LAST ``\\boxed{...}``, ``\\boxed x`` or ``\\fbox{...}`` in the
-response (``\\fbox`` is unwrapped too). Equivalence is decided by math-verify (``math_verify.parse`` +
-``math_verify.verify``; LaTeX is parsed by latex2sympy, an ANTLR grammar) when it is importable, with a
-string-normalising fallback otherwise; see :func:`is_equiv` for the order of the checks. The answer's text
-(normalisation, the empty answer, equations and labels) is read by :mod:`rewards.math_text`.
+The model's final answer is the content of the LAST box in the response: ``\\boxed{...}``, ``\\fbox{...}``,
+``\\boxed x`` or ``\\boxed5`` (:func:`last_boxed_only_string`; a longer command such as ``\\fboxsep``, or
+``\\boxed`` named in prose, ``\\boxed as requested``, is no box, and the box before it counts). Equivalence is
+decided by math-verify (``math_verify.parse`` + ``math_verify.verify``; LaTeX is parsed by latex2sympy, an ANTLR
+grammar) when it is importable, with a string-normalising fallback otherwise; see :func:`is_equiv` for the order
+of the checks. The answer's text (normalisation, the empty answer, equations and labels) is read by
+:mod:`rewards.math_text`.
 
 No answer: a box whose content typesets as nothing (``\\boxed{\\,}``, ``\\boxed{\\text{}}``, ``\\boxed{$ $}``,
 ``\\boxed{\\quad}``, ``\\boxed{{}}``; :func:`is_empty_answer`) scores 0 like a missing box, and an empty or None
@@ -51,7 +53,8 @@ from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, note_li
 # the answer's text (normalisation, the empty answer, equations and labels): rewards.math_text, importable from here
 from rewards.math_text import MAX_ANSWER_CHARS, _equation, _has_variable, _normalize, is_empty_answer, normalize_answer
 
-__all__ = ["last_boxed_only_string", "remove_boxed", "normalize_answer", "is_empty_answer", "is_tame", "is_equiv",
+__all__ = ["last_boxed_only_string", "last_box", "box_commands", "remove_boxed", "normalize_answer",
+           "is_empty_answer", "is_tame", "is_equiv",
            "gold_answer", "compute_score", "load_math_verify", "warm_math_verify", "MAX_ANSWER_CHARS",
            "TIMEOUT_SECONDS"]
 
@@ -59,50 +62,83 @@ TIMEOUT_SECONDS = 1.0  # default hard limit of one comparison (parse + verify + 
 
 _BOX_PREFIXES = ("\\boxed", "\\fbox")
 _BRACE_TOKENS = re.compile(r"\\.|[{}]", re.S)  # an escaped char (``\{``) or a brace
+# ``\boxed`` / ``\fbox`` as a whole command name: ``\fboxsep``, ``\fboxrule``, ``\boxedx`` are other commands
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+_TOKEN_END = re.compile(r"[\s$]")
+_PROSE_WORD = re.compile(r"[A-Za-z]{2,}[.,;:!?'\")]*")  # a word after a bare ``\boxed``: prose, not an answer
 
 
-def last_boxed_only_string(text: str) -> str | None:
-    """The last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed x`` in ``text``, including the command.
-
-    Braces nest (``\\boxed{\\frac{1}{2}}`` is returned whole); escaped braces ``\\{ \\}`` do not count.
-    The space form ``\\boxed 5`` ends at the next whitespace or ``$``. Linear time.
-
-    Returns:
-        e.g. ``"\\boxed{\\frac{1}{2}}"``; None when there is no box or the last box is not closed
-        (``"\\boxed{3"``). Never raises (non-str input gives None).
-    """
-    if not isinstance(text, str):
-        return None
-    idx, prefix = max(((text.rfind(p), p) for p in _BOX_PREFIXES), key=lambda t: t[0])
-    if idx < 0:
-        return None
-    i = idx + len(prefix)
-    n = len(text)
+def _box_argument(text: str, m: re.Match) -> tuple[str, int, int] | None:
+    """How the box command ``m`` takes its argument: ``("brace", i, -1)`` (``{`` at ``i``), ``("token", i, j)``
+    (the answer is ``text[i:j]``), ``("cut", -1, -1)`` (the text ends after the command) or None (no box)."""
+    i, n = m.end(), len(text)
     while i < n and text[i] in " \t":
         i += 1
     if i >= n:
+        return "cut", -1, -1
+    if text[i] == "{":
+        return "brace", i, -1
+    if i == m.end() and text[i] not in "0123456789":  # ``\boxed.``, ``\boxed$``: no argument
         return None
-    if text[i] != "{":
-        if i == idx + len(prefix):  # ``\boxedx`` is another command, not a box
+    end = _TOKEN_END.search(text, i)
+    j = end.start() if end else n
+    if j == i or _PROSE_WORD.fullmatch(text, i, j):  # ``\boxed as requested``: the command named in prose
+        return None
+    return "token", i, j
+
+
+def box_commands(text: str) -> list[re.Match]:
+    """The ``\\boxed`` / ``\\fbox`` commands of ``text`` that take an answer (see :func:`last_box`), in order."""
+    if not isinstance(text, str):
+        return []
+    return [m for m in _BOX_COMMAND.finditer(text) if _box_argument(text, m) is not None]
+
+
+def last_box(text: str) -> tuple[int, int, str] | None:
+    """``(start, end, box)`` of the last box of ``text`` (see :func:`last_boxed_only_string`, which returns
+    ``box``): ``text[start:end]`` is the box as written. None when there is none or the last one is not closed."""
+    if not isinstance(text, str):
+        return None
+    for m in reversed(list(_BOX_COMMAND.finditer(text))):
+        arg = _box_argument(text, m)
+        if arg is None:
+            continue  # not a box: an earlier one is the answer
+        kind, i, j = arg
+        if kind == "token":
+            return m.start(), j, m.group(0) + " " + text[i:j]
+        if kind == "cut":
             return None
-        j = i
-        while j < n and not text[j].isspace() and text[j] != "$":
-            j += 1
-        return prefix + " " + text[i:j] if j > i else None
-    depth = 0
-    for m in _BRACE_TOKENS.finditer(text, i):
-        tok = m.group(0)
-        if tok == "{":
-            depth += 1
-        elif tok == "}":
-            depth -= 1
+        depth = 0
+        for t in _BRACE_TOKENS.finditer(text, i):
+            depth += {"{": 1, "}": -1}.get(t.group(0), 0)
             if depth == 0:
-                return text[idx:m.end()]
+                return m.start(), t.end(), text[m.start():t.end()]
+        return None
     return None
 
 
+def last_boxed_only_string(text: str) -> str | None:
+    """The last box in ``text``, including the command: ``\\boxed{...}``, ``\\fbox{...}``, or a token form.
+
+    Braces nest (``\\boxed{\\frac{1}{2}}`` is returned whole); escaped braces ``\\{ \\}`` do not count.
+    The token forms read as TeX does where a single token follows: ``\\boxed 5`` (after spaces) and ``\\boxed5``
+    (a digit cannot belong to a command name); their answer ends at the next whitespace or ``$`` and they come back
+    as ``"\\boxed 5"``. A command that is not a box is passed over, and the box before it is the answer: a longer
+    command name (``\\fboxsep``, ``\\boxedx``), a command with no argument (``\\boxed.``), or a bare command
+    followed by a word of prose (``\\boxed as requested``: words of two or more letters are no answer, one letter
+    such as ``\\boxed x`` is). Linear time.
+
+    Returns:
+        e.g. ``"\\boxed{\\frac{1}{2}}"``; None when there is no box, or the last box is not closed (``"\\boxed{3"``,
+        a text ending in ``\\boxed``). Never raises (non-str input gives None).
+    """
+    found = last_box(text)
+    return None if found is None else found[2]
+
+
 def remove_boxed(s: str | None) -> str | None:
-    """Unwrap ``\\boxed{x}``, ``\\fbox{x}`` or ``\\boxed x`` to ``x``; None for anything else. Never raises."""
+    """Unwrap ``\\boxed{x}``, ``\\fbox{x}``, ``\\boxed x`` or ``\\boxed5`` to ``x``; None for anything else. Never
+    raises."""
     if not isinstance(s, str):
         return None
     s = s.strip()
@@ -113,7 +149,7 @@ def remove_boxed(s: str | None) -> str | None:
         stripped = rest.lstrip(" \t")
         if stripped.startswith("{"):
             return stripped[1:-1] if stripped.endswith("}") else None
-        if stripped and stripped is not rest:  # the ``\boxed x`` form needs the space
+        if stripped and (stripped is not rest or stripped[0] in "0123456789"):  # ``\boxed x`` needs the space
             return stripped
         return None
     return None
@@ -281,9 +317,9 @@ def gold_answer(ground_truth: Any) -> str:
             containing ``\\boxed{...}``; None counts as ``""``.
 
     Returns:
-        The content of the LAST closed ``\\boxed{...}`` (or ``\\fbox{...}``, ``\\boxed x``) of ``str(ground_truth)``
-        when it has one (as written, not stripped: ``\\boxed{ 5 }`` gives ``" 5 "``), else the text stripped of
-        surrounding whitespace.
+        The content of the LAST closed box (``\\boxed{...}``, ``\\fbox{...}``, ``\\boxed x``, ``\\boxed5``:
+        :func:`last_boxed_only_string`) of ``str(ground_truth)`` when it has one (as written, not stripped:
+        ``\\boxed{ 5 }`` gives ``" 5 "``), else the text stripped of surrounding whitespace.
     """
     gt = "" if ground_truth is None else str(ground_truth)
     if "\\boxed" in gt or "\\fbox" in gt:

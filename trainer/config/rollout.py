@@ -133,6 +133,9 @@ class RolloutConfig(Section):
             as_int(self.log_prob_max_token_len_per_gpu, f"{key}.log_prob_max_token_len_per_gpu", minimum=1)
         # transformers drops a "paged|" prefix; org/name is a kernel from the Hub (trainer.attention_checks)
         attn = str(self.attn_implementation or "auto").removeprefix("paged|")
+        if self.name == "hf" and attn != str(self.attn_implementation or "auto") and attn in ("auto", "sdpa_gqa"):
+            raise ConfigError(f"{key}.attn_implementation={self.attn_implementation!r}; expected {attn} without the "
+                              "paged| prefix (the prefix applies to transformers' own implementations)")
         if self.name == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager") and "/" not in attn:
             from transformers import AttentionInterface
 

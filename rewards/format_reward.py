@@ -37,9 +37,8 @@ def single_final_answer(text: str, answer_format: str = "gsm8k") -> bool:
       a numbered heading such as ``#### 1. Add`` too; a ``####`` without a number is none), written as four ``#``,
       one or two spaces or tabs, at most a sign and a currency sign, then the number (``#### -$5``; not ``####``
       and blanks to the length limit);
-    - ``"boxed"``: one ``\\boxed``/``\\fbox`` (the two together) that takes an answer
-      (:func:`rewards.math.box_commands`: not ``\\fboxsep``, nor ``\\boxed`` named in prose), closed, at most
-      :data:`MAX_BOX_GAP` spaces after the command (``\\boxed{7}``, ``\\boxed 7``, ``\\boxed7``);
+    - ``"boxed"``: one ``\\boxed``/``\\fbox`` command (the two together; :func:`rewards.math.box_commands`: not
+      ``\\fboxsep``), closed, at most :data:`MAX_BOX_GAP` spaces after the command (``\\boxed{7}``, ``\\boxed 7``, ``\\boxed7``);
     - after the answer (the number, or the box) at most :data:`MAX_AFTER_ANSWER` characters, whitespace included:
       ``#### 32\\nThe answer is 32.``, ``#### 3/4`` and ``$\\boxed{7}$.`` are fine; the answer repeated, or any
       text or blank lines to the length limit, are not.

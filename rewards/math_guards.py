@@ -120,7 +120,7 @@ def nesting_depths(s: str) -> tuple[int, int]:
 _EVALUATED = re.compile(r"\\(?:[dt]?binom|choose|Gamma|det)(?![a-zA-Z])")
 _MAX_DET_ENTRIES = 16  # a 4x4 determinant
 # what an argument of an evaluated command may not hold: a factorial, a big operator, an evaluated command (checked
-# apart), or a power of a number to a numeric exponent (10^{6}: the numbers are small, the value is not)
+# apart), or a power of a number with a big value (10^{6}: the numbers are small, the value is not; checked apart)
 _NOT_SMALL = re.compile(r"!|\\(?:sum|prod|int|lim)(?![a-zA-Z])")
 _NUMBER_POWER = re.compile(r"([0-9.]+)\^(?:([0-9])|\{([^a-zA-Z{}]*)\})")  # a power of a number
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
@@ -152,6 +152,11 @@ def _argument(s: str, i: int, pairs: dict[int, int]) -> tuple[str, int]:
     return m.group(0), m.end()
 
 
+def _power_digits(base: float, exponent: int) -> float:
+    """Decimal digits of ``base ** exponent`` (``exponent * log10(base)``; 0 for a base of at most 1), not computed."""
+    return exponent * math.log10(max(base, 1))
+
+
 def _small(arg: str, limit: float) -> bool:
     """Whether an argument of an evaluated command is small: every number in it at most ``limit``, no factorial, big
     operator or evaluated command inside, and a power of a number only to an integer exponent with a value at most
@@ -165,7 +170,7 @@ def _small(arg: str, limit: float) -> bool:
         return False
     for power in _NUMBER_POWER.finditer(arg):  # a power of a number: an integer exponent and a value <= limit
         exponent = power.group(2) or power.group(3)
-        if not _INTEGER.fullmatch(exponent) or int(exponent) * math.log10(max(float(power.group(1) or 0), 1)) > \
+        if not _INTEGER.fullmatch(exponent) or _power_digits(float(power.group(1) or 0), int(exponent)) > \
                 math.log10(max(limit, 1)):
             return False
     return not any(_EVALUATED.fullmatch("\\" + c) for c in _ARG_COMMANDS.findall(arg))
@@ -246,11 +251,9 @@ def _tower_value_ok(tower: str) -> bool:
     ``MAX_EXPONENT`` and the value at most ``MAX_DIGITS`` digits (``2^{2^{2^{2}}}`` = 65536 passes,
     ``9^{9^{9^{9}}}`` does not: its second exponent already has 369,693,100 digits)."""
     numbers = [int(n) for n in _INTEGER.findall(tower)]
-    if tower.count("{") != tower.count("}"):
-        return False
     exponent = numbers[-1]
     for base in reversed(numbers[:-1]):
-        if exponent > MAX_EXPONENT or exponent * math.log10(max(base, 1)) > MAX_DIGITS:
+        if exponent > MAX_EXPONENT or _power_digits(base, exponent) > MAX_DIGITS:
             return False
         exponent = base ** exponent
     return True
@@ -288,8 +291,8 @@ def structure_ok(s: str) -> bool:
     (:func:`nesting_depths`), has at most ``MAX_BARS`` bars, no digit run longer than 200, at most ``MAX_TOWER``
     superscripts stacked (:func:`tower_height`: ``x^{x^{x^{x}}}``, ``e^{e^{e^{e^{e}}}}``, ``9^{9^{9^{9}}}`` are
     refused; their values have no bound, and parsing them alone costs more than refusing) unless the tower is of
-    integer literals with a small value (:func:`_towers_ok`: ``2^{2^{2^{2}}}``), and the commands that the parser evaluates have
-    small arguments (:func:`evaluated_commands_ok`). Never raises."""
+    integer literals with a small value (:func:`_towers_ok`: ``2^{2^{2^{2}}}``), and the commands that the parser
+    evaluates have small arguments (:func:`evaluated_commands_ok`). Never raises."""
     if not isinstance(s, str) or re.search(r"[0-9]{%d}" % (_MAX_DIGIT_RUN + 1), s):
         return False
     if len(_BARS.findall(s)) > MAX_BARS:

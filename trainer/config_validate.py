@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from trainer.config_checks import ConfigError, ConfigErrors, ErrorCollector, as_int, as_written, check_rollout_correction, run_checks
+from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as_int, as_written,
+                                   check_rollout_correction, run_checks)
 from trainer.megatron_checks import check_megatron
 from trainer.run_roles import critic_on, prime_enabled
 

@@ -12,8 +12,8 @@ from trainer.config_checks import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_override_shapes", "check_tiny_model", "override_key_warnings", "override_sources", "attention_entries",
-           "without_attention"]
+__all__ = ["check_override_shapes", "check_tiny_model", "override_key_warnings", "override_sources",
+           "attention_entries", "without_attention"]
 
 KEY = "actor_rollout_ref.model.override_config"
 TINY = "actor_rollout_ref.model.tiny"

@@ -2,8 +2,8 @@
 per check)."""
 from __future__ import annotations
 
-__all__ = ["critic_on", "prime_enabled", "trained_roles", "trained_optims", "role_section", "updates_per_step",
-           "optimizer_steps_per_training_step", "ROLES"]
+__all__ = ["critic_on", "prime_enabled", "section_runs", "trained_roles", "trained_optims", "role_section",
+           "updates_per_step", "optimizer_steps_per_training_step", "ROLES"]
 
 #: ``(key, path)`` of each role that can train: the actor, the critic, PRIME's reward model
 ROLES = (("actor_rollout_ref.actor", ("actor_rollout_ref", "actor")), ("critic", ("critic",)),
@@ -25,6 +25,20 @@ def critic_on(run: dict) -> bool:
 def prime_enabled(cfg) -> bool:
     """True when the config asks for PRIME (``algorithm.use_prime``)."""
     return bool((cfg.get("algorithm") or {}).get("use_prime", False))
+
+
+def section_runs(cfg, section: str) -> bool:
+    """Whether the role of the config section ``section`` runs: ``actor_rollout_ref.ref`` when a KL term needs
+    reference log-probs (:func:`trainer.config.runtime.needs_reference`), ``critic`` with a critic
+    (:func:`critic_on`), ``reward_model`` with PRIME (:func:`prime_enabled`); any other section always. True when
+    ``cfg`` lacks the keys that tell."""
+    from trainer.config.runtime import needs_reference
+
+    runs = {"actor_rollout_ref.ref": needs_reference, "critic": critic_on, "reward_model": prime_enabled}
+    try:
+        return bool(runs.get(section, lambda c: True)(cfg))
+    except (KeyError, TypeError, AttributeError):
+        return True
 
 
 def trained_roles(cfg: dict) -> list[tuple[str, tuple[str, ...]]]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from trainer.on_policy import pass_never_runs
 from trainer.verl_compat import _get
 
-__all__ = ["BUILTIN_LOSS_MODES", "LOSS_MODE_READERS", "MORE_ROWS", "micro_batch_unread", "has_val_data", "lora_off", "loss_mode", "no_validation_why",
-           "norm_std_readers", "reads_norm_std", "rollout_is_off", "strategy", "validates"]
+__all__ = ["BUILTIN_LOSS_MODES", "LOSS_MODE_READERS", "MORE_ROWS", "micro_batch_unread", "has_val_data", "lora_off",
+           "loss_mode", "no_validation_why", "norm_std_readers", "reads_norm_std", "rollout_is_off", "strategy",
+           "validates"]
 
 _A = "actor_rollout_ref.actor"
 _CLIPPED = ("vanilla", "gspo", "cispo", "geo_mean", "clip_cov", "dppo_tv", "dppo_kl")
@@ -103,17 +104,17 @@ _MICRO = {f"{_A}.ppo_micro_batch_size_per_gpu": (f"{_A}.use_dynamic_bsz", f"{_A}
              for r in ("rollout", "ref")},
           **{f"critic.{k}_micro_batch_size_per_gpu": ("critic.use_dynamic_bsz", f"critic.{k}_max_token_len_per_gpu")
              for k in ("ppo", "forward")},
-          "reward_model.micro_batch_size_per_gpu": ("reward_model.use_dynamic_bsz", "reward_model.max_token_len_per_gpu")}
+          "reward_model.micro_batch_size_per_gpu": ("reward_model.use_dynamic_bsz",
+                                                    "reward_model.max_token_len_per_gpu")}
 
 
 def _role_runs(run: dict, key: str) -> bool:
-    from trainer.config.runtime import needs_reference
-    from trainer.run_roles import critic_on, prime_enabled
+    """Whether the role that reads ``key`` runs (:func:`trainer.run_roles.section_runs`); the rollout section's
+    log-prob keys are read by the old-log-prob pass, which may never run."""
+    from trainer.run_roles import section_runs
 
     section = key.rsplit(".", 1)[0]
-    runs = {f"{_ARR}.ref": needs_reference, "critic": critic_on, "reward_model": prime_enabled,
-            f"{_ARR}.rollout": lambda r: not pass_never_runs(r)}.get(section)
-    return runs is None or bool(runs(run))
+    return not pass_never_runs(run) if section == f"{_ARR}.rollout" else section_runs(run, section)
 
 
 def micro_batch_unread(run: dict, key: str) -> bool:

@@ -295,12 +295,15 @@ def ulysses_sizes(cfg: Mapping) -> list[tuple[str, Any]]:
     """``(dotted key, value as written)`` of ``ulysses_sequence_parallel_size`` in each of :data:`ULYSSES_SECTIONS`
     of the run config ``cfg`` whose role runs: the actor's always, the reference's when a KL term needs reference
     log-probs (:func:`trainer.config.runtime.needs_reference`), the critic's when the run has a critic
-    (:func:`trainer.run_roles.critic_on`); every section when ``cfg`` lacks the keys that tell. The size of a role
+    (:func:`trainer.run_roles.critic_on`), PRIME's reward model's with PRIME (:func:`trainer.run_roles.section_runs`);
+    every section when ``cfg`` lacks the keys that tell. The size of a role
     that does not run is warned about as ignored (:mod:`trainer.unused_settings`), not checked against the workers
     or the model."""
+    from trainer.run_roles import section_runs
+
     out = []
     for key in ULYSSES_SECTIONS:
-        if not _role_runs(cfg, key):
+        if not section_runs(cfg, key):
             continue
         node = cfg
         for part in key.split("."):
@@ -308,18 +311,6 @@ def ulysses_sizes(cfg: Mapping) -> list[tuple[str, Any]]:
         if "ulysses_sequence_parallel_size" in node:  # a reward_model section without it: one rank per sequence
             out.append((f"{key}.ulysses_sequence_parallel_size", node["ulysses_sequence_parallel_size"]))
     return out
-
-
-def _role_runs(cfg: Mapping, section: str) -> bool:
-    """Whether the role of ``section`` (one of :data:`ULYSSES_SECTIONS`) runs; True when ``cfg`` cannot tell."""
-    from trainer.config.runtime import needs_reference
-    from trainer.run_roles import critic_on, prime_enabled
-
-    runs = {"actor_rollout_ref.ref": needs_reference, "critic": critic_on, "reward_model": prime_enabled}
-    try:
-        return runs.get(section, lambda c: True)(cfg)
-    except (KeyError, TypeError, AttributeError):
-        return True
 
 
 def check_ulysses_world(cfg: Mapping, world: int) -> None:

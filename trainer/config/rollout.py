@@ -132,16 +132,17 @@ class RolloutConfig(Section):
         if self.log_prob_use_dynamic_bsz:
             as_int(self.log_prob_max_token_len_per_gpu, f"{key}.log_prob_max_token_len_per_gpu", minimum=1)
         # transformers drops a "paged|" prefix; org/name is a kernel from the Hub (trainer.attention_checks)
-        attn = str(self.attn_implementation or "auto").removeprefix("paged|")
-        if self.name == "hf" and attn != str(self.attn_implementation or "auto") and attn in ("auto", "sdpa_gqa"):
-            raise ConfigError(f"{key}.attn_implementation={self.attn_implementation!r}; expected {attn} without the "
-                              "paged| prefix (the prefix applies to transformers' own implementations)")
+        given = str(self.attn_implementation or "auto")
+        attn = given.removeprefix("paged|")
+        if self.name == "hf" and attn != given and attn in ("auto", "sdpa_gqa"):
+            raise ConfigError(f"{key}.attn_implementation={given!r}; expected {attn} without the paged| prefix (the "
+                              "prefix applies to transformers' own implementations)")
         if self.name == "hf" and attn not in ("auto", "sdpa", "sdpa_gqa", "eager") and "/" not in attn:
             from transformers import AttentionInterface
 
             known = sorted(AttentionInterface().valid_keys())  # transformers' registered attention functions
             if attn not in known:
-                raise ConfigError(f"{key}.attn_implementation={self.attn_implementation!r}; expected auto, sdpa, "
+                raise ConfigError(f"{key}.attn_implementation={given!r}; expected auto, sdpa, "
                                   f"sdpa_gqa, eager or one of transformers' {known}")
         if self.name == "hf" and (self.decode_loop or "auto") not in DECODE_LOOPS:
             raise ConfigError(f"{key}.decode_loop={self.given('decode_loop')!r}; expected auto (graph on CUDA where "

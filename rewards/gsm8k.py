@@ -31,6 +31,8 @@ Both methods read a number the same way:
 * What does not change the value is not part of the number: a unit or word (``42 km``, ``42 \text{km}``, ``30°``,
   ``42's``), a percent sign (``42%`` and ``42\%`` are 42), a ``!`` that ends a sentence (``42!``) and Markdown
   emphasis: ``**42**`` is 42 in both modes (``#### **42**`` too), ``**`` after a space is bold, not a power.
+  A bold numbered heading after the marker (``#### **1. Find the total cost**``, ``#### **2) Add**``) is no marker:
+  the emphasis holds a list label and a title, not an answer (``#### 1. Find`` without emphasis is still read as 1).
 * An expression is no answer, with or without spaces around its operator: an operator (``+ - − – * × ÷ / : ^ **
   =``, ``\times``, ``\cdot``, ``\div``) followed by an operand (a number, optionally after ``(``, a sign or ``$``;
   a LaTeX fraction or root, ``√``, ``π``, ``½``), or a further digit group after a space (``1 000``). Strict mode
@@ -63,9 +65,10 @@ TOOL_RESPONSE_END = "</tool_response>"  # a tool answer's end in Hermes/Qwen tem
 # or '#' is never re-scanned (linear time; needs Python >= 3.11 for possessive quantifiers).
 _STRICT_RE = re.compile(
     r"(?<!#)#{4,}+"  # a run of 4+ '#', taken whole (possessive, no backtracking into the run)
-    r"[ \t]*+(?:(?:\*{1,3}+|_{1,2}+)[ \t]*+)?+"
+    r"[ \t]*+(?:(?P<em>\*{1,3}+|_{1,2}+)[ \t]*+)?+"
     r"(?:(?P<sign1>[-+\u2212])[ \t]*+)?(?:\$[ \t]*+)?(?P<sign2>[-+\u2212])?"
     r"(?P<num>" + NUM + ")"
+    r"(?(em)(?![.)][ \t]++[^\W\d_]))"  # ``#### **1. Find the cost**`` is a numbered bold heading, no marker
 )
 # How far back from the last marker we look for the start of its '#' run on the fast path.
 _FAST_RUN_LOOKBACK = 64

@@ -81,6 +81,19 @@ def test_p03_strict_reads_markdown_emphasis_after_the_marker(text, gt):
     assert compute_score(text, gt, method="flexible") == 1.0, extract_solution(text, "flexible")
 
 
+def test_p03_a_bold_numbered_heading_after_the_marker_is_no_answer():
+    for text in ("#### **1. Find the total cost**", "#### **2) Add the two**", "#### __1. Find__",
+                 "#### ** 3. Check the units**"):
+        assert extract_solution(text) is None, text
+        assert compute_score(text + "\nThe total is 1 dollar.", "1") == 0.0, text
+    # an earlier answer marker is kept when a heading comes after it; emphasis closed after the number is an answer
+    assert extract_solution("#### 42\n#### **2. Check the answer**") == "42"
+    for text in ("#### **42.**", "#### **42.** Done", "#### **1.5 kg**", "#### 1. Find"):
+        assert extract_solution(text) in ("42", "1.5", "1"), text
+    for _ in range(2):  # linear on a long run of headings
+        assert extract_solution("#### **1. Find**\n" * 100_000) is None
+
+
 def test_p03_units_percent_and_sentence_ends_stay_outside_the_number():
     for text in ("#### 42 km", "#### 42km", "#### 42 \\text{ km}", "#### 42\\,\\text{km}", "#### 42%", "#### 42\\%",
                  "#### 42.", "#### 42!", "#### 42!!", "#### 42!!!", "#### 42! (wow)", "#### 42°", "#### 42\u00a0km",

@@ -30,6 +30,21 @@ def _destroy_deepspeed_engines():
             engine.destroy()
 
 
+@pytest.fixture
+def cuda_deepspeed_accelerator():
+    """DeepSpeed's CUDA accelerator for one test, then the previous one back. CPU test modules set
+    ``DS_ACCELERATOR=cpu`` when pytest imports them (collection), so in a whole-suite ``-m gpu`` run DeepSpeed would
+    keep an engine's model on the CPU and its first broadcast fails (``No backend type associated with device type
+    cpu``)."""
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+    previous = get_accelerator()
+    set_accelerator(CUDA_Accelerator())
+    yield
+    set_accelerator(previous)
+
+
 @pytest.fixture(scope="session")
 def saved(tmp_path_factory):
     """A real run's output folder with the checkpoint of its step 1 (2 DeepSpeed ranks, ZeRO-2), made once per

@@ -77,16 +77,9 @@ def test_cuda_graph_compile_under_deepspeed_zero2_matches_eager(fresh_dynamo, ze
     steps are linear in the accumulated gradients (Adam's first steps are sign-like and would turn rounding noise in
     near-zero gradients into lr-sized differences): they equal eager's, and they moved."""
     import deepspeed
-    from deepspeed.accelerator import get_accelerator, set_accelerator
-    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
-
     from trainer.workers.base import DistributedWorker, free_port
 
-    # CPU test modules set DS_ACCELERATOR=cpu when pytest imports them (collection), so in a whole-suite run DeepSpeed
-    # would move this engine's model to the CPU: use the CUDA accelerator here, then put the previous one back
-    previous = get_accelerator()
-    set_accelerator(CUDA_Accelerator())
-    request.addfinalizer(lambda: set_accelerator(previous))
+    request.getfixturevalue("cuda_deepspeed_accelerator")  # the model on the GPU in a whole-suite run
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))

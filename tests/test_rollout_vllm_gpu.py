@@ -167,7 +167,7 @@ def _others_gib() -> float:
     return sum((p.usedGpuMemory or 0) for p in procs if p.pid != os.getpid()) / 2**30
 
 
-def test_vllm_asleep_at_creation_then_lifecycle_frees_memory(setup):
+def test_vllm_asleep_at_creation_then_lifecycle_frees_memory(setup, cuda_deepspeed_accelerator):
     from rollout import memory
     from rollout.base import SamplingConfig
 
@@ -190,7 +190,7 @@ def test_vllm_asleep_at_creation_then_lifecycle_frees_memory(setup):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_vllm_sync_from_zero_matches_hf_engine(setup, stage):
+def test_vllm_sync_from_zero_matches_hf_engine(setup, stage, cuda_deepspeed_accelerator):
     from rollout.base import SamplingConfig
 
     engine, s = setup["engine"], setup

@@ -503,6 +503,27 @@ def test_report_from_combines_evaluated_files_of_two_sessions(tmp_path, capsys):
     assert "Combined" not in (tmp_path / "one.md").read_text()
 
 
+def test_each_run_keeps_the_tool_call_that_trained_it_through_both_merges(tmp_path):
+    """The loan script trains each side in its own call (``--sides ours``, then ``--sides trl``) and merges the two
+    files before the evaluation: the merged document's meta is the first call's, so the TRL run's file row showed
+    ours' command."""
+    full = _session_doc(1)
+    paths = []
+    for side in ("ours", "trl"):
+        d = dict(full, runs=[r for r in full["runs"] if r["side"] == side], meta=dict(full["meta"], command=f"--sides {side}"))
+        d.pop("eval")
+        paths.append(_write(tmp_path, f"{side}.json", d))
+    merged = learn_vs_trl.merge_docs(paths)
+    assert {r["side"]: r["invocation"] for r in merged["runs"]} == {"ours": "--sides ours", "trl": "--sides trl"}
+    assert merged["meta"]["command"] == "--sides ours"
+    evaluated = _write(tmp_path, "learn1.json", dict(merged, eval=full["eval"]))
+    other = _write(tmp_path, "s2.json", _session_doc(2))
+    learn_vs_trl.main(["--report-from", f"{evaluated}:trl,{other}", "--out", str(tmp_path / "learn.json")])
+    text = (tmp_path / "learn.md").read_text()
+    assert f"| {evaluated} | trl seed 1 | 2026-12-01T10:00:00+00:00 | NVIDIA H100 | vllm | `--sides trl` |" in text
+    assert f"| {other} | trl seed 2, ours seed 2 | 2026-12-02T10:00:00+00:00 | NVIDIA H200 | vllm | `run 2` |" in text
+
+
 def test_report_from_refuses_a_differing_job_key(tmp_path):
     a = _write(tmp_path, "s1.json", _session_doc(1))
     b = _write(tmp_path, "s2.json", _session_doc(2, lr=1e-4, test="/x/held_out.parquet"))

@@ -13,7 +13,8 @@ Two uses, one merge (:func:`merge_docs`):
   the union of every file's, per checkpoint and set, the first file's taken where two files have one; so the base
   model (time 0 of every run) is the first file's. Each session scores the base model again, and another machine may
   score it slightly differently: a base accuracy that differs between files is kept in ``eval.base_spread`` and
-  printed. Provenance: every run gets ``file`` (the file it came from), the document ``meta_by_file`` (each file's
+  printed. Provenance: every run gets ``file`` (the file it came from) and, from the merge before an evaluation,
+  ``invocation`` (the command of the tool call that trained it), the document ``meta_by_file`` (each file's
   ``meta``: date, device, command, versions) and ``eval.by_file`` (each file's evaluator engine, wall time, return
   code and GSM8K rows).
 
@@ -118,7 +119,8 @@ def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") 
                 raise SystemExit(f"error: {flag} {p}: {r['side']} seed {r['seed']} is also in {seen[key]}; "
                                  "each (side, seed) run may come from one file only")
             seen[key] = p
-    runs = [dict(r, file=p) if evaluated else r for p, d in zip(paths, docs) for r in d.get("runs", [])]
+    runs = [dict(r, file=p) if evaluated else _with_invocation(r, d) for p, d in zip(paths, docs)
+            for r in d.get("runs", [])]
     doc = dict(docs[0], runs=runs)
     doc.pop("eval", None)
     doc["job"] = dict(doc["job"], seeds=sorted({r["seed"] for r in runs}),
@@ -129,6 +131,14 @@ def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") 
         doc["eval"] = _merged_eval(paths, docs, flag)
         doc["meta_by_file"] = {p: d.get("meta") for p, d in zip(paths, docs)}
     return doc
+
+
+def _with_invocation(run: dict, doc: dict) -> dict:
+    """``run`` with ``invocation``: the command of the tool call that trained it (``doc``'s ``meta.command``), kept
+    from an earlier merge when it has one. Files of one side each (the loan script's ``ours.json`` and ``trl.json``)
+    are merged before their evaluation, and the merged document keeps only the first file's ``meta``."""
+    command = (doc.get("meta") or {}).get("command")
+    return run if "invocation" in run or command is None else dict(run, invocation=command)
 
 
 def _taken(doc: dict, path: str, side: str | None, flag: str) -> dict:

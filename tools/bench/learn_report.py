@@ -217,7 +217,9 @@ def _baseline_lines(doc: dict, tg: dict) -> list[str]:
 
 def _sources(doc: dict) -> list[str]:
     """Markdown lines on the files a combined document came from (``meta_by_file``, ``eval.by_file``, each run's
-    ``file``; :mod:`tools.bench.learn_merge`) and on base scores that differ between them; none for one file."""
+    ``file``; :mod:`tools.bench.learn_merge`) and on base scores that differ between them; none for one file. The
+    command column holds each run's ``invocation`` (the tool call that trained it) where the file records one, else
+    the file's own command (a file written before runs recorded it shows its first tool call's)."""
     files = doc.get("meta_by_file")
     if not files:
         return []
@@ -226,10 +228,12 @@ def _sources(doc: dict) -> list[str]:
     lines = ["", f"Combined from {len(files)} evaluated files (the base model at 0 min is {first}'s):", "",
              "| file | runs | date | device | evaluator | command |", "|---|---|---|---|---|---|"]
     for path, meta in files.items():
-        meta, runs = meta or {}, [f"{r['side']} seed {r['seed']}" for r in doc.get("runs", []) if r.get("file") == path]
+        meta, held = meta or {}, [r for r in doc.get("runs", []) if r.get("file") == path]
+        runs = [f"{r['side']} seed {r['seed']}" for r in held]
         engine = ((ev.get("by_file") or {}).get(path) or {}).get("engine")
+        commands = list(dict.fromkeys(r.get("invocation") or meta.get("command", "-") for r in held)) or ["-"]
         lines.append(f"| {path} | {', '.join(runs) or '-'} | {meta.get('date', '-')} | {meta.get('device', '-')} | "
-                     f"{engine or '-'} | `{meta.get('command', '-')}` |")
+                     f"{engine or '-'} | {'<br>'.join(f'`{c}`' for c in commands)} |")
     for name, sp in (ev.get("base_spread") or {}).items():
         seen = ", ".join(f"{_pct(a)} ({p})" for a, p in zip(sp["acc"], sp["files"]))
         lines += ["", f"- The base model's {name} accuracy differs between the files' sessions: {seen}; the table "

@@ -29,9 +29,11 @@ values equal.
 
 Time: the scorer bounds its own time (:mod:`rewards.math_guards`): redundant braces are removed, answers nested
 too deep for the parser are refused before parsing, parsed expressions too big to evaluate
-(``9^{9^{9^{9}}}``) are refused before sympy evaluates them, and whatever is left runs under a hard limit
-(``timeout_seconds``, default ``TIMEOUT_SECONDS``); answers longer than ``MAX_ANSWER_CHARS`` are compared as
-normalised strings only. The :class:`rewards.manager.RewardManager` keeps its own per-sample limit on top.
+(``9^{9^{9^{9}}}``) are refused before sympy evaluates them, pairs whose ``simplify`` would expand too far
+(``(x+1)^{100}(x+2)^{100}(x+3)^{100}`` against ``1``) are decided without it (:mod:`rewards.math_expand`), and
+whatever is left runs under a hard limit (``timeout_seconds``, default ``TIMEOUT_SECONDS``); answers longer than
+``MAX_ANSWER_CHARS`` are compared as normalised strings only. The :class:`rewards.manager.RewardManager` keeps its
+own per-sample limit on top.
 
 Safety: the model text never reaches ``eval``/``exec``/``sympy.sympify``. math-verify's plain-expression
 extractor (``ExprExtractionConfig``) calls ``sympy.parse_expr``, which uses ``eval``; it is never used here:
@@ -49,6 +51,7 @@ from fractions import Fraction
 from typing import Any
 
 from rewards.math_exact import answers_agree
+from rewards.math_expand import cheap_equal, simplify_too_slow
 from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, note_limit_hit, structure_ok, time_bound
 # the answer's text (normalisation, the empty answer, equations and labels): rewards.math_text, importable from here
 from rewards.math_text import MAX_ANSWER_CHARS, _equation, _has_variable, _normalize, is_empty_answer, normalize_answer
@@ -250,8 +253,8 @@ def _verify_exact(pred: str, gold: str) -> bool:
     pred_parsed = _parse_latex(pred)
     if not gold_parsed or not pred_parsed or not all(is_tame(p) for p in pred_parsed):
         return False
-    return any(verify([g], [p], timeout_seconds=None) and answers_agree(g, p) is not False
-               for g in gold_parsed for p in pred_parsed)
+    return any((cheap_equal(g, p) if simplify_too_slow(g, p) else verify([g], [p], timeout_seconds=None))
+               and answers_agree(g, p) is not False for g in gold_parsed for p in pred_parsed)
 
 
 def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECONDS) -> bool:
@@ -263,10 +266,11 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
     equations in variables go on whole. Then: normalised strings equal -> True; both plain numbers (integers,
     decimals, ``a/b``, ``\\frac{a}{b}``) -> exact comparison; longer than ``MAX_ANSWER_CHARS`` or nested too deep
     (:func:`rewards.math_guards.structure_ok`) -> False; else math-verify (``\\frac{1}{2}`` == ``0.5``, ``(1,2)`` ==
-    ``(1, 2)``) on :func:`is_tame` parses, with numeric answers confirmed exactly
-    (:func:`rewards.math_exact.answers_agree`: ``\\frac{1}{3}`` != ``0.333333``), all within ``timeout_seconds``
-    (None: no limit; see :func:`rewards.math_guards.time_bound`). An empty answer on either side
-    (:func:`is_empty_answer`), no math-verify, any error or timeout: False. A comparison cut short by
+    ``(1, 2)``) on :func:`is_tame` parses (a pair too slow to simplify, by
+    :func:`rewards.math_expand.simplify_too_slow`: :func:`rewards.math_expand.cheap_equal` instead), with numeric
+    answers confirmed exactly (:func:`rewards.math_exact.answers_agree`: ``\\frac{1}{3}`` != ``0.333333``), all
+    within ``timeout_seconds`` (None: no limit; see :func:`rewards.math_guards.time_bound`). An empty answer on
+    either side (:func:`is_empty_answer`), no math-verify, any error or timeout: False. A comparison cut short by
     ``timeout_seconds`` is recorded (:func:`rewards.math_guards.note_limit_hit`), so that the reward manager counts
     it apart from a wrong answer (``reward/num_scorer_timeouts``) and warns. Never raises.
     """

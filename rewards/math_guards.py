@@ -5,7 +5,7 @@ Why: math-verify parses LaTeX with latex2sympy, an ANTLR grammar in which plain 
 ``[...]``, ``\\{...\\}``, subscripts) are ambiguous; each nested level makes ANTLR fall back to full-context
 prediction, which is not cached, so the parse time grows steeply with the nesting depth (16 nested ``{`` took
 minutes) while the text stays short. Then sympy evaluates what was parsed, which never finishes for
-``9^{9^{9^{9}}}``. Three bounds, cheapest first:
+``9^{9^{9^{9}}}``. Four bounds, cheapest first:
 
 1. :func:`collapse_braces` removes TeX-redundant braces (``{{x}}`` -> ``{x}``; braces around the whole answer),
    which change nothing in the typeset formula.
@@ -18,9 +18,12 @@ minutes) while the text stays short. Then sympy evaluates what was parsed, which
    integer literals with a small value (``2^{2^{2^{2}}}``).
 3. :func:`is_tame` (:mod:`rewards.math_tame`) refuses parsed expressions that are too big to evaluate, measured
    from their parts without evaluating them (digits of every numeric part: ``e^{e^{e^{e}}}``; towers of powers
-   in variables; factorial, binomial, sum and product bounds), and :func:`time_bound` stops whatever is left
-   after ``timeout_seconds`` (a ``SIGALRM`` timer, main thread only; it cannot interrupt C code, which is why 1-3
-   come first).
+   in variables; factorial, binomial, sum and product bounds).
+4. A pair of answers that each pass 3 can still make math-verify's ``simplify(gold - pred)`` expand for seconds
+   (``(x+1)^{100}(x+2)^{100}(x+3)^{100}``, ``\\frac{1}{(1-x)^{101}}`` against ``2``): such a pair is decided
+   without ``simplify`` (:mod:`rewards.math_expand`: exactly for rational functions, else by math-verify's cheaper
+   steps), in under a millisecond. :func:`time_bound` stops whatever is left after ``timeout_seconds`` (a
+   ``SIGALRM`` timer, main thread only; it cannot interrupt C code, which is why 1-4 come first).
 
 math-verify's own ``parsing_timeout``/``timeout_seconds`` are not used: they are whole seconds of
 ``signal.alarm``, which replaces and then cancels a caller's timer (the reward manager's), and they end with an

@@ -20,6 +20,8 @@ wrong gold: ``(x+1)^{300}`` (301 terms) 0.31 s, ``(x+1)^{400}`` 0.47 s, ``(x+1)^
 on a loaded machine), ``(x+y+z)^{30}`` (496 terms) 0.69 s, ``(x+y+z)^{50}`` (1,326 terms) 2 s; a power of a
 monomial (``(2x)^{150}``, ``(xy)^{200}``) never expands and is not limited. ``binomial(x, k)`` with a variable ``x``
 is a product of ``k`` factors: ``k = 25`` 0.18 s, ``k = 50`` 0.38 s, ``k = 100`` 1.6 s, hence ``MAX_SYMBOLIC_COUNT``.
+These bound each answer alone; what a pair costs to compare (products of such powers, denominators, the gold's own
+terms) is bounded by :mod:`rewards.math_expand`.
 """
 from __future__ import annotations
 

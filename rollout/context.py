@@ -108,18 +108,19 @@ def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable],
             with ``can_share_weights``; the trainer's tensors must stay alive and in place).
 
     Yields:
-        the engine. On exit (also on error) the engine is put to sleep and the cache emptied.
+        the engine. On exit (also on error, a failed wake-up included) the engine is put to sleep, the cache
+        emptied and ``reload_fn`` called (also when the sleep fails).
     """
     log = _StageLog(memory_log, timing_log)
     release = not getattr(engine, "uses_torch_allocator", False)  # only an engine with an allocator of its own
     if offload_fn is not None:
         offload_fn()
-    if release:
-        memory.empty_cache()
-    log("before_wake")
-    engine.wake_up(tags=["weights"])
-    log("weights_awake")
-    try:
+    try:  # a wake-up that fails (out of memory) still ends asleep, with the cache emptied and the optimizer back
+        if release:
+            memory.empty_cache()
+        log("before_wake")
+        engine.wake_up(tags=["weights"])
+        log("weights_awake")
         params = named_params_fn()
         if share_weights:
             engine.share_weights([pair for bucket in bucket_named_tensors(params, bucket_bytes) for pair in bucket])
@@ -135,12 +136,14 @@ def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable],
         yield engine
         log("generated")
     finally:
-        engine.sleep(level=sleep_level)
-        if release:
-            memory.empty_cache()
-        log("asleep")
-        if reload_fn is not None:
-            reload_fn()
+        try:
+            engine.sleep(level=sleep_level)
+            if release:
+                memory.empty_cache()
+            log("asleep")
+        finally:  # the optimizer's states come back even when the sleep itself fails
+            if reload_fn is not None:
+                reload_fn()
 
 
 class _StageLog:

@@ -115,6 +115,36 @@ def test_p19_exit_on_error_still_sleeps(setup):
     assert log[:2] == [("empty_cache",), ("wake_up", ("weights",))]
 
 
+@pytest.mark.parametrize("stage", ["weights", "kv_cache"])
+def test_p19_a_failed_wake_up_still_sleeps_empties_the_cache_and_reloads(setup, monkeypatch, stage):
+    log, actor, state, engine = setup
+    log.clear()
+    wake = engine.llm.wake_up
+
+    def wake_up(tags=None):
+        if tags == [stage]:
+            raise RuntimeError("CUDA out of memory")
+        wake(tags=tags)
+
+    monkeypatch.setattr(engine.llm, "wake_up", wake_up)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        with rollout_mode(engine, lambda: actor.named_parameters(), bucket_bytes=1 << 20,
+                          offload_fn=lambda: log.append(("offload",)), reload_fn=lambda: log.append(("reload",))):
+            pass
+    assert log[0] == ("offload",) and log[-3:] == [("sleep", 1), ("empty_cache",), ("reload",)]
+
+
+def test_p19_a_failed_sleep_still_reloads_the_optimizer(setup, monkeypatch):
+    log, actor, state, engine = setup
+    log.clear()
+    monkeypatch.setattr(engine.llm, "sleep", lambda level=1: (_ for _ in ()).throw(RuntimeError("sleep failed")))
+    with pytest.raises(RuntimeError, match="sleep failed"):
+        with rollout_mode(engine, lambda: actor.named_parameters(), bucket_bytes=1 << 20,
+                          reload_fn=lambda: log.append(("reload",))):
+            pass
+    assert log[-1] == ("reload",)
+
+
 def test_bucketed_sync_counts_and_new_weights(setup):
     log, actor, state, engine = setup
     log.clear()

@@ -50,6 +50,7 @@ scores in milliseconds. Answers are compared as exact decimals (``fractions.Frac
 from __future__ import annotations
 
 import re
+import struct
 from fractions import Fraction
 from typing import Any
 
@@ -65,8 +66,8 @@ TOOL_RESPONSE_END = "</tool_response>"  # a tool answer's end in Hermes/Qwen tem
 # or '#' is never re-scanned (linear time; needs Python >= 3.11 for possessive quantifiers).
 _STRICT_RE = re.compile(
     r"(?<!#)#{4,}+"  # a run of 4+ '#', taken whole (possessive, no backtracking into the run)
-    r"[ \t]*+(?:(?P<em>\*{1,3}+|_{1,2}+)[ \t]*+)?+"
-    r"(?:(?P<sign1>[-+\u2212])[ \t]*+)?(?:\$[ \t]*+)?(?P<sign2>[-+\u2212])?"
+    r"[ \t\u00a0\u202f]*+(?:(?P<em>\*{1,3}+|_{1,2}+)[ \t\u00a0\u202f]*+)?+"  # spaces: also no-break ones
+    r"(?:(?P<sign1>[-+\u2212])[ \t\u00a0\u202f]*+)?(?:\$[ \t\u00a0\u202f]*+)?(?P<sign2>[-+\u2212])?"
     r"(?P<num>" + NUM + ")"
     r"(?(em)(?![.)][ \t]++[^\W\d_]))"  # ``#### **1. Find the cost**`` is a numbered bold heading, no marker
 )
@@ -132,7 +133,8 @@ def _extract_strict(text: str) -> str | None:
 def normalize_number(value: Any) -> Fraction | None:
     """Parse a number written as GSM8K/SVAMP writes answers into an exact ``Fraction``.
 
-    Accepts ints, floats (``12.0`` from SVAMP; via their shortest ``repr``), and strings such as
+    Accepts ints, floats (``12.0`` from SVAMP; via their shortest ``repr``; a value from a float32 column by the
+    shortest decimal of its float32, so ``0.10000000149011612`` is 0.1), and strings such as
     ``"1,000"``, ``"-3"``, ``"$42."``, ``"42.0"``, ``"1.5e3"``, a fraction ``"3/4"`` (either side a decimal) or a full
     reference solution ending in ``#### N``. Commas only as thousands separators (``"1,2"`` is None).
     Returns None for anything else, for a zero denominator, a value above 1e30 in exponent form or a number longer
@@ -145,8 +147,10 @@ def normalize_number(value: Any) -> Fraction | None:
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
             return None
-        value = repr(float(value))  # a float subclass (numpy's float64) by its plain float repr
+        value = _shortest_repr(float(value))  # a float subclass (numpy's float64) by its plain float repr
     if not isinstance(value, str):
+        if getattr(getattr(value, "dtype", None), "kind", "") == "f" and value.dtype.itemsize < 8:
+            return normalize_number(str(value))  # numpy's float32 / float16: the shortest decimal of that type
         try:  # numpy scalars and the like
             return normalize_number(value.item())
         except Exception:
@@ -163,6 +167,20 @@ def normalize_number(value: Any) -> Fraction | None:
         return x
     y = _parse_decimal(den.strip())
     return None if y is None or y == 0 else x / y
+
+
+def _shortest_repr(value: float) -> str:
+    """The decimal a ground truth was written as: ``repr`` of a float, except that a value a float32 holds
+    exactly is read as the shortest decimal that float32 rounds to it. A float32 column (a parquet file written
+    with that type) holds ``0.1`` as ``0.10000000149011612``; no float64 answer is written that way."""
+    single = struct.unpack("f", struct.pack("f", value))[0] if abs(value) < 3.4e38 else None
+    if single != value:
+        return repr(value)
+    for digits in range(1, 10):  # 9 significant digits always round-trip a float32
+        text = f"{value:.{digits}g}"
+        if struct.unpack("f", struct.pack("f", float(text)))[0] == value:
+            return text
+    return repr(value)
 
 
 def _parse_decimal(s: str) -> Fraction | None:

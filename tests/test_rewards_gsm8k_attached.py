@@ -81,6 +81,25 @@ def test_p03_strict_reads_markdown_emphasis_after_the_marker(text, gt):
     assert compute_score(text, gt, method="flexible") == 1.0, extract_solution(text, "flexible")
 
 
+def test_p03_a_ground_truth_from_a_float32_column_is_the_decimal_written():
+    np = pytest.importorskip("numpy")
+    for written in ("0.1", "2.3", "0.35", "123456.7", "-2.5", "12.5"):
+        stored = np.float32(written)  # a parquet float32 column reads back as float(stored): 0.10000000149011612
+        for truth in (stored, float(stored)):
+            assert compute_score(f"#### {written}", truth) == 1.0, (written, truth)
+    assert compute_score("#### 0.1", np.float16(0.1)) == 1.0
+    # a float64 value keeps its own repr: 0.1 is 0.1, and the float32 neighbour of 0.1 is not written as float64
+    assert compute_score("#### 0.1", 0.1) == 1.0 and compute_score("#### 0.1", 0.1000000001) == 0.0
+    assert compute_score("#### 0.10000000149011612", float(np.float32(0.1))) == 0.0
+
+
+def test_p03_no_break_spaces_after_the_marker_are_spaces():
+    for text in ("####\u00a042", "#### \u00a042", "####\u202f42", "#### \u00a0**42**"):
+        assert compute_score(text, "42") == 1.0, repr(text)
+    assert compute_score("#### -\u00a0$\u00a042", "-42") == 1.0
+    assert extract_solution("#### 1\u00a0000") is None  # digit groups joined by a no-break space stay no answer
+
+
 def test_p03_a_bold_numbered_heading_after_the_marker_is_no_answer():
     for text in ("#### **1. Find the total cost**", "#### **2) Add the two**", "#### __1. Find__",
                  "#### ** 3. Check the units**"):

@@ -297,6 +297,26 @@ def test_lr1_a_changed_run_length_with_a_decaying_schedule_is_warned(tmp_path):
     assert resume_schedule_warnings(_cfg("trainer.total_training_steps=8"), str(step)) == []  # constant: no decay
 
 
+def test_p17_a_longer_run_with_the_schedule_length_set_is_not_warned(tmp_path):
+    """A schedule whose length is set (``optim.total_training_steps``) does not follow the run's length: the resumed
+    rates equal the uninterrupted run's, and the warning said the rate may jump."""
+    import torch
+
+    from trainer.resume_schedule import resume_schedule_warnings
+
+    step = tmp_path / "global_step_3"
+    step.mkdir()
+    pinned = ("actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
+              "actor_rollout_ref.actor.optim.total_training_steps=6")
+    torch.save({"global_step": 3, "config": _cfg(*pinned, "trainer.total_training_steps=3")}, str(step / "data.pt"))
+    assert resume_schedule_warnings(_cfg(*pinned, "trainer.total_training_steps=6"), str(step)) == []
+    (line,) = resume_schedule_warnings(_cfg(*pinned[:2], "actor_rollout_ref.actor.optim.total_training_steps=9",
+                                            "trainer.total_training_steps=6"), str(step))  # the set length changed
+    assert "actor_rollout_ref.actor.optim.total_training_steps=9 (checkpoint: 6)" in line
+    (line,) = resume_schedule_warnings(_cfg(*pinned[:2], "trainer.total_training_steps=6"), str(step))  # unset now
+    assert "spans the run's new length" in line
+
+
 def test_a_changed_seed_on_resume_is_warned(tmp_path):
     """The sampling after the resumed step follows trainer.seed: another seed changed the resumed run without a
     word (its steps differed from a plain resume's)."""

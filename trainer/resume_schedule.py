@@ -18,7 +18,8 @@ def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
     differs from the checkpoint's, one when the run's length (``trainer.total_training_steps``, or
     ``trainer.total_epochs`` when the length comes from the data, or an ``optim.total_training_steps`` set) differs
     while a trained role's schedule decays (not ``constant``): the schedule is stretched or shrunk over the new
-    length; one per trained role whose optimizer steps per training step changed (``ppo_epochs``,
+    length (the run's length only for a role whose ``optim.total_training_steps`` is unset: a set one is the
+    schedule's length whatever the run's); one per trained role whose optimizer steps per training step changed (``ppo_epochs``,
     ``ppo_mini_batch_size``, PRIME's ``reward_model.mini_batch_size``) while its schedule moves (decays or warms up):
     the schedule counts optimizer steps, so the restored count falls at another point of the run
     (:func:`_per_step_diffs`).
@@ -31,10 +32,13 @@ def resume_schedule_warnings(cfg: dict, step_dir: str) -> list[str]:
     saved = _saved_config(step_dir)
     if saved is not None:
         out += _per_step_diffs(cfg, saved)
-    decaying = sorted({o.get("lr_scheduler_type") for o in _trained(cfg) if o.get("lr_scheduler_type") != "constant"})
+    moving = [o for o in _trained(cfg) if o.get("lr_scheduler_type") != "constant"]
+    decaying = sorted({o.get("lr_scheduler_type") for o in moving})
     if saved is None or not decaying:
         return out
-    length = _length_diffs(cfg, saved) + _optim_diffs(cfg, step_dir, ("total_training_steps",))
+    # the run's length sets a schedule's length only where its own optim.total_training_steps is unset (-1/null)
+    follows_run = any(o.get("total_training_steps") in (None, -1) for o in moving)
+    length = (_length_diffs(cfg, saved) if follows_run else []) + _optim_diffs(cfg, step_dir, ("total_training_steps",))
     if length:
         out.append(f"trainer.resume_mode: {', '.join(length)}: the decaying learning-rate schedule "
                    f"(lr_scheduler_type={', '.join(map(str, decaying))}) spans the run's new length ({_NEW_RATE})")

@@ -136,14 +136,20 @@ def rollout_mode(engine: RolloutEngine, named_params_fn: Callable[[], Iterable],
         yield engine
         log("generated")
     finally:
-        try:
-            engine.sleep(level=sleep_level)
-            if release:
-                memory.empty_cache()
-            log("asleep")
-        finally:  # the optimizer's states come back even when the sleep itself fails
-            if reload_fn is not None:
-                reload_fn()
+        _put_to_sleep(engine, sleep_level, release, log, reload_fn)
+
+
+def _put_to_sleep(engine: RolloutEngine, level: int, release: bool, log, reload_fn) -> None:
+    """The end of :func:`rollout_mode`: sleep, the cache emptied (``release``), then ``reload_fn``, which runs
+    even when the sleep fails."""
+    try:
+        engine.sleep(level=level)
+        if release:
+            memory.empty_cache()
+        log("asleep")
+    finally:
+        if reload_fn is not None:
+            reload_fn()
 
 
 class _StageLog:

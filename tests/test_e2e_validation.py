@@ -128,3 +128,31 @@ def test_val_also_greedy_beside_greedy_val_kwargs_is_warned_once(validation, sou
     trainer = [r.getMessage() for r in caplog.records if "val_also_greedy" in r.getMessage()]
     assert len(startup + trainer) == 1, startup + trainer
     assert (startup if source == "start-up" else trainer) != []
+
+
+@pytest.mark.parametrize("key", ["ability", "data_source"])
+def test_val_metrics_are_grouped_by_the_reward_fn_key_column(key):
+    """Rows without ``data_source`` whose scorer is picked by ``data.reward_fn_key=ability`` are reported per
+    ability (``val/<ability>/acc``, and the best-of-n ``val-core/<ability>/...``), not merged under ``unknown``;
+    with the default key, rows are grouped by ``data_source`` as before."""
+    import torch
+
+    from rewards.manager import RewardOutput
+    from trainer.ppo_trainer import RayPPOTrainer
+
+    abilities = ["synthetic/digits", "gsm8k"]
+    rows = [{"input_ids": [5, 6], "reward_model": {"ground_truth": "1"}, key: abilities[i % 2]} for i in range(4)]
+
+    def reward(out):  # the digits rows score 1, the gsm8k rows 0
+        b = len(out)
+        return RewardOutput(torch.zeros(b, 1), {"acc": [float(v == abilities[0]) for v in out[key]]})
+
+    stub = types.SimpleNamespace(
+        val_dataset=rows, world=1, tokenizer=types.SimpleNamespace(pad_token_id=0, eos_token_id=1),
+        val_reward_fn=reward, val_samples=[], log_val_n=0, trainer_cfg=packaged_section(TrainerConfig, "trainer", seed=1),
+        data_cfg=packaged_section(DataConfig, "data", val_batch_size=3, reward_fn_key=key),
+        roles=types.SimpleNamespace(rollout=types.SimpleNamespace(generate_sequences=lambda b: b.repeat(2))))
+    m = RayPPOTrainer.validate_pass(stub, greedy=False)
+    assert m["val/synthetic/digits/acc"] == 1.0 and m["val/gsm8k/acc"] == 0.0
+    assert m["val-core/synthetic/digits/acc/mean@2"] == 1.0 and m["val-core/gsm8k/acc/best@2/mean"] == 0.0
+    assert not [k for k in m if "unknown" in k]

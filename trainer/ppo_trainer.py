@@ -254,11 +254,11 @@ class RayPPOTrainer:
 
     # ---- validation -------------------------------------------------------------------------------------------
     def validate(self) -> dict:
-        """Generate on the held-out set (``val_kwargs`` sampling) and score it: ``val/<data_source>/<metric>``
-        (``acc`` is the strict accuracy, the mean over all samples). With ``trainer.val_also_greedy`` and sampled
-        ``val_kwargs``, a second pass decodes one greedy response per question and logs
-        ``val/<data_source>/greedy/<metric>``, so sampled and greedy accuracy of the same weights sit side by side
-        (:func:`trainer.validation.validate`)."""
+        """Generate on the held-out set (``val_kwargs`` sampling) and score it: ``val/<source>/<metric>``, where
+        ``<source>`` is a row's value of ``data.reward_fn_key`` (``data_source`` by default; ``acc`` is the strict
+        accuracy, the mean over all samples). With ``trainer.val_also_greedy`` and sampled ``val_kwargs``, a second
+        pass decodes one greedy response per question and logs ``val/<source>/greedy/<metric>``, so sampled and
+        greedy accuracy of the same weights sit side by side (:func:`trainer.validation.validate`)."""
         from trainer.validation import validate
 
         return validate(self)

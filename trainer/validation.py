@@ -37,8 +37,10 @@ def validate_and_log(trainer, tracker, step: int, advance: bool = True) -> dict:
 
 
 def validation_pass(trainer, greedy: bool) -> dict:
-    """One generation + scoring pass over the held-out set: ``val/<data_source>/<metric>`` keys, or
-    ``val/<data_source>/greedy/<metric>`` for the ``greedy`` pass (one greedy response per question)."""
+    """One generation + scoring pass over the held-out set: ``val/<group>/<metric>`` keys, or
+    ``val/<group>/greedy/<metric>`` for the ``greedy`` pass (one greedy response per question), and with more than
+    one response per question ``val-core|val-aux/<group>/<metric>/...``. A row's group is its value of the column
+    that picks its scorer, ``data.reward_fn_key`` (``data_source`` by default; :func:`metric_groups`)."""
     from trainer.metric_utils import extra_info_means, flatten_validation_metrics, process_validation_metrics
     from trainer.tracking import generation_samples
 
@@ -63,7 +65,7 @@ def validation_pass(trainer, greedy: bool) -> dict:
         if not greedy:  # trainer.log_val_generations: the first samples of the sampled pass
             trainer.val_samples += generation_samples(tok, out, rew.token_level_scores.sum(-1).tolist(),
                                                       trainer.log_val_n - len(trainer.val_samples))
-        sources.extend(out["data_source"].tolist())
+        sources.extend(metric_groups(out, trainer.data_cfg.reward_fn_key))
         uids.extend(out["uid"].tolist())
         chunk = {"score": rew.token_level_scores.sum(-1).tolist()}
         chunk.update({k: list(v) for k, v in rew.reward_extra_info.items() if k != "score"})
@@ -82,6 +84,17 @@ def validation_pass(trainer, greedy: bool) -> dict:
         numeric = {k: v for k, v in infos.items() if all(isinstance(x, (int, float)) for x in v)}
         metrics.update(flatten_validation_metrics(process_validation_metrics(sources, uids, numeric)))
     return metrics
+
+
+def metric_groups(rows, key: str) -> list[str]:
+    """Per row of ``rows`` (a generated :class:`trainer.protocol.DataProto`), the name its validation metrics are
+    grouped under: its value in the column ``key`` (``data.reward_fn_key``, the column that picks the row's scorer),
+    so that rows scored by different scorers are reported apart. Where a row has no such value (a custom reward
+    function that ignores the column), its ``data_source`` (``"unknown"`` when the data file has none)."""
+    fallback = list(rows["data_source"]) if "data_source" in rows else ["unknown"] * len(rows)
+    if key == "data_source" or key not in rows:
+        return [str(v) for v in fallback]
+    return [str(fallback[i] if v is None else v) for i, v in enumerate(rows[key])]
 
 
 def sampled(kwargs) -> bool:

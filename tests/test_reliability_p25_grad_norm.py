@@ -112,6 +112,24 @@ def test_p25_critic_nan_gradient_is_skipped_at_stage0(monkeypatch):
     assert all(torch.isfinite(p).all() for p in after) and not _same(before, after)  # the clean batch stepped
 
 
+@pytest.mark.parametrize("kind", ["actor", "critic"])
+def test_p25_stage0_fp32_logs_the_grad_norm_before_clipping_as_stage1_does(monkeypatch, kind):
+    """ZeRO-0 with a plain torch optimizer logs ``<role>/grad_norm``: the global L2 norm before clipping
+    (``gradient_clipping`` 1.0 here, norms far above it), one per applied mini-batch, equal to ZeRO-1's on the same
+    data and to the norm of the first mini-batch's gradient computed by hand."""
+    _init_dist()
+    monkeypatch.setattr(update, f"_{kind}_loss", _actor_stub if kind == "actor" else _critic_stub)
+    data = _data([False] * 4)
+    data["x"] = data["x"] * 10
+    norms = {stage: _update(_engine(stage, False), data, kind=kind)[f"{kind}/grad_norm"] for stage in (0, 1)}
+    assert len(norms[0]) == 2 and norms[0] == pytest.approx(norms[1], rel=1e-5)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)                                   # the engines' first weights (see _engine)
+    model(data["x"][:2]).pow(2).mean().backward()
+    expected = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+    assert expected > 10 and norms[0][0] == pytest.approx(expected, rel=1e-5)
+
+
 def _rank_main(rank, port, q):
     try:
         _init_dist(rank, 2, port)
@@ -124,7 +142,8 @@ def _rank_main(rank, port, q):
             m = _update(engine, _data([rank == 1, False, False, False]), dp_size=2)
             after = _params(engine)
             out.append((stage, m["actor/skipped_steps"], bool(all(torch.isfinite(p).all() for p in after)),
-                        not _same(before, after), [float(p.double().sum()) for p in after]))
+                        not _same(before, after), [float(p.double().sum()) for p in after],
+                        m.get("actor/grad_norm")))
         q.put((rank, out))
     except Exception as exc:  # report instead of hanging the parent
         q.put((rank, repr(exc)))
@@ -133,10 +152,14 @@ def _rank_main(rank, port, q):
 def test_p25_nan_gradient_on_one_rank_skips_on_all_ranks():
     results = dict(run_two_ranks(_rank_main))
     assert all(isinstance(v, list) for v in results.values()), results
-    for (s0, skip0, fin0, moved0, sums0), (s1, skip1, fin1, moved1, sums1) in zip(results[0], results[1]):
+    for (s0, skip0, fin0, moved0, sums0, _), (s1, skip1, fin1, moved1, sums1, _) in zip(results[0], results[1]):
         # dp=2: a mini-batch of 2 prompts is 1 row per rank, 4 mini-batches; the first is skipped on both ranks
         assert (skip0, skip1) == ([1.0], [1.0]) and fin0 and fin1 and moved0 and moved1, s0
         assert sums0 == sums1, s0                                      # the ranks hold the same weights
+    # the norm of the gradient reduced over the ranks, the same on both, at ZeRO-0 as at ZeRO-2 for the 3 applied
+    # steps (ZeRO-2 finds the first step's NaN itself and reports inf; this guard skipped it at ZeRO-0)
+    (_, *_, zero0), (_, *_, zero2) = results[0]
+    assert len(zero0) == 3 and zero0 == results[1][0][-1] and zero0 == pytest.approx(zero2[1:], rel=1e-5)
 
 
 def test_p25_prm_nan_gradient_is_skipped(monkeypatch, tmp_path):

@@ -49,7 +49,8 @@ class StepOutcome:
     Attributes:
         applied: the optimizer step changed the weights.
         grad_norm: the global L2 norm of the gradient before clipping, as the engine reports it (``inf`` for a
-            step DeepSpeed skipped); None when the engine keeps none (DeepSpeed ZeRO-0 without bf16/fp16).
+            step DeepSpeed skipped; at ZeRO-0 with a plain torch optimizer, see :func:`report_stage0_grad_norm`);
+            None for a step skipped by this guard, or where no norm is kept (ZeRO-0 with torch autocast).
     """
 
     applied: bool
@@ -95,6 +96,7 @@ def optimizer_step(engine: Any, losses_finite: torch.Tensor | bool, device: torc
     if global_count(0.0 if bool(ok) else 1.0, device) != 0.0:
         _discard_gradients(engine, kind)
         return StepOutcome(applied=False, grad_norm=None)
+    report_stage0_grad_norm(engine)
     engine.step()
     gn = engine.get_global_grad_norm()
     gn = None if gn is None else float(gn)
@@ -104,6 +106,32 @@ def optimizer_step(engine: Any, losses_finite: torch.Tensor | bool, device: torc
         raise RuntimeError(f"{kind}: the optimizer applied a step whose gradient norm is {gn} (a DeepSpeed config "
                            "that turns off its gradient norm check?); the weights may no longer be finite")
     return StepOutcome(applied=applied, grad_norm=gn)
+
+
+def report_stage0_grad_norm(engine: Any) -> None:
+    """Make a DeepSpeed ZeRO-0 engine with a plain torch optimizer report its gradient norm through
+    ``engine.get_global_grad_norm()``, as ZeRO-1/2/3 and the bf16/fp16 optimizers do. Idempotent.
+
+    DeepSpeed reads that norm from the optimizer after the model step, and a plain torch optimizer keeps none.
+    Here the engine's model step first records the global L2 norm of the gradients in ``param.grad``: at
+    that point they are reduced over the data-parallel ranks (the same on every rank) and not yet clipped at
+    ``gradient_clipping``, so the value is the norm before clipping, as at the other stages. Engines that are not
+    DeepSpeed engines (:class:`trainer.megatron.engine.MegatronEngine`), other stages and ZeRO-0 with torch
+    autocast (its gradients are still loss-scaled there) are left as they are.
+    """
+    opt = getattr(engine, "optimizer", None)
+    if (not hasattr(engine, "_take_model_step") or opt is None or hasattr(opt, "_global_grad_norm")
+            or engine.zero_optimization_stage() != 0 or getattr(engine, "torch_autocast_z0_gradscaler", None)):
+        return
+    take_model_step = engine._take_model_step
+    opt._global_grad_norm = None
+
+    def step_recording_norm(*args, **kwargs):
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        opt._global_grad_norm = float(torch.nn.utils.get_total_norm(grads, 2.0)) if grads else 0.0
+        return take_model_step(*args, **kwargs)
+
+    engine._take_model_step = step_recording_norm
 
 
 def count_skip(role: Any, outcome: StepOutcome) -> int:

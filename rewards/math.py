@@ -48,20 +48,25 @@ import functools
 import logging
 import re
 from fractions import Fraction
-from typing import Any
+from typing import Annotated, Any
 
 from rewards.math_exact import answers_agree
 from rewards.math_expand import cheap_equal, simplify_too_slow
-from rewards.math_guards import ScorerTimeout, collapse_braces, is_tame, note_limit_hit, structure_ok, time_bound
+from rewards.math_guards import (TIME_LIMIT_RULE, ScorerTimeout, collapse_braces, is_tame, note_limit_hit,
+                                  structure_ok, time_bound)
+from rewards.math_tame import names_unevaluated, unevaluated
 # the answer's text (normalisation, the empty answer, equations and labels): rewards.math_text, importable from here
 from rewards.math_text import MAX_ANSWER_CHARS, _equation, _has_variable, _normalize, is_empty_answer, normalize_answer
 
 __all__ = ["last_boxed_only_string", "last_box", "box_commands", "remove_boxed", "normalize_answer",
            "is_empty_answer", "is_tame", "is_equiv",
            "gold_answer", "compute_score", "load_math_verify", "warm_math_verify", "MAX_ANSWER_CHARS",
-           "TIMEOUT_SECONDS"]
+           "TIMEOUT_SECONDS", "TimeLimit"]
 
 TIMEOUT_SECONDS = 1.0  # default hard limit of one comparison (parse + verify + cross-check), see time_bound
+#: the type of ``timeout_seconds``: a finite number of seconds > 0, or None for no limit (checked before start-up as a
+#: scorer option, and by :func:`compute_score` / :func:`is_equiv`, which raise ValueError for another value)
+TimeLimit = Annotated[float | None, TIME_LIMIT_RULE]
 
 _BOX_PREFIXES = ("\\boxed", "\\fbox")
 _BRACE_TOKENS = re.compile(r"\\.|[{}]", re.S)  # an escaped char (``\{``) or a brace
@@ -253,11 +258,14 @@ def _verify_exact(pred: str, gold: str) -> bool:
     pred_parsed = _parse_latex(pred)
     if not gold_parsed or not pred_parsed or not all(is_tame(p) for p in pred_parsed):
         return False
+    if any(unevaluated(x) for x in (*gold_parsed, *pred_parsed)):  # an integral, a limit, ...: not a final answer,
+        return any(g == p for g in gold_parsed for p in pred_parsed  # equal only as the same expression, never done
+                   if not isinstance(g, str) and not isinstance(p, str))
     return any((cheap_equal(g, p) if simplify_too_slow(g, p) else verify([g], [p], timeout_seconds=None))
                and answers_agree(g, p) is not False for g in gold_parsed for p in pred_parsed)
 
 
-def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECONDS) -> bool:
+def is_equiv(pred: str, gold: str, timeout_seconds: TimeLimit = TIMEOUT_SECONDS) -> bool:
     """True when two LaTeX answers (box contents) are mathematically equal.
 
     Order: equations first (:func:`_equation`): a leading label is dropped (``x=2`` vs ``2``) unless both sides are
@@ -272,8 +280,17 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
     within ``timeout_seconds`` (None: no limit; see :func:`rewards.math_guards.time_bound`). An empty answer on
     either side (:func:`is_empty_answer`), no math-verify, any error or timeout: False. A comparison cut short by
     ``timeout_seconds`` is recorded (:func:`rewards.math_guards.note_limit_hit`), so that the reward manager counts
-    it apart from a wrong answer (``reward/num_scorer_timeouts``) and warns. Never raises.
+    it apart from a wrong answer (``reward/num_scorer_timeouts``) and warns.
+
+    Not a final answer: a side whose parse holds an integral, a limit, a derivative, or a sum or product over an
+    infinite or variable number of terms (:func:`rewards.math_tame.unevaluated`) is never carried out; it matches only
+    the same normalised text or the same parsed expression (``\\int_0^1 x dx`` against ``\\frac{1}{2}``: False). Such
+    a comparison takes under a millisecond after its shape's first parse, instead of up to the whole limit.
+
+    Raises:
+        ValueError: ``timeout_seconds`` is neither None nor a finite number > 0 (0, -1, nan, inf). Nothing else.
     """
+    TIME_LIMIT_RULE.check("timeout_seconds", timeout_seconds)
     try:
         if not isinstance(pred, str) or not isinstance(gold, str) or is_empty_answer(pred) or is_empty_answer(gold):
             return False
@@ -294,6 +311,8 @@ def is_equiv(pred: str, gold: str, timeout_seconds: float | None = TIMEOUT_SECON
             return verdict
         if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
             return False
+        if names_unevaluated(pred) or names_unevaluated(gold):
+            return False  # an integral or a limit is not a final answer: equal only as the same text (above)
         if not structure_ok(pred) or not structure_ok(gold) or not warm_math_verify():
             return False  # the first call in a process warms math-verify outside the limit (the manager's own too)
         with time_bound(timeout_seconds):
@@ -325,20 +344,24 @@ def gold_answer(ground_truth: Any) -> str:
     return gt.strip()
 
 
-def compute_score(solution_str: str, ground_truth: Any, timeout_seconds: float | None = TIMEOUT_SECONDS) -> float:
+def compute_score(solution_str: str, ground_truth: Any, timeout_seconds: TimeLimit = TIMEOUT_SECONDS) -> float:
     """1.0 if the last boxed answer in ``solution_str`` equals ``ground_truth``, else 0.0.
 
     Args:
         solution_str: the decoded model response (any length; only the last box's content is parsed).
         ground_truth: the reference answer as LaTeX (MATH-500 ``answer`` field, e.g. ``"\\frac{1}{2}"``), or a
             full solution containing ``\\boxed{...}``. Numbers are accepted too.
-        timeout_seconds: hard limit in seconds of the comparison (see :func:`is_equiv`); None: no limit.
+        timeout_seconds: hard limit in seconds of the comparison (see :func:`is_equiv`), a finite number > 0;
+            None: no limit.
 
     Returns:
         A Python float in {0.0, 1.0}. A response without a (closed) box, or whose box is empty
-        (:func:`is_empty_answer`), scores 0.0, as does any response against an empty or None ground truth. Never
-        raises.
+        (:func:`is_empty_answer`), scores 0.0, as does any response against an empty or None ground truth.
+
+    Raises:
+        ValueError: ``timeout_seconds`` is neither None nor a finite number > 0; nothing else raises.
     """
+    TIME_LIMIT_RULE.check("timeout_seconds", timeout_seconds)
     try:
         pred = remove_boxed(last_boxed_only_string(solution_str))
         if pred is None:  # an empty box is no answer too: is_equiv refuses it

@@ -40,10 +40,11 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from rewards.math_tame import MAX_DIGITS, MAX_EXPONENT, MAX_FACTORIAL_ARG, MAX_SYMBOLIC_COUNT, MAX_TOWER, is_tame
+from rewards.option_rules import ValueRule
 
 __all__ = ["MAX_NESTING", "MAX_PLAIN_NESTING", "collapse_braces", "nesting_depths", "structure_ok", "is_tame",
            "evaluated_commands_ok", "tower_height", "MAX_TOWER",
-           "ScorerTimeout", "time_bound", "note_limit_hit", "take_limit_hits"]
+           "ScorerTimeout", "TIME_LIMIT_RULE", "time_bound", "note_limit_hit", "take_limit_hits"]
 
 MAX_NESTING = 6  # groups of any kind inside each other (\frac{\sqrt{x^{2}}}{2} is 3)
 MAX_PLAIN_NESTING = 3  # plain groups: (, [, \{, \left, a brace that is no command's argument, a subscript
@@ -305,6 +306,19 @@ def structure_ok(s: str) -> bool:
             and evaluated_commands_ok(s))
 
 
+def _finite_positive(value) -> bool:
+    try:
+        return not isinstance(value, bool) and math.isfinite(value) and value > 0
+    except TypeError:
+        return False
+
+
+#: what a time limit in seconds (the MATH scorer's ``timeout_seconds``) may be: a finite number > 0, or None for no
+#: limit. 0, a negative number, inf or nan are refused (ValueError; before start-up as a scorer option): 0 and a
+#: negative number meant no limit, and nan made every comparison end at once and score 0.
+TIME_LIMIT_RULE = ValueRule(_finite_positive, "a finite number of seconds > 0, or null (None) for no limit")
+
+
 class ScorerTimeout(BaseException):
     """Raised by :func:`time_bound` when its time is up. A ``BaseException``, so that the libraries' own
     ``except Exception`` blocks do not swallow it; catch it where the bounded work is called (and record it there
@@ -340,10 +354,12 @@ def time_bound(seconds: float | None) -> Iterator[None]:
     exception is raised again). An enclosing timer of the caller (``ITIMER_REAL``, e.g. the reward manager's
     in-process limit) is kept: if it is due first it is left alone, otherwise it is re-armed with its remaining
     time afterwards and its handler restored. No bound (the block just runs) outside the main thread, where
-    signals cannot be used, or when ``seconds`` is None or <= 0. Python code is interrupted between bytecodes; a
+    signals cannot be used, or when ``seconds`` is None. Raises ValueError for any other ``seconds`` than None or a
+    finite number > 0 (:data:`TIME_LIMIT_RULE`). Python code is interrupted between bytecodes; a
     single long C call (big-integer arithmetic) is not.
     """
-    if (not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread()
+    TIME_LIMIT_RULE.check("timeout_seconds", seconds)
+    if (seconds is None or threading.current_thread() is not threading.main_thread()
             or not hasattr(signal, "setitimer")):
         yield
         return

@@ -26,8 +26,9 @@ terms) is bounded by :mod:`rewards.math_expand`.
 from __future__ import annotations
 
 import math as _pymath
+import re as _re
 
-__all__ = ["is_tame", "MAX_DIGITS", "MAX_EXACT_DIGITS", "MAX_EXPONENT", "MAX_FACTORIAL_ARG", "MAX_TERMS",
+__all__ = ["is_tame", "unevaluated", "names_unevaluated", "MAX_DIGITS", "MAX_EXACT_DIGITS", "MAX_EXPONENT", "MAX_FACTORIAL_ARG", "MAX_TERMS",
            "MAX_EXPANDED_TERMS", "MAX_SYMBOLIC_COUNT", "MAX_TOWER"]
 
 MAX_NODES = 1000  # sympy tree size
@@ -256,3 +257,36 @@ def is_tame(expr) -> bool:
     except Exception:  # _Refused, RecursionError, anything sympy raises
         return False
     return True
+
+
+def unevaluated(expr) -> bool:
+    """True when a parsed answer holds an operation left for sympy to carry out: an integral, a limit, a derivative,
+    or a sum or product over infinitely many or a variable number of terms (``\\sum_{n=1}^{\\infty}``,
+    ``\\sum_{k=1}^{n}``). Such an answer restates a question rather than answering it, and math-verify would carry it
+    out (``Integral.doit``, then ``simplify``) on every comparison: ``\\int_0^1 \\sin(x^{x}) dx`` took 0.5-1.5 s,
+    ``\\int_0^1 x^{x} \\cos(x^{x}) \\sin(x) dx`` over 1 s, ``\\sum_{n=1}^{\\infty} \\sin(n^{n})`` over 5 s and
+    ``\\prod_{n=1}^{\\infty} (1+\\frac{1}{n^2})`` 0.8-1 s against ``1`` (sympy 1.13, one core; measured with the
+    scorer's limit lifted). A sum or product over a fixed number of terms (``\\sum_{k=1}^{10} k``) is arithmetic and
+    stays evaluated (bounded by :func:`is_tame`). No MATH-500 answer holds any of these. Never raises."""
+    try:
+        import sympy
+        if not isinstance(expr, sympy.Basic):
+            return False
+        if expr.atoms(sympy.Integral, sympy.Limit, sympy.Derivative):
+            return True
+        return any(len(lim) != 3 or not (lim[1].is_Integer and lim[2].is_Integer)
+                   for node in expr.atoms(sympy.Sum, sympy.Product) for lim in node.limits)
+    except Exception:
+        return True
+
+
+# an integral or limit command (not ``\\limits``, ``\\limsup``, ``\\interval``)
+_UNEVALUATED_COMMANDS = _re.compile(r"\\(?:int|iint|iiint|iiiint|idotsint|oint|oiint|intop|smallint|lim)(?![a-zA-Z])")
+
+
+def names_unevaluated(text: str) -> bool:
+    """True when an answer's LaTeX writes an integral or a limit (``\\int``, ``\\iint``, ``\\oint``, ``\\lim``):
+    read from the text, before parsing, since latex2sympy's parse of an integral alone takes 50-120 ms for each new
+    answer (``\\int_0^{7} x^{x} \\cos(x^{x}) \\sin(x) dx``; 300 ms for a shape's first, warmed parser). The parsed
+    forms, derivatives and unbounded sums included, are caught by :func:`unevaluated`."""
+    return isinstance(text, str) and _UNEVALUATED_COMMANDS.search(text) is not None

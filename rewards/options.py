@@ -5,7 +5,9 @@ A scorer's options are its named keyword parameters other than the ones the rewa
 refused (instead of being passed into a ``**kwargs`` that drops it, so that e.g. ``method=flexible`` would
 change nothing); a scorer that declares ``**kwargs`` itself takes any option. Values are checked against the
 parameter's annotation where it is one of ``Literal[...]``, ``float``, ``int``, ``bool``, ``str`` (or a union of
-these, e.g. ``float | None``); other annotations are not checked. A parameter without an annotation takes the type of
+these, e.g. ``float | None``); other annotations are not checked. ``Annotated[<such a type>, ValueRule(...)]`` adds a
+rule on the value beyond its type (:class:`ValueRule`: the MATH scorer's ``timeout_seconds`` is a finite number > 0
+or None); a value of the right type that breaks the rule is refused naming the rule. A parameter without an annotation takes the type of
 its default when that is a ``bool``, ``int``, ``float`` or ``str`` (``bonus=0.0``: a number; an int is accepted for a
 float, a bool is not for an int or a float; None, the value Hydra gives for ``null``, is accepted too); a default of
 another type, or None, gives no type. A value of the wrong type is refused before start-up
@@ -18,9 +20,10 @@ import types
 import typing
 from typing import Any, Callable, Literal, Mapping
 
+from rewards.option_rules import ValueRule
 from rewards.registry import wants_data_source
 
-__all__ = ["PASSED_BY_MANAGER", "takes_extra_info", "answer_marker", "scorer_label", "scorer_options",
+__all__ = ["ValueRule", "PASSED_BY_MANAGER", "takes_extra_info", "answer_marker", "scorer_label", "scorer_options",
            "check_scorer_options", "OptionValueError"]
 
 # parameters the reward manager fills itself; they are not options
@@ -83,8 +86,17 @@ def scorer_options(fn: Callable) -> tuple[list[str], bool]:
     return names, _has_var_keyword(sig)
 
 
+def _rules(hint: Any) -> tuple[Any, list[ValueRule]]:
+    """The type of an annotation and its :class:`ValueRule` s (``Annotated[float, ValueRule(...)]``; none otherwise)."""
+    if typing.get_origin(hint) is typing.Annotated:
+        base, *extras = typing.get_args(hint)
+        return base, [r for r in extras if isinstance(r, ValueRule)]
+    return hint, []
+
+
 def _matches(value: Any, hint: Any) -> bool | None:
     """Whether ``value`` fits the annotation ``hint``; None when the annotation is not one we check."""
+    hint = _rules(hint)[0]
     origin = typing.get_origin(hint)
     if origin is Literal:
         return value in typing.get_args(hint)
@@ -105,6 +117,7 @@ def _matches(value: Any, hint: Any) -> bool | None:
 
 
 def _describe(hint: Any) -> str:
+    hint = _rules(hint)[0]
     if typing.get_origin(hint) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
@@ -145,7 +158,7 @@ def _expected_from_default(param: inspect.Parameter) -> tuple[Any, str] | None:
 
 def _check_values(fn: Callable, options: Mapping[str, Any], label: str) -> None:
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)
     except Exception:  # unresolvable annotations: the annotated values are not checked
         hints = {}
     sig = _signature(fn)
@@ -154,6 +167,9 @@ def _check_values(fn: Callable, options: Mapping[str, Any], label: str) -> None:
         if key in hints:
             if _matches(value, hints[key]) is False:
                 raise OptionValueError(key, value, _describe(hints[key]), label)
+            broken = [r for r in _rules(hints[key])[1] if value is not None and not r.accepts(value)]
+            if broken:
+                raise OptionValueError(key, value, broken[0].expected, label)
             continue
         implied = _expected_from_default(params[key]) if key in params else None
         if implied is not None and _matches(value, implied[0]) is False:
@@ -176,8 +192,10 @@ def check_scorer_options(fn: Callable, options: Mapping[str, Any], name: str | N
             the call leaves unfilled.
         OptionValueError: (a ValueError) an option value outside the parameter's annotation (e.g.
             ``method='fuzzy'`` for ``Literal["strict", "flexible"]``), or, for a parameter without one, of another
-            type than its default (``bonus='abc'`` for ``bonus=0.0``).
+            type than its default (``bonus='abc'`` for ``bonus=0.0``), or one its annotation's :class:`ValueRule`
+            refuses (``timeout_seconds=-1``: a finite number > 0, or null for no limit).
     """
+
     label = scorer_label(fn, name)
     reserved = sorted(set(options) & set(PASSED_BY_MANAGER))
     if reserved:

@@ -16,7 +16,8 @@ training starts (:func:`rewards.options.check_scorer_options`). Built-ins and th
   and its own ``</tool_response>`` is no boundary (:func:`rewards.response_text.solution_text`).
 * ``gsm8k_flexible`` (also ``synthetic/digits``): the same with ``method="flexible"`` by default.
 * ``math`` (also ``math500``, ``lighteval/MATH``, ``HuggingFaceH4/MATH-500``): :mod:`rewards.math` (last
-  ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s).
+  ``\\boxed{}``, math-verify); option ``timeout_seconds`` (hard limit of one comparison, default 1 s; a finite
+  number > 0, or null for none).
 * ``format_gsm8k`` / ``format_boxed``: :mod:`rewards.format_reward` (dict with ``score``, ``acc``, ``format``);
   options ``correct_score``, ``format_score``, ``strict_format`` (one answer, at most 64 characters after it;
   default false).
@@ -217,7 +218,7 @@ def gsm8k_flexible(solution_str: str, ground_truth: Any, extra_info: dict | None
 @register_scorer("math", *_aliases("math"))
 @_one_answer(_reads_math, _MATH)
 def math_boxed(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-               timeout_seconds: float | None = math_reward.TIMEOUT_SECONDS,
+               timeout_seconds: math_reward.TimeLimit = math_reward.TIMEOUT_SECONDS,
                answer_after: str | None = TOOL_RESPONSE_END) -> float:
     """MATH: the last ``\\boxed{}`` answer after the last ``answer_after`` (a tool's output is never the answer;
     see :mod:`rewards.gsm8k`), math-verify equivalence with an exact numeric cross-check, within

@@ -67,9 +67,9 @@ def test_p28_guards_refuse_before_or_after_parsing(answer):
     ("\\binom{5}{2}", "10"), ("\\dbinom{10}{3}", "120"), ("\\binom{1000}{2}", "499500"),
     ("\\Gamma(5)", "24"), ("e^{2}", "e^2"), ("\\pi^2", "\\pi^{2}"), ("2^{2^{3}}", "256"), ("9^{9}", "387420489"),
     ("\\sum_{n=1}^{5} n", "15"), ("\\sum_{k=0}^{10} 2^{k}", "2047"), ("\\prod_{k=1}^{4} k", "24"),
-    ("\\int_0^{1} x^{2} dx", "\\frac{1}{3}"), ("e^{-x^2}", "e^{-x^{2}}"), ("2^{2^{n}}+1", "1+2^{2^n}"),
+    ("e^{-x^2}", "e^{-x^{2}}"), ("2^{2^{n}}+1", "1+2^{2^n}"),
     ("(x+1)^{2}", "x^2+2x+1"), ("\\binom{2n}{n}", "\\binom{2n}{n}"), ("x^{x^{x}}", "x^{x^{x}}"),
-    ("\\sum_{n=1}^{\\infty} \\frac{1}{2^n}", "1"), ("100!", "\\Gamma(101)"), ("\\frac{1}{2^{100}}", "2^{-100}"),
+    ("100!", "\\Gamma(101)"), ("\\frac{1}{2^{100}}", "2^{-100}"),
 ])
 def test_p28_ordinary_answers_of_the_same_kinds_still_match(pred, gold):
     compute_score("\\boxed{" + pred + "}", gold)  # a shape's first parse may take a loaded machine's whole time limit

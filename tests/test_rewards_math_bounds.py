@@ -83,8 +83,8 @@ def test_p28_listed_inputs_score_within_50ms():
 
 
 def test_p28_hard_time_limit_inside_the_scorer():
-    # within every bound, yet sympy takes ~1 s to compare it
-    slow = _box("\\int_0^{1} x^{1000} dx+\\int_{0}^{1} e^{e^{x}} dx+\\sum_{n=1}^{1000} \\frac{1}{n^{3}}")
+    # within every bound, yet sympy takes ~0.1 s to compare it (exact sums of 1,999 fractions)
+    slow = _box("\\sum_{n=1}^{1000} \\frac{1}{n^{3}}+\\sum_{n=1}^{999} \\frac{1}{n^{2}}")
     from rewards.math_guards import take_limit_hits
 
     take_limit_hits()

@@ -31,8 +31,9 @@ Both methods read a number the same way:
 * What does not change the value is not part of the number: a unit or word (``42 km``, ``42 \text{km}``, ``30°``,
   ``42's``), a percent sign (``42%`` and ``42\%`` are 42), a ``!`` that ends a sentence (``42!``) and Markdown
   emphasis: ``**42**`` is 42 in both modes (``#### **42**`` too), ``**`` after a space is bold, not a power.
-  A bold numbered heading after the marker (``#### **1. Find the total cost**``, ``#### **2) Add**``) is no marker:
-  the emphasis holds a list label and a title, not an answer (``#### 1. Find`` without emphasis is still read as 1).
+  A bold numbered heading after the marker (``#### **1. Find the total cost**``, ``#### **2) Add**``: a label, then
+  a title without digits, ``$`` or a sentence end, then the emphasis closed) is no marker; ``#### **42. That is the
+  answer.**``, ``#### **72. She paid $72.**`` and ``#### 1. Find`` (no emphasis) are read as their number.
 * An expression is no answer, with or without spaces around its operator: an operator (``+ - − – * × ÷ / : ^ **
   =``, ``\times``, ``\cdot``, ``\div``) followed by an operand (a number, optionally after ``(``, a sign or ``$``;
   a LaTeX fraction or root, ``√``, ``π``, ``½``), or a further digit group after a space (``1 000``). Strict mode
@@ -69,7 +70,9 @@ _STRICT_RE = re.compile(
     r"[ \t\u00a0\u202f]*+(?:(?P<em>\*{1,3}+|_{1,2}+)[ \t\u00a0\u202f]*+)?+"  # spaces: also no-break ones
     r"(?:(?P<sign1>[-+\u2212])[ \t\u00a0\u202f]*+)?(?:\$[ \t\u00a0\u202f]*+)?(?P<sign2>[-+\u2212])?"
     r"(?P<num>" + NUM + ")"
-    r"(?(em)(?![.)][ \t]++[^\W\d_]))"  # ``#### **1. Find the cost**`` is a numbered bold heading, no marker
+    # ``#### **1. Find the cost**`` is a bold numbered heading, no marker: a label (``1.``, ``2)``, ``3:``), then a
+    # title without digits, ``#``, ``$`` or a sentence end, then the emphasis closed (``#### **42. Done.**`` is 42)
+    r"(?(em)(?![.):][ \t\u00a0\u202f]++[^\W\d_](?:[^\d#*_$\n]*+(?<![.!?\s]))?+[ \t]*+(?P=em)))"
 )
 # How far back from the last marker we look for the start of its '#' run on the fast path.
 _FAST_RUN_LOOKBACK = 64

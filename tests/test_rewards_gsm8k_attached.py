@@ -102,13 +102,19 @@ def test_p03_no_break_spaces_after_the_marker_are_spaces():
 
 def test_p03_a_bold_numbered_heading_after_the_marker_is_no_answer():
     for text in ("#### **1. Find the total cost**", "#### **2) Add the two**", "#### __1. Find__",
-                 "#### ** 3. Check the units**"):
+                 "#### ** 3. Check the units**", "#### **1: Find the cost**", "#### **7.\u00a0Find**"):
         assert extract_solution(text) is None, text
         assert compute_score(text + "\nThe total is 1 dollar.", "1") == 0.0, text
     # an earlier answer marker is kept when a heading comes after it; emphasis closed after the number is an answer
     assert extract_solution("#### 42\n#### **2. Check the answer**") == "42"
     for text in ("#### **42.**", "#### **42.** Done", "#### **1.5 kg**", "#### 1. Find"):
         assert extract_solution(text) in ("42", "1.5", "1"), text
+    # a bold answer with a sentence after it: a title has no digits, no $ and no sentence end
+    for text, answer in (("#### **42. That is the answer.**", "42"), ("#### **72. She paid $72.**", "72"),
+                         ("#### **5. x = 5**", "5"), ("#### **42!** Done", "42")):
+        assert compute_score(text, answer) == 1.0, text
+    assert extract_solution("#### **1. a" * 200_000) == "1"  # emphasis never closed: read; linear (a title ends at #)
+
     for _ in range(2):  # linear on a long run of headings
         assert extract_solution("#### **1. Find**\n" * 100_000) is None
 

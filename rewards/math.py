@@ -30,7 +30,8 @@ values equal.
 Time: the scorer bounds its own time (:mod:`rewards.math_guards`): redundant braces are removed, answers nested
 too deep for the parser are refused before parsing, parsed expressions too big to evaluate
 (``9^{9^{9^{9}}}``) are refused before sympy evaluates them, pairs whose ``simplify`` would expand too far
-(``(x+1)^{100}(x+2)^{100}(x+3)^{100}`` against ``1``) are decided without it (:mod:`rewards.math_expand`), and
+(``(x+1)^{100}(x+2)^{100}(x+3)^{100}`` against ``1``) are decided without it when both sides are rational functions
+(:mod:`rewards.math_expand`), and
 whatever is left runs under a hard limit (``timeout_seconds``, default ``TIMEOUT_SECONDS``); answers longer than
 ``MAX_ANSWER_CHARS`` are compared as normalised strings only. The :class:`rewards.manager.RewardManager` keeps its
 own per-sample limit on top.
@@ -51,7 +52,7 @@ from fractions import Fraction
 from typing import Annotated, Any
 
 from rewards.math_exact import answers_agree
-from rewards.math_expand import cheap_equal, simplify_too_slow
+from rewards.math_expand import fast_verdict
 from rewards.math_guards import (TIME_LIMIT_RULE, ScorerTimeout, collapse_braces, is_tame, note_limit_hit,
                                   structure_ok, time_bound)
 from rewards.math_tame import names_unevaluated, unevaluated
@@ -261,8 +262,14 @@ def _verify_exact(pred: str, gold: str) -> bool:
     if any(unevaluated(x) for x in (*gold_parsed, *pred_parsed)):  # an integral, a limit, ...: not a final answer,
         return any(g == p for g in gold_parsed for p in pred_parsed  # equal only as the same expression, never done
                    if not isinstance(g, str) and not isinstance(p, str))
-    return any((cheap_equal(g, p) if simplify_too_slow(g, p) else verify([g], [p], timeout_seconds=None))
-               and answers_agree(g, p) is not False for g in gold_parsed for p in pred_parsed)
+    return any(_equal(g, p, verify) and answers_agree(g, p) is not False for g in gold_parsed for p in pred_parsed)
+
+
+def _equal(gold, pred, verify) -> bool:
+    """:func:`rewards.math_expand.fast_verdict` where it decides (rational functions too slow to simplify), else
+    math-verify's ``verify``."""
+    verdict = fast_verdict(gold, pred)
+    return verify([gold], [pred], timeout_seconds=None) if verdict is None else verdict
 
 
 def is_equiv(pred: str, gold: str, timeout_seconds: TimeLimit = TIMEOUT_SECONDS) -> bool:
@@ -274,8 +281,8 @@ def is_equiv(pred: str, gold: str, timeout_seconds: TimeLimit = TIMEOUT_SECONDS)
     equations in variables go on whole. Then: normalised strings equal -> True; both plain numbers (integers,
     decimals, ``a/b``, ``\\frac{a}{b}``) -> exact comparison; longer than ``MAX_ANSWER_CHARS`` or nested too deep
     (:func:`rewards.math_guards.structure_ok`) -> False; else math-verify (``\\frac{1}{2}`` == ``0.5``, ``(1,2)`` ==
-    ``(1, 2)``) on :func:`is_tame` parses (a pair too slow to simplify, by
-    :func:`rewards.math_expand.simplify_too_slow`: :func:`rewards.math_expand.cheap_equal` instead), with numeric
+    ``(1, 2)``) on :func:`is_tame` parses (a pair of rational functions too slow to simplify: exactly at random
+    points instead, :func:`rewards.math_expand.fast_verdict`), with numeric
     answers confirmed exactly (:func:`rewards.math_exact.answers_agree`: ``\\frac{1}{3}`` != ``0.333333``), all
     within ``timeout_seconds`` (None: no limit; see :func:`rewards.math_guards.time_bound`). An empty answer on
     either side (:func:`is_empty_answer`), no math-verify, any error or timeout: False. A comparison cut short by

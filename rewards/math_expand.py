@@ -34,44 +34,45 @@ comparison with sympy's cache cleared, median of 3, against ``2`` unless named, 
 
 So 0.5 to 1.1 ms a unit up to 200 units with rational coefficients, up to 1.7 with irrational ones (and 1.5 to 2 above,
 where it grows with the size): above ``MAX_SIMPLIFY_UNITS`` (200 units, at most about 0.35 s; no pair of MATH-500
-answers reaches 40) the pair is not given to ``simplify`` but decided by :func:`cheap_equal`. A pair with a single
-symbol on one side is left to math-verify, which compares it by name without simplifying (``\\text{ab}`` is ``ab``).
+answers reaches 40) a pair of rational functions is not given to ``simplify`` but decided by :func:`fast_verdict`. A
+pair with a single symbol on one side is left to math-verify, which compares it by name without simplifying
+(``\\text{ab}`` is ``ab``).
 
-:func:`cheap_equal` decides a pair of rational functions (sums, products and integer powers of variables and rational
-numbers; binomials and rising / falling factorials with an integer ``k``: all the answers above) as ``simplify``
-would, from their values at two points modulo the prime ``2^61 - 1``: values that differ prove the answers different;
-equal values at both points make them equal, wrongly only when both points are roots of the difference's numerator
-(probability below ``(degree / 2^61)^2``, under ``10^-20`` for the degrees that ``is_tame`` lets through). Other pairs
-above the limit are equal when math-verify's steps before ``simplify`` find them so (the same expression, or a
-difference that evaluates to 0: ``\\sqrt{2}(x+1)^{100}(x+2)^{100}`` and ``\\sqrt{2}(1+x)^{100}(2+x)^{100}``), or when,
-rebuilt as sympy evaluates them (``(\\sqrt{2})^{2}`` is 2, ``\\sqrt{x^{2}}`` is ``|x|``; not when a decimal takes part,
-whose products would be rounded), they are equal as rational functions with their other parts taken as unknowns of
-their own and their decimals as the numbers written, by the same two points
-(``\\sqrt{2}(x^2-1)^{50}`` and ``\\sqrt{2}(x-1)^{50}(x+1)^{50}``; ``0.5(x^2-1)^{50}`` and
-``\\frac{(x-1)^{50}(x+1)^{50}}{2}``; decimals are compared exactly, as :mod:`rewards.math_exact` does, where
-math-verify's floating-point ``simplify`` can miss an exact equality such as ``\\frac{0.6\\sqrt{2}}{z+0.9}`` and
-``\\frac{\\sqrt{2}}{\\frac{5z}{3}+1.5}``); else they score 0, so an identity between such parts inside such a pair
-(``\\sin^2 x + \\cos^2 x = 1``) is not found.
+:func:`rational_verdict` decides a pair of rational functions (variables and rational numbers combined by sums,
+products and integer powers; binomials and rising / falling factorials of them with an integer ``k``: all the answers
+above) from their exact values (integers, no modulus) at two points drawn at random for each pair, each variable an
+integer in ``[2^32, 2^40)`` (the same on both sides): values that differ prove the answers different; equal values at
+both points make them equal. That is wrong only when both points are roots of the numerator of ``gold - pred``, a
+nonzero polynomial of total degree ``d``: by the Schwartz-Zippel lemma (Schwartz, J. ACM 27(4), 1980; Zippel, 1979)
+a random point is one with probability at most ``d / (2^40 - 2^32)``, so both are with probability at most
+``(d / (2^40 - 2^32))^2``, under ``10^-17`` up to ``d = 3000`` (``(x+1)^{100}(x+2)^{100}(x+3)^{100}`` has 300), whatever
+the answer: the points are drawn afresh
+for every pair, so no answer can be built against them. A pole at a point (a denominator that is 0 there), or a
+value past ``_MAX_BITS`` bits (one product of two such values takes about 1 ms) or ``_MAX_SPENT_BITS`` bits for the
+whole pair, leaves the pair undecided. Every pair that this does not decide (tuples, sets, matrices, relations,
+functions, roots, logarithms, decimals, constants such as ``\\pi``, a pole) goes to math-verify as any other pair,
+within the scorer's time limit: a pair of such shapes can again take that whole limit.
 """
 from __future__ import annotations
 
-import hashlib
 import math
-from fractions import Fraction
+import random
 
-__all__ = ["MAX_SIMPLIFY_UNITS", "simplify_units", "simplify_too_slow", "rational_verdict", "cheap_equal"]
+__all__ = ["MAX_SIMPLIFY_UNITS", "simplify_units", "simplify_too_slow", "rational_verdict", "fast_verdict"]
 
 MAX_SIMPLIFY_UNITS = 200  # estimated work of simplify(gold - pred), see the module docstring
 _QUOTIENT_WEIGHT = 0.2  # N * D / 5: the gcd of numerator and denominator (measured on 1/(1-x)^n against 2)
 _BINOMIAL_WEIGHT = 5.0  # combsimp factors a binomial of a variable (measured on binom(x, k) against 2)
 _CAP = 1e30  # counts are capped here (any value above the limit is as good as another)
-_PRIME = 2 ** 61 - 1
 _POINTS = 2  # evaluation points of rational_verdict
+_LOW, _HIGH = 2 ** 32, 2 ** 40  # each variable's value at a point is drawn from [_LOW, _HIGH)
+_MAX_BITS = 65_536  # bits of one value (numerator and denominator): one product of two takes about 1 ms
+_MAX_SPENT_BITS = 1_000_000  # bits of all values computed for one pair: at most about 20 ms in all
 _COUNTS = ("binomial", "FallingFactorial", "RisingFactorial")
 
 
 class _Undecided(Exception):
-    """Raised by :func:`_mod_value` for a node outside the rational functions, or a division by zero."""
+    """Raised by :func:`_value` for a node outside the rational functions, a pole, or a value too large."""
 
 
 def _multinomial(terms: float, exponent: int) -> float:
@@ -169,68 +170,6 @@ def simplify_too_slow(gold, pred) -> bool:
     return simplify_units(gold, pred) > MAX_SIMPLIFY_UNITS
 
 
-def _residue(key: str, index: int) -> int:
-    """A fixed value modulo ``_PRIME`` for ``key`` at evaluation point ``index`` (a hash: the same in every
-    process)."""
-    digest = hashlib.blake2b(f"{index}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % _PRIME
-
-
-def _inverse(v: int) -> int:
-    if v == 0:
-        raise _Undecided  # a pole at the point (or a denominator that the prime divides)
-    return pow(v, -1, _PRIME)
-
-
-def _mod_value(node, index: int, opaque: bool = False) -> int:
-    """The value of a rational function at point ``index`` modulo ``_PRIME``: each variable a fixed residue of its
-    name and assumptions (one name with other assumptions is another variable, as in sympy). Anything else (floats,
-    constants, roots, other functions) raises :class:`_Undecided`, or with ``opaque`` is one more variable, named by
-    its printed form (a decimal then is the number written)."""
-    if node.is_Symbol:
-        return _residue(f"{node.name}:{sorted(node.assumptions0.items())}", index)
-    if node.is_Rational:
-        return node.p * _inverse(node.q % _PRIME) % _PRIME
-    if node.is_Add or node.is_Mul:
-        values = [_mod_value(a, index, opaque) for a in node.args]
-        out = 0 if node.is_Add else 1
-        for v in values:
-            out = (out + v) % _PRIME if node.is_Add else out * v % _PRIME
-        return out
-    if node.is_Pow and node.args[1].is_Integer:
-        base, e = _mod_value(node.args[0], index, opaque), int(node.args[1])
-        return pow(base if e >= 0 else _inverse(base), abs(e), _PRIME)
-    k = _count_arg(node)
-    if k is None:
-        if not opaque:
-            raise _Undecided
-        if node.is_Float:  # the decimal that was written (0.5 is 1/2), as rewards.math_exact reads it
-            exact = Fraction(str(node))
-            return exact.numerator * _inverse(exact.denominator % _PRIME) % _PRIME
-        from sympy import srepr
-        return _residue("part:" + srepr(node), index)
-    n, name, out = _mod_value(node.args[0], index, opaque), type(node).__name__, 1
-    for i in range(k):
-        out = out * (n + i if name == "RisingFactorial" else n - i) % _PRIME
-    return out * _inverse(math.factorial(k) % _PRIME) % _PRIME if name == "binomial" else out
-
-
-def rational_verdict(gold, pred, opaque: bool = False) -> bool | None:
-    """Whether two rational functions are equal, from their values at ``_POINTS`` points modulo ``_PRIME`` (see the
-    module docstring); None when either is something else or a point is a pole. With ``opaque``, other parts
-    (``\\sqrt{2}``, ``\\pi``, ``e^{x}``) are unknowns of their own: equal is then still proved, different is not
-    (``(\\sqrt{2})^2`` and ``2`` differ as unknowns). Never raises."""
-    if not (_is_expression(gold) and _is_expression(pred)):
-        return None
-    try:
-        for index in range(_POINTS):
-            if _mod_value(gold, index, opaque) != _mod_value(pred, index, opaque):
-                return False
-    except (_Undecided, RecursionError, TypeError, ValueError, AttributeError):
-        return None
-    return True
-
-
 def _evaluated(node, numbers: bool = True):
     """``node`` rebuilt as sympy builds it by default, bottom up: ``(\\sqrt{2})^{2}`` is 2, ``\\sqrt{x^{2}}`` of a real
     ``x`` is ``|x|``, ``\\frac{1}{(1-x)^{101}}`` is ``(1-x)^{-101}``; products of sums are not expanded. Without
@@ -244,35 +183,88 @@ def _evaluated(node, numbers: bool = True):
         return node
 
 
-def _equal_as_unknowns(gold, pred) -> bool:
-    """``rational_verdict`` with ``opaque`` on both sides evaluated (:func:`_evaluated`), or as written when a
-    decimal takes part: evaluating would round its products (``3.5 \\cdot 0.571428571428571`` would be 2.0)."""
-    from sympy import Float
-    if not (gold.has(Float) or pred.has(Float)):
-        gold, pred = _evaluated(gold), _evaluated(pred)
-    return rational_verdict(gold, pred, opaque=True) is True
+class _Point:
+    """One evaluation point: a random integer in ``[2^32, 2^40)`` for each variable (the same for a variable on both
+    sides), and the bits that evaluating at it has produced so far (:func:`_checked`)."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.values, self.spent = rng, {}, 0
+
+    def value(self, symbol) -> int:
+        if symbol not in self.values:  # sympy's equality: one name with other assumptions is another variable
+            self.values[symbol] = self.rng.randrange(_LOW, _HIGH)
+        return self.values[symbol]
 
 
-def cheap_equal(gold, pred) -> bool:
-    """The verdict on a pair too slow to simplify: :func:`rational_verdict` for rational functions; else equal when,
-    as in math-verify's steps before ``simplify``, it is the same expression or a difference that evaluates to 0 at
-    15 digits without expanding, or when it is equal with its other parts as unknowns and its decimals as written
-    (:func:`_equal_as_unknowns`); tuples, intervals, relations and matrices of
-    one kind part by part, sets element by element in any order. Never raises."""
-    verdict = rational_verdict(gold, pred)
-    if verdict is not None:
-        return verdict
+def _checked(point: _Point, num: int, den: int) -> tuple[int, int]:
+    """``num / den`` (not reduced), or :class:`_Undecided` for a pole or a value past the size bounds."""
+    if den == 0:
+        raise _Undecided  # a pole at the point
+    bits = num.bit_length() + den.bit_length()
+    point.spent += bits
+    if bits > _MAX_BITS or point.spent > _MAX_SPENT_BITS:
+        raise _Undecided
+    return num, den
+
+
+def _combine_values(point: _Point, values: list, add: bool) -> tuple[int, int]:
+    num, den = values[0]
+    for n, d in values[1:]:
+        if not add:
+            num, den = _checked(point, num * n, den * d)
+        elif d == den:
+            num, den = _checked(point, num + n, den)
+        else:
+            num, den = _checked(point, num * d + n * den, den * d)
+    return num, den
+
+
+def _value(node, point: _Point) -> tuple[int, int]:
+    """The exact value of a rational function at ``point``, as a numerator and a denominator; anything else (floats,
+    constants, roots, other functions, symbolic exponents) raises :class:`_Undecided`."""
+    if node.is_Symbol:
+        return point.value(node), 1
+    if node.is_Rational:
+        return int(node.p), int(node.q)
+    if node.is_Add or node.is_Mul:
+        return _combine_values(point, [_value(a, point) for a in node.args], node.is_Add)
+    if node.is_Pow and node.args[1].is_Integer:
+        (num, den), e = _value(node.args[0], point), int(node.args[1])
+        if e < 0:
+            num, den, e = den, num, -e
+        if max(num.bit_length(), den.bit_length()) * e > _MAX_BITS:  # checked before computing it
+            raise _Undecided
+        return _checked(point, num ** e, den ** e)
+    k = _count_arg(node)
+    if k is None:
+        raise _Undecided
+    (num, den), name = _value(node.args[0], point), type(node).__name__
+    out = (1, 1)
+    for i in range(k):
+        out = _combine_values(point, [out, (num + i * den if name == "RisingFactorial" else num - i * den, den)],
+                              add=False)
+    return _checked(point, out[0], out[1] * math.factorial(k)) if name == "binomial" else out
+
+
+def rational_verdict(gold, pred) -> bool | None:
+    """Whether two rational functions are equal, from their exact values at ``_POINTS`` random points (see the
+    module docstring); None when either is something else, a point is a pole, or a value grows past the size
+    bounds. Never raises."""
+    if not (_is_expression(gold) and _is_expression(pred)):
+        return None
+    rng = random.SystemRandom()
     try:
-        if gold == pred:
-            return True
-        if _is_expression(gold) or _is_expression(pred):
-            return _is_expression(gold) and _is_expression(pred) and (
-                (gold - pred).evalf(chop=True, n=15) == 0 or _equal_as_unknowns(gold, pred))
-        if type(gold) is not type(pred) or len(gold.args) != len(pred.args):
-            return False
-        if getattr(gold, "is_FiniteSet", False):
-            return all(any(cheap_equal(g, p) for p in pred.args) for g in gold.args) and all(
-                any(cheap_equal(g, p) for g in gold.args) for p in pred.args)
-        return all(cheap_equal(g, p) for g, p in zip(gold.args, pred.args))
-    except Exception:
-        return False
+        for _ in range(_POINTS):
+            point = _Point(rng)
+            (gn, gd), (pn, pd) = _value(gold, point), _value(pred, point)
+            if gn * pd != pn * gd:
+                return False
+    except (_Undecided, RecursionError, TypeError, ValueError, AttributeError):
+        return None
+    return True
+
+
+def fast_verdict(gold, pred) -> bool | None:
+    """The verdict on a pair without math-verify, or None to leave it to math-verify: :func:`rational_verdict` for a
+    pair too slow to simplify (:func:`simplify_too_slow`); None for any other pair. Never raises."""
+    return rational_verdict(gold, pred) if simplify_too_slow(gold, pred) else None

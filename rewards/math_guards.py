@@ -20,9 +20,9 @@ minutes) while the text stays short. Then sympy evaluates what was parsed, which
    from their parts without evaluating them (digits of every numeric part: ``e^{e^{e^{e}}}``; towers of powers
    in variables; factorial, binomial, sum and product bounds).
 4. A pair of answers that each pass 3 can still make math-verify's ``simplify(gold - pred)`` expand for seconds
-   (``(x+1)^{100}(x+2)^{100}(x+3)^{100}``, ``\\frac{1}{(1-x)^{101}}`` against ``2``): such a pair is decided
-   without ``simplify`` (:mod:`rewards.math_expand`: exactly for rational functions, else by math-verify's cheaper
-   steps), in under a millisecond. :func:`time_bound` stops whatever is left after ``timeout_seconds`` (a
+   (``(x+1)^{100}(x+2)^{100}(x+3)^{100}``, ``\\frac{1}{(1-x)^{101}}`` against ``2``): such a pair of rational
+   functions is decided without ``simplify`` (:mod:`rewards.math_expand`: exactly, at random points), in about a
+   millisecond; a pair of other shapes goes to math-verify under the limit. :func:`time_bound` stops whatever is left after ``timeout_seconds`` (a
    ``SIGALRM`` timer, main thread only; it cannot interrupt C code, which is why 1-4 come first).
 
 math-verify's own ``parsing_timeout``/``timeout_seconds`` are not used: they are whole seconds of

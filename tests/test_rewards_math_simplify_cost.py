@@ -2,7 +2,8 @@
 (case P28): products of powers of sums, powers of sums of several variables against a gold with many terms of its
 own, symbolic binomials, big denominators against a wrong gold. Each answer is small enough to pass
 ``rewards.math_tame.is_tame``; the pair is what is too slow, so ``rewards.math_expand`` decides it without
-``simplify``. Equal forms of such answers still match, and every ordinary answer is still compared by math-verify.
+``simplify`` when both sides are rational functions (exactly, at random points). Equal forms of such answers still
+match, a wrong answer is refused whatever its coefficients, and every other pair is still compared by math-verify.
 """
 import itertools
 import json
@@ -14,7 +15,7 @@ from sympy.core.cache import clear_cache
 
 from rewards import math as M
 from rewards.math import compute_score
-from rewards.math_expand import (MAX_SIMPLIFY_UNITS, _evaluated, cheap_equal, rational_verdict, simplify_too_slow,
+from rewards.math_expand import (MAX_SIMPLIFY_UNITS, fast_verdict, rational_verdict, simplify_too_slow,
                                  simplify_units)
 
 pytestmark = pytest.mark.skipif(M.load_math_verify() is None, reason="needs math-verify")
@@ -23,12 +24,13 @@ FAST_MS = 50.0
 # answer, wrong golds: each pair held a scoring call for its whole 1 s limit (or most of it) before
 SLOW_PAIRS = [
     ("(x+1)^{100}(x+2)^{100}(x+3)^{100}", ("1", "2", "(x+1)^{100}(x+2)^{100}(x+4)^{100}")),
-    ("(x+y+z)^{23}", ("1", "(x+y+z)^{22}", "\\sqrt{x}")),
+    ("(x+y+z)^{23}", ("1", "(x+y+z)^{22}")),
     ("\\binom{x}{50}\\binom{y}{50}", ("1", "\\binom{x}{50}\\binom{y}{49}", "\\frac{x}{y}")),
-    ("\\frac{1}{(1-x)^{101}}",
-     ("1", "2", "(1-x)^{101}", "\\frac{1}{(1+x)^{101}}", "\\sqrt{x}", "e^{x}", "\\pi", "0.5")),
-    ("\\sqrt{2}(x^2-1)^{50}", ("\\sqrt{3}(x-1)^{50}(x+1)^{50}", "\\sqrt{2}(x-1)^{50}(x+1)^{49}")),
-    ("0.5(x^2-1)^{50}", ("0.5(x-1)^{50}(x+1)^{49}", "\\frac{(x-1)^{50}(x+1)^{50}}{3}")),
+    ("\\frac{1}{(1-x)^{101}}", ("1", "2", "(1-x)^{101}", "\\frac{1}{(1+x)^{101}}")),
+    # coefficients that differ by a multiple of 2^61 - 1, or a product with a quadratic: exact values tell them apart
+    ("2^{61}(x^2-1)^{150}", ("(x-1)^{150}(x+1)^{150}",)), ("(x+2305843009213693952)^{150}", ("(x+1)^{150}",)),
+    ("2^{61}\\binom{x}{50}", ("\\binom{x}{50}",)), ("2305843009213693951(x+1)^{250}", ("0",)),
+    ("(x+1)^{150}(x^2-1171281765473759160x+558528551497523995)", ("(x+1)^{150}",)),
 ]
 
 
@@ -57,16 +59,9 @@ EQUAL_FORMS = [
     ("\\frac{1}{(1-x)^{101}}", "(1-x)^{-101}"), ("\\frac{1}{(1-x)^{101}}", "-\\frac{1}{(x-1)^{101}}"),
     ("(x^2-1)^{50}", "(x-1)^{50}(x+1)^{50}"), ("(x^2-y^2)^{15}", "(x-y)^{15}(x+y)^{15}"),
     ("\\frac{1}{(1-x)^{40}}", "\\frac{(1+x)^{40}}{(1-x^2)^{40}}"),
-    ("\\sqrt{2}(x+1)^{100}(x+2)^{100}", "\\sqrt{2}(1+x)^{100}(2+x)^{100}"),
-    # other parts than rational functions: the same unknowns on both sides, or equal once sympy has evaluated them
-    ("\\sqrt{2}(x^2-1)^{50}", "\\sqrt{2}(x-1)^{50}(x+1)^{50}"), ("e^{x}(x^2-1)^{30}", "e^{x}(x-1)^{30}(x+1)^{30}"),
-    ("\\pi(x^2-y^2)^{15}", "\\pi(x-y)^{15}(x+y)^{15}"), ("(\\sqrt{2})^{2}(x+1)^{200}", "2(x+1)^{200}"),
-    ("\\sqrt{2}\\sqrt{2}(x^2-1)^{50}", "2(x-1)^{50}(x+1)^{50}"), ("\\sqrt{x^2}(x+1)^{200}", "|x|(x+1)^{200}"),
-    ("0.5(x^2-1)^{50}", "\\frac{(x-1)^{50}(x+1)^{50}}{2}"),
+    ("\\frac{(x^2-1)^{150}}{2^{61}-1}", "\\frac{(x-1)^{150}(x+1)^{150}}{2^{61}-1}"),
     # terms that are the same on both sides cancel before simplify: what is left is small
     ("\\frac{1}{(1-x)^{101}}", "\\frac{1}{(1-x)^{101}}+\\sin^2 x+\\cos^2 x-1"),
-    ("((x+1)^{100}(x+2)^{100}, 1)", "((1+x)^{100}(2+x)^{100}, 1)"),
-    ("\\{(x+1)^{100}(x+2)^{100}, 1\\}", "\\{1, (1+x)^{100}(2+x)^{100}\\}"),
 ]
 
 
@@ -127,27 +122,55 @@ POOL = ["(x+1)^2", "x^2+2x+1", "\\frac{x^2-1}{x-1}", "x+1", "\\frac{x+1}{x}", "\
 def test_the_rational_verdict_is_math_verifys_wherever_it_decides():
     verify = M.load_math_verify()[1]
     parsed = {s: M._parse_latex(s)[0] for s in POOL}
-    decided = found = 0
+    decided = 0
     for a, b in itertools.product(POOL, POOL):
         g, p = parsed[a], parsed[b]
-        verdict, opaque = rational_verdict(g, p), rational_verdict(_evaluated(g), _evaluated(p), opaque=True)
-        if verdict is not None or opaque:
-            truth = verify([g], [p], timeout_seconds=None)
+        verdict = rational_verdict(g, p)
         if verdict is not None:  # rational functions: both ways
             decided += 1
-            assert verdict == truth, (a, b)
-        if opaque:  # other parts as unknowns: equal only where math-verify finds it so
-            found += 1
-            assert truth, (a, b)
-    assert decided > 500 and found > 50
-    for a, b in (("(\\sqrt{x})^2", "x"), ("\\sqrt{x}\\sqrt{x}", "x"), ("\\sqrt{x^2}", "|x|"), ("e^{x}e^{-x}", "1"),
-                 ("\\frac{x}{2}\\pi", "\\pi x\\cdot\\frac{1}{2}")):
-        g, p = M._parse_latex(a)[0], M._parse_latex(b)[0]
-        assert rational_verdict(_evaluated(g), _evaluated(p), opaque=True), (a, b)
-    # floats, roots, constants and factorials are not rational functions: left undecided
-    for s in ("0.5x", "\\sqrt{x}", "k!", "\\pi x"):
+            assert verdict == verify([g], [p], timeout_seconds=None), (a, b)
+    assert decided > 500
+    # floats, roots, constants, functions and factorials are not rational functions: left undecided
+    for s in ("0.5x", "\\sqrt{x}", "k!", "\\pi x", "e^{x}e^{-x}", "|x|", "\\sin^2 x+\\cos^2 x"):
         assert rational_verdict(parsed[s], parsed[s]) is None
-    assert cheap_equal(parsed["\\sqrt{x}"], parsed["\\sqrt{x}"]) and not cheap_equal(parsed["\\pi x"], parsed["0.5"])
+
+
+def test_poles_and_values_too_large_are_left_undecided_fast():
+    from sympy import Add, Pow, Symbol, binomial
+    x = Symbol("x")
+    assert rational_verdict(Pow(Add(x, -x, evaluate=False), -1, evaluate=False), x) is None  # a pole at every point
+    t0 = time.process_time()
+    assert rational_verdict((x + 1) ** 5000, (x + 1) ** 4999) is None  # 200,000 bits: past the bound
+    assert rational_verdict(((x + 1) ** 1500 + 1) ** 3, 1) is None
+    assert rational_verdict(binomial(x, 2000) * binomial(x, 2000), 1) is None
+    assert (time.process_time() - t0) * 1e3 < FAST_MS
+
+
+# answers equal to the gold in shapes that rational_verdict does not read: left to math-verify, as any other pair,
+# however long its simplify is estimated to take (each is above the estimate; math-verify decides them within 1 s)
+OTHER_SHAPES = [
+    ("(x^2-1)^{70}, 2", "\\left((x-1)^{70}(x+1)^{70}, 2\\right)"), ("y+z = (x^2-1)^{50}", "(x-1)^{50}(x+1)^{50} = y+z"),
+    ("y < (x^2-1)^{70}", "(x-1)^{70}(x+1)^{70} > y"), ("\\sin((x^2-1)^{30})", "\\sin((x-1)^{30}(x+1)^{30})"),
+    ("e^{x+1}(x^2-1)^{70}", "e\\cdot e^{x}(x-1)^{70}(x+1)^{70}"),
+    ("\\log(4)(x^2-1)^{70}", "2\\log(2)(x-1)^{70}(x+1)^{70}"),
+    ("(1+\\sqrt{2})^{2}(x^2-1)^{70}", "(3+2\\sqrt{2})(x-1)^{70}(x+1)^{70}"),
+]
+
+
+@pytest.mark.parametrize("pred,gold", OTHER_SHAPES)
+def test_other_shapes_above_the_estimate_go_to_math_verify(pred, gold):
+    g, p = M._parse_latex(gold)[0], M._parse_latex(pred)[0]
+    assert simplify_too_slow(g, p) and fast_verdict(g, p) is None
+    for a, b in ((pred, gold), (gold, pred)):
+        assert compute_score("\\boxed{" + a + "}", b) == 1.0, (a, b)
+
+
+@pytest.mark.parametrize("pred,gold", [
+    ("(\\pi+10^{-20})(x+1)^{150}-\\pi(x+1)^{150}", "0"), ("2+(\\pi+10^{-20})(x+1)^{150}-\\pi(x+1)^{150}", "2"),
+])
+def test_a_difference_below_15_digits_is_not_taken_for_zero(pred, gold):
+    for a, b in ((pred, gold), (gold, pred)):
+        assert compute_score("\\boxed{" + a + "}", b) == 0.0, (a, b)
 
 
 MATH500 = os.environ.get("MATH500_DIR",

@@ -1,7 +1,5 @@
 """MATH boxed scorer: case P04 (``\\fbox``, nested braces, unclosed box), math-verify equivalence,
 adversarial inputs (huge powers, factorials, 1 MB responses) and no eval of model text."""
-import json
-import os
 import re
 import time
 
@@ -9,6 +7,7 @@ import pytest
 
 from rewards import math as M
 from rewards.math import compute_score, is_tame, last_boxed_only_string, normalize_answer, remove_boxed
+from tests.math500 import math500_rows, needs_math500
 
 HAS_MV = M.load_math_verify() is not None
 needs_mv = pytest.mark.skipif(not HAS_MV, reason="math-verify is not installed")
@@ -162,13 +161,11 @@ def test_model_text_never_reaches_eval_or_sympify(monkeypatch):
     assert all(isinstance(x, str) and re.fullmatch(r"[0-9.,]+", x) for x in seen), seen
 
 
-MATH500 = os.environ.get("MATH500_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "math500"))
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(MATH500, "test.jsonl")), reason=f"MATH-500 not found at {MATH500}")
+@needs_math500
 def test_math500_reference_solutions_score_one():
-    with open(os.path.join(MATH500, "test.jsonl")) as f:
-        rows = [json.loads(line) for line in f][:60]
+    rows = math500_rows()[:60]
     scores = [compute_score(r["solution"], r["answer"]) for r in rows]
     assert sum(scores) >= 0.95 * len(rows), [r["answer"] for r, s in zip(rows, scores) if s == 0]
 
@@ -296,10 +293,9 @@ def test_p04_label_rule():
     assert M._equation("x = y = \\frac{1}{2}") == ("labelled", ("x", "y"), "\\frac{1}{2}")
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(MATH500, "test.jsonl")), reason=f"MATH-500 not found at {MATH500}")
+@needs_math500
 def test_p04_every_math500_gold_scores_one_against_itself_boxed():
-    with open(os.path.join(MATH500, "test.jsonl")) as f:
-        golds = [json.loads(line)["answer"] for line in f]
+    golds = [r["answer"] for r in math500_rows()]
     assert len(golds) == 500 and sum("=" in g for g in golds) >= 4  # x=5, y = 2x + 3, y = -2x, 5x - 7y + 11z + 4 = 0
     assert [g for g in golds if compute_score(f"so \\boxed{{{g}}}", g) != 1.0] == []
 

@@ -5,8 +5,6 @@ Such an answer is no match, decided by the guards in ``rewards.math_guards`` (be
 parser itself evaluates, stacked superscripts) and ``rewards.math_tame`` (after parsing: sizes measured from the
 parts); ordinary MATH answers of the same kinds still compare as before.
 """
-import json
-import os
 import time
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from rewards import math as M
 from rewards.math import compute_score
 from rewards.math_guards import evaluated_commands_ok, structure_ok, time_bound, tower_height
+from tests.math500 import math500_rows, needs_math500
 
 pytestmark = pytest.mark.skipif(M.load_math_verify() is None, reason="needs math-verify")
 FAST_MS = 50.0
@@ -87,14 +86,11 @@ def test_p28_evaluated_commands_rule():
     assert [tower_height(s) for s in ("x", "x^2", "2^{2^{n}}", "9^{9^{9^{9}}}", "{x^{2}}^{3}")] == [0, 1, 2, 3, 1]
 
 
-MATH500 = os.environ.get("MATH500_DIR",
-                         os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "math500"))
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(MATH500, "test.jsonl")), reason=f"MATH-500 not found at {MATH500}")
+@needs_math500
 def test_p28_every_math500_answer_passes_the_guards():
-    with open(os.path.join(MATH500, "test.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
+    rows = math500_rows()
     refused = []
     for row in rows:
         for answer in {row["answer"], M.gold_answer(row["solution"])}:

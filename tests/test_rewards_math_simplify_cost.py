@@ -6,8 +6,6 @@ own, symbolic binomials, big denominators against a wrong gold. Each answer is s
 match, a wrong answer is refused whatever its coefficients, and every other pair is still compared by math-verify.
 """
 import itertools
-import json
-import os
 import time
 
 import pytest
@@ -17,6 +15,7 @@ from rewards import math as M
 from rewards.math import compute_score
 from rewards.math_expand import (MAX_SIMPLIFY_UNITS, fast_verdict, rational_verdict, simplify_too_slow,
                                  simplify_units)
+from tests.math500 import math500_rows, needs_math500
 
 pytestmark = pytest.mark.skipif(M.load_math_verify() is None, reason="needs math-verify")
 FAST_MS = 50.0
@@ -173,14 +172,11 @@ def test_a_difference_below_15_digits_is_not_taken_for_zero(pred, gold):
         assert compute_score("\\boxed{" + a + "}", b) == 0.0, (a, b)
 
 
-MATH500 = os.environ.get("MATH500_DIR",
-                         os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "math500"))
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(MATH500, "test.jsonl")), reason=f"MATH-500 not found at {MATH500}")
+@needs_math500
 def test_no_pair_of_math500_answers_is_too_slow_to_simplify():
-    with open(os.path.join(MATH500, "test.jsonl")) as f:
-        answers = sorted({json.loads(line)["answer"] for line in f})
+    answers = sorted({r["answer"] for r in math500_rows()})
     parsed = [p for a in answers if len(a) <= M.MAX_ANSWER_CHARS for p in M._parse_latex(M.collapse_braces(a))]
     worst = max(simplify_units(g, p) for g in parsed for p in parsed)
     assert worst < MAX_SIMPLIFY_UNITS / 4, worst

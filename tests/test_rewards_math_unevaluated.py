@@ -3,8 +3,6 @@ infinitely many or a variable number of terms) are not final answers (case P28):
 the same parsed expression, are never carried out, and take no more than a millisecond after a warm-up call, where
 math-verify's ``Integral.doit`` and ``simplify`` held a scoring call for its whole time limit (or past it) on every
 call. Ordinary answers and every MATH-500 answer are unaffected."""
-import json
-import os
 import time
 
 import pytest
@@ -12,6 +10,7 @@ import pytest
 from rewards import math as M
 from rewards.math_tame import names_unevaluated, unevaluated
 from rewards.registry import get_scorer
+from tests.math500 import math500_rows, needs_math500
 
 pytestmark = pytest.mark.skipif(M.load_math_verify() is None, reason="needs math-verify")
 FAST_MS = 50.0
@@ -95,14 +94,11 @@ def test_p28_unevaluated_rule():
     assert not unevaluated("\\int x dx") and not unevaluated(None)  # math-verify's text parse, not an expression
 
 
-MATH500 = os.environ.get("MATH500_DIR",
-                         os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "math500"))
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(MATH500, "test.jsonl")), reason=f"MATH-500 not found at {MATH500}")
+@needs_math500
 def test_p28_no_math500_answer_is_an_unevaluated_operation():
-    with open(os.path.join(MATH500, "test.jsonl")) as f:
-        answers = sorted({json.loads(line)["answer"] for line in f})
+    answers = sorted({r["answer"] for r in math500_rows()})
     assert not [a for a in answers if names_unevaluated(a)]
     assert not [a for a in answers if len(a) <= M.MAX_ANSWER_CHARS and M.structure_ok(M.collapse_braces(a))
                 and any(unevaluated(p) for p in M._parse_latex(M.collapse_braces(a)))]

@@ -31,9 +31,10 @@ Both methods read a number the same way:
 * What does not change the value is not part of the number: a unit or word (``42 km``, ``42 \text{km}``, ``30°``,
   ``42's``), a percent sign (``42%`` and ``42\%`` are 42), a ``!`` that ends a sentence (``42!``) and Markdown
   emphasis: ``**42**`` is 42 in both modes (``#### **42**`` too), ``**`` after a space is bold, not a power.
-  A bold numbered heading after the marker (``#### **1. Find the total cost**``, ``#### **2) Add**``: a label, then
-  a title without digits, ``$`` or a sentence end, then the emphasis closed) is no marker; ``#### **42. That is the
-  answer.**``, ``#### **72. She paid $72.**`` and ``#### 1. Find`` (no emphasis) are read as their number.
+  A bold numbered line after the marker (``#### **1. Find the total cost**``, ``#### **2) Add**``, ``#### **3:
+  Final Answer: 42**``: a label, then words) is no marker: a list label is never taken for the answer, so an answer
+  written that way (``#### **42. That is the answer.**``) is not read either; ``#### **42.** Done`` is 42 and
+  ``#### 1. Find`` (no emphasis) is still read as 1.
 * An expression is no answer, with or without spaces around its operator: an operator (``+ - − – * × ÷ / : ^ **
   =``, ``\times``, ``\cdot``, ``\div``) followed by an operand (a number, optionally after ``(``, a sign or ``$``;
   a LaTeX fraction or root, ``√``, ``π``, ``½``), or a further digit group after a space (``1 000``). Strict mode
@@ -70,9 +71,8 @@ _STRICT_RE = re.compile(
     r"[ \t\u00a0\u202f]*+(?:(?P<em>\*{1,3}+|_{1,2}+)[ \t\u00a0\u202f]*+)?+"  # spaces: also no-break ones
     r"(?:(?P<sign1>[-+\u2212])[ \t\u00a0\u202f]*+)?(?:\$[ \t\u00a0\u202f]*+)?(?P<sign2>[-+\u2212])?"
     r"(?P<num>" + NUM + ")"
-    # ``#### **1. Find the cost**`` is a bold numbered heading, no marker: a label (``1.``, ``2)``, ``3:``), then a
-    # title without digits, ``#``, ``$`` or a sentence end, then the emphasis closed (``#### **42. Done.**`` is 42)
-    r"(?(em)(?![.):][ \t\u00a0\u202f]++[^\W\d_](?:[^\d#*_$\n]*+(?<![.!?\s]))?+[ \t]*+(?P=em)))"
+    # ``#### **1. Find the cost**`` is a bold numbered line, no marker: a label (``1.``, ``2)``, ``3:``) then words
+    r"(?(em)(?![.):][ \t\u00a0\u202f]++[^\W\d_]))"
 )
 # How far back from the last marker we look for the start of its '#' run on the fast path.
 _FAST_RUN_LOOKBACK = 64

@@ -374,9 +374,10 @@ def time_bound(seconds: float | None) -> Iterator[None]:
             raise ScorerTimeout(f"past {seconds} s")
 
     t0 = time.monotonic()
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.005)
-    try:
+    old = signal.getsignal(signal.SIGALRM)
+    try:  # armed inside: a limit that passes before the block starts still ends disarmed, the handler restored
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds, 0.005)
         yield
     finally:
         armed[0] = False

@@ -69,3 +69,19 @@ def test_p27_a_bad_time_limit_stops_main_before_workers(tmp_path):
                    "+reward_model.scorer_kwargs.timeout_seconds=-1", forked=True)
     assert_one_line_error(proc, "reward_model.scorer_kwargs.timeout_seconds=-1: expected a finite number of seconds > 0,"
                                 " or null (None) for no limit")
+
+
+def test_a_limit_that_passes_before_the_block_starts_leaves_no_timer_armed():
+    """A 1-microsecond limit fired before the timer's cleanup was set up: the 5 ms interval timer stayed armed and
+    its handler in place, and later code (the next scoring call) was interrupted by ``ScorerTimeout``."""
+    import signal
+    import time
+
+    M.compute_score(r"\boxed{1}", "1")
+    for _ in range(20):
+        M.compute_score(r"\boxed{\frac{2}{4}x}", r"\frac{x}{2}", timeout_seconds=1e-6)
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert [M.compute_score(r"\boxed{x/2+1}", r"\frac{x}{2}+1") for _ in range(3)] == [1.0, 1.0, 1.0]
+    end = time.monotonic() + 0.05
+    while time.monotonic() < end:  # no alarm left to interrupt unrelated code
+        sum(range(1000))

@@ -92,6 +92,8 @@ def test_p28_unevaluated_rule():
                                                 "\\prod_{k=1}^{4} k", "x^2+1")}
     assert [unevaluated(p) for p in parsed.values()] == [True, True, True, True, False, False, False]
     assert not unevaluated("\\int x dx") and not unevaluated(None)  # math-verify's text parse, not an expression
+    for s in ("\\sum_{k=1}^{10^2} k", "\\sum_{k=1}^{2\\cdot 5} k", "\\sum_{k=0}^{-1+11} k", "\\prod_{k=1}^{2^2} k"):
+        assert not unevaluated(M._parse_latex(s)[0]), s  # bounds written as arithmetic are numbers
 
 
 

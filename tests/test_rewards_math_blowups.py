@@ -13,6 +13,7 @@ from rewards import math as M
 from rewards.math import compute_score
 from rewards.math_guards import evaluated_commands_ok, structure_ok, time_bound, tower_height
 from tests.math500 import math500_rows, needs_math500
+from tests.scorer_time import scorer_cpu_ms
 
 pytestmark = pytest.mark.skipif(M.load_math_verify() is None, reason="needs math-verify")
 FAST_MS = 50.0
@@ -28,9 +29,7 @@ BLOWUPS = [
 
 
 def _cpu_ms(text, gold, **kw):
-    t0 = time.process_time()  # CPU time: the scorer's own cost, whatever else shares the cores
-    score = compute_score(text, gold, **kw)
-    return score, (time.process_time() - t0) * 1e3
+    return scorer_cpu_ms(compute_score, text, gold, **kw)
 
 
 @pytest.mark.parametrize("answer", BLOWUPS)

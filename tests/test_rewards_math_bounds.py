@@ -15,15 +15,14 @@ from hypothesis import strategies as st
 
 from rewards import math as M
 from rewards.math import compute_score
+from tests.scorer_time import scorer_cpu_ms
 
 pytestmark = pytest.mark.skipif(M.load_math_verify() is None, reason="needs math-verify")
 FAST_MS = 50.0
 
 
 def _first_call_ms(text, gold):
-    t0 = time.process_time()  # CPU time: the scorer's own cost, whatever else shares the cores
-    score = compute_score(text, gold)
-    return score, (time.process_time() - t0) * 1e3
+    return scorer_cpu_ms(compute_score, text, gold)
 
 
 def _box(s):

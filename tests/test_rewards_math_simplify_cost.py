@@ -16,6 +16,7 @@ from rewards.math import compute_score
 from rewards.math_expand import (MAX_SIMPLIFY_UNITS, fast_verdict, rational_verdict, simplify_too_slow,
                                  simplify_units)
 from tests.math500 import math500_rows, needs_math500
+from tests.scorer_time import scorer_cpu_ms
 
 pytestmark = pytest.mark.skipif(M.load_math_verify() is None, reason="needs math-verify")
 FAST_MS = 50.0
@@ -38,9 +39,7 @@ def _cold_cpu_ms(pred, gold):
     repeated pair reuses the expansions that the cache keeps), the parser having seen the shape once."""
     compute_score("\\boxed{" + pred + "}", gold)
     clear_cache()
-    t0 = time.process_time()
-    score = compute_score("\\boxed{" + pred + "}", gold)
-    return score, (time.process_time() - t0) * 1e3
+    return scorer_cpu_ms(compute_score, "\\boxed{" + pred + "}", gold)
 
 
 @pytest.mark.parametrize("pred,gold", [(p, g) for p, golds in SLOW_PAIRS for g in golds])

@@ -58,6 +58,8 @@ from __future__ import annotations
 import math
 import random
 
+from rewards.math_tame import log_power_terms
+
 __all__ = ["MAX_SIMPLIFY_UNITS", "simplify_units", "simplify_too_slow", "rational_verdict", "fast_verdict"]
 
 MAX_SIMPLIFY_UNITS = 200  # estimated work of simplify(gold - pred), see the module docstring
@@ -76,10 +78,9 @@ class _Undecided(Exception):
 
 
 def _multinomial(terms: float, exponent: int) -> float:
-    """Terms of a sum of ``terms`` terms raised to ``exponent``, expanded: ``C(exponent + terms - 1, terms - 1)``."""
-    if terms <= 1.0 or exponent == 0:
-        return 1.0
-    log = math.lgamma(exponent + terms) - math.lgamma(exponent + 1) - math.lgamma(terms)
+    """Terms of a sum of ``terms`` terms raised to ``exponent``, expanded (:func:`rewards.math_tame.log_power_terms`),
+    capped at ``_CAP``."""
+    log = log_power_terms(terms, exponent)
     return _CAP if log > math.log(_CAP) else math.exp(log)
 
 
@@ -156,7 +157,7 @@ def simplify_units(gold, pred) -> float:
             if sides <= MAX_SIMPLIFY_UNITS:  # cancelling shared terms only lowers it
                 return sides
             # as simplify starts: both sides evaluated, so that the terms they share cancel
-            return _units(_shape(_evaluated(gold, numbers=False) - _evaluated(pred, numbers=False)))
+            return _units(_shape(_evaluated(gold) - _evaluated(pred)))
         return sum(_units(_shape(p)) for obj in (gold, pred) for p in _parts(obj))
     except Exception:
         return 0.0
@@ -170,15 +171,14 @@ def simplify_too_slow(gold, pred) -> bool:
     return simplify_units(gold, pred) > MAX_SIMPLIFY_UNITS
 
 
-def _evaluated(node, numbers: bool = True):
-    """``node`` rebuilt as sympy builds it by default, bottom up: ``(\\sqrt{2})^{2}`` is 2, ``\\sqrt{x^{2}}`` of a real
-    ``x`` is ``|x|``, ``\\frac{1}{(1-x)^{101}}`` is ``(1-x)^{-101}``; products of sums are not expanded. Without
-    ``numbers``, parts without a variable are kept as they are (``(1+1/10000)^{10000}`` is not computed). Parts that
-    cannot be rebuilt are kept."""
-    if not getattr(node, "args", ()) or (not numbers and getattr(node, "is_number", False)):
+def _evaluated(node):
+    """``node`` rebuilt as sympy builds it by default, bottom up: ``\\sqrt{x^{2}}`` of a real ``x`` is ``|x|``,
+    ``\\frac{1}{(1-x)^{101}}`` is ``(1-x)^{-101}``; products of sums are not expanded, and parts without a variable
+    are kept as they are (``(1+1/10000)^{10000}`` is not computed). Parts that cannot be rebuilt are kept."""
+    if not getattr(node, "args", ()) or getattr(node, "is_number", False):
         return node
     try:
-        return node.func(*[_evaluated(a, numbers) for a in node.args])
+        return node.func(*[_evaluated(a) for a in node.args])
     except Exception:
         return node
 
@@ -267,4 +267,6 @@ def rational_verdict(gold, pred) -> bool | None:
 def fast_verdict(gold, pred) -> bool | None:
     """The verdict on a pair without math-verify, or None to leave it to math-verify: :func:`rational_verdict` for a
     pair too slow to simplify (:func:`simplify_too_slow`); None for any other pair. Never raises."""
+    if not (_is_expression(gold) and _is_expression(pred)):  # relations, tuples, sets: math-verify, whatever the size
+        return None
     return rational_verdict(gold, pred) if simplify_too_slow(gold, pred) else None

@@ -28,8 +28,8 @@ from __future__ import annotations
 import math as _pymath
 import re as _re
 
-__all__ = ["is_tame", "unevaluated", "names_unevaluated", "MAX_DIGITS", "MAX_EXACT_DIGITS", "MAX_EXPONENT", "MAX_FACTORIAL_ARG", "MAX_TERMS",
-           "MAX_EXPANDED_TERMS", "MAX_SYMBOLIC_COUNT", "MAX_TOWER"]
+__all__ = ["is_tame", "unevaluated", "names_unevaluated", "log_power_terms", "MAX_DIGITS", "MAX_EXACT_DIGITS",
+           "MAX_EXPONENT", "MAX_FACTORIAL_ARG", "MAX_TERMS", "MAX_EXPANDED_TERMS", "MAX_SYMBOLIC_COUNT", "MAX_TOWER"]
 
 MAX_NODES = 1000  # sympy tree size
 MAX_DEPTH = 100  # sympy tree depth
@@ -92,11 +92,17 @@ def _expanded_terms(node) -> float:
     if node.is_Mul:
         return sum(_expanded_terms(a) for a in node.args)
     if node.is_Pow and node.args[1].is_Integer:
-        e, t = abs(int(node.args[1])), 10.0 ** min(_expanded_terms(node.args[0]), 300.0)
-        if t <= 1.0:
-            return 0.0
-        return (_pymath.lgamma(e + t) - _pymath.lgamma(e + 1) - _pymath.lgamma(t)) / _pymath.log(10)
+        terms = 10.0 ** min(_expanded_terms(node.args[0]), 300.0)
+        return log_power_terms(terms, abs(int(node.args[1]))) / _pymath.log(10)
     return 0.0
+
+
+def log_power_terms(terms: float, exponent: int) -> float:
+    """Natural log of the number of terms of a sum of ``terms`` terms raised to ``exponent``, once expanded:
+    ``C(exponent + terms - 1, terms - 1)`` (the multinomial count); 0 for a single term or exponent 0."""
+    if terms <= 1.0 or exponent == 0:
+        return 0.0
+    return _pymath.lgamma(exponent + terms) - _pymath.lgamma(exponent + 1) - _pymath.lgamma(terms)
 
 
 def _power_size(node, base, exp, env, depth) -> tuple[float, float] | None:

@@ -21,7 +21,11 @@ class ValueRule:
     def __repr__(self) -> str:
         return f"ValueRule({self.expected!r})"
 
+    def refuses(self, value: Any) -> bool:
+        """Whether the rule refuses ``value`` (None is never refused: the annotation's type decides about it)."""
+        return value is not None and not self.accepts(value)
+
     def check(self, option: str, value: Any) -> None:
-        """Raise ValueError naming ``option``, ``value`` and what is expected unless ``value`` is None or accepted."""
-        if value is not None and not self.accepts(value):
+        """Raise ValueError naming ``option``, ``value`` and what is expected when the rule refuses ``value``."""
+        if self.refuses(value):
             raise ValueError(f"{option}={value!r}: expected {self.expected}")

@@ -167,7 +167,7 @@ def _check_values(fn: Callable, options: Mapping[str, Any], label: str) -> None:
         if key in hints:
             if _matches(value, hints[key]) is False:
                 raise OptionValueError(key, value, _describe(hints[key]), label)
-            broken = [r for r in _rules(hints[key])[1] if value is not None and not r.accepts(value)]
+            broken = [r for r in _rules(hints[key])[1] if r.refuses(value)]
             if broken:
                 raise OptionValueError(key, value, broken[0].expected, label)
             continue
@@ -195,7 +195,6 @@ def check_scorer_options(fn: Callable, options: Mapping[str, Any], name: str | N
             type than its default (``bonus='abc'`` for ``bonus=0.0``), or one its annotation's :class:`ValueRule`
             refuses (``timeout_seconds=-1``: a finite number > 0, or null for no limit).
     """
-
     label = scorer_label(fn, name)
     reserved = sorted(set(options) & set(PASSED_BY_MANAGER))
     if reserved:

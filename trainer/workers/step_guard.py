@@ -49,7 +49,8 @@ class StepOutcome:
     Attributes:
         applied: the optimizer step changed the weights.
         grad_norm: the global L2 norm of the gradient before clipping, as the engine reports it (``inf`` for a
-            step DeepSpeed skipped; at ZeRO-0 with a plain torch optimizer, see :func:`report_stage0_grad_norm`);
+            step DeepSpeed skipped; at ZeRO-0 with a plain torch optimizer, the norm of the reduced gradients before
+            the step: :func:`_stage0_norm_is_global`);
             None for a step skipped by this guard, or where no norm is kept (ZeRO-0 with torch autocast).
     """
 
@@ -92,13 +93,16 @@ def optimizer_step(engine: Any, losses_finite: torch.Tensor | bool, device: torc
         RuntimeError: the engine applied a step whose gradient norm was not finite or not computed (a DeepSpeed
             configuration whose pre-step norm check is off); the weights may hold NaN from here on.
     """
-    ok = torch.as_tensor(losses_finite, device=device) & _local_grad_norm_finite(engine).to(device)
+    local = _local_grad_norm(engine)
+    finite = torch.ones((), dtype=torch.bool) if local is None else torch.isfinite(local)
+    ok = torch.as_tensor(losses_finite, device=device) & finite.to(device)
     if global_count(0.0 if bool(ok) else 1.0, device) != 0.0:
         _discard_gradients(engine, kind)
         return StepOutcome(applied=False, grad_norm=None)
-    report_stage0_grad_norm(engine)
     engine.step()
     gn = engine.get_global_grad_norm()
+    if gn is None and _stage0_norm_is_global(engine):
+        gn = 0.0 if local is None else local
     gn = None if gn is None else float(gn)
     applied = bool(engine.was_step_applied())
     if applied and ((gn is not None and not math.isfinite(gn))
@@ -108,30 +112,14 @@ def optimizer_step(engine: Any, losses_finite: torch.Tensor | bool, device: torc
     return StepOutcome(applied=applied, grad_norm=gn)
 
 
-def report_stage0_grad_norm(engine: Any) -> None:
-    """Make a DeepSpeed ZeRO-0 engine with a plain torch optimizer report its gradient norm through
-    ``engine.get_global_grad_norm()``, as ZeRO-1/2/3 and the bf16/fp16 optimizers do. Idempotent.
-
-    DeepSpeed reads that norm from the optimizer after the model step, and a plain torch optimizer keeps none.
-    Here the engine's model step first records the global L2 norm of the gradients in ``param.grad``: at
-    that point they are reduced over the data-parallel ranks (the same on every rank) and not yet clipped at
-    ``gradient_clipping``, so the value is the norm before clipping, as at the other stages. Engines that are not
-    DeepSpeed engines (:class:`trainer.megatron.engine.MegatronEngine`), other stages and ZeRO-0 with torch
-    autocast (its gradients are still loss-scaled there) are left as they are.
-    """
-    opt = getattr(engine, "optimizer", None)
-    if (not hasattr(engine, "_take_model_step") or opt is None or hasattr(opt, "_global_grad_norm")
-            or engine.zero_optimization_stage() != 0 or getattr(engine, "torch_autocast_z0_gradscaler", None)):
-        return
-    take_model_step = engine._take_model_step
-    opt._global_grad_norm = None
-
-    def step_recording_norm(*args, **kwargs):
-        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-        opt._global_grad_norm = float(torch.nn.utils.get_total_norm(grads, 2.0)) if grads else 0.0
-        return take_model_step(*args, **kwargs)
-
-    engine._take_model_step = step_recording_norm
+def _stage0_norm_is_global(engine: Any) -> bool:
+    """Whether the norm of ``param.grad`` before the step is the global gradient norm DeepSpeed would report: a
+    DeepSpeed ZeRO-0 engine (its backward all-reduces the gradients over the data-parallel ranks at the accumulation
+    boundary; the clip at ``gradient_clipping`` comes in the step) with a plain torch optimizer, which keeps no norm
+    for ``engine.get_global_grad_norm()`` as ZeRO-1/2/3 and the bf16/fp16 optimizers do. Not with torch autocast,
+    whose gradients are still loss-scaled, nor for a Megatron engine, which reports its own."""
+    return (hasattr(engine, "allreduce_gradients") and engine.zero_optimization_stage() == 0
+            and not getattr(engine, "torch_autocast_z0_gradscaler", None))
 
 
 def count_skip(role: Any, outcome: StepOutcome) -> int:
@@ -142,12 +130,10 @@ def count_skip(role: Any, outcome: StepOutcome) -> int:
 
 
 @torch.no_grad()
-def _local_grad_norm_finite(engine: Any) -> torch.Tensor:
-    """0-d bool: the L2 norm of the gradients this rank holds in ``param.grad`` is finite (True when none)."""
+def _local_grad_norm(engine: Any) -> torch.Tensor | None:
+    """0-d tensor: the L2 norm of the gradients this rank holds in ``param.grad``; None when it holds none."""
     grads = [p.grad for p in engine.parameters() if p.grad is not None]
-    if not grads:
-        return torch.ones((), dtype=torch.bool)
-    return torch.isfinite(torch.nn.utils.get_total_norm(grads, 2.0))
+    return torch.nn.utils.get_total_norm(grads, 2.0) if grads else None
 
 
 def _discard_gradients(engine: Any, kind: str) -> None:

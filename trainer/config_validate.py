@@ -54,6 +54,7 @@ def validate(cfg: dict) -> None:
     from trainer.attention_checks import check_attention
     from trainer.config.workers import check_sections
     from trainer.ds_config_checks import check_ds_config_entries
+    from trainer.local_workers import check_single_process
     from trainer.multi_turn import check_multi_turn
     from trainer.rollout_placement import check_rollout_placement
     from trainer.run_length_checks import check_training_happens, check_validation_sampling
@@ -63,7 +64,7 @@ def validate(cfg: dict) -> None:
                      _check_discounts, _check_kl_ctrl, _check_algorithm_names, _check_filter_groups, check_rollout_correction,
                      _check_overlong, _check_strategy, _check_kernels, check_ds_config_entries, check_verl_semantics,
                      check_multi_turn, check_rollout_placement, check_training_happens, check_validation_sampling,
-                     _check_token_budgets, _check_prime, check_attention))
+                     _check_token_budgets, _check_prime, check_attention, check_single_process))
 
 
 def _world(cfg: dict) -> int:

@@ -27,18 +27,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from trainer.protocol import DataProto
 from trainer.resources import (PlacementError, ResourceRequest, check_request, machine_resources, probe_ray_address,
                                ray_node_resources)
+from trainer.worker_errors import WorkerDied, WorkerFailure  # noqa: F401  (raised here; imported from here too)
 
 logger = logging.getLogger(__name__)
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-class WorkerFailure(RuntimeError):
-    """A worker process died or raised; the message names the role and rank."""
-
-
-class WorkerDied(WorkerFailure):
-    """A worker process died (killed, out of memory, its node lost): the failure ``trainer.max_restarts`` recovers
-    from (:mod:`trainer.recovery`)."""
 
 
 # -W syntax (action:message:category); the message matches the start of the warning's text
@@ -83,31 +76,54 @@ def init_ray(device: str) -> None:
                              "token (~/.ray/auth_token)") from None
 
 
+def start_workers(roles, cfg: dict, t, device: str, world: int, rollout_bundles: int = 0):
+    """Start Ray, place the run's bundles and start every role's workers (:meth:`trainer.roles.Roles.start`); with
+    ``trainer.single_process`` (``t``: the trainer section) the actor's one worker is built in this process instead
+    (:class:`trainer.local_workers.LocalWorkerGroup`: no Ray, no placement group). Returns ``(placement group or None,
+    {role: [per-rank init info]}, time.time() when the workers began to start)``."""
+    if t.single_process:
+        from trainer.local_workers import LocalWorkerGroup
+
+        if len(roles.specs) != 1:  # single_process_problem refuses these runs before start-up
+            raise ValueError(f"trainer.single_process=true runs the actor alone; roles {[r.name for r in roles.specs]}")
+        r, t_workers, t0 = roles.specs[0], time.time(), time.perf_counter()
+        roles.attach(r.name, LocalWorkerGroup(r.worker(), r.name, r.worker_config(cfg), device))
+        infos, roles.startup_s = init_models([(r.name, roles.get(r.name))], t0, first="worker")
+        return None, infos, t_workers
+    init_ray(device)
+    pg = create_placement_group(device, t.nnodes, t.n_gpus_per_node, t.cpus_per_worker, rollout_bundles=rollout_bundles)
+    t_workers = time.time()
+    return pg, roles.start(pg, world, cfg, device, t.cpus_per_worker), t_workers
+
+
 def startup_split(t_ray: float, t_workers: float, now: float | None = None, parts: dict | None = None,
-                  restart: bool = False) -> str:
+                  restart: bool = False, no_ray: bool = False) -> str:
     """The driver's start-up as one phrase for the log: seconds from the process start (the operating system's
     start time, :func:`trainer.hf_exports.process_start_time`; with ``restart``, from ``t_ray``) to ``now``
     (default: the current time), split at ``t_ray`` (:func:`init_ray` called) and ``t_workers`` (the placement
     group placed, the workers starting). All three are ``time.time()`` values in seconds. ``parts``: ``{name:
-    seconds}`` of the workers' start-up (:func:`init_models`), listed after it in that order."""
+    seconds}`` of the workers' start-up (:func:`init_models`), listed after it in that order. ``no_ray``: the worker
+    was built in this process (``trainer.single_process``)."""
     from trainer.hf_exports import process_start_time
 
     now = time.time() if now is None else now
     detail = ": " + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) if parts else ""
-    workers = f"Ray and the placement group {t_workers - t_ray:.1f} s, the workers' start-up {now - t_workers:.1f} s"
+    workers = ("no Ray, " if no_ray else f"Ray and the placement group {t_workers - t_ray:.1f} s, ") + \
+        f"the workers' start-up {now - t_workers:.1f} s"
     if restart:
         return f"{now - t_ray:.1f} s after the restart began ({workers}{detail})"
     start = process_start_time()
     return f"{now - start:.1f} s after the process started (before Ray {t_ray - start:.1f} s, {workers}{detail})"
 
 
-def init_models(clients: list[tuple[str, Any]], t0: float) -> tuple[dict[str, list[dict]], dict[str, float]]:
+def init_models(clients: list[tuple[str, Any]], t0: float,
+                first: str = "processes") -> tuple[dict[str, list[dict]], dict[str, float]]:
     """Each role's ``init_model`` in turn (``clients``: ``(role name, client)``, start-up order), once its workers'
     processes, created from ``t0`` (``time.perf_counter()`` seconds) on, have started. Returns ``({role: per-rank
     init info}, {part: seconds})``: ``processes`` (``t0`` to now), then each role's build, named by the role, or by
     the parts its rank 0 reports in ``startup_s`` (the actor's: imports, distributed, actor, reference, rollout
-    engine)."""
-    parts, infos = {"processes": time.perf_counter() - t0}, {}
+    engine). ``first``: the name of the first part (``worker`` for a worker built in this process)."""
+    parts, infos = {first: time.perf_counter() - t0}, {}
     for name, client in clients:
         t = time.perf_counter()
         infos[name] = client.init_model()

@@ -94,24 +94,21 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Start Ray, place the run's bundles and start every role's workers (again after a restart)."""
         from trainer.async_rollout import OffPolicyPipeline
-        from trainer.placement import create_placement_group, init_ray, startup_split
+        from trainer.placement import start_workers, startup_split
         from trainer.rollout_placement import RolloutPlacement
 
         t, t_ray, restart = self.trainer_cfg, time.time(), bool(self.roles.startup_s)  # set by an earlier start
-        cpus = t.cpus_per_worker
         placement = RolloutPlacement.from_config(self.cfg)
-        init_ray(self.device)
-        self.pg = create_placement_group(self.device, t.nnodes, t.n_gpus_per_node, cpus,
-                                         rollout_bundles=placement.rollout_bundles)
-        t_workers = time.time()
-        infos = self.roles.start(self.pg, self.world, self.cfg, self.device, cpus)
+        self.pg, infos, t_workers = start_workers(self.roles, self.cfg, t, self.device, self.world,
+                                                  placement.rollout_bundles)
         if placement.separate:
             self.pipeline = OffPolicyPipeline(self, placement)
         info = infos["actor"][0]
         self.stop_token_ids = list(info["stop_token_ids"])  # the engines' own set: masks, rewards, flags agree
         self.hooks.workers_ready(self.roles, infos)
         logger.info("workers ready: %d actor rank%s (%s params), %s", self.world, "" if self.world == 1 else "s",
-                    info["num_params"], startup_split(t_ray, t_workers, parts=self.roles.startup_s, restart=restart))
+                    info["num_params"], startup_split(t_ray, t_workers, parts=self.roles.startup_s, restart=restart,
+                                                      no_ray=t.single_process))
         check_interrupted()  # a Ctrl-C / SIGTERM whose exception was swallowed during start-up stops the run here
 
     # ---- checkpoints ------------------------------------------------------------------------------------------

@@ -137,12 +137,12 @@ def one_line_errors() -> Iterator[None]:
     :class:`trainer.config_checks.ConfigError`, a :class:`NonFiniteWeights` as a
     :class:`trainer.workers.step_guard.TrainingDiverged`, each with the worker's line (``trainer/main.py`` prints them as
     one line); any other failure is raised as it came."""
-    from trainer.placement import WorkerFailure
+    from trainer.worker_errors import WorkerFailure
 
     try:
         yield
     except WorkerFailure as exc:
-        cause = getattr(exc.__cause__, "cause", None)
+        cause = getattr(exc.__cause__, "cause", exc.__cause__)  # Ray's RayTaskError, or the exception itself
         if isinstance(cause, DamagedCheckpoint):
             from trainer.config_checks import ConfigError
 

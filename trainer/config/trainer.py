@@ -65,6 +65,8 @@ class TrainerConfig(Section):
         critic_warmup: steps that train only the critic before the actor.
         max_consecutive_skipped_steps: stop after this many non-finite steps in a row (>= 1).
         max_restarts: re-create dead workers this many times (>= 0).
+        single_process: the actor's one worker runs in the driver's process, without Ray
+            (:mod:`trainer.local_workers`).
     """
 
     device: str
@@ -92,6 +94,7 @@ class TrainerConfig(Section):
     critic_warmup: int
     max_consecutive_skipped_steps: int
     max_restarts: int
+    single_process: bool
 
     def check(self, key: str) -> None:
         """A known device, at least one worker, and the counts' lower bounds (see the attributes)."""

@@ -1,0 +1,137 @@
+"""``trainer.single_process=true``: the actor's one worker in the driver process (trainer/local_workers.py)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from tests.e2e_utils import SHORT, read_metrics, run_main
+from trainer.local_workers import LocalWorkerGroup, check_single_process, single_process_problem
+from trainer.placement import WorkerFailure
+from trainer.protocol import DataProto
+
+
+def _cfg(**trainer) -> dict:
+    t = {"single_process": True, "nnodes": 1, "n_gpus_per_node": 1, "strategy": "deepspeed",
+         "rollout_placement": "colocated", "max_restarts": 0, **trainer}
+    return {"trainer": t, "algorithm": {"adv_estimator": "grpo", "use_prime": False}, "critic": {"enable": None}}
+
+
+def test_one_actor_worker_runs():
+    assert single_process_problem(_cfg()) is None
+    assert single_process_problem(_cfg(single_process=False, n_gpus_per_node=8)) is None  # off: nothing to check
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(n_gpus_per_node=2), "trainer.n_gpus_per_node=2 asks for 2"),
+    (dict(nnodes=2), "trainer.nnodes=2"),
+    (dict(strategy="megatron"), "trainer.strategy=megatron"),
+    (dict(rollout_placement="separate"), "trainer.rollout_placement=separate"),
+    (dict(max_restarts=2), "trainer.max_restarts=2"),
+])
+def test_what_one_process_cannot_run_is_refused(change, words):
+    problem = single_process_problem(_cfg(**change))
+    assert problem is not None and words in problem and "trainer.single_process" in problem
+    assert "\n" not in problem
+
+
+def test_other_roles_are_refused():
+    gae = _cfg()
+    gae["algorithm"]["adv_estimator"] = "gae"
+    assert "a critic" in single_process_problem(gae)
+    prime = _cfg()
+    prime["algorithm"]["use_prime"] = True
+    assert "PRIME's reward model" in single_process_problem(prime)
+    from trainer.config_checks import ConfigError
+
+    with pytest.raises(ConfigError, match="a critic"):
+        check_single_process(gae)
+
+
+class _Worker:
+    """A worker class with the constructor signature of trainer.workers.base.DistributedWorker."""
+
+    def __init__(self, config, rank, world_size, master_addr, master_port, device, role):
+        if config == "broken":
+            raise ValueError("cannot build")
+        self.args = (config, rank, world_size, device, role)
+        self.kept = torch.zeros(3)
+
+    def get_master_addr_port(self):
+        return "127.0.0.1", 1234
+
+    def init_model(self):
+        return {"num_params": 3, "startup_s": {"actor": 0.5}}
+
+    def edit(self, data: DataProto) -> DataProto:
+        data.batch["x"].add_(1)  # a worker editing what it was given
+        return data
+
+    def buffer(self) -> torch.Tensor:
+        return self.kept  # a buffer the worker keeps and changes later
+
+    def fail(self):
+        raise KeyError("no such column")
+
+
+def test_calls_are_copies_as_through_ray():
+    g = LocalWorkerGroup(_Worker, "actor", "cfg", "cpu")
+    assert g.worker.args == ("cfg", 0, 1, "cpu", "actor")
+    assert (g.world_size, g.dp_size, g.sp_size, g.pids) == (1, 1, 1, [os.getpid()])
+    data = DataProto.from_dict({"x": torch.zeros(2, 3)})
+    out = g.dispatch_dp("edit", data)
+    assert torch.equal(out.batch["x"], torch.ones(2, 3))
+    assert torch.equal(data.batch["x"], torch.zeros(2, 3))  # the driver's rows are unchanged
+    held = g.run_all("buffer")[0]
+    g.worker.kept.fill_(7)
+    assert torch.equal(held, torch.zeros(3))  # the result does not follow the worker's buffer
+    assert g.submit_all("edit", data).done()
+    assert torch.equal(g.submit_all("edit", data).result().batch["x"], torch.ones(2, 3))
+    assert g.run_all("init_model") == [{"num_params": 3, "startup_s": {"actor": 0.5}}]
+
+
+def test_a_worker_error_is_a_named_worker_failure():
+    g = LocalWorkerGroup(_Worker, "actor", "cfg", "cpu")
+    with pytest.raises(WorkerFailure, match="actor rank 0 raised in fail: KeyError") as info:
+        g.run_all("fail")
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(WorkerFailure, match="raised in __init__: ValueError: cannot build"):
+        LocalWorkerGroup(_Worker, "actor", "broken", "cpu")
+
+
+def test_a_damaged_checkpoint_is_one_line_in_one_process():
+    from trainer.checkpoint.finite import DamagedCheckpoint, one_line_errors
+    from trainer.config_checks import ConfigError
+
+    class Damaged(_Worker):
+        def load_checkpoint(self, role_dir):
+            raise DamagedCheckpoint(f"actor rank 0: the checkpoint {role_dir} is damaged")
+
+    g = LocalWorkerGroup(Damaged, "actor", "cfg", "cpu")
+    with pytest.raises(ConfigError, match="is damaged"):
+        with one_line_errors():
+            g.run_all("load_checkpoint", "/x/global_step_1/actor")
+
+
+def test_embedded_run_in_one_process(tmp_path):
+    proc = run_main(str(tmp_path), *SHORT, "trainer.n_gpus_per_node=1", "trainer.single_process=true",
+                    timeout=300)
+    log = proc.stdout + proc.stderr
+    assert "no Ray, the workers' start-up" in log and "worker " in log
+    assert "ray::" not in log and "Ray and the placement group" not in log
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
+
+
+def test_refused_before_start_up(tmp_path):
+    proc = run_main(str(tmp_path), *SHORT, "trainer.n_gpus_per_node=2", "trainer.single_process=true",
+                    timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: trainer.single_process=true runs one worker in this process" in proc.stderr
+    assert "workers ready" not in proc.stdout + proc.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -37,6 +37,9 @@ class ActorRolloutRefWorker(WeightSender, DistributedWorker):
         clock = StartupClock()
         import deepspeed  # noqa: F401  (after DS_ACCELERATOR is set)
 
+        from trainer.workers.kernels import warm_compile_pool
+
+        warm_compile_pool(self.config.model.use_torch_compile, self.config.rollout, self.device_type)  # beside loading
         clock.mark("imports")
         self.init_distributed()
         cfg = self.config

@@ -217,3 +217,26 @@ def keep_graph_grads(model) -> int:
     for p in params:
         p.register_post_accumulate_grad_hook(own)
     return len(params)
+
+
+def warm_compile_pool(use_torch_compile: bool, rollout_cfg, device_type: str) -> bool:
+    """Start inductor's pool of compile worker processes now when this worker will compile on CUDA: the update and
+    reference with ``use_torch_compile`` (``actor_rollout_ref.model``), or the transformers engine's decoding
+    (``rollout_cfg``: a :class:`trainer.config.rollout.RolloutConfig`) with its static cache (on by default
+    on CUDA; both of its decode loops compile). torch starts the pool only at the first compilation and, until its
+    processes are up, compiles the Triton kernels one after another in the calling process; started at the
+    worker's start, the pool is ready by the first step. Returns whether the pool was started (False off CUDA,
+    without compilation, or where torch lacks the call: ``torch._inductor.async_compile.maybe_warm_pool``, which
+    honours ``TORCH_WARM_POOL=0``)."""
+    from rollout.generation_config import static_cache_on
+
+    engine_compiles = rollout_cfg.name == "hf" and static_cache_on(rollout_cfg.static_cache, True)
+    if device_type != "cuda" or not (use_torch_compile or engine_compiles):
+        return False
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+    except ImportError:
+        return False
+    maybe_warm_pool()
+    return True
+

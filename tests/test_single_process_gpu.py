@@ -29,4 +29,5 @@ def test_embedded_default_on_cuda_in_one_process(tmp_path):
     rows = [r for r in read_metrics(str(tmp_path)) if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(math.isfinite(r["actor/pg_loss"]) and math.isfinite(r["actor/grad_norm"]) for r in rows)
-    assert all(0.0 <= r["score/mean"] <= 1.0 for r in rows)
+    assert all(0.0 <= r["critic/score/mean"] <= 1.0 for r in rows)
+    assert "destroy_process_group() was not called" not in log

@@ -24,6 +24,7 @@ Megatron strategy. A crash of the worker's native code (a CUDA error, out of hos
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import warnings
@@ -90,6 +91,15 @@ def worker_environment(device: str) -> None:
     warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVE, category=FutureWarning)
 
 
+def _destroy_process_group() -> None:
+    """At exit: the worker's process group destroyed (a Ray worker's ends with its process; NCCL warns of a group
+    left at the driver's exit)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _copied(value: Any) -> Any:
     """``value`` after a pickle round trip (what a Ray call's arguments and results go through)."""
     return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
@@ -131,6 +141,7 @@ class LocalWorkerGroup:
 
         self.role, self.world_size, self.dp_size, self.sp_size, self.timeout_s = role, 1, 1, 1, None
         worker_environment(device)
+        atexit.register(_destroy_process_group)
         self.worker = self._call(lambda: cls(worker_config, 0, 1, None, None, device, role), "__init__")
         self.workers = [self.worker]
         addr, port = self.worker.get_master_addr_port()

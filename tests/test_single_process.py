@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.e2e_utils import SHORT, read_metrics, run_main
-from trainer.local_workers import LocalWorkerGroup, check_single_process, single_process_problem
+from tests.e2e_utils import ROOT, SHORT, read_metrics, run_main
+from trainer.local_workers import WORKER_ENV_KEYS, LocalWorkerGroup
+from trainer.single_process_checks import check_single_process, single_process_problem
 from trainer.placement import WorkerFailure
 from trainer.protocol import DataProto
 
@@ -119,10 +121,60 @@ def test_embedded_run_in_one_process(tmp_path):
     proc = run_main(str(tmp_path), *SHORT, "trainer.n_gpus_per_node=1", "trainer.single_process=true",
                     timeout=300)
     log = proc.stdout + proc.stderr
-    assert "no Ray, the workers' start-up" in log and "worker " in log
-    assert "ray::" not in log and "Ray and the placement group" not in log
+    assert "before the worker" in log and "no Ray, the worker's start-up" in log
+    assert "ray::" not in log and "Ray and the placement group" not in log and "before Ray" not in log
+    assert "Loading weights" not in log and "gcc " not in log  # as in a Ray worker: no bars, no probe commands
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
+
+
+def test_ray_address_is_not_joined(tmp_path):
+    # nothing answers there: with Ray the run would be refused at once; one process never asks
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "trainer", "main.py"), f"trainer.output_dir={tmp_path}",
+                           *SHORT, "trainer.total_training_steps=1", "trainer.n_gpus_per_node=1",
+                           "trainer.single_process=true", "trainer.ray_timeout_s=5"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": "127.0.0.1:9"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RAY_ADDRESS=127.0.0.1:9: not used with trainer.single_process=true" in proc.stdout + proc.stderr
+    assert "trainer.ray_timeout_s=5: no effect with trainer.single_process=true" in proc.stdout + proc.stderr
+
+
+def test_the_process_gets_its_settings_back():
+    import warnings
+
+    before = ({k: os.environ.get(k) for k in WORKER_ENV_KEYS}, torch.get_num_threads(), list(warnings.filters))
+
+    class Threads(_Worker):
+        def __init__(self, *args):
+            super().__init__(*args)
+            os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "1"})
+            torch.set_num_threads(1)
+
+    g = LocalWorkerGroup(Threads, "actor", "cfg", "cpu")
+    assert os.environ["DS_ACCELERATOR"] == "cpu" and os.environ["WORLD_SIZE"] == "1"
+    g.shutdown()
+    assert ({k: os.environ.get(k) for k in WORKER_ENV_KEYS}, torch.get_num_threads(), list(warnings.filters)) == before
+    assert g.worker is None
+    g.shutdown()  # twice: nothing more to give back
+
+
+def test_cpu_accelerator_where_the_driver_picked_another(monkeypatch):
+    import deepspeed.accelerator as acc
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    from trainer.local_workers import worker_environment
+
+    picked = []
+
+    class Cuda:
+        def device_name(self, *args):
+            return "cuda"
+
+    monkeypatch.setattr(acc, "get_accelerator", lambda: Cuda())
+    monkeypatch.setattr(acc, "set_accelerator", picked.append)
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    worker_environment("cpu")
+    assert len(picked) == 1 and isinstance(picked[0], CPU_Accelerator)
 
 
 def test_refused_before_start_up(tmp_path):

@@ -23,6 +23,7 @@ from trainer.run_folder import (FINAL_METRICS, already_complete, nothing_saved_w
 from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.embedded_assets import prepare_embedded
+from trainer.single_process_checks import single_process_warnings
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
 from trainer.run_length_checks import (check_training_happens, lr_warmup_warnings, schedule_length_warnings,
@@ -59,7 +60,7 @@ def resolve_config(hydra_cfg, report=None) -> dict:
     if t["device"] == "auto":
         t["device"] = detect_device()
     got = apply_verl_keys(cfg, command_line_keys(), set_by_user)
-    got.warnings += unused_setting_warnings(cfg) + nothing_saved_warnings(t)
+    got.warnings += unused_setting_warnings(cfg) + nothing_saved_warnings(t) + single_process_warnings(cfg)
     _expand_home_paths(cfg)
     mode, path = t["resume_mode"], t["resume_from_path"]
     if mode == "resume_path":
@@ -339,8 +340,7 @@ def run(hydra_cfg: DictConfig) -> dict:
     from trainer.placement import check_placement
     from trainer.rollout_placement import RolloutPlacement
 
-    # the workers fit this machine or the Ray cluster (PlacementError)
-    check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)
+    check_placement(cfg["trainer"], RolloutPlacement.from_config(cfg).rollout_bundles)  # fit, or PlacementError
     step_dir = resume_path(cfg)  # None: a fresh run
     from trainer.interrupt import as_interrupt, own_checkpoints, run_complete
 
@@ -356,8 +356,7 @@ def run(hydra_cfg: DictConfig) -> dict:
 
     trainer = RayPPOTrainer(cfg, tok, loader, val_ds,
                             *build_reward_managers(cfg, data, tok, [loader.dataset, val_ds]))
-    dynamic = bool(cfg["algorithm"]["filter_groups"]["enable"])
-    total = plan_run_length(cfg, len(trainer.loader), one_batch_per_step=not dynamic)
+    total = plan_run_length(cfg, len(trainer.loader), not cfg["algorithm"]["filter_groups"]["enable"])
     check_training_happens(cfg)  # the warm-ups against the length just planned from the data
     for line in lr_warmup_warnings(cfg) + validation_sampling_warnings(cfg):
         logger.warning(line)
@@ -374,6 +373,8 @@ def run(hydra_cfg: DictConfig) -> dict:
         last = trainer.fit()
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: trainer/main.py prints the step in progress
         raise as_interrupt(exc, trainer.global_step) from None
+    finally:  # trainer.single_process: the worker's models, process group and settings go (Ray's end with Ray)
+        trainer.roles.shutdown() if t.single_process else None
     summary = {k: v for k, v in last.items() if not k.startswith("_")}
     write_final_metrics(t.output_dir, summary, trained=trainer.global_step > start, val_only=t.val_only)
     print(f"done: step {trainer.global_step} of {total}{trainer.stop_reason}; output in {t.output_dir}",

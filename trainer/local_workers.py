@@ -17,7 +17,7 @@ What stays as with Ray:
   (``HF_HUB_DISABLE_PROGRESS_BARS``), DeepSpeed's deprecated-collective warning filtered (a user's own settings of
   these are kept); ``DS_ACCELERATOR=cpu`` and ``cpus_per_worker`` threads on the CPU (the worker's constructor).
 
-What it cannot do (refused before start-up, :func:`single_process_problem`): more than one worker (nnodes x
+What it cannot do (refused before start-up, :func:`trainer.single_process_checks.single_process_problem`): more than one worker (nnodes x
 n_gpus_per_node > 1), roles other than the actor (a critic, PRIME's PRM, separate rollout workers: each is a
 process group of its own), worker restarts (``trainer.max_restarts > 0`` re-creates dead worker processes), the
 Megatron strategy. A crash of the worker's native code (a CUDA error, out of host memory) ends the driver too.
@@ -30,65 +30,60 @@ import pickle
 import warnings
 from typing import Any
 
-__all__ = ["LocalWorkerGroup", "LocalCall", "single_process_problem", "check_single_process", "worker_environment"]
+__all__ = ["LocalWorkerGroup", "LocalCall", "worker_environment", "WORKER_ENV_KEYS"]
 
 #: the warning the Ray workers filter (trainer.placement.WORKER_WARNING_FILTER): DeepSpeed's use of a collective torch
 #: has deprecated, once per call
 _DEPRECATED_COLLECTIVE = r"`torch.distributed.all_gather_into_tensor` is deprecated"
 
 
-def single_process_problem(cfg: dict) -> str | None:
-    """Why ``trainer.single_process=true`` cannot run the resolved config ``cfg`` (one line naming the setting and
-    what to change), or None when it can (or the key is false)."""
-    t = cfg["trainer"]
-    if not t.get("single_process"):
-        return None
-    key = "trainer.single_process=true"
-    workers = int(t["nnodes"]) * int(t["n_gpus_per_node"])
-    if workers != 1:
-        return (f"{key} runs one worker in this process; trainer.nnodes={t['nnodes']} x "
-                f"trainer.n_gpus_per_node={t['n_gpus_per_node']} asks for {workers}: set both to 1, or "
-                "trainer.single_process=false")
-    if t.get("strategy", "deepspeed") != "deepspeed":
-        return f"{key} runs the DeepSpeed worker; trainer.strategy={t['strategy']}: set trainer.single_process=false"
-    if t.get("rollout_placement", "colocated") != "colocated":
-        return (f"{key} runs the actor's worker alone; trainer.rollout_placement={t['rollout_placement']} needs "
-                "rollout workers of their own: set trainer.single_process=false")
-    from trainer.run_roles import trained_roles
-
-    others = {"critic": "a critic (critic.enable, or algorithm.adv_estimator=gae)",
-              "reward_model.model": "PRIME's reward model (algorithm.use_prime=true)"}
-    for role, _ in trained_roles(cfg):
-        if role in others:
-            return f"{key} runs the actor's worker alone; this run also trains {others[role]}: " \
-                   "set trainer.single_process=false"
-    if int(t.get("max_restarts") or 0) > 0:
-        return (f"{key} has no worker process to re-create; trainer.max_restarts={t['max_restarts']}: set it to 0, "
-                "or trainer.single_process=false")
-    return None
-
-
-def check_single_process(cfg: dict) -> None:
-    """:func:`single_process_problem` as a check (:func:`trainer.config_validate.validate`).
-
-    Raises:
-        ConfigError: the one line naming the setting that single-process mode cannot run.
-    """
-    problem = single_process_problem(cfg)
-    if problem:
-        from trainer.config_checks import ConfigError
-
-        raise ConfigError(problem)
+#: the environment keys the worker sets in this process (:func:`worker_environment`, the worker's constructor)
+WORKER_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR",
+                   "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_PROGRESS_BARS")
 
 
 def worker_environment(device: str) -> None:
     """The environment the Ray workers get from :func:`trainer.placement.init_ray`, set in this process (a value
-    the user set is kept)."""
+    the user set is kept): no tokenizer threads, no download or "Loading weights" bars (huggingface_hub reads its
+    variable at import, so its bars are switched off by call too), no DeepSpeed deprecation warning per
+    collective, no compiler command lines of DeepSpeed's op probes in the driver's log; on the CPU, DeepSpeed's
+    CPU accelerator, also where the driver's import of DeepSpeed chose CUDA (a GPU host running
+    ``trainer.device=cpu``)."""
+    import logging
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        _progress_bars(False)
+    logging.getLogger("compilers").setLevel(logging.WARNING)  # setuptools' compiler (DeepSpeed's op probes)
     if device == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
+        _cpu_accelerator()
     warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVE, category=FutureWarning)
+
+
+def _progress_bars(on: bool) -> None:
+    """huggingface_hub's and transformers' progress bars on or off in this process (both read
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` only when imported)."""
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    (enable_progress_bars if on else disable_progress_bars)()
+    (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
+
+
+def _cpu_accelerator() -> None:
+    """DeepSpeed's CPU accelerator, where an earlier import of DeepSpeed in this process picked another one."""
+    import sys
+
+    if "deepspeed.accelerator" not in sys.modules:
+        return  # picked at its import, from DS_ACCELERATOR
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+        set_accelerator(CPU_Accelerator())
 
 
 def _destroy_process_group() -> None:
@@ -140,6 +135,8 @@ class LocalWorkerGroup:
         from trainer.workers.base import node_ip
 
         self.role, self.world_size, self.dp_size, self.sp_size, self.timeout_s = role, 1, 1, 1, None
+        # what the worker changes in this process, given back at shutdown
+        self._saved = ({k: os.environ.get(k) for k in WORKER_ENV_KEYS}, _torch_threads(), list(warnings.filters))
         worker_environment(device)
         atexit.register(_destroy_process_group)
         self.worker = self._call(lambda: cls(worker_config, 0, 1, None, None, device, role), "__init__")
@@ -182,7 +179,35 @@ class LocalWorkerGroup:
         return LocalCall([self._run(method, *args, **kwargs)])
 
     def shutdown(self) -> None:
-        """Drop the worker (its models and engine are freed with it)."""
-        self.worker = None
-        self.workers = []
+        """Drop the worker (its models, engine and GPU memory are freed with it), destroy its process group and give
+        this process its environment, torch threads and warning filters back."""
+        if getattr(self, "_saved", None) is None:
+            return
+        self.worker, self.workers = None, []
+        _destroy_process_group()
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        env, threads, filters = self._saved
+        if env["HF_HUB_DISABLE_PROGRESS_BARS"] is None:
+            _progress_bars(True)
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_num_threads(threads)
+        warnings.filters[:] = filters
+        self._saved = None
+
+
+def _torch_threads() -> int:
+    """torch's intra-op thread count of this process."""
+    import torch
+
+    return torch.get_num_threads()
 

@@ -108,12 +108,14 @@ def startup_split(t_ray: float, t_workers: float, now: float | None = None, part
 
     now = time.time() if now is None else now
     detail = ": " + ", ".join(f"{k} {v:.1f} s" for k, v in parts.items()) if parts else ""
-    workers = ("no Ray, " if no_ray else f"Ray and the placement group {t_workers - t_ray:.1f} s, ") + \
-        f"the workers' start-up {now - t_workers:.1f} s"
+    workers = ("no Ray, the worker's start-up" if no_ray else
+               f"Ray and the placement group {t_workers - t_ray:.1f} s, the workers' start-up") + \
+        f" {now - t_workers:.1f} s"
     if restart:
         return f"{now - t_ray:.1f} s after the restart began ({workers}{detail})"
     start = process_start_time()
-    return f"{now - start:.1f} s after the process started (before Ray {t_ray - start:.1f} s, {workers}{detail})"
+    before = "before the worker" if no_ray else "before Ray"
+    return f"{now - start:.1f} s after the process started ({before} {t_ray - start:.1f} s, {workers}{detail})"
 
 
 def init_models(clients: list[tuple[str, Any]], t0: float,
@@ -150,7 +152,7 @@ def check_placement(trainer_cfg: dict, rollout_bundles: int = 0) -> ResourceRequ
         PlacementError: one line naming the request and what was found.
     """
     req = ResourceRequest.from_config(trainer_cfg, rollout_bundles)
-    if not os.environ.get("RAY_ADDRESS"):
+    if not os.environ.get("RAY_ADDRESS") or trainer_cfg.get("single_process"):  # no Ray is joined then
         check_request(req, machine_resources(req.device), "this machine")
         return req
     init_ray(req.device)

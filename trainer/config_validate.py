@@ -54,10 +54,10 @@ def validate(cfg: dict) -> None:
     from trainer.attention_checks import check_attention
     from trainer.config.workers import check_sections
     from trainer.ds_config_checks import check_ds_config_entries
-    from trainer.single_process_checks import check_single_process
     from trainer.multi_turn import check_multi_turn
     from trainer.rollout_placement import check_rollout_placement
     from trainer.run_length_checks import check_training_happens, check_validation_sampling
+    from trainer.single_process_checks import check_single_process
     from trainer.verl_checks import check_verl_semantics
 
     run_checks(cfg, (_resolve_device, check_sections, _check_rollout_engine, _check_batches, _check_numbers,

@@ -23,11 +23,11 @@ from trainer.run_folder import (FINAL_METRICS, already_complete, nothing_saved_w
 from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.embedded_assets import prepare_embedded
-from trainer.single_process_checks import single_process_warnings
 from trainer.lora_checks import check_lora
 from trainer.multi_turn import check_multi_turn_template, tool_schemas
 from trainer.run_length_checks import (check_training_happens, lr_warmup_warnings, schedule_length_warnings,
                                        validation_sampling_warnings)
+from trainer.single_process_checks import single_process_warnings
 from trainer.overrides import RENAMED_KEYS, check_overrides  # noqa: F401  (the entry point's pre-Hydra check)
 
 logger = logging.getLogger(__name__)

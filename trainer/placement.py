@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-
 # -W syntax (action:message:category); the message matches the start of the warning's text
 WORKER_WARNING_FILTER = "ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning"
 

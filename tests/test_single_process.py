@@ -39,6 +39,16 @@ def test_what_one_process_cannot_run_is_refused(change, words):
     assert "\n" not in problem
 
 
+def test_every_problem_is_named_together():
+    from trainer.config_checks import ConfigErrors
+
+    cfg = _cfg(max_restarts=1)
+    cfg["algorithm"]["adv_estimator"] = "gae"
+    with pytest.raises(ConfigErrors) as info:
+        check_single_process(cfg)
+    assert len(info.value.messages) == 2 and "a critic" in str(info.value) and "max_restarts=1" in str(info.value)
+
+
 def test_other_roles_are_refused():
     gae = _cfg()
     gae["algorithm"]["adv_estimator"] = "gae"
@@ -139,6 +149,13 @@ def test_ray_address_is_not_joined(tmp_path):
     assert "trainer.ray_timeout_s=5: no effect with trainer.single_process=true" in proc.stdout + proc.stderr
 
 
+def test_no_timeout_warning_for_no_bound():
+    from trainer.single_process_checks import single_process_warnings
+
+    cfg = _cfg(ray_timeout_s=None)
+    assert not any("ray_timeout_s" in w for w in single_process_warnings(cfg))
+
+
 def test_the_process_gets_its_settings_back():
     import warnings
 
@@ -156,6 +173,74 @@ def test_the_process_gets_its_settings_back():
     assert ({k: os.environ.get(k) for k in WORKER_ENV_KEYS}, torch.get_num_threads(), list(warnings.filters)) == before
     assert g.worker is None
     g.shutdown()  # twice: nothing more to give back
+
+
+def test_a_failed_constructor_gives_the_settings_back():
+    before = {k: os.environ.get(k) for k in WORKER_ENV_KEYS}, torch.get_num_threads()
+    with pytest.raises(WorkerFailure, match="cannot build"):
+        LocalWorkerGroup(_Worker, "actor", "broken", "cpu")
+    assert ({k: os.environ.get(k) for k in WORKER_ENV_KEYS}, torch.get_num_threads()) == before
+
+
+def test_progress_bars_and_log_level_come_back_as_they_were(monkeypatch):
+    import logging
+
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    hf_logging.enable_progress_bar()  # a caller's own choice: transformers' bars on, the hub's off (set after:
+    disable_progress_bars()           # transformers' switch sets the hub's too), compiler lines at DEBUG
+    logging.getLogger("compilers").setLevel(logging.DEBUG)
+    try:
+        g = LocalWorkerGroup(_Worker, "actor", "cfg", "cpu")
+        assert not hf_logging.is_progress_bar_enabled()  # off while the worker runs, as in a Ray worker
+        g.shutdown()
+        assert are_progress_bars_disabled() and hf_logging.is_progress_bar_enabled()
+        assert logging.getLogger("compilers").level == logging.DEBUG
+    finally:
+        enable_progress_bars()
+        logging.getLogger("compilers").setLevel(logging.NOTSET)
+
+
+def test_engines_are_destroyed_at_shutdown():
+    destroyed = []
+
+    class Engine:
+        def destroy(self):
+            destroyed.append(self)
+
+    class WithEngines(_Worker):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.actor, self.ref = type("R", (), {"engine": Engine()})(), None
+
+    g = LocalWorkerGroup(WithEngines, "actor", "cfg", "cpu")
+    g.shutdown()
+    assert len(destroyed) == 1 and g.worker is None
+
+
+def test_two_runs_in_one_process(tmp_path):
+    # the second run's DeepSpeed engine uses the process group the first one made; no engine outlives its run
+    code = f"""
+import gc, sys
+sys.path.insert(0, {ROOT!r})
+from hydra import compose, initialize_config_dir
+from trainer.launch import run
+import deepspeed
+for k in range(2):
+    with initialize_config_dir(config_dir={os.path.join(ROOT, "configs")!r}, version_base="1.3"):
+        cfg = compose(config_name="ppo_trainer", overrides=[f"trainer.output_dir={tmp_path}/run{{k}}", *{SHORT!r},
+                      "trainer.n_gpus_per_node=1", "trainer.single_process=true"])
+    run(cfg)
+    gc.collect()
+    print("engines", sum(isinstance(o, deepspeed.DeepSpeedEngine) for o in gc.get_objects()))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("engines 0") == 2, proc.stdout[-2000:]
+    for k in range(2):
+        assert [r["step"] for r in read_metrics(str(tmp_path / f"run{k}")) if "actor/pg_loss" in r] == [1, 2]
 
 
 def test_cpu_accelerator_where_the_driver_picked_another(monkeypatch):

@@ -44,17 +44,17 @@ WORKER_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PO
 
 def worker_environment(device: str) -> None:
     """The environment the Ray workers get from :func:`trainer.placement.init_ray`, set in this process (a value
-    the user set is kept): no tokenizer threads, no download or "Loading weights" bars (huggingface_hub reads its
-    variable at import, so its bars are switched off by call too), no DeepSpeed deprecation warning per
-    collective, no compiler command lines of DeepSpeed's op probes in the driver's log; on the CPU, DeepSpeed's
-    CPU accelerator, also where the driver's import of DeepSpeed chose CUDA (a GPU host running
-    ``trainer.device=cpu``)."""
+    the user set is kept): no tokenizer threads, no download or "Loading weights" bars (huggingface_hub and
+    transformers read the variable only at import, so their bars are switched off by call too), no DeepSpeed
+    deprecation warning per collective, no compiler command lines of DeepSpeed's op probes in the driver's log; on
+    the CPU, DeepSpeed's CPU accelerator, also where the driver's import of DeepSpeed chose CUDA (a GPU host running
+    ``trainer.device=cpu``). :class:`ProcessState` takes what this changes back."""
     import logging
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-        _progress_bars(False)
+        _set_progress_bars(False, False)
     logging.getLogger("compilers").setLevel(logging.WARNING)  # setuptools' compiler (DeepSpeed's op probes)
     if device == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -62,14 +62,20 @@ def worker_environment(device: str) -> None:
     warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVE, category=FutureWarning)
 
 
-def _progress_bars(on: bool) -> None:
-    """huggingface_hub's and transformers' progress bars on or off in this process (both read
-    ``HF_HUB_DISABLE_PROGRESS_BARS`` only when imported)."""
+def _progress_bars() -> tuple[bool, bool]:
+    """Whether huggingface_hub's and transformers' progress bars are on in this process."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    return not are_progress_bars_disabled(), hf_logging.is_progress_bar_enabled()
+
+
+def _set_progress_bars(hub: bool, hf: bool) -> None:
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
     from transformers.utils import logging as hf_logging
 
-    (enable_progress_bars if on else disable_progress_bars)()
-    (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
+    (hf_logging.enable_progress_bar if hf else hf_logging.disable_progress_bar)()  # also sets the hub's: first
+    (enable_progress_bars if hub else disable_progress_bars)()
 
 
 def _cpu_accelerator() -> None:
@@ -86,13 +92,67 @@ def _cpu_accelerator() -> None:
         set_accelerator(CPU_Accelerator())
 
 
+class ProcessState:
+    """What the worker changes in this process, taken when built and given back by :meth:`restore`: the
+    :data:`WORKER_ENV_KEYS` variables, torch's thread count, the warning filters, both libraries' progress bars, the
+    ``compilers`` logger's level. The torch process group is not among them: DeepSpeed keeps the group it first
+    used, so a later run in this process uses the same one; one that this process had no group before is destroyed
+    at exit (NCCL warns of a group left then)."""
+
+    def __init__(self):
+        import logging
+
+        import torch
+        import torch.distributed as dist
+
+        self.env = {k: os.environ.get(k) for k in WORKER_ENV_KEYS}
+        self.threads, self.filters, self.bars = torch.get_num_threads(), list(warnings.filters), _progress_bars()
+        self.compilers_level = logging.getLogger("compilers").level
+        if dist.is_available() and not dist.is_initialized():
+            atexit.register(_destroy_process_group)
+
+    def restore(self) -> None:
+        import logging
+
+        import torch
+
+        for key, value in self.env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_num_threads(self.threads)
+        warnings.filters[:] = self.filters
+        _set_progress_bars(*self.bars)
+        logging.getLogger("compilers").setLevel(self.compilers_level)
+
+
 def _destroy_process_group() -> None:
-    """At exit: the worker's process group destroyed (a Ray worker's ends with its process; NCCL warns of a group
-    left at the driver's exit)."""
+    """At exit: the process group the worker made (a Ray worker's ends with its process)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _destroy_engines(worker) -> None:
+    """``destroy`` the DeepSpeed engines ``worker`` holds (actor, reference): their hooks and optimizer state, kept
+    alive otherwise by reference cycles through autograd hooks."""
+    for role in (getattr(worker, "actor", None), getattr(worker, "ref", None)):
+        engine = getattr(role, "engine", None)
+        if hasattr(engine, "destroy"):
+            engine.destroy()
+
+
+def _collect() -> None:
+    """Python's cycles collected, then, on a GPU, the memory torch caches given back."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _copied(value: Any) -> Any:
@@ -135,11 +195,13 @@ class LocalWorkerGroup:
         from trainer.workers.base import node_ip
 
         self.role, self.world_size, self.dp_size, self.sp_size, self.timeout_s = role, 1, 1, 1, None
-        # what the worker changes in this process, given back at shutdown
-        self._saved = ({k: os.environ.get(k) for k in WORKER_ENV_KEYS}, _torch_threads(), list(warnings.filters))
+        self.worker, self.workers, self._saved = None, [], ProcessState()  # given back at shutdown
         worker_environment(device)
-        atexit.register(_destroy_process_group)
-        self.worker = self._call(lambda: cls(worker_config, 0, 1, None, None, device, role), "__init__")
+        try:
+            self.worker = self._call(lambda: cls(worker_config, 0, 1, None, None, device, role), "__init__")
+        except BaseException:
+            self.shutdown()  # nothing attached this group yet: no one else would give the state back
+            raise
         self.workers = [self.worker]
         addr, port = self.worker.get_master_addr_port()
         self.pids, self.node_ids, self.master_addr = [os.getpid()], ["local"], f"{addr}:{port}"
@@ -179,35 +241,13 @@ class LocalWorkerGroup:
         return LocalCall([self._run(method, *args, **kwargs)])
 
     def shutdown(self) -> None:
-        """Drop the worker (its models, engine and GPU memory are freed with it), destroy its process group and give
-        this process its environment, torch threads and warning filters back."""
-        if getattr(self, "_saved", None) is None:
+        """Release the worker (its DeepSpeed engines destroyed, its models and GPU memory freed) and give this
+        process what the worker changed back (:class:`ProcessState`); a second call does nothing."""
+        if self._saved is None:
             return
-        self.worker, self.workers = None, []
-        _destroy_process_group()
-        import gc
-
-        import torch
-
-        gc.collect()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-        env, threads, filters = self._saved
-        if env["HF_HUB_DISABLE_PROGRESS_BARS"] is None:
-            _progress_bars(True)
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        torch.set_num_threads(threads)
-        warnings.filters[:] = filters
+        self.workers = []
+        _destroy_engines(self.worker)
+        self.worker = None
+        _collect()
+        self._saved.restore()
         self._saved = None
-
-
-def _torch_threads() -> int:
-    """torch's intra-op thread count of this process."""
-    import torch
-
-    return torch.get_num_threads()
-

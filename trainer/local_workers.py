@@ -25,6 +25,7 @@ Megatron strategy. A crash of the worker's native code (a CUDA error, out of hos
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import pickle
 import warnings
@@ -49,8 +50,6 @@ def worker_environment(device: str) -> None:
     deprecation warning per collective, no compiler command lines of DeepSpeed's op probes in the driver's log; on
     the CPU, DeepSpeed's CPU accelerator, also where the driver's import of DeepSpeed chose CUDA (a GPU host running
     ``trainer.device=cpu``). :class:`ProcessState` takes what this changes back."""
-    import logging
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -246,7 +245,10 @@ class LocalWorkerGroup:
         if self._saved is None:
             return
         self.workers = []
-        _destroy_engines(self.worker)
+        try:
+            _destroy_engines(self.worker)
+        except Exception as exc:  # noqa: BLE001 - a run's own error (raised on the way out) is the one to report
+            logging.getLogger(__name__).warning("releasing the %s worker: %s: %s", self.role, type(exc).__name__, exc)
         self.worker = None
         _collect()
         self._saved.restore()

@@ -99,8 +99,6 @@ class ProcessState:
     at exit (NCCL warns of a group left then)."""
 
     def __init__(self):
-        import logging
-
         import torch
         import torch.distributed as dist
 
@@ -111,8 +109,6 @@ class ProcessState:
             atexit.register(_destroy_process_group)
 
     def restore(self) -> None:
-        import logging
-
         import torch
 
         for key, value in self.env.items():

@@ -25,6 +25,7 @@ Megatron strategy. A crash of the worker's native code (a CUDA error, out of hos
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import pickle
@@ -139,17 +140,6 @@ def _destroy_engines(worker) -> None:
             engine.destroy()
 
 
-def _collect() -> None:
-    """Python's cycles collected, then, on a GPU, the memory torch caches given back."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
 def _copied(value: Any) -> Any:
     """``value`` after a pickle round trip (what a Ray call's arguments and results go through)."""
     return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
@@ -236,7 +226,7 @@ class LocalWorkerGroup:
         return LocalCall([self._run(method, *args, **kwargs)])
 
     def shutdown(self) -> None:
-        """Release the worker (its DeepSpeed engines destroyed, its models and GPU memory freed) and give this
+        """Release the worker (its DeepSpeed engines destroyed, its models' memory freed) and give this
         process what the worker changed back (:class:`ProcessState`); a second call does nothing."""
         if self._saved is None:
             return
@@ -246,6 +236,6 @@ class LocalWorkerGroup:
         except Exception as exc:  # noqa: BLE001 - a run's own error (raised on the way out) is the one to report
             logging.getLogger(__name__).warning("releasing the %s worker: %s: %s", self.role, type(exc).__name__, exc)
         self.worker = None
-        _collect()
+        gc.collect()  # the engines' cycles: their tensors go back to torch's cache (kept for a later run)
         self._saved.restore()
         self._saved = None

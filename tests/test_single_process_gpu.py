@@ -25,7 +25,7 @@ def test_embedded_default_on_cuda_in_one_process(tmp_path):
                           timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
-    assert "no Ray, the workers' start-up" in log
+    assert "no Ray, the worker's start-up" in log
     rows = [r for r in read_metrics(str(tmp_path)) if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(math.isfinite(r["actor/pg_loss"]) and math.isfinite(r["actor/grad_norm"]) for r in rows)

@@ -11,16 +11,18 @@ What stays as with Ray:
 * every call's arguments and results are copies (a pickle round trip, as Ray's serialisation makes them): a worker
   that keeps a buffer it returned (a fixed-address rollout buffer on the CPU) or edits a batch it was given never
   changes the driver's rows;
-* a worker's exception is raised as :class:`trainer.placement.WorkerFailure` naming the role, rank 0 and the
+* a worker's exception is raised as :class:`trainer.worker_errors.WorkerFailure` naming the role, rank 0 and the
   method, with the worker's exception as its cause;
 * the workers' environment: ``TOKENIZERS_PARALLELISM=false``, no "Loading weights" bars
   (``HF_HUB_DISABLE_PROGRESS_BARS``), DeepSpeed's deprecated-collective warning filtered (a user's own settings of
   these are kept); ``DS_ACCELERATOR=cpu`` and ``cpus_per_worker`` threads on the CPU (the worker's constructor).
 
-What it cannot do (refused before start-up, :func:`trainer.single_process_checks.single_process_problem`): more than one worker (nnodes x
-n_gpus_per_node > 1), roles other than the actor (a critic, PRIME's PRM, separate rollout workers: each is a
-process group of its own), worker restarts (``trainer.max_restarts > 0`` re-creates dead worker processes), the
-Megatron strategy. A crash of the worker's native code (a CUDA error, out of host memory) ends the driver too.
+What it cannot do (refused before start-up, :func:`trainer.single_process_checks.single_process_problems`): more
+than one worker (nnodes x n_gpus_per_node > 1), roles other than the actor (a critic, PRIME's PRM, separate rollout
+workers: each is a process group of its own), worker restarts (``trainer.max_restarts > 0`` re-creates dead worker
+processes), the Megatron strategy. A crash of the worker's native code (a CUDA error, out of host memory) ends the
+driver too. At the run's end (:meth:`LocalWorkerGroup.shutdown`, called by ``trainer.launch.run``) the worker's
+DeepSpeed engines are destroyed and what it set in this process is given back (:class:`ProcessState`).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import pickle
 import warnings
 from typing import Any
 
-__all__ = ["LocalWorkerGroup", "LocalCall", "worker_environment", "WORKER_ENV_KEYS"]
+__all__ = ["LocalWorkerGroup", "LocalCall", "ProcessState", "worker_environment", "WORKER_ENV_KEYS"]
 
 #: the warning the Ray workers filter (trainer.placement.WORKER_WARNING_FILTER): DeepSpeed's use of a collective torch
 #: has deprecated, once per call

@@ -27,18 +27,22 @@ DeepSpeed engines are destroyed and what it set in this process is given back (:
 from __future__ import annotations
 
 import atexit
+import builtins
 import gc
 import logging
 import os
 import pickle
+import re
 import warnings
 from typing import Any
 
-__all__ = ["LocalWorkerGroup", "LocalCall", "ProcessState", "worker_environment", "WORKER_ENV_KEYS"]
+__all__ = ["LocalWorkerGroup", "LocalCall", "ProcessState", "worker_environment", "WORKER_ENV_KEYS",
+           "WORKER_WARNING_FILTER"]
 
-#: the warning the Ray workers filter (trainer.placement.WORKER_WARNING_FILTER): DeepSpeed's use of a collective torch
-#: has deprecated, once per call
-_DEPRECATED_COLLECTIVE = r"`torch.distributed.all_gather_into_tensor` is deprecated"
+#: what every worker filters (-W syntax, action:message:category; the message matches the start of the warning's
+#: text): DeepSpeed's use of a torch collective that torch has deprecated, once per call. Ray workers get it in
+#: PYTHONWARNINGS (:func:`trainer.placement.init_ray`), the worker in this process from :func:`worker_environment`.
+WORKER_WARNING_FILTER = "ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning"
 
 
 #: the environment keys the worker sets in this process (:func:`worker_environment`, the worker's constructor)
@@ -48,20 +52,20 @@ WORKER_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PO
 
 def worker_environment(device: str) -> None:
     """The environment the Ray workers get from :func:`trainer.placement.init_ray`, set in this process (a value
-    the user set is kept): no tokenizer threads, no download or "Loading weights" bars (huggingface_hub and
-    transformers read the variable only at import, so their bars are switched off by call too), no DeepSpeed
-    deprecation warning per collective, no compiler command lines of DeepSpeed's op probes in the driver's log; on
+    the user set is kept; no tokenizer threads: the worker's constructor, as in a Ray worker): no download or
+    "Loading weights" bars (huggingface_hub and transformers read the variable only at import, so their bars are
+    switched off by call too), no DeepSpeed deprecation warning per collective (:data:`WORKER_WARNING_FILTER`), no compiler command lines of DeepSpeed's op probes in the driver's log; on
     the CPU, DeepSpeed's CPU accelerator, also where the driver's import of DeepSpeed chose CUDA (a GPU host running
     ``trainer.device=cpu``). :class:`ProcessState` takes what this changes back."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
         _set_progress_bars(False, False)
     logging.getLogger("compilers").setLevel(logging.WARNING)  # setuptools' compiler (DeepSpeed's op probes)
-    if device == "cpu":
+    if device == "cpu":  # before any import of DeepSpeed, and over one that came before
         os.environ["DS_ACCELERATOR"] = "cpu"
         _cpu_accelerator()
-    warnings.filterwarnings("ignore", message=_DEPRECATED_COLLECTIVE, category=FutureWarning)
+    action, message, category = WORKER_WARNING_FILTER.split(":")
+    warnings.filterwarnings(action, message=re.escape(message), category=getattr(builtins, category))
 
 
 def _progress_bars() -> tuple[bool, bool]:

@@ -24,6 +24,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from trainer.local_workers import WORKER_WARNING_FILTER
 from trainer.protocol import DataProto
 from trainer.resources import (PlacementError, ResourceRequest, check_request, machine_resources, probe_ray_address,
                                ray_node_resources)
@@ -31,10 +32,6 @@ from trainer.worker_errors import WorkerDied, WorkerFailure  # noqa: F401  (rais
 
 logger = logging.getLogger(__name__)
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# -W syntax (action:message:category); the message matches the start of the warning's text
-WORKER_WARNING_FILTER = "ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning"
 
 
 def init_ray(device: str) -> None:

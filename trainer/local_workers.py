@@ -113,6 +113,7 @@ class ProcessState:
         self.threads, self.filters, self.bars = torch.get_num_threads(), list(warnings.filters), _progress_bars()
         self.compilers_level = logging.getLogger("compilers").level
         if dist.is_available() and not dist.is_initialized():
+            atexit.unregister(_destroy_process_group)  # once, however many runs this process makes
             atexit.register(_destroy_process_group)
 
     def restore(self) -> None:

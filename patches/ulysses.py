@@ -242,8 +242,16 @@ def _sp_varlen(query, key, value, group, size: int, cu_seqlens, max_seqlen: int,
     ``(S, H/sp, D)`` (:func:`traceable_qkv_seq_to_heads`: plain ``dist.all_to_all_single`` when run eagerly,
     functional collectives under torch.compile; q, k, v come back as strided views of one buffer, which every
     kernel of :mod:`patches.varlen` takes as they are), the varlen kernel over the whole row's ``cu_seqlens``, and
-    the inverse all-to-all (:func:`traceable_heads_to_seq`)."""
+    the inverse all-to-all (:func:`traceable_heads_to_seq`). Queries, keys and values of different widths (latent
+    attention) run at the larger width, the narrower ones padded with zero columns (the same scores and sums), and
+    the output is cut back to the value width."""
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (1, H, S, D) -> (S, H, D)
+    dq, dv = q.shape[-1], v.shape[-1]
+    if dv != dq:  # latent attention (DeepSeek-V3): value width unlike the query/key width; zero columns are exact
+        if varlen_kw.get("scale") is None:
+            varlen_kw["scale"] = dq ** -0.5
+        width = max(dq, dv)
+        q, k, v = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
     if size > 1:
         rep = max(size // k.shape[1], 1)
         k, v = repeat_kv_interleaved(k, rep), repeat_kv_interleaved(v, rep)
@@ -251,7 +259,7 @@ def _sp_varlen(query, key, value, group, size: int, cu_seqlens, max_seqlen: int,
     out = varlen_attention(q, k, v, cu_seqlens, max_seqlen, **varlen_kw)
     if size > 1:
         out = traceable_heads_to_seq(out, group, size)
-    return out.unsqueeze(0)
+    return out[..., :dv].unsqueeze(0)
 
 
 def _ulysses_mask(*args, attention_mask=None, **kwargs):

@@ -21,6 +21,7 @@ from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
 from trainer.run_folder import (FINAL_METRICS, already_complete, nothing_saved_warnings,  # noqa: F401
                                write_final_metrics)
 from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
+from trainer.packing_probe import check_packed_attention
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
 from trainer.embedded_assets import prepare_embedded
 from trainer.lora_checks import check_lora
@@ -320,6 +321,7 @@ def load_model_files(cfg: dict):
                           f"refuses it ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from exc
     check_model_context(cfg, hf_config, tok)
     check_decode_loop(cfg, hf_config)
+    check_packed_attention(cfg, hf_config)
     check_multi_turn_template(cfg, tok)
     return tok
 

@@ -57,6 +57,7 @@ class ModelRole:
         tok, override, remote = load_tokenizer(model_cfg, path)
         hf_config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
         apply_config_overrides(hf_config, override)
+        use_rmpad = packs_sequences(model_cfg.use_remove_padding, sp, hf_config, remote)  # its probe before ZeRO-3
         ds_cfg = worker.ds_config(train=train, grad_clip=grad_clip)
         keep = None
         if ds_cfg["zero_optimization"]["stage"] == 3:
@@ -64,7 +65,6 @@ class ModelRole:
 
             keep = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 (must stay alive while loading)
         sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
-        use_rmpad = packs_sequences(model_cfg.use_remove_padding, sp, hf_config)
         with torch.random.fork_rng(devices=[]):  # a value head is new: drawn from trainer.seed, the same on every rank
             torch.manual_seed(int(worker.config.seed))
             model = load_hf_model(path, hf_config if override else None, value_head, remote,
@@ -94,21 +94,27 @@ class ModelRole:
                    device=worker.device, value_head=value_head)
 
 
-def packs_sequences(use_remove_padding: bool, sp: int, hf_config) -> bool:
+def packs_sequences(use_remove_padding: bool, sp: int, hf_config, trust_remote_code: bool = False) -> bool:
     """Whether a role's forwards run packed (``use_remove_padding``, or Ulysses SP above 1) through the Ulysses
-    patch's varlen attention. A model with attention logit soft-capping (Gemma 2; the varlen kernels have none)
-    runs padded batches through its own attention instead, said once in an info line (SP above 1 is refused
-    before start-up: :func:`trainer.config.actor.check_ulysses_softcap`)."""
-    from trainer.config.actor import attention_softcap
+    patch's varlen attention. A model that cannot (:func:`trainer.packing_probe.packed_attention_obstacle`: logit
+    soft-capping, an attention outside transformers' attention interface, a decoder whose packed log-probs differ
+    from its padded ones) runs padded batches through its own attention instead, said once in an info line; with
+    SP above 1 it is refused (before start-up by :func:`trainer.packing_probe.check_packed_attention`).
+
+    Raises:
+        ValueError: SP above 1 for a model that cannot run packed forwards.
+    """
+    from trainer.packing_probe import packed_attention_obstacle
 
     packed = bool(use_remove_padding) or sp > 1
-    softcap = attention_softcap(hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config))
-    if packed and softcap is not None and sp <= 1:
+    reason = packed_attention_obstacle(hf_config, trust_remote_code, sequence_parallel=sp > 1) if packed else None
+    if reason is not None and sp > 1:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp}: this model cannot run packed forwards: {reason}")
+    if reason is not None:
         from trainer.checkpoint.base import log_once
 
-        log_once(logging.INFO, "use_remove_padding: off for this model: its attention uses logit soft-capping "
-                 "(attn_logit_softcapping=%g), which the packed (varlen) kernels do not support; its forwards run "
-                 "padded batches through its own attention", softcap, log=logger)
+        log_once(logging.INFO, "use_remove_padding: off for this model: %s; its forwards run padded batches through "
+                 "its own attention", reason, log=logger)
         return False
     return packed
 

@@ -268,10 +268,12 @@ def test_dataset_prompts_show_the_tool_schemas(tmp_path):
 
 
 # ---- the actor loss ------------------------------------------------------------------------------------------------
-def test_tool_tokens_get_no_gradient_through_the_actor_loss(generated):
+@pytest.mark.parametrize("kl_type", ["low_var_kl", "k3+", "mse"])
+def test_p06_tool_tokens_get_no_gradient_through_the_actor_loss(generated, kl_type):
     """The worker's own loss function (policy loss + KL loss - entropy bonus over ``response_mask``): garbage in
-    the per-token inputs at tool-answer and template positions leaves every parameter gradient unchanged, while
-    a change at one model token changes them."""
+    the per-token inputs at tool-answer and template positions, finite or not (a NaN reference log-prob there made
+    the ``k3+`` and ``mse`` KL losses' gradients NaN), leaves every parameter gradient unchanged, while a change at
+    one model token changes them."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from trainer.workers.update import _actor_loss
@@ -290,7 +292,7 @@ def test_tool_tokens_get_no_gradient_through_the_actor_loss(generated):
     from trainer.config.packaged import packaged_section
 
     cfg = packaged_section(ActorConfig, "actor_rollout_ref.actor", entropy_coeff=0.01, use_kl_loss=True,
-                           kl_loss_type="low_var_kl", kl_loss_coef=0.1, clip_ratio=0.2, clip_ratio_low=0.2,
+                           kl_loss_type=kl_type, kl_loss_coef=0.1, clip_ratio=0.2, clip_ratio_low=0.2,
                            clip_ratio_high=0.2, clip_ratio_c=3.0, policy_loss={"loss_mode": "vanilla"})
     base = {"old_log_probs": out["rollout_log_probs"] - 0.05,
             "advantages": torch.linspace(-1, 1, 8)[:, None].expand_as(mask).clone(),
@@ -307,6 +309,9 @@ def test_tool_tokens_get_no_gradient_through_the_actor_loss(generated):
     ref = grads(base)
     noisy = {k: torch.where(not_model, torch.randn_like(v) * 50, v) for k, v in base.items()}
     assert torch.allclose(grads(noisy), ref, rtol=0, atol=1e-7)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        poisoned = {k: torch.where(not_model, torch.full_like(v, bad), v) for k, v in base.items()}
+        assert torch.allclose(grads(poisoned), ref, rtol=0, atol=1e-7), bad
     row, col = torch.nonzero(mask)[3].tolist()
     moved = {k: v.clone() for k, v in base.items()}
     moved["advantages"][row, col] += 5.0

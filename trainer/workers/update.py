@@ -227,7 +227,9 @@ def _actor_loss(role, mb: DataProto, cfg, temperature: float, agg_mode: str, agg
         if entropy_coeff:
             loss = loss - entropy_coeff * core_algos.agg_loss(entropy, mask, agg_mode, **agg)
     if cfg.use_kl_loss:
-        ref = to_device(mb["ref_log_prob"], dev)
+        # outside the response the reference is the policy itself (a KL of 0 with a 0 gradient): a non-finite
+        # reference log-prob there must not reach the gradient as NaN * 0
+        ref = torch.where(mask.bool(), to_device(mb["ref_log_prob"], dev), log_prob.detach())
         kld = core_algos.kl_penalty(log_prob, ref, cfg.kl_loss_type)
         kl_loss = core_algos.agg_loss(kld, mask, agg_mode, **agg)
         loss = loss + cfg.kl_loss_coef * kl_loss

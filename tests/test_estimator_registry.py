@@ -283,3 +283,13 @@ def test_p31_gdpo_components_the_scorer_does_not_return_are_refused_before_start
         check_reward_scorers(make, "data_source", [ds, None])
     for n in ["algorithm.gdpo_reward_keys=['acc', 'format']", "empty response", *needles]:
         assert n in str(info.value), (n, str(info.value))
+
+
+@pytest.mark.parametrize("est", ["gae", "remax", "grpo", "gdpo"])
+def test_p31_prime_with_an_estimator_it_never_runs_is_refused_before_start_up(est):
+    """PRIME's advantages are its own (RLOO of each reward source): another ``adv_estimator`` was accepted and never
+    ran (with gae a critic was built and trained every step for nothing; with remax no baseline rollout ran)."""
+    with pytest.raises(ConfigError, match=rf"^algorithm\.adv_estimator={est} with algorithm\.use_prime=true: PRIME "
+                                          rf"computes its own advantages .* so {est} would never run; expected rloo"):
+        validate(_cfg("algorithm=prime", f"algorithm.adv_estimator={est}"))
+    validate(_cfg("algorithm=prime"))

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from trainer.config_checks import ConfigError
 
-__all__ = ["check_estimator_and_loss", "check_reward_components"]
+__all__ = ["check_estimator_and_loss", "check_reward_components", "PRIME_ESTIMATOR"]
+
+#: the estimator PRIME's own advantages are (leave-one-out per reward source): the one value accepted with use_prime
+PRIME_ESTIMATOR = "rloo"
 
 
 def check_estimator_and_loss(cfg: dict) -> None:
-    """The estimator and policy loss are registered, and the estimator's registry traits fit the config: a
+    """The estimator and policy loss are registered (with PRIME, the estimator is :data:`PRIME_ESTIMATOR`, which
+    its own advantages are), and the estimator's registry traits fit the config: a
     group-based one needs ``rollout.n >= 2``, one that needs a critic needs ``critic.enable``, and every declared
     input is made by a stage of this run or by a producer (:func:`trainer.adv_inputs.missing_inputs`).
 
@@ -25,6 +29,10 @@ def check_estimator_and_loss(cfg: dict) -> None:
     if est not in core_algos.ADV_ESTIMATOR_REGISTRY:
         raise ConfigError(f"algorithm.adv_estimator={est!r}; expected one of "
                           f"{sorted(core_algos.ADV_ESTIMATOR_REGISTRY)}")
+    if cfg["algorithm"].get("use_prime") and est != PRIME_ESTIMATOR:
+        raise ConfigError(f"algorithm.adv_estimator={est} with algorithm.use_prime=true: PRIME computes its own "
+                          f"advantages (RLOO of each reward source, trainer/algos/prime.py), so {est} would never "
+                          f"run; expected {PRIME_ESTIMATOR} (algorithm=prime sets it)")
     spec = core_algos.get_adv_estimator_spec(est)
     n = int(cfg["actor_rollout_ref"]["rollout"]["n"])
     if spec.group_based and n < 2:

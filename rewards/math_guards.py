@@ -14,20 +14,17 @@ minutes) while the text stays short. Then sympy evaluates what was parsed, which
    (ambiguous too: a bar opens or closes), in one linear scan. Reference answers of MATH-500 nest at most 2
    groups deep. It also refuses big arguments of the commands that latex2sympy evaluates while it parses
    (``\\binom{100000}{50000}``, ``\\Gamma(3000000)``: :func:`evaluated_commands_ok`) and towers of more than
-   ``MAX_TOWER`` stacked superscripts (``e^{e^{e^{e^{e}}}}``: :func:`tower_height`) other than towers of
-   integer literals with a small value (``2^{2^{2^{2}}}``).
+   ``MAX_TOWER`` stacked superscripts (``e^{e^{e^{e^{e}}}}``, ``x^x^x^x``: :func:`tower_height`) other than
+   towers of integer literals with a small value (``2^{2^{2^{2}}}``).
 3. :func:`is_tame` (:mod:`rewards.math_tame`) refuses parsed expressions that are too big to evaluate, measured
    from their parts without evaluating them (digits of every numeric part: ``e^{e^{e^{e}}}``; towers of powers
    in variables; factorial, binomial, sum and product bounds).
-4. A pair of answers that each pass 3 can still make math-verify's ``simplify(gold - pred)`` expand for seconds
-   (``(x+1)^{100}(x+2)^{100}(x+3)^{100}``, ``\\frac{1}{(1-x)^{101}}`` against ``2``): such a pair of rational
-   functions is decided without ``simplify`` (:mod:`rewards.math_expand`: exactly, at random points), in about a
-   millisecond; a pair of other shapes goes to math-verify under the limit. :func:`time_bound` stops whatever is left after ``timeout_seconds`` (a
-   ``SIGALRM`` timer, main thread only; it cannot interrupt C code, which is why 1-4 come first).
+4. A pair that passes 3 can still make ``simplify(gold - pred)`` run for seconds (``(x+1)^{100}(x+2)^{100}``,
+   ``\\sin^{200}(x)``): it is decided without it, by its values at random points (:mod:`rewards.math_expand`).
+   :func:`time_bound` stops what is left after ``timeout_seconds`` (``SIGALRM``, main thread only; no C code).
 
-math-verify's own ``parsing_timeout``/``timeout_seconds`` are not used: they are whole seconds of
-``signal.alarm``, which replaces and then cancels a caller's timer (the reward manager's), and they end with an
-exception that math-verify itself catches, so the parse goes on.
+math-verify's own ``parsing_timeout``/``timeout_seconds`` are not used: whole seconds of ``signal.alarm``, which
+replaces and cancels a caller's timer (the reward manager's), ending in an exception that math-verify catches.
 """
 from __future__ import annotations
 
@@ -226,21 +223,36 @@ def evaluated_commands_ok(s: str) -> bool:
     return True
 
 
+def _superscript_end(s: str, i: int, pairs: dict[int, int]) -> int:
+    """Where the argument of the ``^`` at ``i`` (a brace group or one token) and the spaces after it end."""
+    j = len(s) - len(s[i + 1:].lstrip())
+    if j < len(s):
+        j = pairs[j] + 1 if s[j] == "{" and j in pairs else _ONE_TOKEN.match(s, j).end()
+    return len(s) - len(s[j:].lstrip())
+
+
 def tower_height(s: str) -> int:
     """How many superscripts are stacked in ``s``: ``x^2`` is 1, ``2^{2^{n}}`` 2, ``9^{9^{9^{9}}}`` 3 (a superscript
-    group holding a ``^`` holding a ``^``). One linear scan."""
-    stack: list[bool] = []  # True: a superscript group
-    height = highest = 0
-    prev = ""
+    group holding a ``^`` holding a ``^``); a chain of superscripts without braces stacks as well (``x^x^x^x``: 3,
+    the parser nests it). One linear scan."""
+    pairs = _brace_pairs(s)
+    stack: list[int] = []  # per open group: the height it adds (a superscript group: its chain's length)
+    chains: list[tuple[int, int]] = [(-1, 0)]  # per group: (where a chained ^ would stand, the chain's length)
+    height, highest, prev = 0, 0, ""
     for m in _TOKENS.finditer(s):
         tok = m.group(0)
         if tok == "^":
-            highest = max(highest, height + 1)
+            at, length = chains[-1]
+            length = length + 1 if m.start() == at else 1
+            chains[-1] = (_superscript_end(s, m.start(), pairs), length)
+            highest = max(highest, height + length)
         elif tok == "{":
-            stack.append(prev == "^")
-            height += prev == "^"
+            stack.append(chains[-1][1] if prev == "^" else 0)
+            height += stack[-1]
+            chains.append((-1, 0))
         elif tok == "}" and stack:
             height -= stack.pop()
+            chains.pop()
         prev = tok
     return highest
 

@@ -103,7 +103,12 @@ def test_the_units_follow_the_expansion():
     assert units("\\binom{x}{50}") > MAX_SIMPLIFY_UNITS > units("\\binom{x}{20}")
     assert units("\\binom{x}{50}\\binom{y}{50}") > 10 ** 4
     # monomials and symbolic exponents do not expand
-    assert units("x^{100}y^{100}") < 5 and units("(x+1)^{n}") < 10
+    assert units("x^{100}y^{100}") < 5 and units("(x+1)^{n}") < 20  # a variable exponent: its tower weight
+    # powers of trigonometric functions and of sums with exp, and towers of variable exponents cost more than their
+    # terms (measured: sin^40(x) 0.27 s, (e^x+1)^100 0.21 s, a 12-high tower 0.45 s against 1)
+    assert units("\\sin^{40}(x)", "1") > MAX_SIMPLIFY_UNITS > units("\\sin^{20}(x)", "1")
+    assert units("(e^{x}+1)^{150}", "1") > MAX_SIMPLIFY_UNITS > units("(e^{x}+1)^{50}", "1")
+    assert units("x^{x^{x}}", "1") < 50
     x, ab = M._parse_latex("(x+1)^{100}(x+2)^{100}")[0], M._parse_latex("ab")[0]
     assert simplify_too_slow(x, two) and not simplify_too_slow(M._parse_latex("x")[0], x)  # a symbol: by name
     assert not simplify_too_slow(ab, ab)
@@ -144,8 +149,8 @@ def test_poles_and_values_too_large_are_left_undecided_fast():
     assert (time.process_time() - t0) * 1e3 < FAST_MS
 
 
-# answers equal to the gold in shapes that rational_verdict does not read: left to math-verify, as any other pair,
-# however long its simplify is estimated to take (each is above the estimate; math-verify decides them within 1 s)
+# answers equal to the gold in shapes that rational_verdict does not read, each above the estimate: expressions are
+# decided by their values at random points (rewards/math_numeric.py), relations and tuples by math-verify (within 1 s)
 OTHER_SHAPES = [
     ("(x^2-1)^{70}, 2", "\\left((x-1)^{70}(x+1)^{70}, 2\\right)"), ("y+z = (x^2-1)^{50}", "(x-1)^{50}(x+1)^{50} = y+z"),
     ("y < (x^2-1)^{70}", "(x-1)^{70}(x+1)^{70} > y"), ("\\sin((x^2-1)^{30})", "\\sin((x-1)^{30}(x+1)^{30})"),
@@ -156,9 +161,12 @@ OTHER_SHAPES = [
 
 
 @pytest.mark.parametrize("pred,gold", OTHER_SHAPES)
-def test_other_shapes_above_the_estimate_go_to_math_verify(pred, gold):
+def test_other_shapes_above_the_estimate_are_decided_by_their_values_or_math_verify(pred, gold):
+    from sympy import Expr
+
     g, p = M._parse_latex(gold)[0], M._parse_latex(pred)[0]
-    assert simplify_too_slow(g, p) and fast_verdict(g, p) is None
+    expressions = isinstance(g, Expr) and isinstance(p, Expr)
+    assert simplify_too_slow(g, p) and fast_verdict(g, p) is (True if expressions else None)
     for a, b in ((pred, gold), (gold, pred)):
         assert compute_score("\\boxed{" + a + "}", b) == 1.0, (a, b)
 

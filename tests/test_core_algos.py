@@ -137,6 +137,12 @@ def test_p09_fully_masked_row_does_not_move_group_stats():
         adv, ret = ca.get_adv_estimator_fn(name)(r, m, index=uid)
         assert torch.isfinite(adv).all(), name
         assert (adv == 0).all(), (name, adv)
+    otb = ca.get_adv_estimator_fn("optimal_token_baseline")  # its epsilon once left 6.5e-9 here
+    for scores, mask in (([5, 1, 1], [[0, 0, 0], [1, 1, 1], [1, 1, 1]]), ([1, 1, 1, 1], None), ([0.1] * 3, None)):
+        r, m = _rows(scores, mask=mask)
+        lp, sq = torch.linspace(-3, -0.1, r.numel()).view_as(r), torch.full_like(r, 0.3)
+        adv, _ = otb(r, m, index=np.array(["a"] * len(scores)), old_log_probs=lp, sum_pi_squared=sq)
+        assert (adv == 0).all(), (scores, adv)
     # edge cases of the spec: equal rewards -> 0; singleton -> 0; [1,0,0,0] -> [1.5,-.5,-.5,-.5] (unbiased, eps 1e-6)
     r, m = _rows([1, 1, 1, 1])
     assert (ca.compute_grpo_outcome_advantage(r, m, index=np.array(["a"] * 4))[0] == 0).all()

@@ -82,7 +82,8 @@ def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask,
                                              rollout_is_weights=None, epsilon: float = 1e-8, **kwargs):
     """Optimal token baseline (verl's ``optimal_token_baseline``, its docs/algo/otb.md): a baseline per time
     step, ``B_t = sum_j G_jt W_jt / (sum_j W_jt + epsilon)`` over the valid rows j of the group that are valid at
-    t, with ``G_t = sum_{t' >= t} r_t'`` (reward to go) and the path-variance proxy ``W_t = sum_{s <= t} w_s``,
+    t (computed as ``c_t + sum_j (G_jt - c_t) W_jt / (sum_j W_jt + epsilon)`` with ``c_t`` the first such row's
+    ``G_jt``: the same up to epsilon's share, and exactly ``G`` when the group's returns are equal), with ``G_t = sum_{t' >= t} r_t'`` (reward to go) and the path-variance proxy ``W_t = sum_{s <= t} w_s``,
     ``w_s = 1 - 2 pi_s + sum_v pi_v^2`` (``pi_s = exp(old_log_probs)``, times ``rollout_is_weights^2`` when
     given). ``advantages = G - B`` on valid tokens, ``returns = G``.
 
@@ -109,8 +110,11 @@ def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask,
                 baseline[rows] = G[rows]
                 continue
             mg = m[rows].to(torch.float64)
-            num = (G[rows] * W[rows] * mg).sum(dim=0)
-            baseline[rows] = (num / ((W[rows] * mg).sum(dim=0) + epsilon)).unsqueeze(0)
+            # centred on one valid row's G (the first at each step): equal scores give a baseline of exactly that
+            # G (advantage 0, as the group rules ask); otherwise the same weighted mean up to epsilon's share
+            ref = G[rows].gather(0, mg.argmax(dim=0, keepdim=True))
+            num = ((G[rows] - ref) * W[rows] * mg).sum(dim=0, keepdim=True)
+            baseline[rows] = ref + num / ((W[rows] * mg).sum(dim=0, keepdim=True) + epsilon)
         dt = token_level_rewards.dtype
         adv = torch.where(m, G - baseline, 0.0).to(dt)
     return adv, G.to(dt)

@@ -189,31 +189,48 @@ def unpack_tensor(x: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: in
     return out.view(batch, seqlen, *x.shape[1:])
 
 
-def pack_loss_spans(sample_lengths: Sequence[int], local_spans: Sequence[tuple[int, int]],
+def _sample_spans(entry, i: int) -> list[tuple[int, int]]:
+    """One sample's loss spans: a ``(start, end)`` pair, or a sequence of them (one per assistant turn)."""
+    def is_pair(x) -> bool:
+        return isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(v, int) for v in x)
+
+    if is_pair(entry):
+        return [tuple(entry)]
+    if isinstance(entry, (tuple, list)) and all(is_pair(x) for x in entry):
+        return [tuple(x) for x in entry]
+    raise ValueError(f"spans of sample {i}: {entry!r}; expected (start, end) or a list of (start, end) pairs")
+
+
+def pack_loss_spans(sample_lengths: Sequence[int], local_spans: Sequence,
                     device: torch.device | str = "cpu") -> tuple[list[tuple[int, int]], torch.Tensor]:
     """Offset per-sample loss spans into a packed stream, and build the packed loss mask.
 
     Sample ``i`` occupies ``[offset_i, offset_i + len_i)`` with ``offset_i = sum(len_0 .. len_{i-1})`` (the
     cumulative length of the preceding samples -- not the end of the previous sample's last span, a bug seen in
-    other packers). A local span ``(start, end)`` is half-open, ``0 <= start <= end <= len_i``.
+    other packers). A local span ``(start, end)`` is half-open, ``0 <= start <= end <= len_i``; a sample's entry is
+    one span or a list of them (a multi-turn sample: one per assistant turn).
 
-    Example: lengths ``[6, 5, 7]``, spans ``(3,5), (2,4), (4,6)`` -> ``(3,5), (8,10), (15,17)``, mask sum 6.
+    Example: lengths ``[6, 5, 7]``, spans ``(3,5), [(0,1), (2,4)], (4,6)`` -> ``(3,5), (6,7), (8,10), (15,17)``,
+    mask sum 7.
 
     Returns:
-        ``(packed_spans, loss_mask)`` with ``loss_mask`` ``(sum(lengths),)`` float32, 1 inside the spans.
+        ``(packed_spans, loss_mask)``: the spans in sample order, ``loss_mask`` ``(sum(lengths),)`` float32, 1
+        inside the spans.
 
     Raises:
-        ValueError: on a length/span count mismatch, a negative length, or a span outside its sample.
+        ValueError: on a length/entry count mismatch, a negative length, an entry that is not a span or a list of
+            spans, or a span outside its sample.
     """
     if len(sample_lengths) != len(local_spans):
-        raise ValueError(f"got {len(sample_lengths)} sample lengths but {len(local_spans)} spans")
+        raise ValueError(f"got {len(sample_lengths)} sample lengths but {len(local_spans)} span entries")
     packed, offset = [], 0
-    for i, (n, (s, e)) in enumerate(zip(sample_lengths, local_spans)):
+    for i, (n, entry) in enumerate(zip(sample_lengths, local_spans)):
         if n < 0:
             raise ValueError(f"sample {i} has negative length {n}")
-        if not 0 <= s <= e <= n:
-            raise ValueError(f"span {(s, e)} of sample {i} is outside [0, {n}] or reversed")
-        packed.append((offset + s, offset + e))
+        for s, e in _sample_spans(entry, i):
+            if not 0 <= s <= e <= n:
+                raise ValueError(f"span {(s, e)} of sample {i} is outside [0, {n}] or reversed")
+            packed.append((offset + s, offset + e))
         offset += n
     mask = torch.zeros(offset, dtype=torch.float32, device=device)
     for s, e in packed:

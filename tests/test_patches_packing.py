@@ -57,6 +57,16 @@ def test_p14_packed_loss_spans():
         pack_loss_spans([6, 5], [(0, 1)])
 
 
+def test_p14_a_multi_turn_sample_has_one_loss_span_per_assistant_turn():
+    """A sample's entry may list several spans (it raised a bare TypeError)."""
+    spans, mask = pack_loss_spans([5, 5], [[(1, 2), (3, 5)], (0, 1)])
+    assert spans == [(1, 2), (3, 5), (5, 6)] and mask.nonzero().flatten().tolist() == [1, 3, 4, 5]
+    with pytest.raises(ValueError, match=r"^spans of sample 0: \[\(1, 2\), 3\]; expected \(start, end\) or a list"):
+        pack_loss_spans([5], [[(1, 2), 3]])
+    with pytest.raises(ValueError, match=r"span \(3, 6\) of sample 1 is outside \[0, 5\]"):
+        pack_loss_spans([5, 5], [(0, 1), [(0, 1), (3, 6)]])
+
+
 def test_pad_and_slice_inputs_not_multiple_of_sp():
     ids = torch.arange(10, 17)[None]  # nnz = 7
     pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])

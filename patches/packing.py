@@ -222,7 +222,7 @@ def pack_loss_spans(sample_lengths: Sequence[int], local_spans: Sequence,
             spans, or a span outside its sample.
     """
     if len(sample_lengths) != len(local_spans):
-        raise ValueError(f"got {len(sample_lengths)} sample lengths but {len(local_spans)} span entries")
+        raise ValueError(f"got {len(sample_lengths)} sample lengths but spans for {len(local_spans)} samples")
     packed, offset = [], 0
     for i, (n, entry) in enumerate(zip(sample_lengths, local_spans)):
         if n < 0:

@@ -10,12 +10,14 @@ rule on the value beyond its type (:class:`ValueRule`: the MATH scorer's ``timeo
 or None); a value of the right type that breaks the rule is refused naming the rule. A parameter without an annotation takes the type of
 its default when that is a ``bool``, ``int``, ``float`` or ``str`` (``bonus=0.0``: a number; an int is accepted for a
 float, a bool is not for an int or a float; None, the value Hydra gives for ``null``, is accepted too); a default of
-another type, or None, gives no type. A value of the wrong type is refused before start-up
+another type, or None, gives no type. A float that is not finite (nan, inf) is refused for every option. A value of
+the wrong type is refused before start-up
 (:class:`OptionValueError`), instead of making the scorer raise on every response at the first step.
 """
 from __future__ import annotations
 
 import inspect
+import math
 import types
 import typing
 from typing import Any, Callable, Literal, Mapping
@@ -170,10 +172,12 @@ def _check_values(fn: Callable, options: Mapping[str, Any], label: str) -> None:
             broken = [r for r in _rules(hints[key])[1] if r.refuses(value)]
             if broken:
                 raise OptionValueError(key, value, broken[0].expected, label)
-            continue
-        implied = _expected_from_default(params[key]) if key in params else None
-        if implied is not None and _matches(value, implied[0]) is False:
-            raise OptionValueError(key, value, implied[1], label)
+        else:
+            implied = _expected_from_default(params[key]) if key in params else None
+            if implied is not None and _matches(value, implied[0]) is False:
+                raise OptionValueError(key, value, implied[1], label)
+        if isinstance(value, float) and not math.isfinite(value):  # a reward, a weight or a bound: never nan or inf
+            raise OptionValueError(key, value, "a finite number (nan and inf are no score, weight or bound)", label)
 
 
 def check_scorer_options(fn: Callable, options: Mapping[str, Any], name: str | None = None) -> None:

@@ -300,3 +300,13 @@ def test_p27_a_wrong_type_option_value_stops_main_before_workers(tmp_path):
                    "custom_reward_function.reward_kwargs.bonus=abc", forked=True)
     assert_one_line_error(proc, "reward_model.custom_reward_function.reward_kwargs.bonus='abc': expected a number",
                           "the type of its default 0.0")
+
+
+@pytest.mark.parametrize("option", ["score", "format_score"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_p27_a_non_finite_option_is_refused_naming_it(option, value):
+    """``score=nan`` was accepted: every reward of the run would have been nan."""
+    with pytest.raises(OptionValueError, match=rf"^scorer option {option}={value!r} for scorer 'gsm8k' .*: expected a "
+                                               r"finite number"):
+        check_scorer_options(get_scorer("gsm8k"), {option: value}, "gsm8k")
+    check_scorer_options(get_scorer("gsm8k"), {option: 0.5}, "gsm8k")

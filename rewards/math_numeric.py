@@ -6,12 +6,12 @@ products of large powers inside functions held math-verify's ``simplify`` for th
 every call. Here both answers are evaluated with :data:`DIGITS` significant digits (sympy's ``evalf``, which raises its
 working precision until the result has them) at :data:`POINTS` points, each variable a random rational in ``[1, 2)``
 (the same on both sides; positive, so that roots and logarithms of a variable stay real): two values that differ by
-more than ``10^-TOLERANCE_DIGITS`` relative to the larger prove the answers different; equal values at every point are
-taken as equal answers. The points are drawn afresh for every pair, so no answer can be built against them.
+more than ``10^-TOLERANCE_DIGITS`` times the larger of their sizes and 1 prove the answers different; equal values at
+every point are taken as equal answers. The points are drawn afresh for every pair, so no answer can be built against them.
 
 What it can get wrong: two different expressions whose values agree to 50 digits at two random points (a difference
-below ``10^-50`` relative: ``(\\pi + 10^{-60}) x`` against ``\\pi x``), or two equal ones written with other branches
-of a root or logarithm than the points take. A pair with a value that is not a finite number at a point (a pole,
+below ``10^-50`` relative, or absolute below 1: ``(\\pi + 10^{-60}) x`` against ``\\pi x``, ``10^{-60}`` against
+``0``), or two equal ones written with other branches of a root or logarithm than the points take. A pair with a value that is not a finite number at a point (a pole,
 an undefined function) is left undecided (None), and math-verify decides it within the time limit, as before.
 Measured on a 2-core machine: ``\\sin^{200}(x)`` against ``1``, ``\\sin((x^2-1)^{30})`` against
 ``\\sin((x-1)^{30}(x+1)^{30})``: a few milliseconds each.

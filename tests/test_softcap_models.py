@@ -29,15 +29,9 @@ def test_a_soft_capped_model_runs_padded_without_sp_and_others_pack():
 
 
 def test_p01_sp_above_one_with_a_soft_capped_model_is_refused_naming_the_key():
-    from trainer.config.actor import ULYSSES_SECTIONS
+    from tests.test_packed_attention_probe import _sp_cfg
 
-    cfg = {}
-    for key in ULYSSES_SECTIONS:
-        node = cfg
-        for part in key.split("."):
-            node = node.setdefault(part, {})
-        node["ulysses_sequence_parallel_size"] = 1
-    cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"] = 2
+    cfg = _sp_cfg(2)
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.ulysses_sequence_parallel_size=2: the model's "
                                           r"attention uses logit soft-capping \(attn_logit_softcapping=50, "):
         check_ulysses_softcap(cfg, 50.0)

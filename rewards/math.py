@@ -266,8 +266,9 @@ def _verify_exact(pred: str, gold: str) -> bool:
 
 
 def _equal(gold, pred, verify) -> bool:
-    """:func:`rewards.math_expand.fast_verdict` where it decides (a pair too slow to simplify: exact values of rational
-    functions, else values at random points), else math-verify's ``verify``."""
+    """:func:`rewards.math_expand.fast_verdict` where it decides (the same expression; a pair too slow to simplify:
+    exact values of rational functions; a difference proven by values at random points), else math-verify's
+    ``verify``."""
     verdict = fast_verdict(gold, pred)
     return verify([gold], [pred], timeout_seconds=None) if verdict is None else verdict
 
@@ -281,8 +282,8 @@ def is_equiv(pred: str, gold: str, timeout_seconds: TimeLimit = TIMEOUT_SECONDS)
     equations in variables go on whole. Then: normalised strings equal -> True; both plain numbers (integers,
     decimals, ``a/b``, ``\\frac{a}{b}``) -> exact comparison; longer than ``MAX_ANSWER_CHARS`` or nested too deep
     (:func:`rewards.math_guards.structure_ok`) -> False; else math-verify (``\\frac{1}{2}`` == ``0.5``, ``(1,2)`` ==
-    ``(1, 2)``) on :func:`is_tame` parses (a pair too slow to simplify: by its values at random points instead,
-    exact for rational functions, :func:`rewards.math_expand.fast_verdict`), with numeric
+    ``(1, 2)``) on :func:`is_tame` parses (unless :func:`rewards.math_expand.fast_verdict` decides first: rational
+    functions too slow to simplify, exactly at random points; a pair proven different by its values), with numeric
     answers confirmed exactly (:func:`rewards.math_exact.answers_agree`: ``\\frac{1}{3}`` != ``0.333333``), all
     within ``timeout_seconds`` (None: no limit; see :func:`rewards.math_guards.time_bound`). An empty answer on
     either side (:func:`is_empty_answer`), no math-verify, any error or timeout: False. A comparison cut short by

@@ -50,9 +50,10 @@ the answer: the points are drawn afresh
 for every pair, so no answer can be built against them. A pole at a point (a denominator that is 0 there), or a
 value past ``_MAX_BITS`` bits (one product of two such values takes about 1 ms) or ``_MAX_SPENT_BITS`` bits for the
 whole pair, leaves the pair undecided. An expression pair above the estimate that this does not decide (functions,
-roots, logarithms, decimals, constants such as ``\\pi``, a pole) is decided by its values at random points with 80
-digits (:func:`rewards.math_numeric.numeric_verdict`); what that leaves (an undefined function, a pole) and every
-tuple, set, matrix or relation goes to math-verify as any other pair, within the scorer's time limit.
+roots, logarithms, decimals, constants such as ``\\pi``, a pole), and any pair with a function applied, is found
+different when its values at random points prove it (:func:`rewards.math_numeric.numeric_differs`); what that leaves
+(equal values, an undefined function, a pole, decimals) and every tuple, set, matrix or relation goes to math-verify
+as any other pair, within the scorer's time limit: a pair of equal answers of such shapes can still take that limit.
 
 Beyond their terms, powers cost more where ``simplify`` does more with them: a power of a trigonometric or hyperbolic
 function ``_TRIG_POWER_WEIGHT`` units per unit of its exponent (``\\sin^{40}(x)`` against ``1``: 0.27 s;
@@ -295,19 +296,36 @@ def rational_verdict(gold, pred) -> bool | None:
     return True
 
 
+def _same_expression(gold, pred) -> bool:
+    """Whether both sides, rebuilt as sympy builds them (:func:`_evaluated`), are the same expression (sympy's
+    structural equality: the order of terms and factors does not matter, nothing is expanded). Never raises."""
+    try:
+        return bool(_evaluated(gold) == _evaluated(pred))
+    except Exception:
+        return False
+
+
+def _has_function(*exprs) -> bool:
+    """Whether a function (``\\sin``, ``e^{x}``, ``\\log``, ...) is applied in one of ``exprs``."""
+    from sympy import Function
+
+    return any(e.has(Function) for e in exprs)
+
+
 def fast_verdict(gold, pred) -> bool | None:
-    """The verdict on a pair without math-verify's ``simplify``, or None to leave it to math-verify: for a pair too
-    slow to simplify (:func:`simplify_too_slow`), :func:`rational_verdict`, and where that does not decide
-    (functions, roots, constants such as ``\\pi``, variable exponents),
-    :func:`rewards.math_numeric.numeric_verdict`; None for any other pair, and for one neither decides. Never
-    raises."""
+    """The verdict on a pair without math-verify's ``simplify``, or None to leave it to math-verify: True for the
+    same expression (:func:`_same_expression`); for a pair too slow to simplify (:func:`simplify_too_slow`),
+    :func:`rational_verdict`; for such a pair that it does not decide, or a pair with a function applied, False
+    when its values prove it different (:func:`rewards.math_numeric.numeric_differs`); None for any other pair.
+    Never raises."""
     if not (_is_expression(gold) and _is_expression(pred)):  # relations, tuples, sets: math-verify, whatever the size
         return None
-    if not simplify_too_slow(gold, pred):
-        return None
-    verdict = rational_verdict(gold, pred)
-    if verdict is None:
-        from rewards.math_numeric import numeric_verdict
+    if _same_expression(gold, pred):
+        return True
+    slow = simplify_too_slow(gold, pred)
+    verdict = rational_verdict(gold, pred) if slow else None
+    if verdict is None and (slow or _has_function(gold, pred)):
+        from rewards.math_numeric import numeric_differs
 
-        verdict = numeric_verdict(gold, pred)
+        verdict = False if numeric_differs(gold, pred) else None
     return verdict

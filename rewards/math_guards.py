@@ -20,7 +20,7 @@ minutes) while the text stays short. Then sympy evaluates what was parsed, which
    from their parts without evaluating them (digits of every numeric part: ``e^{e^{e^{e}}}``; towers of powers
    in variables; factorial, binomial, sum and product bounds).
 4. A pair that passes 3 can still make ``simplify(gold - pred)`` run for seconds (``(x+1)^{100}(x+2)^{100}``,
-   ``\\sin^{200}(x)``): it is decided without it, by its values at random points (:mod:`rewards.math_expand`).
+   ``\\sin^{200}(x)``): decided by values at random points first (:mod:`rewards.math_expand`), where they can.
    :func:`time_bound` stops what is left after ``timeout_seconds`` (``SIGALRM``, main thread only; no C code).
 
 math-verify's own ``parsing_timeout``/``timeout_seconds`` are not used: whole seconds of ``signal.alarm``, which

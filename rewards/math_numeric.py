@@ -1,68 +1,56 @@
-"""A verdict on two symbolic answers from their values at random points, for the pairs that sympy's ``simplify`` would
-take too long on and that are not rational functions (:func:`rewards.math_expand.fast_verdict` calls it).
+"""Proof that two symbolic answers differ, from their values at random points, before sympy's ``simplify`` is tried
+(:func:`rewards.math_expand.fast_verdict` calls it for pairs above the simplify estimate and for pairs with functions).
 
-Powers of trigonometric functions (``\\sin^{200}(x)``), powers of sums with ``e^{x}`` (``(e^{x}+1)^{150}``) and
+Powers of trigonometric functions (``\\sin^{200}(x)``, ``(1+\\sin x)^{30}``), powers of sums with ``e^{x}`` and
 products of large powers inside functions held math-verify's ``simplify`` for the scorer's whole time limit (1 s) on
-every call. Here both answers are evaluated with :data:`DIGITS` significant digits (sympy's ``evalf``, which raises its
-working precision until the result has them) at :data:`POINTS` points, each variable a random rational in ``[1, 2)``
-(the same on both sides; positive, so that roots and logarithms of a variable stay real): two values that differ by
-more than ``10^-TOLERANCE_DIGITS`` times the larger of their sizes and 1 prove the answers different; equal values at
-every point are taken as equal answers. The points are drawn afresh for every pair, so no answer can be built against them.
-
-What it can get wrong: two different expressions whose values agree to 50 digits at two random points (a difference
-below ``10^-50`` relative, or absolute below 1: ``(\\pi + 10^{-60}) x`` against ``\\pi x``, ``10^{-60}`` against
-``0``), or two equal ones written with other branches of a root or logarithm than the points take. A pair with a value that is not a finite number at a point (a pole,
-an undefined function) is left undecided (None), and math-verify decides it within the time limit, as before.
-Measured on a 2-core machine: ``\\sin^{200}(x)`` against ``1``, ``\\sin((x^2-1)^{30})`` against
-``\\sin((x-1)^{30}(x+1)^{30})``: a few milliseconds each.
+every call, while the answer was simply wrong. Here the difference ``gold - pred`` (as sympy builds it: terms both
+sides share cancel) is evaluated at :data:`POINTS` points, each variable a random rational in ``[1, 2)`` (the same
+on both sides; positive, so that roots and logarithms of a variable stay real), with sympy's ``evalf`` in strict mode:
+a value is returned only when all of its :data:`DIGITS` digits are certain (the working precision is raised up to
+:data:`MAX_DIGITS` digits, so cancellation is followed), else the point tells nothing. A certain nonzero value proves
+the answers different. Nothing here ever finds two answers equal: a pair whose values agree (or cannot be certified:
+a zero difference, a pole, an undefined function) goes on to math-verify as before, within the time limit. Answers
+with decimals are not valued here (a decimal against a symbolic value has its own exact rule,
+:func:`rewards.math_exact.answers_agree`).
 """
 from __future__ import annotations
 
 import random
 
-__all__ = ["numeric_verdict", "DIGITS", "TOLERANCE_DIGITS", "POINTS"]
+__all__ = ["numeric_differs", "DIGITS", "MAX_DIGITS", "POINTS"]
 
-DIGITS = 80  # significant digits of each value
-TOLERANCE_DIGITS = 50  # values closer than 10^-50 relative are the same value
+DIGITS = 30  # certain digits of the difference's value at a point
+MAX_DIGITS = 300  # the working precision evalf may raise to
 POINTS = 2
 _SCALE = 2 ** 64  # a variable's value: a random integer in [_SCALE, 2 * _SCALE) over _SCALE
 
 
-def _value(expr, point: dict):
-    """``expr`` at ``point`` as an mpmath number with :data:`DIGITS` digits, or None when it is not a finite
-    number there."""
-    import mpmath
-
-    value = expr.evalf(DIGITS, subs=point)
-    if not value.is_number:
-        return None
-    out = value._to_mpmath(mpmath.mp.prec)  # raises for a value that is not a number (nan, zoo): caught above
-    return out if not (mpmath.isnan(out) or mpmath.isinf(out)) else None
-
-
-def numeric_verdict(gold, pred) -> bool | None:
-    """Whether two sympy expressions are equal, from their values at :data:`POINTS` random points (see the module
-    docstring): False as soon as the values at a point differ, True when they agree at every point, None when a
-    value is not a finite number (or cannot be computed). Never raises.
+def numeric_differs(gold, pred) -> bool:
+    """Whether the sympy expressions ``gold`` and ``pred`` certainly differ: the difference has a certain nonzero
+    value at one of :data:`POINTS` random points (see the module docstring). False means not shown (equal values,
+    no certain value, decimals, anything evalf cannot value). Never raises.
 
     Args:
         gold, pred: sympy expressions (not relations, tuples or sets).
     """
-    from sympy import Rational
+    from sympy import Float, Rational, nan, zoo
 
     try:
-        import mpmath
-
-        symbols = sorted(gold.free_symbols | pred.free_symbols, key=str)
+        if gold.has(Float) or pred.has(Float):
+            return False
+        diff = gold - pred
+        if diff == 0:
+            return False
+        symbols = sorted(diff.free_symbols, key=str)
         rng = random.SystemRandom()
-        with mpmath.workdps(DIGITS):
-            for _ in range(POINTS):
-                point = {s: Rational(rng.randrange(_SCALE, 2 * _SCALE), _SCALE) for s in symbols}
-                g, p = _value(gold, point), _value(pred, point)
-                if g is None or p is None:
-                    return None
-                if abs(g - p) > mpmath.mpf(10) ** -TOLERANCE_DIGITS * max(abs(g), abs(p), 1):
-                    return False
-        return True
-    except Exception:  # noqa: BLE001 - any expression evalf cannot value: left to math-verify
-        return None
+        for _ in range(POINTS):
+            point = {s: Rational(rng.randrange(_SCALE, 2 * _SCALE), _SCALE) for s in symbols}
+            try:
+                value = diff.evalf(DIGITS, subs=point, strict=True, maxn=MAX_DIGITS)
+            except Exception:  # noqa: BLE001 - PrecisionExhausted (a zero, a cancellation too deep) or no value
+                continue
+            if value.is_number and not value.has(nan, zoo) and value.is_finite is not False and value != 0:
+                return True
+        return False
+    except Exception:  # noqa: BLE001 - an expression evalf cannot value: not shown
+        return False

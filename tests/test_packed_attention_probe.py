@@ -117,7 +117,19 @@ def test_p01_common_decoders_at_their_default_sizes_pack(config_cls):
 def test_small_twin_config_keeps_the_layout_and_makes_the_sizes_small():
     twin = small_twin_config(T.Gemma3TextConfig())
     assert (twin.hidden_size, twin.num_hidden_layers, len(twin.layer_types), twin.sliding_window) == (64, 4, 4, 8)
-    assert twin.layer_types == T.Gemma3TextConfig().layer_types[:4]
+    assert twin.layer_types == ["sliding_attention"] * 3 + ["full_attention"]  # every kind of layer is kept
+    late = T.Lfm2Config(num_hidden_layers=8, layer_types=["full_attention"] * 4 + ["conv"] * 4)
+    assert small_twin_config(late).layer_types == ["full_attention"] * 3 + ["conv"]
     ds = small_twin_config(T.DeepseekV3Config())
     assert ds.v_head_dim != ds.qk_nope_head_dim + ds.qk_rope_head_dim and ds.n_routed_experts == 4
     assert small_twin_config(T.Qwen2VLConfig()) is None  # a vision part: not probed
+
+
+def test_p01_a_convolution_layer_after_the_first_four_is_found_and_float_noise_is_not_a_difference():
+    """The twin keeps one layer of every kind (a hybrid's convolutions after four attention layers were cut off and
+    the model accepted), its short rows show a mixer reaching across a boundary at once, and it runs in float64
+    (JetMoE's float32 noise, 1.6e-4 nats, was taken for a difference)."""
+    lfm2 = T.Lfm2Config(vocab_size=256, hidden_size=64, intermediate_size=64, num_attention_heads=4,
+                        num_key_value_heads=2, num_hidden_layers=8, layer_types=["full_attention"] * 4 + ["conv"] * 4)
+    assert "computes other log-probs than padded" in packed_attention_obstacle(lfm2)
+    assert packed_attention_obstacle(T.JetMoeConfig(), sequence_parallel=True) is None

@@ -149,8 +149,9 @@ def test_poles_and_values_too_large_are_left_undecided_fast():
     assert (time.process_time() - t0) * 1e3 < FAST_MS
 
 
-# answers equal to the gold in shapes that rational_verdict does not read, each above the estimate: expressions are
-# decided by their values at random points (rewards/math_numeric.py), relations and tuples by math-verify (within 1 s)
+# answers equal to the gold in shapes that rational_verdict does not read: left to math-verify, as any other pair,
+# however long its simplify is estimated to take (each is above the estimate; math-verify decides them within 1 s;
+# their values at random points agree, so rewards/math_numeric.py shows no difference)
 OTHER_SHAPES = [
     ("(x^2-1)^{70}, 2", "\\left((x-1)^{70}(x+1)^{70}, 2\\right)"), ("y+z = (x^2-1)^{50}", "(x-1)^{50}(x+1)^{50} = y+z"),
     ("y < (x^2-1)^{70}", "(x-1)^{70}(x+1)^{70} > y"), ("\\sin((x^2-1)^{30})", "\\sin((x-1)^{30}(x+1)^{30})"),
@@ -161,12 +162,9 @@ OTHER_SHAPES = [
 
 
 @pytest.mark.parametrize("pred,gold", OTHER_SHAPES)
-def test_other_shapes_above_the_estimate_are_decided_by_their_values_or_math_verify(pred, gold):
-    from sympy import Expr
-
+def test_other_shapes_above_the_estimate_go_to_math_verify(pred, gold):
     g, p = M._parse_latex(gold)[0], M._parse_latex(pred)[0]
-    expressions = isinstance(g, Expr) and isinstance(p, Expr)
-    assert simplify_too_slow(g, p) and fast_verdict(g, p) is (True if expressions else None)
+    assert simplify_too_slow(g, p) and fast_verdict(g, p) is None
     for a, b in ((pred, gold), (gold, pred)):
         assert compute_score("\\boxed{" + a + "}", b) == 1.0, (a, b)
 

@@ -34,7 +34,9 @@ _INVISIBLE_RE = re.compile(_INVISIBLE)
 # nesting: ``\text{\mbox{ }}``), line breaks, whitespace, periods, ``$``, ``\left``/``\right``, spacing.
 _NOTHING_RE = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|textsf|texttt|mathrm|mbox|hbox|left|right|displaystyle)"
-    r"(?![a-zA-Z])|\\[,;:!%]|\\\Z|\^\\circ|\^\{\\circ\}|[{}$%.\s]|" + _INVISIBLE)
+    r"(?![a-zA-Z])|\\[,;:!%]|\\\Z|\^\s*\\circ|\^\s*\{\s*\\circ\s*\}|[{}$%.\s]|" + _INVISIBLE)
+# a degree sign, spaced or not: ``^\circ``, ``^ \circ``, ``^{ \circ }``
+_DEGREES_RE = re.compile(r"\^\s*(?:\\circ(?![a-zA-Z])|\{\s*\\circ\s*\})")
 _LABEL_RE = re.compile(r"^[xy]=")  # a leading ``x=`` / ``y=`` names the variable the answer is for
 
 
@@ -47,7 +49,7 @@ def _normalize(s: Any) -> str:
     for tok in _REMOVE:
         s = s.replace(tok, "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = s.replace("^\\circ", "").replace("^{\\circ}", "")
+    s = _DEGREES_RE.sub("", s)
     s = _TEXT_RE.sub(r"\1", s)
     s = "".join(s.split())
     s = re.sub(r"(?<=[0-9]),(?=[0-9]{3}(?![0-9]))", "", s)

@@ -320,3 +320,20 @@ def test_a_ground_truth_whose_last_box_is_not_closed_is_refused(truth):
     assert ground_truth_problem(math_boxed, truth) is not None
     if truth[-1].isdigit():  # closed, it reads
         assert ground_truth_problem(math_boxed, truth + "}") is None
+
+
+@pytest.mark.parametrize("pred,gold", [("90^ \\circ", "90^\\circ"), ("90^{ \\circ }", "90"), ("45 ^\\circ", "45"),
+                                       ("x^ \\circ", "x^\\circ")])
+def test_p04_a_spaced_degree_sign_is_the_degree_sign(pred, gold):
+    """``90^ \\circ`` against ``90^\\circ`` scored 0 (the degree sign was removed only when written without a space)."""
+    assert normalize_answer(pred) == normalize_answer(gold)
+    for a, b in ((pred, gold), (gold, pred)):
+        assert compute_score("\\boxed{" + a + "}", b) == 1.0, (a, b)
+
+
+@needs_math500
+def test_p04_math500_degree_answers_written_with_a_space_still_match():
+    golds = sorted({r["answer"] for r in math500_rows() if "^\\circ" in r["answer"]})
+    assert golds
+    for gold in golds:
+        assert compute_score("\\boxed{" + gold.replace("^\\circ", "^ \\circ") + "}", gold) == 1.0, gold

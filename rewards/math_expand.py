@@ -314,16 +314,17 @@ def _has_function(*exprs) -> bool:
 
 def fast_verdict(gold, pred) -> bool | None:
     """The verdict on a pair without math-verify's ``simplify``, or None to leave it to math-verify: True for the
-    same expression (:func:`_same_expression`); for a pair too slow to simplify (:func:`simplify_too_slow`),
-    :func:`rational_verdict`; for such a pair that it does not decide, or a pair with a function applied, False
-    when its values prove it different (:func:`rewards.math_numeric.numeric_differs`); None for any other pair.
-    Never raises."""
+    same expression (:func:`_same_expression`); for a pair of rational functions with a variable,
+    :func:`rational_verdict` (exact: math-verify's 15-digit comparison took ``x+\\frac{1}{10^{20}}`` for ``x``);
+    for a pair it does not decide that is too slow to simplify (:func:`simplify_too_slow`) or has a function
+    applied, False when its values prove it different (:func:`rewards.math_numeric.numeric_differs`); None for any
+    other pair. Never raises."""
     if not (_is_expression(gold) and _is_expression(pred)):  # relations, tuples, sets: math-verify, whatever the size
         return None
     if _same_expression(gold, pred):
         return True
     slow = simplify_too_slow(gold, pred)
-    verdict = rational_verdict(gold, pred) if slow else None
+    verdict = rational_verdict(gold, pred) if slow or gold.free_symbols or pred.free_symbols else None
     if verdict is None and (slow or _has_function(gold, pred)):
         from rewards.math_numeric import numeric_differs
 

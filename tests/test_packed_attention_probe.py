@@ -133,3 +133,15 @@ def test_p01_a_convolution_layer_after_the_first_four_is_found_and_float_noise_i
                         num_key_value_heads=2, num_hidden_layers=8, layer_types=["full_attention"] * 4 + ["conv"] * 4)
     assert "computes other log-probs than padded" in packed_attention_obstacle(lfm2)
     assert packed_attention_obstacle(T.JetMoeConfig(), sequence_parallel=True) is None
+
+
+def test_p01_a_mamba_hybrid_is_found_and_a_model_that_cannot_be_checked_runs_padded():
+    """A Granite-4.0-H-like hybrid's small twin was refused by its config class (Mamba heads left at full size) and
+    the model accepted unchecked; a model whose small twin does not run is now treated as one that cannot pack."""
+    hybrid = T.GraniteMoeHybridConfig(hidden_size=1536, num_hidden_layers=10, mamba_n_heads=48, mamba_d_head=64,
+                                      mamba_expand=2, layer_types=["mamba"] * 4 + ["attention"] + ["mamba"] * 4 +
+                                      ["attention"])
+    assert "computes other log-probs than padded" in packed_attention_obstacle(hybrid)
+    dbrx = T.DbrxConfig()  # its default configuration does not build a model at any size
+    assert packed_attention_obstacle(dbrx).startswith("it could not be checked: a small random DbrxForCausalLM")
+    assert packs_sequences(True, 1, dbrx) is False

@@ -69,3 +69,13 @@ def test_numeric_differs_proves_differences_only():
     assert not numeric_differs(parse("\\log(4)y"), parse("2\\log(2)y"))
     assert not numeric_differs(parse("f(x)"), parse("g(x)"))  # undefined functions have no value
     assert not numeric_differs(parse("\\pi"), parse("3.14"))  # decimals: the exact rule's
+
+
+@pytest.mark.parametrize("pred,gold", [("x+\\frac{2^{60}+1}{2^{60}}", "x+1"), ("2x + \\frac{1}{10^{20}}", "2x"),
+                                       ("x+1+\\frac{1}{2^{60}}", "x+1")])
+def test_p28_rational_answers_differing_below_15_digits_are_different(pred, gold):
+    """math-verify compares at 15 digits and took these for equal; a pair of rational functions is now decided
+    exactly (rewards.math_expand.rational_verdict), whatever its size."""
+    for a, b in ((pred, gold), (gold, pred)):
+        assert compute_score("\\boxed{" + a + "}", b) == 0.0, (a, b)
+    assert compute_score("\\boxed{\\frac{x^2-1}{x-1}}", "x+1") == 1.0

@@ -18,9 +18,10 @@ carry state from one sequence of a packed row into the next, an attention that d
    log-probs must equal the padded ones within :data:`PROBE_TOLERANCE` (ten times that in float32), and the packed
    forward must not fail.
 
-A model whose configuration cannot be made small (a config class that refuses the small sizes, a vision-language
-model, more than :data:`PROBE_MAX_PARAMS` parameters after all) or whose small twin does not run padded is not
-probed (an info line says so): the first two rules decide alone. The probe takes 0.2 to 1.2 s on an idle CPU core
+A text model whose configuration cannot be made small (its config class refuses the small sizes) or whose small
+twin does not run padded could not be checked, and is treated as one that cannot pack (it runs padded; SP is
+refused): correct log-probs first. A vision-language model, or a twin of more than :data:`PROBE_MAX_PARAMS`
+parameters, is not probed: the first two rules decide alone. The probe takes 0.2 to 1.2 s on an idle CPU core
 (Llama, Qwen2, Gemma 3, Mixtral, GPT-J default configurations; most of it is the vocabulary's embedding).
 """
 from __future__ import annotations
@@ -105,6 +106,11 @@ def _small_ints(d: dict, keys: tuple, cap: int) -> dict:
     return {k: min(d[k], cap) for k in keys if isinstance(d.get(k), int) and not isinstance(d.get(k), bool)}
 
 
+def _has_vision(config) -> bool:
+    d = config.to_dict()
+    return d.get("vision_config") is not None or d.get("text_config") is not None
+
+
 def small_twin_config(config):
     """A copy of the transformers ``config`` with small sizes and everything else as it was, or None when its
     class refuses them or it has a vision part (``vision_config``).
@@ -128,6 +134,7 @@ def small_twin_config(config):
     over.update(_small_ints(d, ("first_k_dense_replace",), 1), **_small_ints(d, ("sliding_window",
                                                                                "attention_chunk_size"), _WINDOW))
     over.update(_small_ints(d, ("rotary_dim",), 8))  # GPT-J, CodeGen: the rotary part of a 16-wide head
+    over.update(_mamba(d))
     if "initializer_range" in d:
         over["initializer_range"] = 0.5
     try:
@@ -135,6 +142,17 @@ def small_twin_config(config):
     except Exception as exc:  # noqa: BLE001 - a config class's own validation of the small sizes
         logger.debug("packed attention probe: %s refuses small sizes (%s)", type(config).__name__, exc)
         return None
+
+
+def _mamba(d: dict) -> dict:
+    """A Mamba mixer's heads made small and consistent with the 64 wide hidden state (``n_heads * d_head ==
+    expand * hidden``), one group, a small state."""
+    if not isinstance(d.get("mamba_n_heads"), int):
+        return {}
+    expand = d.get("mamba_expand") if isinstance(d.get("mamba_expand"), int) else 2
+    out = {"mamba_n_heads": 4, "mamba_d_head": expand * 64 // 4}
+    out.update(_small_ints(d, ("mamba_n_groups",), 1), **_small_ints(d, ("mamba_d_state", "mamba_chunk_size"), 16))
+    return out
 
 
 def _model_class(config, trust_remote_code: bool):
@@ -175,8 +193,7 @@ def _padded_twin(cls, twin, ids, mask, pos, R):
             if sum(p.numel() for p in cls._from_config(twin).parameters()) > PROBE_MAX_PARAMS:
                 return None
     except Exception as exc:  # noqa: BLE001 - the class refuses the small configuration
-        logger.debug("packed attention probe: no small %s (%s)", cls.__name__, exc)
-        return None
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
     problem = ""
     for dtype, tolerance in ((torch.float64, PROBE_TOLERANCE), (torch.float32, 10 * PROBE_TOLERANCE)):
         try:
@@ -186,9 +203,7 @@ def _padded_twin(cls, twin, ids, mask, pos, R):
                 return model, forward_log_probs(model, ids, mask, pos, R, use_remove_padding=False)[0], tolerance
         except Exception as exc:  # noqa: BLE001 - this dtype does not run: the next, or nothing learnt
             problem = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-    logger.info("packed attention of %s not checked: a small model of its class does not run here (%s); its "
-                "forwards run packed as configured", cls.__name__, problem)
-    return None
+    return problem
 
 
 def _probe(cls, twin, sequence_parallel: bool) -> str | None:
@@ -208,8 +223,8 @@ def _probe(cls, twin, sequence_parallel: bool) -> str | None:
         return None
     ids, mask, pos, R = _probe_rows(getattr(twin, "vocab_size", 0) or 4)
     built = _padded_twin(cls, twin, ids, mask, pos, R)
-    if built is None:
-        return None
+    if built is None or isinstance(built, str):
+        return None if built is None else f"it could not be checked: a small random {cls.__name__} does not run ({built})"
     model, padded, tolerance = built
     with torch.no_grad():
         for patch_sp in (1, None) if sequence_parallel else (1,):
@@ -262,6 +277,8 @@ def packed_attention_obstacle(config, trust_remote_code: bool = False, sequence_
     else:
         twin = small_twin_config(config) if cls is not None else None
         reason = _probe(cls, twin, sequence_parallel) if twin is not None else None
+        if cls is not None and twin is None and not _has_vision(config):
+            reason = f"it could not be checked: {type(config).__name__} refuses a small configuration of it"
     _DECIDED[key] = reason
     return reason
 

@@ -314,7 +314,8 @@ def _has_function(*exprs) -> bool:
 
 def fast_verdict(gold, pred) -> bool | None:
     """The verdict on a pair without math-verify's ``simplify``, or None to leave it to math-verify: True for the
-    same expression (:func:`_same_expression`); for a pair of rational functions with a variable,
+    same expression (:func:`_same_expression`); None when one side is a single symbol (a word or a name, compared
+    by name by math-verify); for a pair of rational functions with a variable,
     :func:`rational_verdict` (exact: math-verify's 15-digit comparison took ``x+\\frac{1}{10^{20}}`` for ``x``);
     for a pair it does not decide that is too slow to simplify (:func:`simplify_too_slow`) or has a function
     applied, False when its values prove it different (:func:`rewards.math_numeric.numeric_differs`); None for any
@@ -323,6 +324,8 @@ def fast_verdict(gold, pred) -> bool | None:
         return None
     if _same_expression(gold, pred):
         return True
+    if getattr(gold, "is_Symbol", False) or getattr(pred, "is_Symbol", False):
+        return None  # a word or a name (``\\text{Navin}`` against ``navin``): math-verify compares it by name
     slow = simplify_too_slow(gold, pred)
     verdict = rational_verdict(gold, pred) if slow or gold.free_symbols or pred.free_symbols else None
     if verdict is None and (slow or _has_function(gold, pred)):

@@ -145,3 +145,13 @@ def test_p01_a_mamba_hybrid_is_found_and_a_model_that_cannot_be_checked_runs_pad
     dbrx = T.DbrxConfig()  # its default configuration does not build a model at any size
     assert packed_attention_obstacle(dbrx).startswith("it could not be checked: a small random DbrxForCausalLM")
     assert packs_sequences(True, 1, dbrx) is False
+
+
+def test_p01_a_longrope_model_is_probed_with_its_factor_lists_cut_to_the_small_heads():
+    """Phi-3.5-mini's longrope lists (48 entries) made its small twin invalid, so it was taken for a model that
+    cannot pack; the lists are cut to the twin's 16-wide heads."""
+    phi = T.Phi3Config(hidden_size=3072, num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32,
+                       vocab_size=32064, max_position_embeddings=131072, original_max_position_embeddings=4096,
+                       rope_scaling={"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.1] * 48})
+    assert len(small_twin_config(phi).rope_scaling["short_factor"]) == 8
+    assert packed_attention_obstacle(phi, sequence_parallel=True) is None

@@ -79,3 +79,11 @@ def test_p28_rational_answers_differing_below_15_digits_are_different(pred, gold
     for a, b in ((pred, gold), (gold, pred)):
         assert compute_score("\\boxed{" + a + "}", b) == 0.0, (a, b)
     assert compute_score("\\boxed{\\frac{x^2-1}{x-1}}", "x+1") == 1.0
+
+
+@pytest.mark.parametrize("pred,gold", [("navin", "\\text{Navin}"), ("East", "\\text{east}"), ("EVELYN", "\\text{Evelyn}"),
+                                       ("a\\cdot b", "\\text{ab}"), ("\\text{ab}", "a\\cdot b"), ("\\mathit{ab}", "ab")])
+def test_p28_a_word_answer_is_still_compared_by_name(pred, gold):
+    """A single symbol (a word) against a product of letters: the exact rational check once valued both and scored
+    these 0; such a pair is math-verify's, which compares by name."""
+    assert compute_score("\\boxed{" + pred + "}", gold) == 1.0

@@ -135,6 +135,7 @@ def small_twin_config(config):
                                                                                "attention_chunk_size"), _WINDOW))
     over.update(_small_ints(d, ("rotary_dim",), 8))  # GPT-J, CodeGen: the rotary part of a 16-wide head
     over.update(_mamba(d))
+    over.update(_rope_lists(d))
     if "initializer_range" in d:
         over["initializer_range"] = 0.5
     try:
@@ -142,6 +143,22 @@ def small_twin_config(config):
     except Exception as exc:  # noqa: BLE001 - a config class's own validation of the small sizes
         logger.debug("packed attention probe: %s refuses small sizes (%s)", type(config).__name__, exc)
         return None
+
+
+def _rope_lists(d: dict) -> dict:
+    """Per-frequency lists of a rotary scaling (longrope's ``short_factor`` / ``long_factor``: one entry per rotary
+    pair of a head) cut to the small twin's 16-wide heads."""
+    out = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = d.get(key)
+        if not isinstance(rope, dict):
+            continue
+        factor = rope.get("partial_rotary_factor", d.get("partial_rotary_factor")) or 1.0
+        pairs = max(1, int(16 * float(factor)) // 2)
+        lists = {k: v[:pairs] for k, v in rope.items() if isinstance(v, list) and len(v) > pairs}
+        if lists:
+            out[key] = {**rope, **lists}
+    return out
 
 
 def _mamba(d: dict) -> dict:

@@ -54,12 +54,6 @@ roots, logarithms, decimals, constants such as ``\\pi``, a pole), and any pair w
 different when its values at random points prove it (:func:`rewards.math_numeric.numeric_differs`); what that leaves
 (equal values, an undefined function, a pole, decimals) and every tuple, set, matrix or relation goes to math-verify
 as any other pair, within the scorer's time limit: a pair of equal answers of such shapes can still take that limit.
-
-Beyond their terms, powers cost more where ``simplify`` does more with them: a power of a trigonometric or hyperbolic
-function ``_TRIG_POWER_WEIGHT`` units per unit of its exponent (``\\sin^{40}(x)`` against ``1``: 0.27 s;
-``\\sin^{80}(x)``: 0.66 s), a power of a base with ``exp`` ``_EXP_POWER_WEIGHT`` (``(e^{x}+1)^{100}``: 0.21 s,
-``^{150}``: 0.68 s), and each power with a variable exponent ``_TOWER_WEIGHT`` times the height of the tower below
-it.
 """
 from __future__ import annotations
 
@@ -79,9 +73,6 @@ _LOW, _HIGH = 2 ** 32, 2 ** 40  # each variable's value at a point is drawn from
 _MAX_BITS = 65_536  # bits of one value (numerator and denominator): one product of two takes about 1 ms
 _MAX_SPENT_BITS = 1_000_000  # bits of all values computed for one pair: at most about 20 ms in all
 _COUNTS = ("binomial", "FallingFactorial", "RisingFactorial")
-_TRIG_POWER_WEIGHT = 5.0  # per unit of the exponent of a trigonometric / hyperbolic base (\sin^{40}(x): 0.27 s)
-_EXP_POWER_WEIGHT = 0.6  # per unit of the exponent of a base with exp ((e^{x}+1)^{100}: 0.21 s, ^{150}: 0.68 s)
-_TOWER_WEIGHT = 4.0  # per power with a variable exponent, times the height below it (x^{x^{...}}: 12 high, 0.45 s)
 
 
 class _Undecided(Exception):
@@ -124,34 +115,13 @@ def _shape(node) -> tuple[float, float, float, bool]:
         num, den, inner, binomial = _shape(node.args[0])
         e = int(node.args[1])
         num, den = _multinomial(num, abs(e)), _multinomial(den, abs(e))
-        inner += _function_power_units(node.args[0], abs(e))
         return (num, den, inner, binomial) if e >= 0 else (den, num, inner, binomial)
     k = _count_arg(node)
     if k is not None:  # a polynomial of degree k in its argument
         num, den, inner, _ = _shape(node.args[0])
         return _multinomial(num + 1.0, k), _multinomial(den, k), inner, True
     inner = sum(_units(_shape(a)) for a in node.args if _is_expression(a))
-    if node.is_Pow and not node.args[1].is_number:  # a variable exponent: a tower costs with its height squared
-        inner += _TOWER_WEIGHT * _tower_height(node)
     return 1.0, 1.0, inner, False
-
-
-def _function_power_units(base, exponent: int) -> float:
-    """Units of raising ``base`` to an integer ``exponent`` beyond its expanded terms: ``simplify`` rewrites powers
-    of trigonometric and hyperbolic functions (``trigsimp``) and combines powers of ``exp`` term by term."""
-    from sympy import exp
-    from sympy.functions.elementary.hyperbolic import HyperbolicFunction
-    from sympy.functions.elementary.trigonometric import TrigonometricFunction
-
-    if base.has(TrigonometricFunction, HyperbolicFunction):
-        return _TRIG_POWER_WEIGHT * exponent
-    return _EXP_POWER_WEIGHT * exponent if base.has(exp) else 0.0
-
-
-def _tower_height(node) -> int:
-    """Powers with a variable exponent nested in ``node`` along its longest chain (``x^{x^{x}}``: 2)."""
-    below = max((_tower_height(a) for a in getattr(node, "args", ()) if _is_expression(a)), default=0)
-    return below + 1 if node.is_Pow and not node.args[1].is_number else below
 
 
 def _units(shape: tuple[float, float, float, bool]) -> float:

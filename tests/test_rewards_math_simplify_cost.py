@@ -103,12 +103,7 @@ def test_the_units_follow_the_expansion():
     assert units("\\binom{x}{50}") > MAX_SIMPLIFY_UNITS > units("\\binom{x}{20}")
     assert units("\\binom{x}{50}\\binom{y}{50}") > 10 ** 4
     # monomials and symbolic exponents do not expand
-    assert units("x^{100}y^{100}") < 5 and units("(x+1)^{n}") < 20  # a variable exponent: its tower weight
-    # powers of trigonometric functions and of sums with exp, and towers of variable exponents cost more than their
-    # terms (measured: sin^40(x) 0.27 s, (e^x+1)^100 0.21 s, a 12-high tower 0.45 s against 1)
-    assert units("\\sin^{40}(x)", "1") > MAX_SIMPLIFY_UNITS > units("\\sin^{20}(x)", "1")
-    assert units("(e^{x}+1)^{150}", "1") > MAX_SIMPLIFY_UNITS > units("(e^{x}+1)^{50}", "1")
-    assert units("x^{x^{x}}", "1") < 50
+    assert units("x^{100}y^{100}") < 5 and units("(x+1)^{n}") < 10
     x, ab = M._parse_latex("(x+1)^{100}(x+2)^{100}")[0], M._parse_latex("ab")[0]
     assert simplify_too_slow(x, two) and not simplify_too_slow(M._parse_latex("x")[0], x)  # a symbol: by name
     assert not simplify_too_slow(ab, ab)

@@ -23,7 +23,7 @@ from trainer.weight_shapes import header_shapes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["transformers_config_problem", "load_config_problem"]
+__all__ = ["transformers_config_problem", "load_config_problem", "one_line"]
 
 FIX = "use the config.json that came with these weights"
 REMOTE_KEY = "actor_rollout_ref.model.trust_remote_code"
@@ -36,7 +36,8 @@ ATTENTION = re.compile(r"attn|attention|[qkvo]_proj|qkv")
 NOT_SHAPES = re.compile(r"token_id|_id$|max_position|position_embeddings|window|seed|ratio|version")
 
 
-def _one_line(exc: BaseException, limit: int = 300) -> str:
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``exc`` as ``Type: message`` on one line, the message cut after ``limit`` characters (``...`` then)."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
@@ -63,11 +64,11 @@ def load_config_problem(hf: dict, path: str, remote: bool):
         # transformers' own reader (it decodes the values its writer encodes, e.g. an infinite float)
         return AutoConfig.from_pretrained(path, trust_remote_code=remote), None
     except ImportError as exc:
-        return None, f"config.json needs a package that is not installed ({_one_line(exc)}); install it"
+        return None, f"config.json needs a package that is not installed ({one_line(exc)}); install it"
     except Exception as exc:  # noqa: BLE001 - a config class raises ValueError, KeyError, TypeError, ...
         fix = (f"set {REMOTE_KEY}=true if you trust the folder's code" if "trust_remote_code" in str(exc)
                and not remote else f"fix config.json ({FIX})")
-        return None, f"transformers refuses config.json ({_one_line(exc)}); {fix}"
+        return None, f"transformers refuses config.json ({one_line(exc)}); {fix}"
 
 
 def _build(hf_config, remote: bool):
@@ -100,7 +101,7 @@ def _renamer(model, params: dict):
             return name, converted is not None
         return rename
     except Exception as exc:  # noqa: BLE001 - another transformers: the prefix rule alone
-        logger.info("checkpoint key renaming not available (%s)", _one_line(exc))
+        logger.info("checkpoint key renaming not available (%s)", one_line(exc))
 
     def by_prefix(key):
         if key in params or not prefix:
@@ -178,16 +179,16 @@ def transformers_config_problem(folder: str, hf: dict, files: list[str], remote:
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):  # not a causal LM: left to the workers' loader
             return None
-        return f"transformers cannot build the model from config.json ({_one_line(exc)}); fix config.json ({FIX})"
+        return f"transformers cannot build the model from config.json ({one_line(exc)}); fix config.json ({FIX})"
     except Exception as exc:  # noqa: BLE001 - an architecture this process cannot build: left to the workers
-        logger.info("%s: config.json's shapes not checked against the weights (%s)", folder, _one_line(exc))
+        logger.info("%s: config.json's shapes not checked against the weights (%s)", folder, one_line(exc))
         return None
     quantized = "quantization_config" in hf or "quantization_config" in (hf.get("text_config") or {})
     shapes = {} if quantized else header_shapes(folder, files)
     try:
         wrong = shape_mismatches(model, shapes) if shapes else []
     except Exception as exc:  # noqa: BLE001 - this check's own failure never refuses a folder
-        logger.info("%s: config.json's shapes not checked against the weights (%s)", folder, _one_line(exc))
+        logger.info("%s: config.json's shapes not checked against the weights (%s)", folder, one_line(exc))
         return None
     if not wrong:
         return None

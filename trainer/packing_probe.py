@@ -29,6 +29,8 @@ from __future__ import annotations
 import copy
 import logging
 
+from trainer.meta_shapes import one_line
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["packed_attention_obstacle", "small_twin_config", "PROBE_TOLERANCE", "PROBE_MAX_PARAMS"]
@@ -119,9 +121,9 @@ def small_twin_config(config):
     list cut alike), the heads (:func:`_heads`), latent attention (:func:`_mla`), experts (at most 4, at most 2 per
     token, one group), sliding windows and attention chunks (at most 8 tokens); ``initializer_range`` 0.5, so that a
     wrong attention shows in the log-probs of random weights."""
-    d = config.to_dict()
-    if d.get("vision_config") is not None or d.get("text_config") is not None:
+    if _has_vision(config):
         return None
+    d = config.to_dict()
     over = {k: 64 for k in ("hidden_size", "n_embd", "d_model") if isinstance(d.get(k), int)}
     over.update({k: 64 for k in ("intermediate_size", "ffn_hidden_size", "intermediate_size_mlp", "n_inner",
                                  "moe_intermediate_size", "shared_expert_intermediate_size", "ffn_dim")
@@ -199,8 +201,8 @@ def _probe_rows(vocab: int):
 
 def _padded_twin(cls, twin, ids, mask, pos, R):
     """``(model, padded log-probs, tolerance)`` of the small twin in float64 (tolerance :data:`PROBE_TOLERANCE`),
-    else in float32 (ten times that) when float64 does not run; None when neither builds and runs padded (or the
-    twin has more than :data:`PROBE_MAX_PARAMS` parameters)."""
+    else in float32 (ten times that) when float64 does not run; the last error in one line when neither builds and
+    runs padded; None when the twin has more than :data:`PROBE_MAX_PARAMS` parameters (not probed)."""
     import torch
 
     from trainer.forward import forward_log_probs
@@ -210,7 +212,7 @@ def _padded_twin(cls, twin, ids, mask, pos, R):
             if sum(p.numel() for p in cls._from_config(twin).parameters()) > PROBE_MAX_PARAMS:
                 return None
     except Exception as exc:  # noqa: BLE001 - the class refuses the small configuration
-        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        return one_line(exc, 200)
     problem = ""
     for dtype, tolerance in ((torch.float64, PROBE_TOLERANCE), (torch.float32, 10 * PROBE_TOLERANCE)):
         try:
@@ -219,21 +221,21 @@ def _padded_twin(cls, twin, ids, mask, pos, R):
                 model = cls._from_config(twin, dtype=dtype).eval()
                 return model, forward_log_probs(model, ids, mask, pos, R, use_remove_padding=False)[0], tolerance
         except Exception as exc:  # noqa: BLE001 - this dtype does not run: the next, or nothing learnt
-            problem = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            problem = one_line(exc, 200)
     return problem
 
 
 def _probe(cls, twin, sequence_parallel: bool) -> str | None:
-    """The probe of rule 3 on ``twin``: a reason, or None (same log-probs, or the padded forward itself fails).
+    """The probe of rule 3 on ``twin``: a reason (other log-probs, a failing packed forward, or a twin that does not
+    run padded: not checked), or None (the same log-probs; a twin too large to build; a ZeRO-3 load in progress).
     The packed forward runs as the workers run it without SP (boundaries handed to the attention as keyword
     arguments) and, with ``sequence_parallel``, also as eager Ulysses runs it (boundaries from the ``position_ids``
     each attention call receives)."""
     import torch
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     from patches.ulysses import apply_ulysses_patch
     from trainer.forward import forward_log_probs
-
-    from transformers.integrations import is_deepspeed_zero3_enabled
 
     if is_deepspeed_zero3_enabled():  # the twin would be partitioned across the ranks (a ZeRO-3 load in progress)
         logger.debug("packed attention probe: not run while a ZeRO-3 load is in progress")
@@ -250,8 +252,7 @@ def _probe(cls, twin, sequence_parallel: bool) -> str | None:
                 packed = forward_log_probs(apply_ulysses_patch(copy.deepcopy(model), patch_sp), ids, mask, pos, R,
                                            use_remove_padding=True, device=torch.device("cpu"))[0]
             except Exception as exc:  # noqa: BLE001 - any failure of the packed path is the answer
-                return (f"its packed forward{how} fails on a small random {cls.__name__} "
-                        f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+                return f"its packed forward{how} fails on a small random {cls.__name__} ({one_line(exc, 200)})"
             diff = float((packed - padded)[mask[:, -R:].bool()].abs().max())
             if not diff <= tolerance:
                 return (f"packed{how}, a small random {cls.__name__} computes other log-probs than padded (largest "
@@ -266,8 +267,8 @@ _DECIDED: dict[tuple[str, bool, bool], str | None] = {}
 
 def packed_attention_obstacle(config, trust_remote_code: bool = False, sequence_parallel: bool = False) -> str | None:
     """Why the model of the transformers ``config`` cannot run packed forwards (rules 1-3 of the module doc), as a
-    phrase for a log line or an error, or None when it can (or, for a model that cannot be probed, when the first
-    two rules find nothing). Decided once per process and configuration (the probe: 0.2 to 1.2 s on a CPU).
+    phrase for a log line or an error, or None when it can (or, for a model not probed: a vision-language model, a
+    class that cannot be loaded here, a twin too large, when the first two rules find nothing). Decided once per process and configuration (the probe: 0.2 to 1.2 s on a CPU).
 
     Args:
         config: the model's ``PretrainedConfig`` (overrides applied), text-only or with a vision part.

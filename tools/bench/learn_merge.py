@@ -9,7 +9,11 @@ Two uses, one merge (:func:`merge_docs`):
 - ``--report-from`` with several files: *evaluated* files of separate sessions (e.g. seed 1 trained and scored in
   one, seed 2 in another; checkpoints do not outlive a session). The jobs must agree in every key but seeds, sides
   and the folders of ``model``, ``train``, ``test`` and ``gsm8k``: those compare by their last path component, as
-  each session may keep the same model and data under another directory. The evaluation results (and errors) are
+  each session may keep the same model and data under another directory, and ``budget_s`` and ``marks_s``: runs
+  of different budgets with the same ``every_s`` are set side by side (e.g. a 5-minute run of a new setting of ours
+  beside TRL's 9-minute runs); each run gets ``budget_s``, its file's budget, and has no value at a mark after it
+  (:func:`tools.bench.learn_report.run_values`), and the merged job has the longest budget and every file's marks.
+  The evaluation results (and errors) are
   the union of every file's, per checkpoint and set, the first file's taken where two files have one; so the base
   model (time 0 of every run) is the first file's. Each session scores the base model again, and another machine may
   score it slightly differently: a base accuracy that differs between files is kept in ``eval.base_spread`` and
@@ -32,10 +36,11 @@ import os
 
 from tools.bench.learn_report import SIDES
 
-__all__ = ["PATH_KEYS", "SIDE_KEYS", "parse_sources", "job_differences", "load_doc", "merge_docs"]
+__all__ = ["PATH_KEYS", "SIDE_KEYS", "BUDGET_KEYS", "parse_sources", "job_differences", "load_doc", "merge_docs"]
 
 PATH_KEYS = ("model", "train", "test", "gsm8k")  # compared by their last path component across sessions
 FREE_KEYS = ("seeds", "sides")  # each file has its own
+BUDGET_KEYS = ("budget_s", "marks_s")  # each evaluated file may have its own (module docstring)
 JOB_DEFAULTS = {"strict_format": False}  # the value of a key that files written before it existed lack
 SIDE_KEYS = {"ours": ("ours_engine", "ours_vllm_gpu_util", "ours_overrides"),  # keys that shape one side's runs alone
              "trl": ("trl_vllm_gpu_util", "trl_vllm_sleep", "trl_cache_implementation")}
@@ -63,14 +68,16 @@ def job_differences(job: dict, other: dict, by_basename: bool = False, skip_side
     the :data:`SIDE_KEYS` of every side in ``skip_sides``.
 
     ``by_basename``: the :data:`PATH_KEYS` compare by their last path component (``/tmp/a/smol_hf`` equals
-    ``/data/smol_hf``; None only equals None). A key of :data:`JOB_DEFAULTS` that a job lacks has its default."""
+    ``/data/smol_hf``; None only equals None), and the :data:`BUDGET_KEYS` are left out (evaluated files of separate
+    sessions). A key of :data:`JOB_DEFAULTS` that a job lacks has its default."""
     def norm(key, value):
         if value is None:
             value = JOB_DEFAULTS.get(key)
         if by_basename and key in PATH_KEYS and isinstance(value, str):
             return os.path.basename(os.path.normpath(value))
         return value
-    keys = (set(job) | set(other)) - set(FREE_KEYS) - {k for s in skip_sides for k in SIDE_KEYS[s]}
+    keys = (set(job) | set(other)) - set(FREE_KEYS) - {k for s in skip_sides for k in SIDE_KEYS[s]} \
+        - (set(BUDGET_KEYS) if by_basename else set())
     return sorted(k for k in keys if norm(k, job.get(k)) != norm(k, other.get(k)))
 
 
@@ -119,12 +126,15 @@ def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") 
                 raise SystemExit(f"error: {flag} {p}: {r['side']} seed {r['seed']} is also in {seen[key]}; "
                                  "each (side, seed) run may come from one file only")
             seen[key] = p
-    runs = [dict(r, file=p) if evaluated else _with_invocation(r, d) for p, d in zip(paths, docs)
-            for r in d.get("runs", [])]
+    runs = [dict(r, file=p, budget_s=d["job"]["budget_s"]) if evaluated else _with_invocation(r, d)
+            for p, d in zip(paths, docs) for r in d.get("runs", [])]
     doc = dict(docs[0], runs=runs)
     doc.pop("eval", None)
     doc["job"] = dict(doc["job"], seeds=sorted({r["seed"] for r in runs}),
                       sides=[s for s in SIDES if any(r["side"] == s for r in runs)])
+    if evaluated:  # runs of different budgets: the longest, and every file's marks
+        doc["job"].update(budget_s=max(d["job"]["budget_s"] for d in docs),
+                          marks_s=sorted({float(m) for d in docs for m in d["job"]["marks_s"]}))
     for side, j in first.items():  # a side's own settings from the first file that ran it
         doc["job"].update({k: docs[j]["job"][k] for k in SIDE_KEYS[side] if k in docs[j]["job"]})
     if evaluated:

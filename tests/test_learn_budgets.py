@@ -70,3 +70,66 @@ def test_budgets_may_differ_only_between_evaluated_files(tmp_path):
     path = _write(tmp_path, "uneval.json", unevaluated)  # one session's files before scoring: one budget
     with pytest.raises(SystemExit, match=r"uneval\.json: its job differs .* in budget_s, gsm8k, marks_s, model, test$"):
         learn_vs_trl.merge_docs([trl, path])
+
+
+def test_a_merged_file_merged_again_keeps_each_runs_budget_and_file(tmp_path):
+    trl = _write(tmp_path, "trl.json", _session_doc(1))
+    ours = _write(tmp_path, "ours.json", _short_ours())
+    first = str(tmp_path / "merged.json")
+    learn_vs_trl.main(["--report-from", f"{trl}:trl,{ours}:ours", "--out", first])
+    for sources in (f"{first}:ours,{trl}:trl", first):
+        doc = learn_vs_trl.main(["--report-from", sources, "--out", str(tmp_path / "again.json")])
+        assert {r["side"]: (r["budget_s"], r["file"]) for r in doc["runs"]} == {"trl": (360.0, trl),
+                                                                                "ours": (240.0, ours)}
+        assert [r["ours"]["acc"]["mean"] for r in doc["table"][1:]] == [0.09, 0.09, None]
+        assert doc["targets"]["marks_checked"] == 2
+    assert set(doc["meta_by_file"]) == {trl, ours}  # one file given: the merged file's own record
+
+
+def test_a_side_whose_runs_have_different_budgets_has_no_mean_after_the_shorter(tmp_path):
+    trl = _write(tmp_path, "trl.json", _session_doc(1))
+    short = _write(tmp_path, "ours2.json", _short_ours(seed=2, until=240.0, acc=0.09))
+    full = _session_doc(1)
+    full["runs"] = [r for r in full["runs"] if r["side"] == "ours"]  # ours seed 1, 6 minutes, 0.05 / 0.06 / 0.07
+    longer = _write(tmp_path, "ours1.json", full)
+    doc = learn_vs_trl.main(["--report-from", f"{trl}:trl,{longer}:ours,{short}:ours",
+                             "--out", str(tmp_path / "learn.json")])
+    rows = doc["table"]
+    assert rows[2]["ours"]["acc"]["values"] == [0.06, 0.09]
+    assert rows[3]["ours"]["acc"]["mean"] is None and rows[3]["ok"] is None  # not seed 1 alone as a "mean"
+
+
+def test_the_base_spread_of_an_earlier_merge_is_not_carried_on(tmp_path, capsys):
+    a = _write(tmp_path, "a.json", _session_doc(1))
+    b = _write(tmp_path, "b.json", _session_doc(2, base_acc=0.02))
+    first = str(tmp_path / "m1.json")
+    assert "base_spread" in learn_vs_trl.main(["--report-from", f"{a},{b}", "--out", first])["eval"]
+    doc = learn_vs_trl.main(["--report-from", f"{first}:trl", "--out", str(tmp_path / "m2.json")])
+    assert "base_spread" not in doc["eval"] and "differs between" not in (tmp_path / "m2.md").read_text()
+
+
+def test_a_save_after_the_budget_counts_nowhere(tmp_path):
+    doc = _session_doc(1)
+    doc["job"] = dict(doc["job"], budget_s=240.0, marks_s=[120.0, 240.0])  # the 360 s saves came after the budget
+    doc["runs"] = [dict(r, signal=[dict(mark_s=e["mark_s"], steps=5, reward=0.1) for e in r["exports"]])
+                   for r in doc["runs"]]
+    out = learn_vs_trl.main(["--report-from", _write(tmp_path, "in.json", doc), "--out", str(tmp_path / "o.json")])
+    text = (tmp_path / "o.md").read_text()
+    assert "6 min" not in text and "| 6 |" not in text  # no GSM8K row of the 6-minute save, no signal row
+    assert "| trl seed 1 | 10 | 123 | 2 |" in text  # steps and saves up to the budget
+    assert len(out["runs"][0]["exports"]) == 3  # the document itself keeps what the run saved
+    job = learn_vs_trl.eval_job(doc, str(tmp_path), learn_vs_trl._parser().parse_args([]))
+    assert not any(k.endswith("_t000360") for k in job["checkpoints"])
+
+
+@pytest.mark.parametrize("seeds", [",", " , ", "1,1", "1,x", "2,-1"])
+def test_the_loan_script_refuses_a_bad_seed_list_in_one_line(tmp_path, seeds):
+    import os
+    import subprocess
+
+    env = dict(os.environ, OUT=str(tmp_path), LEARN_SEED=seeds)
+    got = subprocess.run(["bash", "tools/bench/learn_vs_trl_loan.sh"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert (tmp_path / "ALLDONE").read_text() == f"LEARN_SEED='{seeds}': expected a comma list of distinct whole " \
+                                                 "numbers (e.g. 1,2)\n"

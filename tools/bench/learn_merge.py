@@ -126,8 +126,8 @@ def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") 
                 raise SystemExit(f"error: {flag} {p}: {r['side']} seed {r['seed']} is also in {seen[key]}; "
                                  "each (side, seed) run may come from one file only")
             seen[key] = p
-    runs = [dict(r, file=p, budget_s=d["job"]["budget_s"]) if evaluated else _with_invocation(r, d)
-            for p, d in zip(paths, docs) for r in d.get("runs", [])]
+    runs = [dict(r, file=r.get("file", p), budget_s=r.get("budget_s", d["job"]["budget_s"])) if evaluated
+            else _with_invocation(r, d) for p, d in zip(paths, docs) for r in d.get("runs", [])]
     doc = dict(docs[0], runs=runs)
     doc.pop("eval", None)
     doc["job"] = dict(doc["job"], seeds=sorted({r["seed"] for r in runs}),
@@ -137,9 +137,14 @@ def merge_docs(paths: list, evaluated: bool = False, flag: str = "--eval-from") 
                           marks_s=sorted({float(m) for d in docs for m in d["job"]["marks_s"]}))
     for side, j in first.items():  # a side's own settings from the first file that ran it
         doc["job"].update({k: docs[j]["job"][k] for k in SIDE_KEYS[side] if k in docs[j]["job"]})
-    if evaluated:
+    if evaluated:  # a merged file's runs keep the file, budget and meta they came from
         doc["eval"] = _merged_eval(paths, docs, flag)
-        doc["meta_by_file"] = {p: d.get("meta") for p, d in zip(paths, docs)}
+        doc["meta_by_file"] = {}
+        for p, d in zip(paths, docs):
+            doc["meta_by_file"].update(d.get("meta_by_file") or {p: d.get("meta")})
+        named = {r["file"] for r in runs}  # files whose runs a side selection dropped go; the first (the base) stays
+        first = next(iter(doc["meta_by_file"]))
+        doc["meta_by_file"] = {p: m for p, m in doc["meta_by_file"].items() if p in named or p == first}
     return doc
 
 
@@ -177,6 +182,7 @@ def _merged_eval(paths: list[str], docs: list[dict], flag: str) -> dict:
             raise SystemExit(f"error: {flag} {p}: no evaluation results (score its checkpoints with --eval-from "
                              "in the session that has them)")
     ev = dict(docs[0]["eval"], results={}, errors={}, sets={})
+    ev.pop("base_spread", None)  # an earlier merge's: this merge's is computed below
     for d in docs:
         for name, baseline in (d["eval"].get("sets") or {}).items():
             ev["sets"].setdefault(name, baseline)
@@ -196,6 +202,8 @@ def _merged_eval(paths: list[str], docs: list[dict], flag: str) -> dict:
         print("note: the base model's accuracy differs between files ("
               + "; ".join(f"{name}: " + ", ".join(f"{100 * a:.2f}% in {p}" for a, p in zip(s["acc"], s["files"]))
                           for name, s in spread.items()) + f"); the report uses {paths[0]}'s", flush=True)
-    ev["by_file"] = {p: {k: d["eval"].get(k) for k in ("engine", "wall_s", "rc", "gsm8k_rows")}
-                     for p, d in zip(paths, docs)}
+    ev["by_file"] = {}
+    for p, d in zip(paths, docs):
+        ev["by_file"].update(d["eval"].get("by_file") or
+                             {p: {k: d["eval"].get(k) for k in ("engine", "wall_s", "rc", "gsm8k_rows")}})
     return ev

@@ -25,7 +25,7 @@ import math
 
 from tools.bench.learn_signal import signal_lines
 
-__all__ = ["SIDES", "ckpt_id", "run_values", "mark_table", "targets", "constant_baseline_of", "answer_rows",
+__all__ = ["SIDES", "ckpt_id", "run_budget", "within_budget", "run_values", "mark_table", "targets", "constant_baseline_of", "answer_rows",
            "gsm8k_rows", "markdown", "plot"]
 
 SET = "svamp"
@@ -53,6 +53,22 @@ def run_values(run: dict, results: dict, marks: list[float], name: str = SET) ->
     return out
 
 
+def run_budget(run: dict, doc: dict) -> float:
+    """The run's own budget (seconds): its ``budget_s`` (runs of files of different budgets), else the job's."""
+    return float(run.get("budget_s", (doc.get("job") or {}).get("budget_s", math.inf)))
+
+
+def within_budget(doc: dict) -> dict:
+    """``doc`` with each run's saves and training signal cut at its own budget (:func:`run_budget`): a save after
+    it (a run that saved once more before it was stopped) counts in no table, target, plot or GSM8K row."""
+    runs = []
+    for r in doc.get("runs", []):
+        end = run_budget(r, doc) + 1e-9
+        cut = {k: [e for e in r[k] if e["mark_s"] <= end] for k in ("exports", "signal") if r.get(k) is not None}
+        runs.append(dict(r, **cut))
+    return dict(doc, runs=runs)
+
+
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
@@ -65,8 +81,9 @@ def _stats(values: list[float]) -> dict:
 
 def mark_table(doc: dict, name: str = SET) -> list[dict]:
     """One row per mark (0 = the base model, then every mark of the job): per side ``acc`` and ``format`` stats
-    over the seeds whose value exists, and ``ok`` (ours' mean >= TRL's - the larger spread; None when a side has
-    no value)."""
+    over the seeds whose value exists, none at a mark after the budget of one of that side's runs (runs of
+    different budgets: no mean over a changing set of seeds), and ``ok`` (ours' mean >= TRL's - the larger spread;
+    None when a side has no value)."""
     results = (doc.get("eval") or {}).get("results") or {}
     marks = [float(m) for m in doc["job"]["marks_s"]]
     runs = [r for r in doc.get("runs", []) if not r.get("error") or r.get("exports")]
@@ -76,8 +93,10 @@ def mark_table(doc: dict, name: str = SET) -> list[dict]:
     for t in [0.0] + marks:
         row = dict(mark_s=t)
         for side in SIDES:
-            got = [base] * (base is not None) if t == 0 else \
-                [vals[id(r)][t] for r in runs if r["side"] == side and vals[id(r)][t] is not None]
+            mine = [r for r in runs if r["side"] == side]
+            short = any(t > run_budget(r, doc) + 1e-9 for r in mine)  # a mean over fewer seeds is no mean
+            got = [base] * (base is not None) if t == 0 else [] if short else \
+                [vals[id(r)][t] for r in mine if vals[id(r)][t] is not None]
             row[side] = {k: _stats([g[k] for g in got if _finite(g.get(k))]) for k in ("acc", "format")}
         a, b = row["ours"]["acc"], row["trl"]["acc"]
         row["ok"] = None if a["mean"] is None or b["mean"] is None else \
@@ -267,6 +286,7 @@ def plot(doc: dict, path: str) -> str | None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     drawn = 0
     styles = {"trl": "tab:orange", "ours": "tab:blue"}
+    dashes = ("-", "--", ":", "-.")
     for r in doc.get("runs", []):
         pts = [(0.0, base)] if base else []
         for e in sorted(r.get("exports") or [], key=lambda e: e["mark_s"]):
@@ -278,7 +298,8 @@ def plot(doc: dict, path: str) -> str | None:
         drawn += 1
         for ax, key in zip(axes, ("acc", "format")):
             ax.plot([p[0] for p in pts], [100 * p[1][key] for p in pts], marker="o", color=styles.get(r["side"]),
-                    linestyle="-" if r["seed"] == doc["job"]["seeds"][0] else "--",
+                    linestyle=dashes[sorted(doc["job"]["seeds"]).index(r["seed"]) % len(dashes)]
+                    if r["seed"] in doc["job"]["seeds"] else "-",
                     label=f"{'TRL' if r['side'] == 'trl' else 'ours'} seed {r['seed']}")
     if not drawn:
         plt.close(fig)
@@ -293,8 +314,9 @@ def plot(doc: dict, path: str) -> str | None:
                         label=f"one answer (\"{cb['answer']}\") for all")
     axes[0].legend(fontsize=8)
     job = doc["job"]
+    budgets = sorted({run_budget(r, doc) for r in doc.get("runs", [])} or {job["budget_s"]})
     fig.suptitle(f"GRPO on SVAMP: {job['batch']} prompts x {job['n']}, lr {job['lr']:g}, {job['response_len']} tokens, "
-                 f"budget {_min(job['budget_s'])} min", fontsize=10)
+                 f"budget {' / '.join(_min(b) for b in budgets)} min", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -244,14 +244,15 @@ def run_side(side: str, seed: int, job: dict, work: str) -> dict:
 
 
 def eval_job(doc: dict, work: str, args) -> dict:
-    """The evaluator's job (:func:`tools.bench.learn_eval.evaluate`): the base model and every saved checkpoint on
-    the held-out set, then GSM8K (when given) on the base model and each run's last checkpoint."""
-    from tools.bench.learn_report import ckpt_id
+    """The evaluator's job (:func:`tools.bench.learn_eval.evaluate`): the base model and every checkpoint saved
+    within its run's budget on the held-out set, then GSM8K (when given) on the base model and each run's last such
+    checkpoint."""
+    from tools.bench.learn_report import ckpt_id, within_budget
 
     job = doc["job"]
     ckpts, plan, last = {"base": job["model"]}, [["base", "svamp"]], []
     sets = {"svamp": {"path": job["test"], "max_rows": None}}
-    for run in doc["runs"]:
+    for run in within_budget(doc)["runs"]:
         ex = sorted(run.get("exports") or [], key=lambda e: e["mark_s"])
         for e in ex:
             ckpts[ckpt_id(run["side"], run["seed"], e["mark_s"])] = e["path"]
@@ -303,12 +304,14 @@ def run_eval(doc: dict, work: str, args, limit_s: float) -> dict:
 def write_report(doc: dict, out: str) -> None:
     """``doc`` as JSON at ``out``, its markdown at ``<out>.md`` (printed too) and the plot at ``<out>.png``."""
     from tools.bench.common import write_report_files
-    from tools.bench.learn_report import mark_table, markdown, plot, targets
+    from tools.bench.learn_report import mark_table, markdown, plot, targets, within_budget
 
+    view = within_budget(doc)  # what the table, targets, markdown and plot read: no save after a run's budget
     if doc.get("eval"):
-        doc["table"] = mark_table(doc)
+        doc["table"] = mark_table(view)
         doc["targets"] = targets(doc["table"])
-    write_report_files(doc, out, markdown(doc), plot, os.path.splitext(out)[0] + ".png")
+    write_report_files(doc, out, markdown(dict(view, table=doc.get("table"))),
+                       lambda _doc, path: plot(view, path), os.path.splitext(out)[0] + ".png")
 
 
 def _parser() -> argparse.ArgumentParser:

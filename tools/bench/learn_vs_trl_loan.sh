@@ -35,6 +35,11 @@ mkdir -p "$OUT" /tmp/learn
 case "$LEARN_SIDES" in ours|trl|ours,trl|trl,ours) ;;  # refused: earlier results kept, ALLDONE says why
   *) echo "LEARN_SIDES='$LEARN_SIDES': expected ours, trl or ours,trl" | tee "$OUT/ALLDONE"; exit 2;; esac
 read -r -a seeds <<< "${LEARN_SEED//,/ }"
+dups=$(printf '%s\n' "${seeds[@]}" | sort | uniq -d)
+if [ "${#seeds[@]}" -eq 0 ] || [ -n "$dups" ] || printf '%s\n' "${seeds[@]}" | grep -qvxE '[0-9]+'; then
+  echo "LEARN_SEED='$LEARN_SEED': expected a comma list of distinct whole numbers (e.g. 1,2)" | tee "$OUT/ALLDONE"
+  exit 2
+fi
 rm -f "$OUT/ALLDONE" "$OUT"/ours_s*.json "$OUT"/trl_s*.json
 failed=()
 exec > >(tee -a "$OUT/console.log") 2>&1
@@ -80,12 +85,14 @@ fi
 docs=$(ls "$OUT"/ours_s*.json "$OUT"/trl_s*.json 2>/dev/null | paste -sd, -)
 if [ -n "$docs" ]; then  # score what was trained, even one side
   python3 tools/bench/learn_vs_trl.py --eval-from "$docs" --work-dir /tmp/learn --out "$OUT/learn.json" \
-    || failed+=(eval)
+    "${extra[@]}" || failed+=(eval)  # LEARN_ARGS' --eval-* options; the training ones go unread here
 else
   failed+=(eval)
 fi
 echo "eval done $(date)"
-logs=$(cd /tmp/learn && ls *.log eval.json *_result.json ours_s*/metrics.jsonl 2>/dev/null)
+names=(eval.log eval.json)  # this call's runs only: /tmp/learn may hold an earlier call's too
+for seed in "${seeds[@]}"; do names+=("ours_s$seed.log" "ours_s$seed/metrics.jsonl" "trl_s$seed.log" "trl_s${seed}_result.json"); done
+logs=$(cd /tmp/learn && ls "${names[@]}" 2>/dev/null)
 # shellcheck disable=SC2086  # file names without spaces, written by learn_vs_trl.py
 [ -n "$logs" ] && (cd /tmp/learn && tar czf "$OUT/logs.tgz" $logs)
 status=${failed[*]:-ok}

@@ -162,3 +162,27 @@ def test_the_critics_new_value_head_is_drawn_from_the_runs_seed(tmp_path):
                       if k.startswith("score.")})
     assert heads[0] and all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
     assert any(not torch.equal(heads[0][k], heads[2][k]) for k in heads[0])
+
+
+def test_the_critics_value_head_has_no_dropout_unless_asked(tmp_path):
+    """transformers' ``*ForTokenClassification`` puts dropout 0.1 before the head when the config names none: the
+    critic's update then saw noisy values and two runs of one seed differed (verl's critic sets
+    ``classifier_dropout=0``). ``critic.model.override_config.classifier_dropout`` still sets it."""
+    import dataclasses
+
+    from trainer.workers.critic import CriticWorker
+
+    path = _backbone(str(tmp_path), True)
+    w = CriticWorker(_config(path, 0), 0, 1, device="cpu", role="critic")
+    w.init_model()
+    module = w.critic.engine.module
+    assert module.dropout.p == 0.0 and module.config.classifier_dropout == 0.0
+    module.train()
+    x = _ids(module.config.vocab_size)
+    with torch.no_grad():
+        torch.testing.assert_close(module(input_ids=x).logits, module(input_ids=x).logits, atol=0, rtol=0)
+    cfg = _config(path, 0)
+    asked = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, override_config={"classifier_dropout": 0.3}))
+    w = CriticWorker(asked, 0, 1, device="cpu", role="critic")
+    w.init_model()
+    assert w.critic.engine.module.dropout.p == 0.3

@@ -56,6 +56,8 @@ class ModelRole:
         path = path_override or model_cfg.path
         tok, override, remote = load_tokenizer(model_cfg, path)
         hf_config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+        if value_head:  # no dropout before the value head (transformers' default is 0.1), unless override_config sets
+            hf_config.classifier_dropout = 0.0  # it: the update's values would be noisy and runs not repeatable
         apply_config_overrides(hf_config, override)
         use_rmpad = packs_sequences(model_cfg.use_remove_padding, sp, hf_config, remote)  # its probe before ZeRO-3
         ds_cfg = worker.ds_config(train=train, grad_clip=grad_clip)
@@ -67,7 +69,7 @@ class ModelRole:
         sp_obj, dp_group, dp_size, dp_rank = make_sp_groups(worker.world_size, sp, worker.rank, hf_config)
         with torch.random.fork_rng(devices=[]):  # a value head is new: drawn from trainer.seed, the same on every rank
             torch.manual_seed(int(worker.config.seed))
-            model = load_hf_model(path, hf_config if override else None, value_head, remote,
+            model = load_hf_model(path, hf_config if override or value_head else None, value_head, remote,
                                   vision_language=is_vision_language(hf_config))
         if use_rmpad:
             from patches.ulysses import apply_ulysses_patch

@@ -123,3 +123,19 @@ def test_resume_exact_zero3_gae_critic_kl_ctrl_from_path(tmp_path):
         a, b = _optim_states(full, role), _optim_states(resumed, role)
         assert len(a) == len(b) > 0
         assert all(torch.equal(x, y) for x, y in zip(a, b)), role
+
+
+@pytest.mark.parametrize("draws", [["actor_rollout_ref.model.override_config.attention_dropout=0.2"],
+                                   ["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
+                                    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.3",
+                                    "actor_rollout_ref.actor.policy_loss.clip_cov_lb=-100",
+                                    "actor_rollout_ref.actor.policy_loss.clip_cov_ub=100"]],
+                         ids=["dropout", "clip_cov"])
+def test_two_runs_of_one_seed_are_the_same_when_the_update_draws_random_numbers(tmp_path, draws):
+    """Dropout in the actor and the ``clip_cov`` loss's token choice draw from the worker's global generator, which
+    nothing seeded: two runs of one ``trainer.seed`` differed from step 1 (``actor/entropy``, ``actor/grad_norm``)."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    short = [o for o in BASE if not o.startswith(("trainer.total_training_steps", "trainer.save_freq"))]
+    for out in (a, b):
+        run_main_forked(out, *short, *draws, "trainer.total_training_steps=2", "trainer.save_freq=-1")
+    assert_same_steps(a, b, steps=(1, 2), must_have=("actor/pg_loss", "actor/grad_norm", "actor/entropy"))

@@ -175,6 +175,16 @@ def test_the_process_gets_its_settings_back():
     g.shutdown()  # twice: nothing more to give back
 
 
+def test_the_workers_seeding_leaves_the_callers_random_stream_as_it_was():
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    g = LocalWorkerGroup(_Worker, "actor", "cfg", "cpu")
+    torch.manual_seed(123)  # what a worker's seeding (trainer.seed + rank) does to this process
+    g.shutdown()
+    assert torch.equal(torch.rand(3), want)
+
+
 def test_a_failed_constructor_gives_the_settings_back():
     before = {k: os.environ.get(k) for k in WORKER_ENV_KEYS}, torch.get_num_threads()
     with pytest.raises(WorkerFailure, match="cannot build"):

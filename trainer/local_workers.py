@@ -101,7 +101,8 @@ def _cpu_accelerator() -> None:
 class ProcessState:
     """What the worker changes in this process, taken when built and given back by :meth:`restore`: the
     :data:`WORKER_ENV_KEYS` variables, torch's thread count, the warning filters, both libraries' progress bars, the
-    ``compilers`` logger's level. The torch process group is not among them: DeepSpeed keeps the group it first
+    ``compilers`` logger's level, the global random generators' states (the worker seeds them from ``trainer.seed``;
+    CUDA's when CUDA was initialised before). The torch process group is not among them: DeepSpeed keeps the group it first
     used, so a later run in this process uses the same one; one that this process had no group before is destroyed
     at exit (NCCL warns of a group left then)."""
 
@@ -112,6 +113,9 @@ class ProcessState:
         self.env = {k: os.environ.get(k) for k in WORKER_ENV_KEYS}
         self.threads, self.filters, self.bars = torch.get_num_threads(), list(warnings.filters), _progress_bars()
         self.compilers_level = logging.getLogger("compilers").level
+        from trainer.checkpoint.base import capture_rng_state
+
+        self.rng = capture_rng_state()
         if dist.is_available() and not dist.is_initialized():
             atexit.unregister(_destroy_process_group)  # once, however many runs this process makes
             atexit.register(_destroy_process_group)
@@ -128,6 +132,9 @@ class ProcessState:
         warnings.filters[:] = self.filters
         _set_progress_bars(*self.bars)
         logging.getLogger("compilers").setLevel(self.compilers_level)
+        from trainer.checkpoint.base import restore_rng_state
+
+        restore_rng_state(self.rng)
 
 
 def _destroy_process_group() -> None:

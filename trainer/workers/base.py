@@ -17,6 +17,16 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+def seed_worker_rng(seed: int, rank: int) -> None:
+    """Seed this process's global generators (python ``random``, numpy, torch CPU and CUDA:
+    ``transformers.set_seed``) with ``seed + rank``, so that what draws from them in a worker (dropout in a trained
+    model, the ``clip_cov`` loss's token choice) is the same in two runs of one ``trainer.seed``, and differs
+    between data-parallel ranks. A resumed run then restores the states its checkpoint saved."""
+    from transformers import set_seed
+
+    set_seed(int(seed) + int(rank))
+
+
 def free_port() -> int:
     """A TCP port that is free on this host right now (free for anyone to take again: see :func:`reserve_port`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -173,6 +183,7 @@ class DistributedWorker:
             torch.set_num_threads(config.cpus_per_worker)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._dist_ready = False
+        seed_worker_rng(config.seed, rank)
 
     def get_master_addr_port(self) -> tuple[str, int]:
         return self.master_addr, self.master_port

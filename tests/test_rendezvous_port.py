@@ -49,7 +49,7 @@ def test_rank_zero_holds_its_rendezvous_port_until_init_distributed(monkeypatch)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
 
     class _Cfg:
-        cpus_per_worker = 1
+        cpus_per_worker, seed = 1, 0
 
     seen = {}
 
@@ -78,7 +78,7 @@ def test_a_rank_above_zero_created_without_the_address_picks_none_and_receives_r
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
 
     class _Cfg:
-        cpus_per_worker = 1
+        cpus_per_worker, seed = 1, 0
 
     w = DistributedWorker(_Cfg(), rank=1, world_size=2)
     assert w.get_master_addr_port() == (None, None) and os.environ["MASTER_PORT"] == ""  # no port held here

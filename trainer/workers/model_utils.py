@@ -268,12 +268,15 @@ def forward_micro(role: ModelRole, mb: DataProto, temperature: float, calculate_
 def forward_batch_log_probs(role: ModelRole, data: DataProto, micro_batch_size: int, temperature: float,
                             calculate_entropy: bool, use_dynamic_bsz: bool = False, max_token_len: int = 16384,
                             calculate_sum_pi_squared: bool = False):
-    """Log-probs (and entropy) of every row of ``data`` in micro-batches, in the original row order.
+    """Log-probs (and entropy) of every row of ``data`` in micro-batches, in the original row order, with the model
+    in eval mode (no dropout: the update's ``train()`` otherwise stays on, and these passes are the old policy's,
+    the reference's and the PRM's scores; the update sets ``train()`` again).
 
     Returns:
         (log_probs (B, R) f32 on CPU, entropy (B, R) f32 on CPU or None), and a third ``sum_pi_squared`` (B, R) f32
         on CPU with ``calculate_sum_pi_squared``.
     """
+    role.engine.eval()
     order = torch.arange(len(data))
     data = data.select(["input_ids", "attention_mask", "position_ids", "responses"],
                        [k for k in ("multi_modal_inputs",) if k in data.non_tensor])

@@ -237,20 +237,24 @@ import gc, sys
 sys.path.insert(0, {ROOT!r})
 from hydra import compose, initialize_config_dir
 from trainer.launch import run
-import deepspeed
+import deepspeed, torch
 for k in range(2):
     with initialize_config_dir(config_dir={os.path.join(ROOT, "configs")!r}, version_base="1.3"):
         cfg = compose(config_name="ppo_trainer", overrides=[f"trainer.output_dir={tmp_path}/run{{k}}", *{SHORT!r},
                       "trainer.n_gpus_per_node=1", "trainer.single_process=true"])
+    state = torch.get_rng_state()
     run(cfg)
+    print("rng kept", torch.equal(state, torch.get_rng_state()))
     gc.collect()
     print("engines", sum(isinstance(o, deepspeed.DeepSpeedEngine) for o in gc.get_objects()))
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("engines 0") == 2, proc.stdout[-2000:]
-    for k in range(2):
-        assert [r["step"] for r in read_metrics(str(tmp_path / f"run{k}")) if "actor/pg_loss" in r] == [1, 2]
+    assert proc.stdout.count("rng kept True") == 2, proc.stdout[-2000:]  # the caller's random stream (model built)
+    steps = [[{k: v for k, v in r.items() if not k.startswith(("timing", "perf/", "reward/time_s"))}
+              for r in read_metrics(str(tmp_path / f"run{k}")) if "actor/pg_loss" in r] for k in range(2)]
+    assert [r["step"] for r in steps[0]] == [1, 2] and steps[0] == steps[1]  # one seed, the same run
 
 
 def test_cpu_accelerator_where_the_driver_picked_another(monkeypatch):

@@ -51,9 +51,10 @@ def prepare_embedded(cfg: dict, resuming: bool = False) -> DataConfig:
 
         def build(folder: str) -> int:
             tok = task.build_tokenizer(folder)
-            torch.manual_seed(seed)
-            built = AutoModelForCausalLM.from_config(embedded.tiny_model_config(len(tok), **tiny))
-            task.warm_start(built, tok, data.warm_start_steps or 0, seed)
+            with torch.random.fork_rng(devices=[]):  # drawn from trainer.seed; the caller's stream is left as it was
+                torch.manual_seed(seed)
+                built = AutoModelForCausalLM.from_config(embedded.tiny_model_config(len(tok), **tiny))
+                task.warm_start(built, tok, data.warm_start_steps or 0, seed)
             built.save_pretrained(folder)
             give_umask_modes(folder)  # safetensors writes its weights 0600
             return len(tok)

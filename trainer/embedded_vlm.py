@@ -81,8 +81,10 @@ def write_tiny_vlm(out_dir: str, seed: int = 0) -> str:
     from transformers import Qwen2VLForConditionalGeneration
 
     proc = build_vlm_processor(out_dir)
-    torch.manual_seed(seed)
-    Qwen2VLForConditionalGeneration(tiny_vlm_config(proc.tokenizer)).save_pretrained(out_dir)
+    with torch.random.fork_rng(devices=[]):  # drawn from ``seed``; the caller's stream is left as it was
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(tiny_vlm_config(proc.tokenizer))
+    model.save_pretrained(out_dir)
     from trainer.checkpoint.atomic import give_umask_modes
 
     give_umask_modes(out_dir)  # safetensors writes its weights 0600

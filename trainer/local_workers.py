@@ -102,9 +102,9 @@ class ProcessState:
     """What the worker changes in this process, taken when built and given back by :meth:`restore`: the
     :data:`WORKER_ENV_KEYS` variables, torch's thread count, the warning filters, both libraries' progress bars, the
     ``compilers`` logger's level, the global random generators' states (the worker seeds them from ``trainer.seed``;
-    CUDA's when CUDA was initialised before). The torch process group is not among them: DeepSpeed keeps the group it first
-    used, so a later run in this process uses the same one; one that this process had no group before is destroyed
-    at exit (NCCL warns of a group left then)."""
+    CUDA's when CUDA was initialised before). The torch process group is not among them: DeepSpeed keeps the group
+    it first used, so a later run in this process uses the same one; one that this process had no group before is
+    destroyed at exit (NCCL warns of a group left then)."""
 
     def __init__(self):
         import torch

@@ -25,8 +25,8 @@ import math
 
 from tools.bench.learn_signal import signal_lines
 
-__all__ = ["SIDES", "ckpt_id", "run_budget", "within_budget", "run_values", "mark_table", "targets", "constant_baseline_of", "answer_rows",
-           "gsm8k_rows", "markdown", "plot"]
+__all__ = ["SIDES", "ckpt_id", "run_budget", "within_budget", "run_values", "mark_table", "targets",
+           "constant_baseline_of", "answer_rows", "gsm8k_rows", "markdown", "plot"]
 
 SET = "svamp"
 SIDES = ("trl", "ours")  # the two sides, in the order they run and are reported

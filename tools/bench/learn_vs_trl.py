@@ -310,8 +310,8 @@ def write_report(doc: dict, out: str) -> None:
     if doc.get("eval"):
         doc["table"] = mark_table(view)
         doc["targets"] = targets(doc["table"])
-    write_report_files(doc, out, markdown(dict(view, table=doc.get("table"))),
-                       lambda _doc, path: plot(view, path), os.path.splitext(out)[0] + ".png")
+    write_report_files(doc, out, markdown(view), lambda _doc, path: plot(view, path),
+                       os.path.splitext(out)[0] + ".png")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -15,8 +15,8 @@
 # spaces, no quoting), LEARN_SIDES (ours,trl: the sides to train; one side alone is scored by the same evaluator, so
 # it can be set beside earlier runs of the other side), VLLM_READY (/tmp/vsite.ok), VLLM_WAIT_S (900: how long TRL,
 # and the evaluator, wait for it).
-# Files in $OUT: ours_s<seed>.json, trl_s<seed>.json, learn.json/.md/.png, logs.tgz (the consoles, the evaluation, TRL's result and
-# ours' metrics.jsonl of every step), console.log, and ALLDONE at the end, holding
+# Files in $OUT: ours_s<seed>.json, trl_s<seed>.json, learn.json/.md/.png, logs.tgz (the consoles, the evaluation,
+# TRL's result and ours' metrics.jsonl of every step), console.log, and ALLDONE at the end, holding
 # "ok" or the steps that failed (the script then exits 1), or the line refusing a setting (exit 2).
 set -u
 OUT=${OUT:-/tmp/qout}
@@ -91,7 +91,9 @@ else
 fi
 echo "eval done $(date)"
 names=(eval.log eval.json)  # this call's runs only: /tmp/learn may hold an earlier call's too
-for seed in "${seeds[@]}"; do names+=("ours_s$seed.log" "ours_s$seed/metrics.jsonl" "trl_s$seed.log" "trl_s${seed}_result.json"); done
+for seed in "${seeds[@]}"; do
+  names+=("ours_s$seed.log" "ours_s$seed/metrics.jsonl" "trl_s$seed.log" "trl_s${seed}_result.json")
+done
 logs=$(cd /tmp/learn && ls "${names[@]}" 2>/dev/null)
 # shellcheck disable=SC2086  # file names without spaces, written by learn_vs_trl.py
 [ -n "$logs" ] && (cd /tmp/learn && tar czf "$OUT/logs.tgz" $logs)

@@ -67,6 +67,20 @@ def test_p11_clip_ratio_uses_configured_max_not_padded_width():
     assert compute_data_metrics(b, False, 4, 8)["prompt_length/clip_ratio"] == 0.5
 
 
+def test_p11_a_response_that_stops_exactly_at_the_cap_is_not_counted_as_cut():
+    """A response whose stop token is its max_response_length-th token ended by itself: with the rollout's stop
+    ids it is not cut (the P12 statistic says the same); without them every response at the cap counts (verl)."""
+    b = make_batch([2, 2, 2], [3, 3, 2], 2, 3)
+    b.batch["responses"][:] = torch.tensor([[5, 6, 1], [5, 6, 7], [5, 2, 0]])  # stop ids 1, 2; row 1 is cut
+    m = compute_data_metrics(b, False, 3, 8, stop_token_ids=[1, 2])
+    assert m["response_length/clip_ratio"] == pytest.approx(1 / 3)
+    assert m["response_length_non_aborted/clip_ratio"] == pytest.approx(1 / 3)
+    assert completion_length_stats(b.batch["responses"][:2], [1, 2], 3).clipped_ratio == 0.5
+    assert compute_data_metrics(b, False, 3, 8)["response_length/clip_ratio"] == pytest.approx(2 / 3)
+    assert compute_data_metrics(b, False, 3, 8, stop_token_ids=[9])["response_length/clip_ratio"] == \
+        pytest.approx(2 / 3)
+
+
 def test_data_metrics_aborted_samples():
     b = make_batch([1, 1, 1], [0, 2, 1], 1, 2, token_level_scores=torch.tensor([[0.0, 0], [0, 1], [3, 0]]))
     m = compute_data_metrics(b, use_critic=False, max_response_length=2, max_prompt_length=1)

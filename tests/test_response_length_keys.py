@@ -60,3 +60,20 @@ def test_the_entry_point_refuses_a_rollout_past_the_context_and_measures_clippin
         step = [r for r in map(json.loads, f) if "response_length/clip_ratio" in r][-1]
     assert step["response_length/max"] == 3 and step["response_length/clip_ratio"] == 1.0
 
+
+
+def test_p11_overlong_penalty_refuses_a_generation_cap_apart_from_its_length():
+    """DAPO's penalty falls to -penalty_factor at data.max_response_length: responses generated past it were
+    penalised beyond the factor (score -4.1 with factor 1), responses capped below it never reached it."""
+    from trainer.config_checks import ConfigError
+    from trainer.config_validate import overlong_kwargs
+
+    on = ("reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=1",
+          "data.max_response_length=2")
+    for cap in (6, 1):
+        with pytest.raises(ConfigError, match=rf"^{R}.response_length={cap} with reward_model.overlong_buffer.enable="
+                                              "true: the overlong penalty counts up to data.max_response_length=2"):
+            overlong_kwargs(_cfg(*on, f"{R}.response_length={cap}"))
+    assert overlong_kwargs(_cfg(*on))["max_response_length"] == 2  # the cap follows data.max_response_length
+    assert overlong_kwargs(_cfg(*on, f"{R}.response_length=2"))["max_response_length"] == 2
+    assert overlong_kwargs(_cfg(f"{R}.response_length=6", "data.max_response_length=2")) == {}  # penalty off

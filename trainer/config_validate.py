@@ -17,7 +17,8 @@ def overlong_kwargs(cfg: dict) -> dict:
     """RewardManager arguments of ``reward_model.overlong_buffer`` (verl's keys), checked.
 
     Raises:
-        ConfigError: ``enable`` with ``len`` not in (0, data.max_response_length), or a negative penalty factor.
+        ConfigError: ``enable`` with ``len`` not in (0, data.max_response_length), with a generation cap
+            (``rollout.response_length``) other than ``data.max_response_length``, or a negative penalty factor.
     """
     ob = cfg["reward_model"]["overlong_buffer"]
     buf = as_int(ob["len"], "reward_model.overlong_buffer.len")  # checked while off too (typos)
@@ -28,6 +29,12 @@ def overlong_kwargs(cfg: dict) -> dict:
     if not 0 < buf < max_len:
         raise ConfigError(f"reward_model.overlong_buffer.len={buf}; with enable=true expected "
                           f"0 < len < data.max_response_length={max_len}")
+    cap = ((cfg.get("actor_rollout_ref") or {}).get("rollout") or {}).get("response_length")
+    if cap is not None and as_int(cap, "actor_rollout_ref.rollout.response_length") != max_len:  # DAPO's penalty reaches -penalty_factor exactly at the cap
+        raise ConfigError(f"actor_rollout_ref.rollout.response_length={cap} with reward_model.overlong_buffer.enable="
+                          f"true: the overlong penalty counts up to data.max_response_length={max_len}, so a response "
+                          "of another length than that cap would never reach the full penalty or pass beyond it; "
+                          "leave rollout.response_length unset (it follows data.max_response_length)")
     if not factor >= 0:
         raise ConfigError(f"reward_model.overlong_buffer.penalty_factor={factor}; expected >= 0")
     return dict(overlong_buffer_len=buf, overlong_penalty_factor=factor, max_response_length=max_len)

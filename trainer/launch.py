@@ -18,8 +18,7 @@ from trainer.config_checks import (ConfigError, ConfigErrors, ErrorCollector, as
                                    check_reward_scorers, reward_option_keys, reward_options, run_checks)
 from trainer.megatron_checks import check_megatron, check_megatron_model  # noqa: F401
 from trainer.resume_checks import check_resume_checkpoint  # noqa: F401
-from trainer.run_folder import (FINAL_METRICS, already_complete, nothing_saved_warnings,  # noqa: F401
-                               write_final_metrics)
+from trainer.run_folder import FINAL_METRICS, already_complete, nothing_saved_warnings, write_final_metrics  # noqa
 from trainer.config_preflight import check_decode_loop, check_model_context, preflight, resume_path  # noqa: F401
 from trainer.packing_probe import check_packed_attention
 from trainer.config_validate import detect_device, overlong_kwargs, validate  # noqa: F401
@@ -238,13 +237,14 @@ def load_processor(cfg: dict):
 
 
 def build_data(cfg: dict, data: DataConfig, tok, processor=None):
-    """The training prompt loader (``data.gen_batch_size`` prompts per batch with dynamic sampling, else
-    ``data.train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (None without one, or when
-    no validation runs) of the ``data`` section ``data`` (its files filled in, :func:`prepare_embedded`).
-    ``processor`` (a vision-language model's, else None) reads the rows' images (``data.image_key``)."""
+    """The training prompt loader (``data.gen_batch_size`` prompts a batch with dynamic sampling, else
+    ``train_batch_size``; ``trainer.total_epochs`` epochs) and the held-out dataset (None without one or validation)
+    of the section ``data`` (files filled in); ``processor``: a VLM's (reads ``data.image_key``), else None."""
+    from trainer.chat_template_checks import warn_unread_template_kwargs
     from trainer.dataset import PromptDataset, PromptLoader
 
     d = data
+    warn_unread_template_kwargs(dict(d.apply_chat_template_kwargs or {}), tok, processor)
     ds_kwargs = dict(tokenizer=tok, max_prompt_length=d.max_prompt_length, prompt_key=d.prompt_key,
                      filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
                      chat_template_kwargs=dict(d.apply_chat_template_kwargs or {}),

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from trainer.flops import compute_mfu, flops_per_token  # noqa: F401  (re-exported)
 from trainer.group_metrics import group_score_metrics
 from trainer.multi_turn import generation_metrics
 
@@ -39,8 +40,19 @@ def _lengths(batch) -> tuple[torch.Tensor, torch.Tensor, int]:
     return attn[:, :-R].sum(-1).float(), attn[:, -R:].sum(-1).float(), R
 
 
-def compute_data_metrics(batch, use_critic: bool, max_response_length: int, max_prompt_length: int
-                         ) -> dict[str, float]:
+def _cut_at_cap(batch, resp_len: torch.Tensor, cap: int, stop_token_ids) -> torch.Tensor:
+    """(B,) bool: the response reached ``cap`` tokens and its last token (``responses`` (B, R), right-padded) is no
+    stop id, i.e. the cap cut it; without ``stop_token_ids`` every response at the cap counts (verl's rule)."""
+    at_cap = resp_len >= cap
+    if not stop_token_ids:
+        return at_cap
+    last = (resp_len.long() - 1).clamp(min=0).unsqueeze(-1)
+    ids = batch["responses"].gather(-1, last).squeeze(-1)
+    return at_cap & ~torch.isin(ids, torch.as_tensor(list(stop_token_ids), dtype=ids.dtype, device=ids.device))
+
+
+def compute_data_metrics(batch, use_critic: bool, max_response_length: int, max_prompt_length: int,
+                         stop_token_ids: Sequence[int] | None = None) -> dict[str, float]:
     """Per-step data metrics (verl §3.1) from a :class:`trainer.protocol.DataProto`.
 
     Reads ``responses`` (B,R), ``attention_mask`` (B,P+R), ``response_mask`` (B,R) (falls back to the response
@@ -55,7 +67,8 @@ def compute_data_metrics(batch, use_critic: bool, max_response_length: int, max_
     ``critic/frac_reward_zero_std`` (groups whose scores are all equal: :mod:`trainer.group_metrics`), and for
     multi-turn rollouts the ``multi_turn/*`` and ``tool/*`` metrics (:func:`trainer.multi_turn.generation_metrics`).
     Lengths are counted from the attention mask; ``clip_ratio`` is the fraction of samples whose length reaches
-    the CONFIGURED maximum (``max_response_length`` / ``max_prompt_length``), not the padded width.
+    the CONFIGURED maximum (``max_response_length`` / ``max_prompt_length``), not the padded width; with
+    ``stop_token_ids`` (the rollout's stop set) a response ending in one at the maximum is not cut (verl counts it).
 
     Raises:
         ValueError: non-positive maxima; malformed masks; ``use_critic`` without ``values``.
@@ -86,10 +99,11 @@ def compute_data_metrics(batch, use_critic: bool, max_response_length: int, max_
         else:
             out["critic/vf_explained_var"] = float("nan")
     out.update(_stats("response_length", resp_len))
-    out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
+    cut = _cut_at_cap(batch, resp_len, max_response_length, stop_token_ids)
+    out["response_length/clip_ratio"] = cut.float().mean().item()
     non_aborted = resp_len[~aborted]
     out.update(_stats("response_length_non_aborted", non_aborted))
-    out["response_length_non_aborted/clip_ratio"] = ((non_aborted >= max_response_length).float().mean().item()
+    out["response_length_non_aborted/clip_ratio"] = (cut[~aborted].float().mean().item()
                                                      if non_aborted.numel() else float("nan"))
     out["response/aborted_ratio"] = aborted.float().mean().item()
     out.update(_stats("prompt_length", prompt_len))
@@ -190,52 +204,6 @@ def compute_throughput_metrics(batch, timing_raw: dict[str, float], n_gpus: int)
         total = float(batch["attention_mask"].sum().item())
     return {"perf/total_num_tokens": total, "perf/time_per_step": float(t),
             "perf/throughput": total / (float(t) * n_gpus)}
-
-
-_UNGATED_MLP = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi"}
-
-
-def _arch(cfg) -> tuple[float, int, int, int]:
-    """(dense matmul params N, layers, attention heads, head_dim) of a decoder-only HF config."""
-    g = lambda *names, default=None: next((getattr(cfg, n) for n in names if getattr(cfg, n, None) is not None),
-                                          default)
-    h, layers = g("hidden_size", "n_embd"), g("num_hidden_layers", "n_layer")
-    heads, vocab = g("num_attention_heads", "n_head"), g("vocab_size")
-    if None in (h, layers, heads, vocab):
-        raise ValueError("config lacks hidden_size/num_hidden_layers/num_attention_heads/vocab_size")
-    kv = g("num_key_value_heads", default=heads)
-    d = g("head_dim", default=h // heads)
-    inter = g("intermediate_size", "n_inner", default=4 * h)
-    n_mlp = (2 if getattr(cfg, "model_type", "") in _UNGATED_MLP else 3) * h * inter
-    n_attn = h * d * (heads + 2 * kv) + heads * d * h  # q, k, v, o projections
-    return float(layers * (n_mlp + n_attn) + vocab * h), int(layers), int(heads), int(d)  # + lm head
-
-
-def flops_per_token(hf_config, seqlen: int) -> float:
-    """Training FLOPs (forward + backward) per token of a sequence of ``seqlen`` tokens, dense decoder:
-    ``6 * N + 12 * n_layers * n_heads * head_dim * seqlen`` (PaLM, Chowdhery et al. 2022, arXiv:2204.02311,
-    appendix B; the attention term ignores causal masking, as verl's ``flops_counter`` does). ``N`` counts the
-    matmul parameters: q/k/v/o projections (GQA-aware), the MLP (3 matrices if gated, 2 for GPT-2-style), and the
-    LM head; the embedding lookup is not a matmul. MoE models are not modelled."""
-    n, layers, heads, d = _arch(hf_config)
-    return 6.0 * n + 12.0 * layers * heads * d * seqlen
-
-
-def compute_mfu(hf_config, num_tokens: int, seqlens: Sequence[int], seconds: float, n_gpus: int,
-                peak_flops: float) -> float:
-    """Model FLOPs utilisation: ``(6*N*num_tokens + 12*L*H*d*sum(s^2)) / (seconds * n_gpus * peak_flops)``.
-
-    Args:
-        num_tokens: tokens processed (e.g. ``sum(seqlens) * ppo_epochs``); seqlens: per-sequence lengths;
-        peak_flops: peak FLOP/s of one GPU (e.g. 989e12 for H100/H200 dense bf16).
-    Raises:
-        ValueError: non-positive ``seconds``, ``n_gpus`` or ``peak_flops``.
-    """
-    if seconds <= 0 or n_gpus < 1 or peak_flops <= 0:
-        raise ValueError(f"need seconds > 0, n_gpus >= 1, peak_flops > 0; got {seconds}, {n_gpus}, {peak_flops}")
-    n, layers, heads, d = _arch(hf_config)
-    flops = 6.0 * n * num_tokens + 12.0 * layers * heads * d * float(sum(int(s) ** 2 for s in seqlens))
-    return flops / (seconds * n_gpus * peak_flops)
 
 
 def bootstrap_metric(data: Sequence[Any], subset_size: int, reduce_fns: Sequence[Callable], n_bootstrap: int = 1000,

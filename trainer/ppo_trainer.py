@@ -342,7 +342,8 @@ class RayPPOTrainer:
                     metrics.update(validate_and_log(self, tracker, self.global_step))
         metrics.update(compute_data_metrics(batch, use_critic=self.roles.has("critic"),
                                             max_response_length=self.response_length,
-                                            max_prompt_length=self.data_cfg.max_prompt_length))
+                                            max_prompt_length=self.data_cfg.max_prompt_length,
+                                            stop_token_ids=self.stop_token_ids))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_gpus=self.world))
         metrics.update({"training/global_step": self.global_step, "training/epoch": epoch})

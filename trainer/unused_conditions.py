@@ -143,6 +143,10 @@ def _greedy_validation(run: dict) -> bool:
     return validates(run) and _get(run, f"{_VK}.do_sample") is False
 
 
+def _zero_temperature_sampling(run: dict) -> bool:
+    return validates(run) and _get(run, f"{_VK}.do_sample") is True and float(_get(run, f"{_VK}.temperature")) == 0
+
+
 #: more (unused, keys, why) rows of :data:`trainer.unused_settings.SWITCHED_OFF`
 MORE_ROWS = (
     (pass_never_runs, tuple(f"{_ARR}.rollout.log_prob_{k}" for k in ("micro_batch_size_per_gpu", "use_dynamic_bsz",
@@ -153,4 +157,7 @@ MORE_ROWS = (
      lambda r: "algorithm.kl_ctrl.type=fixed keeps kl_coef (only kl_ctrl.type=adaptive reads them)"),
     (_greedy_validation, tuple(f"{_VK}.{k}" for k in ("temperature", "top_p", "top_k")),
      lambda r: f"{_VK}.do_sample=false decodes greedily (do_sample=true samples with them)"),
+    (_zero_temperature_sampling, tuple(f"{_VK}.{k}" for k in ("do_sample", "top_p", "top_k")),
+     lambda r: f"{_VK}.temperature=0 decodes greedily, also with do_sample=true (set a temperature > 0 to sample "
+               "the validation responses)"),
 ) + tuple(_micro_row(k) for k in _MICRO)

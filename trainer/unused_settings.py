@@ -65,8 +65,9 @@ def unused_setting_warnings(cfg: dict) -> list[str]:
     if rc.get("response_length") is not None and rc["response_length"] != _get(cfg, "data.max_response_length"):
         out.append(f"{R}.response_length={_fmt(rc['response_length'])} differs from data.max_response_length="
                    f"{_fmt(_get(cfg, 'data.max_response_length'))}: responses are generated up to "
-                   f"{R}.response_length, while data.max_response_length sets the overlong penalty's length; leave "
-                   f"{R}.response_length unset (it follows data.max_response_length) or set the two equal")
+                   f"{R}.response_length, not data.max_response_length (the overlong penalty, which counts up to "
+                   f"the latter, refuses the two apart); leave {R}.response_length unset (it follows "
+                   "data.max_response_length) or set the two equal")
     if name != "vllm" and rc.get("prompt_length") != _get(cfg, "data.max_prompt_length"):
         out.append(f"{R}.prompt_length={_fmt(rc.get('prompt_length'))}: ignored: {R}.name={name} takes each "
                    "batch's prompts as they are (data.max_prompt_length limits them); only vLLM sizes its context by it")

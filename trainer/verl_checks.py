@@ -32,6 +32,10 @@ def _check_reward_manager(cfg: dict) -> None:
         raise ConfigError(f"reward_model.reward_manager={name!r}; expected one of {list(REWARD_MANAGERS)} (each scores "
                           "rows with the rule scorer; DAPO's overlong penalty is reward_model.overlong_buffer); for your "
                           "own scoring use custom_reward_function.path")
+    if name == "batch" and not (cfg["reward_model"].get("custom_reward_function") or {}).get("path"):
+        raise ConfigError("reward_model.reward_manager=batch without reward_model.custom_reward_function.path: the "
+                          "batch manager calls your function once per batch (verl's batch reward function); the "
+                          "built-in scorers score one response at a time (reward_manager=naive)")
 
 
 def _check_gen_batch_size(cfg: dict) -> None:

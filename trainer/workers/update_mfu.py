@@ -1,6 +1,6 @@
 """Model FLOPs utilisation of the actor update, logged as ``perf/mfu/actor`` (verl's key).
 
-``MFU = (6 N T + 12 L H d sum_i s_i^2) / (seconds * peak)`` per rank (:func:`trainer.metric_utils.compute_mfu`;
+``MFU = (6 N T + 12 L H d sum_i s_i^2) / (seconds * peak)`` per rank (:func:`trainer.flops.compute_mfu`;
 PaLM, Chowdhery et al. 2022, appendix B): ``T`` the tokens this rank trained (the attention mask's ones, times
 ``ppo_epochs``, divided by the Ulysses degree since SP peers share their rows' tokens), ``s_i`` the rows' lengths,
 ``seconds`` the update's wall time on this rank with the device synchronised at its end, ``peak`` the GPU's dense
@@ -41,7 +41,7 @@ def update_mfu(role, data, ppo_epochs: int, t0: float, device: torch.device) -> 
 
     Args:
         role: the trained :class:`trainer.workers.model_utils.ModelRole` (its ``hf_config``, counted by
-            :func:`trainer.metric_utils.flops_per_token`'s rules, and ``sp_size``, the Ulysses degree).
+            :func:`trainer.flops.flops_per_token`'s rules, and ``sp_size``, the Ulysses degree).
         data: this rank's update batch (:class:`trainer.protocol.DataProto` or a mapping); its ``attention_mask``,
             (rows, seq), 1 on real tokens (any integer or bool dtype), is read only on CUDA.
         ppo_epochs: passes over the batch.
@@ -61,7 +61,7 @@ def update_mfu(role, data, ppo_epochs: int, t0: float, device: torch.device) -> 
     seqlens = data["attention_mask"].sum(-1).tolist()
     if not sum(seqlens) or seconds <= 0:
         return None
-    from trainer.metric_utils import compute_mfu
+    from trainer.flops import compute_mfu
 
     epochs_per_sp = ppo_epochs / max(role.sp_size, 1)
     mfu = compute_mfu(role.hf_config, int(sum(seqlens)), seqlens, seconds, 1, peak)

@@ -124,13 +124,8 @@ def bench_generation(args, device, dtype) -> list[dict]:
         rows.append(decode_ab(engine, prompts, sampling, args.engine_calls))
     if args.profile:  # one more call under torch.profiler: where a decoding step's time goes
         rows[-1]["profile"] = profile_generate(engine, prompts, sampling, args.profile_rows)
-    if args.sleep_wake and torch.cuda.is_available():  # does a sleep/wake cycle (new addresses) cost a recompile?
-        engine.sleep(1); engine.wake_up()
-        _sync(); t0 = time.perf_counter()
-        out = engine.generate(prompts, sampling)
-        _sync(); dt = time.perf_counter() - t0
-        rows.append(dict(name="HFRolloutEngine after sleep/wake", seconds=dt, tokens=int(out.response_mask.sum()),
-                         tok_per_s=int(out.response_mask.sum()) / dt))
+    if args.sleep_wake:  # does a sleep/wake cycle (new addresses) cost a recompile or a graph recording?
+        rows.append(sleep_wake_row(engine, prompts, sampling, args.engine_calls, args.sleep_level))
         print(rows[-1], flush=True)
     if "vllm" in engines:
         engine = out = None  # the HF engine and its last output go before vLLM starts
@@ -161,6 +156,24 @@ def engine_row(engine, prompts, sampling, calls: int, attn: str, loop: str) -> d
                 decode_loop=loop, seconds=times[-1], tokens=tokens, tok_per_s=tokens / times[-1],
                 decode_steps=steps, ms_per_decode_step=1e3 * times[-1] / max(steps, 1), first_call_s=times[0],
                 compile_s=max(0.0, times[0] - times[-1]), all_calls_s=times, cudagraph_records_per_call=records)
+
+
+def sleep_wake_row(engine, prompts, sampling, calls: int, level: int) -> dict:
+    """``calls`` calls of ``engine.generate``, each after a sleep (``level``) / wake cycle as a training step does
+    (weights loaded again on wake): seconds and CUDA-graph recordings per call, beside the steady calls' row."""
+    weights = {k: v.detach().clone() for k, v in engine.model.state_dict().items()} if level >= 2 else None
+    times, records, out = [], [], None
+    for _ in range(calls):
+        engine.sleep(level)
+        engine.wake_up()
+        if weights is not None:  # level 2 drops the weights: the trainer syncs them after each wake
+            engine.load_weights(weights.items())
+        t, r, out = timed_calls(engine, prompts, sampling, 1)
+        times, records = times + t, records + r
+    tokens = int(out.response_mask.sum())
+    return dict(name=f"HFRolloutEngine after sleep(level={level})/wake each call", sleep_level=level,
+                seconds=times[-1], tokens=tokens, tok_per_s=tokens / times[-1], all_calls_s=times,
+                cudagraph_records_per_call=records)
 
 
 def timed_calls(engine, prompts, sampling, calls: int):
@@ -367,7 +380,10 @@ def main(argv=None) -> None:
     ap.add_argument("--zero3", action="store_true",
                     help="sync from a DeepSpeed ZeRO-3 actor (run under torchrun for several ranks)")
     ap.add_argument("--sync-repeats", type=int, default=3)
-    ap.add_argument("--sleep-wake", action="store_true", help="also time a call after a sleep/wake cycle")
+    ap.add_argument("--sleep-wake", action="store_true", help="also time --engine-calls calls, each after a "
+                    "sleep/wake cycle (the training loop's order)")
+    ap.add_argument("--sleep-level", type=int, default=1, choices=(1, 2), help="--sleep-wake's level "
+                    "(rollout.sleep_level: 2 frees the weights too, which are loaded again after each wake)")
     ap.add_argument("--profile", action="store_true", help="profile one more engine call; print the top ops")
     ap.add_argument("--profile-rows", type=int, default=15, help="ops listed by --profile")
     ap.add_argument("--out", default="bench_rollout.json")

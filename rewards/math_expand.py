@@ -14,9 +14,10 @@ limit, on every call.
 ``D`` the terms of the difference (both sides evaluated as sympy builds them, so that the terms they share cancel, as in
 ``simplify``) in its numerator and denominator once expanded over a common denominator (sums add, products multiply, a
 power of a sum of ``t`` terms to ``e`` has ``C(e + t - 1, t - 1)``, a binomial or rising / falling factorial of a
-variable with an integer ``k`` is a polynomial of degree ``k``), it is ``N + D + N * D / 5``, five times that when such
-a binomial takes part, plus the same for the arguments of other functions. Measured (CPU time of math-verify's
-comparison with sympy's cache cleared, median of 3, against ``2`` unless named, on a 2-core machine):
+variable with an integer ``k`` is a polynomial of degree ``k``; roots and constants count as variables there, since
+sympy expands ``(1+\\sqrt{2}+\\sqrt{3})^{30}`` as it does ``(1+x+y)^{30}``), it is ``N + D + N * D / 5``, five times
+that when such a binomial takes part, plus the same for the arguments of other functions. Measured (CPU time of
+math-verify's comparison with sympy's cache cleared, median of 3, against ``2`` unless named, on a 2-core machine):
 
 * polynomials: ``(x+1)^{200}`` (243 units) 0.18 s, ``(x+1)^{300}`` (363) 0.30 s, ``(x+y+z)^{20}`` (279) 0.30 s,
   ``(x+y+z)^{23}`` (362) 0.38 s, ``(x+y+z+w)^{8}`` (200) 0.22 s, ``(x+y+z+w)^{10}`` (345) 0.39 s,
@@ -49,22 +50,31 @@ a random point is one with probability at most ``d / (2^40 - 2^32)``, so both ar
 the answer: the points are drawn afresh
 for every pair, so no answer can be built against them. A pole at a point (a denominator that is 0 there), or a
 value past ``_MAX_BITS`` bits (one product of two such values takes about 1 ms) or ``_MAX_SPENT_BITS`` bits for the
-whole pair, leaves the pair undecided. An expression pair above the estimate that this does not decide (functions,
-roots, logarithms, decimals, constants such as ``\\pi``, a pole), and any pair with a function applied, is found
-different when its values at random points prove it (:func:`rewards.math_numeric.numeric_differs`); what that leaves
-(equal values, an undefined function, a pole, decimals) and every tuple, set, matrix or relation goes to math-verify
-as any other pair, within the scorer's time limit: a pair of equal answers of such shapes can still take that limit.
+whole pair, leaves the pair undecided. An expression pair above ``NUMERIC_FIRST_UNITS`` (a tenth of the estimate) that
+this does not decide (functions, roots, logarithms, decimals, constants such as ``\\pi``, a pole), and any pair with a
+function applied, is found different when its values at random points prove it
+(:func:`rewards.math_numeric.numeric_differs`): irrational coefficients make ``simplify`` slower than rational ones
+(``(x+\\sqrt{2})^{60}`` against ``6``, 75 units, took 0.12 s; ``(a+b\\sqrt{c})^{60}`` 0.1 s; ``(\\sqrt{x+1}+1)^{60}``
+0.17 s), while valuing a pair takes 1-5 ms. Tuples, finite sets and intervals are compared by their elements
+(:func:`container_verdict`): different when an element of the answer is proven different from every element of the gold
+(``((1+\\pi)^{100}, 1)`` against ``(5, 1)`` took 80 ms in math-verify, ``((x+1)^{250}, 1)`` 0.22 s). What that leaves
+(equal values, an undefined function, a pole, decimals, elements that some other element may match) and every matrix or
+relation goes to math-verify as any other pair, within the scorer's time limit: a pair of equal answers of such shapes
+can still take that limit, and so can a relation in variables (math-verify solves it: ``x+y = (x+1)^{100}`` against
+``x+y = 5`` took 0.45 s).
 """
 from __future__ import annotations
 
 import math
 import random
 
-from rewards.math_tame import log_power_terms
+from rewards.math_tame import holds_irrational, log_power_terms
 
-__all__ = ["MAX_SIMPLIFY_UNITS", "simplify_units", "simplify_too_slow", "rational_verdict", "fast_verdict"]
+__all__ = ["MAX_SIMPLIFY_UNITS", "NUMERIC_FIRST_UNITS", "simplify_units", "simplify_too_slow", "rational_verdict",
+           "container_verdict", "fast_verdict"]
 
 MAX_SIMPLIFY_UNITS = 200  # estimated work of simplify(gold - pred), see the module docstring
+NUMERIC_FIRST_UNITS = 20  # above it, a pair that rational_verdict does not decide is valued at random points first
 _QUOTIENT_WEIGHT = 0.2  # N * D / 5: the gcd of numerator and denominator (measured on 1/(1-x)^n against 2)
 _BINOMIAL_WEIGHT = 5.0  # combsimp factors a binomial of a variable (measured on binom(x, k) against 2)
 _CAP = 1e30  # counts are capped here (any value above the limit is as good as another)
@@ -73,6 +83,7 @@ _LOW, _HIGH = 2 ** 32, 2 ** 40  # each variable's value at a point is drawn from
 _MAX_BITS = 65_536  # bits of one value (numerator and denominator): one product of two takes about 1 ms
 _MAX_SPENT_BITS = 1_000_000  # bits of all values computed for one pair: at most about 20 ms in all
 _COUNTS = ("binomial", "FallingFactorial", "RisingFactorial")
+_MAX_PAIRS = 64  # pairs of elements of two tuples / sets that container_verdict compares
 
 
 class _Undecided(Exception):
@@ -106,8 +117,11 @@ def _combine(parts: list, add: bool) -> tuple[float, float, float, bool]:
 def _shape(node) -> tuple[float, float, float, bool]:
     """``(N, D, inner, binomial)`` of ``node``: terms of its numerator and denominator once expanded over a common
     denominator, the units of the arguments of other functions (simplified one by one), and whether a binomial of
-    a variable takes part. A number is one term: sympy evaluates it rather than expanding it."""
-    if node.is_number:
+    a variable takes part. A rational number, a constant or a root of a number is one term: sympy evaluates it rather
+    than expanding it; sums, products and powers of roots and constants are expanded as polynomials in them
+    (:func:`rewards.math_tame.holds_irrational`), and a function's value as a function's."""
+    root = node.is_Pow and not node.args[1].is_Integer
+    if node.is_number and (node.is_Atom or root or not holds_irrational(node)):
         return 1.0, 1.0, 0.0, False
     if node.is_Add or node.is_Mul:
         return _combine([_shape(a) for a in node.args], node.is_Add)
@@ -282,23 +296,49 @@ def _has_function(*exprs) -> bool:
     return any(e.has(Function) for e in exprs)
 
 
+def _elements(obj, other) -> list | None:
+    """What math-verify compares element by element: the entries of a tuple or finite set, the endpoints of an
+    interval, an expression alone against one of these (math-verify puts it in a set); None for anything else."""
+    from sympy import FiniteSet, Interval, Tuple
+
+    if isinstance(obj, (Tuple, FiniteSet)):
+        return list(obj.args)
+    if isinstance(obj, Interval):
+        return [obj.start, obj.end]
+    return [obj] if _is_expression(obj) and _elements(other, None) else None
+
+
+def container_verdict(gold, pred) -> bool | None:
+    """False when ``gold`` and ``pred`` are tuples, finite sets or intervals (or one of these and an expression) and
+    some element of ``pred`` is shown different from every element of ``gold`` by :func:`fast_verdict` (so no
+    matching of their elements, in order or not, can make them equal); else None, for math-verify. At most
+    ``_MAX_PAIRS`` pairs of elements are compared, and elements that are containers are not. Never raises."""
+    g, p = _elements(gold, pred), _elements(pred, gold)
+    if g is None or p is None or len(g) * len(p) > _MAX_PAIRS:
+        return None
+    if not all(_is_expression(x) for x in g + p):
+        return None
+    return False if any(all(fast_verdict(a, b) is False for a in g) for b in p) else None
+
+
 def fast_verdict(gold, pred) -> bool | None:
     """The verdict on a pair without math-verify's ``simplify``, or None to leave it to math-verify: True for the
     same expression (:func:`_same_expression`); None when one side is a single symbol (a word or a name, compared
     by name by math-verify); for a pair of rational functions with a variable,
     :func:`rational_verdict` (exact: math-verify's 15-digit comparison took ``x+\\frac{1}{10^{20}}`` for ``x``);
-    for a pair it does not decide that is too slow to simplify (:func:`simplify_too_slow`) or has a function
-    applied, False when its values prove it different (:func:`rewards.math_numeric.numeric_differs`); None for any
-    other pair. Never raises."""
-    if not (_is_expression(gold) and _is_expression(pred)):  # relations, tuples, sets: math-verify, whatever the size
-        return None
+    for a pair it does not decide whose estimate is above ``NUMERIC_FIRST_UNITS`` (:func:`simplify_units`) or that
+    has a function applied, False when its values prove it different (:func:`rewards.math_numeric.numeric_differs`);
+    for tuples, sets and intervals, :func:`container_verdict`; None for any other pair. Never raises."""
+    if not (_is_expression(gold) and _is_expression(pred)):  # tuples, sets: by their elements; relations: math-verify
+        return container_verdict(gold, pred)
     if _same_expression(gold, pred):
         return True
     if getattr(gold, "is_Symbol", False) or getattr(pred, "is_Symbol", False):
         return None  # a word or a name (``\\text{Navin}`` against ``navin``): math-verify compares it by name
-    slow = simplify_too_slow(gold, pred)
+    units = simplify_units(gold, pred)
+    slow = units > MAX_SIMPLIFY_UNITS
     verdict = rational_verdict(gold, pred) if slow or gold.free_symbols or pred.free_symbols else None
-    if verdict is None and (slow or _has_function(gold, pred)):
+    if verdict is None and (units > NUMERIC_FIRST_UNITS or _has_function(gold, pred)):
         from rewards.math_numeric import numeric_differs
 
         verdict = False if numeric_differs(gold, pred) else None

@@ -13,9 +13,9 @@ minutes) while the text stays short. Then sympy evaluates what was parsed, which
    ``MAX_PLAIN_NESTING`` plain groups (the ambiguous kinds above), or with more than ``MAX_BARS`` ``|`` bars
    (ambiguous too: a bar opens or closes), in one linear scan. Reference answers of MATH-500 nest at most 2
    groups deep. It also refuses big arguments of the commands that latex2sympy evaluates while it parses
-   (``\\binom{100000}{50000}``, ``\\Gamma(3000000)``: :func:`evaluated_commands_ok`) and towers of more than
-   ``MAX_TOWER`` stacked superscripts (``e^{e^{e^{e^{e}}}}``, ``x^x^x^x``: :func:`tower_height`) other than
-   towers of integer literals with a small value (``2^{2^{2^{2}}}``).
+   (``\\binom{100000}{50000}``, ``\\Gamma(3000000)``: :func:`evaluated_commands_ok`; ``\\gcd(2^{300000}-1, 3)``:
+   :mod:`rewards.math_arguments`) and towers of more than ``MAX_TOWER`` stacked superscripts (``e^{e^{e^{e^{e}}}}``,
+   ``x^x^x^x``: :func:`tower_height`) other than towers of integer literals with a small value (``2^{2^{2^{2}}}``).
 3. :func:`is_tame` (:mod:`rewards.math_tame`) refuses parsed expressions that are too big to evaluate, measured
    from their parts without evaluating them (digits of every numeric part: ``e^{e^{e^{e}}}``; towers of powers
    in variables; factorial, binomial, sum and product bounds).
@@ -36,6 +36,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from rewards.math_arguments import integer_arguments_ok
 from rewards.math_tame import MAX_DIGITS, MAX_EXPONENT, MAX_FACTORIAL_ARG, MAX_SYMBOLIC_COUNT, MAX_TOWER, is_tame
 from rewards.option_rules import ValueRule
 
@@ -308,14 +309,13 @@ def structure_ok(s: str) -> bool:
     superscripts stacked (:func:`tower_height`: ``x^{x^{x^{x}}}``, ``e^{e^{e^{e^{e}}}}``, ``9^{9^{9^{9}}}`` are
     refused; their values have no bound, and parsing them alone costs more than refusing) unless the tower is of
     integer literals with a small value (:func:`_towers_ok`: ``2^{2^{2^{2}}}``), and the commands that the parser
-    evaluates have small arguments (:func:`evaluated_commands_ok`). Never raises."""
-    if not isinstance(s, str) or re.search(r"[0-9]{%d}" % (_MAX_DIGIT_RUN + 1), s):
-        return False
-    if len(_BARS.findall(s)) > MAX_BARS:
+    evaluates have small arguments (:func:`evaluated_commands_ok`; ``\\gcd``, ``\\lcm``:
+    :func:`rewards.math_arguments.integer_arguments_ok`). Never raises."""
+    if not isinstance(s, str) or re.search(r"[0-9]{%d}" % (_MAX_DIGIT_RUN + 1), s) or len(_BARS.findall(s)) > MAX_BARS:
         return False
     deepest, deepest_plain = nesting_depths(s)
     return (deepest <= MAX_NESTING and deepest_plain <= MAX_PLAIN_NESTING and _towers_ok(s)
-            and evaluated_commands_ok(s))
+            and evaluated_commands_ok(s) and integer_arguments_ok(s))
 
 
 def _finite_positive(value) -> bool:

@@ -1,5 +1,6 @@
 """Proof that two symbolic answers differ, from their values at random points, before sympy's ``simplify`` is tried
-(:func:`rewards.math_expand.fast_verdict` calls it for pairs above the simplify estimate and for pairs with functions).
+(:func:`rewards.math_expand.fast_verdict` calls it for pairs above a tenth of the simplify estimate and for pairs with
+functions).
 
 Powers of trigonometric functions (``\\sin^{200}(x)``, ``(1+\\sin x)^{30}``), powers of sums with ``e^{x}`` and
 products of large powers inside functions held math-verify's ``simplify`` for the scorer's whole time limit (1 s) on

@@ -20,6 +20,15 @@ wrong gold: ``(x+1)^{300}`` (301 terms) 0.31 s, ``(x+1)^{400}`` 0.47 s, ``(x+1)^
 on a loaded machine), ``(x+y+z)^{30}`` (496 terms) 0.69 s, ``(x+y+z)^{50}`` (1,326 terms) 2 s; a power of a
 monomial (``(2x)^{150}``, ``(xy)^{200}``) never expands and is not limited. ``binomial(x, k)`` with a variable ``x``
 is a product of ``k`` factors: ``k = 25`` 0.18 s, ``k = 50`` 0.38 s, ``k = 100`` 1.6 s, hence ``MAX_SYMBOLIC_COUNT``.
+A sum of roots and constants (``1+\\sqrt{2}+\\sqrt{3}``, ``1+\\pi+e``: :func:`holds_irrational`) has a size, but sympy
+raises it to a power as it does a sum of variables, term by term (``simplify`` expands the multinomial before it
+collects the terms), so such a power is refused above ``MAX_EXPANDED_TERMS`` terms too: measured against a wrong gold,
+``(1+\\sqrt{2}+\\sqrt{3}+\\sqrt{5}+\\sqrt{7})^{n}`` took 0.7 s at ``n = 20`` (10,626 terms), 3.1 s at 30 and 10.7 s
+at 40, ``(1+\\sqrt{2}+\\sqrt{3})^{100}`` (5,151 terms) 0.37 s, ``(1+\\sqrt{2})^{1000}`` 0.2 s, ``(1+\\pi+e)^{100}``
+over 1 s. Rounding such a number (``\\lfloor\\rfloor``, ``\\lceil\\rceil``) is worse: near an integer, where powers
+of ``2+\\sqrt{3}`` or ``1+\\sqrt{2}`` lie, sympy decides it by ``simplify`` (``\\lfloor (2+\\sqrt{3})^{60} \\rfloor``
+2.5 ms, ``\\lfloor (2+\\sqrt{3})^{100} \\rfloor`` 56 ms, ``\\lceil (1+\\sqrt{2})^{250} \\rceil`` 0.1-0.3 s,
+``\\lceil (1+\\sqrt{2})^{9000} \\rceil`` over 4 s), hence ``MAX_ROUNDED_TERMS`` for a rounded irrational number.
 These bound each answer alone; what a pair costs to compare (products of such powers, denominators, the gold's own
 terms) is bounded by :mod:`rewards.math_expand`.
 """
@@ -28,8 +37,9 @@ from __future__ import annotations
 import math as _pymath
 import re as _re
 
-__all__ = ["is_tame", "unevaluated", "names_unevaluated", "log_power_terms", "MAX_DIGITS", "MAX_EXACT_DIGITS",
-           "MAX_EXPONENT", "MAX_FACTORIAL_ARG", "MAX_TERMS", "MAX_EXPANDED_TERMS", "MAX_SYMBOLIC_COUNT", "MAX_TOWER"]
+__all__ = ["is_tame", "unevaluated", "names_unevaluated", "log_power_terms", "holds_irrational", "MAX_DIGITS",
+           "MAX_EXACT_DIGITS", "MAX_EXPONENT", "MAX_FACTORIAL_ARG", "MAX_TERMS", "MAX_EXPANDED_TERMS",
+           "MAX_ROUNDED_TERMS", "MAX_SYMBOLIC_COUNT", "MAX_TOWER"]
 
 MAX_NODES = 1000  # sympy tree size
 MAX_DEPTH = 100  # sympy tree depth
@@ -40,6 +50,7 @@ MAX_FACTORIAL_ARG = 1000  # n of n!, Gamma(n); n of binomial(n, k) when k is not
 MAX_LITERAL_DIGITS = 200  # digits in one integer literal
 MAX_TERMS = 1000  # terms of a sum or factors of a product with numeric bounds
 MAX_EXPANDED_TERMS = 300  # terms of a power of a sum in variables once expanded ((x+1)^300: 301)
+MAX_ROUNDED_TERMS = 50  # terms of an irrational number under floor / ceiling once expanded ((2+\sqrt{3})^{40}: 41)
 MAX_SYMBOLIC_COUNT = 50  # k of binomial(x, k) or a rising / falling factorial with a variable: k factors
 MAX_TOWER = 2  # powers stacked in exponents, with a variable in them (x^{x^{x}}, e^{x^2}: 2; x^{x^{x^{x}}}: 3)
 _LOG10_2 = 0.30103
@@ -105,6 +116,21 @@ def log_power_terms(terms: float, exponent: int) -> float:
     return _pymath.lgamma(exponent + terms) - _pymath.lgamma(exponent + 1) - _pymath.lgamma(terms)
 
 
+def holds_irrational(node) -> bool:
+    """Whether a sympy number holds a part that sympy keeps symbolic in exact arithmetic: a root (``\\sqrt{2}``), a
+    constant (``\\pi``, ``e``), a function value (``\\log 2``); so that a power of a sum of such parts is expanded term
+    by term, as a polynomial is. Rationals, decimals and sympy's ``I`` are not (sympy computes ``(3+4I)^{n}`` by
+    squaring). Never raises."""
+    import sympy
+    if node.is_Rational or node.is_Float or node is sympy.I:
+        return False
+    if node.is_Pow and not node.args[1].is_Integer:
+        return True
+    if node.is_Add or node.is_Mul or node.is_Pow:
+        return any(holds_irrational(a) for a in node.args)
+    return True
+
+
 def _power_size(node, base, exp, env, depth) -> tuple[float, float] | None:
     """Size of ``base ** exp`` (``exp(x)`` is ``E ** x``)."""
     sb, se = _size(base, env, depth), _size(exp, env, depth)
@@ -115,9 +141,10 @@ def _power_size(node, base, exp, env, depth) -> tuple[float, float] | None:
     e = _magnitude(exp, se)
     if e > MAX_EXPONENT:
         raise _Refused
+    if (sb is None or holds_irrational(base)) and node.is_Pow and \
+            _expanded_terms(node) > _pymath.log10(MAX_EXPANDED_TERMS):
+        raise _Refused  # (x+1)^1000, (1+\sqrt{2})^{1000}: sympy expands it term by term
     if sb is None:
-        if node.is_Pow and _expanded_terms(node) > _pymath.log10(MAX_EXPANDED_TERMS):
-            raise _Refused  # (x+1)^1000: sympy expands it into a thousand terms of huge coefficients
         return None
     if exp.is_Number and (exp >= 0 or base.is_Number):  # the sign of log10 |value| is known
         u = e * sb[0] * (1 if exp >= 0 else -1)
@@ -217,6 +244,9 @@ def _size(node, env: dict, depth: int = 0) -> tuple[float, float] | None:
         return _count_size(*node.args[:2], env, depth)
     if isinstance(node, (sympy.Sum, sympy.Product, sympy.Integral)):
         return _bounded_size(node, env, depth)
+    if isinstance(node, (sympy.floor, sympy.ceiling, sympy.frac)) and node.args[0].is_number and \
+            holds_irrational(node.args[0]) and _expanded_terms(node.args[0]) > _pymath.log10(MAX_ROUNDED_TERMS):
+        raise _Refused  # near an integer, sympy decides the rounding by simplify, which expands the argument
     sizes = [_size(a, env, depth) if isinstance(a, sympy.Basic) else None for a in node.args]
     if None in sizes or not sizes:
         return None
@@ -235,15 +265,17 @@ def is_tame(expr) -> bool:
 
     Rejects: more than 1000 tree nodes or 100 levels; an integer literal of more than 200 digits; any numeric
     sub-expression above 10^4 in magnitude (``log10 |value|``: ``e^{e^{e^{e}}}``, ``\\pi^{\\pi^{\\pi^{\\pi}}}``) or
-    above 10^5 digits of exact numerator and denominator; a power with a numeric exponent above 10^4 in absolute
-    value (``10^{-10^{5}}``); a factorial or Gamma of a number above 1000; a binomial or rising / falling factorial
-    of numbers whose value has too many digits (``min(k, n - k) log10 n``), of a variable ``x`` with ``k`` above
-    50, or of a number above 1000 with a variable ``k``; a sum or product over more than 1000 numeric terms, whose
-    variable otherwise takes the size of its bounds (``\\sum_{n=1}^{10} n^{n^{n}}`` is too big), as does an
-    integral's; a power in variables that expands to more than 300 terms (``(x+1)^{1000}``; ``(x+1)^{200}`` and
-    ``(2x)^{150}`` pass); more than 2 powers stacked in exponents with a variable in them (``x^{x^{x^{x}}}``,
-    ``2^{2^{2^{n}}}``); non-sympy objects other than str. Sizes are bounded from the parts, in floating point,
-    without evaluating anything (see the module docstring for the measurements behind the limits). Never raises.
+    above 10^5 digits of exact numerator and denominator; a power with a numeric exponent above 10^4 in absolute value
+    (``10^{-10^{5}}``); a factorial or Gamma of a number above 1000; a binomial or rising / falling factorial of numbers
+    whose value has too many digits (``min(k, n - k) log10 n``), of a variable ``x`` with ``k`` above 50, or of a number
+    above 1000 with a variable ``k``; a sum or product over more than 1000 numeric terms, whose variable otherwise takes
+    the size of its bounds (``\\sum_{n=1}^{10} n^{n^{n}}`` is too big), as does an integral's; a power in variables, or
+    of a sum of roots and constants, that expands to more than 300 terms (``(x+1)^{1000}``, ``(1+\\sqrt{2})^{1000}``,
+    ``(1+\\sqrt{2}+\\sqrt{3}+\\sqrt{5}+\\sqrt{7})^{60}``; ``(x+1)^{200}``, ``(2x)^{150}`` and ``(2\\sqrt{3})^{1000}``
+    pass); the floor or ceiling of a number with roots or constants that expands to more than 50 terms (``\\lceil
+    (1+\\sqrt{2})^{250} \\rceil``); more than 2 powers stacked in exponents with a variable in them (``x^{x^{x^{x}}}``,
+    ``2^{2^{2^{n}}}``); non-sympy objects other than str. Sizes are bounded from the parts, in floating point, without
+    evaluating anything (see the module docstring for the measurements behind the limits). Never raises.
     """
     try:
         from sympy import Basic, MatrixBase, postorder_traversal
@@ -273,7 +305,8 @@ def unevaluated(expr) -> bool:
     ``\\int_0^1 x^{x} \\cos(x^{x}) \\sin(x) dx`` over 1 s, ``\\sum_{n=1}^{\\infty} \\sin(n^{n})`` over 5 s and
     ``\\prod_{n=1}^{\\infty} (1+\\frac{1}{n^2})`` 0.8-1 s against ``1`` (sympy 1.13, one core; measured with the
     scorer's limit lifted). A sum or product over a fixed number of terms (``\\sum_{k=1}^{10} k``, bounds written as
-    arithmetic too: ``\\sum_{k=1}^{10^2} k``) is arithmetic and stays evaluated (bounded by :func:`is_tame`). No MATH-500 answer holds any of these. Never raises."""
+    arithmetic too: ``\\sum_{k=1}^{10^2} k``) is arithmetic and stays evaluated (bounded by :func:`is_tame`). No
+    MATH-500 answer holds any of these. Never raises."""
     try:
         import sympy
         if not isinstance(expr, sympy.Basic):

@@ -9,7 +9,9 @@ its whole 1 s limit. Measured (parse of a new answer, sympy's cache cleared; abo
 numbers): integers of 3,000 digits in all add at most 10 ms; polynomials cost more per degree,
 ``\\operatorname{lcm}(x^{d}-1, x^{d-1}-1)`` adds 12 ms at ``d = 100``, 24 ms at 200, 38 ms at 300 and 130 ms at 600.
 Hence :func:`argument_digits`, an upper bound of the digits of the arguments' values in which a letter counts as
-``_LETTER_DIGITS`` digits, at most ``MAX_ARGUMENT_DIGITS`` (degrees up to about 300 in all); factorials, sums,
+``_LETTER_DIGITS`` digits (``_SEVERAL_LETTERS_DIGITS`` in arguments of two or more variables, whose gcd is
+multivariate: ``\\gcd((x+y+z)^{15}-1, (x+y+z+1)^{15}-1)`` took 1.4 s), at most ``MAX_ARGUMENT_DIGITS`` (univariate
+degrees up to about 600 in all: ``\\gcd(x^{300}-1, x^{200}-1)`` 35 ms); factorials, sums,
 products and the commands that the parser evaluates (``\\binom``, ``\\Gamma``) are not allowed in an argument.
 MATH-500 has no ``\\gcd`` or ``\\lcm`` answer.
 """
@@ -21,7 +23,9 @@ import re
 __all__ = ["MAX_ARGUMENT_DIGITS", "argument_digits", "integer_arguments_ok"]
 
 MAX_ARGUMENT_DIGITS = 3000  # digits of all the arguments of one \gcd / \lcm together
-_LETTER_DIGITS = 10.0  # what a letter or command counts: a polynomial costs more per degree than an integer per digit
+_LETTER_DIGITS = 5.0  # what a letter or command counts: a polynomial costs more per degree than an integer per digit
+_SEVERAL_LETTERS_DIGITS = 100.0  # ... in arguments of two or more variables, where the gcd is multivariate
+_VARIABLE = re.compile(r"(?<!\\)\b[a-zA-Z]\b|\\(?:alpha|beta|gamma|delta|theta|lambda|mu|omega|phi|psi)(?![a-zA-Z])")
 _COMMANDS = re.compile(r"\\(?:gcd|lcm)(?![a-zA-Z])|\\operatorname\*?\s*\{\s*(?:gcd|lcm)\s*\}")
 # a number, a command name, an escaped character, a group mark or any other character
 _TOKEN = re.compile(r"[0-9]+(?:\.[0-9]*)?|\\[a-zA-Z]+\*?|\\.|\s+|.", re.S)
@@ -107,6 +111,12 @@ def _argument(s: str, i: int) -> str:
     return s[j + 1:]
 
 
+def _letter_digits(arg: str) -> float:
+    """What one letter of the arguments ``arg`` counts: a multivariate gcd (two or more distinct variables) costs far
+    more per degree than a univariate one (``\\gcd((x+y+z)^{15}-1, (x+y+z+1)^{15}-1)`` took 1.4 s)."""
+    return _SEVERAL_LETTERS_DIGITS if len(set(_VARIABLE.findall(arg))) > 1 else _LETTER_DIGITS
+
+
 def integer_arguments_ok(s: str) -> bool:
     """Whether every ``\\gcd`` / ``\\lcm`` of the LaTeX answer ``s`` has arguments of at most ``MAX_ARGUMENT_DIGITS``
     digits in all (:func:`argument_digits`): ``\\gcd(12, 18)``, ``\\gcd(2^{1000}-1, 2^{600}-1)``, ``\\gcd(x^2-1, x-1)``
@@ -116,6 +126,7 @@ def integer_arguments_ok(s: str) -> bool:
     if not isinstance(s, str):
         return False
     try:
-        return all(argument_digits(_argument(s, m.end())) <= MAX_ARGUMENT_DIGITS for m in _COMMANDS.finditer(s))
+        return all(argument_digits(arg, _letter_digits(arg)) <= MAX_ARGUMENT_DIGITS
+                   for arg in (_argument(s, m.end()) for m in _COMMANDS.finditer(s)))
     except RecursionError:  # superscripts nested past Python's recursion limit
         return False

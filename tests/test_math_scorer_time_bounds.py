@@ -40,6 +40,9 @@ INTEGER_FUNCTIONS = [
     "\\max(2^{300000}, 3^{200000})", "\\min(2^{9999}, 3^{6000})", "\\lfloor 2^{300000}/3 \\rfloor",
     "\\lfloor \\frac{2^{9999}}{3} \\rfloor", "\\lfloor 10^{9999}\\sqrt{2} \\rfloor", "\\lfloor \\pi^{9000} \\rfloor",
     "2^{300000} \\bmod 7", "(3^{9000}+1) \\bmod (2^{9000}+1)", "(1+\\sqrt{2})^{250} \\bmod 7",
+    # multivariate gcd / lcm: far dearer per degree than a univariate one (1.4 s for the first)
+    "\\gcd((x+y+z)^{15}-1, (x+y+z+1)^{15}-1)", "\\gcd((x+y)^{40}-1, (x+y+1)^{40}-1)",
+    "\\operatorname{lcm}((x+y+z)^{12}+1, (x+2y+z)^{12}+1)",
 ]
 CONTAINERS = [
     ("\\left((1+\\sqrt{2})^{250}, 1\\right)", "(5, 1)"), ("\\left((1+\\pi)^{100}, 1\\right)", "(5, 1)"),
@@ -95,6 +98,7 @@ EQUAL = [
     ("(a+b\\sqrt{c})^{2}", "a^2+2ab\\sqrt{c}+cb^{2}"),
     ("\\gcd(12, 18)", "6"), ("\\operatorname{lcm}(4, 6)", "12"), ("\\gcd(2^{10}, 6^{3})", "8"),
     ("\\gcd(2^{1000}-1, 2^{600}-1)", "2^{200}-1"), ("\\gcd(x^2-1, x-1)", "x-1"), ("\\max(2^{10}, 3^{6})", "1024"),
+    ("\\gcd(x^{200}-1, x^{120}-1)", "x^{40}-1"), ("\\gcd(x^{301}, x^{2})", "x^{2}"), ("\\gcd(x^2y, xy^2)", "xy"),
     ("\\left((1+\\sqrt{2})^{2}, 1\\right)", "(3+2\\sqrt{2}, 1)"),
     ("\\{(1+\\sqrt{2})^{2}, 1\\}", "\\{1, 3+2\\sqrt{2}\\}"),
     ("(3+4\\sqrt{-1})^{3}", "-117+44\\sqrt{-1}"),
@@ -116,7 +120,9 @@ def test_p28_gcd_and_lcm_arguments_rule():
               "\\gcd(100!, 3)", "\\gcd(2^{n+300000}, 4)", "\\gcd(\\binom{100}{50}, 3)", "\\lcm 2^{100000}, 3",
               "\\gcd(x_{1}^{1000}, 2)"):
         assert not integer_arguments_ok(s) and not structure_ok(s), s
-    assert argument_digits("2^{3000}-1, 3^{2000}-1") < MAX_ARGUMENT_DIGITS < argument_digits("x^{200}-1, x^{199}-1")
+    assert argument_digits("2^{3000}-1, 3^{2000}-1") < MAX_ARGUMENT_DIGITS < argument_digits("x^{700}-1, x^{699}-1")
+    assert integer_arguments_ok("\\gcd(x^{300}-1, x^{299}-1)") and not integer_arguments_ok("\\gcd(x^{700}, 2)")
+    assert not integer_arguments_ok("\\gcd((x+y)^{20}, 2)") and integer_arguments_ok("\\gcd(x^{2}y, xy^{2})")
     assert argument_digits("\\sum_{n=1}^{5} n") == float("inf")
 
 

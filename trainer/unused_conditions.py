@@ -143,6 +143,10 @@ def _greedy_validation(run: dict) -> bool:
     return validates(run) and _get(run, f"{_VK}.do_sample") is False
 
 
+def _open_lower_clip(run: dict) -> bool:
+    return loss_mode(run) in ("vanilla", "gspo", "clip_cov") and float(_get(run, f"{_A}.clip_ratio_low")) >= 1
+
+
 def _zero_temperature_sampling(run: dict) -> bool:
     return validates(run) and _get(run, f"{_VK}.do_sample") is True and float(_get(run, f"{_VK}.temperature")) == 0
 
@@ -157,6 +161,10 @@ MORE_ROWS = (
      lambda r: "algorithm.kl_ctrl.type=fixed keeps kl_coef (only kl_ctrl.type=adaptive reads them)"),
     (_greedy_validation, tuple(f"{_VK}.{k}" for k in ("temperature", "top_p", "top_k")),
      lambda r: f"{_VK}.do_sample=false decodes greedily (do_sample=true samples with them)"),
+    (_open_lower_clip, (f"{_A}.clip_ratio", f"{_A}.clip_ratio_low"),
+     lambda r: f"{_A}.policy_loss.loss_mode={loss_mode(r)} clips the ratio below at 1 - clip_ratio_low, at or under 0 "
+               "for clip_ratio_low >= 1, where no ratio is: the ratio has no lower clip (clip_ratio_low follows "
+               "clip_ratio unless set)"),
     (_zero_temperature_sampling, tuple(f"{_VK}.{k}" for k in ("do_sample", "top_p", "top_k")),
      lambda r: f"{_VK}.temperature=0 decodes greedily, also with do_sample=true (set a temperature > 0 to sample "
                "the validation responses)"),

@@ -13,10 +13,8 @@ from trainer.config_checks import ConfigError, as_int
 
 __all__ = ["OptimConfig", "PolicyLossConfig", "MegatronConfig", "ActorConfig", "RefConfig", "CriticConfig",
            "ULYSSES_SECTIONS", "ulysses_sizes", "check_ulysses_world", "check_ulysses_heads", "check_kl_type",
-           "check_grad_clip", "RATIO_CLIPPED_BELOW"]
+           "check_grad_clip"]
 
-#: the built-in policy losses that clip the importance ratio below at ``1 - clip_ratio_low``
-RATIO_CLIPPED_BELOW = ("vanilla", "gspo", "cispo", "clip_cov")
 #: the sections with a ``ulysses_sequence_parallel_size``: the actor, its reference and the critic
 ULYSSES_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
 
@@ -236,10 +234,6 @@ class ActorConfig(Section):
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             bounded(f"{key}.{name}", getattr(self, name), self.given(name), gt=0,
                     why="the PPO ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]")
-        if self.policy_loss.loss_mode in RATIO_CLIPPED_BELOW:  # 1 - low <= 0 is a bound no ratio reaches
-            bounded(f"{key}.clip_ratio_low", self.clip_ratio_low, self.given("clip_ratio_low"), lt=1,
-                    why=f"policy_loss.loss_mode={self.policy_loss.loss_mode} clips the ratio below at "
-                        "1 - clip_ratio_low, and a ratio is never <= 0; clip_ratio_low follows clip_ratio unless set")
         for name in ("tau_pos", "tau_neg"):
             bounded(f"{key}.{name}", getattr(self, name), self.given(name), gt=0, why="SAPO's gate temperature")
         _check_epochs(key, self.ppo_epochs)

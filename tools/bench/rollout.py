@@ -160,9 +160,12 @@ def engine_row(engine, prompts, sampling, calls: int, attn: str, loop: str) -> d
 
 def sleep_wake_row(engine, prompts, sampling, calls: int, level: int) -> dict:
     """``calls`` calls of ``engine.generate``, each after a sleep (``level``) / wake cycle as a training step does
-    (weights loaded again on wake): seconds and CUDA-graph recordings per call, beside the steady calls' row."""
+    (weights loaded again on wake): seconds and CUDA-graph recordings per call, beside the steady calls' row; with
+    ``--temperature 0`` whether each call decoded the tokens of a call made awake (``same_tokens_as_awake``)."""
     weights = {k: v.detach().clone() for k, v in engine.model.state_dict().items()} if level >= 2 else None
-    times, records, out = [], [], None
+    greedy = sampling.temperature == 0  # then every call must decode the awake call's tokens
+    awake = engine.generate(prompts, sampling).responses if greedy else None
+    times, records, out, same = [], [], None, []
     for _ in range(calls):
         engine.sleep(level)
         engine.wake_up()
@@ -170,10 +173,12 @@ def sleep_wake_row(engine, prompts, sampling, calls: int, level: int) -> dict:
             engine.load_weights(weights.items())
         t, r, out = timed_calls(engine, prompts, sampling, 1)
         times, records = times + t, records + r
+        if greedy:
+            same.append(bool(torch.equal(out.responses, awake)))
     tokens = int(out.response_mask.sum())
     return dict(name=f"HFRolloutEngine after sleep(level={level})/wake each call", sleep_level=level,
                 seconds=times[-1], tokens=tokens, tok_per_s=tokens / times[-1], all_calls_s=times,
-                cudagraph_records_per_call=records)
+                cudagraph_records_per_call=records, same_tokens_as_awake=same if greedy else None)
 
 
 def timed_calls(engine, prompts, sampling, calls: int):

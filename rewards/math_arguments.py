@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import math
 import re
+import string
 
 __all__ = ["MAX_ARGUMENT_DIGITS", "argument_digits", "integer_arguments_ok"]
 
 MAX_ARGUMENT_DIGITS = 3000  # digits of all the arguments of one \gcd / \lcm together
 _LETTER_DIGITS = 5.0  # what a letter or command counts: a polynomial costs more per degree than an integer per digit
 _SEVERAL_LETTERS_DIGITS = 100.0  # ... in arguments of two or more variables, where the gcd is multivariate
-_VARIABLE = re.compile(r"(?<!\\)\b[a-zA-Z]\b|\\(?:alpha|beta|gamma|delta|theta|lambda|mu|omega|phi|psi)(?![a-zA-Z])")
+_COMMAND_NAME = re.compile(r"\\[a-zA-Z]+")
+_GREEK = re.compile(r"\\(?:alpha|beta|gamma|delta|theta|lambda|mu|omega|phi|psi)(?![a-zA-Z])")
 _COMMANDS = re.compile(r"\\(?:gcd|lcm)(?![a-zA-Z])|\\operatorname\*?\s*\{\s*(?:gcd|lcm)\s*\}")
 # a number, a command name, an escaped character, a group mark or any other character
 _TOKEN = re.compile(r"[0-9]+(?:\.[0-9]*)?|\\[a-zA-Z]+\*?|\\.|\s+|.", re.S)
@@ -114,7 +116,8 @@ def _argument(s: str, i: int) -> str:
 def _letter_digits(arg: str) -> float:
     """What one letter of the arguments ``arg`` counts: a multivariate gcd (two or more distinct variables) costs far
     more per degree than a univariate one (``\\gcd((x+y+z)^{15}-1, (x+y+z+1)^{15}-1)`` took 1.4 s)."""
-    return _SEVERAL_LETTERS_DIGITS if len(set(_VARIABLE.findall(arg))) > 1 else _LETTER_DIGITS
+    names = set(_COMMAND_NAME.sub(" ", arg)) & set(string.ascii_letters) | set(_GREEK.findall(arg))
+    return _SEVERAL_LETTERS_DIGITS if len(names) > 1 else _LETTER_DIGITS
 
 
 def integer_arguments_ok(s: str) -> bool:

@@ -123,6 +123,7 @@ def test_p28_gcd_and_lcm_arguments_rule():
     assert argument_digits("2^{3000}-1, 3^{2000}-1") < MAX_ARGUMENT_DIGITS < argument_digits("x^{700}-1, x^{699}-1")
     assert integer_arguments_ok("\\gcd(x^{300}-1, x^{299}-1)") and not integer_arguments_ok("\\gcd(x^{700}, 2)")
     assert not integer_arguments_ok("\\gcd((x+y)^{20}, 2)") and integer_arguments_ok("\\gcd(x^{2}y, xy^{2})")
+    assert not integer_arguments_ok("\\gcd((xy+1)^{20}, 2)")  # letters side by side are two variables too
     assert argument_digits("\\sum_{n=1}^{5} n") == float("inf")
 
 

@@ -52,10 +52,8 @@ def unread_template_kwargs(kwargs: dict, tokenizer, processor=None) -> list[str]
     from trainer.verl_compat import _fmt
 
     return [f"data.apply_chat_template_kwargs.{key}={_fmt(value)}: ignored: the chat template never reads "
-            f"'{key}'; check the key's spelling or "
-            "the template (actor_rollout_ref.model.custom_chat_template)"
+            f"'{key}'; check the key's spelling or the template (actor_rollout_ref.model.custom_chat_template)"
             for key, value in kwargs.items() if key not in read]
-
 
 
 def warn_unread_template_kwargs(kwargs: dict, tokenizer, processor=None) -> None:

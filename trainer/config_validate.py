@@ -30,7 +30,8 @@ def overlong_kwargs(cfg: dict) -> dict:
         raise ConfigError(f"reward_model.overlong_buffer.len={buf}; with enable=true expected "
                           f"0 < len < data.max_response_length={max_len}")
     cap = ((cfg.get("actor_rollout_ref") or {}).get("rollout") or {}).get("response_length")
-    if cap is not None and as_int(cap, "actor_rollout_ref.rollout.response_length") != max_len:  # DAPO's penalty reaches -penalty_factor exactly at the cap
+    # DAPO's penalty reaches -penalty_factor exactly at the length it counts to: that must be the generation cap
+    if cap is not None and as_int(cap, "actor_rollout_ref.rollout.response_length") != max_len:
         raise ConfigError(f"actor_rollout_ref.rollout.response_length={cap} with reward_model.overlong_buffer.enable="
                           f"true: the overlong penalty counts up to data.max_response_length={max_len}, so a response "
                           "of another length than that cap would never reach the full penalty or pass beyond it; "

@@ -12,26 +12,15 @@ import tempfile
 
 from trainer.config_checks import ConfigError, ErrorCollector, run_checks
 from trainer.megatron_checks import check_megatron_model
-from trainer.model_folder_checks import check_model_files, check_model_folders, read_model_config
+from trainer.model_folder_checks import check_model_files, check_model_folders
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
                                    resume_seed_warnings)
 from trainer.resume_schedule import resume_schedule_warnings
+from trainer.role_models import model_config_dict, model_label, section_models, text_value
 from trainer.run_roles import critic_on
 from trainer.tokenizer_files import eos_outside_vocab_problem, no_eos_problem
 
 logger = logging.getLogger(__name__)
-
-
-def _model_config_dict(cfg: dict, path: str | None) -> dict:
-    """The HF config of a model folder (read as JSON, no import), or the embedded tiny model's sizes, with
-    ``actor_rollout_ref.model.override_config`` applied."""
-    model = cfg["actor_rollout_ref"]["model"]
-    if path is None:
-        out = dict(model.get("tiny") or {})
-    else:
-        out = read_model_config("actor_rollout_ref.model.path", path)  # ConfigError for a file that is not JSON
-    out.update(model.get("override_config") or {})
-    return out
 
 
 def _as_list(files) -> list[str]:
@@ -43,9 +32,11 @@ def preflight(cfg: dict) -> None:
 
     ``trainer.output_dir`` (and ``trainer.default_local_dir`` when ``trainer.save_freq > 0``) can be written
     (:func:`check_writable_folder`); model folders must hold ``config.json``, sound weights and the tokenizer the run
-    reads (:func:`trainer.model_folder_checks.check_model_folders`); data files must exist; the Ulysses
-    size must divide the model's attention heads (:func:`trainer.config.actor.check_ulysses_heads`, the patch's own rule); prompt +
-    response must fit ``max_position_embeddings``. Every section runs; their errors are raised together.
+    reads (:func:`trainer.model_folder_checks.check_model_folders`); data files must exist; each role's Ulysses
+    size must divide the attention heads of the model that role loads (:func:`trainer.config.actor.check_ulysses_heads`,
+    the patch's own rule; :func:`trainer.role_models.section_models`); prompt + response must fit
+    ``max_position_embeddings`` (a vision-language model's heads and context: its ``text_config``). Every section
+    runs; their errors are raised together.
 
     Raises:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
@@ -223,13 +214,16 @@ def _check_model_files(cfg: dict) -> None:
         step_dir = resume_path(cfg)
     except ConfigError:
         step_dir = None  # reported by _check_resume
-    hf = _model_config_dict(cfg, path)
+    hf = model_config_dict(cfg, "actor_rollout_ref.model.path", path)
     if step_dir is not None:
         check_resume_model(step_dir, hf)
     check_model_files(cfg, hf)
 
 
 def _check_model_fit(cfg: dict) -> None:
+    """The actor's model against the run: each role's Ulysses size against its own model
+    (:func:`_check_ulysses_models`), ``override_config``, the Megatron sizes and the context length (a
+    vision-language model's from its ``text_config``)."""
     arr = cfg["actor_rollout_ref"]
     path = arr["model"].get("path")
     if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
@@ -238,12 +232,11 @@ def _check_model_fit(cfg: dict) -> None:
         from trainer.override_checks import check_tiny_model
 
         check_tiny_model(cfg)  # the embedded model's sizes build a model
-    hf = _model_config_dict(cfg, path)
-    from trainer.config.actor import attention_softcap, check_ulysses_heads, check_ulysses_softcap
+    hf = model_config_dict(cfg, "actor_rollout_ref.model.path", path)
+    from trainer.config.actor import attention_softcap
     from trainer.config.trainer import run_strategy
 
-    check_ulysses_heads(cfg, hf.get("num_attention_heads"), hf.get("num_key_value_heads"))
-    check_ulysses_softcap(cfg, attention_softcap(hf))
+    _check_ulysses_models(cfg)
     from trainer.override_checks import check_override_shapes, override_key_warnings
 
     check_override_shapes(cfg)
@@ -253,7 +246,42 @@ def _check_model_fit(cfg: dict) -> None:
         logger.warning(line)
     if run_strategy(cfg) == "megatron":
         check_megatron_model(cfg, hf)
-    _check_context(cfg, hf.get("max_position_embeddings"))
+    _check_context(cfg, text_value(hf, "max_position_embeddings"))
+
+
+def _check_ulysses_models(cfg: dict) -> None:
+    """Each role's Ulysses size above 1 against the heads and the attention soft-capping of each model that role
+    loads (:func:`trainer.role_models.section_models`: the critic's and PRIME's reward model's own folders, else the
+    actor's), read from its ``config.json`` with the role's ``override_config`` (a vision-language model's heads from
+    its ``text_config``, as the workers read them). A folder without ``config.json`` is reported by the folder
+    checks, not here. Every model is checked; the errors are raised together, one line each.
+
+    Raises:
+        ConfigError: naming the key, the size, the model's path key and folder and its head counts (or its
+            soft-capping).
+    """
+    from trainer.config.actor import attention_softcap, check_ulysses_heads, check_ulysses_softcap, ulysses_sizes
+
+    split = {key.rsplit(".", 1)[0] for key, sp in ulysses_sizes(cfg) if int(sp) > 1}
+    groups: list[tuple[tuple[str, str | None, dict], list[str]]] = []  # one model, the sections that load it
+    for section, models in section_models(cfg).items():
+        for model in models if section in split else ():
+            same = [sections for m, sections in groups if m == model]
+            if same:
+                same[0].append(section)
+            else:
+                groups.append((model, [section]))
+    errors = ErrorCollector()
+    for (key, path, override), sections in groups:
+        if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+            continue
+        hf = errors.run(model_config_dict, cfg, key, path, override)
+        if hf is not None:
+            label = model_label(key, path)
+            errors.run(check_ulysses_heads, cfg, text_value(hf, "num_attention_heads"),
+                       text_value(hf, "num_key_value_heads"), label, sections)
+            errors.run(check_ulysses_softcap, cfg, attention_softcap(hf), label, sections)
+    errors.raise_if_any()
 
 
 def _check_context(cfg: dict, ctx) -> None:
@@ -273,7 +301,7 @@ def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
     """Prompt+response must fit the model's context; the tokenizer needs an EOS token inside the model's vocabulary
     (``vocab_size``); the stop token ids (``rollout.stop_token_ids`` and the model's own,
     :func:`rollout.stop_tokens.resolve_stop_token_ids`) are valid."""
-    _check_context(cfg, getattr(hf_config, "max_position_embeddings", None))
+    _check_context(cfg, text_value(hf_config, "max_position_embeddings"))
     if tokenizer.eos_token_id is None:
         raise ConfigError(no_eos_problem(cfg))
     from rollout.stop_tokens import model_vocab_size, resolve_stop_token_ids

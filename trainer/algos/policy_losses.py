@@ -1,8 +1,9 @@
 """More policy losses (``actor.policy_loss.loss_mode``, verl's names): CISPO, GMPO (``geo_mean``), Clip-Cov,
 KL-Cov, SAPO and DPPO (``dppo_tv``, ``dppo_kl``). Same call signature and return as
 :func:`trainer.algos.losses.compute_policy_loss_vanilla`; ``loss_mat`` inputs are ``(batch, response_len)``
-float, masks ``(batch, response_len)``; every loss is aggregated with the configured ``loss_agg_mode`` through :func:`trainer.algos.losses.agg_loss` (so it follows
-the global-count contract of the update loop), and every metric is a mean over the call's valid tokens.
+float, masks ``(batch, response_len)``; every loss is aggregated with the configured ``loss_agg_mode`` through
+:func:`trainer.algos.losses.agg_loss` (so it follows the global-count contract of the update loop), and every
+metric is a mean over the call's valid tokens.
 """
 from __future__ import annotations
 

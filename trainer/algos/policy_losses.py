@@ -70,7 +70,8 @@ def compute_policy_loss_geo_mean(old_log_probs, log_probs, advantages, response_
 
     Per token ``x = logp - old`` (bounded to [-20, 20] first, as in every loss here, so that ``exp`` stays finite
     when ``A < 0`` keeps the unclipped side) is clipped in log space,
-    ``x_c = clip(x, -clip_ratio_low, clip_ratio_high)``, keeping the pessimistic side: ``x' = sgn(A) * min(sgn(A) x, sgn(A) x_c)``. Per sequence
+    ``x_c = clip(x, -clip_ratio_low, clip_ratio_high)``, keeping the pessimistic side:
+    ``x' = sgn(A) * min(sgn(A) x, sgn(A) x_c)``. Per sequence
     ``ratio_i = exp(mean_t x'_it)`` (the geometric mean of the token ratios) and ``A_i = mean_t A_it``; the
     sequence loss ``-A_i * ratio_i`` is put on each of its valid tokens and aggregated with ``loss_agg_mode``:
     ``seq-mean-token-mean`` (the default) gives the paper's mean over sequences (verl always takes that mean and

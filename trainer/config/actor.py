@@ -334,12 +334,16 @@ def check_ulysses_heads(cfg: Mapping, heads: int | None, kv_heads: int | None, m
     rule (:func:`patches.validate_ulysses_config`: ``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads ==
     0``). ``heads`` None (unknown) passes; ``kv_heads`` None means ``heads`` (no GQA). ``model`` names that model in
     the error (``the model critic.model.path='...'``; None: "the model's heads"); ``sections`` (of
-    :data:`ULYSSES_SECTIONS`): the sections whose role loads it (None: all).
+    :data:`ULYSSES_SECTIONS`): the sections whose role loads it (None: all). Every such section is checked.
 
     Raises:
-        ConfigError: naming the key, the size, the model, both head counts and the rule that fails.
+        ConfigError: naming the key, the size, the model, both head counts and the rule that fails, one line per
+            section (:class:`trainer.config_checks.ConfigErrors` for several).
     """
+    from trainer.config_checks import ErrorCollector
+
     kv_heads = kv_heads or heads
+    errors = ErrorCollector()
     for key, sp in ulysses_sizes(cfg):
         if int(sp) <= 1 or not heads or not _of_sections(key, sections):
             continue
@@ -349,8 +353,9 @@ def check_ulysses_heads(cfg: Mapping, heads: int | None, kv_heads: int | None, m
             validate_ulysses_config(int(heads), int(kv_heads), int(sp))
         except ValueError as exc:
             whose = "the model's heads" if model is None else f"the heads of {model}"
-            raise ConfigError(f"{key}={int(sp)} does not fit {whose} (num_attention_heads={heads}, "
-                              f"num_key_value_heads={kv_heads}): {exc}") from None
+            errors.add(f"{key}={int(sp)} does not fit {whose} (num_attention_heads={heads}, "
+                       f"num_key_value_heads={kv_heads}): {exc}")
+    errors.raise_if_any()
 
 
 def _of_sections(key: str, sections: Collection[str] | None) -> bool:
@@ -358,9 +363,10 @@ def _of_sections(key: str, sections: Collection[str] | None) -> bool:
     return sections is None or key.rsplit(".", 1)[0] in sections
 
 
-def attention_softcap(hf: Mapping) -> float | None:
-    """The model's attention logit soft-capping (``attn_logit_softcapping``: Gemma 2), read from a model config
-    as a dict (a multimodal model's text config, :func:`trainer.role_models.text_value`); None when it has none."""
+def attention_softcap(hf: Any) -> float | None:
+    """The model's attention logit soft-capping (``attn_logit_softcapping``: Gemma 2), read from a model config (a
+    dict or a transformers config; a multimodal model's text config, :func:`trainer.role_models.text_value`); None
+    when it has none."""
     from trainer.role_models import text_value
 
     value = text_value(hf, "attn_logit_softcapping")
@@ -375,11 +381,16 @@ def check_ulysses_softcap(cfg: Mapping, softcap: float | None, model: str | None
     ``sections`` as for :func:`check_ulysses_heads`.
 
     Raises:
-        ConfigError: naming the key, the size and the model's soft-capping value.
+        ConfigError: naming the key, the size and the model's soft-capping value, one line per section
+            (:class:`trainer.config_checks.ConfigErrors` for several).
     """
+    from trainer.config_checks import ErrorCollector
+
     whose = "the model's attention" if model is None else f"the attention of {model}"
+    errors = ErrorCollector()
     for key, sp in ulysses_sizes(cfg):
         if softcap is not None and int(sp) > 1 and _of_sections(key, sections):
-            raise ConfigError(f"{key}={int(sp)}: {whose} uses logit soft-capping "
-                              f"(attn_logit_softcapping={softcap:g}, e.g. Gemma 2), which the Ulysses varlen kernels "
-                              "do not support; expected 1 (no sequence parallelism) for this model")
+            errors.add(f"{key}={int(sp)}: {whose} uses logit soft-capping "
+                       f"(attn_logit_softcapping={softcap:g}, e.g. Gemma 2), which the Ulysses varlen kernels "
+                       "do not support; expected 1 (no sequence parallelism) for this model")
+    errors.raise_if_any()

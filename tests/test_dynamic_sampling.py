@@ -30,6 +30,33 @@ def test_informative_rows_keeps_groups_whose_values_differ_in_order():
         informative_rows(["a", "a", "b"], [0.0, 1.0])
 
 
+def test_p09_rows_without_response_tokens_do_not_make_a_group_informative():
+    # group "a" differs only through its aborted row 0; "b" differs among valid rows; "c" has one valid row of
+    # two; "d" is a one-row group (rollout.n=1) without a response token, "e" one with
+    uids = ["a", "a", "a", "b", "b", "b", "c", "c", "d", "e"]
+    vals = [5.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0]
+    valid = [False, True, True, True, True, True, True, False, False, True]
+    keep, drop, groups = informative_rows(uids, vals, valid)
+    assert keep.tolist() == [3, 4, 5, 9] and drop.tolist() == [0, 1, 2, 6, 7, 8] and groups == 5
+    assert informative_rows(uids, vals)[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # every row valid
+    with pytest.raises(ValueError, match="10 uids but 10 metric values and 9 valid flags"):
+        informative_rows(uids, vals, valid[:-1])
+
+
+def test_p09_collect_leaves_out_groups_whose_spread_is_an_aborted_row():
+    def gen(prompts, k):  # q0's mixed rows: the right one (row 1) came back without response tokens
+        rows, rew = _fake_generate({"q0": None, "q1": None}, 2, [])(prompts, k)
+        rows["response_mask"] = torch.ones(4, R, dtype=torch.long)
+        rows["response_mask"][1] = 0
+        return rows, rew
+
+    metrics = {}
+    batch, _ = collect_informative_groups(_prompt_batch(2, 2, 0), lambda: None, gen, want_groups=2, n=2,
+                                          metric="acc", max_num_gen_batches=1, pad_token_id=0, metrics=metrics)
+    assert list(batch["qid"]) == ["q1", "q1", "q0", "q0"]  # q0 only as filler at the cap
+    assert metrics["dynamic_sampling/informative_ratio"] == 0.5 and metrics["dynamic_sampling/filled_groups"] == 1.0
+
+
 def test_metric_values_acc_score_and_unknown():
     scores = torch.tensor([[0.0, 0.0, 0.1], [0.0, 1.0, 0.0]])
     rew = RewardOutput(scores, {"score": [0.1, 1.0], "acc": [False, True]})

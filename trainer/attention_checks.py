@@ -79,14 +79,15 @@ def check_attention(cfg: dict) -> None:
             check_implementation(name, value, device, trained=True)
 
 
-def packed_attention_warnings(cfg: dict, softcapped: bool = False) -> list[str]:
+def packed_attention_warnings(cfg: dict, softcapped: bool | None = None) -> list[str]:
     """One warning line per attention entry of an ``override_config`` whose role runs packed forwards
     (``use_remove_padding``, or Ulysses SP above 1): the decoder's attention is then the packed (varlen) one
     (:func:`patches.ulysses.apply_ulysses_patch`; a padded batch there runs transformers' SDPA), and the entry
-    reaches other sub-models (a vision tower) only. None for a model whose attention has logit soft-capping
-    (``softcapped``: its forwards run padded, through the attention the entry chooses,
-    :func:`trainer.workers.model_utils.packs_sequences`), for a null entry (transformers' default) and for an entry
-    refused by :func:`check_attention`."""
+    reaches other sub-models (a vision tower) only. None for a role whose model has attention logit soft-capping
+    (its forwards run padded, through the attention the entry chooses,
+    :func:`trainer.workers.model_utils.packs_sequences`) unless its SP is above 1, for a null entry (transformers'
+    default) and for an entry refused by :func:`check_attention`. ``softcapped``: whether the model is soft-capped,
+    for every role; None: read for each role from its own model (:func:`trainer.role_models.role_config`)."""
     arr = cfg["actor_rollout_ref"]
     critic = cfg.get("critic") or {}
     packed = {"actor_rollout_ref": (arr["model"].get("use_remove_padding"),
@@ -95,14 +96,31 @@ def packed_attention_warnings(cfg: dict, softcapped: bool = False) -> list[str]:
                          critic.get("ulysses_sequence_parallel_size"))}
     out = []
     for key, override, _ in override_sources(cfg):
-        rmpad, sp = packed[key.split(".")[0]]
-        if not (bool(rmpad) and not softcapped or int(sp or 1) > 1):
+        role = key.split(".")[0]
+        rmpad, sp = packed[role]
+        if int(sp or 1) <= 1 and not (bool(rmpad) and not _softcapped(cfg, role, softcapped)):
             continue
         where = f"{key.rsplit('.', 1)[0]}.use_remove_padding"
         out += [f"{name}={value!r}: not used by the decoder, whose attention is the packed (varlen) kernel while "
                 f"{where} is on (or Ulysses SP > 1); set {where}=false to use it"
                 for name, value in attention_entries(override, key) if value is not None and _runs(name, value, cfg)]
     return out
+
+
+def _softcapped(cfg: dict, role: str, softcapped: bool | None) -> bool:
+    """``softcapped`` when given, else whether the model the ``role`` (``actor_rollout_ref`` or ``critic``) loads
+    has attention logit soft-capping (:func:`trainer.config.actor.attention_softcap`; a folder that cannot be read
+    counts as none: the folder checks report it)."""
+    if softcapped is not None:
+        return softcapped
+    from trainer.config.actor import attention_softcap
+    from trainer.role_models import role_config, section_models
+
+    model = section_models(cfg)["critic" if role == "critic" else "actor_rollout_ref.actor"][0]
+    try:
+        return attention_softcap(role_config(cfg, model)) is not None
+    except (ConfigError, OSError):
+        return False
 
 
 def _runs(key: str, value, cfg: dict) -> bool:

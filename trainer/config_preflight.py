@@ -12,26 +12,19 @@ import tempfile
 
 from trainer.config_checks import ConfigError, ErrorCollector, run_checks
 from trainer.megatron_checks import check_megatron_model
-from trainer.model_folder_checks import check_model_files, check_model_folders, read_model_config
+from trainer.model_folder_checks import check_model_files, check_model_folders
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
                                    resume_seed_warnings)
 from trainer.resume_schedule import resume_schedule_warnings
+from trainer.role_models import (loaded_models, model_config_dict, model_label, override_note, role_config,
+                                 section_models, text_value)
 from trainer.run_roles import critic_on
 from trainer.tokenizer_files import eos_outside_vocab_problem, no_eos_problem
 
 logger = logging.getLogger(__name__)
 
-
-def _model_config_dict(cfg: dict, path: str | None) -> dict:
-    """The HF config of a model folder (read as JSON, no import), or the embedded tiny model's sizes, with
-    ``actor_rollout_ref.model.override_config`` applied."""
-    model = cfg["actor_rollout_ref"]["model"]
-    if path is None:
-        out = dict(model.get("tiny") or {})
-    else:
-        out = read_model_config("actor_rollout_ref.model.path", path)  # ConfigError for a file that is not JSON
-    out.update(model.get("override_config") or {})
-    return out
+#: the head counts a Ulysses size splits
+HEAD_NAMES = ("num_attention_heads", "num_key_value_heads")
 
 
 def _as_list(files) -> list[str]:
@@ -43,9 +36,14 @@ def preflight(cfg: dict) -> None:
 
     ``trainer.output_dir`` (and ``trainer.default_local_dir`` when ``trainer.save_freq > 0``) can be written
     (:func:`check_writable_folder`); model folders must hold ``config.json``, sound weights and the tokenizer the run
-    reads (:func:`trainer.model_folder_checks.check_model_folders`); data files must exist; the Ulysses
-    size must divide the model's attention heads (:func:`trainer.config.actor.check_ulysses_heads`, the patch's own rule); prompt +
-    response must fit ``max_position_embeddings``. Every section runs; their errors are raised together.
+    reads (:func:`trainer.model_folder_checks.check_model_folders`); data files must exist; each role's Ulysses
+    size must divide the attention heads of the model that role loads (:func:`trainer.config.actor.check_ulysses_heads`,
+    the patch's own rule; :func:`trainer.role_models.section_models`), each role's ``override_config`` must keep its
+    model's weights (:func:`trainer.override_checks.check_override_shapes`) and the critic's model must have the
+    class its value model is built with (:func:`_check_critic_model`); prompt + response must fit
+    ``max_position_embeddings`` (each model's config read as the workers build it,
+    :func:`trainer.role_models.role_config`: a vision-language model's heads and context from its ``text_config``).
+    Every section runs; their errors are raised together.
 
     Raises:
         ConfigError: naming the key and the bad value (:class:`ConfigErrors` for several, one per line).
@@ -223,13 +221,19 @@ def _check_model_files(cfg: dict) -> None:
         step_dir = resume_path(cfg)
     except ConfigError:
         step_dir = None  # reported by _check_resume
-    hf = _model_config_dict(cfg, path)
+    hf = model_config_dict(cfg, "actor_rollout_ref.model.path", path)
     if step_dir is not None:
         check_resume_model(step_dir, hf)
     check_model_files(cfg, hf)
 
 
 def _check_model_fit(cfg: dict) -> None:
+    """The models against the run: each role's Ulysses size against its own model (:func:`_check_ulysses_models`),
+    each role's ``override_config`` against its model's weights
+    (:func:`trainer.override_checks.check_override_shapes`), the critic's model against the class its value model
+    is built with (:func:`_check_critic_model`), the Megatron sizes and the actor's context length (its config as
+    the workers build it, :func:`trainer.role_models.role_config`: a vision-language model's from its
+    ``text_config``). The errors of the checks are raised together."""
     arr = cfg["actor_rollout_ref"]
     path = arr["model"].get("path")
     if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
@@ -238,22 +242,99 @@ def _check_model_fit(cfg: dict) -> None:
         from trainer.override_checks import check_tiny_model
 
         check_tiny_model(cfg)  # the embedded model's sizes build a model
-    hf = _model_config_dict(cfg, path)
-    from trainer.config.actor import attention_softcap, check_ulysses_heads, check_ulysses_softcap
+    hf = model_config_dict(cfg, "actor_rollout_ref.model.path", path)
+    from trainer.attention_checks import packed_attention_warnings
     from trainer.config.trainer import run_strategy
-
-    check_ulysses_heads(cfg, hf.get("num_attention_heads"), hf.get("num_key_value_heads"))
-    check_ulysses_softcap(cfg, attention_softcap(hf))
     from trainer.override_checks import check_override_shapes, override_key_warnings
 
-    check_override_shapes(cfg)
-    from trainer.attention_checks import packed_attention_warnings
-
-    for line in override_key_warnings(cfg) + packed_attention_warnings(cfg, attention_softcap(hf) is not None):
+    errors = ErrorCollector()
+    for check in (_check_ulysses_models, check_override_shapes, _check_critic_model):
+        errors.run(check, cfg)
+    errors.raise_if_any()
+    for line in override_key_warnings(cfg) + packed_attention_warnings(cfg):
         logger.warning(line)
     if run_strategy(cfg) == "megatron":
         check_megatron_model(cfg, hf)
-    _check_context(cfg, hf.get("max_position_embeddings"))
+    actor = section_models(cfg)["actor_rollout_ref.actor"][0]
+    _check_context(cfg, text_value(role_config(cfg, actor), "max_position_embeddings"))
+
+
+def _has_config(path: str | None) -> bool:
+    """Whether the model folder ``path`` (None: the embedded tiny model) has a ``config.json`` (a folder without one
+    is reported by the folder checks, not again by the model checks)."""
+    return path is None or os.path.isfile(os.path.join(path, "config.json"))
+
+
+def _check_ulysses_models(cfg: dict) -> None:
+    """Each role's Ulysses size above 1 against the heads and the attention soft-capping of each model that role
+    loads (:func:`trainer.role_models.loaded_models`: the critic's and PRIME's reward model's own folders, else the
+    actor's; no reference model with LoRA), read from its config as the workers build it, the role's
+    ``override_config`` applied (:func:`trainer.role_models.role_config`; a vision-language model's heads from its
+    ``text_config``). Every model is checked; the errors are raised together, one line each.
+
+    Raises:
+        ConfigError: naming the key, the size, the model's path key and folder (and the ``override_config`` that
+            gave the value) and its head counts (or its soft-capping).
+    """
+    from trainer.config.actor import ulysses_sizes
+
+    split = {key.rsplit(".", 1)[0] for key, sp in ulysses_sizes(cfg) if int(sp) > 1}
+    errors = ErrorCollector()
+    for group in loaded_models(cfg, split):
+        if _has_config(group[0][1].path):
+            errors.run(_check_ulysses_model, cfg, group)
+    errors.raise_if_any()
+
+
+def _check_ulysses_model(cfg: dict, group) -> None:
+    """:func:`_check_ulysses_models` for one model and the sections that load it, each named by its own keys."""
+    from trainer.config.actor import attention_softcap, check_ulysses_heads, check_ulysses_softcap
+
+    model = group[0][1]
+    conf = role_config(cfg, model)
+    base = role_config(cfg, model, overrides=False) if model.override else conf
+    heads = [text_value(conf, name) for name in HEAD_NAMES]
+    softcap = attention_softcap(conf)
+    heads_note = override_note(model, HEAD_NAMES) if heads != [text_value(base, n) for n in HEAD_NAMES] else ""
+    cap_note = override_note(model, ("attn_logit_softcapping",)) if softcap != attention_softcap(base) else ""
+    labels: dict[str, list[str]] = {}
+    for section, own in group:
+        labels.setdefault(model_label(own.key, own.path), []).append(section)
+    errors = ErrorCollector()
+    for label, sections in labels.items():
+        errors.run(check_ulysses_heads, cfg, *heads, label + heads_note, sections)
+        errors.run(check_ulysses_softcap, cfg, softcap, label + cap_note, sections)
+    errors.raise_if_any()
+
+
+def _check_critic_model(cfg: dict) -> None:
+    """The critic's model (:func:`trainer.role_models.section_models`) has a class of transformers'
+    ``AutoModelForTokenClassification``, the class its value model is built with
+    (:func:`trainer.workers.model_utils.load_hf_model`: one output per token); a vision-language model (Qwen2-VL) or
+    a text model without one (Gemma 3) otherwise fails in ``CriticWorker.init_model``. Not judged: a run without a
+    critic, a config transformers does not load here, remote code (``auto_map``), a model ``external_lib`` may
+    register.
+
+    Raises:
+        ConfigError: naming the critic's model key and folder, its config class and what is expected.
+    """
+    model = section_models(cfg)["critic"][0]
+    libs = ((cfg.get("critic") or {}).get("model") or {}).get("external_lib") or \
+        cfg["actor_rollout_ref"]["model"].get("external_lib")
+    if not critic_on(cfg) or libs or not _has_config(model.path):
+        return
+    conf = role_config(cfg, model)
+    from transformers import AutoModelForTokenClassification
+
+    if isinstance(conf, dict) or getattr(conf, "auto_map", None) or type(conf) in \
+            AutoModelForTokenClassification._model_mapping:
+        return
+    kind = " (a vision-language model)" if getattr(conf, "vision_config", None) is not None else ""
+    via = "" if model.key == "critic.model.path" else " (critic.model.path=null: the critic loads the actor's model)"
+    raise ConfigError(f"{model.key}={model.path!r}{via}: the critic's value model is built with transformers' "
+                      "AutoModelForTokenClassification (the model with a one-output head on every token), which "
+                      f"has no class for {type(conf).__name__}{kind}; expected for critic.model.path a text model "
+                      "that has one (e.g. Llama, Qwen2, Qwen3, Mistral, Gemma 2)")
 
 
 def _check_context(cfg: dict, ctx) -> None:
@@ -273,7 +354,7 @@ def check_model_context(cfg: dict, hf_config, tokenizer) -> None:
     """Prompt+response must fit the model's context; the tokenizer needs an EOS token inside the model's vocabulary
     (``vocab_size``); the stop token ids (``rollout.stop_token_ids`` and the model's own,
     :func:`rollout.stop_tokens.resolve_stop_token_ids`) are valid."""
-    _check_context(cfg, getattr(hf_config, "max_position_embeddings", None))
+    _check_context(cfg, text_value(hf_config, "max_position_embeddings"))
     if tokenizer.eos_token_id is None:
         raise ConfigError(no_eos_problem(cfg))
     from rollout.stop_tokens import model_vocab_size, resolve_stop_token_ids

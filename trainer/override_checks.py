@@ -1,14 +1,16 @@
 """``actor_rollout_ref.model.override_config`` (verl's key) is set on the model's config before its weights load;
 an entry that changes the shape of a weight (``num_attention_heads``, ``hidden_size``, ``vocab_size``, ...) makes the
 folder's weights impossible to load, which used to fail inside every worker with transformers' size-mismatch
-report. :func:`check_override_shapes` builds the model on the meta device (no memory) with and without the
-overrides before start-up and refuses such an entry in one line.
+report. :func:`check_override_shapes` builds each role's model (the critic's and PRIME's reward model's with their
+own ``override_config`` merged over the actor's) on the meta device (no memory) with and without the overrides
+before start-up and refuses such an entry in one line.
 """
 from __future__ import annotations
 
 import logging
 
 from trainer.config_checks import ConfigError
+from trainer.role_models import TEXT_CONFIG_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +44,12 @@ def without_attention(override: dict) -> dict:
 
 def _hf_config(cfg: dict, path=_ACTOR_PATH):
     """The HF config of the model folder ``path`` (default: the actor's ``model.path``), the embedded tiny model's
-    for None."""
-    from transformers import AutoConfig
+    for None (:func:`trainer.role_models.folder_config`)."""
+    from trainer.role_models import folder_config
 
     model = cfg["actor_rollout_ref"]["model"]
     path = model.get("path") if path is _ACTOR_PATH else path
-    if path is None:
-        from trainer import embedded
-
-        vocab = len(embedded.SPECIAL) + len(embedded.DIGITS) + len(embedded.WORDS)
-        return embedded.tiny_model_config(vocab, **dict(model.get("tiny") or {}))
-    return AutoConfig.from_pretrained(path, trust_remote_code=bool(model.get("trust_remote_code")))
+    return folder_config(cfg, path, bool(model.get("trust_remote_code")))
 
 
 def _shapes(hf_config, remote: bool) -> dict:
@@ -66,42 +63,82 @@ def _shapes(hf_config, remote: bool) -> dict:
 
 
 def check_override_shapes(cfg: dict) -> None:
-    """With a non-empty ``override_config``: the model it describes builds, and has the weight names and shapes of
-    the model without it (a model this process cannot build without the overrides is not judged).
+    """Each model the run's roles load with a non-empty ``override_config``
+    (:func:`trainer.role_models.loaded_models`: the actor's; the critic's and PRIME's reward model's, their own
+    ``override_config`` merged over the actor's, on their own folders or the actor's) builds with it, and has the
+    weight names and shapes of the model without it (a model this process cannot build without the overrides is not
+    judged). Each model is checked once; a folder without ``config.json`` is reported by the folder checks.
 
     Raises:
-        ConfigError: naming the override and the first weights whose shapes change, or the build's error.
+        ConfigError: naming the override (the role's own key, and the actor's it is merged over), the model when it
+            is not the actor's, and the first weights whose shapes change, a sub-config mapping the model's config
+            class has no sub-config for, or the build's error; one line per model
+            (:class:`trainer.config_checks.ConfigErrors` for several).
     """
+    import os
+
+    from trainer.config_checks import ErrorCollector
+    from trainer.role_models import loaded_models
+
+    errors = ErrorCollector()
+    for group in loaded_models(cfg):
+        path = group[0][1].path
+        if path is None or os.path.isfile(os.path.join(path, "config.json")):
+            errors.run(_check_model_override, cfg, group[0][1])
+    errors.raise_if_any()
+
+
+def _override_names(model) -> tuple[str, str, str]:
+    """``(the override as written, the model's name, its weights' name)`` of a :class:`trainer.role_models.RoleModel`
+    for the error lines: the role's own ``override_config`` over the actor's; "the model" for the actor's own."""
+    from trainer.role_models import ACTOR_PATH, model_label
+
+    parts = [f"{key}={without_attention(entries)!r}" for key, entries in reversed(model.sources)
+             if without_attention(entries)]
+    written = parts[0] + (f" (over {parts[1]})" if len(parts) > 1 else "")
+    if model.key == ACTOR_PATH and [k for k, _ in model.sources] == [KEY]:
+        return written, "the model", "the model's weights"
+    label = model_label(model.key, model.path)
+    return written, label, f"the weights of {label}"
+
+
+def _check_model_override(cfg: dict, model) -> None:
+    """:func:`check_override_shapes` for one :class:`trainer.role_models.RoleModel`."""
     import copy
 
-    from trainer.workers.model_utils import apply_config_overrides
+    from trainer.role_models import apply_config_overrides, folder_config
 
     # the attention entries are trainer.attention_checks' to judge: building with one that cannot run here would
     # fail, or fetch a kernel from the Hub, for a reason that is not the weights'
-    override = without_attention(dict(cfg["actor_rollout_ref"]["model"].get("override_config") or {}))
+    override = without_attention(model.override)
     if not override:
         return
-    remote = bool(cfg["actor_rollout_ref"]["model"].get("trust_remote_code"))
     try:
-        base = _hf_config(cfg)
-        before = _shapes(base, remote)
+        base = folder_config(cfg, model.path, model.remote)
+        before = _shapes(base, model.remote)
     except Exception as exc:  # noqa: BLE001 (an architecture this process cannot build: the workers report it)
         logger.info("override_config not checked before start-up (%s: %s)", type(exc).__name__, exc)
         return
+    written, whose, weights = _override_names(model)
+    for name in TEXT_CONFIG_NAMES:  # get_text_config() would hand the model this mapping as its text config
+        if isinstance(override.get(name), dict) and not hasattr(getattr(base, name, None), "to_dict"):
+            raise ConfigError(f"{written}: {type(base).__name__} has no {name} sub-config, so the workers would set "
+                              f"the mapping {name}={override[name]!r} in its place and {whose} could not be built; "
+                              f"set those keys at the top level of the override_config instead")
     changed = copy.deepcopy(base)
     try:
         apply_config_overrides(changed, override)
-        after = _shapes(changed, remote)
+        after = _shapes(changed, model.remote)
     except Exception as exc:  # noqa: BLE001 (the model refuses the overridden config)
-        raise ConfigError(f"{KEY}={override!r}: the model cannot be built with it "
+        raise ConfigError(f"{written}: {whose} cannot be built with it "
                           f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from exc
     diff = [f"{n}: {list(before[n])} -> {list(after[n])}" for n in before if n in after and before[n] != after[n]]
     diff += [f"{n}: missing" for n in before if n not in after] + [f"{n}: new" for n in after if n not in before]
     if diff:
         more = f" (and {len(diff) - 2} more)" if len(diff) > 2 else ""
-        raise ConfigError(f"{KEY}={override!r} changes the model's weights ({'; '.join(diff[:2])}{more}), so the "
-                          "saved weights cannot load; override only settings that keep every weight's shape "
-                          "(e.g. dropout, rope_scaling, attn_implementation)")
+        raise ConfigError(f"{written} changes {weights} ({'; '.join(diff[:2])}{more}), so the saved weights cannot "
+                          "load; override only settings that keep every weight's shape (e.g. dropout, rope_scaling, "
+                          "attn_implementation)")
 
 
 def check_tiny_model(cfg: dict) -> None:
@@ -161,9 +198,12 @@ def _known_key(hf_config, key: str) -> bool:
 
 def _unknown_keys(hf_config, override: dict, prefix: str) -> list[str]:
     """The dotted keys of ``override`` that ``hf_config``'s class does not define; a mapping over a sub-config
-    (``text_config``) is looked into, one over a plain dict value (``rope_scaling``) is not."""
+    (``text_config``) is looked into, one over a plain dict value (``rope_scaling``) is not, and one under a
+    sub-config's name the class does not define is left to :func:`check_override_shapes`, which refuses it."""
     out = []
     for key, value in override.items():
+        if key in TEXT_CONFIG_NAMES and isinstance(value, dict) and not _known_key(hf_config, str(key)):
+            continue  # not ignored: the model does not build with it (refused by check_override_shapes)
         if not _known_key(hf_config, str(key)):
             out.append(f"{prefix}.{key}")
         elif isinstance(value, dict) and hasattr(getattr(hf_config, key, None), "to_dict"):

@@ -301,24 +301,39 @@ def packed_attention_obstacle(config, trust_remote_code: bool = False, sequence_
     return reason
 
 
-def check_packed_attention(cfg: dict, hf_config) -> None:
+def check_packed_attention(cfg: dict, hf_config=None) -> None:
     """Before any worker starts: a role with Ulysses SP above 1 (:func:`trainer.config.actor.ulysses_sizes`) runs
-    packed forwards, so the actor's model (``hf_config``, overrides applied) must be able to
-    (:func:`packed_attention_obstacle`, both packed paths). Without SP nothing is checked here: a role whose model
-    cannot run packed forwards runs padded ones (:func:`trainer.workers.model_utils.packs_sequences`).
+    packed forwards, so each model such a role loads (:func:`trainer.role_models.loaded_models`: the critic's and
+    PRIME's reward model's own folders, else the actor's) must be able to (:func:`packed_attention_obstacle`, both
+    packed paths), each model probed once. ``hf_config``: the actor's model's config (overrides applied; None:
+    built here); another model's config is built as its workers build it (:func:`trainer.role_models.role_config`;
+    one transformers does not load here is left to the workers). Without SP nothing is checked here: a role whose
+    model cannot run packed forwards runs padded ones (:func:`trainer.workers.model_utils.packs_sequences`).
 
     Raises:
-        ConfigError: naming the first such key, its size and why the model cannot.
+        ConfigError: one line per such key (:class:`trainer.config_checks.ConfigErrors` for several), naming the
+            key, its size, the model (its path key and folder) and why it cannot.
     """
-    from trainer.config.actor import ulysses_sizes
-    from trainer.config_checks import ConfigError
+    from collections.abc import Mapping
 
-    sizes = [(key, int(sp)) for key, sp in ulysses_sizes(cfg) if sp is not None and int(sp) > 1]
-    if not sizes:
-        return
-    remote = bool(cfg["actor_rollout_ref"]["model"].get("trust_remote_code"))
-    reason = packed_attention_obstacle(hf_config, remote, sequence_parallel=True)
-    if reason is not None:
-        key, sp = sizes[0]
-        raise ConfigError(f"{key}={sp}: Ulysses sequence parallelism runs packed forwards, which this model cannot: "
-                          f"{reason}; expected 1 for this model")
+    from trainer.config.actor import ulysses_sizes
+    from trainer.config_checks import ConfigError, ErrorCollector
+    from trainer.role_models import loaded_models, model_label, role_config, section_models
+
+    sizes = {key.rsplit(".", 1)[0]: (key, int(sp)) for key, sp in ulysses_sizes(cfg) if sp is not None and int(sp) > 1}
+    actor = section_models(cfg)["actor_rollout_ref.actor"][0]
+    errors = ErrorCollector()
+    for group in loaded_models(cfg, sizes) if sizes else ():
+        model = group[0][1]
+        try:
+            conf = hf_config if hf_config is not None and model.same_model(actor) else role_config(cfg, model)
+        except (ConfigError, OSError):  # a folder the folder checks refuse
+            continue
+        reason = None if isinstance(conf, Mapping) else packed_attention_obstacle(conf, model.remote,
+                                                                                  sequence_parallel=True)
+        for section, own in group if reason is not None else ():
+            key, sp = sizes[section]
+            whose = "this model" if own.path is None else model_label(own.key, own.path)
+            errors.add(f"{key}={sp}: Ulysses sequence parallelism runs packed forwards, which {whose} cannot: "
+                       f"{reason}; expected 1 for this model")
+    errors.raise_if_any()

@@ -1,8 +1,9 @@
 """More policy losses (``actor.policy_loss.loss_mode``, verl's names): CISPO, GMPO (``geo_mean``), Clip-Cov,
 KL-Cov, SAPO and DPPO (``dppo_tv``, ``dppo_kl``). Same call signature and return as
-:func:`trainer.algos.losses.compute_policy_loss_vanilla`; ``loss_mat`` inputs are ``(batch, response_len)`` float, masks ``(batch, response_len)``; every loss is
-aggregated with the configured ``loss_agg_mode`` through :func:`trainer.algos.losses.agg_loss` (so it follows
-the global-count contract of the update loop), and every metric is a mean over the call's valid tokens.
+:func:`trainer.algos.losses.compute_policy_loss_vanilla`; ``loss_mat`` inputs are ``(batch, response_len)``
+float, masks ``(batch, response_len)``; every loss is aggregated with the configured ``loss_agg_mode`` through
+:func:`trainer.algos.losses.agg_loss` (so it follows the global-count contract of the update loop), and every
+metric is a mean over the call's valid tokens.
 """
 from __future__ import annotations
 
@@ -67,8 +68,10 @@ def compute_policy_loss_geo_mean(old_log_probs, log_probs, advantages, response_
                                  **agg_kwargs):
     """GMPO, geometric-mean policy optimisation (Zhao et al. 2025, arXiv:2507.20673; verl's ``geo_mean``).
 
-    Per token ``x = logp - old`` is clipped in log space, ``x_c = clip(x, -clip_ratio_low, clip_ratio_high)``,
-    keeping the pessimistic side: ``x' = sgn(A) * min(sgn(A) x, sgn(A) x_c)``. Per sequence
+    Per token ``x = logp - old`` (bounded to [-20, 20] first, as in every loss here, so that ``exp`` stays finite
+    when ``A < 0`` keeps the unclipped side) is clipped in log space,
+    ``x_c = clip(x, -clip_ratio_low, clip_ratio_high)``, keeping the pessimistic side:
+    ``x' = sgn(A) * min(sgn(A) x, sgn(A) x_c)``. Per sequence
     ``ratio_i = exp(mean_t x'_it)`` (the geometric mean of the token ratios) and ``A_i = mean_t A_it``; the
     sequence loss ``-A_i * ratio_i`` is put on each of its valid tokens and aggregated with ``loss_agg_mode``:
     ``seq-mean-token-mean`` (the default) gives the paper's mean over sequences (verl always takes that mean and
@@ -78,12 +81,9 @@ def compute_policy_loss_geo_mean(old_log_probs, log_probs, advantages, response_
     Returns ``(pg_loss, metrics)``: ``pg_clipfrac`` / ``pg_clipfrac_lower`` = share of valid tokens whose log
     ratio was clipped with ``A > 0`` / ``A < 0``; ``ppo_kl`` = mean ``old - logp``.
     """
-    _check_is_weights(rollout_is_weights, log_probs)
-    m = as_bool_mask(response_mask, log_probs)
+    m, x, adv = _prep(old_log_probs, log_probs, advantages, response_mask, rollout_is_weights)
     zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
     low, high = _clip_range(config)
-    x = torch.where(m, log_probs - old_log_probs, zero)
-    adv = torch.where(m, advantages, zero)
     sgn = torch.sign(adv)
     x_c = torch.clamp(x, -low, high)
     x_min = sgn * torch.minimum(sgn * x, sgn * x_c)

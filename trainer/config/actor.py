@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,47 +328,69 @@ def check_ulysses_world(cfg: Mapping, world: int) -> None:
             raise ConfigError(f"{key}={sp} must divide the {world} workers (trainer.nnodes*trainer.n_gpus_per_node)")
 
 
-def check_ulysses_heads(cfg: Mapping, heads: int | None, kv_heads: int | None) -> None:
-    """Each section's Ulysses size above 1 splits the model's attention heads by the patch's own rule
-    (:func:`patches.validate_ulysses_config`: ``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads == 0``).
-    ``heads`` None (unknown) passes; ``kv_heads`` None means ``heads`` (no GQA).
+def check_ulysses_heads(cfg: Mapping, heads: int | None, kv_heads: int | None, model: str | None = None,
+                        sections: Collection[str] | None = None) -> None:
+    """Each section's Ulysses size above 1 splits the attention heads of the model its role loads by the patch's own
+    rule (:func:`patches.validate_ulysses_config`: ``heads % sp == 0`` and ``kv_heads % sp == 0 or sp % kv_heads ==
+    0``). ``heads`` None (unknown) passes; ``kv_heads`` None means ``heads`` (no GQA). ``model`` names that model in
+    the error (``the model critic.model.path='...'``; None: "the model's heads"); ``sections`` (of
+    :data:`ULYSSES_SECTIONS`): the sections whose role loads it (None: all). Every such section is checked.
 
     Raises:
-        ConfigError: naming the key, the size, both head counts and the rule that fails.
+        ConfigError: naming the key, the size, the model, both head counts and the rule that fails, one line per
+            section (:class:`trainer.config_checks.ConfigErrors` for several).
     """
+    from trainer.config_checks import ErrorCollector
+
     kv_heads = kv_heads or heads
+    errors = ErrorCollector()
     for key, sp in ulysses_sizes(cfg):
-        if int(sp) <= 1 or not heads:
+        if int(sp) <= 1 or not heads or not _of_sections(key, sections):
             continue
         from patches import validate_ulysses_config
 
         try:
             validate_ulysses_config(int(heads), int(kv_heads), int(sp))
         except ValueError as exc:
-            raise ConfigError(f"{key}={int(sp)} does not fit the model's heads (num_attention_heads={heads}, "
-                              f"num_key_value_heads={kv_heads}): {exc}") from None
+            whose = "the model's heads" if model is None else f"the heads of {model}"
+            errors.add(f"{key}={int(sp)} does not fit {whose} (num_attention_heads={heads}, "
+                       f"num_key_value_heads={kv_heads}): {exc}")
+    errors.raise_if_any()
 
 
-def attention_softcap(hf: Mapping) -> float | None:
-    """The model's attention logit soft-capping (``attn_logit_softcapping``: Gemma 2), read from a model config
-    as a dict (its ``text_config`` too, for a multimodal model); None when it has none."""
-    for conf in (hf, hf.get("text_config") or {}):
-        value = conf.get("attn_logit_softcapping") if isinstance(conf, Mapping) else None
-        if value is not None:
-            return float(value)
-    return None
+def _of_sections(key: str, sections: Collection[str] | None) -> bool:
+    """Whether the ``<section>.ulysses_sequence_parallel_size`` key ``key`` is of one of ``sections`` (None: all)."""
+    return sections is None or key.rsplit(".", 1)[0] in sections
 
 
-def check_ulysses_softcap(cfg: Mapping, softcap: float | None) -> None:
+def attention_softcap(hf: Any) -> float | None:
+    """The model's attention logit soft-capping (``attn_logit_softcapping``: Gemma 2), read from a model config (a
+    dict or a transformers config; a multimodal model's text config, :func:`trainer.role_models.text_value`); None
+    when it has none."""
+    from trainer.role_models import text_value
+
+    value = text_value(hf, "attn_logit_softcapping")
+    return None if value is None else float(value)
+
+
+def check_ulysses_softcap(cfg: Mapping, softcap: float | None, model: str | None = None,
+                          sections: Collection[str] | None = None) -> None:
     """A Ulysses size above 1 needs the varlen kernels, which have no attention logit soft-capping: such a model
     (``softcap`` not None, :func:`attention_softcap`) trains without SP (its forwards are then padded batches
-    through the model's own attention, :func:`trainer.workers.model_utils.packs_sequences`).
+    through the model's own attention, :func:`trainer.workers.model_utils.packs_sequences`). ``model`` and
+    ``sections`` as for :func:`check_ulysses_heads`.
 
     Raises:
-        ConfigError: naming the key, the size and the model's soft-capping value.
+        ConfigError: naming the key, the size and the model's soft-capping value, one line per section
+            (:class:`trainer.config_checks.ConfigErrors` for several).
     """
+    from trainer.config_checks import ErrorCollector
+
+    whose = "the model's attention" if model is None else f"the attention of {model}"
+    errors = ErrorCollector()
     for key, sp in ulysses_sizes(cfg):
-        if softcap is not None and int(sp) > 1:
-            raise ConfigError(f"{key}={int(sp)}: the model's attention uses logit soft-capping "
-                              f"(attn_logit_softcapping={softcap:g}, e.g. Gemma 2), which the Ulysses varlen kernels "
-                              "do not support; expected 1 (no sequence parallelism) for this model")
+        if softcap is not None and int(sp) > 1 and _of_sections(key, sections):
+            errors.add(f"{key}={int(sp)}: {whose} uses logit soft-capping "
+                       f"(attn_logit_softcapping={softcap:g}, e.g. Gemma 2), which the Ulysses varlen kernels "
+                       "do not support; expected 1 (no sequence parallelism) for this model")
+    errors.raise_if_any()

@@ -9,7 +9,9 @@ wrong has advantage 0 on every token, so it adds no policy gradient and only dil
 Rules (verl's ``dapo_ray_trainer`` where it defines one):
 
 * a group is the rows sharing a ``uid`` (one prompt's ``n`` responses, contiguous, prompt-major); it is
-  *informative* when its metric values are not all equal (``std > 0``), or when it has a single row;
+  *informative* when the metric values of its rows with a response token are not all equal (``std > 0``), or when
+  it has a single row and that row has one; a row without response tokens counts in no group statistic, as in the
+  group advantage estimators, so a group whose only spread comes from such a row would train with advantage 0;
 * the metric is ``acc`` (the scorer's strict correctness, else the score: :func:`rewards.verify.accuracy_from_reward`)
   or ``score`` (the sequence's summed token-level score, shaping included);
 * generation batches of ``train_batch_size`` prompts are drawn from the loader until enough informative groups
@@ -102,30 +104,37 @@ def metric_values(reward_output, metric: str, batch_size: int) -> list[float]:
     raise ValueError(f"algorithm.filter_groups.metric={metric!r}; expected one of {list(METRICS)}")
 
 
-def informative_rows(uids: Sequence, values: Sequence[float]) -> tuple[np.ndarray, np.ndarray, int]:
+def informative_rows(uids: Sequence, values: Sequence[float],
+                     valid: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Split rows into those of informative groups and the rest, each in their original order.
 
     Args:
         uids: (B,) group id of each row (one prompt's ``n`` responses share one).
         values: (B,) the metric of each row.
+        valid: (B,) bool, the rows with at least one response token (``response_mask.any(-1)``); None: all rows.
+            A row without one (an aborted or emptied response) gets advantage 0 and moves no group statistic in
+            the group estimators (:mod:`trainer.algos.advantages`), so its value is left out here too.
 
     Returns:
         ``(kept, dropped, groups)``: int64 row indices of informative groups, of the other groups, and the number
-        of groups. A group is informative when its values are not all equal, or when it has one row.
+        of groups. A group is informative when the values of its valid rows are not all equal, or when it has one
+        row (``rollout.n=1``) and that row is valid.
 
     Raises:
-        ValueError: when ``uids`` and ``values`` differ in length.
+        ValueError: when ``uids``, ``values`` (or ``valid``) differ in length.
     """
-    if len(uids) != len(values):
-        raise ValueError(f"{len(uids)} uids but {len(values)} metric values")
+    if len(uids) != len(values) or (valid is not None and len(valid) != len(uids)):
+        extra = "" if valid is None else f" and {len(valid)} valid flags"
+        raise ValueError(f"{len(uids)} uids but {len(values)} metric values{extra}")
     rows: dict = {}
     for i, u in enumerate(uids):
         rows.setdefault(u, []).append(i)
     vals = np.asarray(values, dtype=np.float64)
+    ok = np.ones(len(vals), dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
     keep = np.zeros(len(vals), dtype=bool)
     for idx in rows.values():
-        v = vals[idx]
-        keep[idx] = len(idx) == 1 or bool(v.max() > v.min())
+        v = vals[idx][ok[idx]]
+        keep[idx] = len(v) > 0 and (len(idx) == 1 or bool(v.max() > v.min()))
     return np.nonzero(keep)[0], np.nonzero(~keep)[0], len(rows)
 
 
@@ -209,7 +218,8 @@ def collect_informative_groups(first: DataProto, next_prompts: Callable[[], Data
     while True:
         batches += 1
         rows, rew = generate_and_score(prompts, batches)
-        keep, drop, groups = informative_rows(rows["uid"], metric_values(rew, metric, len(rows)))
+        valid = rows["response_mask"].any(dim=-1).tolist() if "response_mask" in rows else None
+        keep, drop, groups = informative_rows(rows["uid"], metric_values(rew, metric, len(rows)), valid)
         if groups * n != len(rows):
             raise ValueError(f"generation batch {batches}: {len(rows)} rows in {groups} groups; expected {n} per group")
         kept.append(rows.index(keep))

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from trainer.protocol import DataProto
+from trainer.role_models import apply_config_overrides  # noqa: F401  (the start-up checks apply the same rule)
 from trainer.workers.batching import micro_batches
 
 logger = logging.getLogger(__name__)
@@ -183,23 +184,6 @@ def import_external_lib(name: str | None) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise ImportError(f"external_lib={name!r} cannot be imported: {exc}") from exc
-
-
-def apply_config_overrides(hf_config, override: dict) -> None:
-    """Set ``override`` (``model.override_config``, verl's key) on a transformers config, in place: each entry
-    replaces the attribute of that name; a dict entry updates a sub-config (e.g. ``rope_scaling``, a ``text_config``)
-    key by key. Verl's rule (``update_model_config``). ``attn_implementation`` is set as the config's
-    ``_attn_implementation``, the one transformers builds the model's attention from (its sub-configs follow)."""
-    for key, value in override.items():
-        current = getattr(hf_config, key, None)
-        if key == "attn_implementation":
-            hf_config._attn_implementation = value
-        elif isinstance(value, dict) and current is not None and hasattr(current, "to_dict"):
-            apply_config_overrides(current, value)
-        elif isinstance(value, dict) and isinstance(current, dict):
-            setattr(hf_config, key, {**current, **value})
-        else:
-            setattr(hf_config, key, value)
 
 
 def is_vision_language(hf_config) -> bool:

@@ -16,8 +16,8 @@ from trainer.model_folder_checks import check_model_files, check_model_folders
 from trainer.resume_checks import (check_resume_checkpoint, check_resume_data, check_resume_model, check_resume_optim,
                                    resume_seed_warnings)
 from trainer.resume_schedule import resume_schedule_warnings
-from trainer.role_models import (loaded_models, model_config_dict, model_label, override_note, role_config,
-                                 section_models, text_value)
+from trainer.role_models import (has_config, loaded_models, model_config_dict, model_label, override_note,
+                                 role_config, section_models, text_value)
 from trainer.run_roles import critic_on
 from trainer.tokenizer_files import eos_outside_vocab_problem, no_eos_problem
 
@@ -104,7 +104,7 @@ def _check_model_paths(cfg: dict) -> None:
     if critic_on(cfg):
         paths.append(("critic.model.path", cfg["critic"]["model"].get("path")))
     for key, path in paths:
-        if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+        if not has_config(path):
             what = "does not exist" if not os.path.exists(path) else "is not a Hugging Face model folder (no config.json)"
             if not os.path.exists(path) and is_hub_id(str(path)):
                 what += (f" (model paths are local folders; download a Hub model first: huggingface-cli download "
@@ -215,7 +215,7 @@ def _check_data_files(cfg: dict) -> None:
 def _check_model_files(cfg: dict) -> None:
     """The actor's model folder against the run: a VLM's processor and engine, a resumed checkpoint's model."""
     path = cfg["actor_rollout_ref"]["model"].get("path")
-    if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+    if not has_config(path):
         return  # reported by _check_model_paths
     try:
         step_dir = resume_path(cfg)
@@ -236,7 +236,7 @@ def _check_model_fit(cfg: dict) -> None:
     ``text_config``). The errors of the checks are raised together."""
     arr = cfg["actor_rollout_ref"]
     path = arr["model"].get("path")
-    if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+    if not has_config(path):
         return  # reported by _check_model_paths
     if path is None:
         from trainer.override_checks import check_tiny_model
@@ -259,12 +259,6 @@ def _check_model_fit(cfg: dict) -> None:
     _check_context(cfg, text_value(role_config(cfg, actor), "max_position_embeddings"))
 
 
-def _has_config(path: str | None) -> bool:
-    """Whether the model folder ``path`` (None: the embedded tiny model) has a ``config.json`` (a folder without one
-    is reported by the folder checks, not again by the model checks)."""
-    return path is None or os.path.isfile(os.path.join(path, "config.json"))
-
-
 def _check_ulysses_models(cfg: dict) -> None:
     """Each role's Ulysses size above 1 against the heads and the attention soft-capping of each model that role
     loads (:func:`trainer.role_models.loaded_models`: the critic's and PRIME's reward model's own folders, else the
@@ -281,7 +275,7 @@ def _check_ulysses_models(cfg: dict) -> None:
     split = {key.rsplit(".", 1)[0] for key, sp in ulysses_sizes(cfg) if int(sp) > 1}
     errors = ErrorCollector()
     for group in loaded_models(cfg, split):
-        if _has_config(group[0][1].path):
+        if has_config(group[0][1].path):
             errors.run(_check_ulysses_model, cfg, group)
     errors.raise_if_any()
 
@@ -321,7 +315,7 @@ def _check_critic_model(cfg: dict) -> None:
     model = section_models(cfg)["critic"][0]
     libs = ((cfg.get("critic") or {}).get("model") or {}).get("external_lib") or \
         cfg["actor_rollout_ref"]["model"].get("external_lib")
-    if not critic_on(cfg) or libs or not _has_config(model.path):
+    if not critic_on(cfg) or libs or not has_config(model.path):
         return
     conf = role_config(cfg, model)
     from transformers import AutoModelForTokenClassification

@@ -75,15 +75,12 @@ def check_override_shapes(cfg: dict) -> None:
             class has no sub-config for, or the build's error; one line per model
             (:class:`trainer.config_checks.ConfigErrors` for several).
     """
-    import os
-
     from trainer.config_checks import ErrorCollector
-    from trainer.role_models import loaded_models
+    from trainer.role_models import has_config, loaded_models
 
     errors = ErrorCollector()
     for group in loaded_models(cfg):
-        path = group[0][1].path
-        if path is None or os.path.isfile(os.path.join(path, "config.json")):
+        if has_config(group[0][1].path):
             errors.run(_check_model_override, cfg, group[0][1])
     errors.raise_if_any()
 

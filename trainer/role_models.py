@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
 __all__ = ["TEXT_CONFIG_NAMES", "RoleModel", "text_config", "text_value", "apply_config_overrides", "merge_overrides",
-           "model_config_dict", "folder_config", "role_config", "section_models", "loaded_models", "model_label",
+           "model_config_dict", "has_config", "folder_config", "role_config", "section_models", "loaded_models", "model_label",
            "override_note"]
 
 #: the sub-configs that hold a composite model's text model (``PretrainedConfig.get_text_config``'s names)
@@ -111,6 +111,14 @@ def model_config_dict(cfg: dict, key: str, path: str | None, override: Mapping |
     if override is None:
         override = model.get("override_config") or {}
     return merge_overrides(hf, override)
+
+
+def has_config(path: str | None) -> bool:
+    """Whether the model folder ``path`` (None: the embedded tiny model) has a ``config.json``; a folder without one
+    is reported by the folder checks (``trainer.config_preflight``), not again by the checks of its model."""
+    import os
+
+    return path is None or os.path.isfile(os.path.join(path, "config.json"))
 
 
 def folder_config(cfg: dict, path: str | None, remote: bool = False):
